@@ -1,0 +1,101 @@
+"""Analyses: pure functions over the normalized frames, gathered into one `Analysis`.
+
+Each module fits on a screen: timeline, peak, never_freed (with the group totals), sites,
+ranges, calls (API counts and failures), diagnostics. None of them does I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from ..events import LoadedEvents
+from ..model import SCHEMA_ID, Analysis, Capture, Process, Source
+from ..schema import Schema
+from .allocations import to_allocations
+from .calls import api_call_stats, find_failed_calls
+from .diagnostics import capture_diagnostics
+from .never_freed import find_never_freed, summarize_groups
+from .peak import find_peaks, headline
+from .ranges import range_stats
+from .sites import rank_sites
+from .timeline import build_timeline
+
+__all__ = ["run_analyses"]
+
+
+def run_analyses(loaded: LoadedEvents, schema: Schema, source: Source,
+                 report_version: Optional[str] = None) -> Analysis:
+    """Every analysis over one export's frames, as one `Analysis`."""
+    events, calls, ranges = loaded.events, loaded.calls, loaded.ranges
+    site_table = loaded.sites.set_index("label").to_dict("index") if not loaded.sites.empty else {}
+
+    def allocations(rows: pd.DataFrame):
+        return to_allocations(rows, events, site_table)
+
+    gpu_totals = {g.id: g.total_memory_bytes for g in schema.gpus}
+
+    def gpu_of(pid: int, device: int) -> Optional[int]:
+        # Without TARGET_INFO_CUDA_DEVICE (before 3.16.4) the ordinal is the GPU id, which holds
+        # unless CUDA_VISIBLE_DEVICES differs between processes.
+        if schema.cuda_device_to_gpu:
+            return schema.cuda_device_to_gpu.get((pid, device))
+        return device if device in gpu_totals or not gpu_totals else None
+
+    start_ns, end_ns = _capture_span(schema, events, calls, ranges)
+    groups = summarize_groups(events, gpu_of)
+    peaks = find_peaks(events, gpu_of, lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations)
+    never_freed, never_freed_total = find_never_freed(events, allocations)
+    failed = find_failed_calls(calls, events, ranges)
+    diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
+        schema, events, calls, ranges, groups, peaks, failed, report_version)
+    return Analysis(
+        schema=SCHEMA_ID,
+        source=source,
+        capture=_capture(schema, events, calls, ranges, report_version),
+        groups=groups,
+        peak=headline(peaks),
+        peaks=peaks,
+        never_freed=never_freed,
+        never_freed_total=never_freed_total,
+        sites=rank_sites(events, site_table),
+        api_calls=api_call_stats(calls),
+        failed_calls=failed,
+        ranges=range_stats(events, ranges, end_ns),
+        timeline=build_timeline(events, ranges, start_ns, end_ns),
+        diagnostics=diagnostics,
+        events=events,
+    )
+
+
+def _capture_span(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,
+                  ranges: pd.DataFrame) -> tuple[int, int]:
+    starts = [0]
+    ends = [schema.duration_ns or 0]
+    for frame, end_column in ((events, "ts_ns"), (calls, "end_ns"), (ranges, "end_ns")):
+        if not frame.empty:
+            starts.append(int(frame["ts_ns" if "ts_ns" in frame else "start_ns"].min()))
+            finite = frame[end_column][frame[end_column] < np.iinfo("int64").max // 4]
+            if not finite.empty:
+                ends.append(int(finite.max()))
+    return min(starts), max(ends)
+
+
+def _capture(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame,
+             report_version: Optional[str]) -> Capture:
+    """The capture's facts, listing only processes that made CUDA memory calls or events."""
+    devices = events.groupby("pid")["device"].unique() if not events.empty else pd.Series(dtype=object)
+    threads = calls.groupby("pid")["tid"].nunique() if not calls.empty else pd.Series(dtype="int64")
+    pids = sorted(set(devices.index.tolist()) | set(threads.index.tolist()))
+    processes = [Process(pid=int(pid), name=schema.process_names.get(int(pid), ""),
+                         devices=sorted(int(d) for d in devices.get(pid, [])),
+                         threads=int(threads.get(pid, 0)))
+                 for pid in pids]
+    return Capture(
+        nsys_version=schema.nsys_version, schema_version=schema.schema_version, report_version=report_version,
+        duration_ns=schema.duration_ns, memory_usage_collected=schema.memory_usage_collected,
+        memory_usage_requested=schema.memory_usage_requested, backtraces=schema.has_backtraces,
+        nvtx=not ranges.empty or "NVTX_EVENTS" in schema.tables, cuda_driver_version=schema.cuda_driver_version,
+        gpus=list(schema.gpus), processes=processes)

@@ -1,0 +1,180 @@
+"""How far the numbers can be trusted: diagnostics about the capture and the export."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from ..model import Diagnostic, FailedCall, GroupSummary, Peak
+from ..schema import Schema
+from ..units import fmt_bytes
+from .never_freed import NOT_LEAKS
+
+CAPTURE_COMMAND = ("nsys profile -t cuda,nvtx --cuda-memory-usage=true --cudabacktrace=memory:1 "
+                   "-s process-tree -o <report> <your program>")
+# First nsys release line known to trace each CUDA major version (approximate release order).
+_NSYS_FOR_CUDA = {12: (2022, 5), 13: (2025, 3)}
+
+
+def capture_diagnostics(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame,
+                        groups: list[GroupSummary], peaks: list[Peak], failed: list[FailedCall],
+                        report_version: Optional[str]) -> list[Diagnostic]:
+    found: list[Diagnostic] = []
+    found += _collection(schema, events, calls)
+    found += _incomplete_trace(schema, calls, ranges, report_version)
+    found += _orphan_frees(groups)
+    found += _allocations_without_events(schema, events, calls)
+    found += _static_memory(groups)
+    found += _caching_allocator(schema, events, groups)
+    found += _vmm(events)
+    found += _capacity(peaks)
+    found += _failures(failed)
+    return found
+
+
+def _collection(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame) -> list[Diagnostic]:
+    found = []
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" not in schema.tables:
+        found.append(Diagnostic("warning", "no_cuda_trace",
+                                "the capture holds no CUDA API trace (CUDA tracing was off or failed): "
+                                f"nothing about GPU memory can be said; capture with: {CAPTURE_COMMAND}"))
+    if not schema.memory_usage_collected:
+        if schema.memory_usage_requested:
+            found.append(Diagnostic("warning", "no_memory_events",
+                                    "--cuda-memory-usage was on, but no memory events were recorded (no allocation "
+                                    "was traced, or the process ended before nsys flushed them)"))
+        else:
+            n_alloc = int((calls["family"] == "alloc").sum()) if not calls.empty else 0
+            found.append(Diagnostic("warning", "sizes_not_collected",
+                                    "sizes were not collected: the capture did not use --cuda-memory-usage=true, so "
+                                    f"only API calls can be counted ({n_alloc} allocation calls); capture with: "
+                                    f"{CAPTURE_COMMAND}"))
+    elif not schema.has_backtraces and not events.empty:
+        found.append(Diagnostic("info", "no_backtraces",
+                                "no call stacks were collected, so sites are named by API, NVTX range and thread; "
+                                "add --cudabacktrace=memory:1 -s process-tree to the capture for function names"))
+    return found
+
+
+def _version_tuple(version: Optional[str]) -> Optional[tuple[int, int]]:
+    match = re.match(r"(\d{4})\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _incomplete_trace(schema: Schema, calls: pd.DataFrame, ranges: pd.DataFrame,
+                      report_version: Optional[str]) -> list[Diagnostic]:
+    """A CUDA trace that stops while the process visibly goes on (NVTX ranges after it)."""
+    found = []
+    capture_version = report_version or schema.nsys_version
+    nsys = _version_tuple(capture_version)
+    if nsys and schema.cuda_driver_version:
+        major = int(schema.cuda_driver_version.split(".")[0])
+        needed = _NSYS_FOR_CUDA.get(major)
+        if needed and nsys < needed:
+            found.append(Diagnostic("warning", "nsys_older_than_cuda",
+                                    f"the capture was made with Nsight Systems {capture_version}, older than the "
+                                    f"CUDA {schema.cuda_driver_version} driver it traced; such captures often miss "
+                                    "CUDA events: profile again with a current nsys"))
+    if ranges.empty:
+        return found
+    finite = ranges[ranges["end_ns"] < np.iinfo("int64").max // 4]
+    for pid, last in sorted(schema.last_cuda_call_ns.items()):  # one per process
+        later = finite[(finite["pid"] == pid) & (finite["start_ns"] > last)]
+        if len(later) >= 3:
+            gap_ms = (later["end_ns"].max() - last) / 1e6
+            names = ", ".join(repr(n) for n in later.sort_values("start_ns")["name"].drop_duplicates().head(3))
+            found.append(Diagnostic("warning", "cuda_trace_incomplete",
+                                    f"process {pid}: the CUDA trace stops at {last / 1e6:.1f} ms, yet {len(later)} "
+                                    f"NVTX ranges ({names}, ...) follow for another {gap_ms:.1f} ms; the CUDA trace "
+                                    "looks incomplete, so the numbers cover only its beginning"))
+    return found
+
+
+def _orphan_frees(groups: list[GroupSummary]) -> list[Diagnostic]:
+    count = sum(g.frees_without_alloc for g in groups)
+    if not count:
+        return []
+    size = sum(g.frees_without_alloc_bytes for g in groups)
+    return [Diagnostic("warning", "allocated_before_capture",
+                       f"{count} frees ({fmt_bytes(size)}) release memory allocated before the capture started; "
+                       "that memory is not in the live bytes, so real usage was higher than shown")]
+
+
+def _allocations_without_events(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame) -> list[Diagnostic]:
+    if not schema.memory_usage_collected or calls.empty:
+        return []
+    ok = calls[((calls["family"] == "alloc") & (calls["return_value"] == 0)).to_numpy()]
+    if ok.empty:
+        return []
+    seen = pd.MultiIndex.from_arrays([events["pid"].to_numpy(), events["correlation_id"].to_numpy()])
+    keys = pd.MultiIndex.from_arrays([ok["pid"].to_numpy(), ok["correlation_id"].to_numpy()])
+    missing = int((~keys.isin(seen)).sum())
+    if not missing:
+        return []
+    return [Diagnostic("info", "allocations_without_events",
+                       f"{missing} successful allocation calls have no memory event (zero-size requests, or "
+                       "events nsys did not record); their sizes are unknown")]
+
+
+def _static_memory(groups: list[GroupSummary]) -> list[Diagnostic]:
+    statics = [g for g in groups if g.kind in NOT_LEAKS]
+    if not statics:
+        return []
+    count = sum(g.allocations for g in statics)
+    size = sum(g.allocated_bytes for g in statics)
+    return [Diagnostic("info", "static_memory",
+                       f"{count} module globals ({fmt_bytes(size)}) are static memory loaded with the GPU code; they "
+                       "are never freed by design and are reported apart, not as leaks")]
+
+
+def _caching_allocator(schema: Schema, events: pd.DataFrame, groups: list[GroupSummary]) -> list[Diagnostic]:
+    names = " ".join(schema.process_names.get(int(p), "") for p in np.unique(events["pid"].to_numpy())) \
+        if not events.empty else ""
+    python = re.search(r"python|torchrun|pt_main_thread", names, re.I) is not None
+    open_device = sum(g.never_freed_count for g in groups if g.kind == "device")
+    if not (python and open_device):
+        return []
+    return [Diagnostic("info", "caching_allocator",
+                       "this looks like a Python (PyTorch) process: its caching allocator keeps the segments it "
+                       "got from cudaMalloc until empty_cache(), so 'never freed' means 'still reserved at the "
+                       "end', not necessarily a leak; look at how live bytes grow from step to step")]
+
+
+def _vmm(events: pd.DataFrame) -> list[Diagnostic]:
+    if events.empty:
+        return []
+    vmm = events["api"].astype(str).isin(["cuMemSetAccess", "cuMemUnmap", "cuMemMap"]).to_numpy()
+    if not vmm.any():
+        return []
+    return [Diagnostic("info", "virtual_memory_api",
+                       f"{int(vmm.sum())} events come from the driver's virtual-memory API (cuMemCreate/cuMemMap, "
+                       "as used by PyTorch expandable segments and NCCL): nsys records them when access is set "
+                       "(cuMemSetAccess) and unmapped (cuMemUnmap); memory created but never mapped is not seen")]
+
+
+def _capacity(peaks: list[Peak]) -> list[Diagnostic]:
+    found = []
+    for peak in peaks:
+        if peak.pid is None or not peak.total_memory_bytes:
+            continue
+        share = peak.peak_bytes / peak.total_memory_bytes
+        if share >= 0.9:
+            found.append(Diagnostic("warning", "near_capacity",
+                                    f"process {peak.pid} reached {share:.0%} of GPU {peak.gpu}'s "
+                                    f"{fmt_bytes(peak.total_memory_bytes)} at its peak"))
+    return found
+
+
+def _failures(failed: list[FailedCall]) -> list[Diagnostic]:
+    oom = [f for f in failed if f.return_value == 2]
+    if not oom:
+        return []
+    first = oom[0]
+    where = f" in NVTX range '{first.nvtx_range}'" if first.nvtx_range else ""
+    held = f", holding {fmt_bytes(first.live_bytes)}" if first.live_bytes is not None else ""
+    return [Diagnostic("warning", "allocation_failed",
+                       f"{len(oom)} memory calls failed with out-of-memory; the first, {first.api} "
+                       f"({first.error}) by process {first.pid} at {first.time_ns / 1e6:.1f} ms{where}{held}")]

@@ -1,0 +1,1 @@
+"""One module per subcommand; each stays thin: parse options, call the library, render, exit code."""

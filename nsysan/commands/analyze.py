@@ -1,0 +1,60 @@
+"""`nsysan analyze`: the timeline, peak, never-freed allocations and sites of one or more reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import NsysanError
+from ..model import Analysis
+from ..pipeline import analyze_report
+from ..render.json import render_json, render_json_many
+from ..render.terminal import render_terminal
+from .common import err_console, out_console, progress_bar, write_atomic
+
+
+def analyze(
+    reports: List[Path] = typer.Argument(..., help="Reports to analyze: .nsys-rep, .qdrep or .sqlite.",
+                                         show_default=False),
+    format: str = typer.Option("text", "--format", "-f", help="text (a summary) or json (the analysis document)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON document to this file."),
+    json_dir: Optional[Path] = typer.Option(None, "--json-dir", help="Write <report>.analysis.json per input here."),
+    nsys: Optional[Path] = typer.Option(None, "--nsys", help="nsys binary (or its folder) used to export reports."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Where exports are cached."),
+    top: int = typer.Option(10, "--top", min=1, help="Rows per table in the text summary."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on a terminal."),
+) -> None:
+    """Analyze GPU memory: peak per process and GPU, what was live then, never-freed allocations, top sites.
+
+    Example: nsysan analyze fixtures/known_mem_v25.sqlite
+    """
+    if format not in ("text", "json"):
+        raise NsysanError(f"unknown --format {format!r}; use text or json")
+    if json_path and len(reports) > 1:
+        raise NsysanError("--json takes one report; with several, use --json-dir DIR")
+    results: list[Analysis] = []
+    failures = 0
+    for report in reports:
+        try:
+            with progress_bar(report.name, enabled=progress) as say:
+                analysis = analyze_report(report, nsys=nsys, cache_dir=cache_dir, progress=say)
+        except NsysanError as err:
+            if len(reports) == 1:
+                raise
+            err_console.print(f"nsysan: {err.message}", markup=False, highlight=False)
+            failures += 1
+            continue
+        results.append(analysis)
+        if json_path:
+            write_atomic(json_path, render_json(analysis))
+        if json_dir:
+            write_atomic(json_dir / f"{report.name}.analysis.json", render_json(analysis))
+        if format == "text":
+            render_terminal(analysis, out_console, top=top)
+    if format == "json" and results:
+        text = render_json(results[0]) if len(reports) == 1 else render_json_many(results)
+        typer.echo(text, nl=False)
+    if failures:
+        raise typer.Exit(2)

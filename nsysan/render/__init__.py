@@ -1,0 +1,1 @@
+"""Renderers: each reads an `Analysis` (the model) and nothing else."""

@@ -1,0 +1,193 @@
+"""The terminal summary, drawn with rich from the `Analysis` alone."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from ..model import GPU_RESIDENT_KINDS, Allocation, Analysis, Peak
+from ..units import fmt_bytes, fmt_duration, fmt_time
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def render_terminal(analysis: Analysis, console: Console, top: int = 10) -> None:
+    """Print the whole summary: capture, peaks, live at peak, groups, never freed, sites, calls, diagnostics."""
+    console.print(_capture_panel(analysis))
+    if analysis.capture.memory_usage_collected and analysis.groups:
+        console.print(_peaks_table(analysis))
+        if analysis.peak is not None:
+            console.print(_live_at_peak_table(analysis.peak, top))
+        console.print(_groups_table(analysis))
+        console.print(_never_freed_table(analysis, top))
+        console.print(_sites_table(analysis, top))
+        if analysis.ranges:
+            console.print(_ranges_table(analysis, top))
+    if analysis.api_calls and (not analysis.capture.memory_usage_collected or not analysis.groups):
+        console.print(_calls_table(analysis, top))
+    if analysis.failed_calls:
+        console.print(_failed_table(analysis, top))
+    console.print(_diagnostics(analysis))
+
+
+def _t(value: object) -> Text:
+    """Text from a profile, never interpreted as rich markup."""
+    return Text(str(value))
+
+
+def _capture_panel(analysis: Analysis) -> Panel:
+    cap, src = analysis.capture, analysis.source
+    lines = []
+    version = f"Nsight Systems {cap.nsys_version}" if cap.nsys_version else "Nsight Systems (version not recorded)"
+    if cap.schema_version:
+        version += f" (export schema {cap.schema_version})"
+    if cap.report_version and cap.report_version != cap.nsys_version:
+        version += f", captured with {cap.report_version}"
+    lines.append(version)
+    facts = [f"duration {fmt_duration(cap.duration_ns)}" if cap.duration_ns else None,
+             f"CUDA driver {cap.cuda_driver_version}" if cap.cuda_driver_version else None,
+             "memory usage: " + ("collected" if cap.memory_usage_collected else "NOT collected"),
+             "backtraces: " + ("yes" if cap.backtraces else "no"), "NVTX: " + ("yes" if cap.nvtx else "no")]
+    lines.append(" · ".join(f for f in facts if f))
+    for gpu in cap.gpus:
+        lines.append(f"GPU {gpu.id}: {gpu.name}, {fmt_bytes(gpu.total_memory_bytes)}")
+    for proc in cap.processes:
+        devices = ", ".join(str(d) for d in proc.devices) or "-"
+        lines.append(f"process {proc.pid} {proc.name}: CUDA devices {devices}, {proc.threads} threads calling memory APIs")
+    exported = ""
+    if src.exported_with:
+        exported = f" (exported with nsys {src.exported_with}{', from cache' if src.from_cache else ''})"
+    body = Text("\n".join(lines))
+    return Panel(body, title=Text(f"nsysan · {src.name}{exported}"), title_align="left", box=box.ROUNDED)
+
+
+def _table(title: str, *columns: tuple[str, str]) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD)
+    for name, justify in columns:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    return table
+
+
+def _peaks_table(analysis: Analysis) -> Table:
+    table = _table("Peak GPU memory (device + array + static) per process and GPU",
+                   ("process", "right"), ("device", "right"), ("peak", "right"), ("at", "right"),
+                   ("NVTX range", "left"), ("reached by", "left"), ("of GPU", "right"), ("live allocs", "right"))
+    for peak in analysis.peaks:
+        who = "all" if peak.pid is None else str(peak.pid)
+        where = f"GPU {peak.gpu}" if peak.pid is None else str(peak.device)
+        share = f"{peak.peak_bytes / peak.total_memory_bytes:.1%}" if peak.total_memory_bytes else "-"
+        table.add_row(who, where, fmt_bytes(peak.peak_bytes), fmt_time(peak.peak_time_ns), _t(peak.nvtx_range or "-"),
+                      _t(peak.api), share, str(peak.live_count))
+    return table
+
+
+def _live_at_peak_table(peak: Peak, top: int) -> Table:
+    shown = peak.live_at_peak[:top]
+    more = peak.live_count - len(shown)
+    title = f"Live at the peak of process {peak.pid} ({fmt_bytes(peak.peak_bytes)} at {fmt_time(peak.peak_time_ns)})"
+    table = _table(title, ("size", "right"), ("kind", "left"), ("API", "left"), ("site", "left"),
+                   ("NVTX range", "left"), ("age", "right"))
+    for alloc in shown:
+        table.add_row(fmt_bytes(alloc.bytes), alloc.kind, _t(alloc.api), _t(alloc.site.label),
+                      _t(alloc.nvtx_range or "-"), fmt_duration(peak.peak_time_ns - alloc.alloc_time_ns))
+    if more > 0:
+        table.caption = f"… and {more} smaller allocations"
+    return table
+
+
+def _groups_table(analysis: Analysis) -> Table:
+    table = _table("Memory by process, device and kind", ("process", "right"), ("device", "right"), ("kind", "left"),
+                   ("peak", "right"), ("at end", "right"), ("allocs", "right"), ("frees", "right"),
+                   ("allocated", "right"), ("never freed", "right"))
+    for g in analysis.groups:
+        never = f"{fmt_bytes(g.never_freed_bytes)} in {g.never_freed_count}" if g.never_freed_count else "-"
+        if g.kind == "static" and g.never_freed_count:
+            never = "static (not a leak)"
+        table.add_row(str(g.pid), str(g.device), g.kind, fmt_bytes(g.peak_bytes), fmt_bytes(g.end_bytes),
+                      str(g.allocations), str(g.frees), fmt_bytes(g.allocated_bytes), never)
+    return table
+
+
+def _allocation_rows(table: Table, allocations: Iterable[Allocation]) -> None:
+    for a in allocations:
+        table.add_row(fmt_bytes(a.bytes), a.kind, _t(a.api), _t(a.site.label), _t(a.nvtx_range or "-"),
+                      str(a.pid), fmt_time(a.alloc_time_ns))
+
+
+def _never_freed_table(analysis: Analysis, top: int) -> Table:
+    total = sum(g.never_freed_bytes for g in analysis.groups if g.kind not in ("static", "managed_static"))
+    count = analysis.never_freed_total
+    title = f"Never freed during the capture: {count} allocations, {fmt_bytes(total)}"
+    table = _table(title, ("size", "right"), ("kind", "left"), ("API", "left"), ("site", "left"),
+                   ("NVTX range", "left"), ("process", "right"), ("allocated at", "right"))
+    _allocation_rows(table, analysis.never_freed[:top])
+    if count > top:
+        table.caption = f"… and {count - min(top, len(analysis.never_freed))} more (see --format json)"
+    return table
+
+
+def _sites_table(analysis: Analysis, top: int) -> Table:
+    table = _table("Top allocation sites", ("site", "left"), ("kind", "left"), ("allocs", "right"),
+                   ("allocated", "right"), ("never freed", "right"), ("max live", "right"))
+    for s in analysis.sites[:top]:
+        never = fmt_bytes(s.never_freed_bytes) + f" ({s.never_freed_count})" if s.never_freed_count else "-"
+        table.add_row(_t(s.site.label), s.kind, str(s.allocations), fmt_bytes(s.allocated_bytes), never,
+                      fmt_bytes(s.max_live_bytes))
+    return table
+
+
+def _ranges_table(analysis: Analysis, top: int) -> Table:
+    table = _table("NVTX ranges (innermost range of each allocation)", ("range", "left"), ("instances", "right"),
+                   ("allocated", "right"), ("freed", "right"), ("still live at end", "right"),
+                   ("max live while open", "right"))
+    for r in analysis.ranges[:top]:
+        table.add_row(_t(r.name or "(none)"), str(r.instances), fmt_bytes(r.allocated_bytes), fmt_bytes(r.freed_bytes),
+                      fmt_bytes(r.still_live_bytes), fmt_bytes(r.max_live_bytes))
+    return table
+
+
+def _calls_table(analysis: Analysis, top: int) -> Table:
+    table = _table("Memory API calls (sizes unknown without --cuda-memory-usage)", ("API", "left"),
+                   ("family", "left"), ("calls", "right"), ("failed", "right"), ("total time", "right"),
+                   ("longest", "right"))
+    for c in analysis.api_calls[: max(top, 15)]:
+        table.add_row(_t(c.api), c.family, str(c.calls), str(c.failed) if c.failed else "-",
+                      fmt_duration(c.total_time_ns), fmt_duration(c.max_time_ns))
+    return table
+
+
+def _failed_table(analysis: Analysis, top: int) -> Table:
+    table = _table("Failed memory calls", ("at", "right"), ("process", "right"), ("API", "left"), ("error", "left"),
+                   ("NVTX range", "left"), ("live then", "right"))
+    for f in analysis.failed_calls[:top]:
+        table.add_row(fmt_time(f.time_ns), str(f.pid), _t(f.api), f.error, _t(f.nvtx_range or "-"),
+                      fmt_bytes(f.live_bytes))
+    return table
+
+
+def _diagnostics(analysis: Analysis) -> Group:
+    lines = [Text("Diagnostics", style="bold")]
+    diagnostics = analysis.diagnostics_by_severity()
+    if not diagnostics:
+        lines.append(Text("  none: the capture has everything nsysan needs"))
+    for d in diagnostics:
+        line = Text("  ")
+        line.append(f"{d.severity:<7}", style=SEVERITY_STYLE.get(d.severity, ""))
+        line.append(f" {d.code}: ", style="dim")
+        line.append(d.message)
+        lines.append(line)
+    return Group(*lines)
+
+
+def headline_text(analysis: Analysis) -> Optional[str]:
+    """One line for lists of many reports."""
+    peak = analysis.peak
+    if peak is None:
+        return None
+    return f"peak {fmt_bytes(peak.peak_bytes)} (process {peak.pid}, device {peak.device}) at {fmt_time(peak.peak_time_ns)}"
+

@@ -1,0 +1,292 @@
+"""Open an nsys SQLite export read-only and probe what it holds.
+
+Only this module and `events.py` know nsys table and column names. Exports from nsys 2020.3 to
+2026 differ: the version table was renamed (`EXPORT_META_DATA` -> `META_DATA_EXPORT`), columns
+were added mid-table, ENUM tables appeared in schema 3.0 and the 2022.4 `--lazy=false` export
+leaves them empty, capture options are recorded only from 2023.3 on. So everything is probed by
+name, with the known values as fallback (see ../shared/docs/nsys-schema.md).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .errors import NsysanError
+from .model import Diagnostic, Gpu
+
+# ENUM_CUDA_MEM_KIND names -> nsysan kinds; the ids are the same in every schema seen (3.0 to
+# 3.20) and are used when the ENUM table is missing (2.x) or empty (2022.4 --lazy=false).
+MEM_KIND_BY_NAME = {
+    "PAGEABLE": "pageable",
+    "PINNED": "pinned",
+    "DEVICE": "device",
+    "ARRAY": "array",
+    "MANAGED": "managed",
+    "DEVICE_STATIC": "static",
+    "MANAGED_STATIC": "managed_static",
+    "UNKNOWN": "unknown",
+}
+MEM_KIND_FALLBACK = {0: "pageable", 1: "pinned", 2: "device", 3: "array", 4: "managed",
+                     5: "static", 6: "managed_static", 7: "unknown"}
+# ENUM_CUDA_DEV_MEM_EVENT_OPER: 0 allocation, 1 deallocation. Its `name` column does not start
+# with ALLOC for frees, so map by id.
+MEM_OP_FALLBACK = {0: "alloc", 1: "free"}
+
+EXPORT_META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")
+# A complete export has at least one of these; nsys 2022.4 exporting a 2023.x report exits 1
+# and leaves a file with only StringIds and ProcessStreams.
+COMPLETE_EXPORT_MARKERS = ("TARGET_INFO_SESSION_START_TIME", "ANALYSIS_DETAILS", "EXPORT_META_DATA",
+                           "META_DATA_EXPORT", "CUPTI_ACTIVITY_KIND_RUNTIME")
+
+
+@dataclass
+class Schema:
+    """What one export holds: tables, columns, versions, capture flags and lookup tables."""
+
+    tables: dict[str, list[str]]  # table -> column names
+    nsys_version: Optional[str] = None
+    schema_version: Optional[str] = None
+    export_params: dict[str, str] = field(default_factory=dict)
+    memory_usage_requested: Optional[bool] = None
+    backtraces_requested: Optional[bool] = None
+    has_backtraces: bool = False
+    cuda_driver_version: Optional[str] = None
+    duration_ns: Optional[int] = None
+    time_offset_ns: int = 0  # subtract from timestamps to get ns from the session start
+    mem_kinds: dict[int, str] = field(default_factory=lambda: dict(MEM_KIND_FALLBACK))
+    mem_ops: dict[int, str] = field(default_factory=lambda: dict(MEM_OP_FALLBACK))
+    gpus: list[Gpu] = field(default_factory=list)
+    cuda_device_to_gpu: dict[tuple[int, int], int] = field(default_factory=dict)  # (pid, ordinal)
+    process_names: dict[int, str] = field(default_factory=dict)
+    last_cuda_call_ns: dict[int, int] = field(default_factory=dict)  # pid -> end of its last CUDA API call
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    def has(self, table: str, *columns: str) -> bool:
+        cols = self.tables.get(table)
+        return cols is not None and all(c in cols for c in columns)
+
+    @property
+    def memory_usage_collected(self) -> bool:
+        return self.has("CUDA_GPU_MEMORY_USAGE_EVENTS", "start", "globalPid", "address", "bytes")
+
+
+def open_readonly(path: Path) -> sqlite3.Connection:
+    """Open an SQLite file so that nothing can be written to it or next to it."""
+    # immutable=1: no locks, no journal, no -wal/-shm files beside a report that may sit in a
+    # read-only folder. The path is percent-encoded because it becomes a URI.
+    uri = "file:" + urllib.parse.quote(str(Path(path).resolve())) + "?mode=ro&immutable=1"
+    try:
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        # Some exports hold binary protobuf blobs in TEXT columns (TARGET_INFO_SYSTEM_ENV.GpuInfo
+        # in 2022.4): decode leniently instead of failing on the first such row.
+        conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
+        conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+    except sqlite3.DatabaseError as err:
+        raise NsysanError(f"{Path(path).name} is not a readable SQLite file ({err})") from err
+    return conn
+
+
+def probe(conn: sqlite3.Connection, name: str = "the export") -> Schema:
+    """Read the export's tables, versions, capture flags, GPUs and processes."""
+    try:
+        return _probe(conn, name)
+    except sqlite3.DatabaseError as err:
+        raise NsysanError(f"{name} could not be read as an nsys export ({err})") from err
+
+
+def _probe(conn: sqlite3.Connection, name: str) -> Schema:
+    table_names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    tables = {t: [r[1] for r in conn.execute(f"PRAGMA table_info({_quote(t)})")] for t in table_names}
+    if not tables:
+        raise NsysanError(f"{name} is an empty SQLite file, not an nsys export")
+    if not any(t in tables for t in COMPLETE_EXPORT_MARKERS):
+        if set(tables) <= {"StringIds", "ProcessStreams"}:
+            raise NsysanError(f"{name} is a partial nsys export (only StringIds/ProcessStreams): "
+                              "the export failed; export the report again with an nsys at least "
+                              "as new as the one that captured it")
+        raise NsysanError(f"{name} is an SQLite file but not an nsys export (no nsys tables found)")
+    schema = Schema(tables=tables)
+    _read_export_meta(conn, schema)
+    _read_capture_meta(conn, schema)
+    _read_enums(conn, schema)
+    _read_system_env(conn, schema)
+    _read_session(conn, schema)
+    _read_gpus(conn, schema)
+    _read_processes(conn, schema)
+    _read_nsys_diagnostics(conn, schema)
+    _read_last_cuda_calls(conn, schema)
+    schema.has_backtraces = _has_rows(conn, schema, "CUDA_CALLCHAINS")
+    return schema
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _has_rows(conn: sqlite3.Connection, schema: Schema, table: str) -> bool:
+    if table not in schema.tables:
+        return False
+    return conn.execute(f"SELECT 1 FROM {_quote(table)} LIMIT 1").fetchone() is not None
+
+
+def _name_values(conn: sqlite3.Connection, schema: Schema, table: str) -> list[tuple[str, str]]:
+    if not schema.has(table, "name", "value"):
+        return []
+    rows = conn.execute(f"SELECT name, value FROM {_quote(table)}").fetchall()
+    return [(str(n), "" if v is None else str(v)) for n, v in rows]
+
+
+def _read_export_meta(conn: sqlite3.Connection, schema: Schema) -> None:
+    for table in EXPORT_META_TABLES:
+        for key, value in _name_values(conn, schema, table):
+            schema.export_params[key] = value
+    schema.nsys_version = schema.export_params.get("EXPORT_PRODUCT_VERSION") or None
+    schema.schema_version = schema.export_params.get("EXPORT_SCHEMA_VERSION") or None
+    params = schema.export_params
+    if params.get("EXPORT_PARAM_TABLES_TO_EXPORT") or params.get("EXPORT_PARAM_TIMES_TO_EXPORT"):
+        schema.diagnostics.append(Diagnostic(
+            "warning", "partial_export",
+            "the export was made with --tables/--times, so it may hold only part of the capture; "
+            "export the whole report for complete numbers"))
+    if params.get("EXPORT_PARAM_TIME_NORMALIZE", "").lower() == "true" or _int(params.get("EXPORT_PARAM_TIME_SHIFT")):
+        # --ts-normalize/--ts-shift moved every timestamp by EXPORT_CONFIG_TIME_SHIFT; undo it
+        # so that times stay "ns from the session start" like in every other export.
+        schema.time_offset_ns = _int(params.get("EXPORT_CONFIG_TIME_SHIFT")) or 0
+
+
+def _read_capture_meta(conn: sqlite3.Connection, schema: Schema) -> None:
+    # META_DATA_CAPTURE also holds PROCESS_n:ENVIRONMENT_VARIABLE rows (the profiled process's
+    # whole environment, secrets included): only the flags named here are ever looked at.
+    memory_flags, backtrace_flags = [], []
+    for key, value in _name_values(conn, schema, "META_DATA_CAPTURE"):
+        if key.endswith(":COLLECT_GPU_MEMORY_USAGE"):
+            memory_flags.append(value.strip().lower() == "true")
+        elif key.endswith(":COLLECT_MEMORY_BACKTRACES"):
+            backtrace_flags.append(value.strip().lower() == "true")
+    if memory_flags:
+        schema.memory_usage_requested = any(memory_flags)
+    if backtrace_flags:
+        schema.backtraces_requested = any(backtrace_flags)
+
+
+def _read_enums(conn: sqlite3.Connection, schema: Schema) -> None:
+    if schema.has("ENUM_CUDA_MEM_KIND", "id", "name"):
+        for enum_id, enum_name in conn.execute("SELECT id, name FROM ENUM_CUDA_MEM_KIND"):
+            suffix = str(enum_name or "").removeprefix("CUDA_MEMOPR_MEMORY_KIND_")
+            if suffix in MEM_KIND_BY_NAME and isinstance(enum_id, int):
+                schema.mem_kinds[enum_id] = MEM_KIND_BY_NAME[suffix]
+    if schema.has("ENUM_CUDA_DEV_MEM_EVENT_OPER", "id", "name"):
+        for enum_id, enum_name in conn.execute("SELECT id, name FROM ENUM_CUDA_DEV_MEM_EVENT_OPER"):
+            text = str(enum_name or "").upper()
+            if isinstance(enum_id, int) and text.endswith("DEALLOCATION"):
+                schema.mem_ops[enum_id] = "free"
+            elif isinstance(enum_id, int) and text.endswith("ALLOCATION"):
+                schema.mem_ops[enum_id] = "alloc"
+
+
+def _read_system_env(conn: sqlite3.Connection, schema: Schema) -> None:
+    # Only named, harmless rows are read: TARGET_INFO_SYSTEM_ENV also holds host names and, in
+    # 2022.4, binary blobs (GpuInfo).
+    if not schema.has("TARGET_INFO_SYSTEM_ENV", "name", "value"):
+        return
+    row = conn.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'CudaDriverVersion' "
+                       "LIMIT 1").fetchone()
+    version = _int(row[0]) if row else None
+    if version:  # 13000 -> "13.0", 12020 -> "12.2"
+        schema.cuda_driver_version = f"{version // 1000}.{(version % 1000) // 10}"
+
+
+def _read_session(conn: sqlite3.Connection, schema: Schema) -> None:
+    if schema.has("ANALYSIS_DETAILS", "duration"):
+        row = conn.execute("SELECT max(duration) FROM ANALYSIS_DETAILS").fetchone()
+        schema.duration_ns = _int(row[0]) if row else None
+
+
+def _read_gpus(conn: sqlite3.Connection, schema: Schema) -> None:
+    if schema.has("TARGET_INFO_GPU", "id"):
+        cols = schema.tables["TARGET_INFO_GPU"]
+        want = [c for c in ("id", "name", "totalMemory", "uuid", "busLocation") if c in cols]
+        seen = set()
+        for row in conn.execute(f"SELECT {', '.join(want)} FROM TARGET_INFO_GPU ORDER BY id"):
+            rec = dict(zip(want, row))
+            gpu_id = _int(rec.get("id"))
+            if gpu_id is None or gpu_id in seen:
+                continue
+            seen.add(gpu_id)
+            schema.gpus.append(Gpu(id=gpu_id, name=_text(rec.get("name")) or f"GPU {gpu_id}",
+                                   total_memory_bytes=_int(rec.get("totalMemory")) or None,
+                                   uuid=_text(rec.get("uuid")) or None,
+                                   bus=_text(rec.get("busLocation")) or None))
+    if schema.has("TARGET_INFO_CUDA_DEVICE", "gpuId", "cudaId", "pid"):
+        for gpu_id, cuda_id, pid in conn.execute("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE"):
+            if None not in (gpu_id, cuda_id, pid):
+                schema.cuda_device_to_gpu[(int(pid), int(cuda_id))] = int(gpu_id)
+
+
+def _read_processes(conn: sqlite3.Connection, schema: Schema) -> None:
+    if schema.has("PROCESSES", "pid", "name"):
+        for pid, name in conn.execute("SELECT pid, name FROM PROCESSES"):
+            if isinstance(pid, int):
+                schema.process_names[pid] = _short(_text(name))
+
+
+def _read_last_cuda_calls(conn: sqlite3.Connection, schema: Schema) -> None:
+    """When each process's CUDA trace ends: a trace that stops while the process goes on (NVTX
+    ranges later) lost its end, e.g. a crash before nsys flushed its buffers."""
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if not schema.has(table, "globalTid", "start"):
+        return
+    end = '"end"' if schema.has(table, "end") else "start"
+    sql = f"SELECT (globalTid >> 24) & 16777215, max({end}) FROM {table} GROUP BY 1"
+    for pid, last in conn.execute(sql):
+        if isinstance(pid, int) and isinstance(last, int):
+            schema.last_cuda_call_ns[pid] = last - schema.time_offset_ns
+
+
+_NSYS_TROUBLE = re.compile(r"lost|drop|overflow|truncat|fail|not supported|incomplete|corrupt", re.I)
+
+
+def _read_nsys_diagnostics(conn: sqlite3.Connection, schema: Schema) -> None:
+    """Carry nsys's own warnings about lost or missing data into the analysis."""
+    if not schema.has("DIAGNOSTIC_EVENT", "severity", "text"):
+        return
+    # Severity 2 = Warning, 3 = Error (ENUM_DIAGNOSTIC_SEVERITY_LEVEL); most rows are Info.
+    rows = conn.execute("SELECT DISTINCT severity, substr(text, 1, 300) FROM DIAGNOSTIC_EVENT "
+                        "WHERE severity IN (2, 3) LIMIT 200").fetchall()
+    for severity, text in rows:
+        text = _text(text)
+        if severity == 3 or _NSYS_TROUBLE.search(text):
+            schema.diagnostics.append(Diagnostic(
+                "warning", "nsys_diagnostic", f"nsys reported during the capture: {_one_line(text)}"))
+
+
+def _short(text: str) -> str:
+    return text[:200]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _int(value: object) -> Optional[int]:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        return None

@@ -1,0 +1,42 @@
+"""The one place sizes and times are formatted for people."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def fmt_bytes(n: Optional[int]) -> str:
+    """fmt_bytes(134217728) == "128.0 MiB"; binary units, one decimal."""
+    if n is None:
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    value = float(abs(n))
+    for unit in _UNITS:
+        if value < 1024 or unit == _UNITS[-1]:
+            return f"{sign}{int(value)} B" if unit == "B" else f"{sign}{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_time(ns: Optional[int]) -> str:
+    """A time in ns from the capture start, e.g. "517.08 ms" or "12.345 s"."""
+    if ns is None:
+        return "n/a"
+    if abs(ns) >= 10_000_000_000:
+        return f"{ns / 1e9:.3f} s"
+    return f"{ns / 1e6:.2f} ms"
+
+
+def fmt_duration(ns: Optional[int]) -> str:
+    """A duration: "850 ns", "12.3 µs", "4.56 ms", "7.890 s"."""
+    if ns is None:
+        return "n/a"
+    if ns < 1_000:
+        return f"{ns} ns"
+    if ns < 1_000_000:
+        return f"{ns / 1e3:.1f} µs"
+    if ns < 1_000_000_000:
+        return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e9:.3f} s"
