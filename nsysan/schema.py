@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from .errors import NsysanError
+from .export import COMPLETE_EXPORT_TABLES, EXPORT_META_TABLES, connect_readonly
 from .model import Diagnostic, Gpu
 
 # ENUM_CUDA_MEM_KIND names -> nsysan kinds; the ids are the same in every schema seen (3.0 to
@@ -37,11 +37,6 @@ MEM_KIND_FALLBACK = {0: "pageable", 1: "pinned", 2: "device", 3: "array", 4: "ma
 # with ALLOC for frees, so map by id.
 MEM_OP_FALLBACK = {0: "alloc", 1: "free"}
 
-EXPORT_META_TABLES = ("META_DATA_EXPORT", "EXPORT_META_DATA")
-# A complete export has at least one of these; nsys 2022.4 exporting a 2023.x report exits 1
-# and leaves a file with only StringIds and ProcessStreams.
-COMPLETE_EXPORT_MARKERS = ("TARGET_INFO_SESSION_START_TIME", "ANALYSIS_DETAILS", "EXPORT_META_DATA",
-                           "META_DATA_EXPORT", "CUPTI_ACTIVITY_KIND_RUNTIME")
 
 
 @dataclass
@@ -76,15 +71,9 @@ class Schema:
 
 
 def open_readonly(path: Path) -> sqlite3.Connection:
-    """Open an SQLite file so that nothing can be written to it or next to it."""
-    # immutable=1: no locks, no journal, no -wal/-shm files beside a report that may sit in a
-    # read-only folder. The path is percent-encoded because it becomes a URI.
-    uri = "file:" + urllib.parse.quote(str(Path(path).resolve())) + "?mode=ro&immutable=1"
+    """Open an export read-only (see export.connect_readonly), or say why it can't be read."""
     try:
-        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-        # Some exports hold binary protobuf blobs in TEXT columns (TARGET_INFO_SYSTEM_ENV.GpuInfo
-        # in 2022.4): decode leniently instead of failing on the first such row.
-        conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
+        conn = connect_readonly(path)
         conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
     except sqlite3.DatabaseError as err:
         raise NsysanError(f"{Path(path).name} is not a readable SQLite file ({err})") from err
@@ -104,7 +93,7 @@ def _probe(conn: sqlite3.Connection, name: str) -> Schema:
     tables = {t: [r[1] for r in conn.execute(f"PRAGMA table_info({_quote(t)})")] for t in table_names}
     if not tables:
         raise NsysanError(f"{name} is an empty SQLite file, not an nsys export")
-    if not any(t in tables for t in COMPLETE_EXPORT_MARKERS):
+    if COMPLETE_EXPORT_TABLES.isdisjoint(tables):
         if set(tables) <= {"StringIds", "ProcessStreams"}:
             raise NsysanError(f"{name} is a partial nsys export (only StringIds/ProcessStreams): "
                               "the export failed; export the report again with an nsys at least "

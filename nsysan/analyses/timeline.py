@@ -48,17 +48,24 @@ def _downsample(ts: np.ndarray, live: np.ndarray, max_points: int) -> tuple[np.n
 
 
 def top_level_bands(ranges: pd.DataFrame, events: pd.DataFrame, limit: int = MAX_BANDS) -> list[Band]:
-    """Outermost NVTX ranges of the threads that allocated (e.g. "setup", "step 0", "step 1")."""
+    """Outermost NVTX ranges of each process's main thread (e.g. "setup", "step 0", "step 1").
+
+    The main thread (tid == pid) carries the phases of a program; worker threads (PyTorch's
+    autograd threads, for one) carry library ranges such as cub sorts. A process whose main
+    thread has no ranges falls back to the threads that allocated.
+    """
     if ranges.empty:
         return []
-    threads = set()
-    if not events.empty:
-        threads = set(zip(events["pid"].to_numpy().tolist(), events["tid"].to_numpy().tolist()))
-        threads |= {(p, p) for p, _ in threads}  # the main thread, whose ranges events fall back to
     top = ranges[ranges["depth"] == 1]
-    if threads:
-        keys = pd.Series(list(zip(top["pid"], top["tid"])), index=top.index)
-        top = top[keys.isin(threads)]
+    pids = np.unique(events["pid"].to_numpy()) if not events.empty else np.unique(top["pid"].to_numpy())
+    top = top[top["pid"].isin(pids).to_numpy()]
+    on_main = (top["tid"] == top["pid"]).to_numpy()
+    has_main = top.loc[on_main, "pid"].unique()
+    def thread_keys(frame: pd.DataFrame) -> np.ndarray:
+        return frame["pid"].to_numpy().astype("int64") << 24 | frame["tid"].to_numpy().astype("int64") & 0xFFFFFF
+
+    by_allocator = np.isin(thread_keys(top), thread_keys(events)) if not events.empty else np.zeros(len(top), bool)
+    top = top[on_main | (~top["pid"].isin(has_main).to_numpy() & by_allocator)]
     end_cap = top["end_ns"].where(top["end_ns"] < np.iinfo("int64").max // 4, top["start_ns"])
     top = top.assign(end_ns=end_cap)
     if len(top) > limit:  # keep the longest, then show them in time order

@@ -1,0 +1,5 @@
+"""`python -m nsysan` runs the CLI."""
+
+from .cli import main
+
+main()

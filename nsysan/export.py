@@ -1,0 +1,624 @@
+"""Turn a report into a complete SQLite export: find nsys, run `nsys export`, cache by content.
+
+    ensure_sqlite(report) -> ExportResult(sqlite_path, exported_with, from_cache)
+
+A `.sqlite` is used as given. For a `.nsys-rep` / `.qdrep`, a sibling `<stem>.sqlite` that is a
+complete export of that same report is reused; otherwise nsys exports it into a cache keyed by the
+report's content and the nsys version. Nothing is ever written next to the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import glob
+import hashlib
+import os
+import re
+import selectors
+import shutil
+import signal
+import sqlite3
+import subprocess
+import tempfile
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from nsysan.errors import NsysanError
+
+REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+# A complete export has at least one of these. nsys 2022.4 fails on 2023.1-2023.3.1 reports
+# (ProtobufParseException, exit 1) yet leaves a file holding only StringIds and ProcessStreams:
+# checking that the output exists is not enough.
+COMPLETE_EXPORT_TABLES = frozenset({
+    "TARGET_INFO_SESSION_START_TIME", "ANALYSIS_DETAILS", "EXPORT_META_DATA",
+    "META_DATA_EXPORT", "CUPTI_ACTIVITY_KIND_RUNTIME",
+})
+# Up to 2023.2 the export metadata is EXPORT_META_DATA/EXPORT_INPUT_FILE, from 2023.3 on it is
+# META_DATA_EXPORT/EXPORT_PARAM_INPUT_FILE; both are (name, value) tables.
+EXPORT_META_TABLES = ("EXPORT_META_DATA", "META_DATA_EXPORT")
+EXPORT_INPUT_KEYS = ("EXPORT_INPUT_FILE", "EXPORT_PARAM_INPUT_FILE")
+
+# Where installers put nsys, searched after --nsys, $NSYSAN_NSYS and $PATH. Each pattern's
+# matches are tried newest version first. The Debian package installs /usr/bin/nsys ->
+# /usr/lib/nsight-systems/bin/nsys -> ../target-linux-x64/nsys; NVIDIA's installers use
+# /opt/nvidia/nsight-systems[-cli]/<version>/; CUDA toolkits ship it under /usr/local/cuda*;
+# Nsight Compute bundles one under host/target-linux-x64.
+INSTALL_GLOBS = (
+    "/opt/nvidia/nsight-systems/*/bin/nsys",
+    "/opt/nvidia/nsight-systems/*/target-linux-x64/nsys",
+    "/opt/nvidia/nsight-systems-cli/*/bin/nsys",
+    "/opt/nvidia/nsight-systems-cli/*/target-linux-x64/nsys",
+    "/usr/local/cuda*/bin/nsys",
+    "/usr/local/cuda*/nsight-systems-*/bin/nsys",
+    "/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys",
+    "/usr/lib/nsight-systems/bin/nsys",
+    "/usr/lib/nsight-systems/target-linux-x64/nsys",
+    "/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys",
+)
+
+_HASH_CHUNK = 1 << 20
+_VERSION_TIMEOUT_S = 60.0
+_KEPT_OUTPUT_LINES = 40
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """Where the SQLite export of a report is, and how it got there."""
+
+    sqlite_path: Path
+    exported_with: str | None  # nsys version that made the cached export; None: given/sibling .sqlite
+    from_cache: bool           # True when a cached export was reused without running nsys
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding nsys
+
+
+def find_nsys(explicit: str | Path | None = None, *, report: Path | None = None) -> Path:
+    """Return the path of the nsys binary to use.
+
+    Looks at `explicit` (the --nsys option), then $NSYSAN_NSYS (both may name the binary or an
+    install directory holding `nsys`, `bin/nsys` or `target-linux-x64/nsys`), then $PATH, then
+    INSTALL_GLOBS. `report` only makes the "not found" message name the file being read.
+    """
+    if explicit is not None and str(explicit) != "":
+        return _nsys_at(Path(explicit).expanduser(), given_as=f"--nsys {explicit}")
+    from_env = os.environ.get("NSYSAN_NSYS", "")
+    if from_env:
+        return _nsys_at(Path(from_env).expanduser(), given_as=f"NSYSAN_NSYS={from_env}")
+    on_path = shutil.which("nsys")
+    if on_path:
+        return Path(on_path)
+    for pattern in INSTALL_GLOBS:
+        for candidate in sorted(glob.glob(pattern), key=_numbers_in, reverse=True):
+            if _is_executable(Path(candidate)):
+                return Path(candidate)
+    name = report.name if report is not None else "<report>"
+    raise NsysanError(
+        f"nsysan needs Nsight Systems' nsys to read {name}; install it, or pass --nsys PATH, "
+        f"or export a .sqlite yourself with `nsys export --type sqlite {name}`"
+    )
+
+
+def _nsys_at(path: Path, given_as: str) -> Path:
+    """The nsys binary at `path` (a binary or an install directory), or an error naming it."""
+    candidates = [path / "nsys", path / "bin" / "nsys", path / "target-linux-x64" / "nsys"]
+    for candidate in candidates if path.is_dir() else [path]:
+        if _is_executable(candidate):
+            return candidate
+    raise NsysanError(
+        f"{given_as}: no runnable nsys there; point it at the nsys binary or at the "
+        f"Nsight Systems install directory"
+    )
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def _numbers_in(text: str) -> tuple[int, ...]:
+    """All integers in `text`, for sorting versioned install paths newest first."""
+    return tuple(int(n) for n in re.findall(r"\d+", text))
+
+
+@functools.lru_cache(maxsize=None)
+def nsys_version(nsys: Path) -> str:
+    """Return the version of the nsys at `nsys`, e.g. "2022.4.2.1" (from `nsys --version`)."""
+    try:
+        done = subprocess.run(
+            [str(nsys), "--version"], stdin=subprocess.DEVNULL, capture_output=True,
+            timeout=_VERSION_TIMEOUT_S, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise NsysanError(
+            f"could not run `{nsys} --version` ({err}); check --nsys / NSYSAN_NSYS"
+        ) from err
+    text = done.stdout.decode("utf-8", "replace") + done.stderr.decode("utf-8", "replace")
+    # "NVIDIA Nsight Systems version 2022.4.2.1-df9881f"
+    match = re.search(r"version\s+(\d{4}\.\d+\.\d+(?:\.\d+)?)", text)
+    if match is None:
+        raise NsysanError(
+            f"`{nsys} --version` printed no Nsight Systems version; point --nsys at Nsight Systems' nsys"
+        )
+    return match.group(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which Nsight Systems wrote a report
+
+_HEADER_VERSION = re.compile(rb"^NVIDIA Tegra Profiler Report (\d{4})@(\d+)@(\d+)@(\d+)")
+# The session record at the end of a report holds the product version as a length-prefixed
+# protobuf string (field 6, tag byte 0x32): b"2\x122022.4.2.1-df9881f", b"2\n2025.3.1.0".
+_TRAILER_VERSION = re.compile(
+    rb"\x32([\x05-\x40])((\d{4}\.\d{1,2}\.\d{1,2}(?:\.\d{1,6})?)(?:-[0-9A-Za-z]+)?)"
+)
+# Fallback: a build string anywhere, "2021.2.1.58-642947b" or "2024.2.3.38-242334140272v0".
+_BUILD_STRING = re.compile(
+    rb"(?<![\d.])(20\d\d\.\d{1,2}\.\d{1,2}\.\d{1,6})-(?:[0-9a-f]{7}|\d{12}v\d)"
+)
+_HEAD_BYTES = 4 << 20
+_TAIL_BYTES = 1 << 20
+
+
+def report_version(report: Path) -> str | None:
+    """Return the Nsight Systems version that captured a .nsys-rep/.qdrep, as "YYYY.M.P[.B]".
+
+    Reads at most the first 4 MiB and the last 1 MiB. Reports from 2023.3.3 on name the version
+    in their first line (`... Report 2024@2@3@38-...`); older ones (`Report 1.`) and 2025.3
+    (`Report 36398880.`) keep it in the session record at the end of the file. Returns None
+    when the file is unreadable, is not a report, or names no version.
+    """
+    try:
+        with open(report, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            head = handle.read(_HEAD_BYTES)
+            handle.seek(max(0, size - _TAIL_BYTES))
+            tail = handle.read()
+    except OSError:
+        return None
+    if not head.startswith(REPORT_MAGIC):
+        return None
+    header = _HEADER_VERSION.match(head)
+    if header:
+        return ".".join(str(int(part)) for part in header.groups())
+    trailer = [m for m in _TRAILER_VERSION.finditer(tail) if m.group(1)[0] == len(m.group(2))]
+    if trailer:
+        return trailer[-1].group(3).decode("ascii")
+    build = _BUILD_STRING.search(tail) or _BUILD_STRING.search(head)
+    return build.group(1).decode("ascii") if build else None
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _major_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking SQLite files
+
+
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """Open an SQLite file so that nothing can be written to it or next to it.
+
+    The path is percent-encoded because it becomes a URI ('?', '#' and '%' in names work).
+    immutable=1: no locks, no journal, no -wal/-shm files beside a file that may sit in a
+    read-only folder. Text is decoded leniently: some exports hold binary protobuf blobs in TEXT
+    columns (TARGET_INFO_SYSTEM_ENV.GpuInfo in 2022.4).
+    """
+    uri = f"file:{urllib.parse.quote(str(Path(path).absolute()))}?mode=ro&immutable=1"
+    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
+    return conn
+
+
+def _table_names(conn: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def is_complete_export(path: Path) -> bool:
+    """Return True when `path` is a SQLite file holding a whole nsys export, not a leftover.
+
+    True needs at least one of COMPLETE_EXPORT_TABLES; a file with only StringIds and
+    ProcessStreams is what a failed nsys export leaves behind.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        with contextlib.closing(connect_readonly(path)) as conn:
+            tables = _table_names(conn)
+    except sqlite3.DatabaseError:
+        return False
+    return not tables.isdisjoint(COMPLETE_EXPORT_TABLES)
+
+
+def _exported_input_name(sqlite_path: Path) -> str | None:
+    """The report file name an export records as its input, or None when it records none."""
+    try:
+        with contextlib.closing(connect_readonly(sqlite_path)) as conn:
+            tables = _table_names(conn)
+            for table in EXPORT_META_TABLES:
+                if table in tables:
+                    row = conn.execute(
+                        f"SELECT value FROM {table} WHERE name IN (?, ?)", EXPORT_INPUT_KEYS
+                    ).fetchone()
+                    if row is not None:
+                        return str(row[0])
+    except sqlite3.DatabaseError:
+        return None
+    return None
+
+
+def _matching_sibling(report: Path) -> Path | None:
+    """`<stem>.sqlite` next to `report` when it is a complete export of this very report."""
+    sibling = report.with_suffix(".sqlite")
+    try:
+        # An export older than the report belongs to an earlier capture under the same name.
+        if not sibling.is_file() or sibling.stat().st_mtime_ns < report.stat().st_mtime_ns:
+            return None
+    except OSError:
+        return None
+    if not is_complete_export(sibling) or _exported_input_name(sibling) != report.name:
+        return None
+    return sibling
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking the input
+
+
+def _input_kind(path: Path) -> str:
+    """Return "sqlite" or "report" for a readable input, or raise NsysanError saying what is wrong."""
+    if not path.exists():
+        raise NsysanError(f"{path}: no such file; check the path")
+    if path.is_dir():
+        raise NsysanError(f"{path} is a directory; pass one .nsys-rep, .qdrep or .sqlite file")
+    suffix = path.suffix.lower()
+    if suffix == ".qdstrm":
+        raise NsysanError(
+            f"{path} is an unfinished capture (.qdstrm); import it first with QdstrmImporter from "
+            f"the Nsight Systems version that captured it (QdstrmImporter -i {path.name}), "
+            f"then analyze the .nsys-rep it writes"
+        )
+    if suffix not in (*REPORT_SUFFIXES, ".sqlite"):
+        raise NsysanError(
+            f"{path}: nsysan reads .nsys-rep, .qdrep and .sqlite files from Nsight Systems, "
+            + (f"not {suffix} files" if suffix else "so give the file the suffix it was written with")
+        )
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            head = handle.read(len(REPORT_MAGIC))
+    except OSError as err:
+        raise NsysanError(f"can't read {path} ({err.strerror}); check its permissions") from err
+    if size == 0:
+        raise NsysanError(
+            f"{path} is empty (0 bytes); the capture or the copy was cut short, so copy or capture it again"
+        )
+    if suffix == ".sqlite":
+        if not head.startswith(SQLITE_MAGIC):
+            raise NsysanError(
+                f"{path} is not a SQLite file; pass an export made by `nsys export --type sqlite`"
+            )
+        return "sqlite"
+    if not head.startswith(REPORT_MAGIC):
+        raise NsysanError(
+            f"{path} is not an Nsight Systems report (it lacks the report header); "
+            f"check that the file was copied whole"
+        )
+    return "report"
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache
+
+
+def resolve_cache_dir(cache_dir: Path | None = None) -> Path:
+    """Return the export cache directory: `cache_dir`, $NSYSAN_CACHE_DIR,
+    $XDG_CACHE_HOME/nsysan or ~/.cache/nsysan (in that order). It is not created here."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    if os.environ.get("NSYSAN_CACHE_DIR"):
+        return Path(os.environ["NSYSAN_CACHE_DIR"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "nsysan"
+    return Path.home() / ".cache" / "nsysan"
+
+
+def _content_digest(path: Path) -> str:
+    """sha256 of the file's bytes, read in chunks so large reports stay out of memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Hold an flock on `lock_path`; a second analysis of the same report waits here."""
+    with open(lock_path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _remove_leftovers(cache: Path, key: str) -> None:
+    """Delete temp files of an earlier export of `key` that was killed (SIGKILL, power loss)."""
+    for leftover in cache.glob(f".{key}.*"):
+        with contextlib.suppress(OSError):
+            leftover.unlink()
+
+
+def _export_timeout(timeout_s: float | None) -> float | None:
+    """Seconds an export may take: `timeout_s`, else $NSYSAN_EXPORT_TIMEOUT (0 = no limit),
+    else None (no limit)."""
+    if timeout_s is not None:
+        return timeout_s
+    raw = os.environ.get("NSYSAN_EXPORT_TIMEOUT", "").strip()
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise NsysanError(
+            f"NSYSAN_EXPORT_TIMEOUT={raw!r} is not a number of seconds; set it to e.g. 600, or unset it"
+        ) from None
+    return seconds if seconds > 0 else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Running nsys export
+
+_PERCENT = re.compile(r"(\d{1,3})%")
+
+
+class _NsysOutput:
+    """Reads nsys's merged stdout/stderr: reports `Exporting N events: [..37%..]` progress
+    (redrawn with carriage returns) and keeps the last lines to quote on failure."""
+
+    def __init__(self, progress: Callable[[float], None] | None) -> None:
+        self._progress = progress
+        self._pending = b""
+        self.last_fraction: float | None = None
+        self.lines: deque[str] = deque(maxlen=_KEPT_OUTPUT_LINES)
+
+    def feed(self, chunk: bytes) -> None:
+        *complete, self._pending = re.split(rb"[\r\n]", self._pending + chunk)
+        for raw in complete:
+            self._take(raw.decode("utf-8", "replace").strip())
+
+    def close(self) -> None:
+        self._take(self._pending.decode("utf-8", "replace").strip())
+        self._pending = b""
+
+    def _take(self, line: str) -> None:
+        if not line:
+            return
+        percent = _PERCENT.search(line) if "[" in line else None
+        if percent is None:
+            self.lines.append(line)
+            return
+        fraction = min(int(percent.group(1)), 100) / 100
+        if self._progress is not None and fraction != self.last_fraction:
+            self._progress(fraction)
+        self.last_fraction = fraction
+
+
+def _run_nsys(command: list[str], output: _NsysOutput, timeout_s: float | None) -> int:
+    """Run `command` in its own process group, feeding its output to `output` as it comes.
+
+    Returns the exit code (negative: killed by that signal). Raises TimeoutError after
+    `timeout_s`; on that, on Ctrl-C or on any error the whole group is killed.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def remaining() -> float | None:
+        if deadline is None:
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        return left
+
+    # A new session: nsys (and anything it spawns) can be killed as one group, and a Ctrl-C in
+    # the terminal reaches only us, so the `finally` below decides what happens to nsys.
+    process = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ)
+            while True:
+                if not selector.select(remaining()):
+                    raise TimeoutError
+                chunk = os.read(process.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                output.feed(chunk)
+        output.close()
+        try:
+            return process.wait(timeout=remaining())
+        except subprocess.TimeoutExpired:
+            raise TimeoutError from None
+    finally:
+        if process.poll() is None:  # still ours and not reaped, so its group id is still its pid
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def _error_line(lines: deque[str]) -> str:
+    """nsys's own error line (never the rest of its output, which may echo the environment)."""
+    for marker in ("exportation error", "error", "exception", "fail"):
+        for line in reversed(lines):
+            if marker in line.lower():
+                return _one_line(line)
+    return "(nsys printed no error line)"
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = "".join(ch if ch.isprintable() else " " for ch in text).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _too_new(report: Path, nsys: Path, nsys_ver: str) -> NsysanError:
+    captured = report_version(report)
+    found = f"{nsys_ver} at {nsys}"
+    export_there = f"export it where it was captured: nsys export --type sqlite {report.name}"
+    if captured is None:
+        return NsysanError(
+            f"{report.name} comes from a newer Nsight Systems than the nsys found ({found}), which "
+            f"can't export it; point --nsys at a newer Nsight Systems, or {export_there}"
+        )
+    wanted = _major_minor(captured)
+    return NsysanError(
+        f"{report.name} comes from Nsight Systems {wanted}, and the nsys found ({found}) can't "
+        f"export it; point --nsys at Nsight Systems {wanted} or newer, or {export_there}"
+    )
+
+
+def _export_failed(report: Path, nsys: Path, nsys_ver: str, returncode: int,
+                   lines: deque[str]) -> NsysanError:
+    """The NsysanError for an nsys export that exited non-zero."""
+    text = "\n".join(lines)
+    if "Version number is invalid" in text or "Version not supported" in text:
+        return _too_new(report, nsys, nsys_ver)
+    if "ProtobufParseException" in text:
+        # The header of 2023.1-2023.3.1 reports looks old (`Report 1.`), but their session record
+        # has fields older nsys cannot parse; only the embedded version tells "too new" apart
+        # from "damaged".
+        captured = report_version(report)
+        if captured is None or _version_key(captured) > _version_key(nsys_ver):
+            return _too_new(report, nsys, nsys_ver)
+        return NsysanError(
+            f"nsys {nsys_ver} could not parse {report.name} (ProtobufParseException) although the "
+            f"report comes from Nsight Systems {captured}; the file may be damaged, so copy it again"
+        )
+    if returncode < 0:
+        return NsysanError(
+            f"nsys ({nsys}) was killed by signal {-returncode} while exporting {report.name}; "
+            f"try again, or export it yourself with `nsys export --type sqlite {report.name}`"
+        )
+    return NsysanError(
+        f"nsys export of {report.name} failed (exit {returncode}): {_error_line(lines)}; "
+        f"run `nsys export --type sqlite {report.name}` to see its full output"
+    )
+
+
+def _export_into(entry: Path, report: Path, nsys: Path, nsys_ver: str,
+                 progress: Callable[[float], None] | None, timeout_s: float | None) -> None:
+    """Export `report` with `nsys` and move the result to `entry` once it is known complete.
+
+    nsys writes into a temporary file in the cache directory; `os.replace` puts it in place
+    only after nsys exited 0 and the file holds a whole export, so a crash, a timeout or Ctrl-C
+    never leaves a half-written entry that a later run would trust.
+    """
+    handle, tmp_name = tempfile.mkstemp(dir=entry.parent, prefix=f".{entry.stem}.", suffix=".sqlite")
+    os.close(handle)
+    tmp = Path(tmp_name)
+    command = [
+        str(nsys), "export", "--type", "sqlite", "--force-overwrite", "true",
+        "--output", str(tmp), str(report.absolute()),  # absolute: a name starting with '-' is no option
+    ]
+    output = _NsysOutput(progress)
+    try:
+        try:
+            returncode = _run_nsys(command, output, timeout_s)
+        except TimeoutError:
+            raise NsysanError(
+                f"nsys export of {report.name} did not finish within {timeout_s:g} s and was "
+                f"stopped; raise NSYSAN_EXPORT_TIMEOUT, or export it yourself with "
+                f"`nsys export --type sqlite {report.name}`"
+            ) from None
+        except OSError as err:
+            raise NsysanError(
+                f"could not run {nsys} ({err.strerror}); check --nsys / NSYSAN_NSYS"
+            ) from err
+        if returncode != 0:
+            raise _export_failed(report, nsys, nsys_ver, returncode, output.lines)
+        if not is_complete_export(tmp):
+            raise NsysanError(
+                f"nsys {nsys_ver} exited cleanly but wrote an incomplete export of {report.name}; "
+                f"try a newer Nsight Systems with --nsys, or export it where it was captured"
+            )
+        os.replace(tmp, entry)
+        if progress is not None and output.last_fraction != 1.0:
+            progress(1.0)
+    finally:
+        for path in (tmp, Path(f"{tmp}-journal")):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry point
+
+
+def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Path | None = None,
+                  progress: Callable[[float], None] | None = None,
+                  timeout_s: float | None = None) -> ExportResult:
+    """Return a complete SQLite export of `report`, exporting it with nsys only when needed.
+
+    A `.sqlite` is returned as given; a matching sibling `<stem>.sqlite` is reused; otherwise the
+    export comes from the cache (key: sha256 of the report + nsys version) or is made into it.
+    `progress` gets fractions 0..1 while nsys runs. `timeout_s` (default $NSYSAN_EXPORT_TIMEOUT)
+    bounds the nsys run. Every problem a user can cause raises NsysanError with one line.
+    """
+    report = Path(report)
+    if _input_kind(report) == "sqlite":
+        return ExportResult(report, exported_with=None, from_cache=False)
+    sibling = _matching_sibling(report)
+    if sibling is not None:
+        return ExportResult(sibling, exported_with=None, from_cache=False)
+
+    nsys_path = find_nsys(nsys, report=report)
+    version = nsys_version(nsys_path)
+    timeout = _export_timeout(timeout_s)
+    try:
+        key = f"{_content_digest(report)}-nsys{re.sub(r'[^0-9A-Za-z.]', '_', version)}"
+    except OSError as err:
+        raise NsysanError(f"can't read {report} ({err.strerror}); check the file") from err
+    cache = resolve_cache_dir(cache_dir)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise NsysanError(
+            f"can't use the export cache at {cache} ({err.strerror}); "
+            f"set NSYSAN_CACHE_DIR to a writable directory"
+        ) from err
+    entry = cache / f"{key}.sqlite"
+    if is_complete_export(entry):
+        return ExportResult(entry, exported_with=version, from_cache=True)
+
+    try:
+        with _exclusive_lock(cache / f"{key}.lock"):
+            # Another run may have finished this very export while we waited for the lock.
+            if is_complete_export(entry):
+                return ExportResult(entry, exported_with=version, from_cache=True)
+            _remove_leftovers(cache, key)
+            _export_into(entry, report, nsys_path, version, progress, timeout)
+    except OSError as err:
+        raise NsysanError(
+            f"can't write the export cache at {cache} ({err.strerror}); "
+            f"set NSYSAN_CACHE_DIR to a writable directory"
+        ) from err
+    return ExportResult(entry, exported_with=version, from_cache=False)

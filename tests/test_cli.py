@@ -1,0 +1,121 @@
+"""The `nsysan` command as users run it: real processes, exit codes, stdout and stderr."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nsysan", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_analyze_prints_the_summary():
+    result = run("analyze", "fixtures/known_mem_v25.sqlite", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "908.0 MiB" in out and "burst" in out
+    assert "Never freed during the capture: 6 allocations, 146.0 MiB" in out
+    assert "no_backtraces" in out
+    assert result.stderr == ""
+
+
+def test_analyze_json_to_stdout_is_the_document():
+    result = run("analyze", "fixtures/known_mem_v25.sqlite", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "nsysan/analysis@1"
+    assert doc["peak"]["peak_bytes"] == 952_107_008 and doc["peak"]["nvtx_range"] == "burst"
+    group = next(g for g in doc["groups"] if g["kind"] == "device")
+    assert {k: group[k] for k in ("never_freed_bytes", "never_freed_count")} == \
+        {"never_freed_bytes": 153_067_520, "never_freed_count": 6}
+    assert doc["capture"]["memory_usage_collected"] is True and doc["capture"]["backtraces"] is False
+
+
+def test_several_inputs_give_one_document_each(tmp_path):
+    result = run("analyze", "fixtures/known_mem_v25.sqlite", "fixtures/known_bt_v25.sqlite",
+                 "--json-dir", str(tmp_path), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    docs = json.loads(result.stdout)
+    assert [d["source"]["name"] for d in docs] == ["known_mem_v25.sqlite", "known_bt_v25.sqlite"]
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == ["known_bt_v25.sqlite.analysis.json", "known_mem_v25.sqlite.analysis.json"]
+    assert json.loads((tmp_path / "known_bt_v25.sqlite.analysis.json").read_text()) == docs[1]
+
+
+def test_json_option_writes_the_file_and_keeps_the_text_summary(tmp_path):
+    target = tmp_path / "sub" / "analysis.json"
+    result = run("analyze", "fixtures/known_plain_v25.sqlite", "--json", str(target), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "sizes were not collected" in result.stdout
+    assert "Memory API calls" in result.stdout and "cudaMalloc" in result.stdout
+    assert json.loads(target.read_text())["capture"]["memory_usage_collected"] is False
+
+
+def test_failed_cudamalloc_is_shown():
+    result = run("analyze", "fixtures/real_oom_v25.sqlite", "--no-progress")
+    assert result.returncode == 0
+    assert "Failed memory calls" in result.stdout and "cudaErrorMemoryAllocation" in result.stdout
+
+
+def test_a_bad_input_among_several_is_one_line_and_exit_2(tmp_path):
+    bogus = tmp_path / "bogus.sqlite"
+    bogus.write_bytes(b"this is not sqlite at all" * 10)
+    result = run("analyze", str(bogus), "fixtures/known_mem_v25.sqlite", "--format", "json")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("nsysan: ")
+    assert "Traceback" not in result.stderr
+    assert [d["source"]["name"] for d in json.loads(result.stdout)] == ["known_mem_v25.sqlite"]
+
+
+@pytest.mark.parametrize("args", [["analyze", "missing.sqlite"], ["analyze", "fixtures"],
+                                  ["analyze", "fixtures/known_mem_v25.truth.jsonl"],
+                                  ["analyze", "fixtures/known_mem_v25.sqlite", "--format", "xml"]])
+def test_bad_input_is_one_clear_line(args):
+    result = run(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nsysan: "), result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_input_file_is_never_modified():
+    report = FIXTURES / "known_bt_v25.sqlite"
+    before = (sha256(report), report.stat().st_mtime_ns)
+    assert run("analyze", str(report), "--format", "json").returncode == 0
+    assert (sha256(report), report.stat().st_mtime_ns) == before
+    assert not list(FIXTURES.glob("*-journal")) and not list(FIXTURES.glob("*-wal"))
+
+
+def test_nothing_from_the_profiled_environment_is_printed():
+    # META_DATA_CAPTURE holds the profiled process's environment (PROCESS_0:ENVIRONMENT_VARIABLE).
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{FIXTURES / 'torch_leak_v25.sqlite'}?mode=ro", uri=True)
+    secrets = [v.split("=", 1)[1] for (v,) in conn.execute(
+        "SELECT value FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT_VARIABLE'") if "=" in v]
+    conn.close()
+    assert secrets
+    text = run("analyze", "fixtures/torch_leak_v25.sqlite", "--no-progress").stdout
+    doc = run("analyze", "fixtures/torch_leak_v25.sqlite", "--format", "json").stdout
+    for value in secrets:
+        if len(value) >= 6:  # short values such as "1" appear everywhere by chance
+            assert value not in text and value not in doc
+
+
+def test_help_lists_analyze():
+    result = run("--help")
+    assert result.returncode == 0 and "analyze" in result.stdout

@@ -1,0 +1,42 @@
+"""Whole JSON documents of small fixtures, compared with reviewed copies in tests/golden/.
+
+Regenerate with NSYSAN_UPDATE_GOLDEN=1 pytest tests/test_golden.py, review the diff, and say in
+the commit why it moved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+from conftest import GOLDEN, analysis_of
+
+from nsysan.model import Analysis
+from nsysan.render.json import render_json
+
+GOLDEN_FIXTURES = ["known_mem_v25", "known_bt_v25", "known_plain_v25", "known_mem_v22", "real_oom_v25"]
+
+
+def portable(analysis: Analysis) -> Analysis:
+    """The analysis with the machine-specific input path reduced to the file name."""
+    return dataclasses.replace(analysis, source=dataclasses.replace(analysis.source, path=analysis.source.name))
+
+
+@pytest.mark.parametrize("name", GOLDEN_FIXTURES)
+def test_json_matches_golden(name):
+    text = render_json(portable(analysis_of(name)))
+    golden = GOLDEN / f"{name}.analysis.json"
+    if os.environ.get("NSYSAN_UPDATE_GOLDEN") == "1":
+        golden.write_text(text)
+    assert golden.exists(), f"missing {golden.name}: run with NSYSAN_UPDATE_GOLDEN=1 and review it"
+    assert text == golden.read_text()
+
+
+@pytest.mark.parametrize("name", GOLDEN_FIXTURES)
+def test_json_round_trips(name):
+    analysis = analysis_of(name)
+    again = Analysis.from_dict(json.loads(render_json(analysis)))
+    assert again == analysis
+    assert render_json(again) == render_json(analysis)
