@@ -119,3 +119,25 @@ def test_nothing_from_the_profiled_environment_is_printed():
 def test_help_lists_analyze():
     result = run("--help")
     assert result.returncode == 0 and "analyze" in result.stdout
+
+
+def test_report_goes_through_a_real_nsys_export(nsys_path, tmp_path):
+    args = ["analyze", "fixtures/known_mem_v22.nsys-rep", "--format", "json", "--cache-dir", str(tmp_path),
+            "--nsys", str(nsys_path)]
+    first = run(*args)
+    assert first.returncode == 0, first.stderr
+    doc = json.loads(first.stdout)
+    assert doc["source"]["format"] == "nsys-rep" and doc["source"]["exported_with"] == "2022.4.2.1"
+    assert doc["source"]["from_cache"] is False
+    assert doc["peak"]["peak_bytes"] == 256 << 20  # the one event nsys 2022.4 kept (see fixtures/README.md)
+    assert "cuda_trace_incomplete" in {d["code"] for d in doc["diagnostics"]}
+    second = json.loads(run(*args).stdout)
+    assert second["source"]["from_cache"] is True
+    assert second["groups"] == doc["groups"]
+
+
+def test_report_newer_than_nsys_is_one_clear_line(nsys_path, tmp_path):
+    result = run("analyze", "fixtures/known_mem_v25.nsys-rep", "--cache-dir", str(tmp_path))
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "comes from Nsight Systems 2025.3" in line and "2022.4" in line and "--nsys" in line

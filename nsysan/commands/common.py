@@ -15,6 +15,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from ..errors import NsysanError
 
 out_console = Console(highlight=False, soft_wrap=False)
+if not out_console.is_terminal and "COLUMNS" not in os.environ:
+    out_console.width = 120  # logs and files: wide enough for the tables, not the 80 of a pipe
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)  # one error, one line
 
 

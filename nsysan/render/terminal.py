@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable
 
 from rich import box
 from rich.console import Console, Group
@@ -21,8 +21,8 @@ def render_terminal(analysis: Analysis, console: Console, top: int = 10) -> None
     console.print(_capture_panel(analysis))
     if analysis.capture.memory_usage_collected and analysis.groups:
         console.print(_peaks_table(analysis))
-        if analysis.peak is not None:
-            console.print(_live_at_peak_table(analysis.peak, top))
+        for peak in _process_peaks(analysis):
+            console.print(_live_at_peak_table(peak, top))
         console.print(_groups_table(analysis))
         console.print(_never_freed_table(analysis, top))
         console.print(_sites_table(analysis, top))
@@ -66,10 +66,16 @@ def _capture_panel(analysis: Analysis) -> Panel:
     return Panel(body, title=Text(f"nsysan · {src.name}{exported}"), title_align="left", box=box.ROUNDED)
 
 
+_FOLDING_COLUMNS = {"site", "NVTX range", "range", "API", "reached by"}
+
+
 def _table(title: str, *columns: tuple[str, str]) -> Table:
     table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD)
     for name, justify in columns:
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        # Numbers and short words never wrap; names (sites, ranges, symbols) fold instead.
+        folds = name in _FOLDING_COLUMNS
+        table.add_column(name, justify=justify, no_wrap=not folds,  # type: ignore[arg-type]
+                         overflow="fold" if folds else "ellipsis")
     return table
 
 
@@ -86,10 +92,21 @@ def _peaks_table(analysis: Analysis) -> Table:
     return table
 
 
+def _process_peaks(analysis: Analysis, limit: int = 4) -> list[Peak]:
+    """Each process's highest peak (the headline first), for the 'live at the peak' tables."""
+    best: dict[int, Peak] = {}
+    for peak in analysis.peaks:
+        if peak.pid is not None and peak.live_count and (
+                peak.pid not in best or peak.peak_bytes > best[peak.pid].peak_bytes):
+            best[peak.pid] = peak
+    return sorted(best.values(), key=lambda p: (-p.peak_bytes, p.pid))[:limit]
+
+
 def _live_at_peak_table(peak: Peak, top: int) -> Table:
     shown = peak.live_at_peak[:top]
     more = peak.live_count - len(shown)
-    title = f"Live at the peak of process {peak.pid} ({fmt_bytes(peak.peak_bytes)} at {fmt_time(peak.peak_time_ns)})"
+    title = (f"Live at the peak of process {peak.pid} on device {peak.device} "
+             f"({fmt_bytes(peak.peak_bytes)} at {fmt_time(peak.peak_time_ns)})")
     table = _table(title, ("size", "right"), ("kind", "left"), ("API", "left"), ("site", "left"),
                    ("NVTX range", "left"), ("age", "right"))
     for alloc in shown:
@@ -101,13 +118,13 @@ def _live_at_peak_table(peak: Peak, top: int) -> Table:
 
 
 def _groups_table(analysis: Analysis) -> Table:
-    table = _table("Memory by process, device and kind", ("process", "right"), ("device", "right"), ("kind", "left"),
+    table = _table("Memory by process, device and kind", ("process", "right"), ("dev", "right"), ("kind", "left"),
                    ("peak", "right"), ("at end", "right"), ("allocs", "right"), ("frees", "right"),
                    ("allocated", "right"), ("never freed", "right"))
     for g in analysis.groups:
-        never = f"{fmt_bytes(g.never_freed_bytes)} in {g.never_freed_count}" if g.never_freed_count else "-"
-        if g.kind == "static" and g.never_freed_count:
-            never = "static (not a leak)"
+        never = f"{fmt_bytes(g.never_freed_bytes)} ({g.never_freed_count})" if g.never_freed_count else "-"
+        if g.kind in ("static", "managed_static"):
+            never = "not a leak"
         table.add_row(str(g.pid), str(g.device), g.kind, fmt_bytes(g.peak_bytes), fmt_bytes(g.end_bytes),
                       str(g.allocations), str(g.frees), fmt_bytes(g.allocated_bytes), never)
     return table
@@ -171,23 +188,13 @@ def _failed_table(analysis: Analysis, top: int) -> Table:
 
 
 def _diagnostics(analysis: Analysis) -> Group:
-    lines = [Text("Diagnostics", style="bold")]
     diagnostics = analysis.diagnostics_by_severity()
     if not diagnostics:
-        lines.append(Text("  none: the capture has everything nsysan needs"))
+        return Group(Text("Diagnostics", style="bold"), Text("  none: the capture has everything nsysan needs"))
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True, style="dim")
+    grid.add_column(overflow="fold")
     for d in diagnostics:
-        line = Text("  ")
-        line.append(f"{d.severity:<7}", style=SEVERITY_STYLE.get(d.severity, ""))
-        line.append(f" {d.code}: ", style="dim")
-        line.append(d.message)
-        lines.append(line)
-    return Group(*lines)
-
-
-def headline_text(analysis: Analysis) -> Optional[str]:
-    """One line for lists of many reports."""
-    peak = analysis.peak
-    if peak is None:
-        return None
-    return f"peak {fmt_bytes(peak.peak_bytes)} (process {peak.pid}, device {peak.device}) at {fmt_time(peak.peak_time_ns)}"
-
+        grid.add_row(Text(f" {d.severity}", style=SEVERITY_STYLE.get(d.severity, "")), d.code, _t(d.message))
+    return Group(Text("Diagnostics", style="bold"), grid)
