@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Optional
 
@@ -13,13 +15,36 @@ from rich.markup import escape
 
 from .commands import analyze as analyze_command
 from .commands.common import err_console
-from .errors import NsysanError
+from .errors import NsysanError, one_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="GPU-memory answers from NVIDIA Nsight Systems reports.")
 app.command("analyze")(analyze_command.analyze)
 
 _state = {"debug": False}
+INTERRUPTED = 130  # 128 + SIGINT: what shells report after Ctrl-C
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived. A BaseException, so no `except Exception` swallows it on the way
+    up, while every `finally` runs: nsys is killed and no temporary file is left in the cache."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
+
+
+def _stop_on_termination() -> dict[int, object]:
+    """Make SIGTERM (`kill`, a cancelled CI job) and SIGHUP (the terminal closed) raise _Stopped
+    instead of killing the process on the spot; returns the handlers replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # signal handlers can only be set from the main thread
+    return {signum: signal.signal(signum, _stop) for signum in (signal.SIGTERM, signal.SIGHUP)
+            if signal.getsignal(signum) == signal.SIG_DFL}  # `nohup` and the like keep theirs
 
 
 @app.callback()
@@ -29,6 +54,7 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show Python traceba
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    replaced = _stop_on_termination()
     try:
         # standalone_mode=False lets errors reach the handlers below instead of click's own.
         code = app(args=argv, prog_name="nsysan", standalone_mode=False)
@@ -45,15 +71,24 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise SystemExit(err.exit_code) from None
     except KeyboardInterrupt:
         err_console.print("nsysan: interrupted", highlight=False)
-        raise SystemExit(130) from None
+        raise SystemExit(INTERRUPTED) from None
+    except _Stopped as stopped:
+        err_console.print(f"nsysan: stopped by {signal.Signals(stopped.signum).name}", highlight=False)
+        raise SystemExit(128 + stopped.signum) from None
     except SystemExit:
         raise
     except Exception as err:  # a bug in nsysan, never the user's input
         if _state["debug"] or os.environ.get("NSYSAN_DEBUG") == "1":
             traceback.print_exc()
-        err_console.print(f"nsysan: internal error ({escape(type(err).__name__)}: {escape(str(err)[:200])}); "
+        # str(err) may quote profile data: one printable line, never terminal escapes.
+        err_console.print(f"nsysan: internal error ({escape(type(err).__name__)}: {escape(one_line(str(err))[:200])}); "
                           "please report it with the output of --debug", highlight=False)
         raise SystemExit(3) from None
+    finally:
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
+    if code == INTERRUPTED:  # typer turns Ctrl-C into a silent exit code 130 (typer >= 0.16)
+        err_console.print("nsysan: interrupted", highlight=False)
     if isinstance(code, int) and code:
         raise SystemExit(code)
 

@@ -25,7 +25,8 @@ import pandas as pd
 
 from . import apis
 from .errors import NsysanError
-from .model import Diagnostic
+from .model import KINDS, Diagnostic
+from .reader import read_frame, release_memory
 from .schema import Schema, _quote
 
 EVENT_COLUMNS = {
@@ -50,7 +51,8 @@ __doc__ += "\n".join(f"    {name}: {dtype}" for name, dtype in EVENT_COLUMNS.ite
 
 CALL_COLUMNS = {
     "ts_ns": "int64", "end_ns": "int64", "pid": "int32", "tid": "int32", "api": "category",
-    "family": "category", "return_value": "int64", "correlation_id": "int64",
+    "family": "category", "return_value": "int32", "correlation_id": "int64",
+    "has_event": "bool",  # the call caused at least one memory event
 }
 
 # Push/pop ranges belong to one thread (59 NvtxPushPopRange, 70 NvtxtPushPopRange); start/end
@@ -71,6 +73,9 @@ class LoadedEvents:
     ranges: pd.DataFrame  # NVTX push/pop ranges: pid, tid, start_ns, end_ns, name, depth
     sites: pd.DataFrame  # label -> function, symbol, module, from_stack
     thread_names: dict[tuple[int, int], str]
+    # pid -> end of its last CUDA API call of any kind, for the processes whose NVTX ranges go
+    # on after their last memory call (see `_last_cuda_calls`)
+    last_cuda_call_ns: dict[int, int] = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
 
 
@@ -87,32 +92,24 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
     thread_names = _read_thread_names(conn, schema)
     progress("reading API calls", 0.0)
     calls, chains = _read_calls(conn, schema, diagnostics)
-    progress("reading memory events", 0.25)
-    raw = _read_memory_events(conn, schema, diagnostics)
-    progress("reading NVTX ranges", 0.6)
+    release_memory()
+    progress("reading NVTX ranges", 0.2)
     ranges = _read_nvtx_ranges(conn, schema)
+    progress("reading memory events", 0.25)
+    events = _normalize(_read_memory_events(conn, schema, diagnostics), calls, chains, schema, diagnostics)
+    release_memory()
     progress("matching allocations and frees", 0.75)
-    events = _normalize(raw, calls, chains, schema, diagnostics)
     events["nvtx_range"], events["nvtx_path"] = attribute_ranges(events, ranges)
     sites, labels = _call_sites(conn, schema, events, chains, thread_names, diagnostics)
     events["site"] = labels
     events = events[list(EVENT_COLUMNS)]
+    last_calls = _last_cuda_calls(conn, schema, calls, ranges)
     progress("done", 1.0)
-    return LoadedEvents(events=events, calls=calls, ranges=ranges, sites=sites,
-                        thread_names=thread_names, diagnostics=diagnostics)
+    return LoadedEvents(events=events, calls=calls, ranges=ranges, sites=sites, thread_names=thread_names,
+                        last_cuda_call_ns=last_calls, diagnostics=diagnostics)
 
 
 # --- reading -------------------------------------------------------------------------------
-
-def read_frame(conn: sqlite3.Connection, sql: str, columns: list[str],
-               params: tuple = ()) -> pd.DataFrame:
-    """Run a query and return its rows as a DataFrame with the given column names."""
-    cursor = conn.execute(sql, params)
-    rows = cursor.fetchall()
-    if not rows:
-        return pd.DataFrame({c: pd.Series(dtype="object") for c in columns})
-    return pd.DataFrame.from_records(rows, columns=columns)
-
 
 def _ints(frame: pd.DataFrame, column: str) -> pd.Series:
     """A column as nullable integers: NULLs and non-numbers (damaged exports) become <NA>.
@@ -134,7 +131,12 @@ def _ints(frame: pd.DataFrame, column: str) -> pd.Series:
 
 def _int_column(frame: pd.DataFrame, column: str, dtype: str = "int64", fill: int = 0) -> np.ndarray:
     """A column as a plain integer array, NULLs and non-numbers replaced by `fill`."""
-    return _ints(frame, column).fillna(fill).to_numpy(dtype=dtype)
+    values = frame[column]
+    # The common case: no NULLs, no copy. Not for pandas' nullable Int64 (also kind "i"), whose
+    # NULLs would become garbage integers.
+    if isinstance(values.dtype, np.dtype) and values.dtype.kind in "iu":
+        return values.to_numpy().astype(dtype, copy=False)
+    return _ints(frame, column).to_numpy(dtype=dtype, na_value=fill)
 
 
 def _col(schema: Schema, table: str, column: str, default: str = "NULL") -> str:
@@ -144,7 +146,7 @@ def _col(schema: Schema, table: str, column: str, default: str = "NULL") -> str:
 def _read_thread_names(conn: sqlite3.Connection, schema: Schema) -> dict[tuple[int, int], str]:
     if not (schema.has("ThreadNames", "nameId", "globalTid") and schema.has("StringIds", "id", "value")):
         return {}
-    sql = ("SELECT t.globalTid, substr(s.value, 1, 100) FROM ThreadNames AS t "
+    sql = ("SELECT t.globalTid, CAST(substr(s.value, 1, 100) AS TEXT) FROM ThreadNames AS t "
            "JOIN StringIds AS s ON s.id = t.nameId")
     names = {}
     for global_tid, name in conn.execute(sql):
@@ -163,8 +165,8 @@ def _memory_api_ids(conn: sqlite3.Connection, schema: Schema) -> dict[int, str]:
     ids = {}
     for string_id, value in rows:
         name = apis.base_name(str(value))
-        if name in apis.FAMILIES:
-            ids[int(string_id)] = name
+        if name in apis.FAMILIES and isinstance(string_id, int):  # a NULL/text/blob id names nothing
+            ids[string_id] = name
     return ids
 
 
@@ -180,35 +182,51 @@ def _read_calls(conn: sqlite3.Connection, schema: Schema,
     if not name_ids:
         return _empty_calls(), empty_chains
     id_list = ",".join(str(i) for i in sorted(name_ids))
-    sql = (f"SELECT start, {_col(schema, table, 'end', 'start')}, globalTid, correlationId, nameId, "
-           f"{_col(schema, table, 'returnValue', '0')}, {_col(schema, table, 'eventClass', '0')}, "
-           f"{_col(schema, table, 'callchainId')} FROM {table} WHERE nameId IN ({id_list})")
-    raw = read_frame(conn, sql, ["start", "end", "global_tid", "correlation_id", "name_id",
-                                 "return_value", "event_class", "callchain_id"])
+    # Backtrace twin rows (eventClass 67) and call stacks exist only with CUDA_CALLCHAINS; without
+    # it, those two columns are not read at all (the largest read of a big export).
+    stacks = schema.has_backtraces
+    columns = ["start", "end", "global_tid", "correlation_id", "name_id", "return_value"]
+    select = (f"start, {_col(schema, table, 'end', 'start')}, globalTid, correlationId, nameId, "
+              f"{_col(schema, table, 'returnValue', '0')}")
+    if stacks:
+        columns += ["event_class", "callchain_id"]
+        select += f", {_col(schema, table, 'eventClass', '0')}, {_col(schema, table, 'callchainId')}"
+    raw = read_frame(conn, f"SELECT {select} FROM {table} WHERE nameId IN ({id_list})", columns)
     global_tid = _int_column(raw, "global_tid")
     pid = ((global_tid >> 24) & 0xFFFFFF).astype("int32")
     correlation = _int_column(raw, "correlation_id")
-    event_class = _int_column(raw, "event_class")
-    chain = pd.to_numeric(raw["callchain_id"], errors="coerce")
-    has_chain = chain.notna().to_numpy()
+    event_class = _int_column(raw, "event_class") if stacks else np.zeros(len(raw), "int64")
+    chain = _ints(raw, "callchain_id") if stacks else pd.Series(pd.array([pd.NA] * 0, dtype="Int64"))
+    has_chain = chain.notna().to_numpy() if stacks else np.zeros(len(raw), bool)
     chains = pd.DataFrame({"pid": pid[has_chain], "correlation_id": correlation[has_chain],
-                           "callchain_id": chain[has_chain].astype("int64").to_numpy()})
+                           "callchain_id": chain[has_chain].to_numpy(dtype="int64") if stacks
+                           else np.zeros(0, "int64")})
     # One stack per call: with --cudabacktrace, 2025.x writes a twin row (eventClass 67) that
     # carries it; older exports put it on the call's own row.
     chains = chains.groupby(["pid", "correlation_id"], as_index=False)["callchain_id"].max()
 
     real = event_class != 67  # the twins duplicate calls: never count or time them
-    names = pd.Series(_int_column(raw, "name_id")[real]).map(name_ids)
+    api = categorical_lookup(_int_column(raw, "name_id")[real], name_ids)
+    family = categorical_lookup(api.codes, dict(enumerate(apis.FAMILIES.get(a, "other") for a in api.categories)))
     start = _int_column(raw, "start")[real] - schema.time_offset_ns
     end = _int_column(raw, "end")[real] - schema.time_offset_ns
     calls = pd.DataFrame({
         "ts_ns": start, "end_ns": np.maximum(end, start), "pid": pid[real],
-        "tid": (global_tid[real] & 0xFFFFFF).astype("int32"),
-        "api": pd.Categorical(names), "family": pd.Categorical(names.map(apis.FAMILIES)),
-        "return_value": _int_column(raw, "return_value")[real], "correlation_id": correlation[real],
+        "tid": (global_tid[real] & 0xFFFFFF).astype("int32"), "api": api, "family": family,
+        "return_value": np.clip(_int_column(raw, "return_value")[real], -2**31, 2**31 - 1).astype("int32"),
+        "correlation_id": correlation[real], "has_event": np.zeros(int(real.sum()), bool),
     })
-    calls = calls.sort_values("ts_ns", kind="stable", ignore_index=True)
     return calls, chains
+
+
+def categorical_lookup(values: np.ndarray, lookup: dict, missing: str = "?") -> pd.Categorical:
+    """`lookup[v]` for every value, as a categorical: one dictionary lookup per distinct value."""
+    codes, uniques = pd.factorize(values)
+    names = [lookup.get(u.item() if hasattr(u, "item") else u, missing) for u in uniques]
+    categories = list(dict.fromkeys(names))  # several values may share a name
+    position = {name: i for i, name in enumerate(categories)}
+    remap = np.array([position[n] for n in names], dtype="int64")
+    return pd.Categorical.from_codes(remap[codes] if len(codes) else codes, categories=categories)
 
 
 def _empty_calls() -> pd.DataFrame:
@@ -218,15 +236,19 @@ def _empty_calls() -> pd.DataFrame:
 def _read_memory_events(conn: sqlite3.Connection, schema: Schema,
                         diagnostics: list[Diagnostic]) -> pd.DataFrame:
     table = "CUDA_GPU_MEMORY_USAGE_EVENTS"
-    columns = ["row", "start", "global_pid", "device", "address", "bytes", "mem_kind", "op_type",
-               "correlation_id", "pool_address"]
+    # A full scan returns rows in rowid (export) order, which the stable sort keeps for ties.
+    columns = ["start", "global_pid", "device", "address", "bytes", "mem_kind", "op_type", "correlation_id",
+               "pool_address"]
     if not schema.memory_usage_collected:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
-    sql = (f"SELECT rowid, start, globalPid, {_col(schema, table, 'deviceId', '0')}, address, bytes, "
+    sql = (f"SELECT start, globalPid, {_col(schema, table, 'deviceId', '0')}, address, bytes, "
            f"{_col(schema, table, 'memKind', '2')}, {_col(schema, table, 'memoryOperationType', '0')}, "
-           f"{_col(schema, table, 'correlationId', '0')}, {_col(schema, table, 'localMemoryPoolAddress')} "
+           f"{_col(schema, table, 'correlationId', '0')}, "
+           f"{_col(schema, table, 'localMemoryPoolAddress')} IS NOT NULL "
            f"FROM {table}")
-    return read_frame(conn, sql, columns)
+    # Counting the rows of a whole table is cheap; knowing it spares a copy of every column.
+    (rows,) = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return read_frame(conn, sql, columns, expected_rows=rows)
 
 
 def _read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
@@ -237,15 +259,16 @@ def _read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
                           "name": pd.Series(dtype="object"), "depth": pd.Series(dtype="int16")})
     if not schema.has(table, "start", "eventType", "globalTid"):
         return empty
-    text = _col(schema, table, "text", "NULL")
+    text = "n." + _quote("text") if schema.has(table, "text") else "NULL"
+    # CAST: a BLOB where text belongs (damaged exports) is read as text, bad bytes replaced.
     if schema.has(table, "textId") and schema.has("StringIds", "id", "value"):
         # A message registered with nvtxDomainRegisterString is in textId, otherwise in text.
-        name_sql = f"substr(coalesce(n.{text}, s.value, ''), 1, {NVTX_NAME_CHARS})"
+        name_sql = f"CAST(substr(coalesce({text}, s.value, ''), 1, {NVTX_NAME_CHARS}) AS TEXT)"
         join = "LEFT JOIN StringIds AS s ON s.id = n.textId"
     else:
-        name_sql = f"substr(coalesce(n.{text}, ''), 1, {NVTX_NAME_CHARS})"
+        name_sql = f"CAST(substr(coalesce({text}, ''), 1, {NVTX_NAME_CHARS}) AS TEXT)"
         join = ""
-    end = "n." + _col(schema, table, "end", "NULL")
+    end = "n." + _quote("end") if schema.has(table, "end") else "NULL"  # not "n.NULL": a syntax error
     types = ",".join(str(t) for t in NVTX_PUSH_POP)
     sql = (f"SELECT n.start, {end}, n.globalTid, {name_sql} FROM {table} AS n {join} "
            f"WHERE n.eventType IN ({types})")
@@ -290,105 +313,280 @@ def _nesting_depth(ranges: pd.DataFrame) -> np.ndarray:
     return np.clip(depth, 1, np.iinfo("int16").max).astype("int16")
 
 
+TAIL_ROWS = 200_000
+TRACE_GOES_ON = 3  # NVTX ranges starting after a process's last CUDA call that mean "incomplete"
+
+
+def _last_cuda_calls(conn: sqlite3.Connection, schema: Schema, calls: pd.DataFrame,
+                     ranges: pd.DataFrame) -> dict[int, int]:
+    """When each process's CUDA trace ends (end of its last API call of any kind).
+
+    A trace that stops while the process visibly goes on (NVTX ranges later) lost its end: a
+    crash before nsys flushed, or an nsys too old for the driver. The full answer needs a scan
+    of the whole API table, so it is computed only for processes that look suspicious from the
+    memory calls and the last rows of the table (nsys writes rows in time order up to 2025.3).
+    """
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if ranges.empty or not schema.has(table, "globalTid", "start"):
+        return {}
+    end = '"end"' if schema.has(table, "end") else "start"
+    last = calls.groupby("pid")["end_ns"].max().to_dict() if not calls.empty else {}
+    tail = (f"SELECT (globalTid >> 24) & 16777215, max({end}) FROM {table} "
+            f"WHERE rowid > (SELECT max(rowid) FROM {table}) - {TAIL_ROWS} GROUP BY 1")
+    for pid, ts in conn.execute(tail):
+        if isinstance(pid, int) and isinstance(ts, int):
+            last[pid] = max(last.get(pid, ts - schema.time_offset_ns), ts - schema.time_offset_ns)
+    if not _ranges_after(last, ranges):
+        return last
+    whole = f"SELECT (globalTid >> 24) & 16777215, max({end}) FROM {table} GROUP BY 1"
+    for pid, ts in conn.execute(whole):
+        if isinstance(pid, int) and isinstance(ts, int):
+            last[pid] = max(last.get(pid, ts - schema.time_offset_ns), ts - schema.time_offset_ns)
+    return last
+
+
+def _ranges_after(last_call: dict[int, int], ranges: pd.DataFrame) -> bool:
+    """Whether some process has TRACE_GOES_ON NVTX ranges starting after its last CUDA call."""
+    for pid, ts in last_call.items():
+        if int((ranges["start_ns"].to_numpy()[ranges["pid"].to_numpy() == pid] > ts).sum()) >= TRACE_GOES_ON:
+            return True
+    return False
+
+
 # --- normalizing ---------------------------------------------------------------------------
 
 def _normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, schema: Schema,
                diagnostics: list[Diagnostic]) -> pd.DataFrame:
+    """The events frame: decoded, joined to API calls, in canonical order, allocs paired with frees.
+
+    Consumes `raw`: its columns are dropped as they are used, so that a 10-million-event export
+    never holds the raw and the normalized frame whole at the same time. Also marks in `calls`
+    which calls caused a memory event (`has_event`).
+    """
     if raw.empty:
         return _empty_events()
-    frame = pd.DataFrame({
-        "row": _int_column(raw, "row"),
-        "ts_ns": _int_column(raw, "start", fill=-1) - schema.time_offset_ns,
-        "pid": ((_int_column(raw, "global_pid") >> 24) & 0xFFFFFF).astype("int32"),
-        "device": np.clip(_int_column(raw, "device"), -1, 32767).astype("int16"),
-        "address": _int_column(raw, "address"),
-        "bytes": _int_column(raw, "bytes", fill=-1),
-        "kind_id": _int_column(raw, "mem_kind", fill=7),
-        "op_id": _int_column(raw, "op_type", fill=-1),
-        "correlation_id": _int_column(raw, "correlation_id"),
-        "pool": pd.to_numeric(raw["pool_address"], errors="coerce").notna().to_numpy(),
-    })
-    bad_values = np.zeros(len(raw), bool)
-    for column in ("start", "global_pid", "address", "bytes"):
-        bad_values |= _ints(raw, column).isna().to_numpy()
-    op = frame["op_id"].map(schema.mem_ops)
+
+    def take(column: str) -> tuple[np.ndarray, np.ndarray]:
+        values = _ints_and_nulls(raw, column)
+        del raw[column]
+        return values
+
+    ts, ts_bad = take("start")
+    global_pid, pid_bad = take("global_pid")
+    size, size_bad = take("bytes")
+    op_id, op_bad = take("op_type")
+    op_code = np.full(len(op_id), -1, "int8")  # 0 alloc, 1 free
+    for enum_id, name in schema.mem_ops.items():
+        op_code[op_id == enum_id] = 0 if name == "alloc" else 1
+    del op_id
     # Sizes beyond 1 PiB or below zero are not real allocations (damaged or hostile exports);
-    # they would also overflow the running sums.
-    bad = bad_values | op.isna().to_numpy() | (frame["bytes"].to_numpy() < 0) \
-        | (frame["bytes"].to_numpy() > 2**50)
+    # they would also overflow the running sums. Times are clipped for the same reason.
+    bad = ts_bad | pid_bad | size_bad | op_bad | (op_code < 0) | (size < 0) | (size > 2**50) | (np.abs(ts) > 2**61)
+    address, address_bad = take("address")
+    bad |= address_bad
+    del ts_bad, pid_bad, size_bad, op_bad, address_bad
     if bad.any():
         diagnostics.append(Diagnostic(
             "warning", "bad_memory_rows",
             f"{int(bad.sum())} memory events had missing or impossible values (unknown operation, "
             "size below 0 or above 1 PiB, NULL time or address) and were left out"))
-        frame, op = frame[~bad], op[~bad]
-    frame["op"] = op.to_numpy()
-    frame["kind"] = frame["kind_id"].map(schema.mem_kinds).fillna("unknown").to_numpy()
-
-    # Thread and API name come from the API call that caused the event.
-    real_calls = calls[["pid", "correlation_id", "tid", "api"]]
-    real_calls = real_calls[real_calls["correlation_id"] != 0]
-    real_calls = real_calls.drop_duplicates(["pid", "correlation_id"])
-    frame = frame.merge(real_calls, on=["pid", "correlation_id"], how="left", sort=False)
-    frame = frame.merge(chains, on=["pid", "correlation_id"], how="left", sort=False)
-    frame["tid"] = frame["tid"].fillna(-1).astype("int32")
-    api = frame["api"].astype(object)
-    no_api = api.isna()
-    api[no_api & (frame["kind"] == "static")] = "(module load)"
-    api[api.isna()] = "(no API call)"
-    frame["api"] = api.to_numpy()
-
     # Canonical order: time, then frees before allocs (a peak is never overstated by a free and
-    # an alloc recorded at the same ns), then the export's row order. nsys 2025.6 no longer
-    # writes rows in time order, so never rely on it alone.
-    frame["is_alloc"] = frame["op"] == "alloc"
-    frame = frame.sort_values(["ts_ns", "is_alloc", "row"], kind="stable", ignore_index=True)
-    frame["partner"] = _pair_allocs_and_frees(frame)
-    alloc_bytes = frame["bytes"].to_numpy()
-    partner = frame["partner"].to_numpy()
-    is_alloc = frame["is_alloc"].to_numpy()
+    # an alloc recorded at the same ns, and a block freed and handed out again in the same ns
+    # pairs correctly), then the export's row order (a stable sort). nsys 2025.6 no longer writes
+    # rows in time order, so the export's order is never relied on alone; it is nearly sorted in
+    # older versions, which the stable sort exploits.
+    kept = np.flatnonzero(~bad)
+    del bad
+    order = kept[np.argsort((ts[kept] - schema.time_offset_ns) * 2 + (op_code[kept] == 0), kind="stable")]
+    del kept
+    order = _without_copies(order, ts, op_code, global_pid, address, size, raw, diagnostics)
+
+    def reorder(values: np.ndarray) -> np.ndarray:
+        return values[order]
+
+    frame = pd.DataFrame({"ts_ns": reorder(ts) - schema.time_offset_ns}, copy=False)
+    del ts
+    pid = ((reorder(global_pid) >> 24) & 0xFFFFFF).astype("int32")
+    del global_pid
+    is_alloc = reorder(op_code) == 0
+    del op_code
+    correlation = reorder(take("correlation_id")[0])
+    kind = categorical_lookup(reorder(_int_column(raw, "mem_kind", fill=7)), schema.mem_kinds, missing="unknown")
+    kind = kind.set_categories([k for k in KINDS if k in kind.categories] +
+                               [k for k in kind.categories if k not in KINDS])
+
+    # Thread, API name and call stack come from the API call that caused the event.
+    call_row = _join_on_call(pid, correlation, calls["pid"].to_numpy(), calls["correlation_id"].to_numpy())
+    found = call_row >= 0
+    calls["has_event"] = np.bincount(call_row[found], minlength=len(calls)).astype(bool) if len(calls) else False
+    frame["pid"] = pid
+    frame["tid"] = _take(calls["tid"].to_numpy(), call_row, -1).astype("int32")
+    frame["device"] = np.clip(reorder(take("device")[0]), -1, 32767).astype("int16")
+    frame["kind"] = kind
+    frame["op"] = pd.Categorical.from_codes(np.where(is_alloc, 0, 1).astype("int8"), categories=["alloc", "free"])
+    api_codes = _take(calls["api"].cat.codes.to_numpy().astype("int64"), call_row, -1)
+    del call_row
+    api_names = list(calls["api"].cat.categories) + ["(module load)", "(no API call)"]
+    statics = kind.codes == (list(kind.categories).index("static") if "static" in kind.categories else -2)
+    api_codes = np.where(found, api_codes, np.where(statics, len(api_names) - 2, len(api_names) - 1))
+    del found, statics
+    frame["api"] = _compact(pd.Categorical.from_codes(api_codes, categories=api_names))
+    del api_codes
+    frame["address"] = reorder(address).astype("uint64")
+    del address
+    chain_row = _join_on_call(pid, correlation, chains["pid"].to_numpy(), chains["correlation_id"].to_numpy())
+    frame["correlation_id"] = correlation
+    frame["pool"] = reorder(take("pool_address")[0]) != 0
+    frame["callchain_id"] = _take(chains["callchain_id"].to_numpy(), chain_row, -1)
+    del chain_row, correlation
+
+    partner, overlapping = _pair_allocs_and_frees(pid, frame["address"].to_numpy(), is_alloc)
+    if overlapping:
+        diagnostics.append(Diagnostic(
+            "warning", "overlapping_allocations",
+            f"{overlapping} allocations were followed by another allocation at the same address while "
+            "still allocated (a free is missing from the capture, or the export is damaged); each "
+            "free closes the latest allocation at its address, so the live bytes may be overstated"))
+    alloc_bytes = reorder(size)
+    del size, order
     # A free takes the size of its allocation (older exports leave bytes 0 on free rows); a free
     # with no allocation in the capture changes nothing we counted.
     freed_size = np.where(partner >= 0, alloc_bytes[np.maximum(partner, 0)], alloc_bytes)
     frame["bytes"] = np.where(is_alloc, alloc_bytes, freed_size)
     frame["delta_bytes"] = np.where(is_alloc, alloc_bytes, np.where(partner >= 0, -freed_size, 0))
-    for column in ("kind", "op", "api"):
-        frame[column] = frame[column].astype("category")
-    frame["address"] = frame["address"].astype("uint64")
+    frame["partner"] = partner
     return frame
+
+
+def _without_copies(order: np.ndarray, ts: np.ndarray, op_code: np.ndarray, global_pid: np.ndarray,
+                    address: np.ndarray, size: np.ndarray, raw: pd.DataFrame,
+                    diagnostics: list[Diagnostic]) -> np.ndarray:
+    """`order` (rows in canonical order) without the rows that repeat an earlier row exactly.
+
+    An export written twice into one file (`nsys export --append`) holds every event twice, which
+    would double the peak and turn every free into an orphan. No two real events are identical
+    (same time, process, device, address, size, kind, operation and API call). Only rows that
+    share their time and operation with a neighbour in `order` can be copies, so the full
+    comparison runs on those few.
+    """
+    if len(order) < 2:
+        return order
+    key = ts[order] * 2 + op_code[order]
+    equal_next = key[1:] == key[:-1]
+    if not equal_next.any():
+        return order
+    tied = np.zeros(len(order), bool)
+    tied[1:] |= equal_next
+    tied[:-1] |= equal_next
+    rows = order[tied]  # in canonical order: the first of identical rows is kept
+    subset = raw.iloc[rows]
+    copies = pd.DataFrame({
+        "ts": ts[rows], "op": op_code[rows], "pid": global_pid[rows], "address": address[rows], "bytes": size[rows],
+        **{column: _int_column(subset, column, fill=-1) for column in ("device", "mem_kind", "correlation_id")},
+    }).duplicated().to_numpy()
+    if not copies.any():
+        return order
+    diagnostics.append(Diagnostic(
+        "warning", "bad_memory_rows",
+        f"{int(copies.sum())} memory events were exact copies of others (an export written twice into one "
+        "file?) and were left out"))
+    drop = np.zeros(len(ts), bool)
+    drop[rows[copies]] = True
+    return order[~drop[order]]
+
+
+def _take(values: np.ndarray, rows: np.ndarray, fill: int) -> np.ndarray:
+    """values[rows], with `fill` where rows is -1 (no match)."""
+    if len(values) == 0:
+        return np.full(len(rows), fill, dtype="int64")
+    return np.where(rows >= 0, values[np.maximum(rows, 0)], fill)
+
+
+def _ints_and_nulls(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """A column as int64 (NULLs as 0) and the mask of its NULLs."""
+    dtype = frame[column].dtype
+    if isinstance(dtype, np.dtype) and dtype.kind in "iu":  # plain numpy ints: no NULLs
+        return _int_column(frame, column), np.zeros(len(frame), bool)
+    values = _ints(frame, column)
+    return values.to_numpy(dtype="int64", na_value=0), values.isna().to_numpy()
+
+
+def _compact(values: pd.Categorical) -> pd.Categorical:
+    return values.remove_unused_categories()
+
+
+def _join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
+                  call_correlation: np.ndarray) -> np.ndarray:
+    """Row of the call with the same (pid, correlationId) for each event, -1 if none.
+
+    correlationId is unique per process only; ids of 0 or less (module statics, damaged exports)
+    never match. The first call of a key wins.
+    """
+    result = np.full(len(pid), -1, "int64")
+    if len(call_pid) == 0 or len(pid) == 0:
+        return result
+    # Per process (a counting sort brings each process's calls together, still in export order),
+    # correlation ids nearly always come in increasing order, so a binary search needs no sort.
+    call_codes, call_pids = pd.factorize(call_pid)
+    call_order = group_order(call_codes.astype("int64"), len(call_pids))
+    call_bounds = np.searchsorted(call_codes[call_order], np.arange(len(call_pids) + 1))
+    event_codes = pd.Index(call_pids).get_indexer(pid) + 1  # 0: a process with no calls at all
+    event_order = group_order(event_codes.astype("int64"), len(call_pids) + 1)
+    event_bounds = np.searchsorted(event_codes[event_order], np.arange(len(call_pids) + 2))
+    for code in range(len(call_pids)):  # one per process
+        rows = call_order[call_bounds[code]:call_bounds[code + 1]]
+        keys = call_correlation[rows]
+        if len(keys) > 1 and not (keys[1:] >= keys[:-1]).all():
+            by_key = np.argsort(keys, kind="stable")  # out of order: sort (first call of a key wins)
+            rows, keys = rows[by_key], keys[by_key]
+        mine = event_order[event_bounds[code + 1]:event_bounds[code + 2]]
+        wanted = correlation[mine]
+        at = np.clip(np.searchsorted(keys, wanted, side="left"), 0, len(keys) - 1)
+        hit = (keys[at] == wanted) & (wanted > 0)  # correlation id 0: no call (module statics)
+        result[mine[hit]] = rows[at[hit]]
+    return result
 
 
 def _empty_events() -> pd.DataFrame:
     frame = pd.DataFrame({c: pd.Series(dtype=t) for c, t in EVENT_COLUMNS.items()})
-    frame["callchain_id"] = pd.Series(dtype="float64")
+    frame["callchain_id"] = pd.Series(dtype="int64")
     return frame
 
 
-def _pair_allocs_and_frees(frame: pd.DataFrame) -> np.ndarray:
-    """For each event, the row of its partner: an alloc's free, a free's alloc (-1 if none).
+def _pair_allocs_and_frees(pid: np.ndarray, address: np.ndarray, is_alloc: np.ndarray) -> tuple[np.ndarray, int]:
+    """For each event, the row of its partner: an alloc's free, a free's alloc (-1 if none); and
+    how many allocations were followed by another one at their address while still allocated.
 
-    Addresses are reused, so pairing is by order per (process, address): a free closes the
-    allocation immediately before it at that address. A free after a free, or first at its
-    address, has no allocation in the capture (allocated before it started).
+    Events are in canonical time order. Addresses are reused, so pairing is by order per
+    (process, address): a free closes the allocation immediately before it at that address. A
+    free after a free, or first at its address, has no allocation in the capture (allocated
+    before it started). Two allocations in a row at one address mean a free was lost.
     """
-    n = len(frame)
+    n = len(pid)
     partner = np.full(n, -1, "int64")
     if n == 0:
-        return partner
-    # Per address, keep the export's order among events at the same ns (a free sorted before
-    # its own alloc at an equal timestamp would otherwise look unmatched).
-    order = np.lexsort((frame["row"].to_numpy(), frame["ts_ns"].to_numpy(),
-                        frame["address"].to_numpy(), frame["pid"].to_numpy()))
-    pid = frame["pid"].to_numpy()[order]
-    address = frame["address"].to_numpy()[order]
-    is_alloc = frame["is_alloc"].to_numpy()[order]
-    same_block = np.zeros(n, bool)
-    same_block[1:] = (pid[1:] == pid[:-1]) & (address[1:] == address[:-1])
-    # event i (a free) pairs with event i-1 (an alloc) at the same address
-    pairs = np.flatnonzero(same_block & ~is_alloc & np.roll(is_alloc, 1))
+        return partner, 0
+    address_code, _ = pd.factorize(address)
+    pid_code, pids = pd.factorize(pid)
+    block_code, blocks = pd.factorize(address_code.astype("int64") * max(len(pids), 1) + pid_code)
+    order = group_order(block_code, len(blocks))  # per block, still in time order
+    block, alloc = block_code[order], is_alloc[order]
+    same_block = block[1:] == block[:-1]
+    # event i (a free) pairs with event i-1 (an alloc) of the same block
+    pairs = np.flatnonzero(same_block & ~alloc[1:] & alloc[:-1]) + 1
     partner[order[pairs]] = order[pairs - 1]
     partner[order[pairs - 1]] = order[pairs]
-    return partner
+    return partner, int((same_block & alloc[1:] & alloc[:-1]).sum())
+
+
+def group_order(codes: np.ndarray, groups: int) -> np.ndarray:
+    """A stable order that brings equal codes (0 <= code < groups) together: a counting sort,
+    O(n) instead of the O(n log n) of a comparison sort on 1e7 events."""
+    try:
+        from pandas.core.sorting import get_group_index_sorter
+    except ImportError:  # pragma: no cover - a pandas without it
+        return np.argsort(codes, kind="stable")
+    return get_group_index_sorter(codes.astype(np.intp, copy=False), groups)
 
 
 # --- NVTX attribution ----------------------------------------------------------------------
@@ -401,15 +599,23 @@ def attribute_ranges(points: pd.DataFrame, ranges: pd.DataFrame) -> tuple[pd.Cat
     """
     n = len(points)
     if n == 0 or ranges.empty:
-        empty = pd.Categorical([""] * n, categories=[""])
+        empty = pd.Categorical.from_codes(np.zeros(n, "int8"), categories=[""])
         return empty, empty
-    paths = _range_paths(ranges)
-    own = _innermost(points["pid"].to_numpy(), points["tid"].to_numpy(), points["ts_ns"].to_numpy(), ranges)
-    main = _innermost(points["pid"].to_numpy(), points["pid"].to_numpy(), points["ts_ns"].to_numpy(), ranges)
-    index = np.where(own >= 0, own, main)
-    names = np.append(ranges["name"].to_numpy(dtype=object), "")
-    path_values = np.append(paths, "")
-    return (pd.Categorical(names[index]), pd.Categorical(path_values[index]))
+    pid, ts = points["pid"].to_numpy(), points["ts_ns"].to_numpy()
+    index = _innermost(pid, points["tid"].to_numpy(), ts, ranges)
+    missing = np.flatnonzero(index < 0)
+    if len(missing):
+        index[missing] = _innermost(pid[missing], pid[missing], ts[missing], ranges)
+    return _as_categorical(ranges["name"].to_numpy(dtype=object), index), \
+        _as_categorical(_range_paths(ranges), index)
+
+
+def _as_categorical(values: np.ndarray, index: np.ndarray) -> pd.Categorical:
+    """values[index] ("" where index is -1) as a categorical, without building 1e7 strings."""
+    codes, uniques = pd.factorize(np.append(values, ""))
+    blank = codes[-1]
+    return pd.Categorical.from_codes(np.where(index >= 0, codes[np.maximum(index, 0)], blank),
+                                     categories=pd.Index(uniques, dtype=object))
 
 
 def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -419,57 +625,68 @@ def _thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
 def _innermost(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, ranges: pd.DataFrame) -> np.ndarray:
     """Row of the innermost range containing each point on the given thread, -1 if none."""
     n = len(ts)
-    if n == 0:
-        return np.zeros(0, "int64")
-    keys = _thread_key(pid, tid)
-    range_keys = _thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy())
+    result = np.full(n, -1, "int64")
+    if n == 0 or ranges.empty:
+        return result
     start = ranges["start_ns"].to_numpy()
     end = ranges["end_ns"].to_numpy()
-    depth = ranges["depth"].to_numpy().astype("int64")
+    range_threads, range_rank = np.unique(_thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy()),
+                                          return_inverse=True)
+    point_keys = _thread_key(pid, tid)
+    point_rank = np.clip(np.searchsorted(range_threads, point_keys), 0, len(range_threads) - 1)
+    on_thread = range_threads[point_rank] == point_keys
+    # One sorted axis for all threads: thread rank * span + time. A single searchsorted then
+    # finds, for every point, the last range of its thread that started at or before it.
+    origin = min(int(start.min()), int(ts.min()))
+    span = max(int(start.max()), int(ts.max())) - origin + 1
+    if span * len(range_threads) >= 2**62:  # absurd time spans (damaged exports): give up cleanly
+        return result
+    range_axis = range_rank.astype("int64") * span + (start - origin)
+    order = np.argsort(range_axis, kind="stable")
+    point_axis = point_rank.astype("int64") * span + (ts - origin)
+    pos = np.searchsorted(range_axis[order], point_axis, side="right") - 1
+    candidate = np.where(pos >= 0, order[np.maximum(pos, 0)], -1)
+    candidate = np.where(on_thread & (candidate >= 0) & (range_rank[np.maximum(candidate, 0)] == point_rank),
+                         candidate, -1)
     # Ranges on one thread nest, so the innermost one open at t is the latest-starting range
-    # among those open at t. Walk candidates from the latest start before t outwards, level by
-    # level (vectorized over points; the loop runs at most the nesting depth).
-    order = np.lexsort((start, range_keys))
-    sorted_keys, sorted_start = range_keys[order], start[order]
-    # position of the last range on the same thread with start <= t
-    combined = np.empty(len(order), dtype=[("k", "int64"), ("s", "int64")])
-    combined["k"], combined["s"] = sorted_keys, sorted_start
-    probe = np.empty(n, dtype=combined.dtype)
-    probe["k"], probe["s"] = keys, ts
-    pos = np.searchsorted(combined, probe, side="right") - 1
-    result = np.full(n, -1, "int64")
-    valid = pos >= 0
-    valid[valid] = sorted_keys[pos[valid]] == keys[valid]
-    candidate = np.where(valid, order[np.maximum(pos, 0)], -1)
-    parent = _parents(ranges, order, range_keys, depth)
+    # still open at t: walk from that candidate outwards, one nesting level per round.
+    parent = _parents(ranges, order, _thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy()),
+                      ranges["depth"].to_numpy().astype("int64"))
+    live = np.flatnonzero(candidate >= 0)
     for _ in range(MAX_NVTX_DEPTH):
-        live = candidate >= 0
-        if not live.any():
+        if len(live) == 0:
             break
-        contains = np.zeros(n, bool)
-        contains[live] = end[candidate[live]] > ts[live]
-        hit = live & contains
-        result[hit] = candidate[hit]
-        step = live & ~contains
-        candidate = np.where(step, parent[np.maximum(candidate, 0)], -1)
+        inside = end[candidate[live]] > ts[live]
+        result[live[inside]] = candidate[live[inside]]
+        live = live[~inside]
+        candidate[live] = parent[candidate[live]]
+        live = live[candidate[live] >= 0]
     return result
 
 
 def _parents(ranges: pd.DataFrame, order: np.ndarray, keys: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    """For each range, the range that encloses it on its thread (-1 for outermost ones)."""
+    """For each range, the range that encloses it on its thread (-1 for outermost ones).
+
+    `order` lists the ranges per thread in start order. A range's parent is the latest earlier
+    range of its thread one level up: one sort by (thread, depth, position) and one binary
+    search find them all at once, whatever the depth (a program that pushes without popping
+    nests 100,000 deep; a loop per level would take minutes there).
+    """
     n = len(ranges)
     parent = np.full(n, -1, "int64")
-    # Within a thread in start order, a range's parent is the latest earlier range one level up.
-    frame = pd.DataFrame({"key": keys[order], "depth": depth[order], "row": order, "pos": np.arange(n)})
-    # Vectorized "last seen row at depth d-1" per thread: forward-fill per (key, depth) level.
-    for level in np.unique(frame["depth"].to_numpy()):
-        if level <= 1:
-            continue
-        upper = frame["depth"].to_numpy() == level - 1
-        marker = pd.Series(np.where(upper, frame["row"].to_numpy(), -1), dtype="int64")
-        marker = marker.where(upper).groupby(frame["key"].to_numpy()).ffill().fillna(-1).astype("int64")
-        here = frame["depth"].to_numpy() == level
-        parent[frame["row"].to_numpy()[here]] = marker.to_numpy()[here]
+    if n == 0:
+        return parent
+    position = np.empty(n, "int64")
+    position[order] = np.arange(n)
+    levels = np.lexsort((position, depth, keys))
+    table = np.empty(n, dtype=[("key", "int64"), ("depth", "int64"), ("position", "int64")])
+    table["key"], table["depth"], table["position"] = keys[levels], depth[levels], position[levels]
+    probe = np.empty(n, dtype=table.dtype)
+    probe["key"], probe["depth"], probe["position"] = keys, depth - 1, position
+    at = np.searchsorted(table, probe, side="left") - 1  # the last one up with a smaller position
+    candidate = levels[np.maximum(at, 0)]
+    found = (at >= 0) & (depth > 1) & (keys[candidate] == keys) & (depth[candidate] == depth - 1)
+    parent[found] = candidate[found]
     return parent
 
 
@@ -506,44 +723,54 @@ def _call_sites(conn: sqlite3.Connection, schema: Schema, events: pd.DataFrame, 
                 diagnostics: list[Diagnostic]) -> tuple[pd.DataFrame, pd.Categorical]:
     """A site label per event, and the table of sites (label -> function, symbol, module)."""
     n = len(events)
-    site_columns = {"label": [], "function": [], "symbol": [], "module": [], "from_stack": []}
-    labels = np.full(n, "", dtype=object)
+    site_columns = ["label", "function", "symbol", "module", "from_stack"]
     if n == 0:
-        return pd.DataFrame(site_columns), pd.Categorical(labels)
+        return pd.DataFrame(columns=site_columns), pd.Categorical([], categories=[""])
+    # Work on integer keys: one label per distinct key, never one string per event.
+    key = np.full(n, -1, "int64")
+    label_keys: dict[str, int] = {"": 0}  # label -> key; key 0 is "no site"
+
+    def key_of(label: str) -> int:
+        return label_keys.setdefault(label, len(label_keys))
+
+    rows = []
+    is_alloc = (events["op"] == "alloc").to_numpy()
 
     stack_sites = _stack_sites(conn, schema, events, diagnostics)  # callchain id -> site dict
-    chain_ids = events["callchain_id"].to_numpy() if "callchain_id" in events else np.full(n, np.nan)
-    is_alloc = (events["op"] == "alloc").to_numpy()
-    rows = []
     if stack_sites:
-        chain_labels = {cid: s["label"] for cid, s in stack_sites.items()}
-        mapped = pd.Series(chain_ids).map(chain_labels).to_numpy(dtype=object)
-        has = pd.notna(mapped)
-        labels[has] = mapped[has]
+        chain_ids = np.array(sorted(stack_sites), dtype="int64")
+        chain_key = np.array([key_of(stack_sites[c]["label"]) for c in chain_ids], dtype="int64")
         rows.extend(stack_sites.values())
+        event_chain = events["callchain_id"].to_numpy()
+        at = np.clip(np.searchsorted(chain_ids, event_chain), 0, len(chain_ids) - 1)
+        has = is_alloc & (chain_ids[at] == event_chain)
+        key[has] = chain_key[at[has]]
 
     # Without a stack: API name + innermost NVTX range + thread name.
-    need = np.flatnonzero(is_alloc & (labels == ""))
+    need = np.flatnonzero(is_alloc & (key < 0))
     if len(need):
-        keys = pd.DataFrame({"api": events["api"].to_numpy()[need].astype(str),
-                             "nvtx": events["nvtx_range"].to_numpy()[need].astype(str),
-                             "pid": events["pid"].to_numpy()[need], "tid": events["tid"].to_numpy()[need]})
-        unique = keys.drop_duplicates()
-        unique_labels = [
-            _fallback_label(api, nvtx, thread_names.get((pid, tid), "") if tid >= 0 else "")
-            for api, nvtx, pid, tid in unique.itertuples(index=False)   # one per distinct key, not per event
-        ]
-        unique = unique.assign(label=unique_labels)
-        labels[need] = keys.merge(unique, on=["api", "nvtx", "pid", "tid"], how="left")["label"].to_numpy()
-        for label in dict.fromkeys(unique_labels):
+        parts = pd.DataFrame({"api": events["api"].cat.codes.to_numpy()[need],
+                              "nvtx": events["nvtx_range"].cat.codes.to_numpy()[need],
+                              "pid": events["pid"].to_numpy()[need], "tid": events["tid"].to_numpy()[need]})
+        group = parts.groupby(["api", "nvtx", "pid", "tid"], sort=False).ngroup().to_numpy()
+        firsts = parts.groupby(group, sort=False).head(1)  # one row per distinct key
+        api_names = events["api"].cat.categories
+        nvtx_names = events["nvtx_range"].cat.categories
+        group_key = np.empty(len(firsts), "int64")
+        for i, (api, nvtx, pid, tid) in enumerate(firsts.itertuples(index=False)):  # per distinct key
+            thread = thread_names.get((int(pid), int(tid)), "") if tid >= 0 else ""
+            label = _fallback_label(str(api_names[api]) if api >= 0 else "?",
+                                    str(nvtx_names[nvtx]) if nvtx >= 0 else "", thread)
+            group_key[group[firsts.index[i]]] = key_of(label)
             rows.append({"label": label, "function": "", "symbol": "", "module": "", "from_stack": False})
+        key[need] = group_key[group]
 
     # A free belongs to the site of the allocation it frees.
     partner = events["partner"].to_numpy()
     frees = np.flatnonzero(~is_alloc & (partner >= 0))
-    labels[frees] = labels[partner[frees]]
-    sites = pd.DataFrame(rows, columns=list(site_columns)).drop_duplicates("label", ignore_index=True)
-    return sites, pd.Categorical(labels)
+    key[frees] = key[partner[frees]]
+    sites = pd.DataFrame(rows, columns=site_columns).drop_duplicates("label", ignore_index=True)
+    return sites, pd.Categorical.from_codes(np.maximum(key, 0), categories=pd.Index(list(label_keys), dtype=object))
 
 
 def _fallback_label(api: str, nvtx: str, thread: str) -> str:
@@ -561,14 +788,15 @@ def _stack_sites(conn: sqlite3.Connection, schema: Schema, events: pd.DataFrame,
     if not (schema.has_backtraces and "callchain_id" in events
             and schema.has("CUDA_CALLCHAINS", "id", "symbol", "module", "stackDepth")):
         return {}
-    wanted = events.loc[(events["op"] == "alloc") & events["callchain_id"].notna(), "callchain_id"]
-    wanted = np.unique(wanted.to_numpy().astype("int64"))
+    chain_ids = events["callchain_id"].to_numpy()
+    wanted = np.unique(chain_ids[(events["op"] == "alloc").to_numpy() & (chain_ids >= 0)])
     if len(wanted) == 0:
         return {}
-    unresolved = _col(schema, "CUDA_CALLCHAINS", "unresolved", "0")
+    unresolved = "c." + _quote("unresolved") if schema.has("CUDA_CALLCHAINS", "unresolved") else "0"
     frames = read_frame(conn, (
-        "SELECT c.id, c.stackDepth, substr(sym.value, 1, 300), substr(mdl.value, 1, 300), "
-        f"c.{unresolved} FROM CUDA_CALLCHAINS AS c "
+        "SELECT c.id, c.stackDepth, CAST(substr(coalesce(sym.value, ''), 1, 300) AS TEXT), "
+        "CAST(substr(coalesce(mdl.value, ''), 1, 300) AS TEXT), "
+        f"{unresolved} FROM CUDA_CALLCHAINS AS c "
         "LEFT JOIN StringIds AS sym ON sym.id = c.symbol LEFT JOIN StringIds AS mdl ON mdl.id = c.module "
         f"WHERE c.id IN ({','.join(str(int(i)) for i in wanted)}) ORDER BY c.id, c.stackDepth"),
         ["id", "depth", "symbol", "module", "unresolved"])

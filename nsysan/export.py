@@ -231,10 +231,11 @@ def is_complete_export(path: Path) -> bool:
     """Return True when `path` is a SQLite file holding a whole nsys export, not a leftover.
 
     True needs at least one of COMPLETE_EXPORT_TABLES; a file with only StringIds and
-    ProcessStreams is what a failed nsys export leaves behind.
+    ProcessStreams is what a failed nsys export leaves behind, and a file shorter than its
+    header says is what a full disk or an interrupted copy leaves behind.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.is_file() or sqlite_truncation(path) is not None:
         return False
     try:
         with contextlib.closing(connect_readonly(path)) as conn:
@@ -242,6 +243,36 @@ def is_complete_export(path: Path) -> bool:
     except sqlite3.DatabaseError:
         return False
     return not tables.isdisjoint(COMPLETE_EXPORT_TABLES)
+
+
+def sqlite_truncation(path: Path) -> str | None:
+    """Why the SQLite file at `path` is cut short ("holds N of its M bytes"), or None if it is whole.
+
+    SQLite only ever writes whole pages, and its header records the page size (bytes 16-17) and,
+    when bytes 92-95 match the change counter at 24-27, the page count (bytes 28-31). A copy or
+    an export cut short by a full disk still opens, and its first pages (the table list) read
+    fine, so only the size tells it apart before a query fails half-way or, worse, a lost page
+    silently drops rows.
+    """
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(100)
+            size = os.fstat(handle.fileno()).st_size
+    except OSError:
+        return None
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        return None
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    if page_size < 512 or page_size & (page_size - 1):
+        return None  # not a page size SQLite writes; let SQLite itself say what is wrong
+    pages = int.from_bytes(header[28:32], "big")
+    expected = pages * page_size if pages and header[24:28] == header[92:96] else None
+    if expected is not None and size < expected:
+        return f"holds {size} of its {expected} bytes"
+    if size % page_size:
+        return f"ends in the middle of a page ({size} bytes, pages of {page_size})"
+    return None
 
 
 def _exported_input_name(sqlite_path: Path) -> str | None:
@@ -311,6 +342,12 @@ def _input_kind(path: Path) -> str:
         if not head.startswith(SQLITE_MAGIC):
             raise NsysanError(
                 f"{path} is not a SQLite file; pass an export made by `nsys export --type sqlite`"
+            )
+        cut = sqlite_truncation(path)
+        if cut is not None:
+            raise NsysanError(
+                f"{path} is truncated: it {cut}; the copy or the export was cut short, "
+                f"so copy or export it again"
             )
         return "sqlite"
     if not head.startswith(REPORT_MAGIC):

@@ -30,7 +30,10 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     conn = open_readonly(result.sqlite_path)
     try:
         schema = probe(conn, report.name)
-        loaded = load_events(conn, schema, lambda stage, f: say(stage, share + f * (1 - share)))
+        try:
+            loaded = load_events(conn, schema, lambda stage, f: say(stage, share + f * (1 - share)))
+        except NsysanError as err:  # events.py does not know the report's name; with several, it matters
+            raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
     except sqlite3.DatabaseError as err:  # a damaged file found half-way through reading it
         raise NsysanError(f"{report.name} could not be read ({err}); the file may be truncated") from err
     finally:

@@ -37,6 +37,20 @@ MEM_KIND_FALLBACK = {0: "pageable", 1: "pinned", 2: "device", 3: "array", 4: "ma
 # with ALLOC for frees, so map by id.
 MEM_OP_FALLBACK = {0: "alloc", 1: "free"}
 
+# Columns nsys writes NOT NULL in every schema seen (2.7.1 to 3.20) for the tables nsysan reads.
+# A table that exists without one was altered or damaged: reading on with a default (every
+# event an allocation, every kind "device") would give wrong numbers with no warning. Nullable
+# or later columns (NVTX text, callchainId, streamId, ...) are optional and probed one by one.
+REQUIRED_COLUMNS = {
+    "CUDA_GPU_MEMORY_USAGE_EVENTS": ("start", "globalPid", "deviceId", "address", "bytes", "memKind",
+                                     "memoryOperationType"),
+    "CUPTI_ACTIVITY_KIND_RUNTIME": ("start", "globalTid", "correlationId", "nameId"),
+    "NVTX_EVENTS": ("start", "eventType", "globalTid"),
+    "CUDA_CALLCHAINS": ("id", "symbol", "module", "stackDepth"),
+    "StringIds": ("id", "value"),
+    "ThreadNames": ("nameId", "globalTid"),
+}
+
 
 
 @dataclass
@@ -58,7 +72,6 @@ class Schema:
     gpus: list[Gpu] = field(default_factory=list)
     cuda_device_to_gpu: dict[tuple[int, int], int] = field(default_factory=dict)  # (pid, ordinal)
     process_names: dict[int, str] = field(default_factory=dict)
-    last_cuda_call_ns: dict[int, int] = field(default_factory=dict)  # pid -> end of its last CUDA API call
     diagnostics: list[Diagnostic] = field(default_factory=list)
 
     def has(self, table: str, *columns: str) -> bool:
@@ -76,7 +89,8 @@ def open_readonly(path: Path) -> sqlite3.Connection:
         conn = connect_readonly(path)
         conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
     except sqlite3.DatabaseError as err:
-        raise NsysanError(f"{Path(path).name} is not a readable SQLite file ({err})") from err
+        raise NsysanError(f"{Path(path).name} is not a readable SQLite file ({err}); it may be truncated "
+                          "or damaged, so copy or export it again") from err
     return conn
 
 
@@ -85,7 +99,8 @@ def probe(conn: sqlite3.Connection, name: str = "the export") -> Schema:
     try:
         return _probe(conn, name)
     except sqlite3.DatabaseError as err:
-        raise NsysanError(f"{name} could not be read as an nsys export ({err})") from err
+        raise NsysanError(f"{name} could not be read as an nsys export ({err}); it may be truncated or "
+                          "damaged, so copy or export it again") from err
 
 
 def _probe(conn: sqlite3.Connection, name: str) -> Schema:
@@ -99,6 +114,7 @@ def _probe(conn: sqlite3.Connection, name: str) -> Schema:
                               "the export failed; export the report again with an nsys at least "
                               "as new as the one that captured it")
         raise NsysanError(f"{name} is an SQLite file but not an nsys export (no nsys tables found)")
+    _check_required_columns(tables, name)
     schema = Schema(tables=tables)
     _read_export_meta(conn, schema)
     _read_capture_meta(conn, schema)
@@ -108,9 +124,19 @@ def _probe(conn: sqlite3.Connection, name: str) -> Schema:
     _read_gpus(conn, schema)
     _read_processes(conn, schema)
     _read_nsys_diagnostics(conn, schema)
-    _read_last_cuda_calls(conn, schema)
     schema.has_backtraces = _has_rows(conn, schema, "CUDA_CALLCHAINS")
     return schema
+
+
+def _check_required_columns(tables: dict[str, list[str]], name: str) -> None:
+    for table, required in REQUIRED_COLUMNS.items():
+        missing = [c for c in required if table in tables and c not in tables[table]]
+        if missing:
+            raise NsysanError(f"{name} is a damaged nsys export: table {table} has no column "
+                              f"{', '.join(missing)}, which every nsys export writes; export the report again")
+    if "StringIds" not in tables and "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+        raise NsysanError(f"{name} is a damaged nsys export: it has CUDA API calls but no StringIds table "
+                          "to name them; export the report again")
 
 
 def _quote(identifier: str) -> str:
@@ -127,7 +153,7 @@ def _name_values(conn: sqlite3.Connection, schema: Schema, table: str) -> list[t
     if not schema.has(table, "name", "value"):
         return []
     rows = conn.execute(f"SELECT name, value FROM {_quote(table)}").fetchall()
-    return [(str(n), "" if v is None else str(v)) for n, v in rows]
+    return [(_text(n), _text(v)) for n, v in rows]
 
 
 def _read_export_meta(conn: sqlite3.Connection, schema: Schema) -> None:
@@ -166,12 +192,12 @@ def _read_capture_meta(conn: sqlite3.Connection, schema: Schema) -> None:
 def _read_enums(conn: sqlite3.Connection, schema: Schema) -> None:
     if schema.has("ENUM_CUDA_MEM_KIND", "id", "name"):
         for enum_id, enum_name in conn.execute("SELECT id, name FROM ENUM_CUDA_MEM_KIND"):
-            suffix = str(enum_name or "").removeprefix("CUDA_MEMOPR_MEMORY_KIND_")
+            suffix = _text(enum_name).removeprefix("CUDA_MEMOPR_MEMORY_KIND_")
             if suffix in MEM_KIND_BY_NAME and isinstance(enum_id, int):
                 schema.mem_kinds[enum_id] = MEM_KIND_BY_NAME[suffix]
     if schema.has("ENUM_CUDA_DEV_MEM_EVENT_OPER", "id", "name"):
         for enum_id, enum_name in conn.execute("SELECT id, name FROM ENUM_CUDA_DEV_MEM_EVENT_OPER"):
-            text = str(enum_name or "").upper()
+            text = _text(enum_name).upper()
             if isinstance(enum_id, int) and text.endswith("DEALLOCATION"):
                 schema.mem_ops[enum_id] = "free"
             elif isinstance(enum_id, int) and text.endswith("ALLOCATION"):
@@ -212,9 +238,10 @@ def _read_gpus(conn: sqlite3.Connection, schema: Schema) -> None:
                                    uuid=_text(rec.get("uuid")) or None,
                                    bus=_text(rec.get("busLocation")) or None))
     if schema.has("TARGET_INFO_CUDA_DEVICE", "gpuId", "cudaId", "pid"):
-        for gpu_id, cuda_id, pid in conn.execute("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE"):
+        for row in conn.execute("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE"):
+            gpu_id, cuda_id, pid = (_int(v) for v in row)
             if None not in (gpu_id, cuda_id, pid):
-                schema.cuda_device_to_gpu[(int(pid), int(cuda_id))] = int(gpu_id)
+                schema.cuda_device_to_gpu[(pid, cuda_id)] = gpu_id
 
 
 def _read_processes(conn: sqlite3.Connection, schema: Schema) -> None:
@@ -222,19 +249,6 @@ def _read_processes(conn: sqlite3.Connection, schema: Schema) -> None:
         for pid, name in conn.execute("SELECT pid, name FROM PROCESSES"):
             if isinstance(pid, int):
                 schema.process_names[pid] = _short(_text(name))
-
-
-def _read_last_cuda_calls(conn: sqlite3.Connection, schema: Schema) -> None:
-    """When each process's CUDA trace ends: a trace that stops while the process goes on (NVTX
-    ranges later) lost its end, e.g. a crash before nsys flushed its buffers."""
-    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
-    if not schema.has(table, "globalTid", "start"):
-        return
-    end = '"end"' if schema.has(table, "end") else "start"
-    sql = f"SELECT (globalTid >> 24) & 16777215, max({end}) FROM {table} GROUP BY 1"
-    for pid, last in conn.execute(sql):
-        if isinstance(pid, int) and isinstance(last, int):
-            schema.last_cuda_call_ns[pid] = last - schema.time_offset_ns
 
 
 _NSYS_TROUBLE = re.compile(r"lost|drop|overflow|truncat|fail|not supported|incomplete|corrupt", re.I)
@@ -271,11 +285,15 @@ def _text(value: object) -> str:
 
 
 def _int(value: object) -> Optional[int]:
+    """An integer cell as int, or None when it is NULL, not a whole number or beyond 64 bits
+    (damaged exports put text, REALs and blobs anywhere; numpy would overflow on the rest)."""
     if value is None or isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        return None
+    if isinstance(value, float):  # a REAL where nsys writes integers: only whole, finite ones count
+        value = int(value) if value.is_integer() else None
+    elif not isinstance(value, int):
+        try:
+            value = int(_text(value).strip())
+        except ValueError:
+            return None
+    return value if value is not None and -2**63 <= value < 2**63 else None

@@ -1,5 +1,9 @@
 """The docs stay true: every command has a section in docs/cli.md, and its console examples
-print what the docs say they print."""
+print what the docs say they print.
+
+After a change that moves the output, refresh the examples with
+NSYSAN_UPDATE_DOCS=1 python -m pytest tests/test_docs.py, and review the diff.
+"""
 
 from __future__ import annotations
 
@@ -36,4 +40,8 @@ def test_console_example_prints_what_the_docs_show(command, expected, tmp_path):
     result = subprocess.run([sys.executable, "-m", "nsysan", *args[1:]], capture_output=True, text=True,
                             cwd=tmp_path, env=env, timeout=300)
     printed = "\n".join(line.rstrip() for line in (result.stdout + result.stderr).rstrip("\n").splitlines())
+    if os.environ.get("NSYSAN_UPDATE_DOCS") == "1":
+        old = f"```console\n$ {command}\n{expected}```"
+        CLI_DOC.write_text(CLI_DOC.read_text().replace(old, f"```console\n$ {command}\n{printed}\n```"))
+        return
     assert printed == expected.rstrip("\n")

@@ -21,7 +21,7 @@ from .never_freed import find_never_freed, summarize_groups
 from .peak import find_peaks, headline
 from .ranges import range_stats
 from .sites import rank_sites
-from .timeline import build_timeline
+from .timeline import build_timeline, group_events
 
 __all__ = ["run_analyses"]
 
@@ -45,12 +45,13 @@ def run_analyses(loaded: LoadedEvents, schema: Schema, source: Source,
         return device if device in gpu_totals or not gpu_totals else None
 
     start_ns, end_ns = _capture_span(schema, events, calls, ranges)
-    groups = summarize_groups(events, gpu_of)
+    grouped = group_events(events)
+    groups = summarize_groups(events, grouped, gpu_of)
     peaks = find_peaks(events, gpu_of, lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations)
     never_freed, never_freed_total = find_never_freed(events, allocations)
     failed = find_failed_calls(calls, events, ranges)
     diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
-        schema, events, calls, ranges, groups, peaks, failed, report_version)
+        schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version)
     return Analysis(
         schema=SCHEMA_ID,
         source=source,
@@ -64,7 +65,7 @@ def run_analyses(loaded: LoadedEvents, schema: Schema, source: Source,
         api_calls=api_call_stats(calls),
         failed_calls=failed,
         ranges=range_stats(events, ranges, end_ns),
-        timeline=build_timeline(events, ranges, start_ns, end_ns),
+        timeline=build_timeline(events, grouped, ranges, start_ns, end_ns),
         diagnostics=diagnostics,
         events=events,
     )
@@ -86,13 +87,20 @@ def _capture_span(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,
 def _capture(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame,
              report_version: Optional[str]) -> Capture:
     """The capture's facts, listing only processes that made CUDA memory calls or events."""
-    devices = events.groupby("pid")["device"].unique() if not events.empty else pd.Series(dtype=object)
-    threads = calls.groupby("pid")["tid"].nunique() if not calls.empty else pd.Series(dtype="int64")
-    pids = sorted(set(devices.index.tolist()) | set(threads.index.tolist()))
+    # Distinct (pid, device) and (pid, tid) pairs, packed into one integer each (hash, not sort).
+    device_pairs = pd.unique((events["pid"].to_numpy().astype("int64") << 16)
+                             | (events["device"].to_numpy().astype("int64") & 0xFFFF))
+    thread_pairs = pd.unique((calls["pid"].to_numpy().astype("int64") << 24)
+                             | (calls["tid"].to_numpy().astype("int64") & 0xFFFFFF))
+    devices: dict[int, list[int]] = {}
+    for pair in device_pairs.tolist():
+        devices.setdefault(pair >> 16, []).append(pair & 0xFFFF)
+    threads: dict[int, int] = {}
+    for pair in thread_pairs.tolist():
+        threads[pair >> 24] = threads.get(pair >> 24, 0) + 1
     processes = [Process(pid=int(pid), name=schema.process_names.get(int(pid), ""),
-                         devices=sorted(int(d) for d in devices.get(pid, [])),
-                         threads=int(threads.get(pid, 0)))
-                 for pid in pids]
+                         devices=sorted(devices.get(pid, [])), threads=threads.get(pid, 0))
+                 for pid in sorted(set(devices) | set(threads))]
     return Capture(
         nsys_version=schema.nsys_version, schema_version=schema.schema_version, report_version=report_version,
         duration_ns=schema.duration_ns, memory_usage_collected=schema.memory_usage_collected,

@@ -8,7 +8,7 @@ import pandas as pd
 from .. import apis
 from ..events import attribute_ranges
 from ..model import ApiCallStat, FailedCall
-from .peak import resident
+from .peak import resident_rows
 
 MAX_FAILED = 1000
 
@@ -17,14 +17,15 @@ def api_call_stats(calls: pd.DataFrame) -> list[ApiCallStat]:
     """Per memory API: calls, failures, total and longest time; most called first."""
     if calls.empty:
         return []
-    frame = pd.DataFrame({"api": calls["api"].astype(str).to_numpy(), "family": calls["family"].astype(str).to_numpy(),
+    frame = pd.DataFrame({"api": calls["api"].cat.codes.to_numpy(), "family": calls["family"].cat.codes.to_numpy(),
                           "failed": (calls["return_value"] != 0).to_numpy(),
                           "time": (calls["end_ns"] - calls["ts_ns"]).to_numpy()})
     stats = frame.groupby(["api", "family"], sort=False).agg(calls=("failed", "size"), failed=("failed", "sum"),
                                                               total=("time", "sum"), longest=("time", "max"))
     stats = stats.sort_values(["calls", "total"], ascending=False, kind="stable")
-    return [ApiCallStat(api=str(api), family=str(family), calls=int(r.calls), failed=int(r.failed),
-                        total_time_ns=int(r.total), max_time_ns=int(r.longest))
+    api_names, families = calls["api"].cat.categories, calls["family"].cat.categories
+    return [ApiCallStat(api=str(api_names[api]), family=str(families[family]), calls=int(r.calls),
+                        failed=int(r.failed), total_time_ns=int(r.total), max_time_ns=int(r.longest))
             for (api, family), r in zip(stats.index, stats.itertuples())]
 
 
@@ -50,13 +51,15 @@ def _live_at(points: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
     result = np.full(len(points), -1, "int64")
     if events.empty:
         return result
-    on_gpu = resident(events)
+    rows = resident_rows(events)
     result[:] = 0
-    for pid, group in on_gpu.groupby("pid", sort=False):  # one per process
+    event_pid = events["pid"].to_numpy()[rows]
+    for pid in np.unique(points["pid"].to_numpy()):  # one per process
         mine = np.flatnonzero(points["pid"].to_numpy() == pid)
-        if len(mine) == 0:
+        theirs = rows[event_pid == pid]
+        if len(theirs) == 0:
             continue
-        live = group["delta_bytes"].cumsum().to_numpy()
-        at = np.searchsorted(group["ts_ns"].to_numpy(), points["ts_ns"].to_numpy()[mine], side="right") - 1
+        live = np.cumsum(events["delta_bytes"].to_numpy()[theirs])
+        at = np.searchsorted(events["ts_ns"].to_numpy()[theirs], points["ts_ns"].to_numpy()[mine], side="right") - 1
         result[mine] = np.where(at >= 0, live[np.maximum(at, 0)], 0)
     return result

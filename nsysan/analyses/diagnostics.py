@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Diagnostic, FailedCall, GroupSummary, Peak
+from ..events import TRACE_GOES_ON
 from ..schema import Schema
 from ..units import fmt_bytes
 from .never_freed import NOT_LEAKS
@@ -20,11 +21,11 @@ _NSYS_FOR_CUDA = {12: (2022, 5), 13: (2025, 3)}
 
 
 def capture_diagnostics(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame,
-                        groups: list[GroupSummary], peaks: list[Peak], failed: list[FailedCall],
-                        report_version: Optional[str]) -> list[Diagnostic]:
+                        last_cuda_call_ns: dict[int, int], groups: list[GroupSummary], peaks: list[Peak],
+                        failed: list[FailedCall], report_version: Optional[str]) -> list[Diagnostic]:
     found: list[Diagnostic] = []
     found += _collection(schema, events, calls)
-    found += _incomplete_trace(schema, calls, ranges, report_version)
+    found += _incomplete_trace(schema, last_cuda_call_ns, ranges, report_version)
     found += _orphan_frees(groups)
     found += _allocations_without_events(schema, events, calls)
     found += _static_memory(groups)
@@ -64,7 +65,7 @@ def _version_tuple(version: Optional[str]) -> Optional[tuple[int, int]]:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def _incomplete_trace(schema: Schema, calls: pd.DataFrame, ranges: pd.DataFrame,
+def _incomplete_trace(schema: Schema, last_cuda_call_ns: dict[int, int], ranges: pd.DataFrame,
                       report_version: Optional[str]) -> list[Diagnostic]:
     """A CUDA trace that stops while the process visibly goes on (NVTX ranges after it)."""
     found = []
@@ -81,9 +82,9 @@ def _incomplete_trace(schema: Schema, calls: pd.DataFrame, ranges: pd.DataFrame,
     if ranges.empty:
         return found
     finite = ranges[ranges["end_ns"] < np.iinfo("int64").max // 4]
-    for pid, last in sorted(schema.last_cuda_call_ns.items()):  # one per process
+    for pid, last in sorted(last_cuda_call_ns.items()):  # one per process
         later = finite[(finite["pid"] == pid) & (finite["start_ns"] > last)]
-        if len(later) >= 3:
+        if len(later) >= TRACE_GOES_ON:
             gap_ms = (later["end_ns"].max() - last) / 1e6
             names = ", ".join(repr(n) for n in later.sort_values("start_ns")["name"].drop_duplicates().head(3))
             found.append(Diagnostic("warning", "cuda_trace_incomplete",
@@ -106,12 +107,8 @@ def _orphan_frees(groups: list[GroupSummary]) -> list[Diagnostic]:
 def _allocations_without_events(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame) -> list[Diagnostic]:
     if not schema.memory_usage_collected or calls.empty:
         return []
-    ok = calls[((calls["family"] == "alloc") & (calls["return_value"] == 0)).to_numpy()]
-    if ok.empty:
-        return []
-    seen = pd.MultiIndex.from_arrays([events["pid"].to_numpy(), events["correlation_id"].to_numpy()])
-    keys = pd.MultiIndex.from_arrays([ok["pid"].to_numpy(), ok["correlation_id"].to_numpy()])
-    missing = int((~keys.isin(seen)).sum())
+    ok = ((calls["family"] == "alloc") & (calls["return_value"] == 0)).to_numpy()
+    missing = int((ok & ~calls["has_event"].to_numpy()).sum())
     if not missing:
         return []
     return [Diagnostic("info", "allocations_without_events",
@@ -131,7 +128,7 @@ def _static_memory(groups: list[GroupSummary]) -> list[Diagnostic]:
 
 
 def _caching_allocator(schema: Schema, events: pd.DataFrame, groups: list[GroupSummary]) -> list[Diagnostic]:
-    names = " ".join(schema.process_names.get(int(p), "") for p in np.unique(events["pid"].to_numpy())) \
+    names = " ".join(schema.process_names.get(int(p), "") for p in pd.unique(events["pid"].to_numpy())) \
         if not events.empty else ""
     python = re.search(r"python|torchrun|pt_main_thread", names, re.I) is not None
     open_device = sum(g.never_freed_count for g in groups if g.kind == "device")
@@ -146,7 +143,7 @@ def _caching_allocator(schema: Schema, events: pd.DataFrame, groups: list[GroupS
 def _vmm(events: pd.DataFrame) -> list[Diagnostic]:
     if events.empty:
         return []
-    vmm = events["api"].astype(str).isin(["cuMemSetAccess", "cuMemUnmap", "cuMemMap"]).to_numpy()
+    vmm = events["api"].isin(["cuMemSetAccess", "cuMemUnmap", "cuMemMap"]).to_numpy()
     if not vmm.any():
         return []
     return [Diagnostic("info", "virtual_memory_api",

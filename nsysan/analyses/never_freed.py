@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Allocation, GroupSummary
-from .timeline import GROUP, live_bytes
+from .timeline import Groups
 
 # Module globals (`__device__` variables) are loaded once and never freed: static memory, not
 # leaks. They are counted in their own group instead.
@@ -29,36 +29,39 @@ def find_never_freed(events: pd.DataFrame,
     return to_allocations(rows.head(MAX_LISTED)), int(len(rows))
 
 
-def summarize_groups(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]]) -> list[GroupSummary]:
+def summarize_groups(events: pd.DataFrame, groups: Groups,
+                     gpu_of: Callable[[int, int], Optional[int]]) -> list[GroupSummary]:
     """Totals per (process, device, kind): peak, end value, counts, never freed, frees without alloc."""
     if events.empty:
         return []
-    frame = events[GROUP + ["op", "partner", "bytes", "ts_ns"]].assign(
-        live=live_bytes(events),
-        is_alloc=(events["op"] == "alloc").to_numpy(),
-        kind=events["kind"].astype(str).to_numpy())
-    frame["alloc_bytes"] = np.where(frame["is_alloc"], frame["bytes"], 0)
-    frame["open"] = frame["is_alloc"] & (frame["partner"] < 0)
-    frame["open_bytes"] = np.where(frame["open"], frame["bytes"], 0)
-    frame["orphan"] = ~frame["is_alloc"] & (frame["partner"] < 0)
-    frame["orphan_bytes"] = np.where(frame["orphan"], frame["bytes"], 0)
-    grouped = frame.groupby(GROUP, sort=True)
-    totals = grouped.agg(allocations=("is_alloc", "sum"), events=("is_alloc", "size"),
-                         allocated_bytes=("alloc_bytes", "sum"), never_freed_count=("open", "sum"),
-                         never_freed_bytes=("open_bytes", "sum"), orphans=("orphan", "sum"),
-                         orphan_bytes=("orphan_bytes", "sum"), end_bytes=("live", "last"),
-                         peak_bytes=("live", "max"))
-    first_peak = frame.loc[grouped["live"].idxmax().to_numpy(), GROUP + ["ts_ns", "live"]]
-    first_peak = first_peak.set_index(GROUP)["ts_ns"]
+    is_alloc = (events["op"].cat.codes == 0).to_numpy()
+    unmatched = events["partner"].to_numpy() < 0
+    sizes = events["bytes"].to_numpy()
+    seg = groups.segments
+    allocations = seg.count(is_alloc)
+    frees = seg.count() - allocations
+    allocated = seg.sum(np.where(is_alloc, sizes, 0))
+    never_freed_count = seg.count(is_alloc & unmatched)
+    never_freed_bytes = seg.sum(np.where(is_alloc & unmatched, sizes, 0))
+    orphans = seg.count(~is_alloc & unmatched)
+    orphan_bytes = seg.sum(np.where(~is_alloc & unmatched, sizes, 0))
+    end_bytes = seg.last(groups.live)
+    peak_bytes = seg.max(groups.live)
+    # Events are in time order, so the first row holding a group's maximum is when it was reached.
+    first_peak_ts = events["ts_ns"].to_numpy()[np.maximum(seg.first_row_of_max(groups.live), 0)]
+    totals = pd.DataFrame({"allocations": allocations, "frees": frees, "allocated_bytes": allocated,
+                           "never_freed_count": never_freed_count, "never_freed_bytes": never_freed_bytes,
+                           "orphans": orphans, "orphan_bytes": orphan_bytes, "end_bytes": end_bytes,
+                           "peak_bytes": peak_bytes})
     summaries = []
-    for key, row in totals.iterrows():  # one per group
-        pid, device, kind = key
-        peak = int(max(row["peak_bytes"], 0))
+    for (pid, device, kind), row, peak_ts in zip(groups.keys.itertuples(index=False), totals.itertuples(),
+                                                 first_peak_ts):  # one per group
+        peak = int(max(row.peak_bytes, 0))
         summaries.append(GroupSummary(
             pid=int(pid), device=int(device), kind=str(kind), gpu=gpu_of(int(pid), int(device)),
-            peak_bytes=peak, peak_time_ns=int(first_peak.loc[key]) if peak > 0 else None,
-            end_bytes=int(row["end_bytes"]), allocations=int(row["allocations"]),
-            frees=int(row["events"] - row["allocations"]), allocated_bytes=int(row["allocated_bytes"]),
-            never_freed_bytes=int(row["never_freed_bytes"]), never_freed_count=int(row["never_freed_count"]),
-            frees_without_alloc=int(row["orphans"]), frees_without_alloc_bytes=int(row["orphan_bytes"])))
+            peak_bytes=peak, peak_time_ns=int(peak_ts) if peak > 0 else None,
+            end_bytes=int(row.end_bytes), allocations=int(row.allocations),
+            frees=int(row.frees), allocated_bytes=int(row.allocated_bytes),
+            never_freed_bytes=int(row.never_freed_bytes), never_freed_count=int(row.never_freed_count),
+            frees_without_alloc=int(row.orphans), frees_without_alloc_bytes=int(row.orphan_bytes)))
     return summaries

@@ -14,45 +14,54 @@ LIVE_AT_PEAK = 20  # allocations listed per peak (largest first); live_count has
 ToAllocations = Callable[[pd.DataFrame], list[Allocation]]
 
 
-def resident(events: pd.DataFrame) -> pd.DataFrame:
-    """Events of memory that sits on the GPU (device, array, static)."""
-    return events[events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()]
+def resident_rows(events: pd.DataFrame) -> np.ndarray:
+    """Rows of memory that sits on the GPU (device, array, static), in time order."""
+    return np.flatnonzero(events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy())
 
 
 def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]],
                total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: ToAllocations) -> list[Peak]:
     """Per (process, device) peaks, then per GPU across processes (pid None) when several share one."""
-    on_gpu = resident(events)
-    if on_gpu.empty:
+    rows = resident_rows(events)
+    if len(rows) == 0:
         return []
+    pid = events["pid"].to_numpy()[rows]
+    device = events["device"].to_numpy()[rows]
+    pairs = pd.DataFrame({"pid": pid, "device": device}).drop_duplicates().sort_values(["pid", "device"])
+    gpu_by_pair = {(int(p), int(d)): gpu_of(int(p), int(d)) for p, d in pairs.itertuples(index=False)}
     peaks = []
-    for (pid, device), group in on_gpu.groupby(["pid", "device"], sort=True):  # one per process and device
-        gpu = gpu_of(int(pid), int(device))
-        peaks.append(_peak_of(group, events, int(pid), int(device), gpu, total_memory(gpu), to_allocations))
-    gpus = pd.Series([gpu_of(int(p), int(d)) for p, d in zip(on_gpu["pid"], on_gpu["device"])],
-                     index=on_gpu.index, dtype="object")
-    for gpu, group in on_gpu.groupby(gpus.to_numpy(), sort=True):  # several processes per GPU
-        if group["pid"].nunique() > 1 and gpu is not None:
-            peaks.append(_peak_of(group, events, None, int(gpu), int(gpu), total_memory(int(gpu)), to_allocations))
+    for (p, d), gpu in gpu_by_pair.items():  # one per process and device
+        mine = rows[(pid == p) & (device == d)]
+        peaks.append(_peak_of(mine, events, p, d, gpu, total_memory(gpu), to_allocations))
+    sharing: dict[int, list[tuple[int, int]]] = {}
+    for (p, d), gpu in gpu_by_pair.items():
+        if gpu is not None:
+            sharing.setdefault(gpu, []).append((p, d))
+    for gpu, members in sorted(sharing.items()):  # several processes on one GPU
+        if len({p for p, _ in members}) > 1:
+            on_gpu = np.zeros(len(rows), bool)
+            for p, d in members:
+                on_gpu |= (pid == p) & (device == d)
+            peaks.append(_peak_of(rows[on_gpu], events, None, gpu, gpu, total_memory(gpu), to_allocations))
     return peaks
 
 
-def _peak_of(group: pd.DataFrame, events: pd.DataFrame, pid: Optional[int], device: int,
+def _peak_of(rows: np.ndarray, events: pd.DataFrame, pid: Optional[int], device: int,
              gpu: Optional[int], total: Optional[int], to_allocations: ToAllocations) -> Peak:
-    # Events are in time order with frees first at equal times, so the running sum's first
+    # Rows are in time order with frees first at equal times, so the running sum's first
     # maximum is the earliest moment the peak was reached.
-    live = group["delta_bytes"].cumsum().to_numpy()
+    live = np.cumsum(events["delta_bytes"].to_numpy()[rows])
     at = int(np.argmax(live))
-    seq = int(group.index[at])  # the event's row in the full frame: its place in time
-    row = group.iloc[at]
-    allocs = group[(group["op"] == "alloc").to_numpy()]
-    partner = allocs["partner"].to_numpy()
-    is_live = (allocs.index.to_numpy() <= seq) & ((partner < 0) | (partner > seq))
-    live_now = allocs[is_live]
-    largest = live_now.sort_values("bytes", ascending=False, kind="stable").head(LIVE_AT_PEAK)
-    return Peak(pid=pid, device=device, gpu=gpu, peak_bytes=int(live[at]), peak_time_ns=int(row["ts_ns"]),
-                nvtx_range=str(row["nvtx_range"]), api=str(row["api"]), total_memory_bytes=total,
-                live_count=int(len(live_now)), live_at_peak=to_allocations(largest))
+    seq = int(rows[at])  # the event's row in the full frame: its place in time
+    is_alloc = (events["op"].cat.codes.to_numpy()[rows] == 0)
+    partner = events["partner"].to_numpy()[rows]
+    live_now = rows[is_alloc & (rows <= seq) & ((partner < 0) | (partner > seq))]
+    sizes = events["bytes"].to_numpy()[live_now]
+    largest = live_now[np.argsort(-sizes, kind="stable")[:LIVE_AT_PEAK]]
+    return Peak(pid=pid, device=device, gpu=gpu, peak_bytes=int(live[at]),
+                peak_time_ns=int(events["ts_ns"].iat[seq]), nvtx_range=str(events["nvtx_range"].iat[seq]),
+                api=str(events["api"].iat[seq]), total_memory_bytes=total, live_count=int(len(live_now)),
+                live_at_peak=to_allocations(events.iloc[largest]))
 
 
 def headline(peaks: list[Peak]) -> Optional[Peak]:

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 
 from ..model import RangeStat
-from .peak import resident
+from .grouping import Segments
+from .peak import resident_rows
 
 MAX_RANGES = 200
 
@@ -25,14 +26,16 @@ def range_stats(events: pd.DataFrame, ranges: pd.DataFrame, end_ns: int, limit: 
     per_name["total_time"] -= per_name["started"]
 
     if not events.empty:
-        frame = pd.DataFrame({"name": events["nvtx_range"].astype(str).to_numpy(),
-                              "is_alloc": (events["op"] == "alloc").to_numpy(),
-                              "bytes": events["bytes"].to_numpy(), "matched": (events["partner"] >= 0).to_numpy()})
-        frame["alloc_bytes"] = np.where(frame["is_alloc"], frame["bytes"], 0)
-        frame["freed_bytes"] = np.where(~frame["is_alloc"] & frame["matched"], frame["bytes"], 0)
-        frame["open_bytes"] = np.where(frame["is_alloc"] & ~frame["matched"], frame["bytes"], 0)
-        moved = frame.groupby("name", sort=False).agg(allocations=("is_alloc", "sum"), allocated=("alloc_bytes", "sum"),
-                                                      freed=("freed_bytes", "sum"), open=("open_bytes", "sum"))
+        names = events["nvtx_range"].cat.categories
+        seg = Segments(events["nvtx_range"].cat.codes.to_numpy().astype("int64"), len(names))
+        is_alloc = (events["op"].cat.codes == 0).to_numpy()
+        matched = events["partner"].to_numpy() >= 0
+        sizes = events["bytes"].to_numpy()
+        moved = pd.DataFrame({"allocations": seg.count(is_alloc),
+                              "allocated": seg.sum(np.where(is_alloc, sizes, 0)),
+                              "freed": seg.sum(np.where(~is_alloc & matched, sizes, 0)),
+                              "open": seg.sum(np.where(is_alloc & ~matched, sizes, 0))},
+                             index=pd.Index(names, dtype=object))
         per_name = per_name.join(moved, how="left")
     for column in ("allocations", "allocated", "freed", "open"):
         if column not in per_name:
@@ -48,18 +51,20 @@ def range_stats(events: pd.DataFrame, ranges: pd.DataFrame, end_ns: int, limit: 
 def _max_live_while_open(events: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
     """For each range instance, the most GPU-resident bytes its process held while it was open."""
     result = np.zeros(len(spans), "int64")
-    on_gpu = resident(events)
-    if on_gpu.empty:
+    rows = resident_rows(events)
+    if len(rows) == 0:
         return result
-    live = on_gpu.groupby("pid", sort=False)["delta_bytes"].cumsum()
-    for pid, group in on_gpu.assign(live=live.to_numpy()).groupby("pid", sort=False):  # one per process
-        mine = np.flatnonzero(spans["pid"].to_numpy() == pid)
-        if len(mine) == 0:
+    event_pid = events["pid"].to_numpy()[rows]
+    span_pid = spans["pid"].to_numpy()
+    for pid in np.unique(span_pid):  # one per process
+        mine = np.flatnonzero(span_pid == pid)
+        theirs = rows[event_pid == pid]
+        if len(theirs) == 0:
             continue
-        ts = group["ts_ns"].to_numpy()
+        ts = events["ts_ns"].to_numpy()[theirs]
         # A sentinel 0 at the front is "live before the first event"; the sentinel at the end
         # keeps every reduceat index in range.
-        values = np.concatenate([[0], group["live"].to_numpy(), [0]])
+        values = np.concatenate([[0], np.cumsum(events["delta_bytes"].to_numpy()[theirs]), [0]])
         start = np.searchsorted(ts, spans["start_ns"].to_numpy()[mine], side="right")  # value at start
         stop = np.searchsorted(ts, spans["end_ns"].to_numpy()[mine], side="right") + 1
         bounds = np.empty(2 * len(mine), "int64")

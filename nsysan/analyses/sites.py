@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import CallSite, Site
+from .grouping import Segments
 
 MAX_SITES = 100
 
@@ -22,25 +23,31 @@ def rank_sites(events: pd.DataFrame, site_table: dict[str, dict], limit: int = M
     """Sites by bytes allocated (largest first), per site and memory kind."""
     if events.empty:
         return []
-    key = ["site", "kind"]
-    frame = pd.DataFrame({"site": events["site"].astype(str).to_numpy(), "kind": events["kind"].astype(str).to_numpy(),
-                          "api": events["api"].astype(str).to_numpy(), "delta": events["delta_bytes"].to_numpy(),
-                          "is_alloc": (events["op"] == "alloc").to_numpy(), "bytes": events["bytes"].to_numpy(),
-                          "open": ((events["op"] == "alloc") & (events["partner"] < 0)).to_numpy()})
-    frame = frame[frame["site"] != ""]
-    frame["live"] = frame.groupby(key, sort=False)["delta"].cumsum()
-    frame["alloc_bytes"] = np.where(frame["is_alloc"], frame["bytes"], 0)
-    frame["open_bytes"] = np.where(frame["open"], frame["bytes"], 0)
-    totals = frame.groupby(key, sort=False).agg(
-        allocations=("is_alloc", "sum"), allocated_bytes=("alloc_bytes", "sum"), never_freed_count=("open", "sum"),
-        never_freed_bytes=("open_bytes", "sum"), max_live_bytes=("live", "max"))
-    totals = totals[totals["allocations"] > 0]
-    apis = frame[frame["is_alloc"]].groupby(key, sort=False)["api"].unique()
-    totals = totals.sort_values(["allocated_bytes", "allocations"], ascending=False, kind="stable").head(limit)
-    return [
-        Site(site=call_site(label, site_table), kind=kind, apis=sorted(str(a) for a in apis.loc[(label, kind)]),
-             allocations=int(r.allocations), allocated_bytes=int(r.allocated_bytes),
-             never_freed_count=int(r.never_freed_count), never_freed_bytes=int(r.never_freed_bytes),
-             max_live_bytes=int(max(r.max_live_bytes, 0)))
-        for (label, kind), r in zip(totals.index, totals.itertuples())  # one per site
-    ]
+    labels, kinds = events["site"].cat.categories, events["kind"].cat.categories
+    # One group per (site, kind): codes packed into one integer, groups summed in one pass each.
+    site_code = events["site"].cat.codes.to_numpy().astype("int64")
+    group = site_code * len(kinds) + events["kind"].cat.codes.to_numpy()
+    groups = len(labels) * len(kinds)
+    seg = Segments(np.where(site_code >= 0, group, 0), groups)
+    is_alloc = (events["op"].cat.codes == 0).to_numpy()
+    sizes = events["bytes"].to_numpy()
+    never_freed = is_alloc & (events["partner"].to_numpy() < 0)
+    allocations = seg.count(is_alloc)
+    allocated = seg.sum(np.where(is_alloc, sizes, 0))
+    max_live = seg.max(seg.running_sum(events["delta_bytes"].to_numpy()))
+    no_site = np.asarray(labels == "").repeat(len(kinds))
+    ranked = np.flatnonzero((allocations > 0) & ~no_site)
+    ranked = ranked[np.lexsort((-allocations[ranked], -allocated[ranked]))][:limit]
+    open_count, open_bytes = seg.count(never_freed), seg.sum(np.where(never_freed, sizes, 0))
+    api_codes = events["api"].cat.codes.to_numpy()
+    api_names = events["api"].cat.categories
+    sites = []
+    for g in ranked:  # one per listed site
+        rows = seg.order[seg.starts[g]:seg.starts[g] + seg.sizes[g]]
+        apis = sorted({str(api_names[a]) for a in np.unique(api_codes[rows[is_alloc[rows]]])})
+        site, kind = divmod(int(g), len(kinds))
+        sites.append(Site(site=call_site(str(labels[site]), site_table), kind=str(kinds[kind]), apis=apis,
+                          allocations=int(allocations[g]), allocated_bytes=int(allocated[g]),
+                          never_freed_count=int(open_count[g]), never_freed_bytes=int(open_bytes[g]),
+                          max_live_bytes=int(max(max_live[g], 0))))
+    return sites

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 
+from .grouping import Segments
 from ..model import Band, Series, Timeline
 
 GROUP = ["pid", "device", "kind"]
@@ -12,23 +16,44 @@ MAX_POINTS = 2000  # per series: enough to draw, small enough to ship in JSON
 MAX_BANDS = 300
 
 
-def live_bytes(events: pd.DataFrame, by: list[str] = GROUP) -> np.ndarray:
-    """Live bytes of each event's group right after the event (events are in time order)."""
+@dataclass(frozen=True)
+class Groups:
+    """Each event's (process, device, kind) group and the group's live bytes after the event."""
+
+    codes: np.ndarray  # group number of each event, groups sorted by (pid, device, kind order)
+    keys: pd.DataFrame  # one row per group: pid, device, kind (str)
+    live: np.ndarray  # live bytes of the event's group right after it
+    segments: Optional["Segments"] = None  # the events sorted by group, for per-group sums
+
+
+def group_events(events: pd.DataFrame) -> Groups:
+    """Number the (process, device, kind) groups and run their live-bytes sums (one pass each)."""
     if events.empty:
-        return np.zeros(0, "int64")
-    return events.groupby(by, observed=True, sort=False)["delta_bytes"].cumsum().to_numpy("int64")
+        empty = pd.DataFrame({"pid": pd.Series(dtype="int64"), "device": pd.Series(dtype="int64"),
+                              "kind": pd.Series(dtype="object")})
+        return Groups(np.zeros(0, "int64"), empty, np.zeros(0, "int64"), None)
+    kind_codes = events["kind"].cat.codes.to_numpy().astype("int64")
+    # pid has 24 bits, device 16 and a kind code 8: one int64 key per event, factorized once.
+    packed = (events["pid"].to_numpy().astype("int64") << 24) \
+        | ((events["device"].to_numpy().astype("int64") + 1) << 8) | kind_codes
+    codes, uniques = pd.factorize(packed, sort=True)
+    kinds = events["kind"].cat.categories
+    keys = pd.DataFrame({"pid": uniques >> 24, "device": ((uniques >> 8) & 0xFFFF) - 1,
+                         "kind": [str(kinds[k]) for k in uniques & 0xFF]})
+    segments = Segments(codes.astype("int64"), len(keys))
+    return Groups(codes.astype("int64"), keys, segments.running_sum(events["delta_bytes"].to_numpy()), segments)
 
 
-def build_timeline(events: pd.DataFrame, ranges: pd.DataFrame, start_ns: int, end_ns: int,
+def build_timeline(events: pd.DataFrame, groups: Groups, ranges: pd.DataFrame, start_ns: int, end_ns: int,
                    max_points: int = MAX_POINTS) -> Timeline:
     """Step series per (process, device, kind), downsampled so that every peak survives."""
     series = []
     if not events.empty:
-        frame = pd.DataFrame({"pid": events["pid"].to_numpy(), "device": events["device"].to_numpy(),
-                              "kind": events["kind"].astype(str).to_numpy(),
-                              "ts_ns": events["ts_ns"].to_numpy(), "live": live_bytes(events)})
-        for (pid, device, kind), group in frame.groupby(GROUP, sort=True):  # one per series
-            ts, live = _downsample(group["ts_ns"].to_numpy(), group["live"].to_numpy(), max_points)
+        ts_all = events["ts_ns"].to_numpy()
+        order, starts, sizes = groups.segments.order, groups.segments.starts, groups.segments.sizes
+        for g, (pid, device, kind) in enumerate(groups.keys.itertuples(index=False)):  # one per series
+            rows = order[starts[g]:starts[g] + sizes[g]]  # this group's events, in time order
+            ts, live = _downsample(ts_all[rows], groups.live[rows], max_points)
             series.append(Series(int(pid), int(device), str(kind), ts.tolist(), live.tolist()))
     return Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=series, bands=top_level_bands(ranges, events))
 
@@ -38,12 +63,16 @@ def _downsample(ts: np.ndarray, live: np.ndarray, max_points: int) -> tuple[np.n
     if len(ts) <= max_points:
         return ts, live
     buckets = max(1, max_points // 2)
-    span = max(int(ts[-1] - ts[0]), 1)
-    bucket = ((ts - ts[0]) * (buckets - 1) // span).astype("int64")
-    frame = pd.DataFrame({"bucket": bucket, "live": live, "pos": np.arange(len(ts))})
-    highest = frame.loc[frame.groupby("bucket")["live"].idxmax(), "pos"].to_numpy()
-    last = frame.groupby("bucket")["pos"].max().to_numpy()
-    keep = np.unique(np.concatenate([highest, last, [0]]))
+    span = max(float(ts[-1] - ts[0]), 1.0)
+    bucket = ((ts - ts[0]) / span * (buckets - 1)).astype("int64")  # ts is sorted: so is bucket
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(bucket)) + 1])
+    sizes = np.diff(np.append(starts, len(ts)))
+    highest = np.maximum.reduceat(live, starts)
+    positions = np.arange(len(ts))
+    at_highest = np.where(live == np.repeat(highest, sizes), positions, len(ts))
+    first_highest = np.minimum.reduceat(at_highest, starts)
+    last = starts + sizes - 1
+    keep = np.unique(np.concatenate([first_highest, last, [0]]))
     return ts[keep], live[keep]
 
 

@@ -10,6 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ..errors import printable
 from ..model import GPU_RESIDENT_KINDS, Allocation, Analysis, Peak
 from ..units import fmt_bytes, fmt_duration, fmt_time
 
@@ -36,8 +37,8 @@ def render_terminal(analysis: Analysis, console: Console, top: int = 10) -> None
 
 
 def _t(value: object) -> Text:
-    """Text from a profile, never interpreted as rich markup."""
-    return Text(str(value))
+    """Text from a profile, never interpreted as rich markup nor as terminal escapes."""
+    return Text(printable(str(value)))
 
 
 def _capture_panel(analysis: Analysis) -> Panel:
@@ -62,8 +63,8 @@ def _capture_panel(analysis: Analysis) -> Panel:
     exported = ""
     if src.exported_with:
         exported = f" (exported with nsys {src.exported_with}{', from cache' if src.from_cache else ''})"
-    body = Text("\n".join(lines))
-    return Panel(body, title=Text(f"nsysan · {src.name}{exported}"), title_align="left", box=box.ROUNDED)
+    body = Text("\n".join(printable(line) for line in lines))
+    return Panel(body, title=_t(f"nsysan · {src.name}{exported}"), title_align="left", box=box.ROUNDED)
 
 
 _FOLDING_COLUMNS = {"site", "NVTX range", "range", "API", "reached by"}

@@ -1,0 +1,191 @@
+"""Read query results into DataFrames, fast.
+
+Measured on a 10-million-row memory table: Python's sqlite3 `fetchall` takes 15 s and
+`pandas.read_sql` 25 s, while the ADBC SQLite driver hands the rows to Arrow in about the time
+the sqlite3 shell needs to scan them (5 s). So large queries go through ADBC; the standard
+library is the fallback when ADBC is not installed or gives up on a file (it infers a column's
+type from its first rows and fails on a damaged export that mixes types in one column).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import urllib.parse
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+try:  # optional at import time, so a broken pyarrow install never stops the analysis
+    import adbc_driver_sqlite.dbapi as _adbc
+    import pyarrow as _pa
+    import pyarrow.compute as _pc
+except Exception:  # pragma: no cover - depends on the environment
+    _adbc = None
+    _pa = None
+    _pc = None
+# How the ADBC SQLite driver prints a REAL when it turns a mixed-type column into text ("%e").
+_DRIVER_FLOAT_TEXT = r"^[-+]?(\d\.\d{6}e[-+]\d{2,}|inf|nan)$"
+
+
+BATCH_ROWS = 1 << 18
+
+
+def database_path(conn: sqlite3.Connection) -> Optional[str]:
+    """The file behind a connection (for opening a second, faster one on it)."""
+    for _, name, path in conn.execute("PRAGMA database_list"):
+        if name == "main" and path:
+            return str(path)
+    return None
+
+
+def read_frame(conn: sqlite3.Connection, sql: str, columns: list[str],
+               expected_rows: Optional[int] = None) -> pd.DataFrame:
+    """Run a query and return its rows as a DataFrame with the given column names.
+
+    `expected_rows` (the row count, when it is cheap to know) lets the fast path write each batch
+    straight into its final arrays instead of joining batches at the end.
+
+    Integer columns with NULLs come back as pandas nullable Int64 (never float64: globalTid and
+    addresses need all 64 bits); text columns as Python strings.
+    """
+    path = database_path(conn) if _adbc is not None else None
+    if path:
+        try:
+            return _read_with_adbc(path, sql, columns, expected_rows)
+        except Exception:  # noqa: BLE001 - any driver failure falls back to the standard library
+            pass
+    rows = conn.execute(sql).fetchall()
+    if not rows:
+        return pd.DataFrame({c: pd.Series(dtype="object") for c in columns})
+    return pd.DataFrame.from_records(rows, columns=columns)
+
+
+def _read_with_adbc(path: str, sql: str, columns: list[str], expected_rows: Optional[int] = None) -> pd.DataFrame:
+    uri = "file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1"
+    parts: list[list] = [[] for _ in columns]
+    filled = [_Filled(expected_rows) if expected_rows else None for _ in columns]
+    with _adbc.connect(uri) as conn, conn.cursor() as cursor:
+        # Large batches: per-batch Python work stays negligible (the driver's default is 1024 rows).
+        cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+        cursor.execute(sql)
+        # Batch by batch, so that the Arrow result and the numpy arrays never both hold the
+        # whole result: on 10 million rows that is the difference between 1x and 2x the memory.
+        for batch in cursor.fetch_record_batch():
+            for i, column in enumerate(batch.columns):
+                converted = _convert(column)
+                if filled[i] is None or not filled[i].add(converted):
+                    if filled[i] is not None:  # the count was wrong: fall back to joining parts
+                        parts[i], filled[i] = filled[i].parts(), None
+                    parts[i].append(converted)
+            del batch
+    data = {}
+    for i, name in enumerate(columns):
+        data[name] = filled[i].result() if filled[i] is not None else _concatenate(parts[i])
+        parts[i], filled[i] = [], None  # free this column's batches before the next column is joined
+    return pd.DataFrame(data, copy=False)
+
+
+class _Filled:
+    """One integer column written batch by batch into arrays of the known final length."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows, self.offset = rows, 0
+        self.values: Optional[np.ndarray] = None
+        self.mask: Optional[np.ndarray] = None
+
+    def add(self, part: object) -> bool:
+        values, mask = part if isinstance(part, tuple) else (part, None)
+        if not isinstance(values, np.ndarray) or self.offset + len(values) > self.rows:
+            return False
+        if self.values is None:
+            self.values = np.empty(self.rows, "int64")
+        self.values[self.offset:self.offset + len(values)] = values
+        if mask is not None or self.mask is not None:
+            if self.mask is None:
+                self.mask = np.zeros(self.rows, bool)
+            if mask is not None:
+                self.mask[self.offset:self.offset + len(values)] = mask
+        self.offset += len(values)
+        return True
+
+    def parts(self) -> list:
+        if self.values is None:
+            return []
+        done = self.values[:self.offset]
+        return [(done, self.mask[:self.offset]) if self.mask is not None else done]
+
+    def result(self) -> object:
+        if self.offset != self.rows:
+            return _concatenate(self.parts())
+        if self.mask is not None:
+            return pd.arrays.IntegerArray(self.values, self.mask)
+        return self.values
+
+
+def _convert(column) -> object:
+    """One Arrow column of one batch -> a numpy array, (values, null mask), or a list of str."""
+    kind = column.type
+    if _pa.types.is_integer(kind) and column.null_count == 0:
+        return column.to_numpy().astype("int64", copy=False)
+    if _pa.types.is_integer(kind) or _pa.types.is_null(kind):
+        # Nullable integers without a detour through float64 (globalTid needs all 64 bits).
+        values = column.fill_null(0).to_numpy() if _pa.types.is_integer(kind) else np.zeros(len(column), "int64")
+        return values.astype("int64", copy=False), column.is_null().to_numpy(zero_copy_only=False)
+    is_binary = _pa.types.is_binary(kind) or _pa.types.is_large_binary(kind)
+    if (is_binary or _pa.types.is_string(kind) or _pa.types.is_large_string(kind)) and \
+            _pc.any(_pc.match_substring_regex(column, _DRIVER_FLOAT_TEXT)).as_py():
+        # A column mixing REALs with other types (a damaged export: 1e300 among byte counts) comes
+        # back as text or bytes, its numbers printed with 7 digits (134217728 -> "1.342177e+08"):
+        # exact values are lost. The sqlite3 path keeps every value as it is stored.
+        raise ValueError("ADBC turned a mixed-type column into rounded text")
+    if is_binary:
+        # BLOBs where text belongs (damaged or odd exports): decode like the sqlite3 path does.
+        return [None if v is None else v.decode("utf-8", "replace") for v in column.to_pylist()]
+    return column.to_pylist()
+
+
+def _concatenate(parts: list) -> object:
+    if not parts:
+        return np.zeros(0, "int64")
+    if all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts)
+    if all(isinstance(p, (np.ndarray, tuple)) for p in parts):
+        values = np.concatenate([p[0] if isinstance(p, tuple) else p for p in parts])
+        mask = np.concatenate([p[1] if isinstance(p, tuple) else np.zeros(len(p), bool) for p in parts])
+        return pd.arrays.IntegerArray(values, mask)
+    # Text (or a column whose type changed between batches): plain Python objects.
+    items: list = []
+    for p in parts:
+        if isinstance(p, tuple):
+            items.extend(None if m else int(v) for v, m in zip(*p))
+        else:
+            items.extend(p.tolist() if isinstance(p, np.ndarray) else p)
+    return np.asarray(items, dtype=object)
+
+
+def release_memory() -> None:
+    """Give memory freed after a big read back to the system.
+
+    The ADBC driver builds its result in many small allocations, and glibc keeps such freed
+    memory in its heap: measured on a 10-million-row read, 700 MB stayed resident after the
+    table was freed, and the analysis after it would have stacked on top.
+    """
+    if _pa is not None:
+        _pa.default_memory_pool().release_unused()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _find_malloc_trim():
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        return None
+
+
+_malloc_trim = _find_malloc_trim()
