@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -122,7 +123,12 @@ def test_help_lists_analyze():
 
 
 def test_report_goes_through_a_real_nsys_export(nsys_path, tmp_path):
-    args = ["analyze", "fixtures/known_mem_v22.nsys-rep", "--format", "json", "--cache-dir", str(tmp_path),
+    # The report alone: next to it in fixtures/ its own export would be reused when a checkout
+    # happens to give the .sqlite a later mtime than the .nsys-rep.
+    report = tmp_path / "in" / "known_mem_v22.nsys-rep"
+    report.parent.mkdir()
+    shutil.copyfile(FIXTURES / "known_mem_v22.nsys-rep", report)
+    args = ["analyze", str(report), "--format", "json", "--cache-dir", str(tmp_path / "cache"),
             "--nsys", str(nsys_path)]
     first = run(*args)
     assert first.returncode == 0, first.stderr
