@@ -143,7 +143,9 @@ def test_report_goes_through_a_real_nsys_export(nsys_path, tmp_path):
 
 
 def test_report_newer_than_nsys_is_one_clear_line(nsys_path, tmp_path):
-    result = run("analyze", "fixtures/known_mem_v25.nsys-rep", "--cache-dir", str(tmp_path))
+    report = tmp_path / "known_mem_v25.nsys-rep"  # alone: no sibling export to fall back on
+    shutil.copyfile(FIXTURES / "known_mem_v25.nsys-rep", report)
+    result = run("analyze", str(report), "--cache-dir", str(tmp_path / "cache"))
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert "comes from Nsight Systems 2025.3" in line and "2022.4" in line and "--nsys" in line

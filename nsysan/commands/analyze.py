@@ -10,6 +10,7 @@ import typer
 from ..errors import NsysanError
 from ..model import Analysis
 from ..pipeline import analyze_report
+from ..render.files import check_output_dir
 from ..render.json import render_json, render_json_many
 from ..render.terminal import render_terminal
 from .common import err_console, out_console, progress_bar, write_atomic
@@ -21,6 +22,9 @@ def analyze(
     format: str = typer.Option("text", "--format", "-f", help="text (a summary) or json (the analysis document)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON document to this file."),
     json_dir: Optional[Path] = typer.Option(None, "--json-dir", help="Write <report>.analysis.json per input here."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report here: report.html, "
+                                          "timeline.png, sites.png, analysis.json (DIR/<report name>/ per input "
+                                          "when there are several)."),
     nsys: Optional[Path] = typer.Option(None, "--nsys", help="nsys binary (or its folder) used to export reports."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Where exports are cached."),
     top: int = typer.Option(10, "--top", min=1, help="Rows per table in the text summary."),
@@ -28,12 +32,15 @@ def analyze(
 ) -> None:
     """Analyze GPU memory: peak per process and GPU, what was live then, never-freed allocations, top sites.
 
-    Example: nsysan analyze fixtures/known_mem_v25.sqlite
+    Example: nsysan analyze fixtures/known_mem_v25.sqlite -o report/
     """
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
     if json_path and len(reports) > 1:
         raise NsysanError("--json takes one report; with several, use --json-dir DIR")
+    if output:
+        _check_report_dirs(output, reports)
+        from ..render.html import write_report  # matplotlib and jinja: 0.4 s, paid only for -o
     results: list[Analysis] = []
     failures = 0
     for report in reports:
@@ -51,10 +58,24 @@ def analyze(
             write_atomic(json_path, render_json(analysis))
         if json_dir:
             write_atomic(json_dir / f"{report.name}.analysis.json", render_json(analysis))
+        page = write_report(analysis, output if len(reports) == 1 else output / report.name) if output else None
         if format == "text":
             render_terminal(analysis, out_console, top=top)
+            if page:
+                out_console.print(f"Report: {page} (with timeline.png, sites.png and analysis.json)", markup=False,
+                                  soft_wrap=True)  # a path never wraps
     if format == "json" and results:
         text = render_json(results[0]) if len(reports) == 1 else render_json_many(results)
         typer.echo(text, nl=False)
     if failures:
         raise typer.Exit(2)
+
+
+def _check_report_dirs(output: Path, reports: List[Path]) -> None:
+    """Fail before the analysis, not after it, when the reports can't be written where asked."""
+    names = [r.name for r in reports]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if len(reports) > 1 and twice:
+        raise NsysanError(f"several reports are named {twice[0]}; -o writes DIR/<report name>/ for each, "
+                          "so give them different names or run them one at a time")
+    check_output_dir(output)

@@ -1,18 +1,16 @@
-"""What the commands share: consoles, the progress bar, atomic writes."""
+"""What the commands share: consoles, the progress bar, atomic writes (from render.files)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
-import tempfile
-from pathlib import Path
 from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..errors import NsysanError
+from ..render.files import write_atomic  # noqa: F401  (moved to render: render must not import commands)
 
 out_console = Console(highlight=False, soft_wrap=False)
 if not out_console.is_terminal and "COLUMNS" not in os.environ:
@@ -35,24 +33,6 @@ def progress_bar(name: str, enabled: bool = True) -> Iterator[Callable[[str, flo
             bar.update(task, completed=min(max(fraction, 0.0), 1.0), description=f"{name}: {stage}")
 
         yield say
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write a file so that a failed run never leaves a half-written one that looks complete."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError as err:
-        raise NsysanError(f"could not write {path}: {err.strerror or err}") from err
 
 
 def stdout_is_terminal() -> bool:

@@ -1,0 +1,313 @@
+"""PNG plots of an `Analysis`: the memory timeline per GPU and the top allocation sites.
+
+Figures are built with `matplotlib.figure.Figure` and drawn by the Agg canvas, never through
+pyplot: no global figure manager, no backend switch at import, nothing shown on a screen.
+Matplotlib's own defaults are used whatever the user's matplotlibrc says (a `text.usetex: True`
+there would otherwise need LaTeX). Strings from the profile are drawn as plain text: a `$` in
+an NVTX name is escaped so it never starts mathtext.
+
+Timeline rules (docs/report.md):
+
+- one panel per GPU that has memory series; a series (process, CUDA device, kind) goes to the
+  GPU its (pid, device) maps to in `analysis.groups`;
+- one step line per series, y in GiB, MiB or KiB (the largest unit the panel reaches), x in ms
+  or s (s from a 1 s span on);
+- each process peak (`analysis.peaks` with a pid) is marked and labelled, e.g.
+  "peak 908.0 MiB · burst";
+- the GPU's memory is a dashed line when the panel reaches at least `CAPACITY_LINE_SHARE` of it,
+  else the capacity is stated in the panel title (a line at 139.8 GiB would squash a 1 GiB curve
+  flat);
+- NVTX bands and failed calls of a process are drawn on the panel of its highest peak (one panel
+  per process, so the bands of processes sharing the GPU of someone else's peak don't pile up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from typing import Iterator, Optional
+
+import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from ..model import GPU_RESIDENT_KINDS, KINDS, Analysis, Gpu, Peak, Series
+from ..units import fmt_bytes, fmt_time
+
+# Draw the capacity line when the panel reaches this share of the GPU's memory.
+CAPACITY_LINE_SHARE = 0.25
+MAX_BAND_LABELS = 20
+DPI = 100
+WIDTH_IN = 12.0
+PANEL_HEIGHT_IN = 3.9
+
+_BYTE_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1))
+_KIND_STYLE = {"device": "-", "array": "-", "static": ":", "managed": "-.", "managed_static": ":",
+               "pinned": "--", "pageable": "--", "unknown": "-"}
+_BAND_SHADES = ("#dbe4ef", "#eef2f7")
+_PEAK_COLOR = "#111111"
+_FAILED_COLOR = "#d62728"
+_NEVER_FREED_COLOR = "#d62728"
+_ALLOCATED_COLOR = "#9ecae1"
+
+
+def plot_timeline(analysis: Analysis) -> Figure:
+    """Live bytes over time, one panel per GPU with memory, from `analysis.timeline` and the peaks.
+
+    Artists carry gids tests and readers can find: "series:<pid>:<device>:<kind>" (the lines),
+    "peak:<pid>:<device>" (annotations), "capacity", "band", "failed".
+    """
+    with _matplotlib_defaults():
+        panels = _panels(analysis)
+        if not panels:
+            fig = Figure(figsize=(WIDTH_IN, 1.2), dpi=DPI)
+            why = ("sizes were not collected (capture with --cuda-memory-usage=true)"
+                   if not analysis.capture.memory_usage_collected else "no allocations were recorded")
+            fig.text(0.5, 0.5, f"No memory timeline: {why}", ha="center", va="center", fontsize=12)
+            return fig
+        fig = Figure(figsize=(WIDTH_IN, PANEL_HEIGHT_IN * len(panels)), dpi=DPI, layout="constrained")
+        axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+        home = _home_panels(analysis, panels)
+        start, stop = _window(analysis, panels, home)
+        t_unit, t_scale = _time_unit(stop - start)
+        for ax, (gpu_key, series) in zip(axes, panels.items()):
+            _draw_panel(ax, analysis, gpu_key, series, [pid for pid, key in home.items() if key == gpu_key],
+                        (start, stop), t_scale)
+        axes[-1].set_xlabel(f"time since capture start ({t_unit})")
+        axes[-1].set_xlim(start / t_scale, stop / t_scale)
+        return fig
+
+
+def plot_sites(analysis: Analysis, top: int = 15) -> Figure:
+    """The `top` sites by bytes allocated, as horizontal bars, with never-freed bytes over them.
+
+    Bars carry gids "allocated" and "never_freed"; the labels are the site labels and kinds.
+    """
+    with _matplotlib_defaults():
+        sites = analysis.sites[:top]
+        if not sites:
+            fig = Figure(figsize=(WIDTH_IN, 1.2), dpi=DPI)
+            fig.text(0.5, 0.5, "No allocation sites: no allocation sizes were recorded", ha="center", va="center",
+                     fontsize=12)
+            return fig
+        fig = Figure(figsize=(WIDTH_IN, 1.5 + 0.42 * len(sites)), dpi=DPI, layout="constrained")
+        ax = fig.add_subplot()
+        unit, scale = _byte_unit(max(s.allocated_bytes for s in sites))
+        y = np.arange(len(sites))[::-1]  # the biggest on top
+        allocated = np.array([s.allocated_bytes for s in sites], dtype=float) / scale
+        never = np.array([s.never_freed_bytes for s in sites], dtype=float) / scale
+        for bar in ax.barh(y, allocated, height=0.7, color=_ALLOCATED_COLOR, label="allocated"):
+            bar.set_gid("allocated")
+        for bar in ax.barh(y, never, height=0.38, color=_NEVER_FREED_COLOR, label="never freed"):
+            bar.set_gid("never_freed")
+        for yi, value, site in zip(y, allocated, sites):
+            note = fmt_bytes(site.allocated_bytes)
+            if site.never_freed_count:
+                note += f" · never freed {fmt_bytes(site.never_freed_bytes)} ({site.never_freed_count})"
+            ax.annotate(note, xy=(value, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+        ax.set_yticks(y, [_plain(_short(f"{s.site.label} · {s.kind}", 70)) for s in sites], fontsize=8)
+        ax.set_xlim(0, float(allocated.max()) * 1.3)
+        ax.set_xlabel(f"bytes allocated during the capture ({unit})")
+        ax.set_title(f"Top {len(sites)} allocation sites by bytes allocated", loc="left", fontsize=11)
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+        return fig
+
+
+def figure_png(fig: Figure, dpi: int = DPI) -> bytes:
+    """The figure drawn by Agg as PNG bytes."""
+    FigureCanvasAgg(fig)  # attaches itself as fig.canvas: drawing needs no pyplot
+    buffer = io.BytesIO()
+    with _matplotlib_defaults(), warnings.catch_warnings():
+        # A CJK or emoji NVTX name lacks glyphs in DejaVu Sans: drawn as boxes, no warning storm.
+        warnings.filterwarnings("ignore", message="Glyph .* missing from")
+        fig.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+# -- timeline parts ----------------------------------------------------------------------------
+
+
+def _panels(analysis: Analysis) -> dict[int, list[Series]]:
+    """Series per GPU (the GPU id, or the CUDA ordinal when the capture does not say), in order."""
+    gpu_of = {(g.pid, g.device): g.gpu for g in analysis.groups}
+    panels: dict[int, list[Series]] = {}
+    for s in analysis.timeline.series:
+        if not s.ts_ns:
+            continue
+        gpu = gpu_of.get((s.pid, s.device))
+        panels.setdefault(s.device if gpu is None else gpu, []).append(s)
+    kind_order = {k: i for i, k in enumerate(KINDS)}
+    return {key: sorted(panels[key], key=lambda s: (s.pid, s.device, kind_order.get(s.kind, len(KINDS))))
+            for key in sorted(panels)}
+
+
+def _panel_key(peak: Peak) -> int:
+    return peak.device if peak.gpu is None else peak.gpu
+
+
+def _home_panels(analysis: Analysis, panels: dict[int, list[Series]]) -> dict[int, int]:
+    """The panel each process's NVTX bands and failed calls go to: the GPU of its highest peak."""
+    home: dict[int, int] = {}
+    best: dict[int, int] = {}
+    for peak in analysis.peaks:
+        if peak.pid is not None and _panel_key(peak) in panels and peak.peak_bytes > best.get(peak.pid, -1):
+            best[peak.pid], home[peak.pid] = peak.peak_bytes, _panel_key(peak)
+    for key, series in panels.items():  # a process without a GPU-resident peak: its first panel
+        for s in series:
+            home.setdefault(s.pid, key)
+    return home
+
+
+def _window(analysis: Analysis, panels: dict[int, list[Series]], home: dict[int, int]) -> tuple[int, int]:
+    """The time span worth drawing: from the first to the last memory event, band or failed call.
+
+    Captures often spend seconds starting Python or NCCL before the first allocation; the whole
+    capture on the x axis would squeeze the memory story into its last tenth.
+    """
+    timeline = analysis.timeline
+    times = [t for series in panels.values() for s in series for t in (s.ts_ns[0], s.ts_ns[-1])]
+    times += [t for b in timeline.bands if b.pid in home for t in (b.start_ns, b.end_ns)]
+    times += [f.time_ns for f in analysis.failed_calls if f.pid in home]
+    first, last = min(times), max(times)
+    pad = 0.04 * (last - first) if last > first else 0.05 * max(timeline.end_ns - timeline.start_ns, 1)
+    return max(timeline.start_ns, int(first - pad)), min(max(timeline.end_ns, last), int(last + pad))
+
+
+def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home_pids: list[int],
+                window: tuple[int, int], t_scale: float) -> None:
+    timeline = analysis.timeline
+    peaks = [p for p in analysis.peaks if p.pid is not None and _panel_key(p) == gpu_key and p.peak_bytes > 0]
+    failed = [f for f in analysis.failed_calls if f.pid in home_pids]
+    top = max([max(s.live_bytes) for s in series] + [p.peak_bytes for p in peaks]
+              + [f.live_bytes or 0 for f in failed] + [1])
+    gpu = next((g for g in analysis.capture.gpus if g.id == gpu_key), None)
+    total = gpu.total_memory_bytes if gpu else None
+    draw_capacity = bool(total) and top >= CAPACITY_LINE_SHARE * total
+    unit, scale = _byte_unit(max(top, total or 0) if draw_capacity else top)
+    names = {p.pid: p.name for p in analysis.capture.processes}
+    pids = sorted({s.pid for s in series})
+    several = len(pids) > 1
+
+    colors: dict[tuple[int, int], str] = {}
+    for i, s in enumerate(series):
+        x = np.asarray(s.ts_ns, dtype=np.int64)
+        y = np.asarray(s.live_bytes, dtype=np.int64)
+        # Nothing is live before the first event; the last value holds to the end of the capture.
+        if x[0] > timeline.start_ns:
+            x, y = np.concatenate(([timeline.start_ns], x)), np.concatenate(([0], y))
+        if x[-1] < timeline.end_ns:
+            x, y = np.concatenate((x, [timeline.end_ns])), np.concatenate((y, [y[-1]]))
+        label = f"{s.pid} {_short(names.get(s.pid, ''), 30)} · {s.kind}".replace("  ", " ")
+        if s.device != gpu_key:
+            label += f" (device {s.device})"
+        (line,) = ax.plot(x / t_scale, y / scale, drawstyle="steps-post", linewidth=1.6,
+                          linestyle=_KIND_STYLE.get(s.kind, "-"), label=_plain(label), zorder=3)
+        line.set_gid(f"series:{s.pid}:{s.device}:{s.kind}")
+        if s.kind in GPU_RESIDENT_KINDS:
+            colors.setdefault((s.pid, s.device), line.get_color())
+
+    for peak in peaks:
+        x, y = peak.peak_time_ns / t_scale, peak.peak_bytes / scale
+        color = colors.get((peak.pid, peak.device), _PEAK_COLOR)
+        ax.plot([x], [y], marker="v", markersize=8, color=color, markeredgecolor=_PEAK_COLOR, zorder=6,
+                linestyle="none")
+        text = f"peak {fmt_bytes(peak.peak_bytes)}" + (f" · {_short(peak.nvtx_range, 40)}" if peak.nvtx_range else "")
+        if several:
+            text = f"{peak.pid}: {text}"
+        right_half = (peak.peak_time_ns - window[0]) > 0.6 * max(window[1] - window[0], 1)
+        ax.annotate(_plain(text), xy=(x, y), xytext=(-10 if right_half else 10, 9), textcoords="offset points",
+                    ha="right" if right_half else "left", va="bottom", fontsize=9, zorder=7,
+                    gid=f"peak:{peak.pid}:{peak.device}",
+                    bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "edgecolor": color, "alpha": 0.9},
+                    arrowprops={"arrowstyle": "-", "color": color, "linewidth": 0.8})
+
+    if draw_capacity:
+        line = ax.axhline(total / scale, color="#555555", linestyle="--", linewidth=1.2, zorder=2,
+                          label=f"GPU memory {fmt_bytes(total)}")
+        line.set_gid("capacity")
+
+    bands = [b for b in timeline.bands if b.pid in home_pids]
+    span = max(window[1] - window[0], 1)
+    last_label = None
+    labelled = 0
+    for i, band in enumerate(bands):
+        patch = ax.axvspan(band.start_ns / t_scale, band.end_ns / t_scale, color=_BAND_SHADES[i % 2], zorder=0,
+                           linewidth=0)
+        patch.set_gid("band")
+        # Label the first bands that have room (labels closer than 1.5% of the width would overlap).
+        if labelled < MAX_BAND_LABELS and (last_label is None or band.start_ns - last_label > 0.015 * span):
+            ax.annotate(_plain(_short(band.name, 24)), xy=(band.start_ns / t_scale, 1),
+                        xycoords=ax.get_xaxis_transform(), xytext=(2, -4), textcoords="offset points",
+                        rotation=90, va="top", ha="left", fontsize=7, color="#444444", annotation_clip=True,
+                        zorder=1, gid="band-label")
+            last_label, labelled = band.start_ns, labelled + 1
+
+    if failed:
+        xs = np.array([f.time_ns for f in failed], dtype=float) / t_scale
+        ys = np.array([f.live_bytes or 0 for f in failed], dtype=float) / scale
+        errors = sorted({f.error for f in failed})
+        marks = ax.scatter(xs, ys, marker="X", s=70, color=_FAILED_COLOR, edgecolors="white", linewidths=0.6,
+                           zorder=8, label=_plain(f"failed call ({len(failed)}): {_short(', '.join(errors), 50)}"))
+        marks.set_gid("failed")
+
+    handles, _ = ax.get_legend_handles_labels()
+    if bands:
+        who = ", ".join(str(p) for p in home_pids if any(b.pid == p for b in bands))
+        handles.append(Patch(color=_BAND_SHADES[0], label=f"NVTX ranges (process {who})"))
+    ax.legend(handles=handles, loc="best", fontsize=8, framealpha=0.9)
+    ax.set_ylim(0, max(top, total if draw_capacity else 0) / scale * 1.2)
+    ax.set_ylabel(f"live memory ({unit})")
+    ax.grid(alpha=0.3, zorder=0)
+    ax.set_title(_plain(_panel_title(analysis, gpu_key, gpu, draw_capacity, peaks)), loc="left", fontsize=11)
+
+
+def _panel_title(analysis: Analysis, gpu_key: int, gpu: Optional[Gpu], draw_capacity: bool,
+                 peaks: list[Peak]) -> str:
+    title = f"GPU {gpu_key}"
+    if gpu is not None:
+        title += f" · {_short(gpu.name, 40)}"
+        if gpu.total_memory_bytes and not draw_capacity:
+            title += f" · {fmt_bytes(gpu.total_memory_bytes)}"
+            if peaks:  # the line itself would squash the curves flat: the capacity is stated instead
+                title += f" (highest peak: {max(p.peak_bytes for p in peaks) / gpu.total_memory_bytes:.1%} of it)"
+    shared = next((p for p in analysis.peaks if p.pid is None and _panel_key(p) == gpu_key), None)
+    if shared is not None:
+        title += f" · all processes: peak {fmt_bytes(shared.peak_bytes)} at {fmt_time(shared.peak_time_ns)}"
+    return title
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _matplotlib_defaults() -> Iterator[None]:
+    """Matplotlib's default style for the duration, whatever the user's matplotlibrc says."""
+    with matplotlib.rc_context():
+        matplotlib.rcdefaults()
+        yield
+
+
+def _byte_unit(max_bytes: float) -> tuple[str, int]:
+    """The largest binary unit the value reaches: ("GiB", 2**30) for 5.3 GiB, ("MiB", 2**20) for 908 MiB."""
+    for unit, size in _BYTE_UNITS:
+        if max_bytes >= size:
+            return unit, size
+    return "B", 1
+
+
+def _time_unit(span_ns: int) -> tuple[str, float]:
+    return ("s", 1e9) if span_ns >= 1_000_000_000 else ("ms", 1e6)
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())  # newlines and tabs from a profile would break the layout
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _plain(text: str) -> str:
+    """Text drawn as is: an unescaped `$` would start mathtext (and a bad formula fails to draw)."""
+    return text.replace("$", r"\$")
