@@ -273,6 +273,16 @@ class Analysis:
             raise NsysanError(f"not an nsysan analysis (schema {schema!r}, expected {SCHEMA_ID!r})")
         return _from_plain(cls, data)
 
+    def process_peaks(self, limit: int = 4) -> list[Peak]:
+        """Each process's highest peak with allocations live at it, largest first (the headline
+        first): the peaks whose live allocations the summaries list."""
+        best: dict[int, Peak] = {}
+        for peak in self.peaks:
+            if peak.pid is not None and peak.live_count and (
+                    peak.pid not in best or peak.peak_bytes > best[peak.pid].peak_bytes):
+                best[peak.pid] = peak
+        return sorted(best.values(), key=lambda p: (-p.peak_bytes, p.pid))[:limit]
+
     def diagnostics_by_severity(self) -> list[Diagnostic]:
         order = {s: i for i, s in enumerate(SEVERITIES)}
         return sorted(self.diagnostics, key=lambda d: order.get(d.severity, len(order)))

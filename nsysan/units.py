@@ -40,3 +40,8 @@ def fmt_duration(ns: Optional[int]) -> str:
     if ns < 1_000_000_000:
         return f"{ns / 1e6:.2f} ms"
     return f"{ns / 1e9:.3f} s"
+
+
+def fmt_share(part: Optional[int], whole: Optional[int]) -> str:
+    """'0.6%' of a whole (a GPU's capacity), or '-' when either is unknown."""
+    return f"{part / whole:.1%}" if part is not None and whole else "-"

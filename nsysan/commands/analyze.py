@@ -10,10 +10,10 @@ import typer
 from ..errors import NsysanError
 from ..model import Analysis
 from ..pipeline import analyze_report
-from ..render.files import check_output_dir
+from ..render.files import check_output_dir, write_atomic
 from ..render.json import render_json, render_json_many
 from ..render.terminal import render_terminal
-from .common import err_console, out_console, progress_bar, write_atomic
+from .common import err_console, out_console, progress_bar
 
 
 def analyze(

@@ -1,16 +1,13 @@
-"""What the commands share: consoles, the progress bar, atomic writes (from render.files)."""
+"""What the commands share: the consoles and the progress bar."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-from ..render.files import write_atomic  # noqa: F401  (moved to render: render must not import commands)
 
 out_console = Console(highlight=False, soft_wrap=False)
 if not out_console.is_terminal and "COLUMNS" not in os.environ:
@@ -33,7 +30,3 @@ def progress_bar(name: str, enabled: bool = True) -> Iterator[Callable[[str, flo
             bar.update(task, completed=min(max(fraction, 0.0), 1.0), description=f"{name}: {stage}")
 
         yield say
-
-
-def stdout_is_terminal() -> bool:
-    return sys.stdout.isatty()

@@ -18,8 +18,8 @@ from typing import Mapping, Optional
 import jinja2
 
 from ..errors import printable
-from ..model import SEVERITIES, Analysis, Peak
-from ..units import fmt_bytes, fmt_duration, fmt_time
+from ..model import SEVERITIES, Analysis
+from ..units import fmt_bytes, fmt_duration, fmt_share, fmt_time
 from .files import check_output_dir, write_atomic
 from .json import render_json
 from .png import figure_png, plot_sites, plot_timeline
@@ -53,7 +53,7 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
     data_uris = {name: "data:image/png;base64," + base64.b64encode(data).decode("ascii")
                  for name, data in images.items()}
     return env.get_template("report.html.j2").render(
-        a=analysis, csp=csp, images=data_uris, process_peaks=_process_peaks(analysis),
+        a=analysis, csp=csp, images=data_uris, process_peaks=analysis.process_peaks(LIVE_AT_PEAK_PROCESSES),
         never_freed_bytes=sum(g.never_freed_bytes for g in analysis.groups
                               if g.kind not in ("static", "managed_static")),
         diagnostics=analysis.diagnostics_by_severity(), severities=SEVERITIES,
@@ -82,7 +82,7 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              finalize=_visible)
-    env.filters.update(bytes=fmt_bytes, time=fmt_time, duration=fmt_duration, share=_share)
+    env.filters.update(bytes=fmt_bytes, time=fmt_time, duration=fmt_duration, share=fmt_share)
     return env
 
 
@@ -98,16 +98,3 @@ def _sha256(text: str) -> str:
     return "sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
 
 
-def _share(part: Optional[int], whole: Optional[int]) -> str:
-    """'0.6%' of the GPU, or '-' when the capacity is unknown."""
-    return f"{part / whole:.1%}" if part is not None and whole else "-"
-
-
-def _process_peaks(analysis: Analysis) -> list[Peak]:
-    """Each process's highest peak (the headline first), for the 'live at the peak' tables."""
-    best: dict[int, Peak] = {}
-    for peak in analysis.peaks:
-        if peak.pid is not None and peak.live_count and (
-                peak.pid not in best or peak.peak_bytes > best[peak.pid].peak_bytes):
-            best[peak.pid] = peak
-    return sorted(best.values(), key=lambda p: (-p.peak_bytes, p.pid))[:LIVE_AT_PEAK_PROCESSES]

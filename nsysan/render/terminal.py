@@ -11,8 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import printable
-from ..model import GPU_RESIDENT_KINDS, Allocation, Analysis, Peak
-from ..units import fmt_bytes, fmt_duration, fmt_time
+from ..model import Allocation, Analysis, Peak
+from ..units import fmt_bytes, fmt_duration, fmt_share, fmt_time
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -22,7 +22,7 @@ def render_terminal(analysis: Analysis, console: Console, top: int = 10) -> None
     console.print(_capture_panel(analysis))
     if analysis.capture.memory_usage_collected and analysis.groups:
         console.print(_peaks_table(analysis))
-        for peak in _process_peaks(analysis):
+        for peak in analysis.process_peaks():
             console.print(_live_at_peak_table(peak, top))
         console.print(_groups_table(analysis))
         console.print(_never_freed_table(analysis, top))
@@ -87,20 +87,10 @@ def _peaks_table(analysis: Analysis) -> Table:
     for peak in analysis.peaks:
         who = "all" if peak.pid is None else str(peak.pid)
         where = f"GPU {peak.gpu}" if peak.pid is None else str(peak.device)
-        share = f"{peak.peak_bytes / peak.total_memory_bytes:.1%}" if peak.total_memory_bytes else "-"
+        share = fmt_share(peak.peak_bytes, peak.total_memory_bytes)
         table.add_row(who, where, fmt_bytes(peak.peak_bytes), fmt_time(peak.peak_time_ns), _t(peak.nvtx_range or "-"),
                       _t(peak.api), share, str(peak.live_count))
     return table
-
-
-def _process_peaks(analysis: Analysis, limit: int = 4) -> list[Peak]:
-    """Each process's highest peak (the headline first), for the 'live at the peak' tables."""
-    best: dict[int, Peak] = {}
-    for peak in analysis.peaks:
-        if peak.pid is not None and peak.live_count and (
-                peak.pid not in best or peak.peak_bytes > best[peak.pid].peak_bytes):
-            best[peak.pid] = peak
-    return sorted(best.values(), key=lambda p: (-p.peak_bytes, p.pid))[:limit]
 
 
 def _live_at_peak_table(peak: Peak, top: int) -> Table:
