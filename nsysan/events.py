@@ -73,7 +73,7 @@ class LoadedEvents:
 
     events: pd.DataFrame  # EVENT_COLUMNS
     calls: pd.DataFrame  # CALL_COLUMNS: every memory API call (not the backtrace twin rows)
-    ranges: pd.DataFrame  # NVTX push/pop ranges: pid, tid, start_ns, end_ns, name, depth
+    ranges: pd.DataFrame  # NVTX push/pop ranges: pid, tid, start_ns, end_ns, name, depth, parent
     sites: pd.DataFrame  # label -> function, symbol, module, from_stack
     thread_names: dict[tuple[int, int], str]
     # pid -> end of its last CUDA API call of any kind, for the processes whose NVTX ranges go
@@ -269,11 +269,13 @@ def _read_memory_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFram
 
 
 def _read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
-    """Push/pop NVTX ranges with their nesting depth (1 = outermost on that thread)."""
+    """Push/pop NVTX ranges with their nesting depth (1 = outermost on that thread) and the row of
+    the range that encloses each (-1 for outermost ones)."""
     table = "NVTX_EVENTS"
     empty = pd.DataFrame({"pid": pd.Series(dtype="int32"), "tid": pd.Series(dtype="int32"),
                           "start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64"),
-                          "name": pd.Series(dtype="object"), "depth": pd.Series(dtype="int16")})
+                          "name": pd.Series(dtype="object"), "depth": pd.Series(dtype="int16"),
+                          "parent": pd.Series(dtype="int64")})
     if not schema.has(table, "start", "eventType", "globalTid"):
         return empty
     text = "n." + _quote("text") if schema.has(table, "text") else "NULL"
@@ -307,6 +309,10 @@ def _read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
     ranges = ranges.sort_values(["pid", "tid", "start_ns", "end_ns"], ascending=[True, True, True, False],
                                 kind="stable", ignore_index=True)
     ranges["depth"] = _nesting_depth(ranges)
+    # Ranges are sorted per thread by start, the order _parents expects.
+    ranges["parent"] = _parents(ranges, np.arange(len(ranges)),
+                                _thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy()),
+                                ranges["depth"].to_numpy().astype("int64"))
     return ranges
 
 
@@ -673,8 +679,7 @@ def _innermost(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, ranges: pd.Data
                          candidate, -1)
     # Ranges on one thread nest, so the innermost one open at t is the latest-starting range
     # still open at t: walk from that candidate outwards, one nesting level per round.
-    parent = _parents(ranges, order, _thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy()),
-                      ranges["depth"].to_numpy().astype("int64"))
+    parent = ranges["parent"].to_numpy()
     live = np.flatnonzero(candidate >= 0)
     for _ in range(MAX_NVTX_DEPTH):
         if len(live) == 0:
@@ -714,9 +719,7 @@ def _parents(ranges: pd.DataFrame, order: np.ndarray, keys: np.ndarray, depth: n
 
 
 def _range_paths(ranges: pd.DataFrame) -> np.ndarray:
-    keys = _thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy())
-    order = np.lexsort((ranges["start_ns"].to_numpy(), keys))
-    parent = _parents(ranges, order, keys, ranges["depth"].to_numpy().astype("int64"))
+    parent = ranges["parent"].to_numpy()
     names = ranges["name"].to_numpy(dtype=object)
     paths = names.copy()
     depth = ranges["depth"].to_numpy()
