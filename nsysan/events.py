@@ -99,7 +99,7 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
     # -> 0.60 s for both reads of the 1e6-event benchmark export).
     with ThreadPoolExecutor(max_workers=1) as pool:
         memory_rows = pool.submit(_read_memory_events_alone, conn, schema)
-        calls, chains = _read_calls(conn, schema, diagnostics)
+        calls, chains = _read_calls(conn, schema)
         ranges = _read_nvtx_ranges(conn, schema)
         raw = memory_rows.result()
     release_memory()
@@ -179,8 +179,7 @@ def _memory_api_ids(conn: sqlite3.Connection, schema: Schema) -> dict[int, str]:
     return ids
 
 
-def _read_calls(conn: sqlite3.Connection, schema: Schema,
-                diagnostics: list[Diagnostic]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Memory API calls, and the call stack id of each (pid, correlationId) that has one."""
     table = "CUPTI_ACTIVITY_KIND_RUNTIME"
     empty_chains = pd.DataFrame({"pid": np.zeros(0, "int32"), "correlation_id": np.zeros(0, "int64"),
@@ -204,17 +203,16 @@ def _read_calls(conn: sqlite3.Connection, schema: Schema,
     global_tid = _int_column(raw, "global_tid")
     pid = ((global_tid >> 24) & 0xFFFFFF).astype("int32")
     correlation = _int_column(raw, "correlation_id")
-    event_class = _int_column(raw, "event_class") if stacks else np.zeros(len(raw), "int64")
-    chain = _ints(raw, "callchain_id") if stacks else pd.Series(pd.array([pd.NA] * 0, dtype="Int64"))
-    has_chain = chain.notna().to_numpy() if stacks else np.zeros(len(raw), bool)
-    chains = pd.DataFrame({"pid": pid[has_chain], "correlation_id": correlation[has_chain],
-                           "callchain_id": chain[has_chain].to_numpy(dtype="int64") if stacks
-                           else np.zeros(0, "int64")})
-    # One stack per call: with --cudabacktrace, 2025.x writes a twin row (eventClass 67) that
-    # carries it; older exports put it on the call's own row.
-    chains = chains.groupby(["pid", "correlation_id"], as_index=False)["callchain_id"].max()
-
-    real = event_class != 67  # the twins duplicate calls: never count or time them
+    chains, real = empty_chains, np.ones(len(raw), bool)
+    if stacks:
+        chain = _ints(raw, "callchain_id")
+        has_chain = chain.notna().to_numpy()
+        chains = pd.DataFrame({"pid": pid[has_chain], "correlation_id": correlation[has_chain],
+                               "callchain_id": chain[has_chain].to_numpy(dtype="int64")})
+        # One stack per call: with --cudabacktrace, 2025.x writes a twin row (eventClass 67) that
+        # carries it; older exports put it on the call's own row.
+        chains = chains.groupby(["pid", "correlation_id"], as_index=False)["callchain_id"].max()
+        real = _int_column(raw, "event_class") != 67  # the twins duplicate calls: never count or time them
     api = categorical_lookup(_int_column(raw, "name_id")[real], name_ids)
     family = categorical_lookup(api.codes, dict(enumerate(apis.FAMILIES.get(a, "other") for a in api.categories)))
     start = _int_column(raw, "start")[real] - schema.time_offset_ns
@@ -354,17 +352,16 @@ def _last_cuda_calls(conn: sqlite3.Connection, schema: Schema, calls: pd.DataFra
         return {}
     end = '"end"' if schema.has(table, "end") else "start"
     last = calls.groupby("pid")["end_ns"].max().to_dict() if not calls.empty else {}
-    tail = (f"SELECT (globalTid >> 24) & 16777215, max({end}) FROM {table} "
-            f"WHERE rowid > (SELECT max(rowid) FROM {table}) - {TAIL_ROWS} GROUP BY 1")
-    for pid, ts in conn.execute(tail):
-        if isinstance(pid, int) and isinstance(ts, int):
-            last[pid] = max(last.get(pid, ts - schema.time_offset_ns), ts - schema.time_offset_ns)
-    if not _ranges_after(last, ranges):
-        return last
-    whole = f"SELECT (globalTid >> 24) & 16777215, max({end}) FROM {table} GROUP BY 1"
-    for pid, ts in conn.execute(whole):
-        if isinstance(pid, int) and isinstance(ts, int):
-            last[pid] = max(last.get(pid, ts - schema.time_offset_ns), ts - schema.time_offset_ns)
+
+    def merge(where: str) -> None:
+        sql = f"SELECT (globalTid >> 24) & 16777215, max({end}) FROM {table} {where} GROUP BY 1"
+        for pid, ts in conn.execute(sql):
+            if isinstance(pid, int) and isinstance(ts, int):
+                last[pid] = max(last.get(pid, ts - schema.time_offset_ns), ts - schema.time_offset_ns)
+
+    merge(f"WHERE rowid > (SELECT max(rowid) FROM {table}) - {TAIL_ROWS}")
+    if _ranges_after(last, ranges):
+        merge("")  # the whole table, only when the tail leaves a process looking cut short
     return last
 
 
@@ -453,7 +450,7 @@ def _normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sch
     statics = kind.codes == (list(kind.categories).index("static") if "static" in kind.categories else -2)
     api_codes = np.where(found, api_codes, np.where(statics, len(api_names) - 2, len(api_names) - 1))
     del found, statics
-    frame["api"] = _compact(pd.Categorical.from_codes(api_codes, categories=api_names))
+    frame["api"] = pd.Categorical.from_codes(api_codes, categories=api_names).remove_unused_categories()
     del api_codes
     frame["address"] = reorder(address).astype("uint64")
     del address
@@ -532,10 +529,6 @@ def _ints_and_nulls(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.nd
         return _int_column(frame, column), np.zeros(len(frame), bool)
     values = _ints(frame, column)
     return values.to_numpy(dtype="int64", na_value=0), values.isna().to_numpy()
-
-
-def _compact(values: pd.Categorical) -> pd.Categorical:
-    return values.remove_unused_categories()
 
 
 def _join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
