@@ -28,15 +28,17 @@ Progress = Callable[[str, float], None]
 
 
 def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
-            progress: Optional[Progress] = None) -> Analysis:
+            progress: Optional[Progress] = None, quick: bool = False) -> Analysis:
     """Analyze one report (.nsys-rep, .qdrep or .sqlite) and return its `Analysis`.
 
-    `progress(stage, fraction)` is called as the export and the loading go on.
+    `progress(stage, fraction)` is called as the export and the loading go on. `quick` reads the
+    memory-usage table alone: peaks, live at peak and never freed, without threads, API names,
+    sites, NVTX ranges or failed calls (`analysis.scope == "quick"`).
     """
     from .pipeline import analyze_report
 
     return analyze_report(Path(path), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
-                          progress=progress)
+                          progress=progress, quick=quick)
 
 
 def load_analysis(path: PathLike) -> Analysis:

@@ -1,5 +1,5 @@
 """`python -m nsysan` runs the CLI."""
 
-from .cli import main
+from .cli import run
 
-main()
+run()

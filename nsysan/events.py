@@ -29,7 +29,7 @@ from . import apis
 from .errors import NsysanError
 from .model import KINDS, Diagnostic
 from .export import connect_readonly
-from .reader import database_path, read_frame, release_memory
+from .reader import PARALLEL_MIN_ROWS, database_path, read_frame, read_table, release_memory, usable_cpus
 from .schema import Schema, _quote
 
 EVENT_COLUMNS = {
@@ -58,6 +58,8 @@ CALL_COLUMNS = {
     "has_event": "bool",  # the call caused at least one memory event
 }
 
+SITE_COLUMNS = ["label", "function", "symbol", "module", "from_stack"]
+
 # Push/pop ranges belong to one thread (59 NvtxPushPopRange, 70 NvtxtPushPopRange); start/end
 # ranges (60, 71) may cross threads and are not used to attribute events.
 NVTX_PUSH_POP = (59, 70)
@@ -80,12 +82,19 @@ class LoadedEvents:
     # on after their last memory call (see `_last_cuda_calls`)
     last_cuda_call_ns: dict[int, int] = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    quick: bool = False  # only the memory-usage table was read (see load_events)
 
 
-def load_events(conn: sqlite3.Connection, schema: Schema, progress: Optional[Progress] = None) -> LoadedEvents:
-    """Read and normalize the export's memory events, API calls and NVTX ranges."""
+def load_events(conn: sqlite3.Connection, schema: Schema, progress: Optional[Progress] = None, *,
+                quick: bool = False) -> LoadedEvents:
+    """Read and normalize the export's memory events, API calls and NVTX ranges.
+
+    `quick` reads the memory-usage table alone: the events keep their times, processes, devices,
+    kinds, sizes and pairs, but have no thread, API name, NVTX range or call site (see QUICK_API).
+    """
     try:
-        return _load(conn, schema, progress or (lambda stage, fraction: None))
+        load = _load_quick if quick else _load
+        return load(conn, schema, progress or (lambda stage, fraction: None))
     except sqlite3.DatabaseError as err:
         raise NsysanError(f"the export could not be read ({err}); it may be truncated or damaged") from err
 
@@ -116,6 +125,31 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
     progress("done", 1.0)
     return LoadedEvents(events=events, calls=calls, ranges=ranges, sites=sites, thread_names=thread_names,
                         last_cuda_call_ns=last_calls, diagnostics=diagnostics)
+
+
+# The API name of every event in a quick load, whose API table is not read.
+QUICK_API = "(not read)"
+
+
+def _load_quick(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> LoadedEvents:
+    if not schema.memory_usage_collected:
+        raise NsysanError("--quick reads only the memory-usage table, and this export has none (capture with "
+                          "--cuda-memory-usage=true); run without --quick to count the memory API calls")
+    diagnostics: list[Diagnostic] = []
+    progress("reading memory events", 0.0)
+    # correlationId too: no API call is joined, but it tells two real events at the same time,
+    # address and size from a row written twice (see _without_copies)
+    raw = _read_memory_events(conn, schema)
+    release_memory()
+    progress("matching allocations and frees", 0.5)
+    events = _normalize(raw, _empty_calls(), _empty_chains(), schema, diagnostics, no_call=QUICK_API)
+    del raw
+    release_memory()
+    blank = pd.Categorical.from_codes(np.zeros(len(events), "int8"), categories=[""])
+    events["nvtx_range"] = events["nvtx_path"] = events["site"] = blank
+    progress("done", 1.0)
+    return LoadedEvents(events=events[list(EVENT_COLUMNS)], calls=_empty_calls(), ranges=_empty_ranges(),
+                        sites=_empty_sites(), thread_names={}, diagnostics=diagnostics, quick=True)
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -182,8 +216,7 @@ def _memory_api_ids(conn: sqlite3.Connection, schema: Schema) -> dict[int, str]:
 def _read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Memory API calls, and the call stack id of each (pid, correlationId) that has one."""
     table = "CUPTI_ACTIVITY_KIND_RUNTIME"
-    empty_chains = pd.DataFrame({"pid": np.zeros(0, "int32"), "correlation_id": np.zeros(0, "int64"),
-                                 "callchain_id": np.zeros(0, "int64")})
+    empty_chains = _empty_chains()
     if not schema.has(table, "start", "nameId", "globalTid", "correlationId"):
         return _empty_calls(), empty_chains
     name_ids = _memory_api_ids(conn, schema)
@@ -199,7 +232,7 @@ def _read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame,
     if stacks:
         columns += ["event_class", "callchain_id"]
         select += f", {_col(schema, table, 'eventClass', '0')}, {_col(schema, table, 'callchainId')}"
-    raw = read_frame(conn, f"SELECT {select} FROM {table} WHERE nameId IN ({id_list})", columns)
+    raw = read_table(conn, table, select, columns, where=f"nameId IN ({id_list})")
     global_tid = _int_column(raw, "global_tid")
     pid = ((global_tid >> 24) & 0xFFFFFF).astype("int32")
     correlation = _int_column(raw, "correlation_id")
@@ -222,13 +255,22 @@ def _read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame,
         "tid": (global_tid[real] & 0xFFFFFF).astype("int32"), "api": api, "family": family,
         "return_value": np.clip(_int_column(raw, "return_value")[real], -2**31, 2**31 - 1).astype("int32"),
         "correlation_id": correlation[real], "has_event": np.zeros(int(real.sum()), bool),
-    })
+    }, copy=False)  # pandas copies a dict's arrays by default: 0.7 s at 1e7 calls
     return calls, chains
 
 
 def categorical_lookup(values: np.ndarray, lookup: dict, missing: str = "?") -> pd.Categorical:
     """`lookup[v]` for every value, as a categorical: one dictionary lookup per distinct value."""
-    codes, uniques = pd.factorize(values)
+    values = np.asarray(values)
+    if values.dtype.kind in "iu" and len(values) and 0 <= values.min() and values.max() < 1 << 16:
+        # Enum and string ids: a count per value finds the distinct ones, and a table maps them,
+        # without pandas' hash pass (0.2 s per 1e7 values)
+        uniques = np.flatnonzero(np.bincount(values))
+        code_of = np.zeros(int(uniques[-1]) + 1, "int32")
+        code_of[uniques] = np.arange(len(uniques), dtype="int32")
+        codes = code_of[values]
+    else:
+        codes, uniques = pd.factorize(values)
     names = [lookup.get(u.item() if hasattr(u, "item") else u, missing) for u in uniques]
     categories = list(dict.fromkeys(names))  # several values may share a name
     position = {name: i for i, name in enumerate(categories)}
@@ -238,6 +280,22 @@ def categorical_lookup(values: np.ndarray, lookup: dict, missing: str = "?") -> 
 
 def _empty_calls() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in CALL_COLUMNS.items()})
+
+
+def _empty_chains() -> pd.DataFrame:
+    return pd.DataFrame({"pid": np.zeros(0, "int32"), "correlation_id": np.zeros(0, "int64"),
+                         "callchain_id": np.zeros(0, "int64")})
+
+
+def _empty_ranges() -> pd.DataFrame:
+    return pd.DataFrame({"pid": pd.Series(dtype="int32"), "tid": pd.Series(dtype="int32"),
+                         "start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64"),
+                         "name": pd.Series(dtype="object"), "depth": pd.Series(dtype="int16"),
+                         "parent": pd.Series(dtype="int64")})
+
+
+def _empty_sites() -> pd.DataFrame:
+    return pd.DataFrame(columns=SITE_COLUMNS)
 
 
 def _read_memory_events_alone(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
@@ -256,24 +314,18 @@ def _read_memory_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFram
                "pool_address"]
     if not schema.memory_usage_collected:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
-    sql = (f"SELECT start, globalPid, {_col(schema, table, 'deviceId', '0')}, address, bytes, "
-           f"{_col(schema, table, 'memKind', '2')}, {_col(schema, table, 'memoryOperationType', '0')}, "
-           f"{_col(schema, table, 'correlationId', '0')}, "
-           f"{_col(schema, table, 'localMemoryPoolAddress')} IS NOT NULL "
-           f"FROM {table}")
-    # Counting the rows of a whole table is cheap; knowing it spares a copy of every column.
-    (rows,) = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
-    return read_frame(conn, sql, columns, expected_rows=rows)
+    select = (f"start, globalPid, {_col(schema, table, 'deviceId', '0')}, address, bytes, "
+              f"{_col(schema, table, 'memKind', '2')}, {_col(schema, table, 'memoryOperationType', '0')}, "
+              f"{_col(schema, table, 'correlationId', '0')}, "
+              f"{_col(schema, table, 'localMemoryPoolAddress')} IS NOT NULL")
+    return read_table(conn, table, select, columns)
 
 
 def _read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
     """Push/pop NVTX ranges with their nesting depth (1 = outermost on that thread) and the row of
     the range that encloses each (-1 for outermost ones)."""
     table = "NVTX_EVENTS"
-    empty = pd.DataFrame({"pid": pd.Series(dtype="int32"), "tid": pd.Series(dtype="int32"),
-                          "start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64"),
-                          "name": pd.Series(dtype="object"), "depth": pd.Series(dtype="int16"),
-                          "parent": pd.Series(dtype="int64")})
+    empty = _empty_ranges()
     if not schema.has(table, "start", "eventType", "globalTid"):
         return empty
     text = "n." + _quote("text") if schema.has(table, "text") else "NULL"
@@ -376,12 +428,13 @@ def _ranges_after(last_call: dict[int, int], ranges: pd.DataFrame) -> bool:
 # --- normalizing ---------------------------------------------------------------------------
 
 def _normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, schema: Schema,
-               diagnostics: list[Diagnostic]) -> pd.DataFrame:
+               diagnostics: list[Diagnostic], no_call: str = "(no API call)") -> pd.DataFrame:
     """The events frame: decoded, joined to API calls, in canonical order, allocs paired with frees.
 
     Consumes `raw`: its columns are dropped as they are used, so that a 10-million-event export
     never holds the raw and the normalized frame whole at the same time. Also marks in `calls`
-    which calls caused a memory event (`has_event`).
+    which calls caused a memory event (`has_event`). Events without a call get the API name
+    `no_call`.
     """
     if raw.empty:
         return _empty_events()
@@ -415,14 +468,21 @@ def _normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sch
     # pairs correctly), then the export's row order (a stable sort). nsys 2025.6 no longer writes
     # rows in time order, so the export's order is never relied on alone; it is nearly sorted in
     # older versions, which the stable sort exploits.
-    kept = np.flatnonzero(~bad)
+    kept = np.flatnonzero(~bad) if bad.any() else None  # None: every row
     del bad
-    order = kept[np.argsort((ts[kept] - schema.time_offset_ns) * 2 + (op_code[kept] == 0), kind="stable")]
-    del kept
-    order = _without_copies(order, ts, op_code, global_pid, address, size, raw, diagnostics)
+    key = (ts if kept is None else ts[kept]) - schema.time_offset_ns
+    key = key * 2 + ((op_code if kept is None else op_code[kept]) == 0)
+    by_key = None if (key[1:] >= key[:-1]).all() else np.argsort(key, kind="stable")
+    if by_key is not None:
+        key = key[by_key]
+    order = by_key if kept is None else kept if by_key is None else kept[by_key]
+    del kept, by_key
+    order = _without_copies(order, key, ts, op_code, global_pid, address, size, raw, diagnostics)
+    del key
 
     def reorder(values: np.ndarray) -> np.ndarray:
-        return values[order]
+        # order None: every row, in the export's order, so each column is used as it was read
+        return values if order is None else values[order]
 
     frame = pd.DataFrame({"ts_ns": reorder(ts) - schema.time_offset_ns}, copy=False)
     del ts
@@ -435,30 +495,38 @@ def _normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sch
     kind = kind.set_categories([k for k in KINDS if k in kind.categories] +
                                [k for k in kind.categories if k not in KINDS])
 
-    # Thread, API name and call stack come from the API call that caused the event.
-    call_row = _join_on_call(pid, correlation, calls["pid"].to_numpy(), calls["correlation_id"].to_numpy())
-    found = call_row >= 0
-    calls["has_event"] = np.bincount(call_row[found], minlength=len(calls)).astype(bool) if len(calls) else False
     frame["pid"] = pid
-    frame["tid"] = _take(calls["tid"].to_numpy(), call_row, -1).astype("int32")
     frame["device"] = np.clip(reorder(take("device")[0]), -1, 32767).astype("int16")
     frame["kind"] = kind
-    frame["op"] = pd.Categorical.from_codes(np.where(is_alloc, 0, 1).astype("int8"), categories=["alloc", "free"])
-    api_codes = _take(calls["api"].cat.codes.to_numpy().astype("int64"), call_row, -1)
-    del call_row
-    api_names = list(calls["api"].cat.categories) + ["(module load)", "(no API call)"]
+    frame["op"] = pd.Categorical.from_codes(is_alloc.view("int8") ^ 1, categories=["alloc", "free"])
     statics = kind.codes == (list(kind.categories).index("static") if "static" in kind.categories else -2)
-    api_codes = np.where(found, api_codes, np.where(statics, len(api_names) - 2, len(api_names) - 1))
-    del found, statics
-    frame["api"] = pd.Categorical.from_codes(api_codes, categories=api_names).remove_unused_categories()
+    api_names = list(calls["api"].cat.categories) + ["(module load)", no_call]
+    if len(calls):
+        # Thread, API name and call stack come from the API call that caused the event.
+        call_row = _join_on_call(pid, correlation, calls["pid"].to_numpy(), calls["correlation_id"].to_numpy())
+        found = call_row >= 0
+        calls["has_event"] = np.bincount(call_row[found], minlength=len(calls)).astype(bool)
+        frame["tid"] = _take(calls["tid"].to_numpy(), call_row, -1).astype("int32")
+        api_codes = _take(calls["api"].cat.codes.to_numpy().astype("int64"), call_row, -1)
+        api_codes = np.where(found, api_codes, np.where(statics, len(api_names) - 2, len(api_names) - 1))
+        del call_row, found
+    else:  # no API calls (or not read): one pass instead of a join that finds nothing
+        frame["tid"] = np.full(len(pid), -1, "int32")
+        api_codes = np.where(statics, len(api_names) - 2, len(api_names) - 1)
+    del statics
+    frame["api"] = _categorical_of_used(api_codes, api_names)
     del api_codes
     frame["address"] = reorder(address).astype("uint64")
     del address
-    chain_row = _join_on_call(pid, correlation, chains["pid"].to_numpy(), chains["correlation_id"].to_numpy())
     frame["correlation_id"] = correlation
     frame["pool"] = reorder(take("pool_address")[0]) != 0
-    frame["callchain_id"] = _take(chains["callchain_id"].to_numpy(), chain_row, -1)
-    del chain_row, correlation
+    if len(chains):
+        chain_row = _join_on_call(pid, correlation, chains["pid"].to_numpy(), chains["correlation_id"].to_numpy())
+        frame["callchain_id"] = _take(chains["callchain_id"].to_numpy(), chain_row, -1)
+        del chain_row
+    else:
+        frame["callchain_id"] = np.full(len(pid), -1, "int64")
+    del correlation
 
     partner, overlapping = _pair_allocs_and_frees(pid, frame["address"].to_numpy(), is_alloc)
     if overlapping:
@@ -478,10 +546,11 @@ def _normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sch
     return frame
 
 
-def _without_copies(order: np.ndarray, ts: np.ndarray, op_code: np.ndarray, global_pid: np.ndarray,
-                    address: np.ndarray, size: np.ndarray, raw: pd.DataFrame,
+def _without_copies(order: np.ndarray, key: np.ndarray, ts: np.ndarray, op_code: np.ndarray,
+                    global_pid: np.ndarray, address: np.ndarray, size: np.ndarray, raw: pd.DataFrame,
                     diagnostics: list[Diagnostic]) -> np.ndarray:
-    """`order` (rows in canonical order) without the rows that repeat an earlier row exactly.
+    """`order` (rows in canonical order; `key`, their sort keys) without the rows that repeat an
+    earlier row exactly.
 
     An export written twice into one file (`nsys export --append`) holds every event twice, which
     would double the peak and turn every free into an orphan. No two real events are identical
@@ -489,16 +558,15 @@ def _without_copies(order: np.ndarray, ts: np.ndarray, op_code: np.ndarray, glob
     share their time and operation with a neighbour in `order` can be copies, so the full
     comparison runs on those few.
     """
-    if len(order) < 2:
+    if len(key) < 2:
         return order
-    key = ts[order] * 2 + op_code[order]
     equal_next = key[1:] == key[:-1]
     if not equal_next.any():
         return order
-    tied = np.zeros(len(order), bool)
+    tied = np.zeros(len(key), bool)
     tied[1:] |= equal_next
     tied[:-1] |= equal_next
-    rows = order[tied]  # in canonical order: the first of identical rows is kept
+    rows = np.flatnonzero(tied) if order is None else order[tied]  # canonical order: the first copy is kept
     subset = raw.iloc[rows]
     copies = pd.DataFrame({
         "ts": ts[rows], "op": op_code[rows], "pid": global_pid[rows], "address": address[rows], "bytes": size[rows],
@@ -512,7 +580,15 @@ def _without_copies(order: np.ndarray, ts: np.ndarray, op_code: np.ndarray, glob
         "file?) and were left out"))
     drop = np.zeros(len(ts), bool)
     drop[rows[copies]] = True
-    return order[~drop[order]]
+    return np.flatnonzero(~drop) if order is None else order[~drop[order]]
+
+
+def _categorical_of_used(codes: np.ndarray, categories: list) -> pd.Categorical:
+    """categories[codes] as a categorical with only the categories in use: a count per code
+    instead of pandas' hash pass over every value (0.4 s at 1e7 events)."""
+    used = np.bincount(codes, minlength=len(categories)) > 0
+    new_code = (np.cumsum(used) - 1).astype("int32")
+    return pd.Categorical.from_codes(new_code[codes], categories=[c for c, u in zip(categories, used) if u])
 
 
 def _take(values: np.ndarray, rows: np.ndarray, fill: int) -> np.ndarray:
@@ -587,18 +663,57 @@ def _pair_allocs_and_frees(pid: np.ndarray, address: np.ndarray, is_alloc: np.nd
     if len(pids) < 2**15 and (address >> np.uint64(48)).max() == 0:
         # User-space addresses have at most 48 bits (x86-64, ARM64): process and address fit in
         # one 64-bit key, so a single hash pass numbers the blocks.
-        block_code, blocks = pd.factorize(address | (pid_code.astype("uint64") << np.uint64(48)))
+        block_code, blocks = factorize_in_parts(address | (pid_code.astype("uint64") << np.uint64(48)))
     else:  # damaged exports with wider addresses or absurd pid counts: two passes
         address_code, _ = pd.factorize(address)
         block_code, blocks = pd.factorize(address_code.astype("int64") * len(pids) + pid_code)
-    order = group_order(block_code, len(blocks))  # per block, still in time order
-    block, alloc = block_code[order], is_alloc[order]
-    same_block = block[1:] == block[:-1]
-    # event i (a free) pairs with event i-1 (an alloc) of the same block
-    pairs = np.flatnonzero(same_block & ~alloc[1:] & alloc[:-1]) + 1
-    partner[order[pairs]] = order[pairs - 1]
-    partner[order[pairs - 1]] = order[pairs]
-    return partner, int((same_block & alloc[1:] & alloc[:-1]).sum())
+    previous = previous_in_group(block_code, len(blocks))  # the event before, at the same block
+    after_alloc = (previous >= 0) & is_alloc[np.maximum(previous, 0)]
+    # a free pairs with the event before it at its block when that one is an alloc
+    frees = np.flatnonzero(~is_alloc & after_alloc)
+    partner[frees] = previous[frees]
+    partner[previous[frees]] = frees
+    return partner, int((is_alloc & after_alloc).sum())
+
+
+def factorize_in_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """pd.factorize(values) up to the numbering of the codes, on every usable core.
+
+    pandas hashes without the GIL, so each thread numbers its own slice; the slices' distinct
+    values (few next to the rows) are then numbered once more into one set of codes. 0.6 s ->
+    0.3 s for 1e7 values on two cores.
+    """
+    parts = usable_cpus() if len(values) >= PARALLEL_MIN_ROWS else 1
+    if parts == 1:
+        return pd.factorize(values)
+    edges = np.linspace(0, len(values), parts + 1).astype("int64")
+    with ThreadPoolExecutor(max_workers=parts) as pool:
+        done = list(pool.map(lambda i: pd.factorize(values[edges[i]:edges[i + 1]]), range(parts)))
+    # Each slice's distinct values, numbered again across slices.
+    renumber, uniques = pd.factorize(np.concatenate([part_uniques for _, part_uniques in done]))
+    codes = np.empty(len(values), "int64")
+    offset = 0
+    for i, (part_codes, part_uniques) in enumerate(done):
+        codes[edges[i]:edges[i + 1]] = renumber[offset:offset + len(part_uniques)][part_codes]
+        offset += len(part_uniques)
+    return codes, uniques
+
+
+def previous_in_group(codes: np.ndarray, groups: int) -> np.ndarray:
+    """For each row, the row before it with the same code (0 <= code < groups), -1 for the first:
+    one pass that remembers each group's last row (pandas' groupby shift), instead of sorting
+    1e7 rows into groups and back (measured 0.3 s against 0.9 s)."""
+    codes = codes.astype(np.intp, copy=False)
+    previous = np.empty(len(codes), "int64")
+    try:
+        from pandas._libs.groupby import group_shift_indexer
+        group_shift_indexer(previous, codes, groups, 1)
+    except (ImportError, TypeError, ValueError):  # pragma: no cover - a pandas without it
+        order = group_order(codes, groups)
+        in_order = codes[order]
+        previous[order[0]] = -1
+        previous[order[1:]] = np.where(in_order[1:] == in_order[:-1], order[:-1], -1)
+    return previous
 
 
 def group_order(codes: np.ndarray, groups: int) -> np.ndarray:
@@ -742,9 +857,8 @@ def _call_sites(conn: sqlite3.Connection, schema: Schema, events: pd.DataFrame, 
                 diagnostics: list[Diagnostic]) -> tuple[pd.DataFrame, pd.Categorical]:
     """A site label per event, and the table of sites (label -> function, symbol, module)."""
     n = len(events)
-    site_columns = ["label", "function", "symbol", "module", "from_stack"]
     if n == 0:
-        return pd.DataFrame(columns=site_columns), pd.Categorical([], categories=[""])
+        return _empty_sites(), pd.Categorical([], categories=[""])
     # Work on integer keys: one label per distinct key, never one string per event.
     key = np.full(n, -1, "int64")
     label_keys: dict[str, int] = {"": 0}  # label -> key; key 0 is "no site"
@@ -788,7 +902,7 @@ def _call_sites(conn: sqlite3.Connection, schema: Schema, events: pd.DataFrame, 
     partner = events["partner"].to_numpy()
     frees = np.flatnonzero(~is_alloc & (partner >= 0))
     key[frees] = key[partner[frees]]
-    sites = pd.DataFrame(rows, columns=site_columns).drop_duplicates("label", ignore_index=True)
+    sites = pd.DataFrame(rows, columns=SITE_COLUMNS).drop_duplicates("label", ignore_index=True)
     return sites, pd.Categorical.from_codes(np.maximum(key, 0), categories=pd.Index(list(label_keys), dtype=object))
 
 

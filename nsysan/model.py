@@ -242,6 +242,9 @@ class Timeline:
 @dataclass(frozen=True)
 class Analysis:
     schema: str
+    # "full", or "quick": only the memory-usage table was read (`nsysan analyze --quick`), so
+    # sites, api_calls, failed_calls and ranges are empty and no event has a thread or API name
+    scope: str
     source: Source
     capture: Capture
     groups: list[GroupSummary]
@@ -271,7 +274,8 @@ class Analysis:
             from .errors import NsysanError
 
             raise NsysanError(f"not an nsysan analysis (schema {schema!r}, expected {SCHEMA_ID!r})")
-        return _from_plain(cls, data)
+        # Documents written before "scope" existed come from full analyses.
+        return _from_plain(cls, {"scope": "full", **data})
 
     def process_peaks(self, limit: int = 4) -> list[Peak]:
         """Each process's highest peak with allocations live at it, largest first (the headline

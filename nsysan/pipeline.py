@@ -19,8 +19,8 @@ EXPORT_SHARE = 0.6
 
 
 def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cache_dir: Optional[Path] = None,
-                   progress: Optional[Progress] = None) -> Analysis:
-    """Analyze one .nsys-rep / .qdrep / .sqlite file."""
+                   progress: Optional[Progress] = None, quick: bool = False) -> Analysis:
+    """Analyze one .nsys-rep / .qdrep / .sqlite file (`quick`: its memory-usage table alone)."""
     say = progress or (lambda stage, fraction: None)
     is_report = report.suffix.lower() in (".nsys-rep", ".qdrep")
     share = EXPORT_SHARE if is_report else 0.0
@@ -31,7 +31,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     try:
         schema = probe(conn, report.name)
         try:
-            loaded = load_events(conn, schema, lambda stage, f: say(stage, share + f * (1 - share)))
+            loaded = load_events(conn, schema, lambda stage, f: say(stage, share + f * (1 - share)), quick=quick)
         except NsysanError as err:  # events.py does not know the report's name; with several, it matters
             raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
     except sqlite3.DatabaseError as err:  # a damaged file found half-way through reading it

@@ -41,6 +41,7 @@ def make_analysis(nvtx: str = "step 1", process_name: str = "trainer", site_labe
                       processes=[Process(pid=PID, name=process_name, devices=[0], threads=1)])
     return Analysis(
         schema=SCHEMA_ID,
+        scope="full",
         source=Source(path=source_name, name=source_name, format="sqlite", size_bytes=65536),
         capture=capture,
         groups=[GroupSummary(pid=PID, device=0, kind="device", gpu=0, peak_bytes=768 * MiB, peak_time_ns=5_000_000,

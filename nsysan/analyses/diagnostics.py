@@ -22,9 +22,10 @@ _NSYS_FOR_CUDA = {12: (2022, 5), 13: (2025, 3)}
 
 def capture_diagnostics(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame,
                         last_cuda_call_ns: dict[int, int], groups: list[GroupSummary], peaks: list[Peak],
-                        failed: list[FailedCall], report_version: Optional[str]) -> list[Diagnostic]:
+                        failed: list[FailedCall], report_version: Optional[str],
+                        quick: bool = False) -> list[Diagnostic]:
     found: list[Diagnostic] = []
-    found += _collection(schema, events, calls)
+    found += _collection(schema, events, calls, quick)
     found += _incomplete_trace(schema, last_cuda_call_ns, ranges, report_version)
     found += _orphan_frees(groups)
     found += _allocations_without_events(schema, events, calls)
@@ -36,8 +37,13 @@ def capture_diagnostics(schema: Schema, events: pd.DataFrame, calls: pd.DataFram
     return found
 
 
-def _collection(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame) -> list[Diagnostic]:
+def _collection(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, quick: bool) -> list[Diagnostic]:
     found = []
+    if quick:
+        found.append(Diagnostic("info", "quick",
+                                "quick analysis (--quick): only the memory-usage table was read, so there are no "
+                                "threads, API names, call sites, NVTX ranges, API call counts or failed calls, and "
+                                "the trace was not checked for completeness; run without --quick for them"))
     if "CUPTI_ACTIVITY_KIND_RUNTIME" not in schema.tables:
         found.append(Diagnostic("warning", "no_cuda_trace",
                                 "the capture holds no CUDA API trace (CUDA tracing was off or failed): "
@@ -53,7 +59,7 @@ def _collection(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame) -> li
                                     "sizes were not collected: the capture did not use --cuda-memory-usage=true, so "
                                     f"only API calls can be counted ({n_alloc} allocation calls); capture with: "
                                     f"{CAPTURE_COMMAND}"))
-    elif not schema.has_backtraces and not events.empty:
+    elif not schema.has_backtraces and not events.empty and not quick:
         found.append(Diagnostic("info", "no_backtraces",
                                 "no call stacks were collected, so sites are named by API, NVTX range and thread; "
                                 "add --cudabacktrace=memory:1 -s process-tree to the capture for function names"))

@@ -27,8 +27,10 @@ def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]]
         return []
     pid = events["pid"].to_numpy()[rows]
     device = events["device"].to_numpy()[rows]
-    pairs = pd.DataFrame({"pid": pid, "device": device}).drop_duplicates().sort_values(["pid", "device"])
-    gpu_by_pair = {(int(p), int(d)): gpu_of(int(p), int(d)) for p, d in pairs.itertuples(index=False)}
+    # Distinct (pid, device) pairs packed into one integer each: a hash pass, not a frame's.
+    packed = pd.unique((pid.astype("int64") << 16) | (device.astype("int64") & 0xFFFF)).tolist()
+    pairs = sorted((p >> 16, (p & 0xFFFF) - 0x10000 if p & 0x8000 else p & 0xFFFF) for p in packed)
+    gpu_by_pair = {(p, d): gpu_of(p, d) for p, d in pairs}
     peaks = []
     for (p, d), gpu in gpu_by_pair.items():  # one per process and device
         mine = rows[(pid == p) & (device == d)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Union
 
 from rich import box
 from rich.console import Console, Group
@@ -20,13 +20,15 @@ SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 def render_terminal(analysis: Analysis, console: Console, top: int = 10) -> None:
     """Print the whole summary: capture, peaks, live at peak, groups, never freed, sites, calls, diagnostics."""
     console.print(_capture_panel(analysis))
+    quick = analysis.scope == "quick"
     if analysis.capture.memory_usage_collected and analysis.groups:
-        console.print(_peaks_table(analysis))
+        console.print(_read_columns(_peaks_table(analysis), quick))
         for peak in analysis.process_peaks():
-            console.print(_live_at_peak_table(peak, top))
+            console.print(_read_columns(_live_at_peak_table(peak, top), quick))
         console.print(_groups_table(analysis))
-        console.print(_never_freed_table(analysis, top))
-        console.print(_sites_table(analysis, top))
+        console.print(_read_columns(_never_freed_table(analysis, top), quick))
+        if not quick:
+            console.print(_sites_table(analysis, top))
         if analysis.ranges:
             console.print(_ranges_table(analysis, top))
     if analysis.api_calls and (not analysis.capture.memory_usage_collected or not analysis.groups):
@@ -34,6 +36,21 @@ def render_terminal(analysis: Analysis, console: Console, top: int = 10) -> None
     if analysis.failed_calls:
         console.print(_failed_table(analysis, top))
     console.print(_diagnostics(analysis))
+
+
+# What a quick analysis (the memory-usage table alone) does not know.
+_UNREAD_IN_QUICK = {"NVTX range", "reached by", "API", "site"}
+
+
+def _read_columns(table: Table, quick: bool) -> Union[Table, Group]:
+    """The table without the columns a quick analysis has no values for."""
+    if not quick:
+        return table
+    # rich keeps each column's cells in the column: dropping one drops its values
+    table.columns = [c for c in table.columns if c.header not in _UNREAD_IN_QUICK]
+    # A title wraps at the table's width, narrower now: it goes above the table instead.
+    title, table.title = table.title, None
+    return Group(Text(str(title), style="bold"), table)
 
 
 def _t(value: object) -> Text:
@@ -59,7 +76,8 @@ def _capture_panel(analysis: Analysis) -> Panel:
         lines.append(f"GPU {gpu.id}: {gpu.name}, {fmt_bytes(gpu.total_memory_bytes)}")
     for proc in cap.processes:
         devices = ", ".join(str(d) for d in proc.devices) or "-"
-        lines.append(f"process {proc.pid} {proc.name}: CUDA devices {devices}, {proc.threads} threads calling memory APIs")
+        threads = "" if analysis.scope == "quick" else f", {proc.threads} threads calling memory APIs"
+        lines.append(f"process {proc.pid} {proc.name}: CUDA devices {devices}{threads}")
     exported = ""
     if src.exported_with:
         exported = f" (exported with nsys {src.exported_with}{', from cache' if src.from_cache else ''})"
