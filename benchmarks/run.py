@@ -9,12 +9,14 @@ For each size, on the export written by benchmarks/make_big_export.py (generated
   memory-API rows of the API table, the NVTX push/pop ranges), output to /dev/null: reading the
   needed columns and nothing else;
 - nsysan: `nsysan analyze FILE --format json` (everything: export probe, events, analyses, JSON);
+- nsysan --quick: the memory-usage table alone (peaks, live at peak, never freed), against its own
+  floor, the sqlite3 shell reading that table's columns;
 - nsys stats: Nsight Systems' CUDA API summary (`cudaapisum` in 2022.4, `cuda_api_sum` later), the
   closest built-in report (call counts and times, no sizes);
 - nsys-ai: its memory analysis (`get_memory_profile_diff`, peak VRAM and alloc/free counts), when
   `--nsys-ai-python` names an interpreter that has nsys-ai installed (a separate virtual env).
 
-Every command runs `--repeat` times on a warm page cache; the median wall time and the peak
+Every command runs `--repeat` times on a warm page cache, the tools taking turns; the median wall time and the peak
 resident memory of the process (from wait4) are reported, with ratios to the floor. Then the
 cached-export path: a .nsys-rep analyzed twice with a fresh cache (first run exports with nsys,
 the second reuses the export). Results go to docs/performance.json, docs/performance.md and
@@ -102,13 +104,21 @@ def run_once(command: list[str], stdin_text: str | None = None) -> tuple[float, 
     return elapsed, usage.ru_maxrss / 1024, process.returncode
 
 
-def median_of(command: list[str], repeat: int, stdin_text: str | None = None) -> dict:
-    runs = [run_once(command, stdin_text) for _ in range(repeat)]
+def summary(runs: list[tuple[float, float, int]]) -> dict:
     ok = [r for r in runs if r[2] == 0]
     if not ok:
         return {"ok": False}
     return {"ok": True, "seconds": statistics.median(r[0] for r in ok), "runs": [round(r[0], 3) for r in ok],
             "peak_mib": max(r[1] for r in ok)}
+
+
+MEMORY_SELECT = ("SELECT start, globalPid, deviceId, address, bytes, memKind, memoryOperationType, correlationId, "
+                 "localMemoryPoolAddress IS NOT NULL FROM CUDA_GPU_MEMORY_USAGE_EVENTS;")
+
+
+def memory_floor_script() -> str:
+    """The SELECT `nsysan analyze --quick` runs (the memory table alone), output discarded."""
+    return ".output /dev/null\n" + MEMORY_SELECT + "\n"
 
 
 def floor_script(path: Path) -> str:
@@ -120,8 +130,7 @@ def floor_script(path: Path) -> str:
     conn.close()
     return "\n".join([
         ".output /dev/null",
-        "SELECT start, globalPid, deviceId, address, bytes, memKind, memoryOperationType, correlationId, "
-        "localMemoryPoolAddress IS NOT NULL FROM CUDA_GPU_MEMORY_USAGE_EVENTS;",
+        MEMORY_SELECT,
         "SELECT start, end, globalTid, correlationId, nameId, returnValue, 0, NULL FROM CUPTI_ACTIVITY_KIND_RUNTIME "
         f"WHERE nameId IN ({','.join(ids)});",
         "SELECT n.start, n.end, n.globalTid, substr(coalesce(n.text, s.value, ''), 1, 200) FROM NVTX_EVENTS AS n "
@@ -137,6 +146,9 @@ def measure_size(path: Path, n: int, repeat: int, args: argparse.Namespace) -> d
         "floor (sqlite3 shell)": (["sqlite3", "-readonly", str(path)], floor_script(path)),
         "nsysan analyze --format json": ([sys.executable, "-m", "nsysan", "analyze", str(path), "--format", "json",
                                           "--no-progress"], None),
+        "floor, memory table only (sqlite3 shell)": (["sqlite3", "-readonly", str(path)], memory_floor_script()),
+        "nsysan analyze --quick --format json": ([sys.executable, "-m", "nsysan", "analyze", str(path), "--quick",
+                                                  "--format", "json", "--no-progress"], None),
     }
     if args.nsys:
         report = "cudaapisum" if "2022" in (subprocess.run([args.nsys, "--version"], capture_output=True,
@@ -146,8 +158,13 @@ def measure_size(path: Path, n: int, repeat: int, args: argparse.Namespace) -> d
     if args.nsys_ai_python:
         tools["nsys-ai memory profile (direct SQLite)"] = (
             [args.nsys_ai_python, str(NSYS_AI_SCRIPT), str(path), "direct"], None)
-    for name, (command, stdin_text) in tools.items():
-        result = median_of(command, repeat, stdin_text)
+    # Round robin (each tool once, then again): a slow spell of the machine hits every tool alike.
+    runs: dict[str, list] = {name: [] for name in tools}
+    for _ in range(repeat):
+        for name, (command, stdin_text) in tools.items():
+            runs[name].append(run_once(command, stdin_text))
+    for name in tools:
+        result = summary(runs[name])
         row["tools"][name] = result
         if result["ok"]:
             print(f"  {name:42s} {result['seconds']:8.2f} s  {result['peak_mib']:8.0f} MiB  runs {result['runs']}",
