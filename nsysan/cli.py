@@ -9,7 +9,6 @@ import threading
 import traceback
 from typing import Optional
 
-import click
 import typer
 from rich.markup import escape
 
@@ -54,15 +53,34 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show Python traceba
     _state["debug"] = debug or os.environ.get("NSYSAN_DEBUG") == "1"
 
 
+def _usage_errors() -> tuple[type[BaseException], ...]:
+    """The exception classes of command-line usage errors. Recent typer vendors click (its errors
+    derive from typer.TyperException); older typer raises click's own, when click is installed."""
+    found: list[type[BaseException]] = [typer.TyperException] if hasattr(typer, "TyperException") else []
+    try:
+        import click
+
+        found.append(click.ClickException)
+    except ImportError:  # typer without click: its own classes are all there is
+        pass
+    return tuple(found)
+
+
+_USAGE_ERRORS = _usage_errors()
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     replaced = _stop_on_termination()
     try:
         # standalone_mode=False lets errors reach the handlers below instead of click's own.
         code = app(args=argv, prog_name="nsysan", standalone_mode=False)
-    except click.ClickException as err:  # a usage error: wrong option, missing argument
-        err.show()
+    except _USAGE_ERRORS as err:  # a usage error: wrong option, missing argument
+        if hasattr(err, "show"):
+            err.show()
+        else:
+            err_console.print(f"nsysan: {escape(one_line(str(err)))}", highlight=False)
         raise SystemExit(2) from None
-    except click.exceptions.Abort:
+    except typer.Abort:
         err_console.print("nsysan: interrupted", highlight=False)
         raise SystemExit(130) from None
     except NsysanError as err:

@@ -93,6 +93,16 @@ def test_bad_input_is_one_clear_line(args):
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("args, says", [(["analyze", "fixtures/known_mem_v25.sqlite", "--bogus"], "No such option"),
+                                        (["analyze"], "Missing argument"),
+                                        (["analyze", "x.sqlite", "--top", "zero"], "Invalid value")])
+def test_usage_errors_are_usage_errors(args, says):
+    # typer >= 0.2x vendors click: its errors are not click's, and must not read as a bug (exit 3)
+    result = run(*args)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr and "internal error" not in result.stderr and "Traceback" not in result.stderr
+
+
 def test_the_input_file_is_never_modified():
     report = FIXTURES / "known_bt_v25.sqlite"
     before = (sha256(report), report.stat().st_mtime_ns)
