@@ -16,6 +16,10 @@ For each size, on the export written by benchmarks/make_big_export.py (generated
 - nsys-ai: its memory analysis (`get_memory_profile_diff`, peak VRAM and alloc/free counts), when
   `--nsys-ai-python` names an interpreter that has nsys-ai installed (a separate virtual env).
 
+Both Python tools run from their own virtual environment, installed with pip (`--nsysan-python`
+for nsysan, `pip install .` into an empty venv): an interpreter with many packages and .pth
+hooks, or an editable checkout without byte-compiled modules, starts up to 0.1 s slower.
+
 Every command runs `--repeat` times on a warm page cache, the tools taking turns; the median wall time and the peak
 resident memory of the process (from wait4) are reported, with ratios to the floor. Then the
 cached-export path: a .nsys-rep analyzed twice with a fresh cache (first run exports with nsys,
@@ -58,6 +62,8 @@ def main() -> None:
     parser.add_argument("--repeat-largest", type=int, default=3, help="runs per command at the largest size")
     parser.add_argument("--nsys", default=shutil.which("nsys"), help="nsys for `nsys stats` and the cache test")
     parser.add_argument("--nsys-ai-python", default=None, help="python of a venv with nsys-ai installed")
+    parser.add_argument("--nsysan-python", default=sys.executable,
+                        help="python of a venv with nsysan installed by pip (default: this one)")
     parser.add_argument("--out", type=Path, default=DOCS / "performance.json")
     args = parser.parse_args()
     sizes = [int(float(s)) for s in args.sizes.split(",")]
@@ -72,7 +78,7 @@ def main() -> None:
         results["sizes"].append(measure_size(path, n, repeat, args))
         args.out.write_text(json.dumps(results, indent=2) + "\n")  # keep what is done so far
     if args.nsys:
-        results["cache"] = measure_cache(args.nsys, args.repeat)
+        results["cache"] = measure_cache(args.nsys, args.repeat, args.nsysan_python)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
 
@@ -144,11 +150,11 @@ def measure_size(path: Path, n: int, repeat: int, args: argparse.Namespace) -> d
     row = {"events": n, "file_mib": round(path.stat().st_size / 2**20, 1), "tools": {}}
     tools = {
         "floor (sqlite3 shell)": (["sqlite3", "-readonly", str(path)], floor_script(path)),
-        "nsysan analyze --format json": ([sys.executable, "-m", "nsysan", "analyze", str(path), "--format", "json",
-                                          "--no-progress"], None),
+        "nsysan analyze --format json": ([args.nsysan_python, "-m", "nsysan", "analyze", str(path), "--format",
+                                          "json", "--no-progress"], None),
         "floor, memory table only (sqlite3 shell)": (["sqlite3", "-readonly", str(path)], memory_floor_script()),
-        "nsysan analyze --quick --format json": ([sys.executable, "-m", "nsysan", "analyze", str(path), "--quick",
-                                                  "--format", "json", "--no-progress"], None),
+        "nsysan analyze --quick --format json": ([args.nsysan_python, "-m", "nsysan", "analyze", str(path),
+                                                  "--quick", "--format", "json", "--no-progress"], None),
     }
     if args.nsys:
         report = "cudaapisum" if "2022" in (subprocess.run([args.nsys, "--version"], capture_output=True,
@@ -182,7 +188,7 @@ CACHE_REPORTS = [ROOT / "fixtures" / "known_mem_v22.nsys-rep",
                  ROOT.parent / "shared" / "corpus" / "zasdfgbnm-dumpster__tensoriterator" / "report2.qdrep"]
 
 
-def measure_cache(nsys: str, repeat: int) -> list[dict]:
+def measure_cache(nsys: str, repeat: int, python: str) -> list[dict]:
     """First and second analysis of a report with a fresh cache (export, then reuse).
 
     Each report is copied alone into a temporary folder, so that no sibling .sqlite is reused.
@@ -196,7 +202,7 @@ def measure_cache(nsys: str, repeat: int) -> list[dict]:
             with tempfile.TemporaryDirectory() as work:
                 report = Path(work) / source.name
                 shutil.copyfile(source, report)
-                command = [sys.executable, "-m", "nsysan", "analyze", str(report), "--format", "json",
+                command = [python, "-m", "nsysan", "analyze", str(report), "--format", "json",
                            "--cache-dir", str(Path(work) / "cache"), "--nsys", nsys]
                 first.append(run_once(command)[0])
                 second.append(run_once(command)[0])
