@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from .commands import analyze as analyze_command
-from .commands.common import err_console
+from .commands.common import OutputClosed, err_console
 from .errors import NsysanError, one_line
 from .reader import keep_large_arrays_on_the_heap
 
@@ -23,6 +23,7 @@ app.command("analyze")(analyze_command.analyze)
 
 _state = {"debug": False}
 INTERRUPTED = 130  # 128 + SIGINT: what shells report after Ctrl-C
+OUTPUT_CLOSED = 141  # 128 + SIGPIPE: stdout was a pipe its reader closed (`| head`)
 
 
 class _Stopped(BaseException):
@@ -51,6 +52,17 @@ def _stop_on_termination() -> dict[int, object]:
 def _root(debug: bool = typer.Option(False, "--debug", help="Show Python tracebacks (for bug reports).")) -> None:
     """GPU-memory answers from NVIDIA Nsight Systems reports: peak, never-freed allocations, hot sites."""
     _state["debug"] = debug or os.environ.get("NSYSAN_DEBUG") == "1"
+
+
+def _silence_stdout() -> None:
+    """Send what is left for stdout to /dev/null: flushing into the closed pipe at exit would
+    print "Exception ignored ... BrokenPipeError" on stderr."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout has no descriptor (captured in tests): nothing to flush into
+        pass
 
 
 def _usage_errors() -> tuple[type[BaseException], ...]:
@@ -88,6 +100,10 @@ def main(argv: Optional[list[str]] = None) -> None:
             traceback.print_exc()
         err_console.print(f"nsysan: {escape(err.message)}", highlight=False)
         raise SystemExit(err.exit_code) from None
+    except OutputClosed:
+        # The reader has what it wanted; what a shell reports for a process ended by SIGPIPE.
+        _silence_stdout()
+        raise SystemExit(OUTPUT_CLOSED) from None
     except KeyboardInterrupt:
         err_console.print("nsysan: interrupted", highlight=False)
         raise SystemExit(INTERRUPTED) from None

@@ -103,6 +103,16 @@ def test_usage_errors_are_usage_errors(args, says):
     assert says in result.stderr and "internal error" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_reader_that_leaves_early_is_not_an_error():
+    # `nsysan analyze ... | head -3`: exit 141 as for SIGPIPE, never 1 ("a limit broke") or a traceback
+    process = subprocess.Popen([sys.executable, "-m", "nsysan", "analyze", "fixtures/ddp_leak_v25.sqlite",
+                                "--top", "500"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = process.stdout.readline()
+    process.stdout.close()
+    assert process.wait(timeout=300) == 141
+    assert b"ddp_leak_v25.sqlite" in first and process.stderr.read() == b""
+
+
 def test_the_input_file_is_never_modified():
     report = FIXTURES / "known_bt_v25.sqlite"
     before = (sha256(report), report.stat().st_mtime_ns)

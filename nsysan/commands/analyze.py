@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -13,7 +14,7 @@ from ..pipeline import analyze_report
 from ..render.files import check_output_dir, write_atomic
 from ..render.json import render_json, render_json_many
 from ..render.terminal import render_terminal
-from .common import err_console, out_console, progress_bar
+from .common import err_console, out_console, progress_bar, to_stdout
 
 
 def analyze(
@@ -63,13 +64,16 @@ def analyze(
             write_atomic(json_dir / f"{report.name}.analysis.json", render_json(analysis))
         page = write_report(analysis, output if len(reports) == 1 else output / report.name) if output else None
         if format == "text":
-            render_terminal(analysis, out_console, top=top)
-            if page:
-                out_console.print(f"Report: {page} (with timeline.png, sites.png and analysis.json)", markup=False,
-                                  soft_wrap=True)  # a path never wraps
+            with to_stdout():
+                render_terminal(analysis, out_console, top=top)
+                if page:
+                    out_console.print(f"Report: {page} (with timeline.png, sites.png and analysis.json)",
+                                      markup=False, soft_wrap=True)  # a path never wraps
     if format == "json" and results:
         text = render_json(results[0]) if len(reports) == 1 else render_json_many(results)
-        typer.echo(text, nl=False)
+        with to_stdout():
+            typer.echo(text, nl=False)
+            sys.stdout.flush()  # a closed pipe shows here, not at exit
     if failures:
         raise typer.Exit(2)
 
