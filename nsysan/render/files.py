@@ -8,7 +8,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 from ..errors import NsysanError
 
@@ -22,8 +22,37 @@ def write_atomic(path: Path, data: Union[str, bytes]) -> None:
     file (/dev/stdout, a pipe, /dev/full) is written into, never replaced: as root, replacing
     /dev/stdout by a file would break the machine.
     """
-    path = Path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
+    write_all_or_none({Path(path): data})
+
+
+def write_all_or_none(files: dict[Path, Union[str, bytes]]) -> None:
+    """write_atomic for several files that belong together (a report's page, plots and JSON).
+
+    Every file is first written whole to its temporary file; only when all are on disk do they
+    take their names, and renaming needs no space. A full disk or a failure half-way leaves every
+    old file in place and no new one, never a page of this run beside the plots of the last.
+    """
+    staged: list[tuple[Path, Path, Path]] = []  # (temporary file, target, path as given)
+    try:
+        for path, data in files.items():
+            payload = data.encode("utf-8") if isinstance(data, str) else data
+            tmp_and_target = _stage(Path(path), payload)
+            if tmp_and_target is not None:
+                staged.append((*tmp_and_target, Path(path)))
+        for tmp, target, path in staged:
+            try:
+                os.replace(tmp, target)
+            except OSError as err:
+                raise NsysanError(f"could not write {path}: {err.strerror or err}") from err
+    finally:
+        for tmp, _, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # renamed already: nothing there any more
+
+
+def _stage(path: Path, payload: bytes) -> Optional[tuple[Path, Path]]:
+    """The payload in a new temporary file beside the target, on disk; (temporary, target).
+    None when the target is no regular file and was written in place."""
     try:
         try:
             mode: int | None = os.stat(path).st_mode  # through symlinks, /proc/self/fd/1 included
@@ -34,7 +63,7 @@ def write_atomic(path: Path, data: Union[str, bytes]) -> None:
         if mode is not None and not stat.S_ISREG(mode):
             with open(path, "wb") as handle:
                 handle.write(payload)
-            return
+            return None
         target = Path(os.path.realpath(path))  # a regular file or none yet: replace what a link points to
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -48,11 +77,11 @@ def write_atomic(path: Path, data: Union[str, bytes]) -> None:
                 os.fsync(handle.fileno())
             if target.exists():  # keep the mode of the file being replaced
                 os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
-            os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        return tmp, target
     except OSError as err:
         raise NsysanError(f"could not write {path}: {err.strerror or err}") from err
 

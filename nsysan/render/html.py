@@ -20,7 +20,7 @@ import jinja2
 from ..errors import printable
 from ..model import SEVERITIES, Analysis
 from ..units import fmt_bytes, fmt_duration, fmt_share, fmt_time
-from .files import check_output_dir, write_atomic
+from .files import check_output_dir, write_all_or_none
 from .json import render_json
 from .png import figure_png, plot_sites, plot_timeline
 
@@ -64,15 +64,15 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
 def write_report(analysis: Analysis, out_dir: Path) -> Path:
     """Write report.html, timeline.png, sites.png and analysis.json into `out_dir`; return the page's path.
 
-    Each file is written atomically; a folder that can't be written is one NsysanError.
+    The four are written all or none (a full disk leaves the last run's report whole); a folder
+    that can't be written is one NsysanError.
     """
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
     images = render_images(analysis)
     files: dict[str, str | bytes] = {**images, "analysis.json": render_json(analysis),
                                      "report.html": render_html(analysis, images)}
-    for name in REPORT_FILES:
-        write_atomic(out_dir / name, files[name])
+    write_all_or_none({out_dir / name: files[name] for name in REPORT_FILES})
     return out_dir / "report.html"
 
 
