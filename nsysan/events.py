@@ -471,18 +471,25 @@ def _normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sch
     kept = np.flatnonzero(~bad) if bad.any() else None  # None: every row
     del bad
     key = (ts if kept is None else ts[kept]) - schema.time_offset_ns
-    key = key * 2 + ((op_code if kept is None else op_code[kept]) == 0)
+    key *= 2
+    key += (op_code if kept is None else op_code[kept]) == 0
     by_key = None if (key[1:] >= key[:-1]).all() else np.argsort(key, kind="stable")
+    # Exports are nearly in this order: when the sort moves few rows, it is applied in place to
+    # those rows of each column instead of gathering every column (0.3 s less at 1e7 events).
+    moved = _moved_rows(by_key) if kept is None else None
     if by_key is not None:
-        key = key[by_key]
+        key = _permuted(key, by_key, moved)
     order = by_key if kept is None else kept if by_key is None else kept[by_key]
     del kept, by_key
+    whole = order
     order = _without_copies(order, key, ts, op_code, global_pid, address, size, raw, diagnostics)
     del key
+    if order is not whole:  # copies left out: no longer a reordering of every row
+        moved = None
 
     def reorder(values: np.ndarray) -> np.ndarray:
         # order None: every row, in the export's order, so each column is used as it was read
-        return values if order is None else values[order]
+        return values if order is None else _permuted(values, order, moved)
 
     frame = pd.DataFrame({"ts_ns": reorder(ts) - schema.time_offset_ns}, copy=False)
     del ts
@@ -491,7 +498,10 @@ def _normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sch
     is_alloc = reorder(op_code) == 0
     del op_code
     correlation = reorder(take("correlation_id")[0])
-    kind = categorical_lookup(reorder(_int_column(raw, "mem_kind", fill=7)), schema.mem_kinds, missing="unknown")
+    kind_ids = _int_column(raw, "mem_kind", fill=7)
+    del raw["mem_kind"]
+    kind = categorical_lookup(reorder(kind_ids), schema.mem_kinds, missing="unknown")
+    del kind_ids
     kind = kind.set_categories([k for k in KINDS if k in kind.categories] +
                                [k for k in kind.categories if k not in KINDS])
 
@@ -581,6 +591,31 @@ def _without_copies(order: np.ndarray, key: np.ndarray, ts: np.ndarray, op_code:
     drop = np.zeros(len(ts), bool)
     drop[rows[copies]] = True
     return np.flatnonzero(~drop) if order is None else order[~drop[order]]
+
+
+def _moved_rows(order: Optional[np.ndarray]) -> Optional[np.ndarray]:
+    """The rows a reordering of every row moves, when they are few (else None)."""
+    if order is None:
+        return None
+    moved = np.flatnonzero(order != np.arange(len(order)))
+    return moved if len(moved) <= len(order) // 64 else None
+
+
+def _permuted(values: np.ndarray, order: np.ndarray, moved: Optional[np.ndarray]) -> np.ndarray:
+    """values[order]; with `moved` (the rows order moves), done in place on those rows alone.
+
+    Only for arrays nothing else reads any more: the columns taken out of the raw frame (pandas
+    hands them out read-only; the data are ours once the frame has let go of them).
+    """
+    if moved is None:
+        return values[order]
+    if not values.flags.writeable:
+        try:
+            values.flags.writeable = True
+        except ValueError:  # memory we do not own: a copy, then in place
+            values = values.copy()
+    values[moved] = values[order[moved]]  # the right side is gathered before anything is written
+    return values
 
 
 def _categorical_of_used(codes: np.ndarray, categories: list) -> pd.Categorical:

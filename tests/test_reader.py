@@ -114,3 +114,19 @@ def test_factorize_in_parts_numbers_equal_values_alike(values):
         events.PARALLEL_MIN_ROWS = usual
     assert len(set(uniques.tolist())) == len(uniques) == len(set(values))
     assert uniques[codes].tolist() == values
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=300), st.integers(0, 3))
+def test_a_reordering_applied_in_place_equals_the_gather(keys, swaps):
+    from nsysan.events import _moved_rows, _permuted
+
+    key = np.sort(np.array(keys, dtype="int64"))
+    for i in range(min(swaps, len(key) - 1)):  # nearly sorted, as exports are
+        key[i], key[-1 - i] = key[-1 - i], key[i]
+    order = np.argsort(key, kind="stable")
+    values = np.arange(len(key), dtype="int64") * 10
+    # a column as pandas hands it out: a read-only view of data nothing else reads any more
+    column = pd.DataFrame({"v": values.copy()}, copy=False)["v"].to_numpy()
+    assert not column.flags.writeable
+    assert _permuted(column, order, _moved_rows(order)).tolist() == values[order].tolist()
