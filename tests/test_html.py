@@ -118,6 +118,19 @@ def test_page_of_a_hand_built_model():
     assert 'title="alloc_weights(unsigned long) in train"' in html
 
 
+def test_page_of_a_quick_analysis_shows_no_column_it_could_not_fill():
+    quick = nsysan.analyze(FIXTURES / "ddp_leak_v25.sqlite", quick=True)
+    html = render_html(quick)
+    cells = tables(html)
+    # size, kind, age, allocated at: no API, site or NVTX range; the values are the full analysis's
+    assert cells["live-at-peak-1"][0] == ["130.0 MiB", "device", "360.29 ms", "13.316 s"]
+    assert cells["never-freed-table"][0] == ["130.0 MiB", "device", "2146", "0", "13.316 s"]
+    assert [row[2] for row in cells["peaks-table"]] == [fmt_bytes(p.peak_bytes)
+                                                       for p in analysis_of("ddp_leak_v25").peaks]
+    assert "(not read)" not in html and "reached by" not in html and "threads calling" not in html
+    assert "Not read: a quick analysis" in html and "No allocation sites were recorded" not in html
+
+
 def test_profile_strings_are_escaped_everywhere():
     analysis = make_analysis(nvtx=XSS, process_name='"><img src=x onerror=alert(2)>',
                              site_label="</td><script>alert(3)</script>", symbol='" onmouseover="alert(4)',
