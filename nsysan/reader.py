@@ -41,12 +41,8 @@ def database_path(conn: sqlite3.Connection) -> Optional[str]:
     return None
 
 
-def read_frame(conn: sqlite3.Connection, sql: str, columns: list[str],
-               expected_rows: Optional[int] = None) -> pd.DataFrame:
+def read_frame(conn: sqlite3.Connection, sql: str, columns: list[str]) -> pd.DataFrame:
     """Run a query and return its rows as a DataFrame with the given column names.
-
-    `expected_rows` (the row count, when it is cheap to know) lets the fast path write each batch
-    straight into its final arrays instead of joining batches at the end.
 
     Integer columns with NULLs come back as pandas nullable Int64 (never float64: globalTid and
     addresses need all 64 bits); text columns as Python strings.
@@ -54,7 +50,7 @@ def read_frame(conn: sqlite3.Connection, sql: str, columns: list[str],
     path = database_path(conn) if _adbc is not None else None
     if path:
         try:
-            return _read_with_adbc(path, sql, columns, expected_rows)
+            return _read_with_adbc(path, sql, columns)
         except Exception:  # noqa: BLE001 - any driver failure falls back to the standard library
             pass
     rows = conn.execute(sql).fetchall()
@@ -72,12 +68,11 @@ def read_table(conn: sqlite3.Connection, table: str, select: str, columns: list[
     does: on a 10-million-row memory table, one scan takes 4.6 s and two threads on two cores
     2.5 s. Small tables, in-memory databases and tables without a usable rowid are read in one go.
     """
+    one_scan = f"SELECT {select} FROM {table}" + (f" WHERE {where}" if where else "")
     path = database_path(conn) if _adbc is not None else None
-    workers = workers or usable_cpus()
-    ranges = _rowid_ranges(conn, table, workers) if path else None
+    ranges = _rowid_ranges(conn, table, workers or usable_cpus()) if path else None
     if not ranges:
-        sql = f"SELECT {select} FROM {table}" + (f" WHERE {where}" if where else "")
-        return read_frame(conn, sql, columns)
+        return read_frame(conn, one_scan, columns)
     condition = f" AND ({where})" if where else ""
     # Each range writes into its own slice of one array per column, sized for the rowid span:
     # np.empty pages cost nothing until written, and when every rowid is a row (exports are
@@ -86,7 +81,7 @@ def read_table(conn: sqlite3.Connection, table: str, select: str, columns: list[
     try:
         whole = [np.empty(span, "int64") for _ in columns]
     except MemoryError:  # rowids far apart (a hand-made file) on a machine that does not overcommit
-        return read_frame(conn, f"SELECT {select} FROM {table}" + (f" WHERE {where}" if where else ""), columns)
+        return read_frame(conn, one_scan, columns)
     slices = []
     for low, high in ranges:
         at = low - ranges[0][0]
@@ -96,7 +91,7 @@ def read_table(conn: sqlite3.Connection, table: str, select: str, columns: list[
         with ThreadPoolExecutor(max_workers=len(sqls)) as pool:
             chunks = list(pool.map(lambda job: _read_parts(path, job[0], columns, job[1]), zip(sqls, slices)))
     except Exception:  # noqa: BLE001 - any driver failure: the one-scan path, with its own fallback
-        return read_frame(conn, f"SELECT {select} FROM {table}" + (f" WHERE {where}" if where else ""), columns)
+        return read_frame(conn, one_scan, columns)
     data = {}
     for i, name in enumerate(columns):
         filled = [chunk_slices[i] for chunk_slices in slices]
@@ -107,8 +102,8 @@ def read_table(conn: sqlite3.Connection, table: str, select: str, columns: list[
                                        for part in (f.parts() if f is not None else []) + chunk[i]])
         whole[i] = None
         for f in filled:
-            if f is not None:
-                f.values = f.mask = None
+            if f is not None:  # its slice and mask: freed once the column is joined
+                f.values, f.mask = np.zeros(0, "int64"), None
     return pd.DataFrame(data, copy=False)
 
 
@@ -145,14 +140,17 @@ def _rowid_ranges(conn: sqlite3.Connection, table: str, parts: int) -> Optional[
     return [(int(edges[i]), int(edges[i + 1]) - 1) for i in range(parts)]
 
 
-def _read_with_adbc(path: str, sql: str, columns: list[str], expected_rows: Optional[int] = None) -> pd.DataFrame:
-    filled = [_Filled(expected_rows) if expected_rows else None for _ in columns]
-    parts = _read_parts(path, sql, columns, filled)
-    return _assemble(columns, parts, filled)
+def _read_with_adbc(path: str, sql: str, columns: list[str]) -> pd.DataFrame:
+    parts = _read_parts(path, sql, columns)
+    data = {}
+    for i, name in enumerate(columns):
+        data[name] = _concatenate(parts[i])
+        parts[i] = []  # free this column's batches before the next column is joined
+    return pd.DataFrame(data, copy=False)
 
 
 def _read_parts(path: str, sql: str, columns: list[str], filled: Optional[list] = None) -> list[list]:
-    """Each column's converted batches (written into `filled` instead, where one is given)."""
+    """Each column's converted batches (written into `filled[i]` instead, while they fit it)."""
     uri = "file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1"
     parts: list[list] = [[] for _ in columns]
     filled = filled or [None] * len(columns)
@@ -173,22 +171,12 @@ def _read_parts(path: str, sql: str, columns: list[str], filled: Optional[list] 
     return parts
 
 
-def _assemble(columns: list[str], parts: list[list], filled: Optional[list] = None) -> pd.DataFrame:
-    filled = filled or [None] * len(columns)
-    data = {}
-    for i, name in enumerate(columns):
-        data[name] = filled[i].result() if filled[i] is not None else _concatenate(parts[i])
-        parts[i], filled[i] = [], None  # free this column's batches before the next column is joined
-    return pd.DataFrame(data, copy=False)
-
-
 class _Filled:
-    """One integer column written batch by batch into an array of the known final length (or into
-    `values`, a slice of a larger one)."""
+    """One integer column written batch by batch into `values`, its rows' slice of the column."""
 
-    def __init__(self, rows: int, values: Optional[np.ndarray] = None) -> None:
+    def __init__(self, rows: int, values: np.ndarray) -> None:
         self.rows, self.offset = rows, 0
-        self.values: Optional[np.ndarray] = values
+        self.values = values
         self.mask: Optional[np.ndarray] = None
 
     def complete_view(self) -> bool:
@@ -199,8 +187,6 @@ class _Filled:
         values, mask = part if isinstance(part, tuple) else (part, None)
         if not isinstance(values, np.ndarray) or self.offset + len(values) > self.rows:
             return False
-        if self.values is None:
-            self.values = np.empty(self.rows, "int64")
         self.values[self.offset:self.offset + len(values)] = values
         if mask is not None or self.mask is not None:
             if self.mask is None:
@@ -211,17 +197,9 @@ class _Filled:
         return True
 
     def parts(self) -> list:
-        if self.values is None:
-            return []
+        """What was written, as one part for _concatenate."""
         done = self.values[:self.offset]
         return [(done, self.mask[:self.offset]) if self.mask is not None else done]
-
-    def result(self) -> object:
-        if self.offset != self.rows:
-            return _concatenate(self.parts())
-        if self.mask is not None:
-            return pd.arrays.IntegerArray(self.values, self.mask)
-        return self.values
 
 
 def _convert(column) -> object:
