@@ -30,7 +30,7 @@ def analyze(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Where exports are cached."),
     top: int = typer.Option(10, "--top", min=1, help="Rows per table in the text summary."),
     quick: bool = typer.Option(False, "--quick", help="Read only the memory-usage table: peaks, live at peak, "
-                               "never freed, in about a third of the time; no threads, API names, sites, NVTX "
+                               "never freed, in under half the time; no threads, API names, sites, NVTX "
                                "ranges or failed calls."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on a terminal."),
 ) -> None:
