@@ -19,11 +19,15 @@ import numpy as np
 import pandas as pd
 
 try:  # optional at import time, so a broken pyarrow install never stops the analysis
-    import adbc_driver_sqlite.dbapi as _adbc
+    # The driver's low-level API, not its DB-API module: that one imports pyarrow.dataset, 20 ms
+    # of every start for nothing read here.
+    import adbc_driver_manager as _adbc
+    import adbc_driver_sqlite as _adbc_sqlite
     import pyarrow as _pa
     import pyarrow.compute as _pc
 except Exception:  # pragma: no cover - depends on the environment
     _adbc = None
+    _adbc_sqlite = None
     _pa = None
     _pc = None
 # How the ADBC SQLite driver prints a REAL when it turns a mixed-type column into text ("%e").
@@ -155,20 +159,27 @@ def _read_parts(path: str, sql: str, columns: list[str], filled: Optional[list] 
     uri = "file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1"
     parts: list[list] = [[] for _ in columns]
     filled = filled or [None] * len(columns)
-    with _adbc.connect(uri) as conn, conn.cursor() as cursor:
+    with _adbc_sqlite.connect(uri) as database, _adbc.AdbcConnection(database) as connection, \
+            _adbc.AdbcStatement(connection) as statement:
         # Large batches: per-batch Python work stays negligible (the driver's default is 1024 rows).
-        cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
-        cursor.execute(sql)
+        statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+        statement.set_sql_query(sql)
+        stream, _ = statement.execute_query()
         # Batch by batch, so that the Arrow result and the numpy arrays never both hold the
         # whole result: on 10 million rows that is the difference between 1x and 2x the memory.
-        for batch in cursor.fetch_record_batch():
-            for i, column in enumerate(batch.columns):
-                converted = _convert(column)
-                if filled[i] is None or not filled[i].add(converted):
-                    if filled[i] is not None:  # the count was wrong: fall back to joining parts
-                        parts[i], filled[i] = filled[i].parts(), None
-                    parts[i].append(converted)
-            del batch
+        # pyarrow's reader releases the GIL while the driver steps SQLite.
+        batches = _pa.RecordBatchReader._import_from_c(stream.address)
+        try:
+            for batch in batches:
+                for i, column in enumerate(batch.columns):
+                    converted = _convert(column)
+                    if filled[i] is None or not filled[i].add(converted):
+                        if filled[i] is not None:  # the count was wrong: fall back to joining parts
+                            parts[i], filled[i] = filled[i].parts(), None
+                        parts[i].append(converted)
+                del batch
+        finally:  # the stream before the statement it reads from
+            batches.close()
     return parts
 
 
