@@ -40,3 +40,21 @@ def test_json_round_trips(name):
     again = Analysis.from_dict(json.loads(render_json(analysis)))
     assert again == analysis
     assert render_json(again) == render_json(analysis)
+
+
+def test_json_text_is_json_dumps_with_number_lists_on_one_line(torch_leak_v25):
+    document = torch_leak_v25.to_dict()
+    text = render_json(torch_leak_v25)
+    # The same document as the standard library writes it, keys sorted, indent 2, ASCII.
+    assert json.loads(text) == document
+    assert json.dumps(json.loads(text), sort_keys=True, indent=2) == json.dumps(document, sort_keys=True, indent=2)
+    assert text.isascii()
+    # ...with each timeline series on one line of its own.
+    series = document["timeline"]["series"]
+    assert series and all(len(s["ts_ns"]) > 2 for s in series)
+    for s in series:
+        assert f'"ts_ns": {json.dumps(s["ts_ns"])}' in text
+        assert f'"live_bytes": {json.dumps(s["live_bytes"])}' in text
+    # Lists of anything else keep one item per line, as json.dumps(indent=2) writes them.
+    assert '"never_freed": [\n    {\n' in text
+    assert len(text.splitlines()) < 0.6 * len(json.dumps(document, indent=2).splitlines())  # 3,606 against 6,368

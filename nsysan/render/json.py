@@ -3,15 +3,51 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ..model import Analysis
 
 
 def render_json(analysis: Analysis) -> str:
-    """Sorted keys, indent 2, ASCII only; newline at the end."""
-    return json.dumps(analysis.to_dict(), sort_keys=True, indent=2) + "\n"
+    """Sorted keys, indent 2, ASCII only, lists of numbers on one line; newline at the end."""
+    return dumps(analysis.to_dict()) + "\n"
 
 
 def render_json_many(analyses: list[Analysis]) -> str:
     """Several analyses as one JSON array (one document per input)."""
-    return json.dumps([a.to_dict() for a in analyses], sort_keys=True, indent=2) + "\n"
+    return dumps([a.to_dict() for a in analyses]) + "\n"
+
+
+def dumps(value: Any) -> str:
+    """`json.dumps(value, sort_keys=True, indent=2)`, except that a list of numbers stays on one
+    line. The timeline's series are such lists: with one number per line they made 15,000 of the
+    19,500 lines of an analysis of 100,000 events, and a diff of two baselines unreadable."""
+    parts: list[str] = []
+    _write(value, "", parts)
+    return "".join(parts)
+
+
+_NUMBERS = (int, float)  # exactly these types: bool is an int subclass and is not a number here
+
+
+def _write(value: Any, pad: str, parts: list[str]) -> None:
+    if isinstance(value, dict) and value:
+        inner = pad + "  "
+        items = sorted(value.items())
+        parts.append("{\n")
+        for i, (key, item) in enumerate(items):
+            parts.append(("" if i == 0 else ",\n") + inner + json.dumps(str(key)) + ": ")
+            _write(item, inner, parts)
+        parts.append("\n" + pad + "}")
+    elif isinstance(value, (list, tuple)) and value:
+        if all(type(v) in _NUMBERS for v in value):
+            parts.append(json.dumps(value))  # the C encoder: "[1, 2, 3]"
+            return
+        inner = pad + "  "
+        parts.append("[\n")
+        for i, item in enumerate(value):
+            parts.append(("" if i == 0 else ",\n") + inner)
+            _write(item, inner, parts)
+        parts.append("\n" + pad + "]")
+    else:  # scalars, {} and []
+        parts.append(json.dumps(value))
