@@ -10,10 +10,9 @@ import traceback
 from typing import Optional
 
 import typer
-from rich.markup import escape
 
 from .commands import analyze as analyze_command
-from .commands.common import OutputClosed, err_console
+from .commands.common import OutputClosed, say_error
 from .errors import NsysanError, one_line
 from .reader import keep_large_arrays_on_the_heap
 
@@ -90,25 +89,25 @@ def main(argv: Optional[list[str]] = None) -> None:
         if hasattr(err, "show"):
             err.show()
         else:
-            err_console.print(f"nsysan: {escape(one_line(str(err)))}", highlight=False)
+            say_error(f"nsysan: {one_line(str(err))}")
         raise SystemExit(2) from None
     except typer.Abort:
-        err_console.print("nsysan: interrupted", highlight=False)
+        say_error("nsysan: interrupted")
         raise SystemExit(130) from None
     except NsysanError as err:
         if _state["debug"]:
             traceback.print_exc()
-        err_console.print(f"nsysan: {escape(err.message)}", highlight=False)
+        say_error(f"nsysan: {err.message}")
         raise SystemExit(err.exit_code) from None
     except OutputClosed:
         # The reader has what it wanted; what a shell reports for a process ended by SIGPIPE.
         _silence_stdout()
         raise SystemExit(OUTPUT_CLOSED) from None
     except KeyboardInterrupt:
-        err_console.print("nsysan: interrupted", highlight=False)
+        say_error("nsysan: interrupted")
         raise SystemExit(INTERRUPTED) from None
     except _Stopped as stopped:
-        err_console.print(f"nsysan: stopped by {signal.Signals(stopped.signum).name}", highlight=False)
+        say_error(f"nsysan: stopped by {signal.Signals(stopped.signum).name}")
         raise SystemExit(128 + stopped.signum) from None
     except SystemExit:
         raise
@@ -116,14 +115,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         if _state["debug"] or os.environ.get("NSYSAN_DEBUG") == "1":
             traceback.print_exc()
         # str(err) may quote profile data: one printable line, never terminal escapes.
-        err_console.print(f"nsysan: internal error ({escape(type(err).__name__)}: {escape(one_line(str(err))[:200])}); "
-                          "please report it with the output of --debug", highlight=False)
+        say_error(f"nsysan: internal error ({type(err).__name__}: {one_line(str(err))[:200]}); "
+                  "please report it with the output of --debug")
         raise SystemExit(3) from None
     finally:
         for signum, handler in replaced.items():
             signal.signal(signum, handler)
     if code == INTERRUPTED:  # typer turns Ctrl-C into a silent exit code 130 (typer >= 0.16)
-        err_console.print("nsysan: interrupted", highlight=False)
+        say_error("nsysan: interrupted")
     if isinstance(code, int) and code:
         raise SystemExit(code)
 

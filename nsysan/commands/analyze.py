@@ -13,8 +13,7 @@ from ..model import Analysis
 from ..pipeline import analyze_report
 from ..render.files import check_output_dir, write_atomic
 from ..render.json import render_json, render_json_many
-from ..render.terminal import render_terminal
-from .common import err_console, out_console, progress_bar, to_stdout
+from .common import out_console, progress_bar, say_error, to_stdout
 
 
 def analyze(
@@ -54,7 +53,7 @@ def analyze(
         except NsysanError as err:
             if len(reports) == 1:
                 raise
-            err_console.print(f"nsysan: {err.message}", markup=False, highlight=False)
+            say_error(f"nsysan: {err.message}")
             failures += 1
             continue
         results.append(analysis)
@@ -64,10 +63,12 @@ def analyze(
             write_atomic(json_dir / f"{report.name}.analysis.json", render_json(analysis))
         page = write_report(analysis, output if len(reports) == 1 else output / report.name) if output else None
         if format == "text":
+            from ..render.terminal import render_terminal  # rich's tables: not needed for JSON
+
             with to_stdout():
-                render_terminal(analysis, out_console, top=top)
+                render_terminal(analysis, out_console(), top=top)
                 if page:
-                    out_console.print(f"Report: {page} (with timeline.png, sites.png and analysis.json)",
+                    out_console().print(f"Report: {page} (with timeline.png, sites.png and analysis.json)",
                                       markup=False, soft_wrap=True)  # a path never wraps
     if format == "json" and results:
         text = render_json(results[0]) if len(reports) == 1 else render_json_many(results)
