@@ -14,7 +14,7 @@ import typer
 from .commands import analyze as analyze_command
 from .commands.common import OutputClosed, say_error
 from .errors import NsysanError, one_line
-from .reader import keep_large_arrays_on_the_heap
+from .reader import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="GPU-memory answers from NVIDIA Nsight Systems reports.")
@@ -135,6 +135,7 @@ def run() -> None:
     writes is closed and in place before main() returns.
     """
     keep_large_arrays_on_the_heap()
+    avoid_transparent_huge_pages()
     try:
         main(sys.argv[1:])
         code = 0

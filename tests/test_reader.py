@@ -25,7 +25,7 @@ MEMORY_COLUMNS = ["start", "global_pid", "device", "address", "bytes", "kind", "
 
 @pytest.fixture
 def split_every_table(monkeypatch):
-    """Tables of any size are read in ranges (normally only those of 200,000 rows or more)."""
+    """Tables of any size are read in ranges (normally only those of 10,000 rows or more)."""
     monkeypatch.setattr(reader, "PARALLEL_MIN_ROWS", 1)
 
 
@@ -130,3 +130,18 @@ def test_a_reordering_applied_in_place_equals_the_gather(keys, swaps):
     column = pd.DataFrame({"v": values.copy()}, copy=False)["v"].to_numpy()
     assert not column.flags.writeable
     assert _permuted(column, order, _moved_rows(order)).tolist() == values[order].tolist()
+
+
+def test_the_command_line_process_runs_without_transparent_huge_pages():
+    status = Path("/proc/self/status")
+    if not status.exists() or "THP_enabled" not in status.read_text():
+        pytest.skip("no per-process THP setting to read here (not Linux, or a kernel before 5.0)")
+    import subprocess
+    import sys
+
+    # What cli.run() sets up, in a process of its own (the setting is inherited, never undone).
+    code = ("from nsysan.reader import avoid_transparent_huge_pages; avoid_transparent_huge_pages(); "
+            "print(open('/proc/self/status').read())")
+    printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "THP_enabled:\t0" in printed
+    assert "THP_enabled:\t1" in status.read_text()  # the test process itself keeps the system's setting
