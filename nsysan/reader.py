@@ -9,6 +9,7 @@ type from its first rows and fails on a damaged export that mixes types in one c
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import urllib.parse
@@ -305,6 +306,7 @@ def avoid_transparent_huge_pages() -> None:
     libc.prctl(pr_set_thp_disable, 1, 0, 0, 0)
 
 
+@functools.cache  # find_library runs `ldconfig -p` (1-2 ms), and three callers ask at start-up
 def _libc():
     try:
         import ctypes
