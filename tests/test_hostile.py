@@ -417,12 +417,12 @@ CASES = [
     Case("truncated to its 16-byte magic", truncated("known_mem_v25", lambda n: 16),
          r"known_mem_v25\.sqlite is not a readable SQLite file \(.*\); it may be truncated or damaged"),
     *[Case(f"truncated to {label}", truncated("known_mem_v25", keep),
-           r"known_mem_v25\.sqlite is truncated: it holds \d+ of its 344064 bytes; .* copy or export it again")
+           r"known_mem_v25\.sqlite is truncated: it holds \d+ of its " + str((FIXTURES / "known_mem_v25.sqlite").stat().st_size) + r" bytes; .* copy or export it again")
       for label, keep in [("100 bytes (header only)", lambda n: 100), ("its first page", lambda n: 4096),
                           ("half", lambda n: n // 2), ("all but its last page", lambda n: n - 4096),
                           ("all but its last byte", lambda n: n - 1)]],
     Case("truncated known_bt_v25 (last page half gone)", truncated("known_bt_v25", lambda n: n - 2048),
-         r"known_bt_v25\.sqlite is truncated: it holds \d+ of its 483328 bytes"),
+         r"known_bt_v25\.sqlite is truncated: it holds \d+ of its " + str((FIXTURES / "known_bt_v25.sqlite").stat().st_size) + " bytes"),
     Case("memory table's page overwritten", corrupted_page("known_mem_v25", MEM),
          r"known_mem_v25\.sqlite: the export could not be read \(database disk image is malformed\); it may be "
          r"truncated or damaged"),
