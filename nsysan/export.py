@@ -23,29 +23,17 @@ import sqlite3
 import subprocess
 import tempfile
 import time
-import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from nsysan.errors import NsysanError
+from nsysan.schema import connect_readonly, exported_input_name, holds_complete_export
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
 SQLITE_MAGIC = b"SQLite format 3\x00"
-
-# A complete export has at least one of these. nsys 2022.4 fails on 2023.1-2023.3.1 reports
-# (ProtobufParseException, exit 1) yet leaves a file holding only StringIds and ProcessStreams:
-# checking that the output exists is not enough.
-COMPLETE_EXPORT_TABLES = frozenset({
-    "TARGET_INFO_SESSION_START_TIME", "ANALYSIS_DETAILS", "EXPORT_META_DATA",
-    "META_DATA_EXPORT", "CUPTI_ACTIVITY_KIND_RUNTIME",
-})
-# Up to 2023.2 the export metadata is EXPORT_META_DATA/EXPORT_INPUT_FILE, from 2023.3 on it is
-# META_DATA_EXPORT/EXPORT_PARAM_INPUT_FILE; both are (name, value) tables.
-EXPORT_META_TABLES = ("EXPORT_META_DATA", "META_DATA_EXPORT")
-EXPORT_INPUT_KEYS = ("EXPORT_INPUT_FILE", "EXPORT_PARAM_INPUT_FILE")
 
 # Where installers put nsys, searched after --nsys, $NSYSAN_NSYS and $PATH. Each pattern's
 # matches are tried newest version first. The Debian package installs /usr/bin/nsys ->
@@ -209,28 +197,10 @@ def _major_minor(version: str) -> str:
 # Checking SQLite files
 
 
-def connect_readonly(path: Path) -> sqlite3.Connection:
-    """Open an SQLite file so that nothing can be written to it or next to it.
-
-    The path is percent-encoded because it becomes a URI ('?', '#' and '%' in names work).
-    immutable=1: no locks, no journal, no -wal/-shm files beside a file that may sit in a
-    read-only folder. Text is decoded leniently: some exports hold binary protobuf blobs in TEXT
-    columns (TARGET_INFO_SYSTEM_ENV.GpuInfo in 2022.4).
-    """
-    uri = f"file:{urllib.parse.quote(str(Path(path).absolute()))}?mode=ro&immutable=1"
-    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-    conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
-    return conn
-
-
-def _table_names(conn: sqlite3.Connection) -> set[str]:
-    return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-
-
 def is_complete_export(path: Path) -> bool:
     """Return True when `path` is a SQLite file holding a whole nsys export, not a leftover.
 
-    True needs at least one of COMPLETE_EXPORT_TABLES; a file with only StringIds and
+    True needs at least one of schema.COMPLETE_EXPORT_TABLES; a file with only StringIds and
     ProcessStreams is what a failed nsys export leaves behind, and a file shorter than its
     header says is what a full disk or an interrupted copy leaves behind.
     """
@@ -239,10 +209,9 @@ def is_complete_export(path: Path) -> bool:
         return False
     try:
         with contextlib.closing(connect_readonly(path)) as conn:
-            tables = _table_names(conn)
+            return holds_complete_export(conn)
     except sqlite3.DatabaseError:
         return False
-    return not tables.isdisjoint(COMPLETE_EXPORT_TABLES)
 
 
 def sqlite_truncation(path: Path) -> str | None:
@@ -279,17 +248,9 @@ def _exported_input_name(sqlite_path: Path) -> str | None:
     """The report file name an export records as its input, or None when it records none."""
     try:
         with contextlib.closing(connect_readonly(sqlite_path)) as conn:
-            tables = _table_names(conn)
-            for table in EXPORT_META_TABLES:
-                if table in tables:
-                    row = conn.execute(
-                        f"SELECT value FROM {table} WHERE name IN (?, ?)", EXPORT_INPUT_KEYS
-                    ).fetchone()
-                    if row is not None:
-                        return str(row[0])
+            return exported_input_name(conn)
     except sqlite3.DatabaseError:
         return None
-    return None
 
 
 def _matching_sibling(report: Path) -> Path | None:

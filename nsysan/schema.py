@@ -1,6 +1,6 @@
 """Open an nsys SQLite export read-only and probe what it holds.
 
-Only this module and `events.py` know nsys table and column names. Exports from nsys 2020.3 to
+Only this module and `events/read.py` know nsys table and column names. Exports from nsys 2020.3 to
 2026 differ: the version table was renamed (`EXPORT_META_DATA` -> `META_DATA_EXPORT`), columns
 were added mid-table, ENUM tables appeared in schema 3.0 and the 2022.4 `--lazy=false` export
 leaves them empty, capture options are recorded only from 2023.3 on. So everything is probed by
@@ -11,13 +11,25 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from .errors import NsysanError
-from .export import COMPLETE_EXPORT_TABLES, EXPORT_META_TABLES, connect_readonly
 from .model import Diagnostic, Gpu
+
+# A complete export has at least one of these. nsys 2022.4 fails on 2023.1-2023.3.1 reports
+# (ProtobufParseException, exit 1) yet leaves a file holding only StringIds and ProcessStreams:
+# checking that the output exists is not enough.
+COMPLETE_EXPORT_TABLES = frozenset({
+    "TARGET_INFO_SESSION_START_TIME", "ANALYSIS_DETAILS", "EXPORT_META_DATA",
+    "META_DATA_EXPORT", "CUPTI_ACTIVITY_KIND_RUNTIME",
+})
+# Up to 2023.2 the export metadata is EXPORT_META_DATA/EXPORT_INPUT_FILE, from 2023.3 on it is
+# META_DATA_EXPORT/EXPORT_PARAM_INPUT_FILE; both are (name, value) tables.
+EXPORT_META_TABLES = ("EXPORT_META_DATA", "META_DATA_EXPORT")
+EXPORT_INPUT_KEYS = ("EXPORT_INPUT_FILE", "EXPORT_PARAM_INPUT_FILE")
 
 # ENUM_CUDA_MEM_KIND names -> nsysan kinds; the ids are the same in every schema seen (3.0 to
 # 3.20) and are used when the ENUM table is missing (2.x) or empty (2022.4 --lazy=false).
@@ -82,9 +94,53 @@ class Schema:
     def memory_usage_collected(self) -> bool:
         return self.has("CUDA_GPU_MEMORY_USAGE_EVENTS", "start", "globalPid", "address", "bytes")
 
+    @property
+    def has_cuda_trace(self) -> bool:
+        """The CUDA API trace was captured (its table exists, even empty)."""
+        return "CUPTI_ACTIVITY_KIND_RUNTIME" in self.tables
+
+    @property
+    def has_nvtx_table(self) -> bool:
+        """NVTX was traced (its table exists, even without push/pop ranges)."""
+        return "NVTX_EVENTS" in self.tables
+
+
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """Open an SQLite file so that nothing can be written to it or next to it.
+
+    The path is percent-encoded because it becomes a URI ('?', '#' and '%' in names work).
+    immutable=1: no locks, no journal, no -wal/-shm files beside a file that may sit in a
+    read-only folder. Text is decoded leniently: some exports hold binary protobuf blobs in TEXT
+    columns (TARGET_INFO_SYSTEM_ENV.GpuInfo in 2022.4).
+    """
+    uri = f"file:{urllib.parse.quote(str(Path(path).absolute()))}?mode=ro&immutable=1"
+    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
+    return conn
+
+
+def table_names(conn: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def holds_complete_export(conn: sqlite3.Connection) -> bool:
+    """Whether the database has at least one of COMPLETE_EXPORT_TABLES (see there)."""
+    return not table_names(conn).isdisjoint(COMPLETE_EXPORT_TABLES)
+
+
+def exported_input_name(conn: sqlite3.Connection) -> Optional[str]:
+    """The report file name an export records as its input, or None when it records none."""
+    tables = table_names(conn)
+    for table in EXPORT_META_TABLES:
+        if table in tables:
+            row = conn.execute(f"SELECT value FROM {table} WHERE name IN (?, ?)", EXPORT_INPUT_KEYS).fetchone()
+            if row is not None:
+                return str(row[0])
+    return None
+
 
 def open_readonly(path: Path) -> sqlite3.Connection:
-    """Open an export read-only (see export.connect_readonly), or say why it can't be read."""
+    """Open an export read-only (see connect_readonly), or say why it can't be read."""
     try:
         conn = connect_readonly(path)
         conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()

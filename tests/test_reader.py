@@ -105,13 +105,13 @@ def test_previous_in_group_is_the_last_row_of_the_same_code(codes, groups):
 @given(st.lists(st.integers(0, 2**63 - 1) | st.sampled_from([0, 1, 2**48]), max_size=80))
 def test_factorize_in_parts_numbers_equal_values_alike(values):
     usual = reader.PARALLEL_MIN_ROWS
-    import nsysan.events as events
-    events.PARALLEL_MIN_ROWS = 1  # split even the smallest input
+    import nsysan.analyses.arrays as arrays
+    arrays.PARALLEL_MIN_ROWS = 1  # split even the smallest input
     try:
         array = np.array(values, dtype="uint64")
         codes, uniques = factorize_in_parts(array)
     finally:
-        events.PARALLEL_MIN_ROWS = usual
+        arrays.PARALLEL_MIN_ROWS = usual
     assert len(set(uniques.tolist())) == len(uniques) == len(set(values))
     assert uniques[codes].tolist() == values
 
@@ -119,7 +119,7 @@ def test_factorize_in_parts_numbers_equal_values_alike(values):
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=300), st.integers(0, 3))
 def test_a_reordering_applied_in_place_equals_the_gather(keys, swaps):
-    from nsysan.events import _moved_rows, _permuted
+    from nsysan.events.normalize import _moved_rows, _permuted
 
     key = np.sort(np.array(keys, dtype="int64"))
     for i in range(min(swaps, len(key) - 1)):  # nearly sorted, as exports are

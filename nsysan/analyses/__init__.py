@@ -7,12 +7,11 @@ ranges, calls (API counts and failures), diagnostics. None of them does I/O.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import pandas as pd
 
-from ..events import LoadedEvents
 from ..model import SCHEMA_ID, Analysis, Capture, Process, Source
 from ..schema import Schema
 from .allocations import to_allocations
@@ -24,10 +23,13 @@ from .ranges import range_stats
 from .sites import rank_sites
 from .timeline import build_timeline, group_events
 
+if TYPE_CHECKING:  # events imports this package's array helpers: no import cycle at run time
+    from ..events import LoadedEvents
+
 __all__ = ["run_analyses"]
 
 
-def run_analyses(loaded: LoadedEvents, schema: Schema, source: Source,
+def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                  report_version: Optional[str] = None) -> Analysis:
     """Every analysis over one export's frames, as one `Analysis`."""
     events, calls, ranges = loaded.events, loaded.calls, loaded.ranges
@@ -115,5 +117,5 @@ def _capture(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, ranges: 
         nsys_version=schema.nsys_version, schema_version=schema.schema_version, report_version=report_version,
         duration_ns=schema.duration_ns, memory_usage_collected=schema.memory_usage_collected,
         memory_usage_requested=schema.memory_usage_requested, backtraces=schema.has_backtraces,
-        nvtx=not ranges.empty or "NVTX_EVENTS" in schema.tables, cuda_driver_version=schema.cuda_driver_version,
+        nvtx=not ranges.empty or schema.has_nvtx_table, cuda_driver_version=schema.cuda_driver_version,
         gpus=list(schema.gpus), processes=processes)

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from .. import apis
-from ..events import attribute_ranges
+from ..events.nvtx import attribute_ranges
 from ..model import ApiCallStat, FailedCall
 from .peak import resident_rows
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Diagnostic, FailedCall, GroupSummary, Peak
-from ..events import TRACE_GOES_ON
+from ..events.read import TRACE_GOES_ON
 from ..schema import Schema
 from ..units import fmt_bytes
 from .never_freed import NOT_LEAKS
@@ -44,7 +44,7 @@ def _collection(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, quick
                                 "quick analysis (--quick): only the memory-usage table was read, so there are no "
                                 "threads, API names, call sites, NVTX ranges, API call counts or failed calls, and "
                                 "the trace was not checked for completeness; run without --quick for them"))
-    if "CUPTI_ACTIVITY_KIND_RUNTIME" not in schema.tables:
+    if not schema.has_cuda_trace:
         found.append(Diagnostic("warning", "no_cuda_trace",
                                 "the capture holds no CUDA API trace (CUDA tracing was off or failed): "
                                 f"nothing about GPU memory can be said; capture with: {CAPTURE_COMMAND}"))

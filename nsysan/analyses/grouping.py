@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..events import group_order
+from .arrays import group_order
 
 
 class Segments:

@@ -1,0 +1,63 @@
+"""Linear-time helpers over integer codes for 1e7-row arrays: numbering, ordering, previous row.
+
+The events are normalized with them and the analyses group with them (see grouping.py).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pandas as pd
+
+from ..reader import PARALLEL_MIN_ROWS, usable_cpus
+
+
+def factorize_in_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """pd.factorize(values) up to the numbering of the codes, on every usable core.
+
+    pandas hashes without the GIL, so each thread numbers its own slice; the slices' distinct
+    values (few next to the rows) are then numbered once more into one set of codes. 0.6 s ->
+    0.3 s for 1e7 values on two cores.
+    """
+    parts = usable_cpus() if len(values) >= PARALLEL_MIN_ROWS else 1
+    if parts == 1:
+        return pd.factorize(values)
+    edges = np.linspace(0, len(values), parts + 1).astype("int64")
+    with ThreadPoolExecutor(max_workers=parts) as pool:
+        done = list(pool.map(lambda i: pd.factorize(values[edges[i]:edges[i + 1]]), range(parts)))
+    # Each slice's distinct values, numbered again across slices.
+    renumber, uniques = pd.factorize(np.concatenate([part_uniques for _, part_uniques in done]))
+    codes = np.empty(len(values), "int64")
+    offset = 0
+    for i, (part_codes, part_uniques) in enumerate(done):
+        codes[edges[i]:edges[i + 1]] = renumber[offset:offset + len(part_uniques)][part_codes]
+        offset += len(part_uniques)
+    return codes, uniques
+
+
+def previous_in_group(codes: np.ndarray, groups: int) -> np.ndarray:
+    """For each row, the row before it with the same code (0 <= code < groups), -1 for the first:
+    one pass that remembers each group's last row (pandas' groupby shift), instead of sorting
+    1e7 rows into groups and back (measured 0.3 s against 0.9 s)."""
+    codes = codes.astype(np.intp, copy=False)
+    previous = np.empty(len(codes), "int64")
+    try:
+        from pandas._libs.groupby import group_shift_indexer
+        group_shift_indexer(previous, codes, groups, 1)
+    except (ImportError, TypeError, ValueError):  # pragma: no cover - a pandas without it
+        order = group_order(codes, groups)
+        in_order = codes[order]
+        previous[order[0]] = -1
+        previous[order[1:]] = np.where(in_order[1:] == in_order[:-1], order[:-1], -1)
+    return previous
+
+
+def group_order(codes: np.ndarray, groups: int) -> np.ndarray:
+    """A stable order that brings equal codes (0 <= code < groups) together: a counting sort,
+    O(n) instead of the O(n log n) of a comparison sort on 1e7 events."""
+    try:
+        from pandas.core.sorting import get_group_index_sorter
+    except ImportError:  # pragma: no cover - a pandas without it
+        return np.argsort(codes, kind="stable")
+    return get_group_index_sorter(codes.astype(np.intp, copy=False), groups)

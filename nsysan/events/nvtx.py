@@ -1,0 +1,139 @@
+"""NVTX push/pop ranges: their nesting, and the innermost range open at any point of a thread."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+MAX_NVTX_DEPTH = 64
+
+
+def attribute_ranges(points: pd.DataFrame, ranges: pd.DataFrame) -> tuple[pd.Categorical, pd.Categorical]:
+    """Innermost NVTX range and range path open at each point (columns pid, tid, ts_ns).
+
+    Looks on the point's own thread first, then on the process's main thread (tid == pid):
+    PyTorch runs backward passes on autograd threads that have no ranges of their own.
+    """
+    n = len(points)
+    if n == 0 or ranges.empty:
+        empty = pd.Categorical.from_codes(np.zeros(n, "int8"), categories=[""])
+        return empty, empty
+    pid, ts = points["pid"].to_numpy(), points["ts_ns"].to_numpy()
+    index = _innermost(pid, points["tid"].to_numpy(), ts, ranges)
+    missing = np.flatnonzero(index < 0)
+    if len(missing):
+        index[missing] = _innermost(pid[missing], pid[missing], ts[missing], ranges)
+    return _as_categorical(ranges["name"].to_numpy(dtype=object), index), \
+        _as_categorical(_range_paths(ranges), index)
+
+
+def _as_categorical(values: np.ndarray, index: np.ndarray) -> pd.Categorical:
+    """values[index] ("" where index is -1) as a categorical, without building 1e7 strings."""
+    codes, uniques = pd.factorize(np.append(values, ""))
+    blank = codes[-1]
+    return pd.Categorical.from_codes(np.where(index >= 0, codes[np.maximum(index, 0)], blank),
+                                     categories=pd.Index(uniques, dtype=object))
+
+
+def thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    return pid.astype("int64") << 24 | (tid.astype("int64") & 0xFFFFFF)
+
+
+def _innermost(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, ranges: pd.DataFrame) -> np.ndarray:
+    """Row of the innermost range containing each point on the given thread, -1 if none."""
+    n = len(ts)
+    result = np.full(n, -1, "int64")
+    if n == 0 or ranges.empty:
+        return result
+    start = ranges["start_ns"].to_numpy()
+    end = ranges["end_ns"].to_numpy()
+    range_threads, range_rank = np.unique(thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy()),
+                                          return_inverse=True)
+    point_keys = thread_key(pid, tid)
+    point_rank = np.clip(np.searchsorted(range_threads, point_keys), 0, len(range_threads) - 1)
+    on_thread = range_threads[point_rank] == point_keys
+    # One sorted axis for all threads: thread rank * span + time. A single searchsorted then
+    # finds, for every point, the last range of its thread that started at or before it.
+    origin = min(int(start.min()), int(ts.min()))
+    span = max(int(start.max()), int(ts.max())) - origin + 1
+    if span * len(range_threads) >= 2**62:  # absurd time spans (damaged exports): give up cleanly
+        return result
+    range_axis = range_rank.astype("int64") * span + (start - origin)
+    order = np.argsort(range_axis, kind="stable")
+    point_axis = point_rank.astype("int64") * span + (ts - origin)
+    pos = np.searchsorted(range_axis[order], point_axis, side="right") - 1
+    candidate = np.where(pos >= 0, order[np.maximum(pos, 0)], -1)
+    candidate = np.where(on_thread & (candidate >= 0) & (range_rank[np.maximum(candidate, 0)] == point_rank),
+                         candidate, -1)
+    # Ranges on one thread nest, so the innermost one open at t is the latest-starting range
+    # still open at t: walk from that candidate outwards, one nesting level per round.
+    parent = ranges["parent"].to_numpy()
+    live = np.flatnonzero(candidate >= 0)
+    for _ in range(MAX_NVTX_DEPTH):
+        if len(live) == 0:
+            break
+        inside = end[candidate[live]] > ts[live]
+        result[live[inside]] = candidate[live[inside]]
+        live = live[~inside]
+        candidate[live] = parent[candidate[live]]
+        live = live[candidate[live] >= 0]
+    return result
+
+
+def nesting_depth(ranges: pd.DataFrame) -> np.ndarray:
+    """Depth of each range among the ranges open on its thread when it starts (1 = outermost)."""
+    n = len(ranges)
+    if n == 0:
+        return np.zeros(0, "int16")
+    # Boundaries: +1 at each start, -1 at each end, in time order per thread; at equal times an
+    # end comes before a start so that back-to-back ranges are siblings, not nested.
+    thread = ranges["pid"].to_numpy().astype("int64") << 24 | ranges["tid"].to_numpy().astype("int64")
+    times = np.concatenate([ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy()])
+    steps = np.concatenate([np.ones(n, "int64"), -np.ones(n, "int64")])
+    owners = np.concatenate([np.arange(n), np.arange(n)])
+    threads = np.concatenate([thread, thread])
+    order = np.lexsort((owners * 0 + (steps > 0), times, threads))  # thread, time, ends first
+    open_count = pd.Series(steps[order]).groupby(threads[order]).cumsum().to_numpy()
+    depth = np.zeros(n, "int64")
+    is_start = steps[order] > 0
+    depth[owners[order][is_start]] = open_count[is_start]
+    return np.clip(depth, 1, np.iinfo("int16").max).astype("int16")
+
+
+def parents(ranges: pd.DataFrame, order: np.ndarray, keys: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """For each range, the range that encloses it on its thread (-1 for outermost ones).
+
+    `order` lists the ranges per thread in start order. A range's parent is the latest earlier
+    range of its thread one level up: one sort by (thread, depth, position) and one binary
+    search find them all at once, whatever the depth (a program that pushes without popping
+    nests 100,000 deep; a loop per level would take minutes there).
+    """
+    n = len(ranges)
+    parent = np.full(n, -1, "int64")
+    if n == 0:
+        return parent
+    position = np.empty(n, "int64")
+    position[order] = np.arange(n)
+    levels = np.lexsort((position, depth, keys))
+    table = np.empty(n, dtype=[("key", "int64"), ("depth", "int64"), ("position", "int64")])
+    table["key"], table["depth"], table["position"] = keys[levels], depth[levels], position[levels]
+    probe = np.empty(n, dtype=table.dtype)
+    probe["key"], probe["depth"], probe["position"] = keys, depth - 1, position
+    at = np.searchsorted(table, probe, side="left") - 1  # the last one up with a smaller position
+    candidate = levels[np.maximum(at, 0)]
+    found = (at >= 0) & (depth > 1) & (keys[candidate] == keys) & (depth[candidate] == depth - 1)
+    parent[found] = candidate[found]
+    return parent
+
+
+def _range_paths(ranges: pd.DataFrame) -> np.ndarray:
+    parent = ranges["parent"].to_numpy()
+    names = ranges["name"].to_numpy(dtype=object)
+    paths = names.copy()
+    depth = ranges["depth"].to_numpy()
+    # Build paths outermost first, one nesting level at a time.
+    for level in range(2, min(int(depth.max()), MAX_NVTX_DEPTH) + 1):
+        here = np.flatnonzero((depth == level) & (parent >= 0))
+        paths[here] = paths[parent[here]] + " > " + names[here]
+    return paths

@@ -1,0 +1,234 @@
+"""Every SQL query nsysan runs on an export's event tables, and the frames they return.
+
+The memory table (`CUDA_GPU_MEMORY_USAGE_EVENTS`, present with `--cuda-memory-usage=true`) has
+sizes, addresses and kinds but only the process; the API table (`CUPTI_ACTIVITY_KIND_RUNTIME`)
+has the thread, the API name and the call stack (`CUDA_CALLCHAINS`); NVTX ranges are in
+`NVTX_EVENTS`. With `schema.py`, this is the only module that names nsys tables and columns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import apis
+from ..reader import database_path, read_frame, read_table
+from ..schema import Schema, _quote, connect_readonly
+from .columns import categorical_lookup, empty_calls, empty_chains, empty_ranges, int_column, ints
+from .nvtx import nesting_depth, parents, thread_key
+
+
+# Push/pop ranges belong to one thread (59 NvtxPushPopRange, 70 NvtxtPushPopRange); start/end
+# ranges (60, 71) may cross threads and are not used to attribute events.
+NVTX_PUSH_POP = (59, 70)
+
+
+NVTX_NAME_CHARS = 200  # NVTX texts can be megabytes; names are cut here, in SQL.
+
+
+def _col(schema: Schema, table: str, column: str, default: str = "NULL") -> str:
+    return _quote(column) if schema.has(table, column) else default
+
+
+def read_thread_names(conn: sqlite3.Connection, schema: Schema) -> dict[tuple[int, int], str]:
+    if not (schema.has("ThreadNames", "nameId", "globalTid") and schema.has("StringIds", "id", "value")):
+        return {}
+    sql = ("SELECT t.globalTid, CAST(substr(s.value, 1, 100) AS TEXT) FROM ThreadNames AS t "
+           "JOIN StringIds AS s ON s.id = t.nameId")
+    names = {}
+    for global_tid, name in conn.execute(sql):
+        if isinstance(global_tid, int):
+            names[((global_tid >> 24) & 0xFFFFFF, global_tid & 0xFFFFFF)] = str(name)
+    return names
+
+
+def _memory_api_ids(conn: sqlite3.Connection, schema: Schema) -> dict[int, str]:
+    """StringIds ids of memory API names -> suffix-stripped name."""
+    if not schema.has("StringIds", "id", "value"):
+        return {}
+    # StringIds also holds every NVTX text and symbol; only short names starting with "cu" can
+    # be API names, which keeps this scan cheap on large exports.
+    rows = conn.execute("SELECT id, value FROM StringIds WHERE value LIKE 'cu%' AND length(value) < 64")
+    ids = {}
+    for string_id, value in rows:
+        name = apis.base_name(str(value))
+        if name in apis.FAMILIES and isinstance(string_id, int):  # a NULL/text/blob id names nothing
+            ids[string_id] = name
+    return ids
+
+
+def read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Memory API calls, and the call stack id of each (pid, correlationId) that has one."""
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    no_chains = empty_chains()
+    if not schema.has(table, "start", "nameId", "globalTid", "correlationId"):
+        return empty_calls(), no_chains
+    name_ids = _memory_api_ids(conn, schema)
+    if not name_ids:
+        return empty_calls(), no_chains
+    id_list = ",".join(str(i) for i in sorted(name_ids))
+    # Backtrace twin rows (eventClass 67) and call stacks exist only with CUDA_CALLCHAINS; without
+    # it, those two columns are not read at all (the largest read of a big export).
+    stacks = schema.has_backtraces
+    columns = ["start", "end", "global_tid", "correlation_id", "name_id", "return_value"]
+    select = (f"start, {_col(schema, table, 'end', 'start')}, globalTid, correlationId, nameId, "
+              f"{_col(schema, table, 'returnValue', '0')}")
+    if stacks:
+        columns += ["event_class", "callchain_id"]
+        select += f", {_col(schema, table, 'eventClass', '0')}, {_col(schema, table, 'callchainId')}"
+    raw = read_table(conn, table, select, columns, where=f"nameId IN ({id_list})")
+    global_tid = int_column(raw, "global_tid")
+    pid = ((global_tid >> 24) & 0xFFFFFF).astype("int32")
+    correlation = int_column(raw, "correlation_id")
+    chains, real = no_chains, np.ones(len(raw), bool)
+    if stacks:
+        chain = ints(raw, "callchain_id")
+        has_chain = chain.notna().to_numpy()
+        chains = pd.DataFrame({"pid": pid[has_chain], "correlation_id": correlation[has_chain],
+                               "callchain_id": chain[has_chain].to_numpy(dtype="int64")})
+        # One stack per call: with --cudabacktrace, 2025.x writes a twin row (eventClass 67) that
+        # carries it; older exports put it on the call's own row.
+        chains = chains.groupby(["pid", "correlation_id"], as_index=False)["callchain_id"].max()
+        real = int_column(raw, "event_class") != 67  # the twins duplicate calls: never count or time them
+    api = categorical_lookup(int_column(raw, "name_id")[real], name_ids)
+    family = categorical_lookup(api.codes, dict(enumerate(apis.FAMILIES.get(a, "other") for a in api.categories)))
+    start = int_column(raw, "start")[real] - schema.time_offset_ns
+    end = int_column(raw, "end")[real] - schema.time_offset_ns
+    calls = pd.DataFrame({
+        "ts_ns": start, "end_ns": np.maximum(end, start), "pid": pid[real],
+        "tid": (global_tid[real] & 0xFFFFFF).astype("int32"), "api": api, "family": family,
+        "return_value": np.clip(int_column(raw, "return_value")[real], -2**31, 2**31 - 1).astype("int32"),
+        "correlation_id": correlation[real], "has_event": np.zeros(int(real.sum()), bool),
+    }, copy=False)  # pandas copies a dict's arrays by default: 0.7 s at 1e7 calls
+    return calls, chains
+
+
+def read_memory_events_alone(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
+    """read_memory_events on a connection of its own (it runs on another thread)."""
+    path = database_path(conn)
+    if path is None:  # an in-memory database: share the connection, serially
+        return read_memory_events(conn, schema)
+    with contextlib.closing(connect_readonly(Path(path))) as own:
+        return read_memory_events(own, schema)
+
+
+def read_memory_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
+    table = "CUDA_GPU_MEMORY_USAGE_EVENTS"
+    # A full scan returns rows in rowid (export) order, which the stable sort keeps for ties.
+    columns = ["start", "global_pid", "device", "address", "bytes", "mem_kind", "op_type", "correlation_id",
+               "pool_address"]
+    if not schema.memory_usage_collected:
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
+    select = (f"start, globalPid, {_col(schema, table, 'deviceId', '0')}, address, bytes, "
+              f"{_col(schema, table, 'memKind', '2')}, {_col(schema, table, 'memoryOperationType', '0')}, "
+              f"{_col(schema, table, 'correlationId', '0')}, "
+              f"{_col(schema, table, 'localMemoryPoolAddress')} IS NOT NULL")
+    return read_table(conn, table, select, columns)
+
+
+def read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
+    """Push/pop NVTX ranges with their nesting depth (1 = outermost on that thread) and the row of
+    the range that encloses each (-1 for outermost ones)."""
+    table = "NVTX_EVENTS"
+    empty = empty_ranges()
+    if not schema.has(table, "start", "eventType", "globalTid"):
+        return empty
+    text = "n." + _quote("text") if schema.has(table, "text") else "NULL"
+    # CAST: a BLOB where text belongs (damaged exports) is read as text, bad bytes replaced.
+    if schema.has(table, "textId") and schema.has("StringIds", "id", "value"):
+        # A message registered with nvtxDomainRegisterString is in textId, otherwise in text.
+        name_sql = f"CAST(substr(coalesce({text}, s.value, ''), 1, {NVTX_NAME_CHARS}) AS TEXT)"
+        join = "LEFT JOIN StringIds AS s ON s.id = n.textId"
+    else:
+        name_sql = f"CAST(substr(coalesce({text}, ''), 1, {NVTX_NAME_CHARS}) AS TEXT)"
+        join = ""
+    end = "n." + _quote("end") if schema.has(table, "end") else "NULL"  # not "n.NULL": a syntax error
+    types = ",".join(str(t) for t in NVTX_PUSH_POP)
+    sql = (f"SELECT n.start, {end}, n.globalTid, {name_sql} FROM {table} AS n {join} "
+           f"WHERE n.eventType IN ({types})")
+    raw = read_frame(conn, sql, ["start", "end", "global_tid", "name"])
+    if raw.empty:
+        return empty
+    global_tid = int_column(raw, "global_tid")
+    start = int_column(raw, "start") - schema.time_offset_ns
+    end_values = ints(raw, "end")
+    # An unterminated range (end NULL) stays open to the end of the capture.
+    open_end = np.iinfo("int64").max // 2
+    end = np.where(end_values.isna().to_numpy(), open_end,
+                   end_values.fillna(0).to_numpy(dtype="int64") - schema.time_offset_ns)
+    ranges = pd.DataFrame({
+        "pid": ((global_tid >> 24) & 0xFFFFFF).astype("int32"), "tid": (global_tid & 0xFFFFFF).astype("int32"),
+        "start_ns": start, "end_ns": np.maximum(end, start),
+        "name": raw["name"].fillna("").astype(str).str.replace(r"\s+", " ", regex=True),
+    })
+    ranges = ranges.sort_values(["pid", "tid", "start_ns", "end_ns"], ascending=[True, True, True, False],
+                                kind="stable", ignore_index=True)
+    ranges["depth"] = nesting_depth(ranges)
+    # Ranges are sorted per thread by start, the order parents expects.
+    ranges["parent"] = parents(ranges, np.arange(len(ranges)),
+                                thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy()),
+                                ranges["depth"].to_numpy().astype("int64"))
+    return ranges
+
+
+TAIL_ROWS = 200_000
+
+
+TRACE_GOES_ON = 3  # NVTX ranges starting after a process's last CUDA call that mean "incomplete"
+
+
+def last_cuda_calls(conn: sqlite3.Connection, schema: Schema, calls: pd.DataFrame,
+                     ranges: pd.DataFrame) -> dict[int, int]:
+    """When each process's CUDA trace ends (end of its last API call of any kind).
+
+    A trace that stops while the process visibly goes on (NVTX ranges later) lost its end: a
+    crash before nsys flushed, or an nsys too old for the driver. The full answer needs a scan
+    of the whole API table, so it is computed only for processes that look suspicious from the
+    memory calls and the last rows of the table (nsys writes rows in time order up to 2025.3).
+    """
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if ranges.empty or not schema.has(table, "globalTid", "start"):
+        return {}
+    end = '"end"' if schema.has(table, "end") else "start"
+    last = calls.groupby("pid")["end_ns"].max().to_dict() if not calls.empty else {}
+
+    def merge(where: str) -> None:
+        sql = f"SELECT (globalTid >> 24) & 16777215, max({end}) FROM {table} {where} GROUP BY 1"
+        for pid, ts in conn.execute(sql):
+            if isinstance(pid, int) and isinstance(ts, int):
+                last[pid] = max(last.get(pid, ts - schema.time_offset_ns), ts - schema.time_offset_ns)
+
+    merge(f"WHERE rowid > (SELECT max(rowid) FROM {table}) - {TAIL_ROWS}")
+    if _ranges_after(last, ranges):
+        merge("")  # the whole table, only when the tail leaves a process looking cut short
+    return last
+
+
+def _ranges_after(last_call: dict[int, int], ranges: pd.DataFrame) -> bool:
+    """Whether some process has TRACE_GOES_ON NVTX ranges starting after its last CUDA call."""
+    for pid, ts in last_call.items():
+        if int((ranges["start_ns"].to_numpy()[ranges["pid"].to_numpy() == pid] > ts).sum()) >= TRACE_GOES_ON:
+            return True
+    return False
+
+
+CALL_STACK_COLUMNS = ["id", "depth", "symbol", "module", "unresolved"]
+
+
+def read_call_stack_frames(conn: sqlite3.Connection, schema: Schema, chain_ids: np.ndarray) -> pd.DataFrame:
+    """The frames of the given call stacks, innermost (depth 0) first: CALL_STACK_COLUMNS, with
+    symbol and module names cut to 300 characters; empty when the export has no stack table."""
+    if not schema.has("CUDA_CALLCHAINS", "id", "symbol", "module", "stackDepth"):
+        return pd.DataFrame(columns=CALL_STACK_COLUMNS)
+    unresolved = "c." + _quote("unresolved") if schema.has("CUDA_CALLCHAINS", "unresolved") else "0"
+    return read_frame(conn, (
+        "SELECT c.id, c.stackDepth, CAST(substr(coalesce(sym.value, ''), 1, 300) AS TEXT), "
+        "CAST(substr(coalesce(mdl.value, ''), 1, 300) AS TEXT), "
+        f"{unresolved} FROM CUDA_CALLCHAINS AS c "
+        "LEFT JOIN StringIds AS sym ON sym.id = c.symbol LEFT JOIN StringIds AS mdl ON mdl.id = c.module "
+        f"WHERE c.id IN ({','.join(str(int(i)) for i in chain_ids)}) ORDER BY c.id, c.stackDepth"),
+        CALL_STACK_COLUMNS)
