@@ -65,6 +65,14 @@ class Process:
     name: str
     devices: list[int] = field(default_factory=list)  # CUDA device ordinals it used
     threads: int = 0  # threads that made CUDA memory calls
+    # Its place in a multi-process job: from RANK/LOCAL_RANK/WORLD_SIZE (or the Open MPI, Slurm,
+    # PMI equivalents) of its recorded environment, else from the order of the GPUs the processes
+    # hold memory on. None for a single process or a process with no GPU memory of its own.
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    world_size: Optional[int] = None
+    rank_source: Optional[str] = None  # "environment" | "gpu order" | None
+    label: str = ""  # how outputs name it: "rank 1", or "process 2147"
 
 
 @dataclass(frozen=True)
@@ -240,6 +248,26 @@ class Timeline:
 
 
 @dataclass(frozen=True)
+class MemoryCap:
+    """The most GPU memory a process could get on one device, as far as the capture tells.
+
+    One per (process, device) and source; `Analysis.memory_cap()` picks the tightest.
+    """
+
+    pid: int
+    device: int  # CUDA ordinal in that process
+    gpu: Optional[int]
+    cap_bytes: int
+    # gpu_total: the GPU's memory (TARGET_INFO_GPU.totalMemory), of which the CUDA context and
+    #   kernel images, not in the trace, take a part;
+    # xla_preallocation: the block XLA reserved at start, its allocator's limit;
+    # allocator_oom: the live bytes at which the framework's allocator gave up (a memory-fraction
+    #   cap or the GPU's free memory; the cap itself is not in the trace).
+    source: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class Analysis:
     schema: str
     # "full", or "quick": only the memory-usage table was read (`nsysan analyze --quick`), so
@@ -258,6 +286,8 @@ class Analysis:
     ranges: list[RangeStat]
     timeline: Timeline
     diagnostics: list[Diagnostic]
+    # --- verdicts on out of memory, reserved memory and processes (issue 17, sections 2-4) ---
+    caps: list[MemoryCap] = field(default_factory=list)
     # The normalized events frame (see nsysan.events), for notebooks; never serialized.
     events: Any = field(default=None, compare=False, repr=False)
 
@@ -286,6 +316,21 @@ class Analysis:
                     peak.pid not in best or peak.peak_bytes > best[peak.pid].peak_bytes):
                 best[peak.pid] = peak
         return sorted(best.values(), key=lambda p: (-p.peak_bytes, p.pid))[:limit]
+
+    def process_label(self, pid: Optional[int]) -> str:
+        """How outputs name a process: "rank 1" when its rank is known, else "process 2147";
+        "all processes" for None (a GPU's total across processes)."""
+        if pid is None:
+            return "all processes"
+        for proc in self.capture.processes:
+            if proc.pid == pid and proc.label:
+                return proc.label
+        return f"process {pid}"
+
+    def memory_cap(self, pid: int, device: int) -> Optional[MemoryCap]:
+        """The tightest known cap on what `pid` could hold on CUDA device `device`, or None."""
+        mine = [c for c in self.caps if c.pid == pid and c.device == device]
+        return min(mine, key=lambda c: c.cap_bytes) if mine else None
 
     def diagnostics_by_severity(self) -> list[Diagnostic]:
         order = {s: i for i, s in enumerate(SEVERITIES)}

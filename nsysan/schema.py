@@ -84,6 +84,10 @@ class Schema:
     gpus: list[Gpu] = field(default_factory=list)
     cuda_device_to_gpu: dict[tuple[int, int], int] = field(default_factory=dict)  # (pid, ordinal)
     process_names: dict[int, str] = field(default_factory=dict)
+    # PROCESS_<n> of META_DATA_CAPTURE -> {key: value} for the RANK_KEYS found in its recorded
+    # environment, and PROCESS_<n> -> its PID as recorded (0 for a process nsys launched)
+    rank_environment: dict[int, dict[str, str]] = field(default_factory=dict)
+    launched_pids: dict[int, int] = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
 
     def has(self, table: str, *columns: str) -> bool:
@@ -174,6 +178,7 @@ def _probe(conn: sqlite3.Connection, name: str) -> Schema:
     schema = Schema(tables=tables)
     _read_export_meta(conn, schema)
     _read_capture_meta(conn, schema)
+    _read_rank_environment(conn, schema)
     _read_enums(conn, schema)
     _read_system_env(conn, schema)
     _read_session(conn, schema)
@@ -243,6 +248,35 @@ def _read_capture_meta(conn: sqlite3.Connection, schema: Schema) -> None:
         schema.memory_usage_requested = any(memory_flags)
     if backtrace_flags:
         schema.backtraces_requested = any(backtrace_flags)
+
+
+# The only environment variables nsysan ever reads: what names a process's place in a
+# multi-process job (torchrun/torch.distributed, Open MPI, Slurm, PMI). Filtered in SQL, so no
+# other variable of the profiled process's environment (tokens, keys) even reaches Python.
+RANK_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+             "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "PMI_RANK", "PMI_SIZE")
+_PROCESS_KEY = re.compile(r"^PROCESS_(\d+):")
+
+
+def _read_rank_environment(conn: sqlite3.Connection, schema: Schema) -> None:
+    """RANK_KEYS of each recorded process environment (nsys 2023.3+ writes the environment of the
+    process it launched as `PROCESS_<n>:ENVIRONMENT_VARIABLE` rows, `KEY="value"`)."""
+    if not schema.has("META_DATA_CAPTURE", "name", "value"):
+        return
+    # GLOB is case-sensitive and `[=]` ends the key, so RANK matches neither LOCAL_RANK nor RANKS
+    keys = " OR ".join(f"value GLOB '{key}[=]*'" for key in RANK_KEYS)
+    sql = ("SELECT name, CAST(substr(value, 1, 100) AS TEXT) FROM META_DATA_CAPTURE "
+           f"WHERE name GLOB 'PROCESS_*:ENVIRONMENT_VARIABLE' AND ({keys})")
+    for name, value in conn.execute(sql):
+        index = _PROCESS_KEY.match(_text(name))
+        key, _, raw = _text(value).partition("=")
+        number = _int(raw.strip().strip('"'))
+        if index and key in RANK_KEYS and number is not None:
+            schema.rank_environment.setdefault(int(index.group(1)), {})[key] = str(number)
+    for name, value in conn.execute("SELECT name, value FROM META_DATA_CAPTURE WHERE name GLOB 'PROCESS_*:PID'"):
+        index, pid = _PROCESS_KEY.match(_text(name)), _int(value)
+        if index and pid is not None:
+            schema.launched_pids[int(index.group(1))] = pid
 
 
 def _read_enums(conn: sqlite3.Connection, schema: Schema) -> None:

@@ -6,6 +6,7 @@ ranges, calls (API counts and failures), diagnostics. None of them does I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Optional
 
@@ -15,10 +16,12 @@ import pandas as pd
 from ..model import SCHEMA_ID, Analysis, Capture, Process, Source
 from ..schema import Schema
 from .allocations import to_allocations
+from .caps import memory_caps
 from .calls import api_call_stats, find_failed_calls
 from .diagnostics import capture_diagnostics
 from .never_freed import find_never_freed, summarize_groups
 from .peak import find_peaks, headline
+from .ranks import assign_ranks
 from .ranges import range_stats
 from .sites import rank_sites
 from .timeline import build_timeline, group_events
@@ -67,7 +70,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         schema=SCHEMA_ID,
         scope="quick" if loaded.quick else "full",
         source=source,
-        capture=_capture(schema, events, calls, ranges, report_version),
+        capture=_with_ranks(_capture(schema, events, calls, ranges, report_version), groups, schema),
         groups=groups,
         peak=headline(peaks),
         peaks=peaks,
@@ -79,8 +82,14 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         ranges=range_stats(events, ranges, end_ns),
         timeline=timeline,
         diagnostics=diagnostics,
+        caps=memory_caps(groups, lambda gpu: gpu_totals.get(gpu) if gpu is not None else None),
         events=events,
     )
+
+
+def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:
+    processes = assign_ranks(capture.processes, groups, schema.rank_environment, schema.launched_pids)
+    return dataclasses.replace(capture, processes=processes)
 
 
 def _capture_span(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,

@@ -77,7 +77,8 @@ def _capture_panel(analysis: Analysis) -> Panel:
     for proc in cap.processes:
         devices = ", ".join(str(d) for d in proc.devices) or "-"
         threads = "" if analysis.scope == "quick" else f", {proc.threads} threads calling memory APIs"
-        lines.append(f"process {proc.pid} {proc.name}: CUDA devices {devices}{threads}")
+        rank = f" ({proc.label}, from {proc.rank_source})" if proc.rank is not None else ""
+        lines.append(f"process {proc.pid} {proc.name}{rank}: CUDA devices {devices}{threads}")
     exported = ""
     if src.exported_with:
         exported = f" (exported with nsys {src.exported_with}{', from cache' if src.from_cache else ''})"
