@@ -77,7 +77,10 @@ def _capture_panel(analysis: Analysis) -> Panel:
     for proc in cap.processes:
         devices = ", ".join(str(d) for d in proc.devices) or "-"
         threads = "" if analysis.scope == "quick" else f", {proc.threads} threads calling memory APIs"
-        rank = f" ({proc.label}, from {proc.rank_source})" if proc.rank is not None else ""
+        rank = ""
+        if proc.rank is not None:
+            how = "from its environment" if proc.rank_source == "environment" else "by GPU order"
+            rank = f" ({proc.label}, {how})"
         lines.append(f"process {proc.pid} {proc.name}{rank}: CUDA devices {devices}{threads}")
     exported = ""
     if src.exported_with:
