@@ -32,12 +32,14 @@ def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]]
     pairs = sorted((p >> 16, (p & 0xFFFF) - 0x10000 if p & 0x8000 else p & 0xFFFF) for p in packed)
     gpu_by_pair = {(p, d): gpu_of(p, d) for p, d in pairs}
     is_static = (events["kind"] == "static").to_numpy()[rows]
+    computes_on = {int(p) for p in np.unique(pid[~is_static])}
     peaks = []
     for (p, d), gpu in gpu_by_pair.items():  # one per process and device
         mine = (pid == p) & (device == d)
-        if is_static[mine].all():
+        if p in computes_on and is_static[mine].all():
             # Only module globals, loaded into every context the process opens (ddp_leak_v25's
-            # rank 1 on GPU 0): not a peak of its own; they still count in the GPU's total.
+            # rank 1 on GPU 0), while it allocates on another GPU: not a peak of its own; they
+            # still count in that GPU's total.
             continue
         mine = rows[mine]
         peaks.append(_peak_of(mine, events, p, d, gpu, total_memory(gpu), to_allocations))
