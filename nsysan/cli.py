@@ -43,8 +43,12 @@ def _stop_on_termination() -> dict[int, object]:
     instead of killing the process on the spot; returns the handlers replaced."""
     if threading.current_thread() is not threading.main_thread():
         return {}  # signal handlers can only be set from the main thread
-    return {signum: signal.signal(signum, _stop) for signum in (signal.SIGTERM, signal.SIGHUP)
+    return {signum: signal.signal(signum, _stop) for signum in _TERMINATION_SIGNALS
             if signal.getsignal(signum) == signal.SIG_DFL}  # `nohup` and the like keep theirs
+
+
+# Windows has SIGTERM but no SIGHUP: handle the ones this platform has.
+_TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 @app.callback()

@@ -10,18 +10,19 @@ report's content and the nsys version. Nothing is ever written next to the repor
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import glob
 import hashlib
 import os
+import queue
 import re
-import selectors
 import shutil
 import signal
 import sqlite3
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -51,7 +52,14 @@ INSTALL_GLOBS = (
     "/usr/lib/nsight-systems/bin/nsys",
     "/usr/lib/nsight-systems/target-linux-x64/nsys",
     "/usr/lib/x86_64-linux-gnu/nsight-systems/target-linux-x64/nsys",
+    # Windows: the installer's default folder, one per version ("Nsight Systems 2025.3.2").
+    "C:/Program Files/NVIDIA Corporation/Nsight Systems */target-windows-x64/nsys.exe",
+    # macOS: the host application ships nsys beside nsys-ui (its target-linux-x64 is for Linux).
+    "/Applications/NVIDIA Nsight Systems*.app/Contents/MacOS/nsys",
 )
+# What the binary is called inside an install directory given with --nsys or $NSYSAN_NSYS.
+NSYS_NAMES = ("nsys", "nsys.exe")
+INSTALL_SUBDIRS = ("", "bin", "target-linux-x64", "target-windows-x64", "Contents/MacOS")
 
 _HASH_CHUNK = 1 << 20
 _VERSION_TIMEOUT_S = 60.0
@@ -99,7 +107,7 @@ def find_nsys(explicit: str | Path | None = None, *, report: Path | None = None)
 
 def _nsys_at(path: Path, given_as: str) -> Path:
     """The nsys binary at `path` (a binary or an install directory), or an error naming it."""
-    candidates = [path / "nsys", path / "bin" / "nsys", path / "target-linux-x64" / "nsys"]
+    candidates = [path / sub / name for sub in INSTALL_SUBDIRS for name in NSYS_NAMES]
     for candidate in candidates if path.is_dir() else [path]:
         if _is_executable(candidate):
             return candidate
@@ -110,6 +118,7 @@ def _nsys_at(path: Path, given_as: str) -> Path:
 
 
 def _is_executable(path: Path) -> bool:
+    # Windows has no execute bit: os.access(X_OK) is true for any file there, as wanted.
     return path.is_file() and os.access(path, os.X_OK)
 
 
@@ -332,7 +341,17 @@ def resolve_cache_dir(cache_dir: Path | None = None) -> Path:
         return Path(os.environ["NSYSAN_CACHE_DIR"]).expanduser()
     if os.environ.get("XDG_CACHE_HOME"):
         return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "nsysan"
-    return Path.home() / ".cache" / "nsysan"
+    return default_cache_dir()
+
+
+def default_cache_dir(platform: str = sys.platform) -> Path:
+    """~/.cache/nsysan on Linux (as always); elsewhere the platform's own cache folder
+    (%LOCALAPPDATA%\\nsysan\\Cache on Windows, ~/Library/Caches/nsysan on macOS)."""
+    if platform.startswith("linux"):
+        return Path.home() / ".cache" / "nsysan"
+    import platformdirs  # only off Linux, where it knows the folder's conventions
+
+    return Path(platformdirs.user_cache_dir("nsysan", appauthor=False))
 
 
 def _content_digest(path: Path) -> str:
@@ -346,13 +365,14 @@ def _content_digest(path: Path) -> str:
 
 @contextlib.contextmanager
 def _exclusive_lock(lock_path: Path) -> Iterator[None]:
-    """Hold an flock on `lock_path`; a second analysis of the same report waits here."""
-    with open(lock_path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    """Hold a lock on `lock_path`; a second analysis of the same report waits here.
+
+    filelock takes an flock on Linux and macOS and a msvcrt lock on Windows, where there is
+    no fcntl."""
+    import filelock
+
+    with filelock.FileLock(lock_path):
+        yield
 
 
 def _remove_leftovers(cache: Path, key: str) -> None:
@@ -433,23 +453,26 @@ def _run_nsys(command: list[str], output: _NsysOutput, timeout_s: float | None) 
             raise TimeoutError
         return left
 
-    # A new session: nsys (and anything it spawns) can be killed as one group, and a Ctrl-C in
-    # the terminal reaches only us, so the `finally` below decides what happens to nsys.
+    # A new session (a new process group on Windows): nsys (and anything it spawns) can be killed
+    # as one group, and a Ctrl-C in the terminal reaches only us, so the `finally` below decides
+    # what happens to nsys.
     process = subprocess.Popen(
         command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
+        start_new_session=True, creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0),
     )
     try:
         assert process.stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(process.stdout, selectors.EVENT_READ)
-            while True:
-                if not selector.select(remaining()):
-                    raise TimeoutError
-                chunk = os.read(process.stdout.fileno(), 65536)
-                if not chunk:
-                    break
-                output.feed(chunk)
+        chunks = _pump(process.stdout.fileno())
+        while True:
+            try:
+                # In slices of a second: on Windows a wait without a timeout ignores Ctrl-C.
+                left = remaining()
+                chunk = chunks.get(timeout=1.0 if left is None else min(left, 1.0))
+            except queue.Empty:
+                continue
+            if not chunk:
+                break
+            output.feed(chunk)
         output.close()
         try:
             return process.wait(timeout=remaining())
@@ -458,10 +481,31 @@ def _run_nsys(command: list[str], output: _NsysOutput, timeout_s: float | None) 
     finally:
         if process.poll() is None:  # still ours and not reaped, so its group id is still its pid
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+                if hasattr(os, "killpg"):
+                    os.killpg(process.pid, signal.SIGKILL)
+                else:  # Windows: no process groups to signal
+                    process.kill()
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+def _pump(fd: int) -> "queue.Queue[bytes]":
+    """Read `fd` on a thread until its end, which is queued as b"". A thread rather than a
+    selector, because select() on Windows waits on sockets only, never on a pipe."""
+    chunks: queue.Queue[bytes] = queue.Queue()
+
+    def read_all() -> None:
+        try:
+            while chunk := os.read(fd, 65536):
+                chunks.put(chunk)
+        except OSError:  # the pipe was closed under us: the process is gone
+            pass
+        finally:
+            chunks.put(b"")
+
+    threading.Thread(target=read_all, name="nsys-output", daemon=True).start()
+    return chunks
 
 
 def _error_line(lines: deque[str]) -> str:
