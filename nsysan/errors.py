@@ -39,6 +39,13 @@ class NsysanError(Exception):
     Exit codes mean the same in every command: 0 done (or every limit held),
     1 a limit broke, 2 the input could not be analyzed. The message is kept to one printable
     line here, whatever text (an SQLite error quoting a hostile file, nsys output) went into it.
+
+    >>> import nsysan
+    >>> try:
+    ...     nsysan.analyze("fixtures/no-such-report.sqlite")
+    ... except nsysan.NsysanError as err:
+    ...     print(err.exit_code, err.message)
+    2 fixtures/no-such-report.sqlite: no such file...
     """
 
     def __init__(self, message: str, exit_code: int = 2) -> None:

@@ -247,6 +247,10 @@ class Timeline:
     bands: list[Band] = field(default_factory=list)
 
 
+# Field metadata of the frames read from the export: kept on the object, never serialized.
+RAW = {"raw": True}
+
+
 @dataclass(frozen=True)
 class MemoryCap:
     """The most GPU memory a process could get on one device, as far as the capture tells.
@@ -269,6 +273,27 @@ class MemoryCap:
 
 @dataclass(frozen=True)
 class Analysis:
+    """Everything nsysan found in one report: what `nsysan.analyze()` returns.
+
+    Each list is a table; `frame(name)` gives it as a pandas DataFrame whose columns are the
+    JSON field names (units in the names: `*_bytes`, `*_ns` from the capture's start), and
+    `frame_names()` lists them. The frames read from the export are kept too: `events`
+    (every allocation and free), `calls` (every memory API call) and `nvtx_ranges` (every NVTX
+    push/pop range); they are not in the JSON, so an Analysis read by `load_analysis()` has None.
+
+    >>> import nsysan
+    >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")
+    >>> analysis.peak.peak_bytes, analysis.peak.nvtx_range
+    (952107008, 'burst')
+    >>> sites = analysis.frame("sites")
+    >>> sites.sort_values("allocated_bytes", ascending=False)["site_label"].iloc[0]
+    'cudaMalloc in burst [known]'
+    >>> len(analysis.events), len(analysis.calls)
+    (52, 53)
+
+    In Jupyter, the last expression of a cell shows the report page; `repr()` is one line.
+    """
+
     schema: str
     # "full", or "quick": only the memory-usage table was read (`nsysan analyze --quick`), so
     # sites, api_calls, failed_calls and ranges are empty and no event has a thread or API name
@@ -288,28 +313,123 @@ class Analysis:
     diagnostics: list[Diagnostic]
     # --- verdicts on out of memory, reserved memory and processes (issue 17, sections 2-4) ---
     caps: list[MemoryCap] = field(default_factory=list)
-    # The normalized events frame (see nsysan.events), for notebooks; never serialized.
-    events: Any = field(default=None, compare=False, repr=False)
+    # The frames read from the export (pandas DataFrames), for notebooks; never serialized.
+    events: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # see nsysan.events
+    calls: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # memory API calls
+    nvtx_ranges: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # NVTX ranges
 
     def to_dict(self) -> dict[str, Any]:
-        data = _to_plain(self)
-        data.pop("events", None)
-        return data
+        """The JSON document (`nsysan/analysis@1`) as plain dicts and lists; the raw frames are left out.
+
+        >>> import nsysan
+        >>> doc = nsysan.analyze("fixtures/known_mem_v25.sqlite").to_dict()
+        >>> doc["schema"], doc["peak"]["peak_bytes"], "events" in doc
+        ('nsysan/analysis@1', 952107008, False)
+        """
+        return {f.name: _to_plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if not f.metadata.get("raw")}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Analysis":
-        schema = data.get("schema")
-        if schema != SCHEMA_ID:
-            # Imported lazily so the model stays free of I/O concerns.
-            from .errors import NsysanError
+        """Rebuild an Analysis from its JSON document; raises NsysanError naming the first field
+        that is missing or of the wrong type. Fields added within @1 after a document was written
+        read as their default (an empty list, None), so older documents load.
 
+        >>> import nsysan
+        >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")
+        >>> Analysis.from_dict(analysis.to_dict()) == analysis
+        True
+        >>> Analysis.from_dict({"schema": "nsysan/analysis@1"})
+        Traceback (most recent call last):
+        nsysan.errors.NsysanError: field 'source' is missing
+        """
+        # Imported lazily so the model stays free of I/O concerns.
+        from .errors import NsysanError
+
+        schema = data.get("schema") if isinstance(data, dict) else None
+        if schema != SCHEMA_ID:
             raise NsysanError(f"not an nsysan analysis (schema {schema!r}, expected {SCHEMA_ID!r})")
-        # Documents written before "scope" existed come from full analyses.
-        return _from_plain(cls, {"scope": "full", **data})
+        try:
+            # Documents written before "scope" existed come from full analyses.
+            return _from_plain(cls, {"scope": "full", **data}, "")
+        except _Malformed as err:
+            raise NsysanError(str(err)) from None
+
+    def frame(self, name: str) -> Any:
+        """The table `name` as a new pandas DataFrame, or one of the raw frames (`events`,
+        `calls`, `nvtx_ranges`) itself. Columns and units: docs/python.md.
+
+        >>> import nsysan
+        >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")
+        >>> leaks = analysis.frame("never_freed")
+        >>> leaks.loc[leaks["bytes"] >= 4 << 20, "nvtx_range"].tolist()
+        ['setup', 'other kinds', 'step 2', 'step 5', 'step 8']
+        >>> analysis.frame("events").groupby("op", observed=True)["bytes"].sum().to_dict()
+        {'alloc': 1365221376, 'free': 1212153856}
+        """
+        from .errors import NsysanError
+        from .frames import RAW_FRAMES, table_frame
+
+        if name in RAW_FRAMES:
+            raw = getattr(self, name)
+            if raw is None:
+                raise NsysanError(f"the {name} frame is read from the export and is not in an analysis "
+                                  "JSON; analyze the report itself to have it")
+            return raw
+        return table_frame(self, name)
+
+    @classmethod
+    def frame_names(cls) -> list[str]:
+        """The names `frame()` takes for the result tables (the raw frames come on top).
+
+        >>> {"sites", "never_freed", "live_at_peak", "timeline"} <= set(Analysis.frame_names())
+        True
+        """
+        from .frames import table_names
+
+        return table_names(cls)
+
+    def __repr__(self) -> str:
+        """One short line: the file, the headline peak and the counts (the tables: `frame()`).
+
+        >>> import nsysan
+        >>> nsysan.analyze("fixtures/known_mem_v25.sqlite")     # doctest: +NORMALIZE_WHITESPACE
+        <nsysan.Analysis of known_mem_v25.sqlite: peak 908.0 MiB (process 1313, device 0, at 517.08 ms
+        in 'burst'); never freed 6 (146.0 MiB); failed calls 0; diagnostics: 1 info>
+        """
+        from .units import fmt_bytes, fmt_time
+
+        name = self.source.name if len(self.source.name) <= 80 else self.source.name[:77] + "..."
+        parts = [f"<nsysan.Analysis of {name}" + (" (quick)" if self.scope == "quick" else "") + ":"]
+        if self.peak is None:
+            parts.append(" no memory events;")
+        else:
+            where = f"process {self.peak.pid}, device {self.peak.device}, at {fmt_time(self.peak.peak_time_ns)}"
+            in_range = f" in {self.peak.nvtx_range[:40]!r}" if self.peak.nvtx_range else ""
+            parts.append(f" peak {fmt_bytes(self.peak.peak_bytes)} ({where}{in_range});")
+        leaked = sum(a.bytes for a in self.never_freed) if self.never_freed_total == len(self.never_freed) else None
+        parts.append(f" never freed {self.never_freed_total}" + (f" ({fmt_bytes(leaked)})" if leaked else "") + ";")
+        parts.append(f" failed calls {len(self.failed_calls)};")
+        counts = {s: sum(d.severity == s for d in self.diagnostics) for s in SEVERITIES}
+        parts.append(" diagnostics: " + (", ".join(f"{n} {s}" for s, n in counts.items() if n) or "none") + ">")
+        return "".join(parts)
+
+    def _repr_html_(self) -> str:
+        """The report page (as `nsysan analyze -o` writes it) in a sandboxed frame sized for a
+        notebook cell: self-contained, nothing is fetched from the network."""
+        from .render.notebook import report_frame
+
+        return report_frame(self)
 
     def process_peaks(self, limit: int = 4) -> list[Peak]:
         """Each process's highest peak with allocations live at it, largest first (the headline
-        first): the peaks whose live allocations the summaries list."""
+        first): the peaks whose live allocations the summaries list.
+
+        >>> import nsysan
+        >>> ddp = nsysan.analyze("fixtures/ddp_leak_v25.sqlite")     # two ranks, two GPUs
+        >>> [(p.pid, p.gpu) for p in ddp.process_peaks()]
+        [(2147, 1), (2146, 0)]
+        """
         best: dict[int, Peak] = {}
         for peak in self.peaks:
             if peak.pid is not None and peak.live_count and (
@@ -319,7 +439,13 @@ class Analysis:
 
     def process_label(self, pid: Optional[int]) -> str:
         """How outputs name a process: "rank 1" when its rank is known, else "process 2147";
-        "all processes" for None (a GPU's total across processes)."""
+        "all processes" for None (a GPU's total across processes).
+
+        >>> import nsysan
+        >>> ddp = nsysan.analyze("fixtures/ddp_leak_v25.sqlite")
+        >>> ddp.process_label(2147), ddp.process_label(None)
+        ('rank 1', 'all processes')
+        """
         if pid is None:
             return "all processes"
         for proc in self.capture.processes:
@@ -328,11 +454,23 @@ class Analysis:
         return f"process {pid}"
 
     def memory_cap(self, pid: int, device: int) -> Optional[MemoryCap]:
-        """The tightest known cap on what `pid` could hold on CUDA device `device`, or None."""
+        """The tightest known cap on what `pid` could hold on CUDA device `device`, or None.
+
+        >>> import nsysan
+        >>> cap = nsysan.analyze("fixtures/known_mem_v25.sqlite").memory_cap(1313, 0)
+        >>> cap.cap_bytes, cap.source                                 # the H200's memory
+        (150109880320, 'gpu_total')
+        """
         mine = [c for c in self.caps if c.pid == pid and c.device == device]
         return min(mine, key=lambda c: c.cap_bytes) if mine else None
 
     def diagnostics_by_severity(self) -> list[Diagnostic]:
+        """The diagnostics, errors first, then warnings, then info.
+
+        >>> import nsysan
+        >>> [d.code for d in nsysan.analyze("fixtures/known_mem_v25.sqlite").diagnostics_by_severity()]
+        ['no_backtraces']
+        """
         order = {s: i for i, s in enumerate(SEVERITIES)}
         return sorted(self.diagnostics, key=lambda d: order.get(d.severity, len(order)))
 
@@ -345,22 +483,62 @@ def _to_plain(value: Any) -> Any:
     return value
 
 
-def _from_plain(tp: Any, value: Any) -> Any:
-    """Rebuild a dataclass tree from plain JSON data, guided by the type hints."""
-    if value is None:
-        return None
+class _Malformed(ValueError):
+    """A document field that is missing or of the wrong type (the message names it)."""
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+               list: "a list", dict: "an object"}
+
+
+def _from_plain(tp: Any, value: Any, path: str) -> Any:
+    """Rebuild a dataclass tree from plain JSON data, guided by the type hints; `path` names the
+    field being read (e.g. "peaks[0].live_at_peak[2].bytes") for the error."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _from_plain(inner[0], value) if len(inner) == 1 else value
+        return _from_plain(inner[0], value, path) if len(inner) == 1 else value
+    if tp is Any:
+        return value
     if origin is list:
         (item,) = typing.get_args(tp)
-        return [_from_plain(item, v) for v in value]
+        _expect(value, list, path)
+        return [_from_plain(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
+        _expect(value, dict, path)
         hints = typing.get_type_hints(tp)
         kwargs = {}
         for f in dataclasses.fields(tp):
+            if f.metadata.get("raw"):
+                continue
+            where = f"{path}.{f.name}" if path else f.name
             if f.name in value:
-                kwargs[f.name] = _from_plain(hints[f.name], value[f.name])
+                kwargs[f.name] = _from_plain(hints[f.name], value[f.name], where)
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                kwargs[f.name] = _added_later(hints[f.name], where)
         return tp(**kwargs)
+    if tp in _TYPE_NAMES:
+        _expect(value, tp, path)
     return value
+
+
+def _expect(value: Any, tp: type, path: str) -> None:
+    # JSON has one kind of number: an integral float is not an integer, a bool is neither.
+    ok = isinstance(value, tp) and not (isinstance(value, bool) and tp is not bool)
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise _Malformed(f"field {path!r} should be {_TYPE_NAMES[tp]}, not {shown}")
+
+
+def _added_later(hint: Any, path: str) -> Any:
+    """The value of a field the document lacks: a list or an optional field may have been added
+    to @1 after the document was written (empty / None then); anything else is missing."""
+    if typing.get_origin(hint) is list:
+        return []
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint):
+        return None
+    raise _Malformed(f"field {path!r} is missing")

@@ -84,6 +84,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         diagnostics=diagnostics,
         caps=memory_caps(groups, lambda gpu: gpu_totals.get(gpu) if gpu is not None else None),
         events=events,
+        calls=calls,
+        nvtx_ranges=ranges,
     )
 
 

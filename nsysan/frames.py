@@ -1,0 +1,229 @@
+"""Every table of an `Analysis` as a pandas DataFrame, for notebooks.
+
+A table is any list of result objects in the model, found from its type hints, so a section
+added to `Analysis` gets its table with no code here:
+
+- a list field of `Analysis`: `groups`, `peaks`, `never_freed`, `sites`, `api_calls`,
+  `failed_calls`, `ranges`, `diagnostics`, and whatever list a later version adds;
+- a list inside a section: `capture.gpus` -> "gpus", `capture.processes` -> "processes",
+  `timeline.bands` -> "bands", `timeline.series` -> "timeline" (see RENAMED);
+- a list inside each row of another table: `peaks[].live_at_peak` -> "live_at_peak", with the
+  parent row's columns in front, prefixed with its class name (`peak_pid`, `peak_bytes`).
+
+One row per object; a nested object is spread into prefixed columns (`site` -> `site_label`,
+`site_function` ...); a list of plain values stays a list in its cell (`apis`), except that an
+object holding two or more lists of numbers (a `Series`: `ts_ns`, `live_bytes`) gives one row
+per point. Column names are the JSON field names, so units are in the names: `*_bytes` in bytes,
+`*_ns` in nanoseconds (times from the capture's start). Integers are int64, or pandas' nullable
+Int64 where the model allows None. The column types come from the type hints, so an empty table
+still has all its columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import pandas as pd
+
+from .errors import NsysanError
+
+# Tables named after their section rather than the list's own field.
+RENAMED = {("timeline", "series"): "timeline"}
+# The frames read from the export, kept on the Analysis (never serialized).
+RAW_FRAMES = ("events", "calls", "nvtx_ranges")
+_STRINGS = pd.Series(["text"])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+    name: str
+    row_type: type
+    path: tuple[str, ...]  # fields from the Analysis (or from a parent row) to the list
+    parent: Optional["_Table"] = None  # the table in each of whose rows the list is
+
+
+def table_names(analysis_type: type) -> list[str]:
+    """The names `Analysis.frame()` takes for the result tables of `analysis_type`."""
+    return [t.name for t in _tables(analysis_type)]
+
+
+def table_frame(analysis: Any, name: str) -> pd.DataFrame:
+    """The table `name` of `analysis` as a new DataFrame (see the module docstring)."""
+    tables = {t.name: t for t in _tables(type(analysis))}
+    if name not in tables:
+        known = ", ".join([*tables, *RAW_FRAMES])
+        raise NsysanError(f"no table {name!r} in an Analysis; the tables are: {known}")
+    table = tables[name]
+    columns = _columns(table)
+    rows = list(_rows(analysis, table))
+    data: dict[str, Any] = {}
+    for i, (column, hint) in enumerate(columns.items()):
+        data[column] = _series([row[i] for row in rows], hint)
+    frame = pd.DataFrame(data, columns=list(columns))
+    point_columns = _point_fields(table.row_type)
+    if len(point_columns) >= 2:
+        frame = frame.explode(point_columns, ignore_index=True)
+        for f in point_columns:
+            frame[f] = frame[f].astype("int64" if _inner(_hints(table.row_type)[f]) is int else "float64")
+    return frame
+
+
+# --- which tables there are -------------------------------------------------------------------
+
+
+def _tables(analysis_type: type) -> list[_Table]:
+    """Lists of dataclasses of each list-field first (with the lists inside their rows), then
+    those inside single sections; a name is taken by the first that has it."""
+    found: dict[str, _Table] = {}
+    hints = _hints(analysis_type)
+    singles = []
+    for f in dataclasses.fields(analysis_type):
+        hint = _unoptional(hints[f.name])
+        item = _list_item(hint)
+        if item is not None and dataclasses.is_dataclass(item):
+            table = _Table(f.name, item, (f.name,))
+            found.setdefault(f.name, table)
+            for child in _children(table):
+                found.setdefault(child.name, child)
+        elif dataclasses.is_dataclass(hint):
+            singles.append((f.name, hint))
+    for section, section_type in singles:
+        section_hints = _hints(section_type)
+        for f in dataclasses.fields(section_type):
+            item = _list_item(_unoptional(section_hints[f.name]))
+            if item is not None and dataclasses.is_dataclass(item):
+                name = RENAMED.get((section, f.name), f.name)
+                found.setdefault(name, _Table(name, item, (section, f.name)))
+    return list(found.values())
+
+
+def _children(parent: _Table) -> Iterator[_Table]:
+    hints = _hints(parent.row_type)
+    for f in dataclasses.fields(parent.row_type):
+        item = _list_item(_unoptional(hints[f.name]))
+        if item is not None and dataclasses.is_dataclass(item):
+            yield _Table(f.name, item, (f.name,), parent)
+
+
+# --- columns and rows -------------------------------------------------------------------------
+
+
+def _columns(table: _Table) -> dict[str, Any]:
+    """Column name -> type hint, the parent's columns first."""
+    columns: dict[str, Any] = {}
+    if table.parent is not None:
+        parent_prefix = _snake(table.parent.row_type.__name__) + "_"
+        for column, hint in _flat_fields(table.parent.row_type, "").items():
+            columns[column if column.startswith(parent_prefix) else parent_prefix + column] = hint
+    columns.update(_flat_fields(table.row_type, ""))
+    return columns
+
+
+def _flat_fields(row_type: type, prefix: str) -> dict[str, Any]:
+    """The columns of one object: its scalar and list-of-scalar fields, nested objects spread
+    out with their field name as prefix, lists of objects left to their own table."""
+    columns: dict[str, Any] = {}
+    hints = _hints(row_type)
+    for f in dataclasses.fields(row_type):
+        hint = hints[f.name]
+        inner = _unoptional(hint)
+        item = _list_item(inner)
+        if item is not None and dataclasses.is_dataclass(item):
+            continue
+        if dataclasses.is_dataclass(inner):
+            columns.update(_flat_fields(inner, f"{prefix}{f.name}_"))
+        else:
+            columns[prefix + f.name] = hint
+    return columns
+
+
+def _flat_values(obj: Any, row_type: type) -> list[Any]:
+    values: list[Any] = []
+    hints = _hints(row_type)
+    for f in dataclasses.fields(row_type):
+        inner = _unoptional(hints[f.name])
+        item = _list_item(inner)
+        if item is not None and dataclasses.is_dataclass(item):
+            continue
+        value = None if obj is None else getattr(obj, f.name)
+        if dataclasses.is_dataclass(inner):
+            values.extend(_flat_values(value, inner))
+        else:
+            values.append(value)
+    return values
+
+
+def _rows(analysis: Any, table: _Table) -> Iterator[list[Any]]:
+    if table.parent is None:
+        for obj in _objects(analysis, table):
+            yield _flat_values(obj, table.row_type)
+        return
+    for parent in _objects(analysis, table.parent):
+        parent_values = _flat_values(parent, table.parent.row_type)
+        for obj in getattr(parent, table.path[-1]) or []:
+            yield parent_values + _flat_values(obj, table.row_type)
+
+
+def _objects(analysis: Any, table: _Table) -> list[Any]:
+    """The objects of a table that is not inside another's rows."""
+    holder: Any = analysis
+    for step in table.path:
+        holder = getattr(holder, step) if holder is not None else None
+    return list(holder or [])
+
+
+def _series(values: list[Any], hint: Any) -> pd.Series:
+    inner, optional = _unoptional(hint), _is_optional(hint)
+    has_none = any(v is None for v in values)
+    if inner is bool:
+        return pd.Series(values, dtype="boolean" if optional or has_none else "bool")
+    if inner is int:
+        return pd.Series(values, dtype="Int64" if optional or has_none else "int64")
+    if inner is float:
+        return pd.Series([np.nan if v is None else v for v in values], dtype="float64")
+    if inner is str:
+        # The dtype pandas gives strings (object before pandas 3, str from 3 on), empty or not.
+        return pd.Series(values, dtype=_STRINGS.dtype if not values else None)
+    return pd.Series(values, dtype=object)
+
+
+def _point_fields(row_type: type) -> list[str]:
+    """Fields that are lists of numbers: two or more of them are parallel point arrays."""
+    hints = _hints(row_type)
+    return [f.name for f in dataclasses.fields(row_type)
+            if _list_item(_unoptional(hints[f.name])) in (int, float)]
+
+
+# --- type hints -------------------------------------------------------------------------------
+
+
+def _hints(tp: type) -> dict[str, Any]:
+    return typing.get_type_hints(tp)
+
+
+def _is_optional(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def _unoptional(hint: Any) -> Any:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return inner[0] if len(inner) == 1 else Any
+    return hint
+
+
+def _list_item(hint: Any) -> Any:
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
+
+
+def _inner(hint: Any) -> Any:
+    return _list_item(_unoptional(hint))
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()

@@ -1,0 +1,73 @@
+"""The Python API's documentation stays true: every docstring example and every example of
+docs/python.md runs on the shipped fixtures and prints what it shows, every public name has an
+example, and docs/python.md lists every table with its exact columns."""
+
+from __future__ import annotations
+
+import doctest
+import inspect
+import re
+
+import pandas as pd
+import pytest
+from conftest import ROOT, analysis_of
+
+import nsysan
+import nsysan.errors
+import nsysan.frames
+import nsysan.model
+from nsysan import Analysis
+
+PYTHON_DOC = ROOT / "docs" / "python.md"
+OPTIONS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
+
+
+@pytest.fixture()
+def at_root(monkeypatch):
+    """Examples name fixtures/... as a user in the repository would; pandas prints as in a terminal
+    100 columns wide."""
+    monkeypatch.chdir(ROOT)
+    with pd.option_context("display.width", 100, "display.max_columns", 20):
+        yield
+
+
+@pytest.mark.parametrize("module", [nsysan, nsysan.model, nsysan.errors, nsysan.frames],
+                         ids=lambda m: m.__name__)
+def test_docstring_examples_run(module, at_root):
+    result = doctest.testmod(module, optionflags=OPTIONS, report=True)
+    assert result.failed == 0
+
+
+def test_python_doc_examples_run(at_root):
+    result = doctest.testfile(str(PYTHON_DOC), module_relative=False, optionflags=OPTIONS, report=True)
+    assert result.attempted >= 20 and result.failed == 0
+
+
+def _public_names() -> dict[str, object]:
+    names = {name: getattr(nsysan, name) for name in nsysan.__all__ if name != "SCHEMA_ID"}
+    for name, member in vars(Analysis).items():
+        if (not name.startswith("_") or name == "__repr__") and callable(getattr(Analysis, name)):
+            names[f"Analysis.{name}"] = getattr(Analysis, name)
+    return names
+
+
+def test_every_public_name_has_a_runnable_example():
+    without = [name for name, obj in _public_names().items() if ">>> " not in (inspect.getdoc(obj) or "")]
+    assert not without, f"add a docstring example (>>> ...) to: {without}"
+
+
+def _documented_tables() -> dict[str, list[str]]:
+    rows = re.findall(r"^\| `(\w+)` \| [^|]+ \| (.+) \|$", PYTHON_DOC.read_text(), flags=re.M)
+    return {name: re.findall(r"`(\w+)`", columns) for name, columns in rows}
+
+
+@pytest.mark.parametrize("fixture", ["ddp_leak_v25", "known_bt_v25"])
+def test_python_doc_lists_every_table_and_its_columns(fixture):
+    analysis = analysis_of(fixture)
+    documented = _documented_tables()
+    for name in Analysis.frame_names():
+        columns = list(analysis.frame(name).columns)
+        row = f"| `{name}` | (one row per ...) | " + ", ".join(f"`{c}`" for c in columns) + " |"
+        assert name in documented, f"docs/python.md has no row for the table {name!r}; add:\n{row}"
+        assert documented[name] == columns, f"docs/python.md lists other columns for {name!r}; make it:\n{row}"
+    assert set(documented) == set(Analysis.frame_names())
