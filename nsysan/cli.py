@@ -12,6 +12,8 @@ from typing import Optional
 import typer
 
 from .commands import analyze as analyze_command
+from .commands import check as check_command
+from .commands import compare as compare_command
 from .commands.common import OutputClosed, say_error
 from .errors import NsysanError, one_line
 from .reader import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
@@ -19,6 +21,8 @@ from .reader import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="GPU-memory answers from NVIDIA Nsight Systems reports.")
 app.command("analyze")(analyze_command.analyze)
+app.command("compare")(compare_command.compare)
+app.command("check")(check_command.check)
 
 _state = {"debug": False}
 INTERRUPTED = 130  # 128 + SIGINT: what shells report after Ctrl-C

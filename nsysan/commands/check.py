@@ -1,0 +1,87 @@
+"""`nsysan check`: a memory gate for CI, with exit codes 0 (limits hold), 1 (one broke), 2 (bad input)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import NsysanError
+from ..inputs import load_or_analyze
+from ..limits import Limits, evaluate_limits, load_config, read_config_file
+from ..render.files import write_all_or_none
+from .common import out_console, to_stdout
+
+
+def check(
+    report: Path = typer.Argument(..., help="The run to check: a report, an export or an analysis.json.",
+                                  show_default=False),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", "-b", help="The run to compare with (a report, "
+                                            "an export or a committed analysis.json)."),
+    max_peak: Optional[str] = typer.Option(None, "--max-peak", help="Highest allowed peak, e.g. 8GiB."),
+    max_peak_increase: Optional[str] = typer.Option(None, "--max-peak-increase", help="Highest allowed peak "
+                                                    "increase over the baseline: 5% or 512MiB."),
+    max_never_freed: Optional[str] = typer.Option(None, "--max-never-freed", help="Most device bytes allowed "
+                                                  "to stay allocated at the end, e.g. 0."),
+    max_growth_per_step: Optional[str] = typer.Option(None, "--max-growth-per-step", help="Most growth of live "
+                                                      "bytes per training step, e.g. 16MiB."),
+    no_failed_allocations: bool = typer.Option(False, "--no-failed-allocations", help="Fail when an allocation "
+                                               "call failed."),
+    no_warnings: Optional[str] = typer.Option(None, "--no-warnings", help="Fail on these diagnostic codes "
+                                              "(comma-separated), or on any warning: all."),
+    per: Optional[str] = typer.Option(None, "--per", help="Where limits apply: process (each process on each "
+                                      "GPU, the default), gpu (all processes of a GPU together) or all."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Read limits from this nsysan.toml or "
+                                          "pyproject.toml (default: the nearest one from here up)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the verdict as JSON here."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Write a JUnit XML file here (one test case "
+                                         "per limit and place)."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Write a Markdown summary here."),
+    github_summary: bool = typer.Option(False, "--github-summary", help="Append the Markdown summary to "
+                                        "$GITHUB_STEP_SUMMARY when it is set."),
+    nsys: Optional[Path] = typer.Option(None, "--nsys", help="nsys binary (or its folder) used to export reports."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Where exports are cached."),
+) -> None:
+    """Check a run against memory limits; exit 0 if every limit holds, 1 if one broke, 2 if the input is bad.
+
+    Example: nsysan check fixtures/torch_leak_v25.sqlite --baseline fixtures/torch_clean_v25.sqlite --max-peak-increase 10%
+    """
+    if config is not None:
+        defaults = read_config_file(config) if config.is_file() else None
+        if defaults is None:
+            raise NsysanError(f"--config {config}: no such file, or no [tool.nsysan.check] table in it")
+    else:
+        _, defaults = load_config(Path.cwd())
+    limits = Limits.parse(per=per, max_peak=max_peak, max_peak_increase=max_peak_increase,
+                          max_never_freed=max_never_freed, max_growth_per_step=max_growth_per_step,
+                          no_failed_allocations=no_failed_allocations, no_warnings=no_warnings, defaults=defaults)
+    if limits.max_peak_increase is not None and baseline is None:
+        raise NsysanError("--max-peak-increase needs a baseline: add --baseline BASE (a report or its analysis.json)")
+    analysis = load_or_analyze(report, nsys=nsys, cache_dir=cache_dir)
+    base = load_or_analyze(baseline, nsys=nsys, cache_dir=cache_dir) if baseline is not None else None
+    verdict = evaluate_limits(analysis, base, limits)
+
+    from ..render.verdict import render_junit, render_markdown, render_verdict_json, render_verdict_terminal
+
+    files: dict[Path, str] = {}
+    if json_path:
+        files[json_path] = render_verdict_json(verdict)
+    if junit:
+        files[junit] = render_junit(verdict)
+    if markdown:
+        files[markdown] = render_markdown(verdict)
+    if files:
+        write_all_or_none(files)
+    summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
+    if github_summary and summary_file:
+        try:
+            with open(summary_file, "a", encoding="utf-8") as handle:
+                handle.write(render_markdown(verdict))
+        except OSError as err:
+            raise NsysanError(f"could not write $GITHUB_STEP_SUMMARY ({summary_file}): {err.strerror or err}") from err
+    with to_stdout():
+        render_verdict_terminal(verdict, out_console())
+    if not verdict.ok:
+        raise typer.Exit(1)

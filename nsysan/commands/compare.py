@@ -1,0 +1,56 @@
+"""`nsysan compare`: what grew, appeared or vanished between two runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..compare import compare_analyses
+from ..errors import NsysanError
+from ..inputs import load_or_analyze
+from ..render.files import check_output_dir
+from ..render.json import dumps
+from .common import out_console, to_stdout
+
+
+def compare(
+    base: Path = typer.Argument(..., help="The earlier run: a report, an export or an analysis.json.",
+                                show_default=False),
+    new: Path = typer.Argument(..., help="The later run, in any of the same forms.", show_default=False),
+    format: str = typer.Option("text", "--format", "-f", help="text (the verdict and tables) or json "
+                               "(the nsysan/compare@1 document)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write compare.html, compare.png and "
+                                          "compare.json here."),
+    top: int = typer.Option(10, "--top", min=1, help="Rows per table in the text summary."),
+    nsys: Optional[Path] = typer.Option(None, "--nsys", help="nsys binary (or its folder) used to export reports."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Where exports are cached."),
+) -> None:
+    """Compare two runs: peak, end-of-run and never-freed bytes per process and GPU, sites and NVTX ranges.
+
+    Example: nsysan compare fixtures/torch_clean_v25.sqlite fixtures/torch_leak_v25.sqlite
+    """
+    if format not in ("text", "json"):
+        raise NsysanError(f"unknown --format {format!r}; use text or json")
+    if output:
+        check_output_dir(output)
+    before = load_or_analyze(base, nsys=nsys, cache_dir=cache_dir)
+    after = load_or_analyze(new, nsys=nsys, cache_dir=cache_dir)
+    comparison = compare_analyses(before, after)
+    page = None
+    if output:
+        from ..render.compare_html import write_comparison
+
+        page = write_comparison(comparison, before, after, output)
+    with to_stdout():
+        if format == "json":
+            typer.echo(dumps(comparison.to_dict()))
+            sys.stdout.flush()
+            return
+        from ..render.comparison import render_comparison_terminal
+
+        render_comparison_terminal(comparison, out_console(), top=top)
+        if page:
+            out_console().print(f"Report: {page} (with compare.png and compare.json)", markup=False, soft_wrap=True)

@@ -1,0 +1,374 @@
+"""Two runs side by side: what grew, appeared or vanished between a base and a new `Analysis`.
+
+`compare_analyses(base, new)` returns a `Comparison`, the documented JSON `nsysan/compare@1`
+(docs/json.md). It reads the two models only, so a committed `analysis.json` is as good a base
+as a report.
+
+Processes are matched by role, never by pid (pids differ from run to run): by rank when every
+process of both runs has one, else by GPU order (each process's GPU, the one of its highest
+peak, in ascending order: GPU 0 and 1 of one run match GPU 2 and 3 of another), else by
+process name and the order in which processes started. Within a matched process its devices
+are matched in GPU order. Sites are matched by label and kind, NVTX ranges by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .model import GPU_RESIDENT_KINDS, Analysis
+from .units import fmt_bytes
+
+SCHEMA_ID = "nsysan/compare@1"
+# Kinds counted in a row's end-of-run and never-freed bytes: GPU-resident memory, without
+# module globals (static memory is loaded with the code and never freed by design).
+_KEPT_KINDS = tuple(k for k in GPU_RESIDENT_KINDS if k != "static")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One number before and after. `percent` is None when there was nothing before."""
+
+    before: Optional[int]
+    after: Optional[int]
+    delta: Optional[int]
+    percent: Optional[float]
+
+    @staticmethod
+    def of(before: Optional[int], after: Optional[int]) -> "Change":
+        if before is None or after is None:
+            return Change(before, after, None, None)
+        delta = after - before
+        percent = round(100.0 * delta / before, 2) if before else None
+        return Change(before, after, delta, percent)
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """One side of the comparison."""
+
+    name: str
+    path: str
+    peak_bytes: Optional[int]  # the run's headline peak (highest per-process GPU peak)
+    processes: int
+
+
+@dataclass(frozen=True)
+class ProcessDelta:
+    """One matched (process, GPU) before and after."""
+
+    role: str  # how it is shown: "GPU 0", "rank 1 · GPU 1", "python3 #2 · GPU 0"
+    base_pid: Optional[int]  # None: the process has no match in the base run
+    new_pid: Optional[int]  # None: the process has no match in the new run
+    base_gpu: Optional[int]
+    new_gpu: Optional[int]
+    peak: Change  # GPU-resident bytes (device + array + static) at the process's peak
+    end: Change  # GPU-resident bytes live at the end of the capture
+    never_freed: Change  # device + array bytes never freed (static module memory left out)
+    growth_per_step: Optional[Change] = None  # bytes per step, when both runs have steps
+
+
+@dataclass(frozen=True)
+class SiteDelta:
+    """An allocation site (matched by label and kind) whose bytes changed."""
+
+    label: str
+    kind: str
+    status: str  # grew | shrank | appeared | vanished
+    max_live: Change  # the most the site held at one moment
+    allocated: Change
+    never_freed: Change
+
+
+@dataclass(frozen=True)
+class RangeDelta:
+    """An NVTX range name whose peak while open or kept bytes grew."""
+
+    name: str
+    max_live: Change  # highest live bytes while it was open
+    still_live: Change  # allocated inside and still live at the end
+
+
+@dataclass(frozen=True)
+class Comparison:
+    schema: str  # "nsysan/compare@1"
+    base: RunRef
+    new: RunRef
+    matched_by: str  # rank | gpu | name
+    identical: bool  # no number differs anywhere
+    headline: str  # the verdict in one line
+    processes: list[ProcessDelta]
+    sites: list[SiteDelta]  # largest change of max_live first
+    ranges: list[RangeDelta]  # largest growth first
+    unchanged_sites: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Comparison":
+        from .model import _from_plain
+
+        return _from_plain(cls, data)
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One (process, CUDA device) of one run, with the numbers compared."""
+
+    pid: int
+    name: str
+    device: int
+    gpu: Optional[int]
+    peak_bytes: int
+    end_bytes: int
+    never_freed_bytes: int
+    rank: Optional[int] = None
+    growth_per_step: Optional[int] = None
+    first_ns: int = 0
+
+
+@dataclass
+class _Process:
+    pid: int
+    name: str
+    rank: Optional[int]
+    first_ns: int
+    rows: list[_Row] = field(default_factory=list)
+
+    @property
+    def main_gpu(self) -> Optional[int]:
+        best = max(self.rows, key=lambda r: (r.peak_bytes, -r.device))
+        return best.gpu if best.gpu is not None else best.device
+
+
+def compare_analyses(base: Analysis, new: Analysis) -> Comparison:
+    """What changed from `base` to `new`: per matched process and GPU, per site, per NVTX range."""
+    base_procs, new_procs = _processes(base), _processes(new)
+    matched_by, pairs = match_processes(base_procs, new_procs)
+    deltas: list[ProcessDelta] = []
+    for role, b, n in pairs:
+        deltas.extend(_process_deltas(role, b, n))
+    sites, unchanged = _site_deltas(base, new)
+    ranges = _range_deltas(base, new)
+    identical = (not sites and not ranges and all(
+        d.base_pid is not None and d.new_pid is not None and not d.peak.changed and not d.end.changed
+        and not d.never_freed.changed and not (d.growth_per_step and d.growth_per_step.changed) for d in deltas))
+    comparison = Comparison(schema=SCHEMA_ID, base=_ref(base, base_procs), new=_ref(new, new_procs),
+                            matched_by=matched_by, identical=identical, headline="", processes=deltas,
+                            sites=sites, ranges=ranges, unchanged_sites=unchanged)
+    return dataclasses.replace(comparison, headline=headline(comparison))
+
+
+def headline(c: Comparison) -> str:
+    """The verdict in one line: "peak +3.5 GiB (+194%) on GPU 0; new growth of 735.0 MiB per step; ..."."""
+    if c.identical:
+        return ("no difference: peak, end-of-run and never-freed bytes are the same on every process and GPU, "
+                "and so are the sites and NVTX ranges")
+    parts: list[str] = []
+    matched = [d for d in c.processes if d.base_pid is not None and d.new_pid is not None]
+    peak = max(matched, key=lambda d: abs(d.peak.delta or 0), default=None)
+    if peak is not None and peak.peak.delta:
+        parts.append(f"peak {_signed(peak.peak)} on {peak.role}")
+    elif matched:
+        parts.append("same peak")
+    kept = max(matched, key=lambda d: abs(d.never_freed.delta or 0), default=None)
+    if kept is not None and kept.never_freed.delta and (peak is None or kept.role != peak.role
+                                                          or not peak.peak.delta):
+        parts.append(f"never freed {_signed(kept.never_freed)} on {kept.role}")
+    growth = max((d for d in matched if d.growth_per_step and d.growth_per_step.delta),
+                 key=lambda d: abs(d.growth_per_step.delta or 0), default=None)  # type: ignore[union-attr]
+    if growth is not None:
+        g = growth.growth_per_step
+        assert g is not None and g.after is not None and g.before is not None
+        if g.before <= 0 < g.after:
+            parts.append(f"new growth of {fmt_bytes(g.after)} per step on {growth.role}")
+        else:
+            parts.append(f"growth per step {fmt_bytes(g.before)} → {fmt_bytes(g.after)} on {growth.role}")
+    only_new = [d.role for d in c.processes if d.base_pid is None]
+    only_base = [d.role for d in c.processes if d.new_pid is None]
+    if only_new:
+        parts.append("new: " + ", ".join(only_new))
+    if only_base:
+        parts.append("gone: " + ", ".join(only_base))
+    top = next((s for s in c.sites if s.status in ("appeared", "grew")), None)
+    if top is not None:
+        what = "top new site" if top.status == "appeared" else "top growing site"
+        parts.append(f"{what}: {top.label} ({_signed(top.max_live, percent=False)})")
+    return "; ".join(parts)
+
+
+def _signed(change: Change, percent: bool = True) -> str:
+    delta = change.delta or 0
+    text = ("+" if delta >= 0 else "-") + fmt_bytes(abs(delta))
+    if percent and change.percent is not None:
+        text += f" ({change.percent:+.0f}%)"
+    return text
+
+
+def _ref(analysis: Analysis, processes: list[_Process]) -> RunRef:
+    return RunRef(name=analysis.source.name, path=analysis.source.path,
+                  peak_bytes=analysis.peak.peak_bytes if analysis.peak else None, processes=len(processes))
+
+
+def _processes(analysis: Analysis) -> list[_Process]:
+    """The processes with GPU-resident memory, each with one row per CUDA device."""
+    peaks = {(p.pid, p.device): p for p in analysis.peaks if p.pid is not None}
+    names = {p.pid: p.name for p in analysis.capture.processes}
+    ranks = {p.pid: getattr(p, "rank", None) for p in analysis.capture.processes}
+    first = {s.pid: s.ts_ns[0] for s in reversed(analysis.timeline.series) if s.ts_ns}
+    for s in analysis.timeline.series:
+        if s.ts_ns:
+            first[s.pid] = min(first.get(s.pid, s.ts_ns[0]), s.ts_ns[0])
+    growth = steps_growth(analysis)
+    rows: dict[tuple[int, int], dict[str, Any]] = {}
+    for g in analysis.groups:
+        if g.kind not in GPU_RESIDENT_KINDS:
+            continue
+        row = rows.setdefault((g.pid, g.device), {"gpu": g.gpu, "end": 0, "kept": 0})
+        row["end"] += g.end_bytes
+        if g.kind in _KEPT_KINDS:
+            row["kept"] += g.never_freed_bytes
+    processes: dict[int, _Process] = {}
+    for (pid, device), row in sorted(rows.items()):
+        peak = peaks.get((pid, device))
+        proc = processes.setdefault(pid, _Process(pid, names.get(pid, ""), ranks.get(pid), first.get(pid, 0)))
+        proc.rows.append(_Row(pid=pid, name=proc.name, device=device, gpu=row["gpu"],
+                              peak_bytes=peak.peak_bytes if peak else 0, end_bytes=row["end"],
+                              never_freed_bytes=row["kept"], rank=proc.rank,
+                              growth_per_step=growth.get((pid, device))))
+    return list(processes.values())
+
+
+def steps_growth(analysis: Analysis) -> dict[tuple[int, int], int]:
+    """Bytes of growth per step by (pid, device), when the analysis has step verdicts."""
+    growth = getattr(analysis, "growth", None)
+    found: dict[tuple[int, int], int] = {}
+    for verdict in growth or []:
+        pid, device = getattr(verdict, "pid", None), getattr(verdict, "device", None)
+        per_step = getattr(verdict, "bytes_per_step", None)
+        if pid is not None and device is not None and per_step is not None:
+            found[(int(pid), int(device))] = int(per_step)
+    return found
+
+
+def match_processes(base: list[_Process], new: list[_Process]
+                    ) -> tuple[str, list[tuple[str, Optional[_Process], Optional[_Process]]]]:
+    """Pairs (role, base process, new process), either side None when unmatched; and the rule used."""
+    everyone = base + new
+    if everyone and all(p.rank is not None for p in everyone):
+        return "rank", _pair_by_key(base, new, lambda p: p.rank, lambda p: f"rank {p.rank}")
+    if all(len({p.main_gpu for p in run}) == len(run) for run in (base, new)):
+        def gpu_order(run: list[_Process]) -> dict[int, int]:
+            return {p.pid: i for i, p in enumerate(sorted(run, key=lambda p: (p.main_gpu is None, p.main_gpu)))}
+
+        order = {id(base): gpu_order(base), id(new): gpu_order(new)}
+        keyed = _pair_by_key(base, new, lambda p: order[id(base) if p in base else id(new)][p.pid],
+                             lambda p: f"GPU {p.main_gpu}")
+        return "gpu", keyed
+    return "name", _pair_by_name(base, new)
+
+
+def _pair_by_key(base, new, key, label):
+    by_base = {key(p): p for p in base}
+    by_new = {key(p): p for p in new}
+    pairs = []
+    for k in sorted(set(by_base) | set(by_new), key=lambda k: (k is None, k)):
+        b, n = by_base.get(k), by_new.get(k)
+        pairs.append((label(n if n is not None else b), b, n))
+    return pairs
+
+
+def _pair_by_name(base: list[_Process], new: list[_Process]):
+    def numbered(run: list[_Process]) -> dict[tuple[str, int], _Process]:
+        seen: dict[str, int] = {}
+        out = {}
+        for p in sorted(run, key=lambda p: (p.first_ns, p.name)):
+            seen[p.name] = seen.get(p.name, 0) + 1
+            out[(p.name, seen[p.name])] = p
+        return out
+
+    by_base, by_new = numbered(base), numbered(new)
+    pairs = []
+    for key in sorted(set(by_base) | set(by_new)):
+        b, n = by_base.get(key), by_new.get(key)
+        pairs.append((f"{key[0] or 'process'} #{key[1]}", b, n))
+    return pairs
+
+
+def _process_deltas(role: str, base: Optional[_Process], new: Optional[_Process]) -> list[ProcessDelta]:
+    def gpu_ordered(p: Optional[_Process]) -> list[_Row]:
+        return sorted(p.rows, key=lambda r: (r.gpu is None, r.gpu, r.device)) if p else []
+
+    b_rows, n_rows = gpu_ordered(base), gpu_ordered(new)
+    out = []
+    for i in range(max(len(b_rows), len(n_rows))):
+        b = b_rows[i] if i < len(b_rows) else None
+        n = n_rows[i] if i < len(n_rows) else None
+        row = n if n is not None else b
+        assert row is not None
+        gpu = row.gpu if row.gpu is not None else row.device
+        if role.startswith("GPU "):  # matched by GPU: the role is the process's main GPU
+            name = role if role == f"GPU {gpu}" else f"GPU {gpu} (process of {role})"
+        else:
+            name = f"{role} · GPU {gpu}"
+
+        def value(row: Optional[_Row], attr: str) -> Optional[int]:
+            return getattr(row, attr) if row is not None else None
+
+        growth = None
+        if (b and b.growth_per_step is not None) or (n and n.growth_per_step is not None):
+            growth = Change.of(value(b, "growth_per_step"), value(n, "growth_per_step"))
+        out.append(ProcessDelta(
+            role=name, base_pid=b.pid if b else None, new_pid=n.pid if n else None,
+            base_gpu=b.gpu if b else None, new_gpu=n.gpu if n else None,
+            peak=Change.of(value(b, "peak_bytes"), value(n, "peak_bytes")),
+            end=Change.of(value(b, "end_bytes"), value(n, "end_bytes")),
+            never_freed=Change.of(value(b, "never_freed_bytes"), value(n, "never_freed_bytes")),
+            growth_per_step=growth))
+    return out
+
+
+def _site_deltas(base: Analysis, new: Analysis) -> tuple[list[SiteDelta], int]:
+    def by_label(a: Analysis) -> dict[tuple[str, str], Any]:
+        return {(s.site.label, s.kind): s for s in a.sites}
+
+    b_sites, n_sites = by_label(base), by_label(new)
+    deltas, unchanged = [], 0
+    for key in set(b_sites) | set(n_sites):
+        b, n = b_sites.get(key), n_sites.get(key)
+        max_live = Change.of(b.max_live_bytes if b else 0, n.max_live_bytes if n else 0)
+        allocated = Change.of(b.allocated_bytes if b else 0, n.allocated_bytes if n else 0)
+        kept = Change.of(b.never_freed_bytes if b else 0, n.never_freed_bytes if n else 0)
+        if b is None:
+            status = "appeared"
+        elif n is None:
+            status = "vanished"
+        elif max_live.changed or allocated.changed or kept.changed:
+            status = "grew" if (max_live.delta, kept.delta, allocated.delta) > (0, 0, 0) else "shrank"
+        else:
+            unchanged += 1
+            continue
+        deltas.append(SiteDelta(label=key[0], kind=key[1], status=status, max_live=max_live,
+                                allocated=allocated, never_freed=kept))
+    deltas.sort(key=lambda s: (-abs(s.max_live.delta or 0), -abs(s.never_freed.delta or 0), s.label, s.kind))
+    return deltas, unchanged
+
+
+def _range_deltas(base: Analysis, new: Analysis) -> list[RangeDelta]:
+    b_ranges = {r.name: r for r in base.ranges}
+    n_ranges = {r.name: r for r in new.ranges}
+    out = []
+    for name in set(b_ranges) | set(n_ranges):
+        b, n = b_ranges.get(name), n_ranges.get(name)
+        max_live = Change.of(b.max_live_bytes if b else 0, n.max_live_bytes if n else 0)
+        kept = Change.of(b.still_live_bytes if b else 0, n.still_live_bytes if n else 0)
+        if (max_live.delta or 0) > 0 or (kept.delta or 0) > 0:
+            out.append(RangeDelta(name=name, max_live=max_live, still_live=kept))
+    out.sort(key=lambda r: (-max(r.max_live.delta or 0, r.still_live.delta or 0), r.name))
+    return out

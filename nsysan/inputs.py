@@ -1,0 +1,50 @@
+"""What compare, check and batch accept: a report, an export, or an analysis JSON document.
+
+A JSON document is read back, never re-analyzed: a baseline committed as `analysis.json` costs
+a file read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+from .errors import NsysanError
+from .model import Analysis
+
+Progress = Callable[[str, float], None]
+
+
+def is_analysis_document(path: Path) -> bool:
+    """A `.json` file, or any file whose first non-blank byte is `{` (SQLite and nsys reports
+    start with their own magic, never with a brace)."""
+    if path.suffix.lower() == ".json":
+        return True
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64).lstrip()
+    except OSError:
+        return False  # the analysis path says what is wrong with it
+    return head.startswith(b"{")
+
+
+def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] = None,
+                    cache_dir: Optional[Path] = None, progress: Optional[Progress] = None) -> Analysis:
+    """The `Analysis` of a report or export, or the one stored in an analysis JSON document."""
+    path = Path(path)
+    if path.is_dir():
+        raise NsysanError(f"{path} is a folder; give a report (.nsys-rep, .qdrep, .sqlite) or an analysis.json")
+    if is_analysis_document(path):
+        from . import load_analysis
+
+        try:
+            return load_analysis(path)
+        except NsysanError as err:
+            raise NsysanError(f"{path.name}: {err.message}" if not err.message.startswith(path.name)
+                              else err.message, err.exit_code) from err
+        except (KeyError, TypeError, ValueError, AttributeError) as err:  # valid JSON, not our shape
+            raise NsysanError(f"{path.name} is not a complete nsysan analysis document ({type(err).__name__}: "
+                              f"{err})") from err
+    from .pipeline import analyze_report
+
+    return analyze_report(path, nsys=nsys, cache_dir=cache_dir, progress=progress)

@@ -1,0 +1,232 @@
+"""`check`: limits with human units, exit codes 0/1/2, and the JSON, JUnit and Markdown verdicts.
+
+known_mem_v25's peak, from its program (fixtures/README.md): 256 + 128 + 12 MiB live when the
+512 MiB burst is allocated = 908 MiB. Its never-freed device bytes are the truth file's
+allocations with freed = 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, ROOT, analysis_of, truth
+
+from nsysan.errors import NsysanError
+from nsysan.limits import Amount, Limits, evaluate_limits, parse_size
+from nsysan.units import fmt_bytes
+
+MiB = 1 << 20
+KNOWN_PEAK = (256 + 128 + 12 + 512) * MiB
+KNOWN_NEVER_FREED = sum(r["bytes"] for r in truth("known_mem_v25") if r.get("freed") == 0)
+# The leak keeps each step's graph: PyTorch's reserved bytes after the last step, leak - clean.
+LEAK_GROWTH = [r for r in truth("torch_leak_v25") if "step" in r][-1]["peak_reserved"] - \
+    [r for r in truth("torch_clean_v25") if "step" in r][-1]["peak_reserved"]
+
+
+def run(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nsysan", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300, env=env)
+
+
+def fixture(name: str) -> str:
+    return str(FIXTURES / f"{name}.sqlite")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("8GiB", 8 << 30), ("512 MiB", 512 * MiB), ("900MB", 900_000_000), ("1.5G", 3 << 29), ("0", 0),
+    ("16mib", 16 * MiB), ("4096", 4096), ("2k", 2048), ("1TB", 10**12),
+])
+def test_sizes(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "8 GiBs", "-1MiB", "eight", "5%", "1e9"])
+def test_malformed_sizes(text):
+    with pytest.raises(NsysanError):
+        parse_size(text, "max-peak")
+
+
+def test_amounts_are_percentages_or_sizes():
+    assert Amount.parse("10%", "max-peak-increase") == Amount(percent=10.0)
+    assert Amount.parse("512MiB", "max-peak-increase") == Amount(bytes=512 * MiB)
+    with pytest.raises(NsysanError):
+        Amount.parse("ten percent", "max-peak-increase")
+
+
+def test_leak_against_clean_breaks_the_increase_limit():
+    result = run("check", fixture("torch_leak_v25"), "--baseline", fixture("torch_clean_v25"),
+                 "--max-peak-increase", "10%")
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "FAIL: 1 of 1 limit checks broken (torch_leak_v25.sqlite against torch_clean_v25.sqlite)"
+    assert lines[1].startswith(f"  broken  max-peak-increase: peak increase +{fmt_bytes(LEAK_GROWTH)} (+201.9%)")
+    assert "over the limit of +10%" in lines[1] and "on GPU 0" in lines[1]
+
+
+def test_increase_in_bytes():
+    leak, clean = analysis_of("torch_leak_v25"), analysis_of("torch_clean_v25")
+    just_over = evaluate_limits(leak, clean, Limits.parse(max_peak_increase=str(LEAK_GROWTH - 1)))
+    at_limit = evaluate_limits(leak, clean, Limits.parse(max_peak_increase=str(LEAK_GROWTH)))
+    assert not just_over.ok and at_limit.ok
+    assert just_over.outcomes[0].measured == LEAK_GROWTH
+
+
+def test_clean_against_clean_passes():
+    result = run("check", fixture("torch_clean_v25"), "--baseline", fixture("torch_clean_v25"),
+                 "--max-peak-increase", "10%")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("PASS: all 1 limit checks hold")
+
+
+def test_known_mem_peak_over_900_mib():
+    result = run("check", fixture("known_mem_v25"), "--max-peak", "900MiB")
+    assert result.returncode == 1
+    assert f"peak {fmt_bytes(KNOWN_PEAK)} is over the limit of 900.0 MiB" in result.stdout
+    assert fmt_bytes(KNOWN_PEAK) == "908.0 MiB"
+    assert run("check", fixture("known_mem_v25"), "--max-peak", "908MiB").returncode == 0
+
+
+def test_never_freed_and_per_options():
+    known = analysis_of("known_mem_v25")
+    for per in ("process", "gpu", "all"):
+        verdict = evaluate_limits(known, None, Limits.parse(per=per, max_never_freed="0", max_peak="1GiB"))
+        kept = next(o for o in verdict.outcomes if o.limit == "max-never-freed")
+        peak = next(o for o in verdict.outcomes if o.limit == "max-peak")
+        assert (kept.ok, kept.measured) == (False, KNOWN_NEVER_FREED)
+        assert (peak.ok, peak.measured) == (True, KNOWN_PEAK)
+        assert kept.where == {"process": kept.where, "gpu": "GPU 0", "all": "all"}[per]
+
+
+def test_failed_allocations_and_warnings():
+    # real_oom_v25: cudaMalloc call #9 fails with cudaErrorMemoryAllocation (truth: error 2)
+    failures = [r for r in truth("real_oom_v25") if r.get("error")]
+    assert len(failures) == 1
+    verdict = evaluate_limits(analysis_of("real_oom_v25"), None,
+                              Limits.parse(no_failed_allocations=True, no_warnings="allocation_failed,quick"))
+    assert not verdict.ok
+    failed = [o for o in verdict.outcomes if o.limit == "no-failed-allocations"]
+    assert [(o.ok, o.measured) for o in failed] == [(False, 1)]
+    assert "cudaMalloc → cudaErrorMemoryAllocation" in failed[0].message
+    warned = {o.where: o.ok for o in verdict.outcomes if o.limit == "no-warnings"}
+    assert warned == {"allocation_failed": False, "quick": True}
+    clean = evaluate_limits(analysis_of("known_mem_v25"), None, Limits.parse(no_failed_allocations=True,
+                                                                             no_warnings="all"))
+    assert clean.ok  # known_mem_v25 has only an info diagnostic (no_backtraces)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-peak", "9XB"], "--max-peak '9XB' is not a size"),
+    (["--max-peak-increase", "5%"], "--max-peak-increase needs a baseline"),
+    (["--per", "node", "--max-peak", "1GiB"], "--per 'node'"),
+    ([], "no limits to check"),
+])
+def test_malformed_limits_exit_2(args, message):
+    result = run("check", fixture("known_mem_v25"), *args)
+    assert result.returncode == 2
+    assert result.stdout == "" and result.stderr.count("\n") == 1 and message in result.stderr
+
+
+def test_corrupt_report_exits_2_with_one_line(tmp_path):
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_bytes((FIXTURES / "known_mem_v25.sqlite").read_bytes()[:3000])
+    result = run("check", str(corrupt), "--max-peak", "1GiB")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "corrupt.sqlite" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_growth_limit_without_steps_is_an_error():
+    result = run("check", fixture("known_plain_v25"), "--max-growth-per-step", "16MiB")
+    assert result.returncode == 2 and "needs steps" in result.stderr
+
+
+def test_limits_from_pyproject_and_nsysan_toml(tmp_path):
+    (tmp_path / ".git").mkdir()  # the top of a repository: the search stops here
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n\n[tool.nsysan.check]\nmax-peak = "900MiB"\n')
+    result = run("check", fixture("known_mem_v25"), cwd=tmp_path)
+    assert result.returncode == 1 and "over the limit of 900.0 MiB" in result.stdout
+    # the command line wins over the file
+    assert run("check", fixture("known_mem_v25"), "--max-peak", "1GiB", cwd=tmp_path).returncode == 0
+    (tmp_path / "nsysan.toml").write_text('[check]\nmax_peak = "1GiB"\nno_failed_allocations = true\n')
+    assert run("check", fixture("known_mem_v25"), cwd=tmp_path).returncode == 0  # nsysan.toml comes first
+    (tmp_path / "nsysan.toml").write_text('[check]\nmax-peek = "1GiB"\n')
+    result = run("check", fixture("known_mem_v25"), cwd=tmp_path)
+    assert result.returncode == 2 and "unknown check setting 'max-peek'" in result.stderr
+
+
+# The structure of the common JUnit schema (Ant's format, windyroad JUnit.xsd): required
+# attributes of each element and the order of a testsuite's children.
+SUITE_ATTRIBUTES = {"name", "timestamp", "hostname", "tests", "failures", "errors", "time", "package", "id"}
+CASE_ATTRIBUTES = {"name", "classname", "time"}
+
+
+def assert_junit_schema(root: ET.Element) -> None:
+    assert root.tag == "testsuites"
+    for suite in root:
+        assert suite.tag == "testsuite"
+        assert SUITE_ATTRIBUTES <= set(suite.attrib), SUITE_ATTRIBUTES - set(suite.attrib)
+        assert len(suite.attrib["timestamp"]) == 19 and suite.attrib["timestamp"][10] == "T"  # no time zone
+        for count in ("tests", "failures", "errors"):
+            assert int(suite.attrib[count]) >= 0
+        float(suite.attrib["time"])
+        tags = [child.tag for child in suite]
+        assert tags[0] == "properties" and tags[-2:] == ["system-out", "system-err"]
+        assert set(tags[1:-2]) <= {"testcase"}
+        for prop in suite[0]:
+            assert prop.tag == "property" and {"name", "value"} <= set(prop.attrib)
+        cases = suite.findall("testcase")
+        assert int(suite.attrib["tests"]) == len(cases)
+        assert int(suite.attrib["failures"]) == sum(1 for c in cases if c.find("failure") is not None)
+        for case in cases:
+            assert CASE_ATTRIBUTES <= set(case.attrib)
+            float(case.attrib["time"])
+            for failure in case:
+                assert failure.tag in ("failure", "error") and {"message", "type"} <= set(failure.attrib)
+
+
+def test_junit_json_and_markdown_outputs(tmp_path):
+    summary = tmp_path / "step-summary.md"
+    summary.write_text("earlier steps\n")
+    env = dict(__import__("os").environ, GITHUB_STEP_SUMMARY=str(summary))
+    result = run("check", fixture("torch_leak_v25"), "--baseline", fixture("torch_clean_v25"),
+                 "--max-peak-increase", "10%", "--max-peak", "8GiB", "--junit", str(tmp_path / "junit.xml"),
+                 "--json", str(tmp_path / "verdict.json"), "--markdown", str(tmp_path / "check.md"),
+                 "--github-summary", env=env)
+    assert result.returncode == 1, result.stderr
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    assert_junit_schema(root)
+    cases = {c.attrib["classname"]: c for c in root.iter("testcase")}
+    assert set(cases) == {"nsysan.check.max-peak", "nsysan.check.max-peak-increase"}
+    assert cases["nsysan.check.max-peak"].find("failure") is None
+    failure = cases["nsysan.check.max-peak-increase"].find("failure")
+    assert failure is not None and "+10%" in failure.attrib["message"]
+    verdict = json.loads((tmp_path / "verdict.json").read_text())
+    assert verdict["schema"] == "nsysan/check@1" and verdict["ok"] is False
+    assert verdict["baseline"] == "torch_clean_v25.sqlite"
+    broken = [o for o in verdict["outcomes"] if not o["ok"]]
+    assert [(o["limit"], o["threshold"]) for o in broken] == [("max-peak-increase", "10%")]
+    markdown = (tmp_path / "check.md").read_text()
+    assert markdown.startswith("### ❌ nsysan check: FAIL") and "| ❌ | `max-peak-increase` 10% |" in markdown
+    assert summary.read_text() == "earlier steps\n" + markdown
+
+
+def test_a_profile_string_cannot_break_the_junit_or_markdown(tmp_path):
+    from nsysan.limits import Outcome, Verdict
+    from nsysan.render.verdict import render_junit, render_markdown
+
+    nasty = "<b>x</b> | `y` \x1b[31m ]]> & \"q\""
+    verdict = Verdict(schema="nsysan/check@1", report=nasty, baseline=None, per="process", ok=False,
+                      outcomes=[Outcome(limit="max-peak", where=nasty, ok=False, measured=1, threshold="1 B",
+                                        message=nasty)])
+    root = ET.fromstring(render_junit(verdict))
+    assert_junit_schema(root)
+    assert root.find("testsuite/testcase/failure").attrib["message"] == "<b>x</b> | `y` \\x1b[31m ]]> & \"q\""
+    markdown = render_markdown(verdict)
+    assert "<b>" not in markdown and "\x1b" not in markdown and "&lt;b&gt;" in markdown
+    row = markdown.splitlines()[-1]
+    assert len(re.findall(r"(?<!\\)\|", row)) == 5  # unescaped pipes: the cells stay four
