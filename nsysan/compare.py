@@ -220,7 +220,9 @@ def _processes(analysis: Analysis) -> list[_Process]:
     """The processes with GPU-resident memory, each with one row per CUDA device."""
     peaks = {(p.pid, p.device): p for p in analysis.peaks if p.pid is not None}
     names = {p.pid: p.name for p in analysis.capture.processes}
-    ranks = {p.pid: getattr(p, "rank", None) for p in analysis.capture.processes}
+    # Only a rank read from the process's environment is a role of its own; a rank numbered by
+    # GPU order is the GPU order, which the matching falls back to anyway.
+    ranks = {p.pid: p.rank if p.rank_source == "environment" else None for p in analysis.capture.processes}
     first = {s.pid: s.ts_ns[0] for s in reversed(analysis.timeline.series) if s.ts_ns}
     for s in analysis.timeline.series:
         if s.ts_ns:
@@ -237,9 +239,11 @@ def _processes(analysis: Analysis) -> list[_Process]:
     processes: dict[int, _Process] = {}
     for (pid, device), row in sorted(rows.items()):
         peak = peaks.get((pid, device))
+        if peak is None:  # module statics alone on a GPU the process does not compute on
+            continue
         proc = processes.setdefault(pid, _Process(pid, names.get(pid, ""), ranks.get(pid), first.get(pid, 0)))
         proc.rows.append(_Row(pid=pid, name=proc.name, device=device, gpu=row["gpu"],
-                              peak_bytes=peak.peak_bytes if peak else 0, end_bytes=row["end"],
+                              peak_bytes=peak.peak_bytes, end_bytes=row["end"],
                               never_freed_bytes=row["kept"], rank=proc.rank,
                               growth_per_step=growth.get((pid, device))))
     return list(processes.values())

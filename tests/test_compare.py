@@ -147,3 +147,22 @@ def test_bad_input_is_one_line_and_exit_2(bad, tmp_path):
     assert result.returncode == 2
     assert result.stdout == "" and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert path.name in result.stderr
+
+
+def test_ranks_from_the_environment_decide_the_match():
+    """With RANK known for every process, rank k meets rank k wherever it ran: here the same
+    ddp run with the ranks written the other way round pairs each process with the other one."""
+    ddp = analysis_of("ddp_leak_v25").to_dict()
+    pids = sorted(p["pid"] for p in ddp["capture"]["processes"])
+
+    def with_ranks(ranks: dict[int, int]) -> Analysis:
+        doc = json.loads(json.dumps(ddp))
+        for proc in doc["capture"]["processes"]:
+            proc.update(rank=ranks[proc["pid"]], rank_source="environment", label=f"rank {ranks[proc['pid']]}")
+        return Analysis.from_dict(doc)
+
+    c = compare_analyses(with_ranks({pids[0]: 0, pids[1]: 1}), with_ranks({pids[0]: 1, pids[1]: 0}))
+    assert c.matched_by == "rank"
+    assert [(d.role, d.base_pid, d.new_pid) for d in c.processes] == \
+        [("rank 0 · GPU 1", pids[0], pids[1]), ("rank 1 · GPU 0", pids[1], pids[0])]
+    assert not c.identical
