@@ -114,7 +114,7 @@ class Comparison:
     def from_dict(cls, data: dict[str, Any]) -> "Comparison":
         from .model import _from_plain
 
-        return _from_plain(cls, data)
+        return _from_plain(cls, data, "")
 
 
 @dataclass(frozen=True)
