@@ -10,6 +10,8 @@ report's content and the nsys version. Nothing is ever written next to the repor
 from __future__ import annotations
 
 import contextlib
+import datetime
+import errno
 import functools
 import glob
 import hashlib
@@ -19,6 +21,7 @@ import re
 import shutil
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -28,9 +31,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from nsysan.errors import NsysanError
-from nsysan.schema import connect_readonly, exported_input_name, holds_complete_export
+from nsysan.schema import ExportIdentity, connect_readonly, export_identity, holds_complete_export
+from nsysan.snapshot import live_writer, pending_state
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
@@ -61,6 +66,9 @@ INSTALL_GLOBS = (
 NSYS_NAMES = ("nsys", "nsys.exe")
 INSTALL_SUBDIRS = ("", "bin", "target-linux-x64", "target-windows-x64", "Contents/MacOS")
 
+# What SQLite keeps beside a database: the write-ahead log, its index, the rollback journal.
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
 _HASH_CHUNK = 1 << 20
 _VERSION_TIMEOUT_S = 60.0
 _KEPT_OUTPUT_LINES = 40
@@ -73,6 +81,7 @@ class ExportResult:
     sqlite_path: Path
     exported_with: str | None  # nsys version that made the cached export; None: given/sibling .sqlite
     from_cache: bool           # True when a cached export was reused without running nsys
+    from_sibling: bool = False  # the report's own export beside it (<stem>.sqlite) was used
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,16 +183,10 @@ def report_version(report: Path) -> str | None:
     (`Report 36398880.`) keep it in the session record at the end of the file. Returns None
     when the file is unreadable, is not a report, or names no version.
     """
-    try:
-        with open(report, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            head = handle.read(_HEAD_BYTES)
-            handle.seek(max(0, size - _TAIL_BYTES))
-            tail = handle.read()
-    except OSError:
+    ends = _report_ends(report)
+    if ends is None:
         return None
-    if not head.startswith(REPORT_MAGIC):
-        return None
+    head, tail = ends
     header = _HEADER_VERSION.match(head)
     if header:
         return ".".join(str(int(part)) for part in header.groups())
@@ -194,12 +197,65 @@ def report_version(report: Path) -> str | None:
     return build.group(1).decode("ascii") if build else None
 
 
+def _report_ends(report: Path) -> tuple[bytes, bytes] | None:
+    """The first 4 MiB and the last 1 MiB of a report, or None when it is no readable report."""
+    try:
+        with open_regular(report) as handle:  # a FIFO or a device could block forever
+            head = handle.read(_HEAD_BYTES)
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - _TAIL_BYTES))
+            tail = handle.read(_TAIL_BYTES)
+    except OSError:
+        return None
+    return (head, tail) if head.startswith(REPORT_MAGIC) else None
+
+
+def _is_version(text: str) -> bool:
+    return re.fullmatch(r"\d+(\.\d+)*", text) is not None
+
+
 def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
 
 def _major_minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening files without blocking on special ones
+
+_FILE_TYPES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def describe_file_type(mode: int) -> str:
+    """"a FIFO (named pipe)", "a character device", ... for a file that is not a regular one."""
+    return next((name for test, name in _FILE_TYPES if test(mode)), "not a regular file")
+
+
+# Flags of an open that never waits (O_NONBLOCK), never becomes the controlling terminal, and
+# reads bytes as they are (O_BINARY: Windows). The ones a platform lacks are left out.
+_NO_WAITING = (getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+               | getattr(os, "O_BINARY", 0))
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """Open `path` for reading when it is a regular file; OSError(EINVAL) saying what it is if not.
+
+    O_NONBLOCK: opening a FIFO for reading would wait forever for a writer, and reading a
+    terminal or a socket for a reader that never comes; the type is checked on the open file.
+    """
+    fd = os.open(path, os.O_RDONLY | _NO_WAITING)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"it is {describe_file_type(mode)}, not a file", str(path))
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,7 +289,7 @@ def sqlite_truncation(path: Path) -> str | None:
     silently drops rows.
     """
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             header = handle.read(100)
             size = os.fstat(handle.fileno()).st_size
     except OSError:
@@ -253,27 +309,94 @@ def sqlite_truncation(path: Path) -> str | None:
     return None
 
 
-def _exported_input_name(sqlite_path: Path) -> str | None:
-    """The report file name an export records as its input, or None when it records none."""
+def _export_identity(sqlite_path: Path) -> ExportIdentity | None:
+    """What the export at `sqlite_path` records about its input, or None when it can't be read."""
     try:
         with contextlib.closing(connect_readonly(sqlite_path)) as conn:
-            return exported_input_name(conn)
+            return export_identity(conn)
     except sqlite3.DatabaseError:
         return None
 
 
-def _matching_sibling(report: Path) -> Path | None:
-    """`<stem>.sqlite` next to `report` when it is a complete export of this very report."""
-    sibling = report.with_suffix(".sqlite")
+def _second_of(text: object) -> datetime.datetime | None:
+    """"2026-11-29T18:10:59" (also with a zone after it) as a naive datetime, or None."""
     try:
+        return datetime.datetime.strptime(str(text)[:19], "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+
+
+# The session record at the end of a report (protobuf): field 2 is the session's UUID, field 4
+# its start as text, on the capture machine's clock, to the second: b'\x12$<uuid>"\x132026-11-29T18:10:59'.
+# The export writes the same moment into TARGET_INFO_SESSION_START_TIME as utcTime and localTime
+# (seen 1 s apart from it in a 2022.4 export, rounded differently).
+_SESSION_START = re.compile(rb'\x12\x24[0-9a-f-]{36}"\x13(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)')
+_START_SLACK = datetime.timedelta(seconds=2)
+
+
+def report_session_start(report: Path) -> datetime.datetime | None:
+    """When the capture in a .nsys-rep/.qdrep started (capture machine's clock), or None."""
+    ends = _report_ends(report)
+    if ends is None:
+        return None
+    head, tail = ends
+    found = list(_SESSION_START.finditer(tail)) or list(_SESSION_START.finditer(head))
+    return _second_of(found[-1].group(1).decode("ascii")) if found else None
+
+
+def sibling_mismatch(report: Path, sibling: Path) -> str | None:
+    """Why `sibling` is not provably the export of `report` ("records the input x.nsys-rep"), or
+    None when it is: a complete export, no older than the report, whose recorded input is the
+    report's name, whose session started when the report's did, and made by an nsys at least as
+    new as the one that captured the report. A name and a time alone prove nothing: a newer
+    run.sqlite of another capture may sit beside run.nsys-rep."""
+    try:
+        found = os.stat(sibling)
+        if not stat.S_ISREG(found.st_mode):
+            return f"is {describe_file_type(found.st_mode)}, not a file"
         # An export older than the report belongs to an earlier capture under the same name.
-        if not sibling.is_file() or sibling.stat().st_mtime_ns < report.stat().st_mtime_ns:
-            return None
-    except OSError:
+        if found.st_mtime_ns < os.stat(report).st_mtime_ns:
+            return "is older than the report"
+    except OSError as err:
+        return f"can't be read ({err.strerror})"
+    if pending_state(sibling) is not None or live_writer(sibling) is not None:
+        return "has a write-ahead log, a journal or a writer: it is not a finished export"
+    if not is_complete_export(sibling):
+        return "is not a complete nsys export"
+    identity = _export_identity(sibling)
+    if identity is None:
+        return "can't be read"
+    if identity.input_name != report.name:
+        return f"records another input ({identity.input_name or 'none'})"
+    started = report_session_start(report)
+    recorded = [t for t in map(_second_of, identity.session_starts) if t is not None]
+    if started is None or not any(abs(t - started) <= _START_SLACK for t in recorded):
+        return "records another capture's start time (or none)"
+    captured = report_version(report)
+    if captured and identity.exporter_version and _is_version(identity.exporter_version) and \
+            _version_key(identity.exporter_version)[:2] < _version_key(captured)[:2]:
+        return f"was exported by nsys {identity.exporter_version}, older than the report ({captured})"
+    return None
+
+
+def _matching_sibling(report: Path) -> Path | None:
+    """`<stem>.sqlite` next to `report` when it is provably a complete export of this very report."""
+    sibling = report.with_suffix(".sqlite")
+    if not os.path.lexists(sibling):
         return None
-    if not is_complete_export(sibling) or _exported_input_name(sibling) != report.name:
-        return None
-    return sibling
+    return sibling if sibling_mismatch(report, sibling) is None else None
+
+
+def files_read_for(report: Path) -> list[Path]:
+    """Every file an analysis of `report` may read: the report, the sibling export of a report,
+    and the files SQLite keeps beside a database (-wal, -journal, -shm). No output may replace
+    one of them."""
+    report = Path(report)
+    databases = [report]
+    if report.suffix.lower() in REPORT_SUFFIXES:
+        databases.append(report.with_suffix(".sqlite"))
+    side = [Path(f"{db}{tail}") for db in databases for tail in SQLITE_SIDE_FILES]
+    return [*databases, *side]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,8 +422,12 @@ def _input_kind(path: Path) -> str:
             + (f"not {suffix} files" if suffix else "so give the file the suffix it was written with")
         )
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):  # checked before opening: opening a FIFO waits for a writer
+            raise NsysanError(f"{path} is {describe_file_type(mode)}, not a file; nsysan reads report files "
+                              "(.nsys-rep, .qdrep, .sqlite), so pass the file itself, not a pipe or a device")
+        with open_regular(path) as handle:
+            size = os.fstat(handle.fileno()).st_size
             head = handle.read(len(REPORT_MAGIC))
     except OSError as err:
         raise NsysanError(f"can't read {path} ({err.strerror}); check its permissions") from err
@@ -339,8 +466,9 @@ def resolve_cache_dir(cache_dir: Path | None = None) -> Path:
         return Path(cache_dir).expanduser()
     if os.environ.get("NSYSAN_CACHE_DIR"):
         return Path(os.environ["NSYSAN_CACHE_DIR"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "nsysan"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg and os.path.isabs(xdg):  # the XDG spec: a relative path is invalid and must be ignored
+        return Path(xdg) / "nsysan"
     return default_cache_dir()
 
 
@@ -357,7 +485,7 @@ def default_cache_dir(platform: str = sys.platform) -> Path:
 def _content_digest(path: Path) -> str:
     """sha256 of the file's bytes, read in chunks so large reports stay out of memory."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:
         while chunk := handle.read(_HASH_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -617,20 +745,20 @@ def _export_into(entry: Path, report: Path, nsys: Path, nsys_ver: str,
 
 def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Path | None = None,
                   progress: Callable[[float], None] | None = None,
-                  timeout_s: float | None = None) -> ExportResult:
+                  timeout_s: float | None = None, use_sibling: bool = True) -> ExportResult:
     """Return a complete SQLite export of `report`, exporting it with nsys only when needed.
 
-    A `.sqlite` is returned as given; a matching sibling `<stem>.sqlite` is reused; otherwise the
-    export comes from the cache (key: sha256 of the report + nsys version) or is made into it.
+    A `.sqlite` is returned as given; a matching sibling `<stem>.sqlite` is reused (unless
+    `use_sibling` is False: it turned out damaged); otherwise the export comes from the cache (key: sha256 of the report + nsys version) or is made into it.
     `progress` gets fractions 0..1 while nsys runs. `timeout_s` (default $NSYSAN_EXPORT_TIMEOUT)
     bounds the nsys run. Every problem a user can cause raises NsysanError with one line.
     """
     report = Path(report)
     if _input_kind(report) == "sqlite":
         return ExportResult(report, exported_with=None, from_cache=False)
-    sibling = _matching_sibling(report)
+    sibling = _matching_sibling(report) if use_sibling else None
     if sibling is not None:
-        return ExportResult(sibling, exported_with=None, from_cache=False)
+        return ExportResult(sibling, exported_with=None, from_cache=False, from_sibling=True)
 
     nsys_path = find_nsys(nsys, report=report)
     version = nsys_version(nsys_path)

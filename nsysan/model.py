@@ -48,6 +48,8 @@ class Source:
     size_bytes: int
     exported_with: Optional[str] = None  # nsys version that exported it for this run, if any
     from_cache: bool = False  # the export came from nsysan's cache
+    # The report's own export found beside it (<stem>.sqlite) and read in its place, if any
+    sibling_export: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,10 @@ from typing import Callable, Optional, Union
 from . import export
 from .analyses import run_analyses
 from .errors import NsysanError
-from .events import load_events
-from .model import Analysis, Source
-from .schema import open_readonly, probe
+from .events import LoadedEvents, load_events
+from .model import Analysis, Diagnostic, Source
+from .schema import Schema, open_readonly, probe
+from .snapshot import committed_state
 
 Progress = Callable[[str, float], None]
 # Share of the progress bar taken by the export, when there is one.
@@ -24,24 +25,58 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     say = progress or (lambda stage, fraction: None)
     is_report = report.suffix.lower() in (".nsys-rep", ".qdrep")
     share = EXPORT_SHARE if is_report else 0.0
-    result = export.ensure_sqlite(report, nsys=nsys, cache_dir=cache_dir,
-                                  progress=lambda f: say("exporting with nsys", f * share))
+
+    def export_it(use_sibling: bool = True) -> export.ExportResult:
+        return export.ensure_sqlite(report, nsys=nsys, cache_dir=cache_dir, use_sibling=use_sibling,
+                                    progress=lambda f: say("exporting with nsys", f * share))
+
+    def read(sqlite_path: Path) -> tuple[Schema, LoadedEvents]:
+        return _read(report, sqlite_path, export.resolve_cache_dir(cache_dir),
+                     lambda stage, f: say(stage, share + f * (1 - share)), quick)
+
+    result = export_it()
     version = export.report_version(report) if is_report else None
-    conn = open_readonly(result.sqlite_path)
+    notes: list[Diagnostic] = []
     try:
-        schema = probe(conn, report.name)
-        try:
-            loaded = load_events(conn, schema, lambda stage, f: say(stage, share + f * (1 - share)), quick=quick)
-        except NsysanError as err:  # events.py does not know the report's name; with several, it matters
-            raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
-    except sqlite3.DatabaseError as err:  # a damaged file found half-way through reading it
-        raise NsysanError(f"{report.name} could not be read ({err}); the file may be truncated") from err
-    finally:
-        conn.close()
+        schema, loaded = read(result.sqlite_path)
+    except NsysanError as err:
+        if not result.from_sibling:
+            raise
+        # It passed every identity check yet can't be read: the report itself still can be.
+        damaged = result.sqlite_path
+        result = export_it(use_sibling=False)
+        schema, loaded = read(result.sqlite_path)
+        notes.append(Diagnostic("warning", "sibling_export_damaged",
+                                f"{damaged.name}, the export beside the report, could not be read ({err.message}); "
+                                "the report was exported again and that export analyzed"))
+    if result.from_sibling:
+        notes.append(Diagnostic("info", "sibling_export",
+                                f"read {result.sqlite_path.name}, the export of {report.name} found beside it "
+                                "(it records this report as its input and the same capture start); delete it "
+                                "to have nsysan export the report itself"))
+    schema.diagnostics.extend(notes)
     source = Source(path=str(report), name=report.name, format=_format(report),
                     size_bytes=report.stat().st_size, exported_with=result.exported_with,
-                    from_cache=result.from_cache)
+                    from_cache=result.from_cache,
+                    sibling_export=str(result.sqlite_path) if result.from_sibling else None)
     return run_analyses(loaded, schema, source, report_version=version)
+
+
+def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: bool) -> tuple[Schema, LoadedEvents]:
+    """The schema and events of the committed state of the export at `sqlite_path`."""
+    with committed_state(sqlite_path, scratch) as readable:
+        conn = open_readonly(readable, name=sqlite_path.name)
+        try:
+            schema = probe(conn, report.name)
+            try:
+                loaded = load_events(conn, schema, say, quick=quick)
+            except NsysanError as err:  # events.py does not know the report's name; with several, it matters
+                raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
+        except sqlite3.DatabaseError as err:  # a damaged file found half-way through reading it
+            raise NsysanError(f"{report.name} could not be read ({err}); the file may be truncated") from err
+        finally:
+            conn.close()
+    return schema, loaded
 
 
 def _format(path: Path) -> str:

@@ -134,22 +134,42 @@ def holds_complete_export(conn: sqlite3.Connection) -> bool:
 
 def exported_input_name(conn: sqlite3.Connection) -> Optional[str]:
     """The report file name an export records as its input, or None when it records none."""
+    return export_identity(conn).input_name
+
+
+@dataclass(frozen=True)
+class ExportIdentity:
+    """What an export records about the report it was made from."""
+
+    input_name: Optional[str]        # EXPORT_INPUT_FILE / EXPORT_PARAM_INPUT_FILE
+    exporter_version: Optional[str]  # EXPORT_PRODUCT_VERSION: the nsys that exported it
+    session_starts: tuple[str, ...]  # TARGET_INFO_SESSION_START_TIME utcTime and localTime, as text
+
+
+def export_identity(conn: sqlite3.Connection) -> ExportIdentity:
+    """The input name, exporter version and capture start an export records (each may be missing)."""
     tables = table_names(conn)
+    meta: dict[str, str] = {}
     for table in EXPORT_META_TABLES:
         if table in tables:
-            row = conn.execute(f"SELECT value FROM {table} WHERE name IN (?, ?)", EXPORT_INPUT_KEYS).fetchone()
-            if row is not None:
-                return str(row[0])
-    return None
+            meta.update((str(k), str(v)) for k, v in conn.execute(
+                f"SELECT name, value FROM {table} WHERE name IN (?, ?, 'EXPORT_PRODUCT_VERSION')", EXPORT_INPUT_KEYS))
+    starts: list[str] = []
+    if "TARGET_INFO_SESSION_START_TIME" in tables:
+        for row in conn.execute("SELECT utcTime, localTime FROM TARGET_INFO_SESSION_START_TIME LIMIT 1"):
+            starts += [str(value) for value in row if value is not None]
+    return ExportIdentity(next((meta[k] for k in EXPORT_INPUT_KEYS if k in meta), None),
+                          meta.get("EXPORT_PRODUCT_VERSION"), tuple(starts))
 
 
-def open_readonly(path: Path) -> sqlite3.Connection:
-    """Open an export read-only (see connect_readonly), or say why it can't be read."""
+def open_readonly(path: Path, name: Optional[str] = None) -> sqlite3.Connection:
+    """Open an export read-only (see connect_readonly), or say why it can't be read.
+    `name` names the file in messages (a private snapshot stands for the user's file)."""
     try:
         conn = connect_readonly(path)
         conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
     except sqlite3.DatabaseError as err:
-        raise NsysanError(f"{Path(path).name} is not a readable SQLite file ({err}); it may be truncated "
+        raise NsysanError(f"{name or Path(path).name} is not a readable SQLite file ({err}); it may be truncated "
                           "or damaged, so copy or export it again") from err
     return conn
 

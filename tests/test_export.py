@@ -455,7 +455,7 @@ def test_matching_sibling_is_reused_without_nsys(tmp_path: Path) -> None:
 
     result = ensure_sqlite(report, nsys=tmp_path / "no-such-nsys", cache_dir=tmp_path / "cache")
 
-    assert result == export.ExportResult(sibling, exported_with=None, from_cache=False)
+    assert result == export.ExportResult(sibling, exported_with=None, from_cache=False, from_sibling=True)
     assert not (tmp_path / "cache").exists()
 
 

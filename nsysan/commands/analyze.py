@@ -9,9 +9,10 @@ from typing import List, Optional
 import typer
 
 from ..errors import NsysanError
+from ..export import files_read_for
 from ..model import Analysis
 from ..pipeline import analyze_report
-from ..render.files import check_output_dir, write_atomic
+from ..render.files import check_output_dir, one_run, refuse_inputs, write_atomic
 from ..render.json import render_json, render_json_many
 from .common import out_console, progress_bar, say_error, to_stdout
 
@@ -37,13 +38,28 @@ def analyze(
 
     Example: nsysan analyze fixtures/known_mem_v25.sqlite -o report/
     """
+    # No output may replace an input, nor another output of this run.
+    with one_run(path for report in reports for path in files_read_for(report)):
+        _analyze(reports, format, json_path, json_dir, output, nsys, cache_dir, top, quick, progress)
+
+
+def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_dir: Optional[Path],
+             output: Optional[Path], nsys: Optional[Path], cache_dir: Optional[Path], top: int, quick: bool,
+             progress: bool) -> None:
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
     if json_path and len(reports) > 1:
         raise NsysanError("--json takes one report; with several, use --json-dir DIR")
+    if json_dir:
+        _check_unique_names(reports, "--json-dir writes DIR/<report name>.analysis.json")
+        refuse_inputs(json_dir / f"{report.name}.analysis.json" for report in reports)
+    if json_path:
+        refuse_inputs([json_path])
     if output:
         _check_report_dirs(output, reports)
-        from ..render.html import write_report  # matplotlib and jinja: 0.4 s, paid only for -o
+        from ..render.html import REPORT_FILES, write_report  # matplotlib and jinja: 0.4 s, paid only for -o
+
+        refuse_inputs(folder / name for folder in _report_dirs(output, reports) for name in REPORT_FILES)
     results: list[Analysis] = []
     failures = 0
     for report in reports:
@@ -61,7 +77,7 @@ def analyze(
             write_atomic(json_path, render_json(analysis))
         if json_dir:
             write_atomic(json_dir / f"{report.name}.analysis.json", render_json(analysis))
-        page = write_report(analysis, output if len(reports) == 1 else output / report.name) if output else None
+        page = write_report(analysis, _report_dirs(output, [report], several=len(reports) > 1)[0]) if output else None
         if format == "text":
             from ..render.terminal import render_terminal  # rich's tables: not needed for JSON
 
@@ -79,11 +95,23 @@ def analyze(
         raise typer.Exit(2)
 
 
-def _check_report_dirs(output: Path, reports: List[Path]) -> None:
-    """Fail before the analysis, not after it, when the reports can't be written where asked."""
+def _report_dirs(output: Path, reports: List[Path], several: Optional[bool] = None) -> list[Path]:
+    """The folder of each report's files: -o DIR itself for one report, DIR/<report name>/ for several."""
+    several = len(reports) > 1 if several is None else several
+    return [output / report.name if several else output for report in reports]
+
+
+def _check_unique_names(reports: List[Path], what: str) -> None:
+    """Two reports of one name would write the same output file: the second would replace the first."""
     names = [r.name for r in reports]
     twice = sorted({n for n in names if names.count(n) > 1})
-    if len(reports) > 1 and twice:
-        raise NsysanError(f"several reports are named {twice[0]}; -o writes DIR/<report name>/ for each, "
+    if twice:
+        raise NsysanError(f"several reports are named {twice[0]}; {what} for each, "
                           "so give them different names or run them one at a time")
+
+
+def _check_report_dirs(output: Path, reports: List[Path]) -> None:
+    """Fail before the analysis, not after it, when the reports can't be written where asked."""
+    if len(reports) > 1:
+        _check_unique_names(reports, "-o writes DIR/<report name>/")
     check_output_dir(output)

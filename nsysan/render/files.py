@@ -4,13 +4,66 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterable, Iterator, Optional, Union
 
 from ..errors import NsysanError
+
+# Files no output may replace, by (device, inode): the inputs of this run and what SQLite reads
+# beside them. An inode, not a name: a symlink, a hard link or `./x` vs `x` name the same file.
+_inputs: dict[tuple[int, int], str] = {}
+# What this run wrote, by inode: the sha256 of the bytes. A second, different document for the
+# same file (two reports of one name in --json-dir, --json inside -o) would silently keep one.
+# None outside a command's run: a notebook may rewrite a report folder as often as it likes.
+_written: Optional[dict[tuple[int, int], tuple[str, str]]] = None
+
+
+@contextlib.contextmanager
+def one_run(inputs: Iterable[Path]) -> Iterator[None]:
+    """Around one command's run: no output replaces one of `inputs` (those that exist), and no
+    output replaces another output of the same run with different bytes."""
+    global _written
+    saved = dict(_inputs), _written
+    _written = {}
+    protect_inputs(inputs)
+    try:
+        yield
+    finally:
+        _inputs.clear()
+        _inputs.update(saved[0])
+        _written = saved[1]
+
+
+def protect_inputs(paths: Iterable[Path]) -> None:
+    """Remember `paths` (those that exist) as inputs: writing over one is refused with one line."""
+    for path in paths:
+        try:
+            found = os.stat(path)
+        except (OSError, ValueError):  # not there (yet), or a name the OS can't take
+            continue
+        _inputs.setdefault((found.st_dev, found.st_ino), str(path))
+
+
+def refuse_inputs(targets: Iterable[Path]) -> None:
+    """Raise NsysanError now, before the analysis, if an output would replace an input."""
+    for target in targets:
+        _refuse_if_input(Path(target))
+
+
+def _refuse_if_input(path: Path) -> None:
+    try:
+        found = os.stat(path)  # follows symlinks: the file that would be replaced
+    except (OSError, ValueError):
+        return
+    source = _inputs.get((found.st_dev, found.st_ino))
+    if source is not None:
+        same = "" if os.path.abspath(path) == os.path.abspath(source) else " (the same file under another name)"
+        raise NsysanError(f"refusing to write {path}: it is the input {source}{same}, which nsysan never "
+                          "overwrites; choose another output path")
 
 
 def write_atomic(path: Path, data: Union[str, bytes]) -> None:
@@ -32,20 +85,23 @@ def write_all_or_none(files: dict[Path, Union[str, bytes]]) -> None:
     take their names, and renaming needs no space. A full disk or a failure half-way leaves every
     old file in place and no new one, never a page of this run beside the plots of the last.
     """
-    staged: list[tuple[Path, Path, Path]] = []  # (temporary file, target, path as given)
+    staged: list[tuple[Path, Path, Path, str]] = []  # (temporary file, target, path as given, sha256)
     try:
         for path, data in files.items():
             payload = data.encode("utf-8") if isinstance(data, str) else data
             tmp_and_target = _stage(Path(path), payload)
             if tmp_and_target is not None:
-                staged.append((*tmp_and_target, Path(path)))
-        for tmp, target, path in staged:
+                staged.append((*tmp_and_target, Path(path), hashlib.sha256(payload).hexdigest()))
+        for tmp, target, path, digest in staged:
             try:
                 os.replace(tmp, target)
+                written = os.stat(target)
             except OSError as err:
                 raise NsysanError(f"could not write {path}: {err.strerror or err}") from err
+            if _written is not None:
+                _written[(written.st_dev, written.st_ino)] = (str(path), digest)
     finally:
-        for tmp, _, _ in staged:
+        for tmp, _, _, _ in staged:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)  # renamed already: nothing there any more
 
@@ -53,11 +109,18 @@ def write_all_or_none(files: dict[Path, Union[str, bytes]]) -> None:
 def _stage(path: Path, payload: bytes) -> Optional[tuple[Path, Path]]:
     """The payload in a new temporary file beside the target, on disk; (temporary, target).
     None when the target is no regular file and was written in place."""
+    _refuse_if_input(path)
     try:
         try:
-            mode: int | None = os.stat(path).st_mode  # through symlinks, /proc/self/fd/1 included
+            found: os.stat_result | None = os.stat(path)  # through symlinks, /proc/self/fd/1 included
         except FileNotFoundError:
-            mode = None
+            found = None
+        mode = found.st_mode if found is not None else None
+        if found is not None and stat.S_ISREG(found.st_mode):
+            earlier = _written.get((found.st_dev, found.st_ino)) if _written is not None else None
+            if earlier is not None and earlier[1] != hashlib.sha256(payload).hexdigest():
+                raise NsysanError(f"refusing to write {path}: this run already wrote another document "
+                                  f"there ({earlier[0]}); give each output its own name")
         if mode is not None and stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if mode is not None and not stat.S_ISREG(mode):

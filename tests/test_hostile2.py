@@ -1,0 +1,283 @@
+"""Hostile input, round two: outputs that are inputs, exports that are not the report's, SQLite
+state beyond the main file, overflow, special files, failing outputs, terminal injection and
+pathological sizes.
+
+Every case builds its hostile input for real (a hard link, a FIFO, an sqlite3 connection holding
+a lock, a write-ahead log left by a process that died) and runs the real command in a subprocess;
+it checks the exit code, the one stderr line, the input's sha256 (and its folder's listing) before
+and after, and that no raw control character reaches the terminal. docs/reliability.md lists each
+class with its result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, ROOT
+from test_export import copying_nsys, exports_logged
+from test_hostile import (MEM, MiB, assert_one_error_line, copy_fixture, corrupted_page, original, report_copy,
+                          run_cli, same_memory_numbers, sha256, snapshot)
+
+V22_SQLITE = FIXTURES / "known_mem_v22.sqlite"
+
+
+def doc_of(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+# --- no output replaces an input -------------------------------------------------------------------
+
+
+def _same_path(folder: Path, report: Path) -> list[str]:
+    return ["--json", str(report)]
+
+
+def _hard_link(folder: Path, report: Path) -> list[str]:
+    os.link(report, folder / "analysis.json")
+    return ["--json", str(folder / "analysis.json")]
+
+
+def _symlink(folder: Path, report: Path) -> list[str]:
+    (folder / "analysis.json").symlink_to(report.name)
+    return ["--json", str(folder / "analysis.json")]
+
+
+def _json_dir(folder: Path, report: Path) -> list[str]:
+    os.link(report, folder / f"{report.name}.analysis.json")
+    return ["--json-dir", str(folder)]
+
+
+def _report_folder(folder: Path, report: Path) -> list[str]:
+    (folder / "report").mkdir()
+    os.link(report, folder / "report" / "timeline.png")
+    return ["-o", str(folder / "report")]
+
+
+def _relative_name(folder: Path, report: Path) -> list[str]:
+    return ["--json", os.path.relpath(report, ROOT)]  # another spelling of the same path
+
+
+OUTPUT_IS_INPUT = {"--json the input itself": _same_path, "--json a hard link of the input": _hard_link,
+                   "--json a symlink to the input": _symlink, "--json-dir holding a hard link": _json_dir,
+                   "-o folder holding a hard link": _report_folder, "--json a relative spelling": _relative_name}
+
+
+@pytest.mark.parametrize("how", sorted(OUTPUT_IS_INPUT))
+def test_no_output_replaces_an_input(tmp_path: Path, how: str) -> None:
+    folder = tmp_path / "in"
+    report = copy_fixture("known_mem_v25", folder, "run.sqlite")
+    digest = sha256(report)
+    args = OUTPUT_IS_INPUT[how](folder, report)
+    before = snapshot(folder)
+
+    result = run_cli("analyze", str(report), "--no-progress", *args)
+
+    assert_one_error_line(result, r"refusing to write .*: it is the input .*run\.sqlite.*; choose another output path")
+    assert sha256(report) == digest and snapshot(folder) == before
+
+
+def test_the_sibling_export_of_a_report_is_an_input_too(tmp_path: Path) -> None:
+    report = report_copy(tmp_path / "in")
+    sibling = Path(shutil_copy(V22_SQLITE, report.with_suffix(".sqlite")))
+    digest = sha256(sibling)
+    result = run_cli("analyze", str(report), "--no-progress", "--json", str(sibling),
+                     "--cache-dir", str(tmp_path / "cache"))
+    assert_one_error_line(result, r"refusing to write .*known_mem_v22\.sqlite: it is the input")
+    assert sha256(sibling) == digest
+
+
+def test_json_dir_with_two_reports_of_one_name_is_refused(tmp_path: Path) -> None:
+    first = copy_fixture("known_mem_v25", tmp_path / "a", "run.sqlite")
+    second = copy_fixture("known_plain_v25", tmp_path / "b", "run.sqlite")
+    result = run_cli("analyze", str(first), str(second), "--no-progress", "--json-dir", str(tmp_path / "out"))
+    assert_one_error_line(result, r"several reports are named run\.sqlite; --json-dir writes "
+                                  r"DIR/<report name>\.analysis\.json for each")
+    assert not (tmp_path / "out").exists()
+
+
+def test_json_inside_the_report_folder_is_the_same_document_so_both_are_written(tmp_path: Path) -> None:
+    # Not a clash: -o's analysis.json and --json name one file, and both are the same document.
+    out = tmp_path / "report"
+    result = run_cli("analyze", "fixtures/known_mem_v25.sqlite", "--no-progress", "-o", str(out),
+                     "--json", str(out / "analysis.json"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "analysis.json").read_text())["peak"]["peak_bytes"] == 952_107_008
+
+
+def shutil_copy(source: Path, target: Path) -> Path:
+    import shutil
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy(source, target))
+
+
+# --- a sibling export is used only when it is provably the report's --------------------------------
+
+
+def _sibling(folder: Path, *statements: str) -> Path:
+    """known_mem_v22.sqlite beside the report as known_mem_v22.sqlite, altered, newer than the report."""
+    sibling = shutil_copy(V22_SQLITE, folder / "known_mem_v22.sqlite")
+    with contextlib.closing(sqlite3.connect(sibling)) as conn:
+        for statement in statements:
+            conn.executescript(statement)
+        conn.commit()
+    return sibling
+
+
+# Each is a newer known_mem_v22.sqlite beside known_mem_v22.nsys-rep whose numbers differ (every
+# size doubled): a different capture saved under the same name, or an export of another report.
+DOUBLED = f"UPDATE {MEM} SET bytes = bytes * 2;"
+NOT_THE_REPORTS = {
+    "another capture (started an hour later)": DOUBLED + "UPDATE TARGET_INFO_SESSION_START_TIME SET "
+    "utcTime = '2026-11-29T19:10:59', localTime = '2026-11-29T19:10:59', utcEpochNs = utcEpochNs + 3600000000000;",
+    "another input recorded": DOUBLED + "UPDATE EXPORT_META_DATA SET value = 'other.nsys-rep' "
+                                        "WHERE name = 'EXPORT_INPUT_FILE';",
+    "no capture start recorded": DOUBLED + "DROP TABLE TARGET_INFO_SESSION_START_TIME;",
+    "exported by an nsys older than the report": DOUBLED + "UPDATE EXPORT_META_DATA SET value = '2021.5.1.77' "
+                                                           "WHERE name = 'EXPORT_PRODUCT_VERSION';",
+}
+
+
+@pytest.mark.parametrize("how", sorted(NOT_THE_REPORTS))
+def test_a_sibling_that_is_not_the_reports_export_is_not_used(tmp_path: Path, how: str) -> None:
+    report = report_copy(tmp_path / "in")
+    _sibling(tmp_path / "in", NOT_THE_REPORTS[how])
+    before = snapshot(tmp_path / "in")
+    log = tmp_path / "nsys.log"
+
+    result = run_cli("analyze", str(report), "--format", "json", "--nsys", str(copying_nsys(tmp_path / "bin", log)),
+                     "--cache-dir", str(tmp_path / "cache"))
+
+    doc = doc_of(result)
+    assert exports_logged(log) == 1 and doc["source"]["exported_with"] == "2022.4.2.1"
+    assert doc["source"]["sibling_export"] is None
+    assert doc["peak"]["peak_bytes"] == original("known_mem_v22")["peak"]["peak_bytes"]  # not doubled
+    assert snapshot(tmp_path / "in") == before
+
+
+def test_the_reports_own_sibling_is_used_and_the_output_says_so(tmp_path: Path) -> None:
+    report = report_copy(tmp_path / "in")
+    sibling = _sibling(tmp_path / "in")
+    args = ["--nsys", str(tmp_path / "no-nsys-here"), "--cache-dir", str(tmp_path / "cache")]
+
+    doc = doc_of(run_cli("analyze", str(report), "--format", "json", *args))
+    text = run_cli("analyze", str(report), "--no-progress", *args, env={"COLUMNS": "200"})
+
+    assert doc["source"]["sibling_export"] == str(sibling)
+    (note,) = [d for d in doc["diagnostics"] if d["code"] == "sibling_export"]
+    assert note["message"].startswith("read known_mem_v22.sqlite, the export of known_mem_v22.nsys-rep found beside it")
+    assert text.returncode == 0 and "read known_mem_v22.sqlite, the export of" in text.stdout
+    assert doc["peak"]["peak_bytes"] == original("known_mem_v22")["peak"]["peak_bytes"]
+
+
+def test_a_damaged_sibling_falls_back_to_exporting_the_report(tmp_path: Path) -> None:
+    report = report_copy(tmp_path / "in")
+    # Its table list reads fine (so it looks complete); its memory table does not.
+    corrupted_page("known_mem_v22", MEM)(tmp_path / "in")
+    before = snapshot(tmp_path / "in")
+    log = tmp_path / "nsys.log"
+
+    result = run_cli("analyze", str(report), "--format", "json", "--nsys", str(copying_nsys(tmp_path / "bin", log)),
+                     "--cache-dir", str(tmp_path / "cache"))
+
+    doc = doc_of(result)
+    assert result.stderr == "" and exports_logged(log) == 1 and doc["source"]["sibling_export"] is None
+    (note,) = [d for d in doc["diagnostics"] if d["code"] == "sibling_export_damaged"]
+    assert note["message"].startswith("known_mem_v22.sqlite, the export beside the report, could not be read")
+    assert doc["peak"]["peak_bytes"] == original("known_mem_v22")["peak"]["peak_bytes"]
+    assert snapshot(tmp_path / "in") == before
+
+
+# --- SQLite state beyond the main file: the committed state, or one line -----------------------------
+
+LEAK = 128 * MiB  # known_mem_v25's never-freed cudaMalloc, an allocation with no free
+
+
+def die_after(path: Path, body: str) -> None:
+    """Run `body` on an sqlite3 connection `conn` to `path` in a child process that then dies on
+    the spot (os._exit): no checkpoint, no rollback, no cleanup — what a crashed writer leaves."""
+    code = textwrap.dedent(f"""
+        import os, sqlite3
+        conn = sqlite3.connect({str(path)!r}, isolation_level=None)
+        {body}
+        os._exit(0)
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_committed_transactions_in_a_write_ahead_log_are_read(tmp_path: Path) -> None:
+    report = copy_fixture("known_mem_v25", tmp_path / "in")
+    # In WAL mode a commit goes to known_mem_v25.sqlite-wal; the main file still holds the leak.
+    die_after(report, f"conn.execute('PRAGMA journal_mode=WAL'); conn.execute('DELETE FROM {MEM} WHERE bytes = {LEAK}')")
+    assert Path(f"{report}-wal").stat().st_size > 32
+    before = snapshot(tmp_path / "in")
+
+    doc = doc_of(run_cli("analyze", str(report), "--format", "json", "--cache-dir", str(tmp_path / "cache")))
+
+    leaked = [a["bytes"] for a in doc["never_freed"]]
+    assert LEAK not in leaked and LEAK in [a["bytes"] for a in original("known_mem_v25")["never_freed"]]
+    assert snapshot(tmp_path / "in") == before  # main file, -wal and -shm untouched
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # the private snapshot is gone
+
+
+def test_a_hot_journal_is_rolled_back_in_a_private_copy_never_read_torn(tmp_path: Path) -> None:
+    report = copy_fixture("known_mem_v25", tmp_path / "in")
+    # A writer multiplies every size by 1000, then rewrites every string: its 2-page cache spills
+    # the pages into the main file, and it dies before committing. The main file holds torn
+    # pages, the journal the committed ones.
+    die_after(report, f"conn.execute('PRAGMA cache_size=2'); conn.execute('BEGIN');"
+                      f"conn.execute('UPDATE {MEM} SET bytes = bytes * 1000');"
+                      "conn.execute('UPDATE StringIds SET value = value || randomblob(100)')")
+    with contextlib.closing(sqlite3.connect(f"file:{report}?mode=ro&immutable=1", uri=True)) as torn:
+        assert torn.execute(f"SELECT max(bytes) FROM {MEM}").fetchone()[0] == 512 * MiB * 1000  # really torn
+    before = snapshot(tmp_path / "in")
+
+    doc = doc_of(run_cli("analyze", str(report), "--format", "json", "--cache-dir", str(tmp_path / "cache")))
+
+    same_memory_numbers()(doc)
+    assert snapshot(tmp_path / "in") == before
+
+
+@contextlib.contextmanager
+def writer_holding_its_lock(path: Path, journal_mode: str):
+    """A child process in the middle of a write transaction on `path` (its lock held) until the
+    block ends; yields its pid. A child, not this process: closing any descriptor of the file
+    here (reading it for a checksum) would drop this process's POSIX locks."""
+    code = textwrap.dedent(f"""
+        import sqlite3, sys
+        conn = sqlite3.connect({str(path)!r}, isolation_level=None)
+        conn.execute('PRAGMA journal_mode={journal_mode}')
+        conn.execute('BEGIN IMMEDIATE')
+        conn.execute('UPDATE {MEM} SET bytes = bytes * 1000')
+        print('holding', flush=True)
+        sys.stdin.readline()
+        conn.execute('ROLLBACK')
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "holding"
+        yield child.pid
+    finally:
+        child.communicate("done\n", timeout=60)
+
+
+@pytest.mark.parametrize("journal_mode", ["DELETE", "WAL"])
+def test_a_live_writer_is_refused_in_one_line(tmp_path: Path, journal_mode: str) -> None:
+    report = copy_fixture("known_mem_v25", tmp_path / "in")
+    with writer_holding_its_lock(report, journal_mode) as pid:
+        before = snapshot(tmp_path / "in")
+
+        result = run_cli("analyze", str(report), "--no-progress", "--cache-dir", str(tmp_path / "cache"))
+
+        assert_one_error_line(result, rf"known_mem_v25\.sqlite is being written by another process \(pid {pid} "
+                                      r"holds its write lock\).*; analyze it once that process has finished")
+        assert snapshot(tmp_path / "in") == before
