@@ -127,3 +127,25 @@ def test_code_parses_as_python_3_10():
     assert len(sources) > 20
     for source in sources:
         ast.parse(source.read_text(encoding="utf-8"), filename=str(source), feature_version=(3, 10))
+
+
+def test_outputs_are_written_in_binary_mode_where_that_is_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """On Windows a descriptor from os.open is in text mode unless O_BINARY is given: every \\n
+    written would become \\r\\n, PNGs included. Linux has no O_BINARY, so a stand-in flag is set
+    on `os` and taken off again before the real os.open."""
+    from nsysan.render import files
+
+    fake_binary = 1 << 30
+    seen: list[int] = []
+    real_open = os.open
+
+    def recording_open(path, flags, mode=0o777, **kwargs):
+        seen.append(flags)
+        return real_open(path, flags & ~fake_binary, mode, **kwargs)
+
+    monkeypatch.setattr(os, "O_BINARY", fake_binary, raising=False)
+    monkeypatch.setattr(os, "open", recording_open)
+    payload = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
+    files.write_atomic(tmp_path / "plot.png", payload)
+    assert seen and all(flags & fake_binary for flags in seen)
+    assert (tmp_path / "plot.png").read_bytes() == payload

@@ -152,10 +152,13 @@ def _stage(path: Path, payload: bytes) -> Optional[tuple[Path, Path]]:
 def _new_temp_file(target: Path) -> tuple[int, Path]:
     """A new, empty hidden file beside `target`, created with mode 0666 less the umask like any
     new file (tempfile.mkstemp would make it 0600, and the report unreadable to others)."""
+    # O_BINARY: on Windows a descriptor from os.open is in text mode, which would turn every \n
+    # written into \r\n, in PNGs too (tempfile adds it for the same reason).
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     for _ in range(100):
         tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
         try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+            return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, "no free temporary name", str(target))
