@@ -493,7 +493,7 @@ _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "tru
                list: "a list", dict: "an object"}
 
 
-def _from_plain(tp: Any, value: Any, path: str) -> Any:
+def _from_plain(tp: Any, value: Any, path: str = "") -> Any:
     """Rebuild a dataclass tree from plain JSON data, guided by the type hints; `path` names the
     field being read (e.g. "peaks[0].live_at_peak[2].bytes") for the error."""
     origin = typing.get_origin(tp)
