@@ -7,8 +7,11 @@ added to `Analysis` gets its table with no code here:
   `failed_calls`, `ranges`, `diagnostics`, and whatever list a later version adds;
 - a list inside a section: `capture.gpus` -> "gpus", `capture.processes` -> "processes",
   `timeline.bands` -> "bands", `timeline.series` -> "timeline" (see RENAMED);
-- a list inside each row of another table: `peaks[].live_at_peak` -> "live_at_peak", with the
-  parent row's columns in front, prefixed with its class name (`peak_pid`, `peak_bytes`).
+- a list inside each row of another table, at any depth: `peaks[].live_at_peak` ->
+  "live_at_peak", with the enclosing row's columns in front, prefixed with its class name
+  (`peak_pid`; `peak_bytes` stays as it is). A list that holds its items under its own name
+  (`steps[].steps`) gives the items that name, and its own rows are named after their class
+  ("step_series"); another name taken twice is qualified by its parent's ("growth.holders").
 
 One row per object; a nested object is spread into prefixed columns (`site` -> `site_label`,
 `site_function` ...); a list of plain values stays a list in its cell (`apis`), except that an
@@ -48,19 +51,20 @@ class _Table:
 
 
 def table_names(analysis_type: type) -> list[str]:
-    """The names `Analysis.frame()` takes for the result tables of `analysis_type`."""
+    """The names `frame()` takes for the result tables of `analysis_type` (any result dataclass)."""
     return [t.name for t in _tables(analysis_type)]
 
 
 def table_frame(analysis: Any, name: str) -> pd.DataFrame:
-    """The table `name` of `analysis` as a new DataFrame (see the module docstring)."""
+    """The table `name` of `analysis` (an Analysis, or any result dataclass) as a new DataFrame."""
     tables = {t.name: t for t in _tables(type(analysis))}
     if name not in tables:
-        known = ", ".join([*tables, *RAW_FRAMES])
-        raise NsysanError(f"no table {name!r} in an Analysis; the tables are: {known}")
+        raw = [f.name for f in dataclasses.fields(analysis) if f.metadata.get("raw")]
+        known = ", ".join([*tables, *raw])
+        raise NsysanError(f"no table {name!r} in an {type(analysis).__name__}; the tables are: {known}")
     table = tables[name]
     columns = _columns(table)
-    rows = list(_rows(analysis, table))
+    rows = [values for _, values in _rows(analysis, table)]
     data: dict[str, Any] = {}
     for i, (column, hint) in enumerate(columns.items()):
         data[column] = _series([row[i] for row in rows], hint)
@@ -77,8 +81,10 @@ def table_frame(analysis: Any, name: str) -> pd.DataFrame:
 
 
 def _tables(analysis_type: type) -> list[_Table]:
-    """Lists of dataclasses of each list-field first (with the lists inside their rows), then
-    those inside single sections; a name is taken by the first that has it."""
+    """Each list field's table, then the tables inside its rows (depth first), then the lists
+    inside single sections. A name already taken is qualified with its parent's
+    ("steps.kept"); a list holding items under its own name (`steps[].steps`) gives the items
+    that name, and its own rows are named after their type ("step_series")."""
     found: dict[str, _Table] = {}
     hints = _hints(analysis_type)
     singles = []
@@ -86,10 +92,7 @@ def _tables(analysis_type: type) -> list[_Table]:
         hint = _unoptional(hints[f.name])
         item = _list_item(hint)
         if item is not None and dataclasses.is_dataclass(item):
-            table = _Table(f.name, item, (f.name,))
-            found.setdefault(f.name, table)
-            for child in _children(table):
-                found.setdefault(child.name, child)
+            _add(found, _Table(f.name, item, (f.name,)))
         elif dataclasses.is_dataclass(hint):
             singles.append((f.name, hint))
     for section, section_type in singles:
@@ -98,8 +101,22 @@ def _tables(analysis_type: type) -> list[_Table]:
             item = _list_item(_unoptional(section_hints[f.name]))
             if item is not None and dataclasses.is_dataclass(item):
                 name = RENAMED.get((section, f.name), f.name)
-                found.setdefault(name, _Table(name, item, (section, f.name)))
+                if name not in found:
+                    found[name] = _Table(name, item, (section, f.name))
     return list(found.values())
+
+
+def _add(found: dict[str, _Table], table: _Table) -> None:
+    children = list(_children(table))
+    if any(child.name == table.name for child in children):
+        table = dataclasses.replace(table, name=_snake(table.row_type.__name__))
+    if table.name in found and table.parent is not None:
+        table = dataclasses.replace(table, name=f"{table.parent.name}.{table.name}")
+    if table.name in found:
+        return
+    found[table.name] = table
+    for child in children:
+        _add(found, dataclasses.replace(child, parent=table))
 
 
 def _children(parent: _Table) -> Iterator[_Table]:
@@ -114,13 +131,22 @@ def _children(parent: _Table) -> Iterator[_Table]:
 
 
 def _columns(table: _Table) -> dict[str, Any]:
-    """Column name -> type hint, the parent's columns first."""
-    columns: dict[str, Any] = {}
-    if table.parent is not None:
-        parent_prefix = _snake(table.parent.row_type.__name__) + "_"
-        for column, hint in _flat_fields(table.parent.row_type, "").items():
-            columns[column if column.startswith(parent_prefix) else parent_prefix + column] = hint
-    columns.update(_flat_fields(table.row_type, ""))
+    """Column name -> type hint: the columns of the rows it is inside first, then its own."""
+    own = _flat_fields(table.row_type, "")
+    if table.parent is None:
+        return own
+    # A row inside another table's rows repeats that row's columns, prefixed with its type's
+    # name (`peak_pid`; `peak_bytes` stays as it is), its own context columns as they were.
+    prefix = _snake(table.parent.row_type.__name__) + "_"
+    parent_own = _flat_fields(table.parent.row_type, "")
+    context = {}
+    for column, hint in _columns(table.parent).items():
+        if column in parent_own and not (column.startswith(prefix) and column not in own):
+            column = prefix + column
+        context[column] = hint
+    columns = {**context, **own}
+    if len(columns) != len(context) + len(own):  # a value would land under another's name
+        raise RuntimeError(f"table {table.name!r}: columns {sorted(set(context) & set(own))} come twice")
     return columns
 
 
@@ -158,23 +184,18 @@ def _flat_values(obj: Any, row_type: type) -> list[Any]:
     return values
 
 
-def _rows(analysis: Any, table: _Table) -> Iterator[list[Any]]:
+def _rows(analysis: Any, table: _Table) -> Iterator[tuple[Any, list[Any]]]:
+    """Each object of the table with its row's values, in the order of `_columns`."""
     if table.parent is None:
-        for obj in _objects(analysis, table):
-            yield _flat_values(obj, table.row_type)
+        holder: Any = analysis
+        for step in table.path:
+            holder = getattr(holder, step) if holder is not None else None
+        for obj in holder or []:
+            yield obj, _flat_values(obj, table.row_type)
         return
-    for parent in _objects(analysis, table.parent):
-        parent_values = _flat_values(parent, table.parent.row_type)
+    for parent, parent_values in _rows(analysis, table.parent):
         for obj in getattr(parent, table.path[-1]) or []:
-            yield parent_values + _flat_values(obj, table.row_type)
-
-
-def _objects(analysis: Any, table: _Table) -> list[Any]:
-    """The objects of a table that is not inside another's rows."""
-    holder: Any = analysis
-    for step in table.path:
-        holder = getattr(holder, step) if holder is not None else None
-    return list(holder or [])
+            yield obj, parent_values + _flat_values(obj, table.row_type)
 
 
 def _series(values: list[Any], hint: Any) -> pd.Series:
@@ -226,4 +247,5 @@ def _inner(hint: Any) -> Any:
 
 
 def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    """"StepSeries" -> "step_series" (leading underscores of a private class left out)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name.lstrip("_")).lower()

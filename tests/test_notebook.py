@@ -103,31 +103,49 @@ def test_unknown_table_names_the_tables():
 
 
 @dataclass(frozen=True)
+class _Holder:
+    site: str
+    bytes: int
+
+
+@dataclass(frozen=True)
 class _Step:
-    index: int
-    start_ns: int
+    number: int
     growth_bytes: int
     peak_time_ns: int | None = None
+    kept: list[_Holder] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _StepSeries:
+    pid: int
+    device: int
+    steps: list[_Step] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class _WithSteps(Analysis):
-    steps: list[_Step] = field(default_factory=list)
+    steps: list[_StepSeries] = field(default_factory=list)
 
 
-def test_a_section_added_later_gets_its_table_without_code():
-    """How sections other issues add (steps, phases, pools ...) become tables: by type hints."""
+def test_a_section_added_later_gets_its_tables_without_code():
+    """How sections other issues add (steps, growth, pools ...) become tables: by type hints,
+    lists in lists included; the steps are "steps", their per-process lists "step_series"."""
     base = analysis_of("known_mem_v25")
+    steps = [_Step(0, 4 * MiB, kept=[_Holder("alloc_cache_entry", 4 * MiB)]), _Step(1, 0, peak_time_ns=25)]
     analysis = _WithSteps(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Analysis)},
-                          steps=[_Step(0, 10, 4 * MiB), _Step(1, 20, 0, peak_time_ns=25)])
-    assert "steps" in analysis.frame_names()
-    steps = analysis.frame("steps")
-    assert list(steps.columns) == ["index", "start_ns", "growth_bytes", "peak_time_ns"]
-    assert steps["growth_bytes"].tolist() == [4 * MiB, 0]
-    assert steps["peak_time_ns"].isna().tolist() == [True, False]
+                          steps=[_StepSeries(1313, 0, steps)])
+    assert {"step_series", "steps", "kept"} <= set(analysis.frame_names())
+    table = analysis.frame("steps")
+    assert list(table.columns) == ["step_series_pid", "step_series_device", "number", "growth_bytes", "peak_time_ns"]
+    assert table["growth_bytes"].tolist() == [4 * MiB, 0] and table["step_series_pid"].tolist() == [1313, 1313]
+    assert table["peak_time_ns"].isna().tolist() == [True, False]
+    kept = analysis.frame("kept")
+    assert kept[["step_series_pid", "step_number", "site", "bytes"]].values.tolist() == [
+        [1313, 0, "alloc_cache_entry", 4 * MiB]]
+    assert analysis.frame("step_series").to_dict("records") == [{"pid": 1313, "device": 0}]
     # and JSON documents written before the section existed still load, with no steps
-    older = base.to_dict()
-    assert _WithSteps.from_dict(older).steps == []
+    assert _WithSteps.from_dict(base.to_dict()).steps == []
 
 
 # --- repr and the inline report ----------------------------------------------------------------
