@@ -18,15 +18,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
+from . import compare as _compare_module  # noqa: F401  (see compare() below)
 from .errors import NsysanError
 from .model import SCHEMA_ID, Analysis
 
-__all__ = ["analyze", "load_analysis", "Analysis", "NsysanError", "SCHEMA_ID"]
+if TYPE_CHECKING:
+    from .compare import Comparison
+    from .limits import Verdict
+
+__all__ = ["analyze", "load_analysis", "compare", "check", "Analysis", "NsysanError", "SCHEMA_ID"]
 __version__ = "0.1.0"
 
 PathLike = Union[str, Path]
+Run = Union[str, Path, Analysis]  # a report, an export, an analysis JSON, or an Analysis
+Size = Union[str, int]  # "8GiB", "512MiB", or bytes
 Progress = Callable[[str, float], None]
 
 
@@ -77,3 +84,77 @@ def load_analysis(path: PathLike) -> Analysis:
         return Analysis.from_dict(data)
     except NsysanError as err:
         raise NsysanError(f"{name}: {err.message}", err.exit_code) from None
+
+
+# The module nsysan.compare is imported above, before this function takes its name on the
+# package: a submodule imported for the first time later would replace it. Import the module's
+# names with `from nsysan.compare import compare_analyses`.
+def compare(base: Run, new: Run, *, nsys: Optional[PathLike] = None,
+            cache_dir: Optional[PathLike] = None) -> "Comparison":
+    """`nsysan compare BASE NEW` as a function: what grew, appeared or vanished between two runs.
+
+    Each run is a report, an export, an analysis JSON or an `Analysis` already at hand. The
+    `Comparison` has the fields of the `nsysan/compare@1` document (docs/ci.md) and the tables
+    `processes`, `sites` and `ranges` as DataFrames (`frame(name)`), a before/after pair spread
+    into `<what>_before`, `<what>_after`, `<what>_delta` (bytes) and `<what>_percent` columns.
+
+    >>> import nsysan
+    >>> comparison = nsysan.compare("fixtures/torch_clean_v25.sqlite", "fixtures/torch_leak_v25.sqlite")
+    >>> comparison.headline
+    'peak +3.5 GiB (+202%) on GPU 0; top growing site: cudaMalloc in forward [python3] (+1.9 GiB)'
+    >>> sites = comparison.frame("sites")
+    >>> sites.loc[sites["status"] == "grew", "label"].tolist()[:2]
+    ['cudaMalloc in forward [python3]', 'cudaMalloc in backward [pt_autograd_0]']
+    """
+    from .compare import compare_analyses
+
+    return compare_analyses(_run(base, nsys, cache_dir), _run(new, nsys, cache_dir))
+
+
+def check(report: Run, baseline: Optional[Run] = None, *, max_peak: Optional[Size] = None,
+          max_peak_increase: Optional[Size] = None, max_never_freed: Optional[Size] = None,
+          max_growth_per_step: Optional[Size] = None, no_failed_allocations: bool = False,
+          no_warnings: Union[str, Sequence[str], bool, None] = None, per: str = "process",
+          config: Optional[PathLike] = None, nsys: Optional[PathLike] = None,
+          cache_dir: Optional[PathLike] = None) -> "Verdict":
+    """`nsysan check` as a function: the run against memory limits. Returns the `Verdict`
+    (`ok`, and one `outcomes` row per limit and place, also as `frame("outcomes")`) instead of an
+    exit code. Sizes are bytes or strings like "8GiB"; `max_peak_increase` may be "10%".
+    `config` names an nsysan.toml or pyproject.toml whose [tool.nsysan.check] table fills in the
+    limits not given (unlike the command, nothing is read unless it is named).
+
+    >>> import nsysan
+    >>> verdict = nsysan.check("fixtures/torch_leak_v25.sqlite", "fixtures/torch_clean_v25.sqlite",
+    ...                        max_peak_increase="10%", max_never_freed="6GiB")
+    >>> verdict.ok, [(o.limit, o.ok) for o in verdict.outcomes]
+    (False, [('max-peak-increase', False), ('max-never-freed', True)])
+    >>> verdict.frame("outcomes")[["limit", "where", "ok"]].shape
+    (2, 3)
+    """
+    from .limits import Limits, evaluate_limits, read_config_file
+
+    defaults = None
+    if config is not None:
+        defaults = read_config_file(Path(config)) if Path(config).is_file() else None
+        if defaults is None:
+            raise NsysanError(f"config {config}: no such file, or no [tool.nsysan.check] table in it")
+
+    def text(size: Optional[Size]) -> Optional[str]:
+        return None if size is None else str(size)
+
+    limits = Limits.parse(per=per, max_peak=text(max_peak), max_peak_increase=text(max_peak_increase),
+                          max_never_freed=text(max_never_freed), max_growth_per_step=text(max_growth_per_step),
+                          no_failed_allocations=no_failed_allocations,
+                          no_warnings=no_warnings if isinstance(no_warnings, (str, type(None))) else
+                          ("all" if no_warnings is True else None) if isinstance(no_warnings, bool) else
+                          ",".join(no_warnings), defaults=defaults)
+    base = _run(baseline, nsys, cache_dir) if baseline is not None else None
+    return evaluate_limits(_run(report, nsys, cache_dir), base, limits)
+
+
+def _run(run: Run, nsys: Optional[PathLike], cache_dir: Optional[PathLike]) -> Analysis:
+    if isinstance(run, Analysis):
+        return run
+    from .inputs import load_or_analyze
+
+    return load_or_analyze(Path(run), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None)

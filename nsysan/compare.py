@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .model import GPU_RESIDENT_KINDS, Analysis
+from .model import GPU_RESIDENT_KINDS, Analysis, Tables
 from .units import fmt_bytes
 
 SCHEMA_ID = "nsysan/compare@1"
@@ -95,7 +95,7 @@ class RangeDelta:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(Tables):  # Tables: frame("processes") etc. for notebooks
     schema: str  # "nsysan/compare@1"
     base: RunRef
     new: RunRef

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional
 
 from .compare import ProcessDelta, compare_analyses
 from .errors import NsysanError
-from .model import Analysis
+from .model import Analysis, Tables
 from .units import fmt_bytes
 
 SCHEMA_ID = "nsysan/check@1"
@@ -169,7 +169,7 @@ class Outcome:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(Tables):  # Tables: frame("outcomes") for notebooks
     schema: str  # "nsysan/check@1"
     report: str
     baseline: Optional[str]

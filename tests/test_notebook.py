@@ -13,6 +13,8 @@ import html.parser
 import json
 import re
 import runpy
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -318,3 +320,53 @@ def test_not_a_document_at_all(text, tmp_path):
     path.write_text(text)
     with pytest.raises(NsysanError, match="^analysis.json"):
         nsysan.load_analysis(path)
+
+
+# --- compare and check from Python -------------------------------------------------------------
+
+CLEAN, LEAK = "fixtures/torch_clean_v25.sqlite", "fixtures/torch_leak_v25.sqlite"
+
+
+def _last_reserved(name: str) -> int:
+    return [r["reserved"] for r in truth(name) if "step" in r][-1]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nsysan", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+
+
+def test_compare_mirrors_the_command():
+    from nsysan.compare import Comparison
+
+    comparison = nsysan.compare(ROOT / CLEAN, analysis_of("torch_leak_v25"))  # a path and an Analysis
+    result = _cli("compare", CLEAN, LEAK, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    from_command = Comparison.from_dict(json.loads(result.stdout))
+    assert comparison.headline == from_command.headline
+    for table in ("processes", "sites", "ranges"):
+        pd.testing.assert_frame_equal(comparison.frame(table), from_command.frame(table))
+    processes = comparison.frame("processes")
+    # Both runs end with the caching allocator's segments (`reserved` after the last step, their
+    # truth files) plus the same library workspaces, all never freed: the difference is the leak.
+    assert processes.loc[0, "never_freed_delta"] == (
+        _last_reserved("torch_leak_v25") - _last_reserved("torch_clean_v25")) == 3_800_039_424
+    assert processes.loc[0, "never_freed_before"] + 3_800_039_424 == processes.loc[0, "never_freed_after"]
+
+
+def test_check_mirrors_the_command(tmp_path):
+    verdict = nsysan.check(LEAK, CLEAN, max_peak_increase="10%", max_never_freed=6 << 30)
+    result = _cli("check", LEAK, "--baseline", CLEAN, "--max-peak-increase", "10%",
+                  "--max-never-freed", str(6 << 30), "--json", str(tmp_path / "verdict.json"))
+    assert result.returncode == 1, result.stderr  # a limit broke
+    assert json.loads((tmp_path / "verdict.json").read_text())["outcomes"] == verdict.to_dict()["outcomes"]
+    outcomes = verdict.frame("outcomes").set_index("limit")
+    assert not verdict.ok and not outcomes.loc["max-peak-increase", "ok"]
+    # never freed at the end: reserved after step 5 plus the workspaces, under 6 GiB
+    assert outcomes.loc["max-never-freed", "measured"] == _last_reserved("torch_leak_v25") + 134_481_920
+    assert outcomes.loc["max-never-freed", "ok"]
+
+
+def test_check_without_limits_is_an_error():
+    with pytest.raises(NsysanError, match="no limits to check"):
+        nsysan.check(analysis_of("known_mem_v25"))

@@ -71,3 +71,13 @@ def test_python_doc_lists_every_table_and_its_columns(fixture):
         assert name in documented, f"docs/python.md has no row for the table {name!r}; add:\n{row}"
         assert documented[name] == columns, f"docs/python.md lists other columns for {name!r}; make it:\n{row}"
     assert set(documented) == set(Analysis.frame_names())
+
+
+def test_python_doc_lists_the_tables_of_compare_and_check():
+    rows = re.findall(r"^\| `(comparison|verdict)\.(\w+)` \| [^|]+ \| (.+) \|$", PYTHON_DOC.read_text(), flags=re.M)
+    documented = {(kind, name): re.findall(r"`(\w+)`", columns) for kind, name, columns in rows}
+    comparison = nsysan.compare(analysis_of("torch_clean_v25"), analysis_of("torch_leak_v25"))
+    verdict = nsysan.check(analysis_of("torch_leak_v25"), max_never_freed="1GiB")
+    actual = {("comparison", n): list(comparison.frame(n).columns) for n in comparison.frame_names()}
+    actual.update({("verdict", n): list(verdict.frame(n).columns) for n in verdict.frame_names()})
+    assert documented == actual
