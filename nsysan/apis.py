@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import re
 
+# Return codes and their names (both enums, whole) live in cuda_errors; re-exported here.
+from .cuda_errors import OUT_OF_MEMORY, error_name  # noqa: F401
+
 _SUFFIX = re.compile(r"(?:_v\d+|_pt[sd][zs])+$")
 
 
@@ -65,24 +68,3 @@ def family(api: str) -> str | None:
     """alloc | free | vmm | pool | info for a memory API (suffix stripped or not), else None."""
     return FAMILIES.get(base_name(api))
 
-
-# Return codes that mean "out of memory": cudaErrorMemoryAllocation (runtime) and
-# CUDA_ERROR_OUT_OF_MEMORY (driver) are both 2.
-OUT_OF_MEMORY = 2
-_RUNTIME_ERRORS = {1: "cudaErrorInvalidValue", 2: "cudaErrorMemoryAllocation",
-                   3: "cudaErrorInitializationError", 4: "cudaErrorCudartUnloading",
-                   100: "cudaErrorNoDevice", 101: "cudaErrorInvalidDevice",
-                   201: "cudaErrorDeviceUninitialized", 400: "cudaErrorInvalidResourceHandle",
-                   700: "cudaErrorIllegalAddress", 801: "cudaErrorNotSupported",
-                   999: "cudaErrorUnknown"}
-_DRIVER_ERRORS = {1: "CUDA_ERROR_INVALID_VALUE", 2: "CUDA_ERROR_OUT_OF_MEMORY",
-                  3: "CUDA_ERROR_NOT_INITIALIZED", 4: "CUDA_ERROR_DEINITIALIZED",
-                  100: "CUDA_ERROR_NO_DEVICE", 101: "CUDA_ERROR_INVALID_DEVICE",
-                  201: "CUDA_ERROR_INVALID_CONTEXT", 400: "CUDA_ERROR_INVALID_HANDLE",
-                  700: "CUDA_ERROR_ILLEGAL_ADDRESS", 801: "CUDA_ERROR_NOT_SUPPORTED",
-                  999: "CUDA_ERROR_UNKNOWN"}
-
-
-def error_name(api: str, code: int) -> str:
-    table = _RUNTIME_ERRORS if api.startswith("cuda") else _DRIVER_ERRORS
-    return table.get(code, f"error {code}")

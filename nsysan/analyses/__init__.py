@@ -16,7 +16,6 @@ import pandas as pd
 from ..model import SCHEMA_ID, Analysis, Capture, Process, Source
 from ..schema import Schema
 from .allocations import to_allocations
-from .caps import memory_caps
 from .calls import api_call_stats, find_failed_calls
 from .diagnostics import capture_diagnostics
 from .never_freed import find_never_freed, summarize_groups
@@ -25,6 +24,7 @@ from .ranks import assign_ranks
 from .ranges import range_stats
 from .sites import rank_sites
 from .timeline import build_timeline, group_events
+from .verdicts import find_verdicts
 
 if TYPE_CHECKING:  # events imports this package's array helpers: no import cycle at run time
     from ..events import LoadedEvents
@@ -66,11 +66,19 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
         schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version,
         quick=loaded.quick)
+    capture = _with_ranks(_capture(schema, events, calls, ranges, report_version), groups, schema)
+    labels = {p.pid: p.label for p in capture.processes}
+    verdicts = find_verdicts(events, calls, ranges, peaks, groups, gpu_of,
+                             lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
+                             schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
+                             schema.duration_ns, quick=loaded.quick)
+    peaks = verdicts.peaks
+    diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics
     return Analysis(
         schema=SCHEMA_ID,
         scope="quick" if loaded.quick else "full",
         source=source,
-        capture=_with_ranks(_capture(schema, events, calls, ranges, report_version), groups, schema),
+        capture=capture,
         groups=groups,
         peak=headline(peaks),
         peaks=peaks,
@@ -82,7 +90,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         ranges=range_stats(events, ranges, end_ns),
         timeline=timeline,
         diagnostics=diagnostics,
-        caps=memory_caps(groups, lambda gpu: gpu_totals.get(gpu) if gpu is not None else None),
+        caps=verdicts.caps,
+        oom=verdicts.oom,
+        reserved=verdicts.reserved,
         events=events,
         calls=calls,
         nvtx_ranges=ranges,

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from ..errors import printable
 from ..model import Allocation, Analysis, Peak
+from .oom import oom_and_reserved
 from ..units import fmt_bytes, fmt_duration, fmt_share, fmt_time
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -20,6 +21,9 @@ SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 def render_terminal(analysis: Analysis, console: Console, top: int = 10) -> None:
     """Print the whole summary: capture, peaks, live at peak, groups, never freed, sites, calls, diagnostics."""
     console.print(_capture_panel(analysis))
+    verdicts = oom_and_reserved(analysis)
+    if verdicts is not None:
+        console.print(verdicts)
     quick = analysis.scope == "quick"
     if analysis.capture.memory_usage_collected and analysis.groups:
         console.print(_read_columns(_peaks_table(analysis), quick))

@@ -1,0 +1,267 @@
+"""Out of memory: failed calls and what held the GPU then, probes, allocator OOMs, runs cut short.
+
+Three ways a run runs out of memory show in a trace:
+- a memory call fails (returnValue 2): the live set on its GPU at that moment is the answer;
+- a framework allocator refuses by itself (PyTorch under set_per_process_memory_fraction, or
+  when its retry after freeing its cache still fails): no call fails; the allocator gives its
+  cached blocks back to the driver in one burst, then nothing more is allocated and the NVTX
+  ranges open at that moment never close;
+- the capture simply ends while the process was working (ranges left open, memory climbing).
+A failed call that is retried successfully at once is a probe (PyTorch's expandable segments try
+cuMemCreate with a handle type the system refuses, 800, then again without it), not a failure.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+import pandas as pd
+
+from ..cuda_errors import OUT_OF_MEMORY, error_name
+from ..events import attribute_ranges
+from ..model import GPU_RESIDENT_KINDS, Allocation, AllocatorOom, CacheRelease, CutShort, OomFailure, OutOfMemory, \
+    Probe
+
+# "retried at once": the same API succeeds on the thread within 10 ms after the failed call
+# returned (torch_expandable_v25's failing cuMemCreate itself takes 18.6 ms; the retry comes 21 µs
+# after it)
+PROBE_RETRY_NS = 10_000_000
+BURST_GAP_NS = 5_000_000  # frees of one release burst follow each other within 5 ms
+BURST_MIN_BLOCKS = 3
+MAX_FAILURES = 20
+MAX_RELEASES = 200
+LIVE_LISTED = 20
+OPEN_END_NS = np.iinfo("int64").max // 4  # an NVTX range still open at the end (see events.read)
+CLIMBING_TAIL = 0.25  # "still climbing": live bytes rose over the last quarter of the process's events...
+NEAR_END_NS = 100_000_000  # ...the last of which is within 100 ms of the end of the capture
+
+ToAllocations = Callable[[pd.DataFrame], list[Allocation]]
+GpuOf = Callable[[int, int], Optional[int]]
+
+
+def find_out_of_memory(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame, gpu_of: GpuOf,
+                       total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: ToAllocations,
+                       caching_allocators: dict[tuple[int, int], str], end_ns: int,
+                       duration_ns: Optional[int]) -> OutOfMemory:
+    """Every out-of-memory verdict of one capture. `caching_allocators` maps the (pid, device)
+    pairs whose memory a caching allocator manages to its kind (see allocator.recognize): only
+    their free bursts are cache releases. `end_ns` is the end of the capture's data, `duration_ns`
+    the session's recorded length (where nsys ends the ranges it found open)."""
+    failures, probes, failed_count = _failed_calls(events, calls, ranges, gpu_of, total_memory, to_allocations)
+    releases = _cache_releases(events, caching_allocators, gpu_of)
+    open_by_pid = _open_ranges(ranges, duration_ns or OPEN_END_NS)
+    allocator_ooms, flushes = [], []
+    for release in releases:
+        if release.followed_by_allocation:
+            flushes.append(release)
+            continue
+        opened = open_by_pid.get(release.pid, [])
+        has_nvtx = not ranges.empty and bool((ranges["pid"].to_numpy() == release.pid).any())
+        if opened or not has_nvtx:
+            seq = int(np.searchsorted(events["ts_ns"].to_numpy(), release.start_ns, side="left")) - 1
+            count, live = _live_set(events, seq, _pair_rows(events, release.pid, release.device), to_allocations)
+            allocator_ooms.append(AllocatorOom(release=release, open_ranges=opened, live_count=count,
+                                               live_at_release=live))
+        else:  # every range closed: an empty_cache() before a normal exit
+            flushes.append(release)
+    return OutOfMemory(failures=failures, failed_count=failed_count, probes=probes, allocator_ooms=allocator_ooms, cache_flushes=flushes,
+                       cut_short=_cut_short(events, open_by_pid, end_ns))
+
+
+# --- failed calls ----------------------------------------------------------------------------
+
+def _failed_calls(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame, gpu_of: GpuOf,
+                  total_memory: Callable[[Optional[int]], Optional[int]],
+                  to_allocations: ToAllocations) -> tuple[list[OomFailure], list[Probe], int]:
+    if calls.empty:
+        return [], [], 0
+    failed_mask = ((calls["return_value"] != 0) & (calls["family"] != "info")).to_numpy()
+    if not failed_mask.any():
+        return [], [], 0
+    failed_count = int((calls["return_value"].to_numpy()[failed_mask] == OUT_OF_MEMORY).sum())
+    failed = calls[failed_mask].head(1000)
+    _, paths = attribute_ranges(failed, ranges)
+    ok = calls[(calls["return_value"] == 0).to_numpy()]
+    failures, probes = [], []
+    for (_, call), path in zip(failed.iterrows(), np.asarray(paths)):  # failed calls: few, capped
+        pid, tid, api, ts, code = int(call.pid), int(call.tid), str(call.api), int(call.ts_ns), int(call.return_value)
+        retry = _retry_after(ok, pid, tid, api, int(call.end_ns))
+        if code != OUT_OF_MEMORY:
+            if retry is not None:
+                probes.append(Probe(pid=pid, tid=tid, api=api, time_ns=ts, return_value=code,
+                                    error=error_name(api, code), nvtx_path=str(path), retried_after_ns=retry))
+            continue
+        if len(failures) >= MAX_FAILURES:
+            continue
+        failures.append(_failure(events, calls, pid, tid, api, ts, code, str(path), retry, gpu_of, total_memory,
+                                 to_allocations))
+    return failures, probes, failed_count
+
+
+def _retry_after(ok: pd.DataFrame, pid: int, tid: int, api: str, ts: int) -> Optional[int]:
+    """ns from `ts` (the failed call's return) until the same API next succeeded on that thread,
+    if within PROBE_RETRY_NS."""
+    later = ok["ts_ns"].to_numpy()[((ok["pid"] == pid) & (ok["tid"] == tid) & (ok["api"] == api)).to_numpy()]
+    later = later[(later >= ts) & (later <= ts + PROBE_RETRY_NS)]
+    return int(later.min() - ts) if len(later) else None
+
+
+def _failure(events: pd.DataFrame, calls: pd.DataFrame, pid: int, tid: int, api: str, ts: int, code: int,
+             path: str, retry: Optional[int], gpu_of: GpuOf, total_memory: Callable[[Optional[int]], Optional[int]],
+             to_allocations: ToAllocations) -> OomFailure:
+    same_api = calls["ts_ns"].to_numpy()[((calls["pid"] == pid) & (calls["api"] == api)).to_numpy()]
+    call_number = int((same_api < ts).sum()) + 1
+    device = _device_of_call(events, pid, tid, ts)
+    gpu = gpu_of(pid, device) if device is not None else None
+    total = total_memory(gpu)
+    process_live = gpu_live = None
+    count, live = 0, []
+    if not events.empty and device is not None:
+        seq = int(np.searchsorted(events["ts_ns"].to_numpy(), ts, side="right")) - 1
+        on_gpu = _gpu_rows(events, gpu, pid, device, gpu_of)
+        count, live = _live_set(events, seq, on_gpu, to_allocations)
+        sizes = _live_bytes_by_pid(events, seq, on_gpu)
+        gpu_live, process_live = sum(sizes.values()), sizes.get(pid, 0)
+    return OomFailure(pid=pid, tid=tid, api=api, time_ns=ts, return_value=code, error=error_name(api, code),
+                      call_number=call_number, nvtx_path=path, device=device, gpu=gpu,
+                      process_live_bytes=process_live, gpu_live_bytes=gpu_live, total_memory_bytes=total,
+                      headroom_bytes=total - gpu_live if total and gpu_live is not None else None,
+                      live_count=count, live_at_failure=live, retried_after_ns=retry)
+
+
+def _device_of_call(events: pd.DataFrame, pid: int, tid: int, ts: int) -> Optional[int]:
+    """The device a failed call most likely targeted (the API row has none): the device of the
+    thread's latest memory event before it, else the process's only or first device."""
+    if events.empty:
+        return None
+    mine = (events["pid"] == pid).to_numpy()
+    if not mine.any():
+        return None
+    thread = mine & (events["tid"] == tid).to_numpy() & (events["ts_ns"].to_numpy() <= ts)
+    source = thread if thread.any() else mine
+    return int(events["device"].to_numpy()[np.flatnonzero(source)[-1 if thread.any() else 0]])
+
+
+def _gpu_rows(events: pd.DataFrame, gpu: Optional[int], pid: int, device: int, gpu_of: GpuOf) -> np.ndarray:
+    """Rows of GPU-resident memory on that GPU, every process (only pid's device if the GPU is unknown)."""
+    resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
+    pids, devices = events["pid"].to_numpy(), events["device"].to_numpy()
+    if gpu is None:
+        return np.flatnonzero(resident & (pids == pid) & (devices == device))
+    packed = pd.unique((pids[resident].astype("int64") << 16) | (devices[resident].astype("int64") & 0xFFFF))
+    members = [(p >> 16, p & 0xFFFF) for p in packed.tolist() if gpu_of(p >> 16, p & 0xFFFF) == gpu]
+    on_gpu = np.zeros(len(events), bool)
+    for p, d in members:
+        on_gpu |= (pids == p) & (devices == d)
+    return np.flatnonzero(resident & on_gpu)
+
+
+def _pair_rows(events: pd.DataFrame, pid: int, device: int) -> np.ndarray:
+    resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
+    return np.flatnonzero(resident & (events["pid"] == pid).to_numpy() & (events["device"] == device).to_numpy())
+
+
+def _live_rows(events: pd.DataFrame, seq: int, rows: np.ndarray) -> np.ndarray:
+    """Allocations among `rows` live right after event row `seq`."""
+    is_alloc = events["op"].cat.codes.to_numpy()[rows] == 0
+    partner = events["partner"].to_numpy()[rows]
+    return rows[is_alloc & (rows <= seq) & ((partner < 0) | (partner > seq))]
+
+
+def _live_set(events: pd.DataFrame, seq: int, rows: np.ndarray,
+              to_allocations: ToAllocations) -> tuple[int, list[Allocation]]:
+    live = _live_rows(events, seq, rows)
+    sizes = events["bytes"].to_numpy()[live]
+    largest = live[np.argsort(-sizes, kind="stable")[:LIVE_LISTED]]
+    return int(len(live)), to_allocations(events.iloc[largest])
+
+
+def _live_bytes_by_pid(events: pd.DataFrame, seq: int, rows: np.ndarray) -> dict[int, int]:
+    live = _live_rows(events, seq, rows)
+    frame = pd.DataFrame({"pid": events["pid"].to_numpy()[live], "bytes": events["bytes"].to_numpy()[live]})
+    return {int(k): int(v) for k, v in frame.groupby("pid")["bytes"].sum().items()}
+
+
+# --- cache releases --------------------------------------------------------------------------
+
+# The call a caching allocator gives a segment back with; other frees on the device (NCCL's
+# cuMemUnmap at ncclCommDestroy, on ddp_leak_v25) are not its own.
+_RELEASE_API = {"pytorch_caching": "cudaFree", "pytorch_expandable": "cuMemUnmap"}
+
+
+def _cache_releases(events: pd.DataFrame, caching_allocators: dict[tuple[int, int], str],
+                    gpu_of: GpuOf) -> list[CacheRelease]:
+    """Bursts of frees by a caching allocator: BURST_MIN_BLOCKS or more matched frees in a row on
+    one (process, device), no allocation between them, each within BURST_GAP_NS of the last."""
+    releases: list[CacheRelease] = []
+    for (pid, device), kind in sorted(caching_allocators.items()):
+        rows = _pair_rows(events, pid, device)
+        delta_all = events["delta_bytes"].to_numpy()
+        own = (events["kind"].to_numpy()[rows] == "device") & (
+            (delta_all[rows] > 0) | (events["api"].to_numpy()[rows] == _RELEASE_API.get(kind, "cudaFree")))
+        rows = rows[own]
+        if len(rows) == 0:
+            continue
+        delta = events["delta_bytes"].to_numpy()[rows]
+        ts = events["ts_ns"].to_numpy()[rows]
+        live = np.cumsum(delta)
+        is_free = delta < 0
+        # a new burst starts at a free that does not continue the previous row's burst
+        continues = np.zeros(len(rows), bool)
+        continues[1:] = is_free[1:] & is_free[:-1] & (ts[1:] - ts[:-1] <= BURST_GAP_NS)
+        starts = np.flatnonzero(is_free & ~continues)
+        is_alloc = delta > 0
+        last_alloc = int(np.flatnonzero(is_alloc)[-1]) if is_alloc.any() else -1
+        paths = events["nvtx_path"].to_numpy()
+        for start in starts.tolist():  # bursts: few (a caching allocator rarely frees)
+            end = start
+            while end + 1 < len(rows) and continues[end + 1]:
+                end += 1
+            blocks = end - start + 1
+            if blocks < BURST_MIN_BLOCKS:
+                continue
+            before = int(live[start - 1]) if start else 0
+            releases.append(CacheRelease(
+                pid=pid, device=device, gpu=gpu_of(pid, device), start_ns=int(ts[start]), end_ns=int(ts[end]),
+                blocks=blocks, released_bytes=int(-delta[start:end + 1].sum()), nvtx_path=str(paths[rows[start]]),
+                live_before_bytes=before, live_after_bytes=int(live[end]), followed_by_allocation=last_alloc > end))
+            if len(releases) >= MAX_RELEASES:
+                return releases
+    return releases
+
+
+# --- ranges left open, runs cut short --------------------------------------------------------
+
+def _open_ranges(ranges: pd.DataFrame, end_ns: int) -> dict[int, list[str]]:
+    """pid -> names of its NVTX ranges never closed, outermost (earliest) first. nsys closes a
+    range left open at the end of the session (torch_oom_v25: `step 5` and `hoard` end at the
+    capture's last ns); older exports leave its end NULL."""
+    if ranges.empty:
+        return {}
+    still_open = ranges[(ranges["end_ns"].to_numpy() >= end_ns)]
+    still_open = still_open.sort_values(["pid", "depth", "start_ns"], kind="stable")
+    return {int(pid): [str(n) for n in group["name"]] for pid, group in still_open.groupby("pid", sort=True)}
+
+
+def _cut_short(events: pd.DataFrame, open_by_pid: dict[int, list[str]], end_ns: int) -> list[CutShort]:
+    """Processes whose capture ends while they were working: NVTX ranges never closed, or
+    GPU-resident live bytes at their highest at the end of the capture after rising over their
+    last events (a process that finished has stopped allocating well before the capture ends:
+    it still tears down, and nsys flushes)."""
+    found = []
+    resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy() if not events.empty else np.zeros(0, bool)
+    pids = sorted(set(open_by_pid) | set(pd.unique(events["pid"].to_numpy()).tolist()))
+    for pid in pids:
+        rows = np.flatnonzero(resident & (events["pid"].to_numpy() == pid)) if len(resident) else np.zeros(0, int)
+        live = np.cumsum(events["delta_bytes"].to_numpy()[rows]) if len(rows) else np.zeros(1, "int64")
+        end_live = int(live[-1])
+        tail_start = int(len(live) * (1 - CLIMBING_TAIL))
+        last = int(events["ts_ns"].to_numpy()[rows[-1]]) if len(rows) else 0
+        climbing = bool(len(rows) >= 8 and end_live > 0 and end_live >= live.max() and end_live > live[tail_start]
+                        and end_ns - last <= NEAR_END_NS)
+        opened = open_by_pid.get(pid, [])
+        if opened or climbing:
+            found.append(CutShort(pid=int(pid), last_event_ns=last, open_ranges=opened, climbing=climbing,
+                                  end_live_bytes=end_live))
+    return found

@@ -1,0 +1,195 @@
+"""The verdicts on out of memory, reserved memory and caps, gathered for `run_analyses`, with the
+diagnostics that put them in every output."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import pandas as pd
+
+from ..model import GPU_RESIDENT_KINDS, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, Preallocation, \
+    ReservedMemory
+from ..units import fmt_bytes, fmt_duration, fmt_time
+from .allocator import allocator_use, find_preallocations
+from .caps import memory_caps
+from .oom import find_out_of_memory
+
+MIN_VMM_GRANULARITY = 2 << 20  # cuMemCreate sizes are multiples of the granularity, 2 MiB on every GPU seen
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    oom: OutOfMemory
+    reserved: ReservedMemory
+    caps: list[MemoryCap]
+    peaks: list[Peak]  # the peaks, with their notes
+    diagnostics: list[Diagnostic]
+    replaces: set[str]  # codes of generic diagnostics these verdicts replace
+
+
+def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame, peaks: list[Peak],
+                  groups: list[GroupSummary], gpu_of: Callable[[int, int], Optional[int]],
+                  total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: Callable,
+                  process_names: dict[int, str], label: Callable[[int], str], end_ns: int,
+                  duration_ns: Optional[int], quick: bool = False) -> Verdicts:
+    """`quick`: the events have no API names or threads (analyze --quick), which telling an
+    allocator's segments from library workspaces needs: no allocator verdicts then."""
+    preallocations = find_preallocations(events, ranges, gpu_of, total_memory, label)
+    allocators = [] if quick else allocator_use(events, peaks, gpu_of, process_names, preallocations, label)
+    caching = {(u.pid, u.device): u.allocator for u in allocators if u.allocator.startswith("pytorch")}
+    oom = find_out_of_memory(events, calls, ranges, gpu_of, total_memory, to_allocations, caching, end_ns,
+                             duration_ns)
+    found_caps = [MemoryCap(pid=p.pid, device=p.device, gpu=p.gpu, cap_bytes=p.bytes, source="xla_preallocation",
+                            note="XLA's allocator never goes beyond the block it preallocated")
+                  for p in preallocations if p.framework == "XLA"]
+    found_caps += [MemoryCap(pid=o.release.pid, device=o.release.device, gpu=o.release.gpu,
+                             cap_bytes=o.release.live_before_bytes, source="allocator_oom",
+                             note="the allocator gave up holding this much; its cap (a memory fraction, or the "
+                                  "GPU's free memory) is not in the trace")
+                   for o in oom.allocator_ooms]
+    diagnostics = (_oom_diagnostics(oom, label) + _reserved_diagnostics(allocators, preallocations)
+                   + _vmm_without_access(events, calls, label))
+    return Verdicts(oom=oom, reserved=ReservedMemory(allocators=allocators, preallocations=preallocations),
+                    caps=memory_caps(groups, total_memory, found_caps),
+                    peaks=_with_notes(peaks, events, preallocations), diagnostics=diagnostics,
+                    # the live set at the failure beats a count; a recognized allocator beats a guess
+                    replaces={"allocation_failed"} if oom.failures else set()
+                    | ({"caching_allocator"} if allocators or preallocations else set()))
+
+
+# --- peaks that need a word --------------------------------------------------------------------
+
+def _with_notes(peaks: list[Peak], events: pd.DataFrame, preallocations: list[Preallocation]) -> list[Peak]:
+    """Peaks whose `api` alone would mislead, with a note: a module load that added a few statics
+    on top of a level reached earlier, and preallocated blocks."""
+    if events.empty:
+        return peaks
+    noted = []
+    for peak in peaks:
+        parts = []
+        block = next((p for p in preallocations if p.pid == peak.pid and p.device == peak.device
+                      or peak.pid is None and p.gpu == peak.gpu), None)
+        if block is not None:
+            parts.append(f"{fmt_bytes(block.bytes)} of it is one block "
+                         f"{'XLA preallocated' if block.framework == 'XLA' else 'reserved'} at {fmt_time(block.time_ns)}:"
+                         " the reservation, not the use inside it")
+        if peak.api == "(module load)":
+            parts.append(_module_load_note(peak, events))
+        noted.append(dataclasses.replace(peak, note="; ".join(p for p in parts if p)) if parts else peak)
+    return noted
+
+
+def _module_load_note(peak: Peak, events: pd.DataFrame) -> str:
+    resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
+    mine = resident & (events["device"].to_numpy() == peak.device)
+    if peak.pid is not None:
+        mine &= events["pid"].to_numpy() == peak.pid
+    rows = np.flatnonzero(mine)
+    seq = int(np.searchsorted(events["ts_ns"].to_numpy(), peak.peak_time_ns, side="right")) - 1
+    rows = rows[rows <= seq]
+    own = rows[(events["kind"].to_numpy()[rows] != "static") & (events["delta_bytes"].to_numpy()[rows] > 0)]
+    if len(own) == 0:
+        return "reached by module statics (kernel-image globals loaded with the GPU code)"
+    last = int(own[-1])
+    statics = int(events["delta_bytes"].to_numpy()[rows[rows > last]].sum())
+    return (f"a module load added {fmt_bytes(statics)} of kernel-image statics at that moment, on top of the "
+            f"level {events['api'].iat[last]} reached at {fmt_time(int(events['ts_ns'].iat[last]))}")
+
+
+# --- diagnostics -------------------------------------------------------------------------------
+
+FRACTION_HINT = ("a cap set with torch.cuda.set_per_process_memory_fraction is invisible to nsys; the program's "
+                 "own error message says how much it tried to allocate and what was allowed")
+
+
+def _oom_diagnostics(oom: OutOfMemory, label: Callable[[int], str]) -> list[Diagnostic]:
+    found = []
+    for failure in oom.failures[:1]:
+        where = f" in {failure.nvtx_path}" if failure.nvtx_path else ""
+        held = ""
+        if failure.gpu_live_bytes is not None:
+            held = f"; {fmt_bytes(failure.gpu_live_bytes)} was live on GPU {failure.gpu}"
+            if failure.headroom_bytes is not None:
+                held += (f" of its {fmt_bytes(failure.total_memory_bytes)}, leaving at most "
+                         f"{fmt_bytes(failure.headroom_bytes)} (the CUDA context and kernel images, not in the "
+                         "trace, take part of that)")
+        count = oom.failed_count
+        first = (f"{count} memory calls failed with out-of-memory; the first, " if count > 1
+                 else "1 memory call failed with out-of-memory: ")
+        found.append(Diagnostic("warning", "allocation_failed",
+                                f"{first}{label(failure.pid)}'s call #{failure.call_number} of {failure.api}, failed with "
+                                f"{failure.error} at {fmt_time(failure.time_ns)}{where}{held}; nsys does not record "
+                                "the size a failed call asked for"))
+    for release in (o.release for o in oom.allocator_ooms):
+        opened = next(o.open_ranges for o in oom.allocator_ooms if o.release is release)
+        found.append(Diagnostic("warning", "allocator_oom_suspected",
+                                f"{label(release.pid)} on GPU {release.gpu}: at {fmt_time(release.start_ns)}"
+                                f"{' in ' + release.nvtx_path if release.nvtx_path else ''} the caching allocator "
+                                f"freed {release.blocks} cached blocks ({fmt_bytes(release.released_bytes)}) within "
+                                f"{fmt_duration(release.end_ns - release.start_ns)}, from "
+                                f"{fmt_bytes(release.live_before_bytes)} live to {fmt_bytes(release.live_after_bytes)}, "
+                                "and allocated nothing after"
+                                + (f"; ranges left open: {', '.join(opened)}" if opened else "")
+                                + ". That is how PyTorch's allocator fails (torch.OutOfMemoryError): it frees its "
+                                  f"cache, retries, and gives up; {FRACTION_HINT}"))
+    for probe in oom.probes[:3]:
+        found.append(Diagnostic("info", "probe",
+                                f"{label(probe.pid)}: {probe.api} returned {probe.error} ({probe.return_value}) at "
+                                f"{fmt_time(probe.time_ns)} and succeeded {fmt_duration(probe.retried_after_ns)} "
+                                "later: a probe for a feature the system refuses, not a failure"))
+    if oom.cache_flushes:
+        blocks = sum(f.blocks for f in oom.cache_flushes)
+        size = sum(f.released_bytes for f in oom.cache_flushes)
+        found.append(Diagnostic("info", "cache_flushes",
+                                f"{len(oom.cache_flushes)} times the caching allocator gave cached blocks back to the "
+                                f"driver and went on ({blocks} blocks, {fmt_bytes(size)}): empty_cache() calls or "
+                                "allocation retries after freeing the cache (PyTorch's num_alloc_retries); each "
+                                "one costs a synchronization and new cudaMallocs"))
+    for cut in oom.cut_short:
+        reasons = []
+        if cut.open_ranges:
+            reasons.append(f"NVTX ranges {' > '.join(cut.open_ranges)} never closed")
+        if cut.climbing:
+            reasons.append(f"memory was still climbing ({fmt_bytes(cut.end_live_bytes)} at the end)")
+        found.append(Diagnostic("warning", "run_cut_short",
+                                f"{label(cut.pid)} was cut short: {' and '.join(reasons)}; the capture ends while it "
+                                "was working (a crash, an exception, or --duration), so its last numbers are not "
+                                "its final ones"))
+    return found
+
+
+def _reserved_diagnostics(allocators: list, preallocations: list[Preallocation]) -> list[Diagnostic]:
+    found = [Diagnostic("info", "caching_allocator", use.message) for use in allocators
+             if not use.allocator.endswith("preallocation")]
+    found += [Diagnostic("warning" if p.framework == "XLA" else "info", "preallocation", p.message)
+              for p in preallocations]
+    return found
+
+
+def _vmm_without_access(events: pd.DataFrame, calls: pd.DataFrame, label: Callable[[int], str]) -> list[Diagnostic]:
+    """Physical memory made with cuMemCreate that no memory event counts: nsys emits the event at
+    cuMemSetAccess, one per mapped handle, so successful cuMemCreate calls beyond the
+    cuMemSetAccess events of a process were never made accessible."""
+    if calls.empty:
+        return []
+    created = calls[((calls["api"] == "cuMemCreate") & (calls["return_value"] == 0)).to_numpy()]
+    if created.empty:
+        return []
+    mapped = events[((events["api"] == "cuMemSetAccess") & (events["op"] == "alloc")).to_numpy()] \
+        if not events.empty else events
+    per_pid = mapped["pid"].value_counts().to_dict() if not mapped.empty else {}
+    found = []
+    for pid, count in created["pid"].value_counts().sort_index().items():
+        missing = int(count) - int(per_pid.get(pid, 0))
+        if missing > 0:
+            found.append(Diagnostic(
+                "warning", "vmm_without_access",
+                f"{label(int(pid))}: {missing} of its {int(count)} cuMemCreate allocations were never given access "
+                "with cuMemSetAccess, so no memory event counts them: at least "
+                f"{fmt_bytes(missing * MIN_VMM_GRANULARITY)} of physical GPU memory (nsys does not record "
+                "cuMemCreate's size; 2 MiB is the smallest granularity) is in no number here for as long as "
+                "it was held"))
+    return found
