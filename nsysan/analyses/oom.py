@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..cuda_errors import OUT_OF_MEMORY, error_name
-from ..events import attribute_ranges
+from ..events.nvtx import attribute_ranges
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocatorOom, CacheRelease, CutShort, OomFailure, OutOfMemory, \
     Probe
 
