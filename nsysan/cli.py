@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from .commands import analyze as analyze_command
+from .commands import batch as batch_command
 from .commands import check as check_command
 from .commands import compare as compare_command
 from .commands.common import OutputClosed, say_error
@@ -23,6 +24,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 app.command("analyze")(analyze_command.analyze)
 app.command("compare")(compare_command.compare)
 app.command("check")(check_command.check)
+app.command("batch")(batch_command.batch)
 
 _state = {"debug": False}
 INTERRUPTED = 130  # 128 + SIGINT: what shells report after Ctrl-C

@@ -118,8 +118,8 @@ class Comparison(Tables):  # Tables: frame("processes") etc. for notebooks
 
 
 @dataclass(frozen=True)
-class _Row:
-    """One (process, CUDA device) of one run, with the numbers compared."""
+class ProcessRow:
+    """One (process, CUDA device) of one run, with the numbers compared (and batch's summary rows)."""
 
     pid: int
     name: str
@@ -139,7 +139,7 @@ class _Process:
     name: str
     rank: Optional[int]
     first_ns: int
-    rows: list[_Row] = field(default_factory=list)
+    rows: list[ProcessRow] = field(default_factory=list)
 
     @property
     def main_gpu(self) -> Optional[int]:
@@ -242,11 +242,16 @@ def _processes(analysis: Analysis) -> list[_Process]:
         if peak is None:  # module statics alone on a GPU the process does not compute on
             continue
         proc = processes.setdefault(pid, _Process(pid, names.get(pid, ""), ranks.get(pid), first.get(pid, 0)))
-        proc.rows.append(_Row(pid=pid, name=proc.name, device=device, gpu=row["gpu"],
+        proc.rows.append(ProcessRow(pid=pid, name=proc.name, device=device, gpu=row["gpu"],
                               peak_bytes=peak.peak_bytes, end_bytes=row["end"],
                               never_freed_bytes=row["kept"], rank=proc.rank,
                               growth_per_step=growth.get((pid, device))))
     return list(processes.values())
+
+
+def process_rows(analysis: Analysis) -> list[ProcessRow]:
+    """One row per process and CUDA device with a GPU peak, in pid then device order."""
+    return [row for proc in _processes(analysis) for row in proc.rows]
 
 
 def steps_growth(analysis: Analysis) -> dict[tuple[int, int], int]:
@@ -306,7 +311,7 @@ def _pair_by_name(base: list[_Process], new: list[_Process]):
 
 
 def _process_deltas(role: str, base: Optional[_Process], new: Optional[_Process]) -> list[ProcessDelta]:
-    def gpu_ordered(p: Optional[_Process]) -> list[_Row]:
+    def gpu_ordered(p: Optional[_Process]) -> list[ProcessRow]:
         return sorted(p.rows, key=lambda r: (r.gpu is None, r.gpu, r.device)) if p else []
 
     b_rows, n_rows = gpu_ordered(base), gpu_ordered(new)
@@ -322,7 +327,7 @@ def _process_deltas(role: str, base: Optional[_Process], new: Optional[_Process]
         else:
             name = f"{role} · GPU {gpu}"
 
-        def value(row: Optional[_Row], attr: str) -> Optional[int]:
+        def value(row: Optional[ProcessRow], attr: str) -> Optional[int]:
             return getattr(row, attr) if row is not None else None
 
         growth = None

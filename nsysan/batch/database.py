@@ -1,0 +1,121 @@
+"""nsysan.db: the batch's results as SQLite tables, written with sqlite-utils.
+
+Every table is keyed by `report_hash` (the SHA-256 of the report's bytes), so the same report
+analyzed again, in the same batch or in a later CI run appending with `--db`, replaces its rows
+instead of adding copies. Tables are created and widened with `alter=True`: a field added to the
+analysis document later becomes a new column, and older databases keep working. Open it with
+`sqlite-utils` or Datasette (docs/batch.md).
+
+    reports      one row per report (failed ones too, with their error)
+    groups       per (process, CUDA device, memory kind): peak, end, never freed ...
+    steps        per step of a process, when the analysis found steps
+    never_freed  the allocations never freed (the document's capped list)
+    sites        per call site and kind
+    diagnostics  per diagnostic
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import NsysanError
+from ..model import Analysis
+
+CHILD_TABLES = ("groups", "steps", "never_freed", "sites", "diagnostics")
+
+
+class ResultsDatabase:
+    """An open nsysan.db; `add(result, analysis)` writes one report, in one transaction."""
+
+    def __init__(self, path: Path, tag: Optional[str] = None) -> None:
+        import sqlite_utils
+
+        self.path = Path(path)
+        self.tag = tag
+        try:
+            self.db = sqlite_utils.Database(self.path)
+            self.db.execute("PRAGMA journal_mode=WAL")  # readers (Datasette) don't block the batch
+            if not self.db["steps"].exists():  # queries can name it before any analysis had steps
+                self.db["steps"].create({"report_hash": str, "pid": int, "device": int, "step": int},
+                                        pk=("report_hash", "pid", "device", "step"))
+        except Exception as err:  # sqlite3.DatabaseError, OSError: not a database we can write
+            raise NsysanError(f"{self.path} could not be opened as a SQLite database ({err})") from err
+
+    def close(self) -> None:
+        self.db.close()
+
+    def add(self, result: dict[str, Any], analysis: Optional[Analysis], analysis_file: Optional[str]) -> str:
+        """Write one worker result; returns its report key."""
+        key = result.get("hash") or "unreadable:" + hashlib.sha256(result["path"].encode()).hexdigest()
+        report = {"report_hash": key, "path": result["path"], "name": Path(result["path"]).name,
+                  "ok": bool(result.get("ok")), "error": result.get("error"), "seconds": result.get("seconds"),
+                  "tag": self.tag, "analyzed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                      timespec="seconds"), "analysis_file": analysis_file}
+        if analysis is not None:
+            report.update(_report_facts(analysis))
+        with self.db.conn:
+            for table in CHILD_TABLES:
+                if self.db[table].exists():
+                    self.db[table].delete_where("report_hash = ?", [key])
+            self.db["reports"].upsert(report, pk="report_hash", alter=True)
+            if analysis is not None:
+                for table, rows, pk in _child_rows(key, analysis):
+                    if rows:
+                        self.db[table].insert_all(rows, pk=pk, alter=True, replace=True)
+        return key
+
+
+def _report_facts(a: Analysis) -> dict[str, Any]:
+    return {"source_name": a.source.name, "format": a.source.format, "size_bytes": a.source.size_bytes,
+            "scope": a.scope, "nsys_version": a.capture.nsys_version, "duration_ns": a.capture.duration_ns,
+            "memory_usage_collected": a.capture.memory_usage_collected, "backtraces": a.capture.backtraces,
+            "peak_bytes": a.peak.peak_bytes if a.peak else None, "peak_pid": a.peak.pid if a.peak else None,
+            "peak_gpu": a.peak.gpu if a.peak else None,
+            "never_freed_bytes": sum(g.never_freed_bytes for g in a.groups if g.kind not in ("static", "managed_static")),
+            "never_freed_count": a.never_freed_total, "processes": len(a.capture.processes),
+            "gpus": len(a.capture.gpus), "failed_calls": len(a.failed_calls),
+            "warnings": ",".join(sorted({d.code for d in a.diagnostics if d.severity in ("warning", "error")}))}
+
+
+def _child_rows(key: str, a: Analysis) -> list[tuple[str, list[dict[str, Any]], Any]]:
+    procs = {p.pid: p for p in a.capture.processes}
+
+    def who(pid: Optional[int]) -> dict[str, Any]:
+        proc = procs.get(pid) if pid is not None else None
+        return {"process": a.process_label(pid), "rank": proc.rank if proc else None}
+
+    groups = [{"report_hash": key, **who(g.pid), "pid": g.pid, "device": g.device, "kind": g.kind, "gpu": g.gpu,
+               "peak_bytes": g.peak_bytes, "peak_time_ns": g.peak_time_ns, "end_bytes": g.end_bytes,
+               "allocations": g.allocations, "frees": g.frees, "allocated_bytes": g.allocated_bytes,
+               "never_freed_bytes": g.never_freed_bytes, "never_freed_count": g.never_freed_count}
+              for g in a.groups]
+    never_freed = [{"report_hash": key, "n": i, **who(x.pid), "pid": x.pid, "device": x.device, "kind": x.kind,
+                    "api": x.api, "bytes": x.bytes, "address": x.address, "alloc_time_ns": x.alloc_time_ns,
+                    "nvtx_range": x.nvtx_range, "site": x.site.label, "function": x.site.function}
+                   for i, x in enumerate(a.never_freed)]
+    sites = [{"report_hash": key, "label": s.site.label, "kind": s.kind, "function": s.site.function,
+              "module": s.site.module, "apis": ",".join(s.apis), "allocations": s.allocations,
+              "allocated_bytes": s.allocated_bytes, "never_freed_bytes": s.never_freed_bytes,
+              "never_freed_count": s.never_freed_count, "max_live_bytes": s.max_live_bytes} for s in a.sites]
+    diagnostics = [{"report_hash": key, "n": i, "severity": d.severity, "code": d.code, "message": d.message}
+                   for i, d in enumerate(a.diagnostics)]
+    return [("groups", groups, ("report_hash", "pid", "device", "kind")),
+            ("steps", _step_rows(key, a), ("report_hash", "pid", "device", "step")),
+            ("never_freed", never_freed, ("report_hash", "n")),
+            ("sites", sites, ("report_hash", "label", "kind")),
+            ("diagnostics", diagnostics, ("report_hash", "n"))]
+
+
+def _step_rows(key: str, a: Analysis) -> list[dict[str, Any]]:
+    """Per step of each process, when the analysis has steps (growth verdicts)."""
+    rows = []
+    for verdict in getattr(a, "growth", None) or []:
+        for i, step in enumerate(getattr(verdict, "steps", None) or []):
+            row = {"report_hash": key, "pid": getattr(verdict, "pid", None), "device": getattr(verdict, "device", None),
+                   "step": i}
+            row.update({k: v for k, v in vars(step).items() if isinstance(v, (int, float, str)) or v is None})
+            rows.append(row)
+    return rows

@@ -1,0 +1,147 @@
+"""One batch: analyze every report (engines), keep each result as it arrives (analyses/*.json and
+nsysan.db), then write the summary (summary.csv, summary.html). A Ctrl-C stops the analyses and
+still writes the summary of what was done."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from ..errors import NsysanError
+from ..model import Analysis
+from ..render.files import write_all_or_none, write_atomic
+from .database import ResultsDatabase
+from .engines import run_all
+from .summary import Fleet, SummaryRow, fleet_view, render_csv, summary_rows
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class BatchResult:
+    reports: int  # how many were to be analyzed
+    analyzed: int = 0
+    failed: int = 0
+    interrupted: bool = False
+    seconds: float = 0.0
+    engine: str = ""
+    rows: list[SummaryRow] = field(default_factory=list)
+    fleets: list[Fleet] = field(default_factory=list)
+    out_dir: Optional[Path] = None
+    db_path: Optional[Path] = None
+
+
+def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str] = None,
+              db_path: Optional[Path] = None, tag: Optional[str] = None, nsys: Optional[str] = None,
+              cache_dir: Optional[str] = None, progress: Optional[Progress] = None) -> BatchResult:
+    """Analyze `paths` and write DIR/analyses/*.json, DIR/nsysan.db (or `db_path`),
+    DIR/summary.csv and DIR/summary.html. Returns what was done, also after a Ctrl-C."""
+    out_dir = Path(out_dir)
+    documents = out_dir / "analyses"
+    try:
+        documents.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise NsysanError(f"could not write {documents}: {err.strerror or err}") from err
+    db_path = Path(db_path) if db_path else out_dir / "nsysan.db"
+    database = ResultsDatabase(db_path, tag=tag)
+    order = {str(p): i for i, p in enumerate(paths)}
+    by_report: dict[str, list[SummaryRow]] = {}
+    outcome = BatchResult(reports=len(paths), out_dir=out_dir, db_path=db_path,
+                          engine=_engine_name(jobs, dask, len(paths)))
+    started = time.perf_counter()
+
+    def on_done(result: dict[str, Any]) -> None:
+        # A Ctrl-C waits until this result is kept whole: its document, its database rows and its
+        # summary rows, all or none.
+        with interrupts.held():
+            keep(result)
+
+    def keep(result: dict[str, Any]) -> None:
+        analysis: Optional[Analysis] = None
+        document_file = None
+        if result["ok"]:
+            try:
+                analysis = Analysis.from_dict(json.loads(result["document"]))
+            except (NsysanError, ValueError) as err:  # a worker with another nsysan version
+                result = {**result, "ok": False, "error": f"the worker's document could not be read ({err})"}
+        if analysis is not None:
+            document_file = f"{Path(result['path']).name}-{result['hash'][:12]}.analysis.json"
+            write_atomic(documents / document_file, result["document"])
+            outcome.analyzed += 1
+        else:
+            outcome.failed += 1
+        database.add(result, analysis, f"analyses/{document_file}" if document_file else None)
+        by_report[result["path"]] = summary_rows(result, analysis)
+        if progress:
+            progress(result)
+
+    interrupts = _HeldInterrupts()
+    try:
+        with interrupts:
+            run_all(paths, on_done, jobs=jobs, dask=dask, nsys=nsys, cache_dir=cache_dir)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    finally:
+        database.close()
+        outcome.seconds = time.perf_counter() - started
+        outcome.rows = [row for path in sorted(by_report, key=lambda p: order.get(p, len(order)))
+                        for row in by_report[path]]
+        outcome.fleets = fleet_view(outcome.rows)
+        from ..render.batch_html import render_summary_html
+
+        write_all_or_none({out_dir / "summary.csv": render_csv(outcome.rows),
+                           out_dir / "summary.html": render_summary_html(outcome)})
+    return outcome
+
+
+class _HeldInterrupts:
+    """A SIGINT handler that raises KeyboardInterrupt at once, except inside `held()`, where it
+    is remembered and raised at the end. (Blocking the signal would not do: it is then delivered
+    to another thread, and Python raises it in the main thread all the same.)"""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.pending = False
+        self.previous: Any = None
+
+    def __enter__(self) -> "_HeldInterrupts":
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if self.holding:
+            self.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            if self.pending:
+                self.pending = False
+                raise KeyboardInterrupt
+
+
+def _engine_name(jobs: int, dask: Optional[str], reports: int) -> str:
+    if dask == "local":
+        return f"a Dask LocalCluster of {jobs} worker processes"
+    if dask:
+        return f"the Dask cluster at {dask}"
+    if jobs <= 1 or reports <= 1:
+        return "this process"
+    return f"a local pool of {min(jobs, reports)} processes"

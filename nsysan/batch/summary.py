@@ -1,0 +1,189 @@
+"""The batch's summary: one row per report x process/GPU (a failed report is one row with its
+error), and the fleet view of multi-rank jobs.
+
+Fleet view. A fleet is the ranks of one job: the processes with ranks inside one report, or the
+reports of one folder named like `rank3.nsys-rep` / `rank_3.sqlite`. For each fleet: which rank
+peaks highest, the spread of peaks (lowest, median, highest), and the ranks whose growth per step
+or never-freed bytes stand out. "Stand out" is the modified z-score of Iglewicz and Hoaglin,
+0.6745 x (value - median) / MAD above 3.5, MAD being the median absolute deviation: one rank
+that leaks among eight that don't shifts neither the median nor the MAD, where it would drag a
+mean and a standard deviation with it. With a MAD of 0 (most ranks equal) any rank above the
+median by more than 1 MiB and 5% stands out. Fewer than 3 ranks: no outliers are named (two
+ranks can't say which one is odd), the highest peak and the spread still are.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..compare import process_rows
+from ..model import Analysis
+from ..units import fmt_bytes
+
+MAD_SCORE = 3.5
+MAD_FLOOR_BYTES = 1 << 20
+MAD_FLOOR_SHARE = 0.05
+_RANK_IN_NAME = re.compile(r"rank[_\-.]?(\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One report x process/GPU of the batch (or one failed report)."""
+
+    report: str  # the path as given
+    report_hash: Optional[str]  # SHA-256 of the file; None when it could not be read
+    status: str  # ok | failed
+    error: str = ""
+    process: str = ""  # "rank 1", "process 2147"
+    pid: Optional[int] = None
+    rank: Optional[int] = None
+    gpu: Optional[int] = None
+    device: Optional[int] = None
+    peak_bytes: Optional[int] = None
+    end_bytes: Optional[int] = None
+    never_freed_bytes: Optional[int] = None
+    growth_per_step_bytes: Optional[int] = None
+    failed_allocations: Optional[int] = None
+    warnings: str = ""  # codes of the report's warning and error diagnostics, comma-separated
+    seconds: Optional[float] = None
+
+
+COLUMNS = [f for f in SummaryRow.__dataclass_fields__]
+
+
+def summary_rows(result: dict[str, Any], analysis: Optional[Analysis]) -> list[SummaryRow]:
+    """The rows of one worker result (its analysis already read back from the document)."""
+    base = dict(report=result["path"], report_hash=result.get("hash"), seconds=result.get("seconds"))
+    if analysis is None:
+        return [SummaryRow(status="failed", error=result.get("error") or "", **base)]
+    warnings = ",".join(sorted({d.code for d in analysis.diagnostics if d.severity in ("warning", "error")}))
+    procs = {p.pid: p for p in analysis.capture.processes}
+    failed: dict[int, int] = {}
+    for call in analysis.failed_calls:
+        failed[call.pid] = failed.get(call.pid, 0) + 1
+    rows = []
+    for row in process_rows(analysis):
+        proc = procs.get(row.pid)
+        rows.append(SummaryRow(status="ok", process=analysis.process_label(row.pid), pid=row.pid,
+                               rank=proc.rank if proc else None, gpu=row.gpu, device=row.device,
+                               peak_bytes=row.peak_bytes, end_bytes=row.end_bytes,
+                               never_freed_bytes=row.never_freed_bytes, growth_per_step_bytes=row.growth_per_step,
+                               failed_allocations=failed.get(row.pid, 0), warnings=warnings, **base))
+    if not rows:  # no GPU memory seen (sizes not collected, nothing allocated): the report still gets its row
+        rows.append(SummaryRow(status="ok", warnings=warnings, failed_allocations=len(analysis.failed_calls), **base))
+    return rows
+
+
+def render_csv(rows: list[SummaryRow]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if v is None else _csv_safe(v)) for k, v in asdict(row).items()})
+    return out.getvalue()
+
+
+def _csv_safe(value: Any) -> Any:
+    """A profile's string that a spreadsheet would run as a formula (=, +, -, @) gets a quote."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value
+
+
+@dataclass(frozen=True)
+class Outlier:
+    where: str  # "rank 3 (job/rank3.sqlite)"
+    metric: str  # growth_per_step_bytes | never_freed_bytes
+    value: int
+    median: float
+    score: Optional[float]  # the modified z-score; None when the MAD was 0
+    line: str
+
+
+@dataclass(frozen=True)
+class Fleet:
+    name: str  # the report (ranks inside it) or the folder of rank-named reports
+    ranks: int
+    highest: str  # "rank 1: 1.6 GiB"
+    lowest_peak_bytes: int
+    median_peak_bytes: float
+    highest_peak_bytes: int
+    outliers: list[Outlier] = field(default_factory=list)
+
+    @property
+    def line(self) -> str:
+        return (f"{self.name}: {self.ranks} ranks, highest peak {self.highest}; peaks "
+                f"{fmt_bytes(self.lowest_peak_bytes)} / {fmt_bytes(int(self.median_peak_bytes))} / "
+                f"{fmt_bytes(self.highest_peak_bytes)} (lowest / median / highest)")
+
+
+def fleet_view(rows: list[SummaryRow]) -> list[Fleet]:
+    """The fleets found in the rows, each with its highest rank, spread and outliers."""
+    fleets: dict[str, list[tuple[str, int, SummaryRow]]] = {}
+    ok = [r for r in rows if r.status == "ok" and r.peak_bytes is not None]
+    by_report: dict[str, list[SummaryRow]] = {}
+    for row in ok:
+        by_report.setdefault(row.report, []).append(row)
+    for report, members in by_report.items():
+        ranked = [r for r in members if r.rank is not None]
+        if len({r.rank for r in ranked}) >= 2:
+            fleets[report] = [(f"rank {r.rank}", r.rank, r) for r in _one_per_rank(ranked)]  # type: ignore[misc]
+            continue
+        match = _RANK_IN_NAME.search(Path(report).name)
+        if match and len(members) >= 1:
+            job = str(Path(report).parent / _RANK_IN_NAME.sub("rank*", Path(report).name))
+            top = max(members, key=lambda r: r.peak_bytes or 0)
+            fleets.setdefault(job, []).append((f"rank {int(match.group(1))} ({Path(report).name})",
+                                               int(match.group(1)), top))
+    return [_fleet(name, sorted(members, key=lambda m: m[1])) for name, members in fleets.items()
+            if len(members) >= 2]
+
+
+def _one_per_rank(rows: list[SummaryRow]) -> list[SummaryRow]:
+    """A rank's row on the GPU of its highest peak."""
+    best: dict[int, SummaryRow] = {}
+    for row in rows:
+        assert row.rank is not None
+        if row.rank not in best or (row.peak_bytes or 0) > (best[row.rank].peak_bytes or 0):
+            best[row.rank] = row
+    return list(best.values())
+
+
+def _fleet(name: str, members: list[tuple[str, int, SummaryRow]]) -> Fleet:
+    peaks = [m[2].peak_bytes or 0 for m in members]
+    top = max(members, key=lambda m: m[2].peak_bytes or 0)
+    outliers = []
+    for metric, what in (("growth_per_step_bytes", "growth per step"), ("never_freed_bytes", "never freed")):
+        values = [(where, getattr(row, metric)) for where, _, row in members if getattr(row, metric) is not None]
+        outliers.extend(_outliers(name, values, metric, what))
+    return Fleet(name=name, ranks=len(members), highest=f"{top[0]}: {fmt_bytes(top[2].peak_bytes)}",
+                 lowest_peak_bytes=min(peaks), median_peak_bytes=statistics.median(peaks),
+                 highest_peak_bytes=max(peaks), outliers=outliers)
+
+
+def _outliers(fleet: str, values: list[tuple[str, int]], metric: str, what: str) -> list[Outlier]:
+    if len(values) < 3:
+        return []
+    numbers = [v for _, v in values]
+    median = statistics.median(numbers)
+    mad = statistics.median(abs(v - median) for v in numbers)
+    found = []
+    for where, value in values:
+        if mad > 0:
+            score: Optional[float] = 0.6745 * (value - median) / mad
+            stands_out = score > MAD_SCORE  # type: ignore[operator]
+        else:
+            score = None
+            stands_out = value - median > max(MAD_FLOOR_BYTES, MAD_FLOOR_SHARE * abs(median))
+        if stands_out:
+            how = f"modified z-score {score:.1f}" if score is not None else "the other ranks are equal"
+            found.append(Outlier(where=where, metric=metric, value=value, median=median, score=score,
+                                 line=f"{where} of {fleet}: {what} {fmt_bytes(value)} against a median of "
+                                      f"{fmt_bytes(int(median))} across {len(values)} ranks ({how})"))
+    return found

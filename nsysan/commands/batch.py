@@ -1,0 +1,120 @@
+"""`nsysan batch`: many reports in parallel (local processes or Dask), one summary and one database."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+from ..errors import NsysanError, printable
+from .common import err_console, out_console, say_error, to_stdout
+
+INTERRUPTED = 130
+
+
+def batch(
+    inputs: List[str] = typer.Argument(..., help="Reports, exports or analysis.json files; folders (searched "
+                                       "recursively), globs, or @list.txt (one path a line).", show_default=False),
+    output: Path = typer.Option(..., "--output", "-o", help="Write summary.csv, summary.html, analyses/*.json "
+                                "and nsysan.db here.", show_default=False),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Analyses at once on this machine "
+                                       "(default: its cores)."),
+    dask: Optional[str] = typer.Option(None, "--dask", help="Run on Dask: 'local' starts a LocalCluster of -j "
+                                       "processes on this machine, tcp://host:8786 uses an existing scheduler."),
+    db: Optional[Path] = typer.Option(None, "--db", help="Append to this SQLite database instead of "
+                                      "DIR/nsysan.db (a history across CI runs)."),
+    tag: Optional[str] = typer.Option(None, "--tag", help="Stored with each report in the database, e.g. the "
+                                      "commit: --tag $GITHUB_SHA."),
+    fail_on_error: bool = typer.Option(False, "--fail-on-error", help="Exit 1 when a report could not be "
+                                       "analyzed (default: 0, the failure is a row)."),
+    nsys: Optional[Path] = typer.Option(None, "--nsys", help="nsys binary (or its folder) used to export reports."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Where exports are cached."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on a terminal."),
+) -> None:
+    """Analyze many reports in parallel and gather them: summary.csv, summary.html (with the fleet view), nsysan.db.
+
+    Example: nsysan batch fixtures/ -o batch-out/ -j 2
+    """
+    from ..batch.engines import DASK_MISSING, default_jobs
+    from ..batch.inputs import expand_inputs
+    from ..render.files import check_output_dir
+
+    if dask:
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            raise NsysanError(DASK_MISSING) from None
+        if dask != "local" and "://" not in dask:
+            raise NsysanError(f"--dask {dask!r}: give 'local' or a scheduler address like tcp://host:8786")
+    check_output_dir(output)
+    paths = expand_inputs(inputs, exclude=[output])
+    if not paths:
+        raise NsysanError("no reports found in the inputs (.nsys-rep, .qdrep, .sqlite or *.analysis.json)")
+    from ..batch.run import run_batch
+
+    with _counter(len(paths), enabled=progress) as count:
+        result = run_batch(paths, output, jobs=jobs or default_jobs(), dask=dask, db_path=db, tag=tag,
+                           nsys=str(nsys) if nsys else None, cache_dir=str(cache_dir) if cache_dir else None,
+                           progress=count)
+    with to_stdout():
+        _print_summary(result)
+    if result.interrupted:
+        raise typer.Exit(INTERRUPTED)
+    if result.analyzed == 0:
+        raise typer.Exit(2)
+    if result.failed and fail_on_error:
+        raise typer.Exit(1)
+
+
+def _print_summary(result: Any) -> None:
+    console = out_console()
+    head = (f"analyzed {result.analyzed} of {result.reports} reports"
+            + (f", {result.failed} failed" if result.failed else "")
+            + (", interrupted: the summary holds what was done" if result.interrupted else "")
+            + f" in {result.seconds:.1f} s on {result.engine}")
+    console.print(head, markup=False, soft_wrap=True)
+    for row in result.rows:
+        if row.status == "failed":
+            console.print(printable(f"  failed  {row.report}: {row.error}"), markup=False, soft_wrap=True)
+    peaks = [r for r in result.rows if r.peak_bytes is not None]
+    if peaks:
+        from ..units import fmt_bytes
+
+        top = max(peaks, key=lambda r: r.peak_bytes)
+        console.print(printable(f"  highest peak: {fmt_bytes(top.peak_bytes)}, {top.process} on GPU {top.gpu} "
+                                f"of {top.report}"), markup=False, soft_wrap=True)
+    for fleet in result.fleets:
+        console.print(printable(f"  fleet   {fleet.line}"), markup=False, soft_wrap=True)
+        for outlier in fleet.outliers:
+            console.print(printable(f"  outlier {outlier.line}"), markup=False, soft_wrap=True)
+    console.print(f"Results: {result.out_dir}/summary.html, summary.csv, analyses/, database {result.db_path}",
+                  markup=False, soft_wrap=True)
+
+
+class _counter:
+    """A progress bar counting reports on stderr when it is a terminal; silent otherwise."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.bar = total, enabled and sys.stderr.isatty(), None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("analyzing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.description}"), console=err_console(), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("", total=self.total)
+
+        def count(result: dict) -> None:
+            if self.bar is not None:
+                name = Path(result["path"]).name
+                self.bar.update(self.task, advance=1, description=printable(("failed: " if not result["ok"] else "")
+                                                                             + name)[:60])
+        return count
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
