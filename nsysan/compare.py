@@ -70,7 +70,9 @@ class ProcessDelta:
     peak: Change  # GPU-resident bytes (device + array + static) at the process's peak
     end: Change  # GPU-resident bytes live at the end of the capture
     never_freed: Change  # device + array bytes never freed (static module memory left out)
-    growth_per_step: Optional[Change] = None  # bytes per step, when both runs have steps
+    growth_per_step: Optional[Change] = None  # bytes per step (median step delta), when a run has steps
+    growth_before: Optional[str] = None  # the base run's growth verdict: growing | uneven | stable | ...
+    growth_after: Optional[str] = None  # the new run's
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class ProcessRow:
     never_freed_bytes: int
     rank: Optional[int] = None
     growth_per_step: Optional[int] = None
+    growth_verdict: Optional[str] = None
     first_ns: int = 0
 
 
@@ -186,7 +189,7 @@ def headline(c: Comparison) -> str:
     if growth is not None:
         g = growth.growth_per_step
         assert g is not None and g.after is not None and g.before is not None
-        if g.before <= 0 < g.after:
+        if growth.growth_after == "growing" and growth.growth_before != "growing":
             parts.append(f"new growth of {fmt_bytes(g.after)} per step on {growth.role}")
         else:
             parts.append(f"growth per step {fmt_bytes(g.before)} → {fmt_bytes(g.after)} on {growth.role}")
@@ -228,6 +231,7 @@ def _processes(analysis: Analysis) -> list[_Process]:
         if s.ts_ns:
             first[s.pid] = min(first.get(s.pid, s.ts_ns[0]), s.ts_ns[0])
     growth = steps_growth(analysis)
+    verdicts = {(int(g.pid), int(g.device)): g.verdict for g in getattr(analysis, "growth", None) or []}
     rows: dict[tuple[int, int], dict[str, Any]] = {}
     for g in analysis.groups:
         if g.kind not in GPU_RESIDENT_KINDS:
@@ -245,7 +249,7 @@ def _processes(analysis: Analysis) -> list[_Process]:
         proc.rows.append(ProcessRow(pid=pid, name=proc.name, device=device, gpu=row["gpu"],
                               peak_bytes=peak.peak_bytes, end_bytes=row["end"],
                               never_freed_bytes=row["kept"], rank=proc.rank,
-                              growth_per_step=growth.get((pid, device))))
+                              growth_per_step=growth.get((pid, device)), growth_verdict=verdicts.get((pid, device))))
     return list(processes.values())
 
 
@@ -261,7 +265,8 @@ def steps_growth(analysis: Analysis) -> dict[tuple[int, int], int]:
     for verdict in growth or []:
         pid, device = getattr(verdict, "pid", None), getattr(verdict, "device", None)
         per_step = getattr(verdict, "bytes_per_step", None)
-        if pid is not None and device is not None and per_step is not None:
+        judged = getattr(verdict, "verdict", "") != "too_few_steps"  # no rate from one or two steps
+        if pid is not None and device is not None and per_step is not None and judged:
             found[(int(pid), int(device))] = int(per_step)
     return found
 
@@ -327,7 +332,7 @@ def _process_deltas(role: str, base: Optional[_Process], new: Optional[_Process]
         else:
             name = f"{role} · GPU {gpu}"
 
-        def value(row: Optional[ProcessRow], attr: str) -> Optional[int]:
+        def value(row: Optional[ProcessRow], attr: str) -> Any:
             return getattr(row, attr) if row is not None else None
 
         growth = None
@@ -339,7 +344,8 @@ def _process_deltas(role: str, base: Optional[_Process], new: Optional[_Process]
             peak=Change.of(value(b, "peak_bytes"), value(n, "peak_bytes")),
             end=Change.of(value(b, "end_bytes"), value(n, "end_bytes")),
             never_freed=Change.of(value(b, "never_freed_bytes"), value(n, "never_freed_bytes")),
-            growth_per_step=growth))
+            growth_per_step=growth, growth_before=value(b, "growth_verdict"),
+            growth_after=value(n, "growth_verdict")))
     return out
 
 

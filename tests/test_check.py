@@ -230,3 +230,19 @@ def test_a_profile_string_cannot_break_the_junit_or_markdown(tmp_path):
     assert "<b>" not in markdown and "\x1b" not in markdown and "&lt;b&gt;" in markdown
     row = markdown.splitlines()[-1]
     assert len(re.findall(r"(?<!\\)\|", row)) == 5  # unescaped pipes: the cells stay four
+
+
+def test_the_ci_jobs_use_options_that_exist():
+    """Every `nsysan COMMAND --option` of docs/ci.md is an option of that command."""
+    import typer.main
+
+    from nsysan.cli import app
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    text = (ROOT / "docs" / "ci.md").read_text().replace(">\n", " ").replace("\n          ", " ")
+    used = re.findall(r"nsysan (analyze|compare|check|batch)\b([^\n|&]*)", text)
+    assert {c for c, _ in used} == {"analyze", "compare", "check", "batch"}
+    for command, rest in used:
+        known = {opt for param in commands[command].params for opt in [*param.opts, *param.secondary_opts]}
+        for option in re.findall(r"(?<!\S)(--[a-z][a-z-]*)", rest):
+            assert option in known, f"nsysan {command} has no {option}"

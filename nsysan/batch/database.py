@@ -110,12 +110,14 @@ def _child_rows(key: str, a: Analysis) -> list[tuple[str, list[dict[str, Any]], 
 
 
 def _step_rows(key: str, a: Analysis) -> list[dict[str, Any]]:
-    """Per step of each process, when the analysis has steps (growth verdicts)."""
+    """Per step of each process and device, when the analysis found steps: the step's numbers
+    (its `kept` holders are in the JSON document, not here)."""
     rows = []
-    for verdict in getattr(a, "growth", None) or []:
-        for i, step in enumerate(getattr(verdict, "steps", None) or []):
-            row = {"report_hash": key, "pid": getattr(verdict, "pid", None), "device": getattr(verdict, "device", None),
-                   "step": i}
-            row.update({k: v for k, v in vars(step).items() if isinstance(v, (int, float, str)) or v is None})
+    for series in getattr(a, "steps", None) or []:
+        for step in series.steps:
+            row = {"report_hash": key, "pid": series.pid, "device": series.device, "gpu": series.gpu,
+                   "process": a.process_label(series.pid), "step": step.number}
+            row.update({k: v for k, v in vars(step).items()
+                        if k != "number" and (v is None or isinstance(v, (bool, int, float, str)))})
             rows.append(row)
     return rows
