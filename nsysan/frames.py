@@ -25,6 +25,7 @@ still has all its columns.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -71,6 +72,8 @@ def table_frame(analysis: Any, name: str) -> pd.DataFrame:
     frame = pd.DataFrame(data, columns=list(columns))
     point_columns = _point_fields(table.row_type)
     if len(point_columns) >= 2:
+        # A series without points has no row (explode would give it one of missing values).
+        frame = frame[frame[point_columns[0]].map(len) > 0]
         frame = frame.explode(point_columns, ignore_index=True)
         for f in point_columns:
             frame[f] = frame[f].astype("int64" if _inner(_hints(table.row_type)[f]) is int else "float64")
@@ -223,6 +226,7 @@ def _point_fields(row_type: type) -> list[str]:
 # --- type hints -------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)  # once per class, not once per row
 def _hints(tp: type) -> dict[str, Any]:
     return typing.get_type_hints(tp)
 

@@ -76,6 +76,14 @@ def test_empty_tables_keep_their_columns_and_types(torch_leak_v25):
     assert str(failed["live_bytes"].dtype) == "Int64" and str(failed["time_ns"].dtype) == "int64"
 
 
+def test_a_series_without_points_adds_no_timeline_row(known_mem_v25):
+    empty = nsysan.model.Series(pid=1, device=0, kind="device", ts_ns=[], live_bytes=[])
+    timeline = dataclasses.replace(known_mem_v25.timeline, series=[empty, *known_mem_v25.timeline.series])
+    frame = dataclasses.replace(known_mem_v25, timeline=timeline).frame("timeline")
+    assert len(frame) == sum(len(s.ts_ns) for s in known_mem_v25.timeline.series)
+    assert str(frame["live_bytes"].dtype) == "int64" and 1 not in set(frame["pid"])
+
+
 def test_failed_call_table_of_a_real_oom(real_oom_v25):
     failed = real_oom_v25.frame("failed_calls")
     # fixtures/README.md: cudaMalloc call #9 fails with returnValue 2 inside NVTX range "fill".
