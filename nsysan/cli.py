@@ -137,6 +137,16 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise SystemExit(code)
 
 
+def _replace_what_the_output_cannot_encode() -> None:
+    """A profile's strings (an NVTX range named in Chinese) must not end the run where stdout
+    can't encode them: on Windows, output redirected to a file is in the ANSI code page (cp1252).
+    There such characters are written as `\\u6b65` escapes; UTF-8 outputs are unchanged."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def run() -> None:
     """The `nsysan` command: main(), then leave at once.
 
@@ -146,6 +156,7 @@ def run() -> None:
     """
     keep_large_arrays_on_the_heap()
     avoid_transparent_huge_pages()
+    _replace_what_the_output_cannot_encode()
     try:
         main(sys.argv[1:])
         code = 0

@@ -149,3 +149,19 @@ def test_outputs_are_written_in_binary_mode_where_that_is_asked(tmp_path: Path, 
     files.write_atomic(tmp_path / "plot.png", payload)
     assert seen and all(flags & fake_binary for flags in seen)
     assert (tmp_path / "plot.png").read_bytes() == payload
+
+
+def test_text_output_in_a_narrow_code_page_escapes_what_it_cannot_encode(tmp_path: Path):
+    """On Windows, output redirected to a file is in the ANSI code page (cp1252): an NVTX range
+    named in Chinese must not end the run with an internal error."""
+    from builders import make_export
+
+    export_path = make_export(tmp_path / "cjk.sqlite", memory=[(2_000_000, 0xA000, 64 << 20, 0, 1)],
+                              calls=[(2_000_000, 2_000_100, "cudaMalloc_v3020", 1)],
+                              nvtx=[(1_000_000, 5_000_000, "步骤 1")])
+    env = dict(os.environ, PYTHONIOENCODING="cp1252", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-m", "nsysan", "analyze", str(export_path), "--no-progress"],
+                            capture_output=True, cwd=tmp_path, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr.decode("cp1252")
+    text = result.stdout.decode("cp1252")
+    assert "\\u6b65\\u9aa4 1" in text and "64.0 MiB" in text
