@@ -38,12 +38,15 @@ Progress = Callable[[str, float], None]
 
 
 def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
-            progress: Optional[Progress] = None, quick: bool = False) -> Analysis:
+            progress: Optional[Progress] = None, quick: bool = False, smi: Sequence[PathLike] = (),
+            smi_columns: Sequence[str] = (), smi_tz: str = "UTC") -> Analysis:
     """Analyze one report (.nsys-rep, .qdrep or .sqlite) and return its `Analysis`.
 
     `progress(stage, fraction)` is called as the export and the loading go on. `quick` reads the
     memory-usage table alone: peaks, live at peak and never freed, without threads, API names,
-    sites, NVTX ranges or failed calls (`analysis.scope == "quick"`).
+    sites, NVTX ranges or failed calls (`analysis.scope == "quick"`). `smi` lays nvidia-smi CSV
+    logs over the timeline (`analysis.smi`); `smi_columns` name the columns of logs without a
+    header, `smi_tz` the zone of their timestamps.
 
     >>> import nsysan
     >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")
@@ -53,9 +56,11 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     952107008
     """
     from .pipeline import analyze_report
+    from .smi_log import read_smi_logs
 
+    logs = read_smi_logs([Path(p) for p in smi], smi_columns, smi_tz) if smi else []
     return analyze_report(Path(path), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
-                          progress=progress, quick=quick)
+                          progress=progress, quick=quick, smi_logs=logs, smi_tz=smi_tz)
 
 
 def load_analysis(path: PathLike) -> Analysis:

@@ -37,7 +37,9 @@ import pandas as pd
 from .errors import NsysanError
 
 # Tables named after their section rather than the list's own field.
-RENAMED = {("timeline", "series"): "timeline"}
+RENAMED = {("timeline", "series"): "timeline",
+           # nvidia-smi logs against the trace (`analyze --smi`): "logs" and "series" alone say too little
+           **{("smi", name): f"smi_{name}" for name in ("logs", "series", "not_in_trace", "missed", "someone_else")}}
 # The frames read from the export, kept on the Analysis (never serialized).
 RAW_FRAMES = ("events", "calls", "nvtx_ranges")
 _STRINGS = pd.Series(["text"])

@@ -17,6 +17,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .smi_model import SmiOverlay
+
 SCHEMA_ID = "nsysan/analysis@1"
 
 # The memory kinds of the events frame, in the order they are shown.
@@ -504,6 +506,8 @@ class Analysis:
     events: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # see nsysan.events
     calls: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # memory API calls
     nvtx_ranges: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # NVTX ranges
+    # nvidia-smi logs against the trace (`analyze --smi`); absent from the JSON without them
+    smi: Optional[SmiOverlay] = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (`nsysan/analysis@1`) as plain dicts and lists; the raw frames are left out.
@@ -513,8 +517,11 @@ class Analysis:
         >>> doc["schema"], doc["peak"]["peak_bytes"], "events" in doc
         ('nsysan/analysis@1', 952107008, False)
         """
-        return {f.name: _to_plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+        data = {f.name: _to_plain(getattr(self, f.name)) for f in dataclasses.fields(self)
                 if not f.metadata.get("raw")}
+        if data.get("smi") is None:
+            data.pop("smi", None)  # only analyses given nvidia-smi logs have the section
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Analysis":

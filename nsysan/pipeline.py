@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 from . import export
 from .analyses import run_analyses
 from .errors import NsysanError
 from .events import LoadedEvents, load_events
+from .events.read import read_cuda_activity
 from .model import Analysis, Diagnostic, Source
 from .schema import Schema, open_readonly, probe
+from .smi_log import SmiLog
 from .snapshot import committed_state
 
 Progress = Callable[[str, float], None]
@@ -20,8 +22,10 @@ EXPORT_SHARE = 0.6
 
 
 def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cache_dir: Optional[Path] = None,
-                   progress: Optional[Progress] = None, quick: bool = False) -> Analysis:
-    """Analyze one .nsys-rep / .qdrep / .sqlite file (`quick`: its memory-usage table alone)."""
+                   progress: Optional[Progress] = None, quick: bool = False,
+                   smi_logs: Sequence[SmiLog] = (), smi_tz: str = "UTC") -> Analysis:
+    """Analyze one .nsys-rep / .qdrep / .sqlite file (`quick`: its memory-usage table alone),
+    with nvidia-smi logs (read by nsysan.smi_log) laid over its timeline when given."""
     say = progress or (lambda stage, fraction: None)
     is_report = report.suffix.lower() in (".nsys-rep", ".qdrep")
     share = EXPORT_SHARE if is_report else 0.0
@@ -30,22 +34,22 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
         return export.ensure_sqlite(report, nsys=nsys, cache_dir=cache_dir, use_sibling=use_sibling,
                                     progress=lambda f: say("exporting with nsys", f * share))
 
-    def read(sqlite_path: Path) -> tuple[Schema, LoadedEvents]:
+    def read(sqlite_path: Path) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
         return _read(report, sqlite_path, export.resolve_cache_dir(cache_dir),
-                     lambda stage, f: say(stage, share + f * (1 - share)), quick)
+                     lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs))
 
     result = export_it()
     version = export.report_version(report) if is_report else None
     notes: list[Diagnostic] = []
     try:
-        schema, loaded = read(result.sqlite_path)
+        schema, loaded, activity = read(result.sqlite_path)
     except NsysanError as err:
         if not result.from_sibling:
             raise
         # It passed every identity check yet can't be read: the report itself still can be.
         damaged = result.sqlite_path
         result = export_it(use_sibling=False)
-        schema, loaded = read(result.sqlite_path)
+        schema, loaded, activity = read(result.sqlite_path)
         notes.append(Diagnostic("warning", "sibling_export_damaged",
                                 f"{damaged.name}, the export beside the report, could not be read ({err.message}); "
                                 "the report was exported again and that export analyzed"))
@@ -59,24 +63,32 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                     size_bytes=report.stat().st_size, exported_with=result.exported_with,
                     from_cache=result.from_cache,
                     sibling_export=str(result.sqlite_path) if result.from_sibling else None)
-    return run_analyses(loaded, schema, source, report_version=version)
+    analysis = run_analyses(loaded, schema, source, report_version=version)
+    if smi_logs:
+        from .analyses.smi import add_smi
+
+        analysis = add_smi(analysis, list(smi_logs), activity, schema.session_start_utc_ns, smi_tz)
+    return analysis
 
 
-def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: bool) -> tuple[Schema, LoadedEvents]:
-    """The schema and events of the committed state of the export at `sqlite_path`."""
+def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: bool,
+          activity: bool = False) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
+    """The schema and events of the committed state of the export at `sqlite_path`, and with
+    `activity` when each process made its first and last CUDA call (for nvidia-smi logs)."""
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)
         try:
             schema = probe(conn, report.name)
             try:
                 loaded = load_events(conn, schema, say, quick=quick)
+                runs = read_cuda_activity(conn, schema) if activity else {}
             except NsysanError as err:  # events.py does not know the report's name; with several, it matters
                 raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
         except sqlite3.DatabaseError as err:  # a damaged file found half-way through reading it
             raise NsysanError(f"{report.name} could not be read ({err}); the file may be truncated") from err
         finally:
             conn.close()
-    return schema, loaded
+    return schema, loaded, runs
 
 
 def _format(path: Path) -> str:

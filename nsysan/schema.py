@@ -78,6 +78,7 @@ class Schema:
     has_backtraces: bool = False
     cuda_driver_version: Optional[str] = None
     duration_ns: Optional[int] = None
+    session_start_utc_ns: Optional[int] = None  # when the capture's time 0 was, UTC epoch ns
     time_offset_ns: int = 0  # subtract from timestamps to get ns from the session start
     mem_kinds: dict[int, str] = field(default_factory=lambda: dict(MEM_KIND_FALLBACK))
     mem_ops: dict[int, str] = field(default_factory=lambda: dict(MEM_OP_FALLBACK))
@@ -330,6 +331,11 @@ def _read_session(conn: sqlite3.Connection, schema: Schema) -> None:
     if schema.has("ANALYSIS_DETAILS", "duration"):
         row = conn.execute("SELECT max(duration) FROM ANALYSIS_DETAILS").fetchone()
         schema.duration_ns = _int(row[0]) if row else None
+    if schema.has("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
+        # Time 0 of every timestamp (verified with --ts-normalize, nsys-schema.md 2.2): what puts
+        # wall-clock logs such as nvidia-smi's on the trace's clock.
+        row = conn.execute("SELECT max(utcEpochNs) FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+        schema.session_start_utc_ns = _int(row[0]) if row else None
 
 
 def _read_gpus(conn: sqlite3.Connection, schema: Schema) -> None:
@@ -407,3 +413,4 @@ def _int(value: object) -> Optional[int]:
         except ValueError:
             return None
     return value if value is not None and -2**63 <= value < 2**63 else None
+

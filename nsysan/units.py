@@ -45,3 +45,10 @@ def fmt_duration(ns: Optional[int]) -> str:
 def fmt_share(part: Optional[int], whole: Optional[int]) -> str:
     """'0.6%' of a whole (a GPU's capacity), or '-' when either is unknown."""
     return f"{part / whole:.1%}" if part is not None and whole else "-"
+
+
+def fmt_mib(n: Optional[int]) -> str:
+    """Whole MiB, as nvidia-smi writes them: fmt_mib(6365904896) == "6071 MiB"."""
+    if n is None:
+        return "n/a"
+    return f"{round(n / 2**20)} MiB"

@@ -14,6 +14,7 @@ from ..model import Analysis
 from ..pipeline import analyze_report
 from ..render.files import check_output_dir, one_run, refuse_inputs, write_atomic
 from ..render.json import render_json, render_json_many
+from ..smi_log import SmiLog, read_smi_logs
 from .common import out_console, progress_bar, say_error, to_stdout
 
 
@@ -33,19 +34,36 @@ def analyze(
                                "never freed, in under half the time; no threads, API names, sites, NVTX "
                                "ranges or failed calls."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on a terminal."),
+    smi: Optional[List[Path]] = typer.Option(None, "--smi", help="An nvidia-smi CSV log (--query-gpu or "
+                                             "--query-compute-apps) to lay over the trace; repeat for several.",
+                                             show_default=False),
+    smi_columns: Optional[List[str]] = typer.Option(None, "--smi-columns", help="Columns of a --smi log "
+                                                    "written without header (noheader), comma-separated, e.g. "
+                                                    "timestamp,index,memory.used; once for all, or once per log.",
+                                                    show_default=False),
+    smi_tz: str = typer.Option("UTC", "--smi-tz", help="Time zone of the --smi logs' timestamps (nvidia-smi "
+                               "writes local time): an IANA name or an offset like +02:00."),
 ) -> None:
     """Analyze GPU memory: peak per process and GPU, what was live then, never-freed allocations, top sites.
 
     Example: nsysan analyze fixtures/known_mem_v25.sqlite -o report/
+
+    With nvidia-smi logs: nsysan analyze fixtures/torch_smi_v25.sqlite --smi fixtures/torch_smi_v25.smi-gpu.csv
     """
+    if smi and len(reports) > 1:
+        raise NsysanError("--smi takes one report; lay nvidia-smi logs over one capture at a time")
+    if smi_columns and not smi:
+        raise NsysanError("--smi-columns names the columns of --smi logs, and none was given")
+    smi_logs = read_smi_logs(smi, smi_columns or (), smi_tz) if smi else []  # before the long part
     # No output may replace an input, nor another output of this run.
-    with one_run(path for report in reports for path in files_read_for(report)):
-        _analyze(reports, format, json_path, json_dir, output, nsys, cache_dir, top, quick, progress)
+    with one_run([*(path for report in reports for path in files_read_for(report)), *(smi or [])]):
+        _analyze(reports, format, json_path, json_dir, output, nsys, cache_dir, top, quick, progress,
+                 smi_logs, smi_tz)
 
 
 def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_dir: Optional[Path],
              output: Optional[Path], nsys: Optional[Path], cache_dir: Optional[Path], top: int, quick: bool,
-             progress: bool) -> None:
+             progress: bool, smi_logs: List[SmiLog], smi_tz: str) -> None:
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
     if json_path and len(reports) > 1:
@@ -65,7 +83,8 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
     for report in reports:
         try:
             with progress_bar(report.name, enabled=progress) as say:
-                analysis = analyze_report(report, nsys=nsys, cache_dir=cache_dir, progress=say, quick=quick)
+                analysis = analyze_report(report, nsys=nsys, cache_dir=cache_dir, progress=say, quick=quick,
+                                          smi_logs=smi_logs, smi_tz=smi_tz)
         except NsysanError as err:
             if len(reports) == 1:
                 raise

@@ -232,3 +232,21 @@ def read_call_stack_frames(conn: sqlite3.Connection, schema: Schema, chain_ids: 
         "LEFT JOIN StringIds AS sym ON sym.id = c.symbol LEFT JOIN StringIds AS mdl ON mdl.id = c.module "
         f"WHERE c.id IN ({','.join(str(int(i)) for i in chain_ids)}) ORDER BY c.id, c.stackDepth"),
         CALL_STACK_COLUMNS)
+
+
+def read_cuda_activity(conn: sqlite3.Connection, schema: Schema) -> dict[int, tuple[int, int]]:
+    """pid -> (start of its first CUDA API call, end of its last), ns from the session start.
+
+    One scan of the API table, made only when a comparison needs to know while a process ran
+    (nvidia-smi logs); {} without that table.
+    """
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if not schema.has(table, "globalTid", "start"):
+        return {}
+    end = '"end"' if schema.has(table, "end") else "start"
+    sql = f"SELECT (globalTid >> 24) & 16777215, min(start), max({end}) FROM {table} GROUP BY 1"
+    activity = {}
+    for pid, first, last in conn.execute(sql):
+        if isinstance(pid, int) and isinstance(first, int) and isinstance(last, int):
+            activity[pid] = (first - schema.time_offset_ns, max(first, last) - schema.time_offset_ns)
+    return activity

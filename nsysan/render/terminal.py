@@ -39,6 +39,10 @@ def render_terminal(analysis: Analysis, console: Console, top: int = 10) -> None
         console.print(_calls_table(analysis, top))
     if analysis.failed_calls:
         console.print(_failed_table(analysis, top))
+    if analysis.smi is not None:
+        from .smi_terminal import smi_section
+
+        console.print(smi_section(analysis.smi))
     console.print(_diagnostics(analysis))
 
 
