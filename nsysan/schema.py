@@ -238,6 +238,11 @@ def _name_values(conn: sqlite3.Connection, schema: Schema, table: str) -> list[t
     return [(_text(n), _text(v)) for n, v in rows]
 
 
+# A time shift (--ts-normalize: the session's UTC start, ~1.8e18 ns in 2026) is undone by a
+# subtraction; beyond ±2^62 it would wrap 64-bit timestamps.
+MAX_TIME_SHIFT_NS = 2**62
+
+
 def _read_export_meta(conn: sqlite3.Connection, schema: Schema) -> None:
     for table in EXPORT_META_TABLES:
         for key, value in _name_values(conn, schema, table):
@@ -253,7 +258,14 @@ def _read_export_meta(conn: sqlite3.Connection, schema: Schema) -> None:
     if params.get("EXPORT_PARAM_TIME_NORMALIZE", "").lower() == "true" or _int(params.get("EXPORT_PARAM_TIME_SHIFT")):
         # --ts-normalize/--ts-shift moved every timestamp by EXPORT_CONFIG_TIME_SHIFT; undo it
         # so that times stay "ns from the session start" like in every other export.
-        schema.time_offset_ns = _int(params.get("EXPORT_CONFIG_TIME_SHIFT")) or 0
+        shift = _int(params.get("EXPORT_CONFIG_TIME_SHIFT")) or 0
+        if abs(shift) < MAX_TIME_SHIFT_NS:
+            schema.time_offset_ns = shift
+        else:  # subtracting it would wrap 64-bit times: the export's record is damaged
+            schema.diagnostics.append(Diagnostic(
+                "warning", "bad_time_shift",
+                f"the export says its times were shifted by {shift} ns, beyond ±2^62 ns (146 years); "
+                "the shift was not undone, so times are as the export holds them"))
 
 
 def _read_capture_meta(conn: sqlite3.Connection, schema: Schema) -> None:

@@ -131,6 +131,18 @@ def bad_memory_row(bytes_sql: str = "bytes", op_sql: str = "memoryOperationType"
             f"WHERE memoryOperationType = 0 AND memKind = 2 ORDER BY start LIMIT 1;")
 
 
+def petabytes(count: int) -> Callable[[sqlite3.Connection], None]:
+    """`count` never-freed allocations of 1 PiB each (the largest size kept), at fresh addresses."""
+    def insert(conn: sqlite3.Connection) -> None:
+        (first,) = conn.execute(f"SELECT rowid FROM {MEM} WHERE memoryOperationType = 0 AND memKind = 2 "
+                                "ORDER BY start LIMIT 1").fetchone()
+        conn.executemany(f"INSERT INTO {MEM} (start, globalPid, deviceId, contextId, address, pc, bytes, memKind, "
+                         f"memoryOperationType, correlationId) SELECT start + ?, globalPid, deviceId, contextId, ?, pc, "
+                         f"{1 << 50}, memKind, 0, correlationId FROM {MEM} WHERE rowid = ?",
+                         [(i, (1 << 44) + i * 4096, first) for i in range(count)])
+    return insert
+
+
 def truncated(name: str, keep: Callable[[int], int]) -> Callable[[Path], Path]:
     def build(folder: Path) -> Path:
         data = (FIXTURES / f"{name}.sqlite").read_bytes()
@@ -341,6 +353,10 @@ def non_utf8_symbol(doc: dict) -> None:
     assert ("alloc_\ufffdweights", 134_217_728) in leaked  # the function name, bad byte replaced
 
 
+def every_row_left_out(doc: dict) -> None:
+    assert message(doc, "bad_memory_rows").startswith("52 memory events had missing or impossible")  # all 52
+
+
 def exact_copies_left_out(doc: dict) -> None:
     same_as_original("known_mem_v25", ("bad_memory_rows",))(doc)
     assert message(doc, "bad_memory_rows").startswith("52 memory events were exact copies of others")
@@ -529,6 +545,23 @@ CASES = [
     Case("100k nested NVTX pushes never popped", altered("known_mem_v25", nvtx_rows(
         lambda tid: [(1_000 + i, None, f"push {i}") for i in range(100_000)])),
          check=all_checks(same_memory_numbers(), peak_range("burst"))),
+    # --- round two: arithmetic that would overflow (see also tests/test_hostile2.py) ------------------
+    Case("device ids beyond int16 (40000, 50000)",
+         altered("known_mem_v25", bad_memory_row().replace("SELECT start, globalPid, deviceId", "SELECT start, globalPid, 40000"),
+                 bad_memory_row().replace("SELECT start, globalPid, deviceId", "SELECT start, globalPid, 50000")),
+         check=left_out(2)),  # never merged into one device: left out, said so
+    Case("5,000 allocations of 1 PiB (sums beyond int64)", altered("known_mem_v25", petabytes(5_000)),
+         r"known_mem_v25\.sqlite: its memory events allocate 4\.9 EiB in all, more than 64-bit byte counts hold"),
+    Case("a time shift beyond 2^62 ns (--ts-normalize record damaged)",
+         altered("known_mem_v25", "UPDATE META_DATA_EXPORT SET value = 'true' WHERE name = 'EXPORT_PARAM_TIME_NORMALIZE';"
+                                  "UPDATE META_DATA_EXPORT SET value = '9000000000000000000' "
+                                  "WHERE name = 'EXPORT_CONFIG_TIME_SHIFT';"),
+         check=same_as_original("known_mem_v25", ("bad_time_shift",))),
+    Case("a time shift that moves every memory time beyond 2^61 ns",
+         altered("known_mem_v25", "UPDATE META_DATA_EXPORT SET value = 'true' WHERE name = 'EXPORT_PARAM_TIME_NORMALIZE';"
+                                  "UPDATE META_DATA_EXPORT SET value = '-4000000000000000000' "
+                                  "WHERE name = 'EXPORT_CONFIG_TIME_SHIFT';"),
+         check=all_checks(no_peak_and("bad_memory_rows"), every_row_left_out)),
     # --- nsys: missing, crashing, hanging, out of space ---------------------------------------------
     Case("no nsys at all", report_copy, r"nsysan needs Nsight Systems' nsys to read known_mem_v22\.nsys-rep; "
                                         r"install it, or pass --nsys PATH",

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ..analyses.arrays import factorize_in_parts, group_order, previous_in_group
+from ..errors import NsysanError
 from ..model import KINDS, Diagnostic
 from ..schema import Schema
 from .columns import EVENT_COLUMNS, categorical_lookup, int_column, ints
@@ -39,8 +40,17 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
         op_code[op_id == enum_id] = 0 if name == "alloc" else 1
     del op_id
     # Sizes beyond 1 PiB or below zero are not real allocations (damaged or hostile exports);
-    # they would also overflow the running sums. Times are clipped for the same reason.
-    bad = ts_bad | pid_bad | size_bad | op_bad | (op_code < 0) | (size < 0) | (size > 2**50) | (np.abs(ts) > 2**61)
+    # they would also overflow the running sums. Times beyond ±2^61 ns (73 years), before or after
+    # the export's time shift, would wrap the sort key below; device ids beyond the frame's int16
+    # would be merged into one device.
+    device, _ = take("device")
+    bad = ts_bad | pid_bad | size_bad | op_bad | (op_code < 0) | (size < 0) | (size > 2**50)
+    if schema.time_offset_ns:  # |shift| < 2^62 (schema.py): clipped at ±2^62, the difference can't wrap
+        bad |= np.abs(np.clip(ts, -2**62, 2**62) - schema.time_offset_ns) > 2**61
+    else:
+        bad |= np.abs(ts) > 2**61
+    bad |= (device < -1) | (device > np.iinfo("int16").max)
+    device = np.clip(device, -1, np.iinfo("int16").max).astype("int16")  # only left-out rows change
     address, address_bad = take("address")
     bad |= address_bad
     del ts_bad, pid_bad, size_bad, op_bad, address_bad
@@ -48,7 +58,9 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
         diagnostics.append(Diagnostic(
             "warning", "bad_memory_rows",
             f"{int(bad.sum())} memory events had missing or impossible values (unknown operation, "
-            "size below 0 or above 1 PiB, NULL time or address) and were left out"))
+            "size below 0 or above 1 PiB, NULL time or address, time beyond ±2^61 ns, device id beyond "
+            "32767) and were left out"))
+    _check_sums_fit(size, bad, op_code)
     # Canonical order: time, then frees before allocs (a peak is never overstated by a free and
     # an alloc recorded at the same ns, and a block freed and handed out again in the same ns
     # pairs correctly), then the export's row order (a stable sort). nsys 2025.6 no longer writes
@@ -68,7 +80,7 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
     order = by_key if kept is None else kept if by_key is None else kept[by_key]
     del kept, by_key
     whole = order
-    order = _without_copies(order, key, ts, op_code, global_pid, address, size, raw, diagnostics)
+    order = _without_copies(order, key, ts, op_code, global_pid, address, size, device, raw, diagnostics)
     del key
     if order is not whole:  # copies left out: no longer a reordering of every row
         moved = None
@@ -92,7 +104,8 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
                                [k for k in kind.categories if k not in KINDS])
 
     frame["pid"] = pid
-    frame["device"] = np.clip(reorder(take("device")[0]), -1, 32767).astype("int16")
+    frame["device"] = reorder(device)
+    del device
     frame["kind"] = kind
     frame["op"] = pd.Categorical.from_codes(is_alloc.view("int8") ^ 1, categories=["alloc", "free"])
     statics = kind.codes == (list(kind.categories).index("static") if "static" in kind.categories else -2)
@@ -143,7 +156,8 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
 
 
 def _without_copies(order: np.ndarray, key: np.ndarray, ts: np.ndarray, op_code: np.ndarray,
-                    global_pid: np.ndarray, address: np.ndarray, size: np.ndarray, raw: pd.DataFrame,
+                    global_pid: np.ndarray, address: np.ndarray, size: np.ndarray, device: np.ndarray,
+                    raw: pd.DataFrame,
                     diagnostics: list[Diagnostic]) -> np.ndarray:
     """`order` (rows in canonical order; `key`, their sort keys) without the rows that repeat an
     earlier row exactly.
@@ -166,7 +180,8 @@ def _without_copies(order: np.ndarray, key: np.ndarray, ts: np.ndarray, op_code:
     subset = raw.iloc[rows]
     copies = pd.DataFrame({
         "ts": ts[rows], "op": op_code[rows], "pid": global_pid[rows], "address": address[rows], "bytes": size[rows],
-        **{column: int_column(subset, column, fill=-1) for column in ("device", "mem_kind", "correlation_id")},
+        "device": device[rows],
+        **{column: int_column(subset, column, fill=-1) for column in ("mem_kind", "correlation_id")},
     }).duplicated().to_numpy()
     if not copies.any():
         return order
@@ -258,6 +273,21 @@ def _join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray
         hit = (keys[at] == wanted) & (wanted > 0)  # correlation id 0: no call (module statics)
         result[mine[hit]] = rows[at[hit]]
     return result
+
+
+# Every byte count (live, allocated, never freed, per group, range or site) is a sum of sizes
+# of allocations; int64 holds 8 EiB. 4 EiB is far beyond any machine and keeps every sum exact.
+MAX_TOTAL_BYTES = 2**62
+
+
+def _check_sums_fit(size: np.ndarray, bad: np.ndarray, op_code: np.ndarray) -> None:
+    """Stop with one line when the allocations kept add up to more than any sum can hold: each
+    size is at most 1 PiB, but 4,096 of them pass 4 EiB, and int64 sums would wrap to negative
+    peaks and never-freed bytes without a word."""
+    total = float(np.sum(size, where=~bad & (op_code == 0), dtype=np.float64))
+    if total >= MAX_TOTAL_BYTES:
+        raise NsysanError(f"its memory events allocate {total / 2**60:,.1f} EiB in all, more than 64-bit byte "
+                          "counts hold and far beyond any machine: the export is damaged, so export the report again")
 
 
 def _empty_events() -> pd.DataFrame:
