@@ -372,3 +372,38 @@ def test_notebook_tables(overlay):
     assert len(series[series["log"] == GPU_LOG.name]) == 183
     not_in_trace = overlay.frame("smi_not_in_trace")
     assert not_in_trace["pid"].tolist()[-1] == PID and len(not_in_trace) == 3
+
+
+# --- the pictures: PNG timeline and HTML page ---------------------------------------------------
+
+
+def test_png_timeline_draws_the_samples_over_the_trace(overlay):
+    from nsysan.render.png import plot_timeline
+
+    fig = plot_timeline(overlay)
+    lines = {line.get_gid(): line for line in fig.findobj() if str(line.get_gid() or "").startswith("smi:")}
+    assert set(lines) == {f"smi:{GPU_LOG.name}:0:all", f"smi:{GPU_1S_LOG.name}:0:all", f"smi:{APPS_LOG.name}:0:{PID}"}
+    # one point per sample, in the panel's unit (GiB: the trace reaches 5.3 GiB), at the sample's time (s)
+    fast = lines[f"smi:{GPU_LOG.name}:0:all"]
+    samples = csv_samples(GPU_LOG, "memory.used [MiB]")
+    assert len(fast.get_xdata()) == 183
+    assert fast.get_ydata()[-60] == pytest.approx(samples[-60][1] / (1 << 30))
+    assert fast.get_xdata()[0] == pytest.approx(samples[0][0] / 1e9)
+    # the y axis holds nvidia-smi's 6071 MiB peak, above the trace's 5419 MiB
+    ax = fast.axes
+    assert ax.get_ylim()[1] > 6071 / 1024
+
+
+def test_html_page_has_the_section_and_escapes_log_names(overlay, tmp_path):
+    import dataclasses
+
+    from nsysan.render.html import render_html
+
+    page = render_html(overlay, images={"timeline.png": b"", "sites.png": b""})
+    assert '<section id="smi">' in page and "Log times read as UTC" in page
+    assert "6071 MiB" in page and "5419 MiB" in page
+    hostile_name = "<script>alert(1)</script>.csv"
+    logs = [dataclasses.replace(log, name=hostile_name) for log in overlay.smi.logs]
+    renamed = dataclasses.replace(overlay, smi=dataclasses.replace(overlay.smi, logs=logs))
+    page = render_html(renamed, images={"timeline.png": b"", "sites.png": b""})
+    assert hostile_name not in page and "&lt;script&gt;alert(1)&lt;/script&gt;.csv" in page

@@ -19,7 +19,7 @@ import jinja2
 
 from ..errors import printable
 from ..model import SEVERITIES, Analysis
-from ..units import fmt_bytes, fmt_duration, fmt_share, fmt_time
+from ..units import fmt_bytes, fmt_duration, fmt_mib, fmt_share, fmt_time
 from .files import check_output_dir, write_all_or_none
 from .json import render_json
 from .png import figure_png, plot_sites, plot_timeline
@@ -82,7 +82,7 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              finalize=_visible)
-    env.filters.update(bytes=fmt_bytes, time=fmt_time, duration=fmt_duration, share=fmt_share)
+    env.filters.update(bytes=fmt_bytes, time=fmt_time, duration=fmt_duration, share=fmt_share, mib=fmt_mib)
     return env
 
 

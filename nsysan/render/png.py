@@ -36,6 +36,7 @@ from matplotlib.patches import Patch
 
 from ..model import GPU_RESIDENT_KINDS, KINDS, Analysis, Gpu, Peak, Series
 from ..units import fmt_bytes, fmt_time
+from .smi_png import draw_smi, smi_top
 
 # Draw the capacity line when the panel reaches this share of the GPU's memory.
 CAPACITY_LINE_SHARE = 0.25
@@ -183,6 +184,7 @@ def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home
     peaks = [p for p in analysis.peaks if p.pid is not None and _panel_key(p) == gpu_key and p.peak_bytes > 0]
     failed = [f for f in analysis.failed_calls if f.pid in home_pids]
     top = max([max(s.live_bytes) for s in series] + [p.peak_bytes for p in peaks]
+              + [smi_top(analysis.smi, gpu_key, window)]
               + [f.live_bytes or 0 for f in failed] + [1])
     gpu = next((g for g in analysis.capture.gpus if g.id == gpu_key), None)
     total = gpu.total_memory_bytes if gpu else None
@@ -254,6 +256,7 @@ def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home
                            zorder=8, label=_plain(f"failed call ({len(failed)}): {_short(', '.join(errors), 50)}"))
         marks.set_gid("failed")
 
+    draw_smi(ax, analysis.smi, gpu_key, t_scale, scale)
     handles, _ = ax.get_legend_handles_labels()
     if bands:
         who = ", ".join(str(p) for p in home_pids if any(b.pid == p for b in bands))
