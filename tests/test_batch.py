@@ -275,3 +275,16 @@ def test_the_queries_of_the_docs(tmp_path):
         [r for r in truth("torch_clean_v25") if "step" in r][-1]["peak_reserved"]
     assert sites[0]["label"] == "cudaMalloc in forward [python3]"
     assert sum(s["grew_bytes"] for s in sites if s["kind"] == "device") == leak_growth
+
+
+def test_summary_page_escapes_what_reports_carry():
+    from nsysan.batch.run import BatchResult
+    from nsysan.batch.summary import SummaryRow
+    from nsysan.render.batch_html import render_summary_html
+
+    nasty = "<script>alert(1)</script>"
+    batch = BatchResult(reports=1, failed=1, engine="this process", out_dir=Path("out"), db_path=Path("out/nsysan.db"),
+                        rows=[SummaryRow(report=f"{nasty}.sqlite", report_hash=None, status="failed", error=nasty)])
+    page = render_summary_html(batch)
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;.sqlite" in page
+    assert page.count("<script>") == 1  # the page's own sorting script, allowed by its hash

@@ -166,3 +166,19 @@ def test_ranks_from_the_environment_decide_the_match():
     assert [(d.role, d.base_pid, d.new_pid) for d in c.processes] == \
         [("rank 0 · GPU 1", pids[0], pids[1]), ("rank 1 · GPU 0", pids[1], pids[0])]
     assert not c.identical
+
+
+def test_the_plot_draws_both_runs_from_their_first_step():
+    from nsysan.render.compare_plot import plot_comparison
+
+    clean, leak = analysis_of("torch_clean_v25"), analysis_of("torch_leak_v25")
+    fig = plot_comparison(compare_analyses(clean, leak), clean, leak)
+    (ax,) = fig.axes
+    lines = {line.get_gid(): line for line in ax.get_lines()}
+    assert set(lines) == {"compare:base", "compare:new"}
+    assert ax.get_xlabel() == "s from the first step"  # both runs mark "step N" with NVTX
+    # y in GiB: the new run's curve reaches its peak, the base run's its own
+    assert ax.get_ylabel() == "GiB"
+    assert max(lines["compare:new"].get_ydata()) * (1 << 30) == pytest.approx(leak.peak.peak_bytes)
+    assert max(lines["compare:base"].get_ydata()) * (1 << 30) == pytest.approx(clean.peak.peak_bytes)
+    assert min(lines["compare:new"].get_xdata()) < 0 < max(lines["compare:new"].get_xdata())  # setup before step 0

@@ -109,18 +109,18 @@ def _on_dask(paths: list[Path], on_done: OnDone, jobs: int, address: str, args: 
     from distributed import as_completed
 
     todo: Iterator[tuple[int, Path]] = iter(enumerate(paths))
-    owner: dict[str, Path] = {}
+    owner: dict[str, tuple[Any, Path]] = {}  # the futures in flight, by key
 
     def submit(index: int, path: Path):
         future = client.submit(analyze_one, str(path), *args, pure=False, key=f"nsysan-analyze-{index}")
-        owner[future.key] = path
+        owner[future.key] = (future, path)
         return future
 
     try:
         first = [submit(i, p) for _, (i, p) in zip(range(window), todo)]
         queue = as_completed(first)
         for future in queue:
-            path = owner.pop(future.key)
+            _, path = owner.pop(future.key)
             try:
                 result = future.result()
             except Exception as err:  # the worker died, or the task could not run there
@@ -132,8 +132,8 @@ def _on_dask(paths: list[Path], on_done: OnDone, jobs: int, address: str, args: 
                 queue.add(submit(index, path))
                 break
     finally:
-        for key in list(owner):
-            pass
+        if owner:  # interrupted: the analyses still in flight are dropped
+            client.cancel([future for future, _ in owner.values()])
         client.close()
         if cluster is not None:
             cluster.close()

@@ -89,14 +89,15 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
         outcome.interrupted = True
     finally:
         database.close()
-        outcome.seconds = time.perf_counter() - started
-        outcome.rows = [row for path in sorted(by_report, key=lambda p: order.get(p, len(order)))
-                        for row in by_report[path]]
-        outcome.fleets = fleet_view(outcome.rows)
-        from ..render.batch_html import render_summary_html
+    # (Any other error, such as an unreachable Dask scheduler, has left by now: no summary.)
+    outcome.seconds = time.perf_counter() - started
+    outcome.rows = [row for path in sorted(by_report, key=lambda p: order.get(p, len(order)))
+                    for row in by_report[path]]
+    outcome.fleets = fleet_view(outcome.rows)
+    from ..render.batch_html import render_summary_html
 
-        write_all_or_none({out_dir / "summary.csv": render_csv(outcome.rows),
-                           out_dir / "summary.html": render_summary_html(outcome)})
+    write_all_or_none({out_dir / "summary.csv": render_csv(outcome.rows),
+                       out_dir / "summary.html": render_summary_html(outcome)})
     return outcome
 
 

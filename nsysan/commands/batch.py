@@ -9,7 +9,7 @@ from typing import Any, List, Optional
 import typer
 
 from ..errors import NsysanError, printable
-from .common import err_console, out_console, say_error, to_stdout
+from .common import err_console, out_console, to_stdout
 
 INTERRUPTED = 130
 

@@ -2,8 +2,8 @@
 
 Each run's curve is its GPU-resident kinds (device + array + static) summed, drawn from the
 downsampled series of its `Analysis.timeline`. The two runs' clocks differ, so each is drawn from
-its own origin: the start of its first step (an NVTX range named "step …") when both have
-steps, else its first memory event.
+its own origin: the start of its first step (the analysis's steps, else an NVTX range named
+"step …") when both have steps, else its first memory event.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..compare import Comparison, ProcessDelta
+from ..compare import Comparison
 from ..errors import printable
 from ..model import GPU_RESIDENT_KINDS, Analysis
 from ..units import fmt_bytes
@@ -84,7 +84,11 @@ def _curve(run: Analysis, pid: Optional[int], gpu: Optional[int]):
         at = np.searchsorted(np.asarray(s.ts_ns, dtype=np.int64), ts, side="right") - 1
         values = np.asarray(s.live_bytes, dtype=np.float64)
         live += np.where(at >= 0, values[np.clip(at, 0, None)], 0.0)
-    steps = [b.start_ns for b in run.timeline.bands if b.pid == pid and _STEP.match(b.name)]
+    # The steps the analysis found (issue 17's step series), else NVTX bands named like a step.
+    steps = [series.steps[0].start_ns for series in getattr(run, "steps", None) or []
+             if series.pid == pid and series.device in devices and series.steps]
+    if not steps:
+        steps = [b.start_ns for b in run.timeline.bands if b.pid == pid and _STEP.match(b.name)]
     return ts, live, min(steps) if steps else 0
 
 
