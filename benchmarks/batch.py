@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -104,8 +105,8 @@ def main() -> None:
     big = DATA / "big_1000000.sqlite"
     if not big.exists():
         raise SystemExit(f"{big} is missing: python benchmarks/make_big_export.py (or link /work/bench-data)")
-    work = Path(tempfile.mkdtemp(prefix="nsysan-batch-bench-", dir=big.resolve().parent
-                                 if os.access(big.resolve().parent, os.W_OK) else None))
+    work = Path(tempfile.mkdtemp(prefix="nsysan-batch-bench-"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `kill` still removes the copies
     try:
         results = {"machine": {"cores": os.cpu_count(), "jobs": args.jobs, "python": platform.python_version(),
                                "load_before": os.getloadavg()}, "workloads": []}

@@ -25,6 +25,9 @@ from ..errors import NsysanError
 from ..model import Analysis
 
 CHILD_TABLES = ("groups", "steps", "never_freed", "sites", "diagnostics")
+_KEYS = {"groups": ("report_hash", "pid", "device", "kind"), "steps": ("report_hash", "pid", "device", "step"),
+         "never_freed": ("report_hash", "n"), "sites": ("report_hash", "label", "kind"),
+         "diagnostics": ("report_hash", "n")}
 
 
 class ResultsDatabase:
@@ -38,6 +41,9 @@ class ResultsDatabase:
         try:
             self.db = sqlite_utils.Database(self.path)
             self.db.execute("PRAGMA journal_mode=WAL")  # readers (Datasette) don't block the batch
+            # One commit per report: with WAL, NORMAL syncs at checkpoints instead of every commit
+            # (a power cut may lose the last reports, never corrupt the file).
+            self.db.execute("PRAGMA synchronous=NORMAL")
             if not self.db["steps"].exists():  # queries can name it before any analysis had steps
                 self.db["steps"].create({"report_hash": str, "pid": int, "device": int, "step": int},
                                         pk=("report_hash", "pid", "device", "step"))
@@ -47,25 +53,39 @@ class ResultsDatabase:
     def close(self) -> None:
         self.db.close()
 
-    def add(self, result: dict[str, Any], analysis: Optional[Analysis], analysis_file: Optional[str]) -> str:
-        """Write one worker result; returns its report key."""
-        key = result.get("hash") or "unreadable:" + hashlib.sha256(result["path"].encode()).hexdigest()
+    def add(self, result: dict[str, Any], analysis_file: Optional[str]) -> str:
+        """Write one worker result (with the rows `database_rows` made on the worker); returns its key."""
+        key = report_key(result)
         report = {"report_hash": key, "path": result["path"], "name": Path(result["path"]).name,
                   "ok": bool(result.get("ok")), "error": result.get("error"), "seconds": result.get("seconds"),
                   "tag": self.tag, "analyzed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                       timespec="seconds"), "analysis_file": analysis_file}
-        if analysis is not None:
-            report.update(_report_facts(analysis))
+        tables = result.get("tables") or {}
+        report.update(tables.get("reports", {}))
         with self.db.conn:
             for table in CHILD_TABLES:
                 if self.db[table].exists():
                     self.db[table].delete_where("report_hash = ?", [key])
             self.db["reports"].upsert(report, pk="report_hash", alter=True)
-            if analysis is not None:
-                for table, rows, pk in _child_rows(key, analysis):
-                    if rows:
-                        self.db[table].insert_all(rows, pk=pk, alter=True, replace=True)
+            for table in CHILD_TABLES:
+                rows = tables.get(table)
+                if rows:
+                    self.db[table].insert_all(rows, pk=_KEYS[table], alter=True, replace=True)
         return key
+
+
+def report_key(result: dict[str, Any]) -> str:
+    """The report's content hash, or (for a file that could not be read) one made from its path."""
+    return result.get("hash") or "unreadable:" + hashlib.sha256(result["path"].encode()).hexdigest()
+
+
+def database_rows(key: str, analysis: Analysis) -> dict[str, Any]:
+    """What `add` writes for one analysis: the report's facts ("reports") and each child table's
+    rows. Made on the worker, so the process writing the database only writes."""
+    tables: dict[str, Any] = {"reports": _report_facts(analysis)}
+    for table, rows, _ in _child_rows(key, analysis):
+        tables[table] = rows
+    return tables
 
 
 def _report_facts(a: Analysis) -> dict[str, Any]:

@@ -5,7 +5,7 @@ still writes the summary of what was done."""
 from __future__ import annotations
 
 import contextlib
-import json
+import os
 import signal
 import threading
 import time
@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from ..errors import NsysanError
-from ..model import Analysis
-from ..render.files import write_all_or_none, write_atomic
+from ..render.files import write_all_or_none
 from .database import ResultsDatabase
 from .engines import run_all
 from .summary import Fleet, SummaryRow, fleet_view, render_csv, summary_rows
@@ -63,21 +62,17 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
             keep(result)
 
     def keep(result: dict[str, Any]) -> None:
-        analysis: Optional[Analysis] = None
         document_file = None
         if result["ok"]:
-            try:
-                analysis = Analysis.from_dict(json.loads(result["document"]))
-            except (NsysanError, ValueError) as err:  # a worker with another nsysan version
-                result = {**result, "ok": False, "error": f"the worker's document could not be read ({err})"}
-        if analysis is not None:
             document_file = f"{Path(result['path']).name}-{result['hash'][:12]}.analysis.json"
-            write_atomic(documents / document_file, result["document"])
+            _write(documents / document_file, result["document"])
             outcome.analyzed += 1
+            rows = [SummaryRow(**row) for row in result["rows"]]
         else:
             outcome.failed += 1
-        database.add(result, analysis, f"analyses/{document_file}" if document_file else None)
-        by_report[result["path"]] = summary_rows(result, analysis)
+            rows = summary_rows(result, None)
+        database.add(result, f"analyses/{document_file}" if document_file else None)
+        by_report[result["path"]] = rows
         if progress:
             progress(result)
 
@@ -99,6 +94,18 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
     write_all_or_none({out_dir / "summary.csv": render_csv(outcome.rows),
                        out_dir / "summary.html": render_summary_html(outcome)})
     return outcome
+
+
+def _write(path: Path, text: str) -> None:
+    """A document in place whole (a temporary file renamed), without the fsync of write_atomic:
+    one per report would cost more than a small analysis, and a lost document is re-made by
+    running the batch again."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(text.encode("utf-8"))
+        os.replace(tmp, path)
+    except OSError as err:
+        raise NsysanError(f"could not write {path}: {err.strerror or err}") from err
 
 
 class _HeldInterrupts:

@@ -51,7 +51,6 @@ class SummaryRow:
     growth_per_step_bytes: Optional[int] = None
     failed_allocations: Optional[int] = None
     warnings: str = ""  # codes of the report's warning and error diagnostics, comma-separated
-    seconds: Optional[float] = None
 
 
 COLUMNS = [f for f in SummaryRow.__dataclass_fields__]
@@ -59,7 +58,7 @@ COLUMNS = [f for f in SummaryRow.__dataclass_fields__]
 
 def summary_rows(result: dict[str, Any], analysis: Optional[Analysis]) -> list[SummaryRow]:
     """The rows of one worker result (its analysis already read back from the document)."""
-    base = dict(report=result["path"], report_hash=result.get("hash"), seconds=result.get("seconds"))
+    base = dict(report=result["path"], report_hash=result.get("hash"))
     if analysis is None:
         return [SummaryRow(status="failed", error=result.get("error") or "", **base)]
     warnings = ",".join(sorted({d.code for d in analysis.diagnostics if d.severity in ("warning", "error")}))

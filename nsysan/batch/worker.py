@@ -7,6 +7,7 @@ small: the document as text, not the `Analysis` with its events frame.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from pathlib import Path
@@ -26,7 +27,8 @@ def content_hash(path: Path) -> str:
 
 
 def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] = None) -> dict[str, Any]:
-    """{"path", "ok", "hash", "document" (JSON text) or "error" (one line), "seconds"}.
+    """{"path", "ok", "hash", "document" (JSON text) or "error" (one line), "seconds", and for an
+    analyzed report "rows" (the summary's) and "tables" (nsysan.db's)}.
 
     Never raises for a bad report: an NsysanError becomes the row's error. Anything else is a
     bug in nsysan and is reported as such in the row, so one report can't end the batch.
@@ -34,6 +36,8 @@ def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] 
     from ..errors import NsysanError, one_line
     from ..inputs import load_or_analyze
     from ..render.json import render_json
+    from .database import database_rows, report_key
+    from .summary import summary_rows
 
     started = time.perf_counter()
     result: dict[str, Any] = {"path": path, "ok": False, "hash": None, "document": None, "error": None}
@@ -45,6 +49,10 @@ def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] 
             raise NsysanError(f"{report.name} could not be read: {err.strerror or err}") from err
         analysis = load_or_analyze(report, nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None)
         result["document"] = render_json(analysis)
+        # The summary's and the database's rows are made here, in parallel, not by the one
+        # process that gathers the results.
+        result["rows"] = [dataclasses.asdict(row) for row in summary_rows(result, analysis)]
+        result["tables"] = database_rows(report_key(result), analysis)
         result["ok"] = True
     except NsysanError as err:
         result["error"] = err.message
