@@ -246,3 +246,29 @@ def test_the_ci_jobs_use_options_that_exist():
         known = {opt for param in commands[command].params for opt in [*param.opts, *param.secondary_opts]}
         for option in re.findall(r"(?<!\S)(--[a-z][a-z-]*)", rest):
             assert option in known, f"nsysan {command} has no {option}"
+
+
+HAS_STEPS = "growth" in {f.name for f in __import__("dataclasses").fields(__import__("nsysan").Analysis)}
+
+
+def reserved_step_growth(name: str) -> float:
+    """The median growth of PyTorch's reserved bytes from step to step, after the first step
+    (warm-up), from the truth file: what the driver-level growth per step should be close to."""
+    import statistics
+
+    reserved = [r["reserved"] for r in truth(name) if "step" in r]
+    return statistics.median(b - a for a, b in zip(reserved[1:], reserved[2:]))
+
+
+@pytest.mark.skipif(not HAS_STEPS, reason="the step verdicts (issue 17) are not in the model yet")
+def test_growth_per_step_limit():
+    leak = run("check", fixture("torch_leak_v25"), "--max-growth-per-step", "16MiB")
+    assert leak.returncode == 1, leak.stderr
+    verdict = evaluate_limits(analysis_of("torch_leak_v25"), None, Limits.parse(max_growth_per_step="16MiB"))
+    (outcome,) = verdict.outcomes
+    # the kept graph: PyTorch reserves about 740 MiB more after every step (truth), and the
+    # driver-level growth the analysis measures is within 2% of it
+    assert abs(outcome.measured - reserved_step_growth("torch_leak_v25")) < 0.02 * reserved_step_growth("torch_leak_v25")
+    assert "growth per step" in leak.stdout and "over the limit of 16.0 MiB" in leak.stdout
+    clean = run("check", fixture("torch_clean_v25"), "--max-growth-per-step", "16MiB")
+    assert clean.returncode == 0, clean.stdout + clean.stderr

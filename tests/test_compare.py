@@ -17,6 +17,7 @@ from conftest import FIXTURES, ROOT, analysis_of, truth
 
 from nsysan.compare import Comparison, compare_analyses
 from nsysan.model import Analysis
+from nsysan.units import fmt_bytes
 
 
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -182,3 +183,16 @@ def test_the_plot_draws_both_runs_from_their_first_step():
     assert max(lines["compare:new"].get_ydata()) * (1 << 30) == pytest.approx(leak.peak.peak_bytes)
     assert max(lines["compare:base"].get_ydata()) * (1 << 30) == pytest.approx(clean.peak.peak_bytes)
     assert min(lines["compare:new"].get_xdata()) < 0 < max(lines["compare:new"].get_xdata())  # setup before step 0
+
+
+@pytest.mark.skipif("growth" not in {f.name for f in __import__("dataclasses").fields(Analysis)},
+                    reason="the step verdicts (issue 17) are not in the model yet")
+def test_clean_to_leak_names_the_new_growth():
+    c = compare_analyses(analysis_of("torch_clean_v25"), analysis_of("torch_leak_v25"))
+    (gpu0,) = c.processes
+    assert (gpu0.growth_before, gpu0.growth_after) == ("stable", "growing")
+    # PyTorch's reserved bytes grow by about 740 MiB a step in the leak (truth), not in the clean run
+    reserved = [r["reserved"] for r in truth("torch_leak_v25") if "step" in r]
+    per_step = sorted(b - a for a, b in zip(reserved[1:], reserved[2:]))[len(reserved[2:]) // 2]
+    assert abs(gpu0.growth_per_step.after - per_step) < 0.02 * per_step
+    assert f"new growth of {fmt_bytes(gpu0.growth_per_step.after)} per step on GPU 0" in c.headline
