@@ -288,3 +288,12 @@ def test_summary_page_escapes_what_reports_carry():
     page = render_summary_html(batch)
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;.sqlite" in page
     assert page.count("<script>") == 1  # the page's own sorting script, allowed by its hash
+
+
+def test_db_never_writes_into_another_database(tmp_path):
+    export = tmp_path / "export.sqlite"
+    export.write_bytes((FIXTURES / "known_mem_v25.sqlite").read_bytes())
+    before = export.read_bytes()
+    result = run("batch", str(FIXTURES / "known_mem_v25.sqlite"), "-o", str(tmp_path / "out"), "--db", str(export))
+    assert result.returncode == 2 and "is not an nsysan database" in result.stderr
+    assert export.read_bytes() == before and not (tmp_path / "out" / "analyses").exists()

@@ -38,6 +38,9 @@ class ResultsDatabase:
 
         self.path = Path(path)
         self.tag = tag
+        if self.path.exists() and not _is_ours_or_empty(self.path):
+            raise NsysanError(f"{self.path} is not an nsysan database (no reports table) and is never written "
+                              "into; give --db a new file or an nsysan.db")
         try:
             self.db = sqlite_utils.Database(self.path)
             self.db.execute("PRAGMA journal_mode=WAL")  # readers (Datasette) don't block the batch
@@ -72,6 +75,24 @@ class ResultsDatabase:
                 if rows:
                     self.db[table].insert_all(rows, pk=_KEYS[table], alter=True, replace=True)
         return key
+
+
+def _is_ours_or_empty(path: Path) -> bool:
+    """An empty file, or a SQLite database with nsysan's reports table (an export, a report or
+    any other database must never be written into). Opened read-only."""
+    import sqlite3
+
+    if path.stat().st_size == 0:
+        return True
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            names = {row[0] for row in conn.execute("select name from sqlite_master where type = 'table'")}
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return False
+    return not names or "reports" in names
 
 
 def report_key(result: dict[str, Any]) -> str:

@@ -43,12 +43,14 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
     DIR/summary.csv and DIR/summary.html. Returns what was done, also after a Ctrl-C."""
     out_dir = Path(out_dir)
     documents = out_dir / "analyses"
+    db_path = Path(db_path) if db_path else out_dir / "nsysan.db"
     try:
+        if db_path.parent == out_dir:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        database = ResultsDatabase(db_path, tag=tag)  # first: a --db that can't be used stops here
         documents.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise NsysanError(f"could not write {documents}: {err.strerror or err}") from err
-    db_path = Path(db_path) if db_path else out_dir / "nsysan.db"
-    database = ResultsDatabase(db_path, tag=tag)
     order = {str(p): i for i, p in enumerate(paths)}
     by_report: dict[str, list[SummaryRow]] = {}
     outcome = BatchResult(reports=len(paths), out_dir=out_dir, db_path=db_path,
