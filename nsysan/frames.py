@@ -6,8 +6,8 @@ added to `Analysis` gets its table with no code here:
 - a list field of `Analysis`: `groups`, `peaks`, `never_freed`, `sites`, `api_calls`,
   `failed_calls`, `ranges`, `diagnostics`, and whatever list a later version adds;
 - a list inside a section: `capture.gpus` -> "gpus", `capture.processes` -> "processes",
-  `timeline.bands` -> "bands", `timeline.series` -> "timeline" (see RENAMED);
-- a list inside each row of another table, at any depth: `peaks[].live_at_peak` ->
+  `timeline.bands` -> "bands", `timeline.series` -> "timeline" (see RENAMED), `oom.failures`;
+- a list inside each row of another table, at any depth (`oom.failures[].live_at_failure`): `peaks[].live_at_peak` ->
   "live_at_peak", with the enclosing row's columns in front, prefixed with its class name
   (`peak_pid`; `peak_bytes` stays as it is). A list that holds its items under its own name
   (`steps[].steps`) gives the items that name, and its own rows are named after their class
@@ -105,9 +105,7 @@ def _tables(analysis_type: type) -> list[_Table]:
         for f in dataclasses.fields(section_type):
             item = _list_item(_unoptional(section_hints[f.name]))
             if item is not None and dataclasses.is_dataclass(item):
-                name = RENAMED.get((section, f.name), f.name)
-                if name not in found:
-                    found[name] = _Table(name, item, (section, f.name))
+                _add(found, _Table(RENAMED.get((section, f.name), f.name), item, (section, f.name)))
     return list(found.values())
 
 

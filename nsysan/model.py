@@ -604,6 +604,9 @@ class Analysis:
         leaked = sum(a.bytes for a in self.never_freed) if self.never_freed_total == len(self.never_freed) else None
         parts.append(f" never freed {self.never_freed_total}" + (f" ({fmt_bytes(leaked)})" if leaked else "") + ";")
         parts.append(f" failed calls {len(self.failed_calls)};")
+        if self.oom.failed_count or self.oom.allocator_ooms:
+            parts.append(f" out of memory: {self.oom.failed_count} failed, "
+                         f"{len(self.oom.allocator_ooms)} allocator gave up;")
         counts = {s: sum(d.severity == s for d in self.diagnostics) for s in SEVERITIES}
         parts.append(" diagnostics: " + (", ".join(f"{n} {s}" for s, n in counts.items() if n) or "none") + ">")
         return "".join(parts)

@@ -91,6 +91,14 @@ def test_failed_call_table_of_a_real_oom(real_oom_v25):
     assert failed["error"].iloc[0] == "cudaErrorMemoryAllocation"
 
 
+def test_live_set_at_an_out_of_memory_failure(real_oom_v25):
+    live = real_oom_v25.frame("live_at_failure")
+    # fixtures/README.md: 16 GiB blocks until call #9 of cudaMalloc fails, so 8 are live then.
+    assert (live["oom_failure_call_number"] == 9).all() and (live["oom_failure_api"] == "cudaMalloc").all()
+    assert live["bytes"].tolist() == [16 << 30] * 8
+    assert (live["oom_failure_total_memory_bytes"] == 150_109_880_320).all()
+
+
 def test_raw_frames_are_kept_and_not_serialized(known_mem_v25):
     assert RAW_FRAMES == ("events", "calls", "nvtx_ranges")
     assert known_mem_v25.frame("events") is known_mem_v25.events
@@ -167,6 +175,14 @@ def test_repr_is_one_short_line(name):
     text = repr(analysis)
     assert len(text) < 500 and "\n" not in text
     assert analysis.source.name in text
+
+
+def test_repr_says_out_of_memory(real_oom_v25, torch_leak_v25):
+    # fixtures/README.md: real_oom_v25's cudaMalloc call #9 fails; in torch_oom_v25 PyTorch's
+    # allocator refuses by itself (no cudaMalloc fails); torch_leak_v25 never runs out.
+    assert "out of memory: 1 failed, 0 allocator gave up;" in repr(real_oom_v25)
+    assert "out of memory: 0 failed, 1 allocator gave up;" in repr(analysis_of("torch_oom_v25"))
+    assert "out of memory" not in repr(torch_leak_v25)
 
 
 def test_repr_says_peak_and_counts(known_mem_v25):
