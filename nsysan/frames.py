@@ -39,7 +39,9 @@ from .errors import NsysanError
 # Tables named after their section rather than the list's own field.
 RENAMED = {("timeline", "series"): "timeline",
            # nvidia-smi logs against the trace (`analyze --smi`): "logs" and "series" alone say too little
-           **{("smi", name): f"smi_{name}" for name in ("logs", "series", "not_in_trace", "missed", "someone_else")}}
+           **{("smi", name): f"smi_{name}" for name in ("logs", "series", "not_in_trace", "missed", "someone_else")},
+           # a table inside another's rows: (the enclosing table's name, the list's field)
+           ("smi_someone_else", "processes"): "smi_other_processes"}
 # The frames read from the export, kept on the Analysis (never serialized).
 RAW_FRAMES = ("events", "calls", "nvtx_ranges")
 _STRINGS = pd.Series(["text"])
@@ -110,6 +112,8 @@ def _tables(analysis_type: type) -> list[_Table]:
 
 
 def _add(found: dict[str, _Table], table: _Table) -> None:
+    if table.parent is not None:
+        table = dataclasses.replace(table, name=RENAMED.get((table.parent.name, table.name), table.name))
     children = list(_children(table))
     if any(child.name == table.name for child in children):
         table = dataclasses.replace(table, name=_snake(table.row_type.__name__))
