@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import sys
@@ -139,12 +141,51 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 def _replace_what_the_output_cannot_encode() -> None:
     """A profile's strings (an NVTX range named in Chinese) must not end the run where stdout
-    can't encode them: on Windows, output redirected to a file is in the ANSI code page (cp1252).
-    There such characters are written as `\\u6b65` escapes; UTF-8 outputs are unchanged."""
+    can't encode them: on Windows, output redirected to a file is in the ANSI code page (cp1252);
+    PYTHONIOENCODING=ascii anywhere. There such characters are written as `\\u6b65` escapes, as is
+    a file name's undecodable byte (a lone surrogate) even on UTF-8; everything else is unchanged."""
     for stream in (sys.stdout, sys.stderr):
-        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
-        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+        if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+
+
+def _open_closed_standard_descriptors() -> set[int]:
+    """Put /dev/null on stdin, stdout or stderr where the command was started without them
+    (`>&-`, `2>&-`); return the ones that were closed.
+
+    Otherwise the next file nsysan opens would get descriptor 1 or 2, and a message meant for
+    the terminal would be written into it. Python starts such a stream as None.
+    """
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+    for fd in sorted(closed):  # os.open takes the lowest free descriptor: the first closed one
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+    if 0 in closed:
+        sys.stdin = open(0, closefd=False)
+    if 1 in closed:
+        sys.stdout = open(1, "w", closefd=False)
+    if 2 in closed:
+        sys.stderr = open(2, "w", closefd=False)
+    return closed
+
+
+def _write_whole() -> None:
+    """With PYTHONUNBUFFERED=1 (python -u) stdout writes straight to the descriptor, and a write
+    the OS takes only in part (a signal, a full pipe) is silently cut short. A buffered writer
+    retries until every byte is out; line buffering keeps the output as prompt."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        raw = getattr(stream, "buffer", None)
+        if isinstance(raw, io.RawIOBase) and isinstance(stream, io.TextIOWrapper):
+            setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), encoding=stream.encoding,
+                                                errors=stream.errors, line_buffering=True))
 
 
 def run() -> None:
@@ -154,21 +195,33 @@ def run() -> None:
     them down one by one only delays the exit (0.1 to 0.3 s at 1e7 events). Every file nsysan
     writes is closed and in place before main() returns.
     """
+    closed = _open_closed_standard_descriptors()
+    _write_whole()
     keep_large_arrays_on_the_heap()
     avoid_transparent_huge_pages()
     _replace_what_the_output_cannot_encode()
+    if 1 in closed:
+        say_error("nsysan: stdout is closed (the command was started with >&-), so nothing could be printed; "
+                  "run it with stdout open, or send it to a file or to /dev/null")
+        os._exit(2)
     try:
         main(sys.argv[1:])
         code = 0
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
         if isinstance(done.code, str):
-            print(done.code, file=sys.stderr)
+            say_error(done.code)
     try:
         sys.stdout.flush()
-    except (BrokenPipeError, OSError):  # the reader went away (`| head`): nothing more to say
-        pass
-    sys.stderr.flush()
+    except BrokenPipeError:  # the reader went away (`| head`) before the last bytes
+        _silence_stdout()
+        code = code or OUTPUT_CLOSED
+    except OSError as err:  # a full disk, /dev/full: the output is not whole
+        if not code:  # else it was said already, by the write that failed first
+            say_error(f"nsysan: could not write to stdout ({err.strerror or err}); the output is incomplete")
+            code = 2
+    with contextlib.suppress(OSError, ValueError):  # nowhere left to say anything
+        sys.stderr.flush()
     os._exit(code)
 
 

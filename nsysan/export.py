@@ -15,6 +15,7 @@ import errno
 import functools
 import glob
 import hashlib
+import math
 import os
 import queue
 import re
@@ -510,21 +511,27 @@ def _remove_leftovers(cache: Path, key: str) -> None:
             leftover.unlink()
 
 
+# Beyond this a timeout means "no limit" (and a deadline this far off would overflow select()).
+MAX_TIMEOUT_S = 365 * 24 * 3600.0
+
+
 def _export_timeout(timeout_s: float | None) -> float | None:
-    """Seconds an export may take: `timeout_s`, else $NSYSAN_EXPORT_TIMEOUT (0 = no limit),
-    else None (no limit)."""
-    if timeout_s is not None:
-        return timeout_s
-    raw = os.environ.get("NSYSAN_EXPORT_TIMEOUT", "").strip()
-    if not raw:
-        return None
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise NsysanError(
-            f"NSYSAN_EXPORT_TIMEOUT={raw!r} is not a number of seconds; set it to e.g. 600, or unset it"
-        ) from None
-    return seconds if seconds > 0 else None
+    """Seconds an export may take: `timeout_s`, else $NSYSAN_EXPORT_TIMEOUT, else None (no
+    limit). 0, a negative number, inf or more than a year mean no limit; a value that is no
+    number (nan, "ten") is one clear line."""
+    if timeout_s is None:
+        raw = os.environ.get("NSYSAN_EXPORT_TIMEOUT", "").strip()
+        if not raw:
+            return None
+        try:
+            timeout_s = float(raw)
+        except ValueError:
+            timeout_s = math.nan
+        if math.isnan(timeout_s):
+            raise NsysanError(
+                f"NSYSAN_EXPORT_TIMEOUT={raw!r} is not a number of seconds; set it to e.g. 600, or unset it"
+            )
+    return timeout_s if 0 < timeout_s <= MAX_TIMEOUT_S else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -59,10 +59,10 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                                 "(it records this report as its input and the same capture start); delete it "
                                 "to have nsysan export the report itself"))
     schema.diagnostics.extend(notes)
-    source = Source(path=str(report), name=report.name, format=_format(report),
+    source = Source(path=_text(report), name=_text(report.name), format=_format(report),
                     size_bytes=report.stat().st_size, exported_with=result.exported_with,
                     from_cache=result.from_cache,
-                    sibling_export=str(result.sqlite_path) if result.from_sibling else None)
+                    sibling_export=_text(result.sqlite_path) if result.from_sibling else None)
     analysis = run_analyses(loaded, schema, source, report_version=version)
     if smi_logs:
         from .analyses.smi import add_smi
@@ -89,6 +89,12 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
         finally:
             conn.close()
     return schema, loaded, runs
+
+
+def _text(path: object) -> str:
+    """A file name as text every output can hold: bytes that are not UTF-8 (lone surrogates in
+    Python, which no UTF-8 file or JSON parser takes) become U+FFFD, like a profile's strings."""
+    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _format(path: Path) -> str:

@@ -40,10 +40,11 @@ BATCH_ROWS = 1 << 18
 
 def database_path(conn: sqlite3.Connection) -> Optional[str]:
     """The file behind a connection (for opening a second, faster one on it)."""
-    for _, name, path in conn.execute("PRAGMA database_list"):
-        if name == "main" and path:
-            return str(path)
-    return None
+    # As bytes: a file name that is not UTF-8 must come back as the same bytes (os.fsdecode),
+    # not with U+FFFD in place of them. (Not by switching the connection's text_factory: other
+    # threads read through it at the same time.)
+    row = conn.execute("SELECT CAST(file AS BLOB) FROM pragma_database_list WHERE name = 'main'").fetchone()
+    return os.fsdecode(row[0]) if row and row[0] else None
 
 
 def read_frame(conn: sqlite3.Connection, sql: str, columns: list[str]) -> pd.DataFrame:
@@ -157,7 +158,7 @@ def _read_with_adbc(path: str, sql: str, columns: list[str]) -> pd.DataFrame:
 
 def _read_parts(path: str, sql: str, columns: list[str], filled: Optional[list] = None) -> list[list]:
     """Each column's converted batches (written into `filled[i]` instead, while they fit it)."""
-    uri = "file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1"
+    uri = "file:" + urllib.parse.quote(os.fsencode(path)) + "?mode=ro&immutable=1"
     parts: list[list] = [[] for _ in columns]
     filled = filled or [None] * len(columns)
     with _adbc_sqlite.connect(uri) as database, _adbc.AdbcConnection(database) as connection, \

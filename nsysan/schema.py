@@ -9,6 +9,7 @@ name, with the known values as fallback (see ../shared/docs/nsys-schema.md).
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import urllib.parse
@@ -118,7 +119,8 @@ def connect_readonly(path: Path) -> sqlite3.Connection:
     read-only folder. Text is decoded leniently: some exports hold binary protobuf blobs in TEXT
     columns (TARGET_INFO_SYSTEM_ENV.GpuInfo in 2022.4).
     """
-    uri = f"file:{urllib.parse.quote(str(Path(path).absolute()))}?mode=ro&immutable=1"
+    # os.fsencode: a name with bytes that are not UTF-8 (a surrogate in Python) keeps its bytes.
+    uri = f"file:{urllib.parse.quote(os.fsencode(Path(path).absolute()))}?mode=ro&immutable=1"
     conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
     conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
     return conn

@@ -12,13 +12,18 @@ class with its result.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
+import resource
 import sqlite3
+import stat
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from conftest import FIXTURES, ROOT
@@ -281,3 +286,249 @@ def test_a_live_writer_is_refused_in_one_line(tmp_path: Path, journal_mode: str)
         assert_one_error_line(result, rf"known_mem_v25\.sqlite is being written by another process \(pid {pid} "
                                       r"holds its write lock\).*; analyze it once that process has finished")
         assert snapshot(tmp_path / "in") == before
+
+
+# --- special files: never opened for reading, never waited on ----------------------------------------
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _socket(path: Path) -> None:
+    import socket
+
+    with contextlib.closing(socket.socket(socket.AF_UNIX)) as sock:
+        sock.bind(str(path))  # the socket file stays after the socket is closed
+
+
+def _char_device(path: Path) -> None:
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # what /dev/null is
+    except OSError as err:
+        pytest.skip(f"cannot make a device node here ({err.strerror})")
+
+
+SPECIAL_FILES = {"a FIFO": (_fifo, "a FIFO \\(named pipe\\)"), "a socket": (_socket, "a socket"),
+                 "a character device": (_char_device, "a character device")}
+
+
+@pytest.mark.parametrize("suffix", [".sqlite", ".nsys-rep"])
+@pytest.mark.parametrize("kind", sorted(SPECIAL_FILES))
+def test_a_special_file_as_input_is_named_not_opened(tmp_path: Path, kind: str, suffix: str) -> None:
+    make, said = SPECIAL_FILES[kind]
+    (tmp_path / "in").mkdir()
+    path = tmp_path / "in" / f"run{suffix}"
+    make(path)
+    before = snapshot(tmp_path / "in")
+
+    result = run_cli("analyze", str(path), "--no-progress", "--cache-dir", str(tmp_path / "cache"), timeout=60)
+
+    assert_one_error_line(result, rf"run{re.escape(suffix)} is {said}, not a file; nsysan reads report files")
+    assert snapshot(tmp_path / "in") == before
+
+
+@pytest.mark.parametrize("where", ["sibling", "cache entry and its lock"])
+def test_a_fifo_as_sibling_or_cache_entry_is_passed_by(tmp_path: Path, where: str) -> None:
+    report = report_copy(tmp_path / "in")
+    cache = tmp_path / "cache"
+    log = tmp_path / "nsys.log"
+    nsys = copying_nsys(tmp_path / "bin", log)
+    if where == "sibling":
+        os.mkfifo(report.with_suffix(".sqlite"))
+    else:
+        cache.mkdir()
+        key = f"{hashlib.sha256(report.read_bytes()).hexdigest()}-nsys2022.4.2.1"  # export.py's cache key
+        os.mkfifo(cache / f"{key}.sqlite")
+        os.mkfifo(cache / f"{key}.lock")
+    before = snapshot(tmp_path / "in")
+
+    result = run_cli("analyze", str(report), "--format", "json", "--nsys", str(nsys), "--cache-dir", str(cache),
+                     timeout=60)
+
+    doc = doc_of(result)
+    assert exports_logged(log) == 1 and doc["peak"]["peak_bytes"] == original("known_mem_v22")["peak"]["peak_bytes"]
+    assert snapshot(tmp_path / "in") == before
+
+
+# --- outputs that fail: one line and exit 2 (141 for a closed pipe), never half an output ---------------
+
+
+def run_with(args: list[str], stdout=None, stderr=subprocess.PIPE, env: Optional[dict] = None,
+             preexec_fn=None) -> subprocess.CompletedProcess:
+    """`python -m nsysan ARGS` with stdout and stderr as given (a file, /dev/full, closed)."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("NSYSAN_DEBUG", "COLUMNS")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "nsysan", *args], stdout=stdout, stderr=stderr, cwd=ROOT,
+                          env=full_env, timeout=300, preexec_fn=preexec_fn)
+
+
+def stderr_line(result: subprocess.CompletedProcess) -> str:
+    text = result.stderr.decode()
+    assert "Traceback" not in text and "internal error" not in text, text
+    lines = text.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nsysan: "), text
+    return lines[0]
+
+
+GOOD = "fixtures/known_mem_v25.sqlite"
+
+
+def test_a_closed_stdout_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = run_with(["analyze", GOOD, "--json", str(tmp_path / "a.json")], preexec_fn=lambda: os.close(1))
+    assert result.returncode == 2
+    assert stderr_line(result).startswith("nsysan: stdout is closed (the command was started with >&-)")
+    assert not (tmp_path / "a.json").exists()
+
+
+def test_a_closed_stderr_keeps_the_exit_codes_and_the_outputs_whole(tmp_path: Path) -> None:
+    # Closed, stderr's descriptor would go to the next file nsysan opens: messages would land in it.
+    bad = run_with(["analyze", "nowhere.sqlite"], stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2))
+    good = run_with(["analyze", GOOD, "--format", "json", "--json", str(tmp_path / "a.json")],
+                    stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2))
+    assert bad.returncode == 2 and bad.stdout == b""
+    assert good.returncode == 0
+    assert json.loads(good.stdout) == json.loads((tmp_path / "a.json").read_text())
+
+
+@pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "PYTHONUNBUFFERED=1"])
+@pytest.mark.parametrize("form", ["text", "json"])
+def test_stdout_on_a_full_device_is_one_line_and_exit_2(form: str, unbuffered: bool) -> None:
+    env = {"PYTHONUNBUFFERED": "1"} if unbuffered else {}
+    with open("/dev/full", "wb") as full:
+        result = run_with(["analyze", GOOD, "--format", form], stdout=full, env=env)
+    assert result.returncode == 2
+    assert stderr_line(result) == "nsysan: could not write to stdout (No space left on device); the output is incomplete"
+
+
+def test_stdout_into_a_file_that_cannot_grow_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    # RLIMIT_FSIZE: every write past 4 KiB fails (EFBIG), as on a full disk; the JSON is ~60 KiB.
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    with open(tmp_path / "out.json", "wb") as out:
+        result = run_with(["analyze", GOOD, "--format", "json"], stdout=out, preexec_fn=limit,
+                          env={"PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 2
+    assert stderr_line(result) == "nsysan: could not write to stdout (File too large); the output is incomplete"
+
+
+def test_an_error_with_stderr_on_a_full_device_still_exits_2() -> None:
+    with open("/dev/full", "wb") as full:
+        result = run_with(["analyze", "nowhere.sqlite"], stdout=subprocess.PIPE, stderr=full)
+    assert result.returncode == 2 and result.stdout == b""
+
+
+def test_unbuffered_json_through_a_pipe_is_whole() -> None:
+    result = run_with(["analyze", GOOD, "--format", "json"], stdout=subprocess.PIPE, env={"PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 0 and json.loads(result.stdout)["peak"]["peak_bytes"] == 952_107_008
+
+
+# --- environments: odd names, consoles and values of nsysan's own variables -------------------------
+
+
+@pytest.mark.parametrize("value", ["inf", "1e300", "-5", "0"])
+def test_odd_export_timeouts_mean_no_limit(tmp_path: Path, value: str) -> None:
+    report = report_copy(tmp_path / "in")
+    nsys = copying_nsys(tmp_path / "bin", tmp_path / "nsys.log")
+    result = run_cli("analyze", str(report), "--format", "json", "--nsys", str(nsys),
+                     "--cache-dir", str(tmp_path / "cache"), env={"NSYSAN_EXPORT_TIMEOUT": value})
+    assert doc_of(result)["source"]["exported_with"] == "2022.4.2.1" and result.stderr == ""
+
+
+def test_a_timeout_that_is_no_number_is_one_line(tmp_path: Path) -> None:
+    report = report_copy(tmp_path / "in")
+    result = run_cli("analyze", str(report), "--nsys", str(copying_nsys(tmp_path / "bin", tmp_path / "log")),
+                     "--cache-dir", str(tmp_path / "cache"), env={"NSYSAN_EXPORT_TIMEOUT": "nan"})
+    assert_one_error_line(result, r"NSYSAN_EXPORT_TIMEOUT='nan' is not a number of seconds")
+
+
+def test_a_relative_xdg_cache_home_is_ignored(tmp_path: Path) -> None:
+    report = report_copy(tmp_path / "in")
+    nsys = copying_nsys(tmp_path / "bin", tmp_path / "nsys.log")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("NSYSAN_CACHE_DIR", "NSYSAN_DEBUG")}
+    env.update(XDG_CACHE_HOME="relative-cache", HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-m", "nsysan", "analyze", str(report), "--no-progress",
+                             "--nsys", str(nsys)], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert list(work.iterdir()) == []  # nothing relative to the working folder
+    assert len(list((tmp_path / "home" / ".cache" / "nsysan").glob("*.sqlite"))) == 1  # the XDG default
+
+
+def test_a_file_name_that_is_not_utf8_is_shown_with_escapes_and_kept_apart(tmp_path: Path) -> None:
+    folder = os.fsencode(tmp_path)
+    name = b"run\xff\xfe.sqlite"
+    shutil_copy(FIXTURES / "known_mem_v25.sqlite", Path(os.fsdecode(folder + b"/" + name)))
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "nsysan", "analyze", folder + b"/" + name, "--no-progress",
+                             "-o", str(out)], cwd=ROOT, capture_output=True, timeout=300)
+    assert result.returncode == 0 and result.stderr == b"", result.stderr
+    text = result.stdout.decode("utf-8")  # the terminal gets valid UTF-8
+    assert "nsysan · run\ufffd\ufffd.sqlite" in text
+    doc = json.loads((out / "analysis.json").read_text(encoding="utf-8"))
+    assert doc["source"]["name"] == "run\ufffd\ufffd.sqlite" and doc["peak"]["peak_bytes"] == 952_107_008
+    assert "run\ufffd\ufffd.sqlite" in (out / "report.html").read_text(encoding="utf-8")
+
+
+def test_an_ascii_console_gets_escapes_not_a_crash(tmp_path: Path) -> None:
+    report = copy_fixture("known_mem_v25", tmp_path / "in", "café.sqlite")
+    with contextlib.closing(sqlite3.connect(report)) as conn:
+        conn.execute("UPDATE PROCESSES SET name = '/tmp/步骤☃' WHERE name = '/tmp/known'")
+        conn.commit()
+    result = run_cli("analyze", str(report), "--no-progress", env={"PYTHONIOENCODING": "ascii", "LANG": "C",
+                                                                 "LC_ALL": "C"})
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.isascii() and "/tmp/\\u6b65\\u9aa4\\u2603" in result.stdout
+
+
+def test_a_huge_columns_value_does_not_blow_up_the_summary() -> None:
+    result = run_cli("analyze", GOOD, "--no-progress", env={"COLUMNS": "1000000000"})
+    assert result.returncode == 0 and len(result.stdout) < 100_000
+
+
+# --- terminal injection: every string that reaches the terminal is inert ----------------------------
+
+HOSTILE_FILE = "run\x1b[2J\x07[reverse]7:fire:\u202e.sqlite"
+
+
+def assert_inert(text: str) -> None:
+    assert "\x1b[2J" not in text and "\x07" not in text and "\u202e" not in text and "\U0001f525" not in text
+    assert "[reverse]7:fire:" in text  # markup and emoji codes stay literal
+    assert "\\x1b[2J\\x07[reverse]7:fire:\\u202e" in text  # control characters shown as escapes
+
+
+def test_a_hostile_file_name_is_inert_in_the_summary_the_report_line_and_errors(tmp_path: Path) -> None:
+    report = copy_fixture("known_mem_v25", tmp_path / "in", HOSTILE_FILE)
+    out = tmp_path / f"out\x1b]0;PWNED\x07[bold]:fire:"
+    result = run_cli("analyze", str(report), "--no-progress", "-o", str(out), env={"COLUMNS": "250"})
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert_inert(result.stdout)
+    (report_line,) = [line for line in result.stdout.splitlines() if line.startswith("Report: ")]
+    assert "\\x1b]0;PWNED\\x07[bold]:fire:" in report_line and "\x1b" not in report_line
+
+    missing = run_cli("analyze", str(tmp_path / "in" / ("missing-" + HOSTILE_FILE)))
+    assert_inert(assert_one_error_line(missing, r"no such file"))
+
+
+def test_a_hostile_file_name_is_inert_in_the_progress_bar(tmp_path: Path) -> None:
+    import pty
+
+    report = copy_fixture("known_mem_v25", tmp_path / "in", HOSTILE_FILE)
+    leader, follower = pty.openpty()  # stderr a terminal: the progress bar is drawn
+    try:
+        result = subprocess.run([sys.executable, "-m", "nsysan", "analyze", str(report), "--format", "json"],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=follower, timeout=300,
+                                env={**os.environ, "TERM": "xterm", "COLUMNS": "200"})
+        os.close(follower)
+        drawn = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(leader, 65536):
+                drawn += chunk
+    finally:
+        os.close(leader)
+    assert result.returncode == 0
+    text = drawn.decode("utf-8", "replace")
+    assert "run\\x1b[2J\\x07[reverse]7:fire:" in text  # the bar was drawn, with the name inert
+    assert "\x1b[2J" not in text and "\x07" not in text and "\U0001f525" not in text

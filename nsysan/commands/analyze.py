@@ -15,7 +15,7 @@ from ..pipeline import analyze_report
 from ..render.files import check_output_dir, one_run, refuse_inputs, write_atomic
 from ..render.json import render_json, render_json_many
 from ..smi_log import SmiLog, read_smi_logs
-from .common import out_console, progress_bar, say_error, to_stdout
+from .common import out_console, progress_bar, say_error, shown, to_stdout
 
 
 def analyze(
@@ -103,7 +103,7 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
             with to_stdout():
                 render_terminal(analysis, out_console(), top=top)
                 if page:
-                    out_console().print(f"Report: {page} (with timeline.png, sites.png and analysis.json)",
+                    out_console().print(f"Report: {shown(page)} (with timeline.png, sites.png and analysis.json)",
                                       markup=False, soft_wrap=True)  # a path never wraps
     if format == "json" and results:
         text = render_json(results[0]) if len(reports) == 1 else render_json_many(results)

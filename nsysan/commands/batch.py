@@ -89,7 +89,7 @@ def _print_summary(result: Any) -> None:
         console.print(printable(f"  fleet   {fleet.line}"), markup=False, soft_wrap=True)
         for outlier in fleet.outliers:
             console.print(printable(f"  outlier {outlier.line}"), markup=False, soft_wrap=True)
-    console.print(f"Results: {result.out_dir}/summary.html, summary.csv, analyses/, database {result.db_path}",
+    console.print(printable(f"Results: {result.out_dir}/summary.html, summary.csv, analyses/, database {result.db_path}"),
                   markup=False, soft_wrap=True)
 
 

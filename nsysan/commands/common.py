@@ -12,6 +12,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from ..errors import NsysanError, one_line, printable
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -33,22 +35,42 @@ def out_console() -> "Console":
             self.quiet = True
             raise OutputClosed()
 
-    console = StdoutConsole(highlight=False, soft_wrap=False)
+    # No markup, no :emoji: codes, no highlighting: every string is printed as it is.
+    console = StdoutConsole(highlight=False, soft_wrap=False, markup=False, emoji=False)
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = 120  # logs and files: wide enough for the tables, not the 80 of a pipe
+    console.width = min(max(console.width, MIN_WIDTH), MAX_WIDTH)  # COLUMNS=1000000000 or 3
     return console
+
+
+# Widths the summary is drawn at, whatever COLUMNS says: rich draws every table cell padded to
+# the width, so a width of a billion is gigabytes of spaces.
+MIN_WIDTH, MAX_WIDTH = 40, 1000
 
 
 @functools.cache
 def err_console() -> "Console":
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False, soft_wrap=True)  # one error, one line
+    # one error, one line; no markup, no :emoji: codes: a file named run[reverse]:fire:.sqlite stays so
+    return Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 
 def say_error(line: str) -> None:
-    """One line on stderr, printed as it is (profile strings in it are never read as markup)."""
-    err_console().print(line, markup=False, highlight=False)
+    """One printable line on stderr, printed as it is (never read as markup or emoji codes).
+    A stderr that can't be written (`2>/dev/full`) leaves nowhere to say it: the exit code tells."""
+    try:
+        err_console().print(one_line(line), markup=False, highlight=False, emoji=False)
+    except (OSError, ValueError):
+        pass
+
+
+def shown(path: object) -> str:
+    """A path as the terminal shows it: control characters and undecodable bytes as escapes."""
+    return printable(str(path))
+
+
+DESCRIPTION_CHARS = 80  # of a file name in the progress bar
 
 
 @contextlib.contextmanager
@@ -59,24 +81,30 @@ def progress_bar(name: str, enabled: bool = True) -> Iterator[Callable[[str, flo
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TimeElapsedColumn())
+    name = shown(name)[:DESCRIPTION_CHARS]
     with Progress(*columns, console=err_console(), transient=True) as bar:
         task = bar.add_task(name, total=1.0)
 
         def say(stage: str, fraction: float) -> None:
-            bar.update(task, completed=min(max(fraction, 0.0), 1.0), description=f"{name}: {stage}")
+            bar.update(task, completed=min(max(fraction, 0.0), 1.0), description=f"{name}: {shown(stage)}")
 
         yield say
 
 
 @contextlib.contextmanager
 def to_stdout() -> Iterator[None]:
-    """Around a command's writes to stdout: a closed pipe becomes OutputClosed."""
+    """Around a command's writes to stdout: a closed pipe becomes OutputClosed, any other failed
+    write (a full disk, /dev/full, a closed descriptor) one NsysanError: never exit 0 with half
+    an output, never a traceback. The output is flushed here, so that a failure shows here."""
     try:
         yield
+        sys.stdout.flush()
     except BrokenPipeError:
         raise OutputClosed() from None
+    except OSError as err:
+        raise NsysanError(f"could not write to stdout ({err.strerror or err}); the output is incomplete") from None
 
 
 def _isatty(stream: object) -> bool:

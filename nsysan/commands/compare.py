@@ -13,7 +13,7 @@ from ..errors import NsysanError
 from ..inputs import load_or_analyze
 from ..render.files import check_output_dir
 from ..render.json import dumps
-from .common import out_console, to_stdout
+from .common import out_console, shown, to_stdout
 
 
 def compare(
@@ -53,4 +53,4 @@ def compare(
 
         render_comparison_terminal(comparison, out_console(), top=top)
         if page:
-            out_console().print(f"Report: {page} (with compare.png and compare.json)", markup=False, soft_wrap=True)
+            out_console().print(f"Report: {shown(page)} (with compare.png and compare.json)", markup=False, soft_wrap=True)
