@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--only", choices=("small", "large"), help="measure one workload")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "batch-performance.json")
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -112,6 +113,8 @@ def main() -> None:
                                "load_before": os.getloadavg()}, "workloads": []}
         for name, source, count in (("small", ROOT / "fixtures" / "known_mem_v25.sqlite", args.small),
                                     ("large", big, args.large)):
+            if args.only and name != args.only:
+                continue
             folder = work / name
             reports = copies(source, count, folder)
             results["workloads"].append(measure(name, reports, folder, args.jobs, args.repeat, env))

@@ -119,11 +119,23 @@ def read_table(conn: sqlite3.Connection, table: str, select: str, columns: list[
 PARALLEL_MIN_ROWS = 10_000
 
 
+# Set by `nsysan batch` in its workers (limit_threads): with one analysis per core already, an
+# analysis that also reads on every core only makes them wait for each other.
+_thread_limit: Optional[int] = None
+
+
+def limit_threads(threads: Optional[int]) -> None:
+    """Use at most `threads` threads per analysis in this process (None: as many as CPUs)."""
+    global _thread_limit
+    _thread_limit = threads
+
+
 def usable_cpus() -> int:
     try:
-        return max(1, min(8, len(os.sched_getaffinity(0))))
+        cpus = max(1, min(8, len(os.sched_getaffinity(0))))
     except (AttributeError, OSError):  # not Linux
-        return max(1, min(8, os.cpu_count() or 1))
+        cpus = max(1, min(8, os.cpu_count() or 1))
+    return min(cpus, _thread_limit) if _thread_limit else cpus
 
 
 def _rowid_ranges(conn: sqlite3.Connection, table: str, parts: int) -> Optional[list[tuple[int, int]]]:

@@ -33,12 +33,17 @@ def default_jobs() -> int:
 def run_all(paths: list[Path], on_done: OnDone, *, jobs: int, dask: Optional[str] = None,
             nsys: Optional[str] = None, cache_dir: Optional[str] = None) -> None:
     """Analyze every path, calling `on_done(result)` per report in completion order."""
-    args = (nsys, cache_dir)
+    if not dask and (jobs <= 1 or len(paths) <= 1):
+        for path in paths:
+            on_done(analyze_one(str(path), nsys, cache_dir))
+        return
+    # Each of `jobs` analyses at once gets its share of this machine's cores (a remote Dask
+    # worker has one thread per task: one analysis per thread, its share of its machine).
+    ours = not dask or dask == "local"  # worker processes nsysan starts (their allocator is tuned)
+    threads = max(1, default_jobs() // jobs) if ours else 1
+    args = (nsys, cache_dir, threads, ours)
     if dask:
         _on_dask(paths, on_done, jobs, dask, args)
-    elif jobs <= 1 or len(paths) <= 1:
-        for path in paths:
-            on_done(analyze_one(str(path), *args))
     else:
         _on_local_pool(paths, on_done, jobs, args)
 

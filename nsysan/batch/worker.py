@@ -26,7 +26,26 @@ def content_hash(path: Path) -> str:
     return digest.hexdigest()
 
 
-def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] = None) -> dict[str, Any]:
+_tuned = False
+
+
+def tune_this_process() -> None:
+    """The allocator settings of the `nsysan` command (reader.py: large arrays kept on the heap,
+    no transparent huge pages), once per worker process. Only for workers nsysan started itself:
+    the local pool and `--dask local`; a cluster's own workers keep their settings. Without them
+    a batch worker ran 1e6-event analyses no faster two at a time than the command one by one,
+    and a Dask worker (whose nanny sets MALLOC_TRIM_THRESHOLD_=65536) took twice as long."""
+    global _tuned
+    if not _tuned:
+        from ..reader import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
+
+        keep_large_arrays_on_the_heap()
+        avoid_transparent_huge_pages()
+        _tuned = True
+
+
+def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] = None,
+                threads: Optional[int] = None, tune: bool = False) -> dict[str, Any]:
     """{"path", "ok", "hash", "document" (JSON text) or "error" (one line), "seconds", and for an
     analyzed report "rows" (the summary's) and "tables" (nsysan.db's)}.
 
@@ -39,6 +58,11 @@ def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] 
     from .database import database_rows, report_key
     from .summary import summary_rows
 
+    from ..reader import limit_threads
+
+    limit_threads(threads)  # a few analyses side by side, each on its share of the cores
+    if tune:
+        tune_this_process()
     started = time.perf_counter()
     result: dict[str, Any] = {"path": path, "ok": False, "hash": None, "document": None, "error": None}
     try:
