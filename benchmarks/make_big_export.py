@@ -16,7 +16,12 @@ synthetic training job:
   (cudaMalloc_v3020, cudaFree_v3020, ...), plus `--api-ratio` x events other API calls
   (cudaLaunchKernel, cudaMemcpyAsync, ...): real captures have far more API calls than allocations;
 - NVTX push/pop ranges: one "step N" per training step and per rank, with forward/backward/optimizer
-  inside.
+  inside;
+- with `--operator-ranges N`, N PyTorch operator ranges as `nsys profile --pytorch=autograd-shapes-nvtx`
+  writes them (`aten::linear, seq = 3, op_id = 17, sizes = [...], input_op_ids = [...]`), nested three
+  deep (aten::linear > aten::matmul > aten::mm, beside aten::empty), over each rank's time on its main
+  and autograd threads. They come from a random generator of their own: the rest of the export is the
+  same file as without them.
 
 Rows are written in time order, like nsys up to 2025.3. Everything is random with a fixed seed, so a
 given --events always gives the same file.
@@ -48,18 +53,23 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4, help="processes, one per GPU")
     parser.add_argument("--api-ratio", type=float, default=1.0, help="other API calls per memory event")
     parser.add_argument("--steps", type=int, default=0, help="training steps (default: events / 2000)")
-    parser.add_argument("-o", "--output", type=Path, help="output .sqlite (default benchmarks/data/big_<N>.sqlite)")
+    parser.add_argument("--operator-ranges", type=float, default=0,
+                        help="PyTorch operator NVTX ranges to add (e.g. 1e6; default none)")
+    parser.add_argument("-o", "--output", type=Path, help="output .sqlite (default benchmarks/data/big_<N>.sqlite, "
+                        "big_<N>_ops<M>.sqlite with operator ranges)")
     args = parser.parse_args()
-    events = int(args.events)
-    out = args.output or ROOT / "benchmarks" / "data" / f"big_{events}.sqlite"
+    events, operators = int(args.events), int(args.operator_ranges)
+    suffix = f"_ops{operators}" if operators else ""
+    out = args.output or ROOT / "benchmarks" / "data" / f"big_{events}{suffix}.sqlite"
     began = time.perf_counter()
-    make_big_export(out, events, ranks=args.ranks, api_ratio=args.api_ratio, steps=args.steps or None)
+    make_big_export(out, events, ranks=args.ranks, api_ratio=args.api_ratio, steps=args.steps or None,
+                    operator_ranges=operators)
     size = out.stat().st_size / 2**20
     print(f"wrote {out} ({events} memory events, {size:.0f} MiB) in {time.perf_counter() - began:.1f} s")
 
 
 def make_big_export(out: Path, events: int, ranks: int = 4, api_ratio: float = 1.0,
-                    steps: int | None = None, seed: int = 7) -> Path:
+                    steps: int | None = None, seed: int = 7, operator_ranges: int = 0) -> Path:
     """Write the export and return its path."""
     rng = np.random.default_rng(seed)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -83,9 +93,13 @@ def make_big_export(out: Path, events: int, ranks: int = 4, api_ratio: float = 1
     per_rank = events // ranks
     steps = steps or max(1, events // 2000)
     end_ns = START_NS
+    operator_rng = np.random.default_rng(seed + 1)
     for rank, pid in enumerate(pids):
         n = per_rank + (events - per_rank * ranks if rank == ranks - 1 else 0)
-        end_ns = max(end_ns, _write_rank(conn, rng, pid, rank, n, sizes, names, api_ratio, steps))
+        rank_end = _write_rank(conn, rng, pid, rank, n, sizes, names, api_ratio, steps)
+        if operator_ranges:
+            _write_operator_ranges(conn, operator_rng, pid, operator_ranges // ranks, START_NS + rank * 1000, rank_end)
+        end_ns = max(end_ns, rank_end)
     conn.execute("UPDATE ANALYSIS_DETAILS SET duration = ?, stopTime = startTime + ?", (end_ns, end_ns))
     conn.commit()
     conn.close()
@@ -208,6 +222,39 @@ def _write_rank(conn: sqlite3.Connection, rng: np.random.Generator, pid: int, ra
                  (cut2 + 1, e - 1, 59, "optimizer", global_pid | pid)]
     _insert(conn, "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) VALUES (?, ?, ?, ?, ?)", rows)
     return last_ts
+
+
+# (outer, middle, innermost, beside) operators of one group: a layer's matmul and its output
+OPERATOR_GROUPS = [("aten::linear", "aten::matmul", "aten::mm", "aten::empty"),
+                   ("aten::layer_norm", "aten::native_layer_norm", "aten::empty_like", "aten::empty"),
+                   ("aten::add", "aten::to", "aten::_to_copy", "aten::empty_strided"),
+                   ("aten::softmax", "aten::_softmax", "aten::empty_like", "aten::empty")]
+
+
+def _write_operator_ranges(conn: sqlite3.Connection, rng: np.random.Generator, pid: int, n: int,
+                           first_ts: int, last_ts: int) -> None:
+    """`n` operator ranges over [first_ts, last_ts], in groups of four: an outer operator holding a
+    middle one holding the innermost, and a fourth beside the middle one; 30% on the autograd thread."""
+    vm_id = conn.execute("SELECT vmId FROM TARGET_INFO_GPU LIMIT 1").fetchone()[0]
+    global_pid = vm_id | (pid << 24)
+    groups = max(1, n // 4)
+    span = (last_ts - first_ts) / groups
+    start = (first_ts + np.arange(groups) * span).astype("int64")
+    width = max(int(span * 0.9), 8)
+    kind = rng.integers(0, len(OPERATOR_GROUPS), groups)
+    tid = np.where(rng.random(groups) < 0.3, pid + 1, pid)
+    # (offset, end) of each range of a group, as fractions of the group's width
+    layout = [(0.0, 1.0), (0.05, 0.6), (0.1, 0.5), (0.65, 0.95)]
+    rows = []
+    op_id = 0
+    for g in range(groups):  # n / 4 groups; the texts are what makes this export big
+        names = OPERATOR_GROUPS[kind[g]]
+        for level, (lo, hi) in enumerate(layout):
+            op_id += 1
+            text = (f"{names[level]}, seq = {g}, op_id = {op_id}, sizes = [[4096, 512], [512, 512], []], "
+                    f"input_op_ids = [({op_id - 1},0), (0,-1)]")
+            rows.append((int(start[g] + lo * width), int(start[g] + hi * width), 59, text, global_pid | int(tid[g])))
+    _insert(conn, "INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid) VALUES (?, ?, ?, ?, ?)", rows)
 
 
 def _insert(conn: sqlite3.Connection, sql: str, rows) -> None:

@@ -159,6 +159,31 @@ def nsys_version(nsys: Path) -> str:
     return match.group(1)
 
 
+@functools.lru_cache(maxsize=None)
+def export_options(nsys: Path) -> frozenset[str]:
+    """The long options `nsys export --help` lists ("include-blobs", "lazy", ...), read once per nsys.
+
+    Newer options are passed only where they exist: an unknown option fails the whole export.
+    An nsys whose help can't be read gets none of them.
+    """
+    try:
+        done = subprocess.run(
+            [str(nsys), "export", "--help"], stdin=subprocess.DEVNULL, capture_output=True,
+            timeout=_VERSION_TIMEOUT_S, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    text = done.stdout.decode("utf-8", "replace") + done.stderr.decode("utf-8", "replace")
+    return frozenset(re.findall(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)", text))
+
+
+def export_arguments(nsys: Path) -> list[str]:
+    """What nsysan adds to `nsys export --type sqlite`: `--include-blobs true` where that nsys
+    knows it, because without it the export drops NVTX payloads, and with them the Python call
+    stacks of `--python-backtrace=cuda` (2022.4 has no such option and no such stacks)."""
+    return ["--include-blobs", "true"] if "include-blobs" in export_options(nsys) else []
+
+
 # ---------------------------------------------------------------------------------------------
 # Which Nsight Systems wrote a report
 
@@ -713,7 +738,7 @@ def _export_into(entry: Path, report: Path, nsys: Path, nsys_ver: str,
     os.close(handle)
     tmp = Path(tmp_name)
     command = [
-        str(nsys), "export", "--type", "sqlite", "--force-overwrite", "true",
+        str(nsys), "export", "--type", "sqlite", "--force-overwrite", "true", *export_arguments(nsys),
         "--output", str(tmp), str(report.absolute()),  # absolute: a name starting with '-' is no option
     ]
     output = _NsysOutput(progress)
@@ -772,6 +797,8 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
     timeout = _export_timeout(timeout_s)
     try:
         key = f"{_content_digest(report)}-nsys{re.sub(r'[^0-9A-Za-z.]', '_', version)}"
+        # Exports with NVTX payloads are other files than the ones made before nsysan asked for them.
+        key += "-blobs" if export_arguments(nsys_path) else ""
     except OSError as err:
         raise NsysanError(f"can't read {report} ({err.strerror}); check the file") from err
     cache = resolve_cache_dir(cache_dir)

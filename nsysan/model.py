@@ -97,19 +97,45 @@ class Capture:
 
 
 @dataclass(frozen=True)
-class CallSite:
-    """Where an allocation was made.
+class Frame:
+    """One frame of a call stack: a Python function at a file and line, or a native symbol in a module."""
 
-    With call stacks: the first frame outside the CUDA runtime/driver, the profiler and the
-    allocator layers (PyTorch's caching allocator is walked past). Without: the API name, the
-    innermost NVTX range and the thread name.
+    function: str  # "main", "alloc_weights", "at::native::empty_cuda" (no parameter list)
+    file: str = ""  # Python source file as recorded, e.g. "/home/user/train.py"; "" for native frames
+    line: Optional[int] = None  # Python line number; None for native frames
+    module: str = ""  # native module file name, e.g. "libtorch_cuda.so"; "" for Python frames
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A whole call stack, innermost frame first; sites and allocations refer to it by `id`."""
+
+    id: int
+    source: str  # python (--python-backtrace=cuda) | native (--cudabacktrace)
+    frames: list[Frame] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """Where an allocation was made (see docs/analyses.md, "Sites").
+
+    Best first: the innermost frame of the user's own code in a Python stack; the first native
+    frame outside the CUDA libraries, allocator, framework, interpreter and libc; the innermost
+    PyTorch operator range; the operator a framework-only native stack serves; else the API
+    name, the innermost NVTX range and the thread name.
     """
 
-    label: str  # what is shown, e.g. "alloc_weights (known)" or "cudaMalloc in 'step 2' [python3]"
+    label: str  # what is shown, e.g. "main (torch_train.py:43)" or "cudaMalloc in 'step 2' [python3]"
     function: str = ""  # "alloc_weights" (no parameter list); "" without stacks
     symbol: str = ""  # full symbol, e.g. "alloc_weights(unsigned long)"
     module: str = ""  # module file name, e.g. "known"
     from_stack: bool = False
+    # python | native | operator | api: which source named the site
+    source: str = "api"
+    file: str = ""  # Python site: its source file as recorded
+    line: Optional[int] = None  # Python site: its line
+    context: str = ""  # one line under the label, e.g. the framework frame the user's line called
+    stack_id: Optional[int] = None  # a stack of the site (Analysis.stacks), None without one
 
 
 @dataclass(frozen=True)
@@ -127,6 +153,8 @@ class Allocation:
     free_time_ns: Optional[int]  # None: not freed during the capture
     nvtx_range: str  # innermost NVTX range open on the allocating thread, "" if none
     site: CallSite
+    stack_id: Optional[int] = None  # this allocation's own call stack (Analysis.stacks), if recorded
+    operator: str = ""  # innermost PyTorch operator range open at the call, e.g. "aten::empty"
 
 
 @dataclass(frozen=True)
@@ -185,6 +213,7 @@ class Site:
     never_freed_count: int
     never_freed_bytes: int
     max_live_bytes: int  # the most this site held at any one moment
+    pid: Optional[int] = None  # the process (sites are per process: ranks are not summed)
 
 
 @dataclass(frozen=True)
@@ -225,6 +254,7 @@ class RangeStat:
     freed_bytes: int
     still_live_bytes: int  # allocated inside and not freed by the end of the capture
     max_live_bytes: int  # highest live GPU-resident bytes of the process while it was open
+    operator: bool = False  # a PyTorch operator (aten::...), all its instances; else the user's range
 
 
 @dataclass(frozen=True)
@@ -502,6 +532,8 @@ class Analysis:
     caps: list[MemoryCap] = field(default_factory=list)
     oom: OutOfMemory = field(default_factory=OutOfMemory)
     reserved: ReservedMemory = field(default_factory=ReservedMemory)
+    # Call stacks referred to by sites and allocations (stack_id), each stored once
+    stacks: list[Stack] = field(default_factory=list)
     # The frames read from the export (pandas DataFrames), for notebooks; never serialized.
     events: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # see nsysan.events
     calls: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # memory API calls

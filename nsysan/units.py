@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -52,3 +53,16 @@ def fmt_mib(n: Optional[int]) -> str:
     if n is None:
         return "n/a"
     return f"{round(n / 2**20)} MiB"
+
+
+# A Python file inside an installed package is shown from the package down ("torch/nn/...").
+_PACKAGE_ROOT = re.compile(r"^.*[/\\](?:site|dist)-packages[/\\]")
+
+
+def fmt_frame(function: str, file: str = "", line: Optional[int] = None, module: str = "") -> str:
+    """One stack frame: "main (torch_train.py:43)", "to (torch/nn/modules/module.py:1384)",
+    "alloc_weights (known)"."""
+    if file:
+        where = _PACKAGE_ROOT.sub("", file) if _PACKAGE_ROOT.search(file) else re.split(r"[/\\]", file)[-1]
+        return f"{function} ({where}:{line})" if line is not None else f"{function} ({where})"
+    return f"{function} ({module})" if module else function

@@ -76,6 +76,16 @@ def known_mem_v22() -> nsysan.Analysis:
     return analysis_of("known_mem_v22")
 
 
+@pytest.fixture(scope="session")
+def torch_pybt_v25() -> nsysan.Analysis:
+    return analysis_of("torch_pybt_v25")
+
+
+@pytest.fixture(scope="session")
+def torch_ops_v25() -> nsysan.Analysis:
+    return analysis_of("torch_ops_v25")
+
+
 def nsys_required() -> bool:
     return os.environ.get("NSYSAN_REQUIRE_NSYS") == "1"
 

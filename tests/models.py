@@ -14,7 +14,8 @@ diagnostic message) can be replaced, to check it is escaped wherever it is shown
 from __future__ import annotations
 
 from nsysan.model import (SCHEMA_ID, Allocation, Analysis, ApiCallStat, Band, CallSite, Capture, Diagnostic,
-                          FailedCall, Gpu, GroupSummary, Peak, Process, RangeStat, Series, Site, Source, Timeline)
+                          FailedCall, Frame, Gpu, GroupSummary, Peak, Process, RangeStat, Series, Site, Source, Stack,
+                          Timeline)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -24,7 +25,8 @@ PID = 100
 def make_analysis(nvtx: str = "step 1", process_name: str = "trainer", site_label: str = "alloc_weights (train)",
                   symbol: str = "alloc_weights(unsigned long)", module: str = "train", gpu_name: str = "Test GPU",
                   source_name: str = "run.sqlite") -> Analysis:
-    weights_site = CallSite(label=site_label, function="alloc_weights", symbol=symbol, module=module, from_stack=True)
+    weights_site = CallSite(label=site_label, function="alloc_weights", symbol=symbol, module=module, from_stack=True,
+                            source="native", stack_id=7)
     workspace_site = CallSite(label=f"cudaMalloc in {nvtx} [{process_name}]")
     weights = Allocation(pid=PID, tid=PID, device=0, kind="device", api="cudaMalloc", address=0x7F0000000000,
                          bytes=256 * MiB, alloc_time_ns=1_000_000, free_time_ns=None, nvtx_range="setup",
@@ -32,6 +34,9 @@ def make_analysis(nvtx: str = "step 1", process_name: str = "trainer", site_labe
     workspace = Allocation(pid=PID, tid=PID, device=0, kind="device", api="cudaMalloc", address=0x7F0010000000,
                            bytes=512 * MiB, alloc_time_ns=5_000_000, free_time_ns=6_000_000, nvtx_range=nvtx,
                            site=workspace_site)
+    # The weights' stack, innermost first: the runtime, the site's function, the program's main.
+    weights_stack = Stack(id=7, source="native", frames=[Frame("cudaMalloc", module="libcudart.so.13"),
+                                                         Frame("alloc_weights", module=module), Frame("main", module=module)])
     peak = Peak(pid=PID, device=0, gpu=0, peak_bytes=768 * MiB, peak_time_ns=5_000_000, nvtx_range=nvtx,
                 api="cudaMalloc", total_memory_bytes=GiB, live_count=2, live_at_peak=[workspace, weights])
     capture = Capture(nsys_version="2025.3.2.0", schema_version="3.20.3", report_version=None,
@@ -53,9 +58,9 @@ def make_analysis(nvtx: str = "step 1", process_name: str = "trainer", site_labe
         never_freed=[weights],
         never_freed_total=1,
         sites=[Site(site=workspace_site, kind="device", apis=["cudaMalloc"], allocations=1, allocated_bytes=512 * MiB,
-                    never_freed_count=0, never_freed_bytes=0, max_live_bytes=512 * MiB),
+                    never_freed_count=0, never_freed_bytes=0, max_live_bytes=512 * MiB, pid=PID),
                Site(site=weights_site, kind="device", apis=["cudaMalloc"], allocations=1, allocated_bytes=256 * MiB,
-                    never_freed_count=1, never_freed_bytes=256 * MiB, max_live_bytes=256 * MiB)],
+                    never_freed_count=1, never_freed_bytes=256 * MiB, max_live_bytes=256 * MiB, pid=PID)],
         api_calls=[ApiCallStat(api="cudaMalloc", family="alloc", calls=3, failed=1, total_time_ns=300_000,
                                max_time_ns=200_000),
                    ApiCallStat(api="cudaFree", family="free", calls=1, failed=0, total_time_ns=50_000,
@@ -74,4 +79,5 @@ def make_analysis(nvtx: str = "step 1", process_name: str = "trainer", site_labe
                                  Band(pid=PID, name=nvtx, start_ns=4_000_000, end_ns=7_000_000)]),
         diagnostics=[Diagnostic("info", "caching_allocator", f"{process_name} may keep freed memory reserved"),
                      Diagnostic("error", "allocation_failed", f"1 memory call failed, in NVTX range {nvtx}")],
+        stacks=[weights_stack],
     )

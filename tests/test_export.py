@@ -61,14 +61,24 @@ def make_partial_export(path: Path) -> Path:
     return path
 
 
-def fake_nsys(directory: Path, export_body: str, version: str = DEBIAN_NSYS_VERSION) -> Path:
-    """An `nsys` shell script: answers --version like the real one, runs `export_body` for export
-    with $out set to the --output path. Simulates the external tool, not export.py."""
+# The options `nsys export --help` lists in Debian's 2022.4.2.1, and in 2025.3 (which adds more).
+HELP_2022 = ("-f, --force-overwrite=", "-l, --lazy=", "-o, --output=", "-q, --quiet=", "--separate-strings=",
+             "-t, --type=")
+HELP_2025 = HELP_2022 + ("--include-blobs=<true|false>", "--ts-normalize=<true|false>")
+
+
+def fake_nsys(directory: Path, export_body: str, version: str = DEBIAN_NSYS_VERSION,
+              export_help: tuple[str, ...] = HELP_2022) -> Path:
+    """An `nsys` shell script: answers --version and `export --help` like the real one, runs
+    `export_body` for export with $out set to the --output path. Simulates the external tool,
+    not export.py."""
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / "nsys"
+    help_lines = "".join(f"echo {shlex.quote(line)}; " for line in export_help)
     script.write_text(
         "#!/bin/sh\n"
         f'if [ "$1" = "--version" ]; then echo "NVIDIA Nsight Systems version {version}-fake"; exit 0; fi\n'
+        f'if [ "$1" = "export" ] && [ "$2" = "--help" ]; then {help_lines}exit 0; fi\n'
         'out=""; prev=""\n'
         'for arg in "$@"; do if [ "$prev" = "--output" ]; then out="$arg"; fi; prev="$arg"; done\n'
         f"{export_body}\n"
@@ -259,6 +269,57 @@ def test_corpus_report_exports_or_fails_in_one_line(nsys_path: Path, tmp_path: P
         else:
             assert readable_by_2022_4 or export._version_key(result.exported_with) >= export._version_key(captured)
     assert {p.name: sha256(p) for p in report.parent.iterdir()} == folder_before
+
+
+def test_export_options_of_real_nsys(nsys_path: Path) -> None:
+    # `nsys export --help`, read for real: the options every version has are found.
+    options = export.export_options(nsys_path)
+    assert {"type", "output", "force-overwrite", "lazy"} <= options
+    if nsys_version(nsys_path) == DEBIAN_NSYS_VERSION:  # 2022.4 has no --include-blobs (and no Python stacks)
+        assert "include-blobs" not in options and export.export_arguments(nsys_path) == []
+    else:
+        assert export.export_arguments(nsys_path) == (["--include-blobs", "true"] if "include-blobs" in options else [])
+
+
+def test_include_blobs_is_passed_where_nsys_knows_it(tmp_path: Path) -> None:
+    # --python-backtrace stacks are NVTX payloads, which `nsys export` drops without --include-blobs.
+    report = copy_alone(V25, tmp_path / "in")
+    exported = []
+    for name, help_text in (("new", HELP_2025), ("old", HELP_2022)):
+        log = tmp_path / f"{name}.log"
+        nsys = fake_nsys(tmp_path / name, f'echo "$@" >> {shlex.quote(str(log))}\n'
+                         f'cp {shlex.quote(str(V25_SQLITE))} "$out"; exit 0', version="2025.3.2.0",
+                         export_help=help_text)
+        result = ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache")
+        arguments = log.read_text().split()
+        assert arguments[:3] == ["export", "--type", "sqlite"]
+        exported.append((("--include-blobs", "true") in zip(arguments, arguments[1:]), result.sqlite_path.name))
+    (new_blobs, new_entry), (old_blobs, old_entry) = exported
+    assert new_blobs and not old_blobs
+    # an export with payloads is another cache entry than one without
+    assert new_entry.endswith("-blobs.sqlite") and not old_entry.endswith("-blobs.sqlite")
+
+
+PYBT_REPORT = FIXTURES / "torch_pybt_v25.nsys-rep"
+
+
+def test_export_by_nsysan_keeps_python_stacks(tmp_path: Path) -> None:
+    # Needs the report itself and an nsys that can export 2025.3 reports with their payloads;
+    # only the exported .sqlite is shipped, and Debian's nsys 2022.4 can read neither.
+    if not PYBT_REPORT.exists():
+        pytest.skip(f"{PYBT_REPORT.name} is not shipped (only its .sqlite export is), so there is no "
+                    "--python-backtrace report for nsys to export")
+    try:
+        nsys = find_nsys()
+    except NsysanError:
+        pytest.skip("no nsys to export the report with")
+    if "include-blobs" not in export.export_options(nsys):
+        pytest.skip(f"nsys {nsys_version(nsys)} has no --include-blobs, so it can't export Python stacks")
+    import nsysan
+
+    analysis = nsysan.analyze(copy_alone(PYBT_REPORT, tmp_path / "in"), cache_dir=tmp_path / "cache")
+    python_sites = [s.site.label for s in analysis.sites if s.site.source == "python"]
+    assert python_sites[:2] == ["main (torch_train.py:43)", "build (torch_train.py:19)"]
 
 
 # --- fake nsys: the tool misbehaving -------------------------------------------------------------

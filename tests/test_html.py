@@ -106,8 +106,10 @@ def test_page_of_a_hand_built_model():
     assert cells["live-at-peak-1"] == [
         ["512.0 MiB", "device", "cudaMalloc", "cudaMalloc in step 1 [trainer]", "step 1", "0 ns", "5.00 ms"],
         ["256.0 MiB", "device", "cudaMalloc", "alloc_weights (train)", "setup", "4.00 ms", "1.00 ms"]]
-    assert cells["sites-table"][1] == ["alloc_weights (train)", "device", "cudaMalloc", "1", "256.0 MiB",
-                                       "256.0 MiB", "1", "256.0 MiB"]
+    # The site opens to its whole stack, innermost frame first; the table has the process.
+    assert cells["sites-table"][1] == ["alloc_weights (train)cudaMalloc (libcudart.so.13)alloc_weights (train)main (train)",
+                                       "100", "device", "cudaMalloc", "1", "256.0 MiB", "256.0 MiB", "1", "256.0 MiB"]
+    assert "<details><summary>alloc_weights (train)</summary>" in html
     assert cells["failed-table"] == [["6.50 ms", "100", "100", "cudaMalloc", "cudaErrorMemoryAllocation (2)",
                                       "step 1", "256.0 MiB"]]
     assert cells["peaks-table"][0][6] == "75.0%"  # of the 1 GiB GPU

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import matplotlib
@@ -12,6 +13,7 @@ from conftest import analysis_of
 from matplotlib.text import Text
 from models import GiB, MiB, make_analysis
 
+from nsysan.model import CallSite, Site
 from nsysan.render.png import DPI, PANEL_HEIGHT_IN, WIDTH_IN, figure_png, plot_sites, plot_timeline
 from nsysan.units import fmt_bytes
 
@@ -175,6 +177,19 @@ def test_hand_built_sites_chart():
     bars = {(b.get_gid(), round(b.get_width())) for b in with_gid(fig, "allocated") + with_gid(fig, "never_freed")}
     assert bars == {("allocated", 512), ("allocated", 256), ("never_freed", 0), ("never_freed", 256)}  # MiB
     assert "256.0 MiB · never freed 256.0 MiB (1)" in texts(fig)
+
+
+def test_sites_chart_never_draws_static_memory_as_never_freed():
+    # Module statics stay until the process exits by design (docs/analyses.md): a site of static
+    # memory with 1 MiB "never freed" gets no red bar and says it is not a leak.
+    analysis = make_analysis()
+    static = Site(site=CallSite(label="(module load)"), kind="static", apis=["(module load)"], allocations=3,
+                  allocated_bytes=1 << 20, never_freed_count=3, never_freed_bytes=1 << 20, max_live_bytes=1 << 20,
+                  pid=100)
+    fig = plot_sites(dataclasses.replace(analysis, sites=[*analysis.sites, static]))
+    never = {round(b.get_width() * 1024) for b in with_gid(fig, "never_freed")}  # KiB: the unit is MiB
+    assert never == {0, 256 * 1024}  # the weights' 256 MiB, and nothing for the workspace or the statics
+    assert "1.0 MiB · static, not a leak" in texts(fig)
 
 
 def test_sites_chart_without_sites_says_so():

@@ -23,6 +23,7 @@ from .peak import find_peaks, headline
 from .ranks import assign_ranks
 from .ranges import range_stats
 from .sites import rank_sites
+from .stacks import referenced_stacks
 from .timeline import build_timeline, group_events
 from .verdicts import find_verdicts
 
@@ -63,6 +64,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         never_freed, never_freed_total = find_never_freed(events, allocations)
         failed = find_failed_calls(calls, events, ranges)
         peaks, timeline = peaks_later.result(), timeline_later.result()
+    sites = [] if loaded.quick else rank_sites(events, site_table)
     diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
         schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version,
         quick=loaded.quick)
@@ -84,15 +86,16 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         peaks=peaks,
         never_freed=never_freed,
         never_freed_total=never_freed_total,
-        sites=[] if loaded.quick else rank_sites(events, site_table),
+        sites=sites,
         api_calls=api_call_stats(calls),
         failed_calls=failed,
-        ranges=range_stats(events, ranges, end_ns),
+        ranges=range_stats(events, ranges, end_ns, loaded.operator_ranges),
         timeline=timeline,
         diagnostics=diagnostics,
         caps=verdicts.caps,
         oom=verdicts.oom,
         reserved=verdicts.reserved,
+        stacks=referenced_stacks(loaded.stacks, sites, never_freed, peaks),
         events=events,
         calls=calls,
         nvtx_ranges=ranges,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 
@@ -12,30 +14,32 @@ from .peak import resident_rows
 MAX_RANGES = 200
 
 
-def range_stats(events: pd.DataFrame, ranges: pd.DataFrame, end_ns: int, limit: int = MAX_RANGES) -> list[RangeStat]:
+def range_stats(events: pd.DataFrame, ranges: pd.DataFrame, end_ns: int,
+                operator_ranges: Optional[pd.DataFrame] = None, limit: int = MAX_RANGES) -> list[RangeStat]:
     """Per range name: instances, time, bytes allocated/freed inside (innermost range), still live
-    at the end, and the highest live GPU-resident bytes of the process while one was open."""
-    if ranges.empty:
+    at the end, and the highest live GPU-resident bytes of the process while one was open.
+
+    PyTorch's operator ranges are rows of their own, one per operator name however many
+    instances: an allocation counts in its innermost user range and in its innermost operator.
+    """
+    operators = operator_ranges if operator_ranges is not None else ranges.iloc[:0]
+    if ranges.empty and operators.empty:
         return []
-    spans = ranges.assign(end_ns=np.minimum(ranges["end_ns"].to_numpy(), max(end_ns, 0)))
+    spans = pd.concat([ranges.assign(operator=False), operators.assign(operator=True)], ignore_index=True) \
+        if not operators.empty else ranges.assign(operator=False)
+    spans = spans.assign(end_ns=np.minimum(spans["end_ns"].to_numpy(), max(end_ns, 0)))
     spans = spans.assign(end_ns=np.maximum(spans["end_ns"], spans["start_ns"]))
     spans["max_live"] = _max_live_while_open(events, spans)
     per_name = spans.groupby("name", sort=False).agg(
         instances=("name", "size"), total_time=("end_ns", "sum"), started=("start_ns", "sum"),
-        max_live=("max_live", "max"))
+        max_live=("max_live", "max"), operator=("operator", "max"))
     per_name["total_time"] -= per_name["started"]
 
     if not events.empty:
-        names = events["nvtx_range"].cat.categories
-        seg = Segments(events["nvtx_range"].cat.codes.to_numpy().astype("int64"), len(names))
-        is_alloc = (events["op"].cat.codes == 0).to_numpy()
-        matched = events["partner"].to_numpy() >= 0
-        sizes = events["bytes"].to_numpy()
-        moved = pd.DataFrame({"allocations": seg.count(is_alloc),
-                              "allocated": seg.sum(np.where(is_alloc, sizes, 0)),
-                              "freed": seg.sum(np.where(~is_alloc & matched, sizes, 0)),
-                              "open": seg.sum(np.where(is_alloc & ~matched, sizes, 0))},
-                             index=pd.Index(names, dtype=object))
+        moved = _moved_inside(events, "nvtx_range")
+        if not operators.empty and "operator" in events:
+            moved = pd.concat([moved, _moved_inside(events, "operator").drop(index="", errors="ignore")])
+            moved = moved.groupby(level=0, sort=False).sum()
         per_name = per_name.join(moved, how="left")
     for column in ("allocations", "allocated", "freed", "open"):
         if column not in per_name:
@@ -44,8 +48,22 @@ def range_stats(events: pd.DataFrame, ranges: pd.DataFrame, end_ns: int, limit: 
     per_name = per_name.sort_values(["allocated", "max_live", "instances"], ascending=False, kind="stable").head(limit)
     return [RangeStat(name=str(name), instances=int(r.instances), total_time_ns=int(r.total_time),
                       allocations=int(r.allocations), allocated_bytes=int(r.allocated), freed_bytes=int(r.freed),
-                      still_live_bytes=int(r.open), max_live_bytes=int(max(r.max_live, 0)))
+                      still_live_bytes=int(r.open), max_live_bytes=int(max(r.max_live, 0)), operator=bool(r.operator))
             for name, r in zip(per_name.index, per_name.itertuples())]  # one per range name
+
+
+def _moved_inside(events: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per name of an event column: allocations, bytes allocated, freed, and left allocated."""
+    names = events[column].cat.categories
+    seg = Segments(events[column].cat.codes.to_numpy().astype("int64"), len(names))
+    is_alloc = (events["op"].cat.codes == 0).to_numpy()
+    matched = events["partner"].to_numpy() >= 0
+    sizes = events["bytes"].to_numpy()
+    return pd.DataFrame({"allocations": seg.count(is_alloc),
+                         "allocated": seg.sum(np.where(is_alloc, sizes, 0)),
+                         "freed": seg.sum(np.where(~is_alloc & matched, sizes, 0)),
+                         "open": seg.sum(np.where(is_alloc & ~matched, sizes, 0))},
+                        index=pd.Index(names, dtype=object))
 
 
 def _max_live_while_open(events: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 
@@ -16,18 +18,27 @@ def call_site(label: str, site_table: dict[str, dict]) -> CallSite:
     if info is None:
         return CallSite(label=label)
     return CallSite(label=label, function=info["function"], symbol=info["symbol"], module=info["module"],
-                    from_stack=bool(info["from_stack"]))
+                    from_stack=bool(info["from_stack"]), source=str(info.get("source") or "api"),
+                    file=str(info.get("file") or ""), line=_int_or_none(info.get("line")),
+                    context=str(info.get("context") or ""), stack_id=_int_or_none(info.get("stack_id")))
+
+
+def _int_or_none(value) -> Optional[int]:
+    return None if value is None or pd.isna(value) else int(value)
 
 
 def rank_sites(events: pd.DataFrame, site_table: dict[str, dict], limit: int = MAX_SITES) -> list[Site]:
-    """Sites by bytes allocated (largest first), per site and memory kind."""
+    """Sites by bytes allocated (largest first), per site, process and memory kind: the ranks of
+    a distributed job are not summed."""
     if events.empty:
         return []
     labels, kinds = events["site"].cat.categories, events["kind"].cat.categories
-    # One group per (site, kind): codes packed into one integer, groups summed in one pass each.
+    pid_code, pids = pd.factorize(events["pid"].to_numpy())
+    # One group per (site, process, kind): codes packed into one integer, groups summed in one
+    # pass each.
     site_code = events["site"].cat.codes.to_numpy().astype("int64")
-    group = site_code * len(kinds) + events["kind"].cat.codes.to_numpy()
-    groups = len(labels) * len(kinds)
+    group = (site_code * len(pids) + pid_code) * len(kinds) + events["kind"].cat.codes.to_numpy()
+    groups = len(labels) * len(pids) * len(kinds)
     seg = Segments(np.where(site_code >= 0, group, 0), groups)
     is_alloc = (events["op"].cat.codes == 0).to_numpy()
     sizes = events["bytes"].to_numpy()
@@ -35,7 +46,7 @@ def rank_sites(events: pd.DataFrame, site_table: dict[str, dict], limit: int = M
     allocations = seg.count(is_alloc)
     allocated = seg.sum(np.where(is_alloc, sizes, 0))
     max_live = seg.max(seg.running_sum(events["delta_bytes"].to_numpy()))
-    no_site = np.asarray(labels == "").repeat(len(kinds))
+    no_site = np.asarray(labels == "").repeat(len(pids) * len(kinds))
     ranked = np.flatnonzero((allocations > 0) & ~no_site)
     ranked = ranked[np.lexsort((-allocations[ranked], -allocated[ranked]))][:limit]
     open_count, open_bytes = seg.count(never_freed), seg.sum(np.where(never_freed, sizes, 0))
@@ -45,9 +56,10 @@ def rank_sites(events: pd.DataFrame, site_table: dict[str, dict], limit: int = M
     for g in ranked:  # one per listed site
         rows = seg.order[seg.starts[g]:seg.starts[g] + seg.sizes[g]]
         apis = sorted({str(api_names[a]) for a in np.unique(api_codes[rows[is_alloc[rows]]])})
-        site, kind = divmod(int(g), len(kinds))
+        site_and_pid, kind = divmod(int(g), len(kinds))
+        site, pid = divmod(site_and_pid, len(pids))
         sites.append(Site(site=call_site(str(labels[site]), site_table), kind=str(kinds[kind]), apis=apis,
                           allocations=int(allocations[g]), allocated_bytes=int(allocated[g]),
                           never_freed_count=int(open_count[g]), never_freed_bytes=int(open_bytes[g]),
-                          max_live_bytes=int(max(max_live[g], 0))))
+                          max_live_bytes=int(max(max_live[g], 0)), pid=int(pids[pid])))
     return sites

@@ -30,6 +30,7 @@ def analyze(
     nsys: Optional[Path] = typer.Option(None, "--nsys", help="nsys binary (or its folder) used to export reports."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Where exports are cached."),
     top: int = typer.Option(10, "--top", min=1, help="Rows per table in the text summary."),
+    stacks: bool = typer.Option(False, "--stacks", help="Print the whole call stack of each top site (text summary)."),
     quick: bool = typer.Option(False, "--quick", help="Read only the memory-usage table: peaks, live at peak, "
                                "never freed, in under half the time; no threads, API names, sites, NVTX "
                                "ranges or failed calls."),
@@ -58,12 +59,12 @@ def analyze(
     # No output may replace an input, nor another output of this run.
     with one_run([*(path for report in reports for path in files_read_for(report)), *(smi or [])]):
         _analyze(reports, format, json_path, json_dir, output, nsys, cache_dir, top, quick, progress,
-                 smi_logs, smi_tz)
+                 smi_logs, smi_tz, stacks)
 
 
 def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_dir: Optional[Path],
              output: Optional[Path], nsys: Optional[Path], cache_dir: Optional[Path], top: int, quick: bool,
-             progress: bool, smi_logs: List[SmiLog], smi_tz: str) -> None:
+             progress: bool, smi_logs: List[SmiLog], smi_tz: str, stacks: bool = False) -> None:
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
     if json_path and len(reports) > 1:
@@ -101,7 +102,7 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
             from ..render.terminal import render_terminal  # rich's tables: not needed for JSON
 
             with to_stdout():
-                render_terminal(analysis, out_console(), top=top)
+                render_terminal(analysis, out_console(), top=top, stacks=stacks)
                 if page:
                     out_console().print(f"Report: {shown(page)} (with timeline.png, sites.png and analysis.json)",
                                       markup=False, soft_wrap=True)  # a path never wraps

@@ -10,7 +10,7 @@ from .columns import CALL_COLUMNS, EVENT_COLUMNS, SITE_COLUMNS, categorical_look
 from .load import QUICK_API, LoadedEvents, Progress, load_events
 from .nvtx import attribute_ranges
 from .read import TRACE_GOES_ON
-from .stacks import short_function
+from .frames import short_function
 from ..analyses.arrays import factorize_in_parts, group_order, previous_in_group
 
 __all__ = ["CALL_COLUMNS", "EVENT_COLUMNS", "SITE_COLUMNS", "QUICK_API", "TRACE_GOES_ON", "LoadedEvents", "Progress",

@@ -27,6 +27,8 @@ EVENT_COLUMNS = {
     "nvtx_range": "category",  # innermost NVTX push/pop range open on the thread, "" if none
     "nvtx_path": "category",  # all ranges open on it, outermost first, joined by " > "
     "site": "category",  # call-site label (see `sites` in LoadedEvents)
+    "operator": "category",  # innermost PyTorch operator range open on the thread (aten::empty), "" if none
+    "stack": "int32",  # the allocation's own call stack (index in LoadedEvents.stacks), -1 if none
 }
 __doc__ += "\n".join(f"    {name}: {dtype}" for name, dtype in EVENT_COLUMNS.items())
 
@@ -38,7 +40,8 @@ CALL_COLUMNS = {
 }
 
 
-SITE_COLUMNS = ["label", "function", "symbol", "module", "from_stack"]
+SITE_COLUMNS = ["label", "function", "symbol", "module", "from_stack", "source", "file", "line", "context",
+                "stack_id"]
 
 
 def empty_calls() -> pd.DataFrame:
@@ -47,7 +50,8 @@ def empty_calls() -> pd.DataFrame:
 
 def empty_chains() -> pd.DataFrame:
     return pd.DataFrame({"pid": np.zeros(0, "int32"), "correlation_id": np.zeros(0, "int64"),
-                         "callchain_id": np.zeros(0, "int64")})
+                         "callchain_id": np.zeros(0, "int64"), "tid": np.zeros(0, "int32"),
+                         "ts_ns": np.zeros(0, "int64"), "end_ns": np.zeros(0, "int64")})
 
 
 def empty_ranges() -> pd.DataFrame:

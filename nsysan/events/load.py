@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 
 from ..errors import NsysanError
-from ..model import Diagnostic
+from ..model import Diagnostic, Stack
 from ..reader import release_memory
 from ..schema import Schema
 from .columns import EVENT_COLUMNS, empty_calls, empty_chains, empty_ranges, empty_sites
 from .normalize import normalize
-from .nvtx import attribute_ranges
+from .nvtx import attribute_operators, attribute_ranges
 from .read import last_cuda_calls, read_calls, read_memory_events, read_memory_events_alone, read_nvtx_ranges, \
     read_thread_names
 from .stacks import call_sites
@@ -35,14 +35,17 @@ class LoadedEvents:
 
     events: pd.DataFrame  # EVENT_COLUMNS
     calls: pd.DataFrame  # CALL_COLUMNS: every memory API call (not the backtrace twin rows)
-    ranges: pd.DataFrame  # NVTX push/pop ranges: pid, tid, start_ns, end_ns, name, depth, parent
-    sites: pd.DataFrame  # label -> function, symbol, module, from_stack
+    ranges: pd.DataFrame  # the user's NVTX push/pop ranges: pid, tid, start_ns, end_ns, name, depth, parent
+    sites: pd.DataFrame  # SITE_COLUMNS: label -> function, symbol, module, source, context, stack_id, ...
     thread_names: dict[tuple[int, int], str]
     # pid -> end of its last CUDA API call of any kind, for the processes whose NVTX ranges go
     # on after their last memory call (see `last_cuda_calls`)
     last_cuda_call_ns: dict[int, int] = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
     quick: bool = False  # only the memory-usage table was read (see load_events)
+    # PyTorch's operator ranges (--pytorch=autograd-nvtx), named by operator; columns as `ranges`
+    operator_ranges: pd.DataFrame = field(default_factory=empty_ranges)
+    stacks: list[Stack] = field(default_factory=list)  # the call stacks events["stack"] refers to
 
 
 def load_events(conn: sqlite3.Connection, schema: Schema, progress: Optional[Progress] = None, *,
@@ -69,7 +72,7 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
     with ThreadPoolExecutor(max_workers=1) as pool:
         memory_rows = pool.submit(read_memory_events_alone, conn, schema)
         calls, chains = read_calls(conn, schema)
-        ranges = read_nvtx_ranges(conn, schema)
+        ranges, operator_ranges = read_nvtx_ranges(conn, schema)
         raw = memory_rows.result()
     # No release_memory() here: the reads convert batch by batch, so little is left to give
     # back, and what malloc_trim gives back is faulted in again by the normalizing just after
@@ -80,13 +83,15 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
     release_memory()
     progress("attributing NVTX ranges and sites", 0.8)
     events["nvtx_range"], events["nvtx_path"] = attribute_ranges(events, ranges)
-    sites, labels = call_sites(conn, schema, events, chains, thread_names, diagnostics)
-    events["site"] = labels
+    events["operator"] = attribute_operators(events, operator_ranges)
+    found = call_sites(conn, schema, events, calls, chains, thread_names, diagnostics)
+    events["site"], events["stack"] = found.labels, found.stack
     events = events[list(EVENT_COLUMNS)]
     last_calls = last_cuda_calls(conn, schema, calls, ranges)
     progress("done", 1.0)
-    return LoadedEvents(events=events, calls=calls, ranges=ranges, sites=sites, thread_names=thread_names,
-                        last_cuda_call_ns=last_calls, diagnostics=diagnostics)
+    return LoadedEvents(events=events, calls=calls, ranges=ranges, sites=found.sites, thread_names=thread_names,
+                        last_cuda_call_ns=last_calls, diagnostics=diagnostics, operator_ranges=operator_ranges,
+                        stacks=found.stacks)
 
 
 # The API name of every event in a quick load, whose API table is not read.
@@ -107,7 +112,8 @@ def _load_quick(conn: sqlite3.Connection, schema: Schema, progress: Progress) ->
     del raw
     release_memory()
     blank = pd.Categorical.from_codes(np.zeros(len(events), "int8"), categories=[""])
-    events["nvtx_range"] = events["nvtx_path"] = events["site"] = blank
+    events["nvtx_range"] = events["nvtx_path"] = events["site"] = events["operator"] = blank
+    events["stack"] = np.full(len(events), -1, "int32")
     progress("done", 1.0)
     return LoadedEvents(events=events[list(EVENT_COLUMNS)], calls=empty_calls(), ranges=empty_ranges(),
                         sites=empty_sites(), thread_names={}, diagnostics=diagnostics, quick=True)

@@ -112,7 +112,7 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
     api_names = list(calls["api"].cat.categories) + ["(module load)", no_call]
     if len(calls):
         # Thread, API name and call stack come from the API call that caused the event.
-        call_row = _join_on_call(pid, correlation, calls["pid"].to_numpy(), calls["correlation_id"].to_numpy())
+        call_row = join_on_call(pid, correlation, calls["pid"].to_numpy(), calls["correlation_id"].to_numpy())
         found = call_row >= 0
         calls["has_event"] = np.bincount(call_row[found], minlength=len(calls)).astype(bool)
         frame["tid"] = _take(calls["tid"].to_numpy(), call_row, -1).astype("int32")
@@ -130,7 +130,7 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
     frame["correlation_id"] = correlation
     frame["pool"] = reorder(take("pool_address")[0]) != 0
     if len(chains):
-        chain_row = _join_on_call(pid, correlation, chains["pid"].to_numpy(), chains["correlation_id"].to_numpy())
+        chain_row = join_on_call(pid, correlation, chains["pid"].to_numpy(), chains["correlation_id"].to_numpy())
         frame["callchain_id"] = _take(chains["callchain_id"].to_numpy(), chain_row, -1)
         del chain_row
     else:
@@ -243,7 +243,7 @@ def _ints_and_nulls(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.nd
     return values.to_numpy(dtype="int64", na_value=0), values.isna().to_numpy()
 
 
-def _join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
+def join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
                   call_correlation: np.ndarray) -> np.ndarray:
     """Row of the call with the same (pid, correlationId) for each event, -1 if none.
 

@@ -137,3 +137,21 @@ def _range_paths(ranges: pd.DataFrame) -> np.ndarray:
         here = np.flatnonzero((depth == level) & (parent >= 0))
         paths[here] = paths[parent[here]] + " > " + names[here]
     return paths
+
+
+def attribute_operators(points: pd.DataFrame, operator_ranges: pd.DataFrame) -> pd.Categorical:
+    """Innermost PyTorch operator range open at each point on its own thread (columns pid, tid,
+    ts_ns), "" where none is; "" is always category 0.
+
+    Unlike user ranges, never looked up on the main thread: an autograd thread records the
+    operators of the backward pass itself, and the main thread's operator at that moment is
+    another one.
+    """
+    n = len(points)
+    if n == 0 or operator_ranges.empty:
+        return pd.Categorical.from_codes(np.zeros(n, "int8"), categories=[""])
+    index = _innermost(points["pid"].to_numpy(), points["tid"].to_numpy(), points["ts_ns"].to_numpy(),
+                       operator_ranges)
+    codes, names = pd.factorize(operator_ranges["name"].to_numpy(dtype=object))
+    return pd.Categorical.from_codes(np.where(index >= 0, codes[np.maximum(index, 0)] + 1, 0),
+                                     categories=pd.Index([""] + list(names), dtype=object))

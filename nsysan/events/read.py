@@ -62,7 +62,8 @@ def _memory_api_ids(conn: sqlite3.Connection, schema: Schema) -> dict[int, str]:
 
 
 def read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Memory API calls, and the call stack id of each (pid, correlationId) that has one."""
+    """Memory API calls, and the call stack id of each (pid, correlationId) that has one (with the
+    thread and the span of the rows that carry it)."""
     table = "CUPTI_ACTIVITY_KIND_RUNTIME"
     no_chains = empty_chains()
     if not schema.has(table, "start", "nameId", "globalTid", "correlationId"):
@@ -89,10 +90,15 @@ def read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, 
         chain = ints(raw, "callchain_id")
         has_chain = chain.notna().to_numpy()
         chains = pd.DataFrame({"pid": pid[has_chain], "correlation_id": correlation[has_chain],
-                               "callchain_id": chain[has_chain].to_numpy(dtype="int64")})
+                               "callchain_id": chain[has_chain].to_numpy(dtype="int64"),
+                               "tid": (global_tid[has_chain] & 0xFFFFFF).astype("int32"),
+                               "ts_ns": int_column(raw, "start")[has_chain] - schema.time_offset_ns,
+                               "end_ns": int_column(raw, "end")[has_chain] - schema.time_offset_ns})
         # One stack per call: with --cudabacktrace, 2025.x writes a twin row (eventClass 67) that
-        # carries it; older exports put it on the call's own row.
-        chains = chains.groupby(["pid", "correlation_id"], as_index=False)["callchain_id"].max()
+        # carries it; older exports put it on the call's own row. The twin starts a little
+        # before the call it copies: a Python stack's mark lies inside the twin, not the call.
+        chains = chains.groupby(["pid", "correlation_id"], as_index=False).agg(
+            callchain_id=("callchain_id", "max"), tid=("tid", "first"), ts_ns=("ts_ns", "min"), end_ns=("end_ns", "max"))
         real = int_column(raw, "event_class") != 67  # the twins duplicate calls: never count or time them
     api = categorical_lookup(int_column(raw, "name_id")[real], name_ids)
     family = categorical_lookup(api.codes, dict(enumerate(apis.FAMILIES.get(a, "other") for a in api.categories)))
@@ -130,13 +136,17 @@ def read_memory_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame
     return read_table(conn, table, select, columns)
 
 
-def read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
-    """Push/pop NVTX ranges with their nesting depth (1 = outermost on that thread) and the row of
-    the range that encloses each (-1 for outermost ones)."""
+def read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Push/pop NVTX ranges: the user's, and PyTorch's operator ranges (`--pytorch=autograd-nvtx`).
+
+    Each frame has the nesting depth of a range among its kind on its thread (1 = outermost) and
+    the row of the range of its kind that encloses it (-1 for outermost ones). An operator range's
+    text is `aten::addmm, seq = 12, op_id = 345, sizes = [...]`: its name is the operator, the text
+    before the first comma, so that a million instances make a handful of names.
+    """
     table = "NVTX_EVENTS"
-    empty = empty_ranges()
     if not schema.has(table, "start", "eventType", "globalTid"):
-        return empty
+        return empty_ranges(), empty_ranges()
     text = "n." + _quote("text") if schema.has(table, "text") else "NULL"
     # CAST: a BLOB where text belongs (damaged exports) is read as text, bad bytes replaced.
     if schema.has(table, "textId") and schema.has("StringIds", "id", "value"):
@@ -148,11 +158,14 @@ def read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
         join = ""
     end = "n." + _quote("end") if schema.has(table, "end") else "NULL"  # not "n.NULL": a syntax error
     types = ",".join(str(t) for t in NVTX_PUSH_POP)
-    sql = (f"SELECT n.start, {end}, n.globalTid, {name_sql} FROM {table} AS n {join} "
-           f"WHERE n.eventType IN ({types})")
-    raw = read_frame(conn, sql, ["start", "end", "global_tid", "name"])
+    # The operator name is cut in SQL: far less text crosses into Python than the whole texts.
+    is_operator = f"(instr(name, '{OPERATOR_MARKS[0]}') > 1 OR instr(name, '{OPERATOR_MARKS[1]}') > 1)"
+    sql = (f"SELECT start, end_ns, global_tid, CASE WHEN {is_operator} THEN substr(name, 1, instr(name, ',') - 1) "
+           f"ELSE name END, {is_operator} FROM (SELECT n.start AS start, {end} AS end_ns, n.globalTid AS global_tid, "
+           f"{name_sql} AS name FROM {table} AS n {join} WHERE n.eventType IN ({types}))")
+    raw = read_frame(conn, sql, ["start", "end", "global_tid", "name", "operator"])
     if raw.empty:
-        return empty
+        return empty_ranges(), empty_ranges()
     global_tid = int_column(raw, "global_tid")
     start = int_column(raw, "start") - schema.time_offset_ns
     end_values = ints(raw, "end")
@@ -162,16 +175,36 @@ def read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
                    end_values.fillna(0).to_numpy(dtype="int64") - schema.time_offset_ns)
     ranges = pd.DataFrame({
         "pid": ((global_tid >> 24) & 0xFFFFFF).astype("int32"), "tid": (global_tid & 0xFFFFFF).astype("int32"),
-        "start_ns": start, "end_ns": np.maximum(end, start),
-        "name": raw["name"].fillna("").astype(str).str.replace(r"\s+", " ", regex=True),
+        "start_ns": start, "end_ns": np.maximum(end, start), "name": _range_names(raw["name"]),
     })
+    operator = int_column(raw, "operator") != 0
+    if not operator.any():
+        return _nested(ranges), empty_ranges()
+    return _nested(ranges[~operator]), _nested(ranges[operator])
+
+
+# Text after an operator's name in PyTorch's emit_nvtx ranges (with or without shapes)
+OPERATOR_MARKS = (", seq = ", ", op_id = ")
+
+
+def _range_names(names: pd.Series) -> np.ndarray:
+    """Range texts with runs of whitespace as one space, cleaned once per distinct text."""
+    codes, uniques = pd.factorize(names.fillna("").astype(str), use_na_sentinel=False)
+    cleaned = pd.Series(uniques, dtype=object).str.replace(r"\s+", " ", regex=True).to_numpy(dtype=object)
+    return cleaned[codes] if len(cleaned) else np.zeros(0, object)
+
+
+def _nested(ranges: pd.DataFrame) -> pd.DataFrame:
+    """Ranges sorted per thread by start (longest first at equal starts), with depth and parent."""
+    if ranges.empty:
+        return empty_ranges()
     ranges = ranges.sort_values(["pid", "tid", "start_ns", "end_ns"], ascending=[True, True, True, False],
                                 kind="stable", ignore_index=True)
     ranges["depth"] = nesting_depth(ranges)
     # Ranges are sorted per thread by start, the order parents expects.
     ranges["parent"] = parents(ranges, np.arange(len(ranges)),
-                                thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy()),
-                                ranges["depth"].to_numpy().astype("int64"))
+                               thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy()),
+                               ranges["depth"].to_numpy().astype("int64"))
     return ranges
 
 
@@ -250,3 +283,65 @@ def read_cuda_activity(conn: sqlite3.Connection, schema: Schema) -> dict[int, tu
         if isinstance(pid, int) and isinstance(first, int) and isinstance(last, int):
             activity[pid] = (first - schema.time_offset_ns, max(first, last) - schema.time_offset_ns)
     return activity
+
+
+# --- Python backtraces (--python-backtrace=cuda) -------------------------------------------
+
+PYTHON_BACKTRACE_DOMAIN = "Python Backtrace on CUDA"
+NVTX_MARK = 34  # NVTX_EVENTS.eventType of an nvtxMark
+NVTX_DOMAIN_CREATE = 75  # eventType of the row that names a domain (text = its name)
+PAYLOAD_SCHEMA_COLUMNS = ["domain_id", "schema_id", "name", "payload_size"]
+PAYLOAD_ENTRY_COLUMNS = ["domain_id", "schema_id", "index", "type", "name", "offset"]
+MARK_COLUMNS = ["ts_ns", "pid", "tid", "domain_id", "payload"]
+
+
+def read_python_backtrace_marks(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
+    """The NVTX marks of the "Python Backtrace on CUDA" domain: MARK_COLUMNS, `payload` the raw
+    blob (None when the export left it out: `nsys export` without --include-blobs=true)."""
+    table = "NVTX_EVENTS"
+    if not schema.has(table, "start", "eventType", "globalTid", "domainId", "text"):
+        return pd.DataFrame(columns=MARK_COLUMNS)
+    # A domain id belongs to one process: the domain's name is on its NvtxDomainCreate row.
+    domains = {(int(tid) >> 24 & 0xFFFFFF, int(domain)) for tid, domain in conn.execute(
+        f"SELECT globalTid, domainId FROM {table} WHERE eventType = {NVTX_DOMAIN_CREATE} AND text = ?",
+        (PYTHON_BACKTRACE_DOMAIN,)) if isinstance(tid, int) and isinstance(domain, int)}
+    if not domains:
+        return pd.DataFrame(columns=MARK_COLUMNS)
+    payload = "binaryData" if schema.has(table, "binaryData") else "NULL"
+    ids = ",".join(str(d) for d in sorted({d for _, d in domains}))
+    rows = []
+    for start, tid, domain, blob in conn.execute(
+            f"SELECT start, globalTid, domainId, {payload} FROM {table} "
+            f"WHERE eventType = {NVTX_MARK} AND domainId IN ({ids})"):
+        if isinstance(start, int) and isinstance(tid, int) and (tid >> 24 & 0xFFFFFF, domain) in domains:
+            rows.append((start - schema.time_offset_ns, tid >> 24 & 0xFFFFFF, tid & 0xFFFFFF, domain,
+                         bytes(blob) if isinstance(blob, (bytes, memoryview)) else None))
+    return pd.DataFrame(rows, columns=MARK_COLUMNS)
+
+
+def read_payload_schemas(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """NVTX extended-payload schemas (PAYLOAD_SCHEMA_COLUMNS) and their entries (PAYLOAD_ENTRY_COLUMNS)."""
+    if not (schema.has("NVTX_PAYLOAD_SCHEMAS", "domainId", "schemaId", "name", "payloadSize")
+            and schema.has("NVTX_PAYLOAD_SCHEMA_ENTRIES", "domainId", "schemaId", "idx", "type", "name", "offset")):
+        return pd.DataFrame(columns=PAYLOAD_SCHEMA_COLUMNS), pd.DataFrame(columns=PAYLOAD_ENTRY_COLUMNS)
+    schemas = pd.DataFrame(conn.execute(
+        "SELECT domainId, schemaId, name, payloadSize FROM NVTX_PAYLOAD_SCHEMAS").fetchall(),
+        columns=PAYLOAD_SCHEMA_COLUMNS, dtype=object)  # object: NULL offsets stay None, ids stay exact
+    entries = pd.DataFrame(conn.execute(
+        'SELECT domainId, schemaId, idx, type, name, "offset" FROM NVTX_PAYLOAD_SCHEMA_ENTRIES').fetchall(),
+        columns=PAYLOAD_ENTRY_COLUMNS, dtype=object)
+    return schemas, entries
+
+
+def read_strings(conn: sqlite3.Connection, schema: Schema, ids: np.ndarray) -> dict[int, str]:
+    """StringIds values of the given ids (cut to 500 characters)."""
+    if len(ids) == 0 or not schema.has("StringIds", "id", "value"):
+        return {}
+    found = {}
+    wanted = [int(i) for i in np.unique(ids)]
+    for part in range(0, len(wanted), 50_000):  # SQLite's limit on the length of a statement
+        id_list = ",".join(str(i) for i in wanted[part:part + 50_000])
+        for string_id, value in conn.execute(
+                f"SELECT id, CAST(substr(value, 1, 500) AS TEXT) FROM StringIds WHERE id IN ({id_list})"):
+            found[string_id] = str(value)
+    return found

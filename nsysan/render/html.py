@@ -19,7 +19,7 @@ import jinja2
 
 from ..errors import printable
 from ..model import SEVERITIES, Analysis
-from ..units import fmt_bytes, fmt_duration, fmt_mib, fmt_share, fmt_time
+from ..units import fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_share, fmt_time
 from .files import check_output_dir, write_all_or_none
 from .json import render_json
 from .png import figure_png, plot_sites, plot_timeline
@@ -58,7 +58,7 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
                               if g.kind not in ("static", "managed_static")),
         diagnostics=analysis.diagnostics_by_severity(), severities=SEVERITIES,
         process_names={p.pid: p.name for p in analysis.capture.processes},
-        gpus={g.id: g for g in analysis.capture.gpus})
+        gpus={g.id: g for g in analysis.capture.gpus}, stacks={s.id: s for s in analysis.stacks})
 
 
 def write_report(analysis: Analysis, out_dir: Path) -> Path:
@@ -82,7 +82,8 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              finalize=_visible)
-    env.filters.update(bytes=fmt_bytes, time=fmt_time, duration=fmt_duration, share=fmt_share, mib=fmt_mib)
+    env.filters.update(bytes=fmt_bytes, time=fmt_time, duration=fmt_duration, share=fmt_share, mib=fmt_mib,
+                       frame=lambda f: fmt_frame(f.function, f.file, f.line, f.module))
     return env
 
 

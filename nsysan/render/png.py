@@ -82,6 +82,10 @@ def plot_timeline(analysis: Analysis) -> Figure:
         return fig
 
 
+# Memory kinds that are loaded with the GPU code and freed only at exit: never a leak.
+STATIC_KINDS = ("static", "managed_static")
+
+
 def plot_sites(analysis: Analysis, top: int = 15) -> Figure:
     """The `top` sites by bytes allocated, as horizontal bars, with never-freed bytes over them.
 
@@ -99,14 +103,18 @@ def plot_sites(analysis: Analysis, top: int = 15) -> Figure:
         unit, scale = _byte_unit(max(s.allocated_bytes for s in sites))
         y = np.arange(len(sites))[::-1]  # the biggest on top
         allocated = np.array([s.allocated_bytes for s in sites], dtype=float) / scale
-        never = np.array([s.never_freed_bytes for s in sites], dtype=float) / scale
+        # Static module memory (kernel images' globals) is never freed by design: never drawn as a leak.
+        leaks = [s.never_freed_bytes if s.kind not in STATIC_KINDS else 0 for s in sites]
+        never = np.array(leaks, dtype=float) / scale
         for bar in ax.barh(y, allocated, height=0.7, color=_ALLOCATED_COLOR, label="allocated"):
             bar.set_gid("allocated")
         for bar in ax.barh(y, never, height=0.38, color=_NEVER_FREED_COLOR, label="never freed"):
             bar.set_gid("never_freed")
         for yi, value, site in zip(y, allocated, sites):
             note = fmt_bytes(site.allocated_bytes)
-            if site.never_freed_count:
+            if site.kind in STATIC_KINDS:
+                note += " · static, not a leak"
+            elif site.never_freed_count:
                 note += f" · never freed {fmt_bytes(site.never_freed_bytes)} ({site.never_freed_count})"
             ax.annotate(note, xy=(value, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
         ax.set_yticks(y, [_plain(_short(f"{s.site.label} · {s.kind}", 70)) for s in sites], fontsize=8)

@@ -11,15 +11,18 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import printable
-from ..model import Allocation, Analysis, Peak
+from ..model import Allocation, Analysis, CallSite, Peak
 from .oom import oom_and_reserved
-from ..units import fmt_bytes, fmt_duration, fmt_share, fmt_time
+from ..units import fmt_bytes, fmt_duration, fmt_frame, fmt_share, fmt_time
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
-def render_terminal(analysis: Analysis, console: Console, top: int = 10) -> None:
-    """Print the whole summary: capture, peaks, live at peak, groups, never freed, sites, calls, diagnostics."""
+def render_terminal(analysis: Analysis, console: Console, top: int = 10, stacks: bool = False) -> None:
+    """Print the whole summary: capture, peaks, live at peak, groups, never freed, sites, calls, diagnostics.
+
+    `stacks`: after the sites, the whole call stack of each top site that has one.
+    """
     console.print(_capture_panel(analysis))
     verdicts = oom_and_reserved(analysis)
     if verdicts is not None:
@@ -33,6 +36,8 @@ def render_terminal(analysis: Analysis, console: Console, top: int = 10) -> None
         console.print(_read_columns(_never_freed_table(analysis, top), quick))
         if not quick:
             console.print(_sites_table(analysis, top))
+            if stacks:
+                console.print(_site_stacks(analysis, top))
         if analysis.ranges:
             console.print(_ranges_table(analysis, top))
     if analysis.api_calls and (not analysis.capture.memory_usage_collected or not analysis.groups):
@@ -170,13 +175,44 @@ def _never_freed_table(analysis: Analysis, top: int) -> Table:
 
 
 def _sites_table(analysis: Analysis, top: int) -> Table:
-    table = _table("Top allocation sites", ("site", "left"), ("kind", "left"), ("allocs", "right"),
-                   ("allocated", "right"), ("never freed", "right"), ("max live", "right"))
+    # Sites are per process; the column is shown when there is more than one to tell apart.
+    several = len({s.pid for s in analysis.sites}) > 1
+    table = _table("Top allocation sites", ("site", "left"), *([("process", "right")] if several else []),
+                   ("kind", "left"), ("allocs", "right"), ("allocated", "right"), ("never freed", "right"),
+                   ("max live", "right"))
     for s in analysis.sites[:top]:
         never = fmt_bytes(s.never_freed_bytes) + f" ({s.never_freed_count})" if s.never_freed_count else "-"
-        table.add_row(_t(s.site.label), s.kind, str(s.allocations), fmt_bytes(s.allocated_bytes), never,
+        process = [str(s.pid) if s.pid is not None else "-"] if several else []
+        table.add_row(_site_cell(s.site), *process, s.kind, str(s.allocations), fmt_bytes(s.allocated_bytes), never,
                       fmt_bytes(s.max_live_bytes))
     return table
+
+
+def _site_cell(site: CallSite) -> Text:
+    """The site's label, and under it the one line of context it has (the frame the user's line called)."""
+    cell = _t(site.label)
+    if site.context:
+        cell.append("\n  ↳ " + printable(site.context), style="dim")
+    return cell
+
+
+def _site_stacks(analysis: Analysis, top: int) -> Group:
+    """The whole stack of each top site that has one, innermost frame first."""
+    by_id = {s.id: s for s in analysis.stacks}
+    parts: list = [Text("Call stacks of the top sites (innermost frame first)", style="bold")]
+    shown = 0
+    for s in analysis.sites[:top]:
+        stack = by_id.get(s.site.stack_id) if s.site.stack_id is not None else None
+        if stack is None:
+            continue
+        shown += 1
+        parts.append(Text(f"  {printable(s.site.label)} · process {s.pid} · {stack.source} stack", style="bold"))
+        for frame in stack.frames:
+            parts.append(_t(f"    {fmt_frame(frame.function, frame.file, frame.line, frame.module)}"))
+    if not shown:
+        parts.append(Text("  none: the capture recorded no call stacks (capture with --cudabacktrace=memory:1 "
+                          "-s process-tree, and --python-backtrace=cuda for Python)"))
+    return Group(*parts)
 
 
 def _ranges_table(analysis: Analysis, top: int) -> Table:

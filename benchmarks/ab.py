@@ -1,0 +1,63 @@
+"""Time `nsysan analyze` of two checkouts (before / after a change) on the same exports, in one run.
+
+    flock /tmp/nsysan-bench.lock python benchmarks/ab.py --before /tmp/base --after . \\
+        benchmarks/data/big_1e7.sqlite --repeat 3
+
+Each export is analyzed by both checkouts in turn (round robin over exports and checkouts, so that
+a slow spell of a shared machine hits all alike); the median wall time of each, the ratio after /
+before, and each export's time after the change relative to the first export's are printed (as
+JSON with --json). A checkout is a directory holding the `nsysan` package (a git worktree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def run_once(checkout: Path, export: Path) -> float:
+    env = dict(os.environ, PYTHONPATH=str(checkout.resolve()))
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "nsysan", "analyze", str(export), "--format", "json", "--no-progress"],
+                   env=env, stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("exports", nargs="+", type=Path)
+    parser.add_argument("--before", type=Path, required=True, help="checkout without the change")
+    parser.add_argument("--after", type=Path, required=True, help="checkout with the change")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    for export in args.exports:
+        subprocess.run(["cat", str(export)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+    checkouts = (("before", args.before), ("after", args.after))
+    times = {(export, name): [] for export in args.exports for name, _ in checkouts}
+    for _ in range(args.repeat):  # every export and checkout once, then again
+        for export in args.exports:
+            for name, checkout in checkouts:
+                times[(export, name)].append(run_once(checkout, export))
+    results = []
+    first_after = statistics.median(times[(args.exports[0], "after")])
+    for export in args.exports:
+        before, after = (statistics.median(times[(export, name)]) for name, _ in checkouts)
+        row = {"export": export.name, "before_s": round(before, 2), "after_s": round(after, 2),
+               "ratio": round(after / before, 3), "after_to_first_export": round(after / first_after, 3),
+               "runs": {name: [round(t, 2) for t in times[(export, name)]] for name, _ in checkouts}}
+        print(f"{export.name:32s} before {before:7.2f} s   after {after:7.2f} s   ratio {after / before:.3f}   "
+              f"after / first export {after / first_after:.3f}   runs {row['runs']}", flush=True)
+        results.append(row)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
