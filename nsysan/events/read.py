@@ -159,10 +159,12 @@ def read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataF
     end = "n." + _quote("end") if schema.has(table, "end") else "NULL"  # not "n.NULL": a syntax error
     types = ",".join(str(t) for t in NVTX_PUSH_POP)
     # The operator name is cut in SQL: far less text crosses into Python than the whole texts.
-    is_operator = f"(instr(name, '{OPERATOR_MARKS[0]}') > 1 OR instr(name, '{OPERATOR_MARKS[1]}') > 1)"
-    sql = (f"SELECT start, end_ns, global_tid, CASE WHEN {is_operator} THEN substr(name, 1, instr(name, ',') - 1) "
-           f"ELSE name END, {is_operator} FROM (SELECT n.start AS start, {end} AS end_ns, n.globalTid AS global_tid, "
-           f"{name_sql} AS name FROM {table} AS n {join} WHERE n.eventType IN ({types}))")
+    # The test runs on the raw column (emit_nvtx never registers its strings): on the cut name it
+    # would make SQLite build that expression once per use, three times slower.
+    is_operator = " OR ".join(f"instr({text}, '{mark}') > 1" for mark in OPERATOR_MARKS)
+    operator_name = f"CAST(substr({text}, 1, instr({text}, ',') - 1) AS TEXT)"
+    sql = (f"SELECT n.start, {end}, n.globalTid, CASE WHEN {is_operator} THEN {operator_name} ELSE {name_sql} END, "
+           f"coalesce({is_operator}, 0) FROM {table} AS n {join} WHERE n.eventType IN ({types})")
     raw = read_frame(conn, sql, ["start", "end", "global_tid", "name", "operator"])
     if raw.empty:
         return empty_ranges(), empty_ranges()
@@ -188,10 +190,11 @@ OPERATOR_MARKS = (", seq = ", ", op_id = ")
 
 
 def _range_names(names: pd.Series) -> np.ndarray:
-    """Range texts with runs of whitespace as one space, cleaned once per distinct text."""
-    codes, uniques = pd.factorize(names.fillna("").astype(str), use_na_sentinel=False)
-    cleaned = pd.Series(uniques, dtype=object).str.replace(r"\s+", " ", regex=True).to_numpy(dtype=object)
-    return cleaned[codes] if len(cleaned) else np.zeros(0, object)
+    """Range texts with runs of whitespace as one space, cleaned once per distinct text (a million
+    operator ranges have a few dozen names; the column is factorized as the reader gave it)."""
+    codes, uniques = pd.factorize(names)
+    cleaned = pd.Series(np.append(np.asarray(uniques, dtype=object), "")).fillna("").astype(str)
+    return cleaned.str.replace(r"\s+", " ", regex=True).to_numpy(dtype=object)[codes]  # code -1 (NULL): ""
 
 
 def _nested(ranges: pd.DataFrame) -> pd.DataFrame:
