@@ -351,7 +351,17 @@ def _process_deltas(role: str, base: Optional[_Process], new: Optional[_Process]
 
 def _site_deltas(base: Analysis, new: Analysis) -> tuple[list[SiteDelta], int]:
     def by_label(a: Analysis) -> dict[tuple[str, str], Any]:
-        return {(s.site.label, s.kind): s for s in a.sites}
+        # Sites are per process; two runs have other pids, so a site is matched by label and kind
+        # with its processes summed (max_live: the sum of each process's most).
+        summed: dict[tuple[str, str], Any] = {}
+        for s in a.sites:
+            key = (s.site.label, s.kind)
+            if key in summed:
+                s = dataclasses.replace(summed[key], allocated_bytes=summed[key].allocated_bytes + s.allocated_bytes,
+                                        never_freed_bytes=summed[key].never_freed_bytes + s.never_freed_bytes,
+                                        max_live_bytes=summed[key].max_live_bytes + s.max_live_bytes)
+            summed[key] = s
+        return summed
 
     b_sites, n_sites = by_label(base), by_label(new)
     deltas, unchanged = [], 0

@@ -10,7 +10,7 @@ analysis document later becomes a new column, and older databases keep working. 
     groups       per (process, CUDA device, memory kind): peak, end, never freed ...
     steps        per step of a process, when the analysis found steps
     never_freed  the allocations never freed (the document's capped list)
-    sites        per call site and kind
+    sites        per call site, process and kind
     diagnostics  per diagnostic
 """
 
@@ -26,7 +26,7 @@ from ..model import Analysis
 
 CHILD_TABLES = ("groups", "steps", "never_freed", "sites", "diagnostics")
 _KEYS = {"groups": ("report_hash", "pid", "device", "kind"), "steps": ("report_hash", "pid", "device", "step"),
-         "never_freed": ("report_hash", "n"), "sites": ("report_hash", "label", "kind"),
+         "never_freed": ("report_hash", "n"), "sites": ("report_hash", "label", "pid", "kind"),
          "diagnostics": ("report_hash", "n")}
 
 
@@ -137,7 +137,7 @@ def _child_rows(key: str, a: Analysis) -> list[tuple[str, list[dict[str, Any]], 
                     "api": x.api, "bytes": x.bytes, "address": x.address, "alloc_time_ns": x.alloc_time_ns,
                     "nvtx_range": x.nvtx_range, "site": x.site.label, "function": x.site.function}
                    for i, x in enumerate(a.never_freed)]
-    sites = [{"report_hash": key, "label": s.site.label, "kind": s.kind, "function": s.site.function,
+    sites = [{"report_hash": key, "label": s.site.label, "pid": s.pid, "kind": s.kind, "function": s.site.function,
               "module": s.site.module, "apis": ",".join(s.apis), "allocations": s.allocations,
               "allocated_bytes": s.allocated_bytes, "never_freed_bytes": s.never_freed_bytes,
               "never_freed_count": s.never_freed_count, "max_live_bytes": s.max_live_bytes} for s in a.sites]
@@ -146,7 +146,7 @@ def _child_rows(key: str, a: Analysis) -> list[tuple[str, list[dict[str, Any]], 
     return [("groups", groups, ("report_hash", "pid", "device", "kind")),
             ("steps", _step_rows(key, a), ("report_hash", "pid", "device", "step")),
             ("never_freed", never_freed, ("report_hash", "n")),
-            ("sites", sites, ("report_hash", "label", "kind")),
+            ("sites", sites, ("report_hash", "label", "pid", "kind")),
             ("diagnostics", diagnostics, ("report_hash", "n"))]
 
 
