@@ -109,6 +109,16 @@ class Comparison(Tables):  # Tables: frame("processes") etc. for notebooks
     ranges: list[RangeDelta]  # largest growth first
     unchanged_sites: int = 0
 
+    def __repr__(self) -> str:
+        """One line, for notebooks: the runs and the headline (the tables: `frame()`).
+
+        >>> import nsysan
+        >>> nsysan.compare("fixtures/torch_clean_v25.sqlite", "fixtures/torch_leak_v25.sqlite")
+        <nsysan.Comparison torch_clean_v25.sqlite -> torch_leak_v25.sqlite: peak +3.5 GiB (+202%) on GPU 0; top growing site: cudaMalloc in forward [python3] (+1.9 GiB)>
+        """
+        text = f"<nsysan.Comparison {self.base.name[:80]} -> {self.new.name[:80]}: {self.headline}"
+        return (text if len(text) < 480 else text[:477] + "...") + ">"
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -182,6 +182,19 @@ class Verdict(Tables):  # Tables: frame("outcomes") for notebooks
     def broken(self) -> list[Outcome]:
         return [o for o in self.outcomes if not o.ok]
 
+    def __repr__(self) -> str:
+        """One line, for notebooks: the run and how many limits broke (the outcomes: `frame()`).
+
+        >>> import nsysan
+        >>> nsysan.check("fixtures/torch_leak_v25.sqlite", max_never_freed="1GiB")
+        <nsysan.Verdict of torch_leak_v25.sqlite: 1 of 1 limits broke (max-never-freed)>
+        """
+        broken = sorted({o.limit for o in self.broken})
+        state = f"{len(self.broken)} of {len(self.outcomes)} limits broke ({', '.join(broken)})" if broken \
+            else f"all {len(self.outcomes)} limits held"
+        against = f" against {self.baseline[:80]}" if self.baseline else ""
+        return f"<nsysan.Verdict of {self.report[:80]}{against}: {state}>"
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

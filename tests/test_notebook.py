@@ -394,3 +394,12 @@ def test_check_mirrors_the_command(tmp_path):
 def test_check_without_limits_is_an_error():
     with pytest.raises(NsysanError, match="no limits to check"):
         nsysan.check(analysis_of("known_mem_v25"))
+
+
+def test_comparison_and_verdict_show_themselves_in_one_line():
+    comparison = nsysan.compare(analysis_of("torch_clean_v25"), analysis_of("torch_leak_v25"))
+    text = repr(comparison)
+    assert len(text) < 500 and text.endswith(comparison.headline + ">")
+    verdict = nsysan.check(analysis_of("torch_leak_v25"), analysis_of("torch_clean_v25"), max_peak_increase="10%")
+    assert repr(verdict) == ("<nsysan.Verdict of torch_leak_v25.sqlite against torch_clean_v25.sqlite: "
+                             "1 of 1 limits broke (max-peak-increase)>")

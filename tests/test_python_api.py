@@ -7,6 +7,7 @@ from __future__ import annotations
 import doctest
 import inspect
 import re
+import sys
 
 import pandas as pd
 import pytest
@@ -15,6 +16,7 @@ from conftest import ROOT, analysis_of
 import nsysan
 import nsysan.errors
 import nsysan.frames
+import nsysan.limits
 import nsysan.model
 from nsysan import Analysis
 
@@ -31,8 +33,8 @@ def at_root(monkeypatch):
         yield
 
 
-@pytest.mark.parametrize("module", [nsysan, nsysan.model, nsysan.errors, nsysan.frames],
-                         ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [nsysan, nsysan.model, nsysan.errors, nsysan.frames, nsysan.limits,
+                                    sys.modules["nsysan.compare"]], ids=lambda m: m.__name__)
 def test_docstring_examples_run(module, at_root):
     result = doctest.testmod(module, optionflags=OPTIONS, report=True)
     assert result.failed == 0
