@@ -81,7 +81,7 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
             schema = probe(conn, report.name)
             try:
                 loaded = load_events(conn, schema, say, quick=quick)
-                runs = read_cuda_activity(conn, schema) if activity else {}
+                runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}
             except NsysanError as err:  # events.py does not know the report's name; with several, it matters
                 raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
         except sqlite3.DatabaseError as err:  # a damaged file found half-way through reading it

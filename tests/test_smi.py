@@ -407,3 +407,72 @@ def test_html_page_has_the_section_and_escapes_log_names(overlay, tmp_path):
     renamed = dataclasses.replace(overlay, smi=dataclasses.replace(overlay.smi, logs=logs))
     page = render_html(renamed, images={"timeline.png": b"", "sites.png": b""})
     assert hostile_name not in page and "&lt;script&gt;alert(1)&lt;/script&gt;.csv" in page
+
+
+# --- two processes on two GPUs, logs matched by index and by PCI bus ---------------------------
+
+
+def test_two_gpus_by_index_and_bus_with_an_untraced_process(tmp_path):
+    """ddp_leak_v25 has no nvidia-smi logs: these are written here from its own events, with
+    arithmetic the test states. Every process shows its live bytes (rounded up to whole MiB) plus
+    500 MiB of context while it runs; an untraced job holds 1000 MiB on GPU 1; memory.used is the
+    processes' sum plus 7 MiB nobody owns. The gpu log names GPUs by index, the apps log by bus."""
+    db = FIXTURES / "ddp_leak_v25.sqlite"
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        start = conn.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()[0]
+        bus = dict(conn.execute("SELECT id, busLocation FROM TARGET_INFO_GPU"))  # 0 -> 0000:00:06.0
+        rows = conn.execute("SELECT start, (globalPid >> 24) & 16777215, deviceId, CASE memoryOperationType "
+                            "WHEN 0 THEN bytes ELSE -bytes END FROM CUDA_GPU_MEMORY_USAGE_EVENTS "
+                            "WHERE memKind IN (2, 3, 5) ORDER BY start").fetchall()
+        runs = {pid: (first, last) for pid, first, last in conn.execute(
+            "SELECT (globalTid >> 24) & 16777215, min(start), max(\"end\") FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1")}
+    ranks = {2146: 0, 2147: 1}  # pid -> the GPU it trains on (TARGET_INFO_CUDA_DEVICE: ordinal = GPU id)
+
+    def live(pid: int, gpu: int, t: int) -> int:
+        return sum(d for ts, p, g, d in rows if p == pid and g == gpu and ts <= t)
+
+    zero = dt.datetime.fromtimestamp(start // SECOND, dt.timezone.utc) + dt.timedelta(microseconds=start % SECOND // 1000)
+    stamp = lambda t: (zero + dt.timedelta(microseconds=t // 1000)).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+    gpu_lines, apps_lines = ["timestamp, index, memory.used [MiB]"], ["timestamp, gpu_bus_id, pid, process_name, used_gpu_memory [MiB]"]
+    expected_not_in_trace = {2146: [], 2147: []}
+    for t in range(0, 15 * SECOND, 100_000_000):
+        for gpu in (0, 1):
+            used = 7
+            for pid in ranks:
+                if runs[pid][0] <= t <= runs[pid][1] and (gpu == ranks[pid] or live(pid, gpu, t)):
+                    mine = -(-live(pid, gpu, t) // MiB) + (500 if gpu == ranks[pid] else 0)
+                    apps_lines.append(f"{stamp(t)}, 00000000:{bus[gpu][5:]}, {pid}, python3, {mine} MiB")
+                    used += mine
+                    if gpu == ranks[pid]:
+                        expected_not_in_trace[pid].append(mine * MiB - live(pid, gpu, t))
+            if gpu == 1:
+                apps_lines.append(f"{stamp(t)}, 00000000:{bus[1][5:]}, 31337, other_job, 1000 MiB")
+                used += 1000
+            gpu_lines.append(f"{stamp(t)}, {gpu}, {used} MiB")
+    (tmp_path / "gpus.csv").write_text("\n".join(gpu_lines) + "\n")
+    (tmp_path / "apps.csv").write_text("\n".join(apps_lines) + "\n")
+    analysis = nsysan.analyze(db, smi=[tmp_path / "gpus.csv", tmp_path / "apps.csv"])
+    smi = analysis.smi
+    assert [log.gpus for log in smi.logs] == [[0, 1], [0, 1]] and all(log.aligned for log in smi.logs)
+    assert not [d for d in analysis.diagnostics if d.code.startswith("smi")]
+    for pid, gpu in ranks.items():
+        figures = next(n for n in smi.not_in_trace if n.log == "apps.csv" and n.pid == pid and n.gpu == gpu)
+        assert figures.median_bytes == round(statistics.median(expected_not_in_trace[pid]))
+        assert 500 * MiB <= figures.median_bytes < 501 * MiB  # the context, plus less than a MiB of rounding
+    other = {o.gpu: o for o in smi.someone_else}
+    assert other[1].processes[0].pid == 31337 and other[1].processes[0].name == "other_job"
+    assert other[1].processes[0].max_used_bytes == 1000 * MiB and other[0].processes == []
+    assert other[0].unattributed_median_bytes == other[1].unattributed_max_bytes == 7 * MiB
+    assert other[1].before_bytes == 1007 * MiB  # the other job and the 7 MiB, before rank 1 started
+
+
+def test_large_api_tables_read_only_their_ends(overlay, monkeypatch):
+    """Past ACTIVITY_SCAN_ROWS rows, the run's ends come from the table's first and last rows and
+    the memory calls: on this capture (rows in time order) the same samples count."""
+    import nsysan.events.read as read
+
+    rows = query("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME")[0][0]
+    monkeypatch.setattr(read, "ACTIVITY_SCAN_ROWS", 10)
+    monkeypatch.setattr(read, "TAIL_ROWS", rows // 4)
+    again = nsysan.analyze(DB, smi=[GPU_LOG])
+    assert again.smi.not_in_trace[0] == overlay.smi.not_in_trace[0]
