@@ -38,7 +38,8 @@ Progress = Callable[[str, float], None]
 
 
 def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
-            progress: Optional[Progress] = None, quick: bool = False, smi: Sequence[PathLike] = (),
+            progress: Optional[Progress] = None, quick: bool = False, step_range: Optional[str] = None,
+            smi: Sequence[PathLike] = (),
             smi_columns: Sequence[str] = (), smi_tz: str = "UTC") -> Analysis:
     """Analyze one report (.nsys-rep, .qdrep or .sqlite) and return its `Analysis`.
 
@@ -46,7 +47,9 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     memory-usage table alone: peaks, live at peak and never freed, without threads, API names,
     sites, NVTX ranges or failed calls (`analysis.scope == "quick"`). `smi` lays nvidia-smi CSV
     logs over the timeline (`analysis.smi`); `smi_columns` name the columns of logs without a
-    header, `smi_tz` the zone of their timestamps.
+    header, `smi_tz` the zone of their timestamps. `step_range` is a regular
+    expression naming the NVTX ranges that are training steps; by default they are found by their
+    repetition ("step 3", "iteration 12", ...).
 
     >>> import nsysan
     >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")
@@ -60,7 +63,7 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
 
     logs = read_smi_logs([Path(p) for p in smi], smi_columns, smi_tz) if smi else []
     return analyze_report(Path(path), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
-                          progress=progress, quick=quick, smi_logs=logs, smi_tz=smi_tz)
+                          progress=progress, quick=quick, step_range=step_range, smi_logs=logs, smi_tz=smi_tz)
 
 
 def load_analysis(path: PathLike) -> Analysis:
@@ -106,7 +109,7 @@ def compare(base: Run, new: Run, *, nsys: Optional[PathLike] = None,
     >>> import nsysan
     >>> comparison = nsysan.compare("fixtures/torch_clean_v25.sqlite", "fixtures/torch_leak_v25.sqlite")
     >>> comparison.headline
-    'peak +3.5 GiB (+202%) on GPU 0; top growing site: cudaMalloc in forward [python3] (+1.9 GiB)'
+    'peak +3.5 GiB (+202%) on GPU 0; new growth of 735.0 MiB per step on GPU 0; top growing site: cudaMalloc in forward [python3] (+1.9 GiB)'
     >>> sites = comparison.frame("sites")
     >>> sites.loc[sites["status"] == "grew", "label"].tolist()[:2]
     ['cudaMalloc in forward [python3]', 'cudaMalloc in backward [pt_autograd_0]']

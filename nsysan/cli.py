@@ -59,8 +59,18 @@ def _stop_on_termination() -> dict[int, object]:
 _TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from . import __version__
+
+        typer.echo(f"nsysan {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show Python tracebacks (for bug reports).")) -> None:
+def _root(debug: bool = typer.Option(False, "--debug", help="Show Python tracebacks (for bug reports)."),
+          version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print nsysan's version and exit.")) -> None:
     """GPU-memory answers from NVIDIA Nsight Systems reports: peak, never-freed allocations, hot sites."""
     _state["debug"] = debug or os.environ.get("NSYSAN_DEBUG") == "1"
 

@@ -110,7 +110,7 @@ def find_nsys(explicit: str | Path | None = None, *, report: Path | None = None)
                 return Path(candidate)
     name = report.name if report is not None else "<report>"
     raise NsysanError(
-        f"nsysan needs Nsight Systems' nsys to read {name}; install it, or pass --nsys PATH, "
+        f"Nsight Systems' nsys is needed to read {name}; install it, or pass --nsys PATH, "
         f"or export a .sqlite yourself with `nsys export --type sqlite {name}`"
     )
 

@@ -199,6 +199,7 @@ class Peak:
     # What made the peak when `api` alone would mislead: a module load adding a few statics on top
     # of a level reached earlier, or a framework's preallocation
     note: str = ""
+    made_of: list["Holder"] = field(default_factory=list)  # live at the peak by site and range, largest first, capped
 
 
 @dataclass(frozen=True)
@@ -468,6 +469,87 @@ class ReservedMemory:
     pools: list[PoolUse] = field(default_factory=list)
 
 
+# --- Steps and growth (docs/analyses.md, "Steps and the growth verdict") -----------------------
+
+@dataclass(frozen=True)
+class Holder:
+    """Memory allocated inside steps and still live at the end of the capture: one call site in
+    one innermost NVTX range."""
+
+    site: str  # call-site label, as in `Site.site.label`
+    nvtx_range: str  # innermost NVTX range of the allocations, "" if none
+    bytes: int
+    allocations: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of one process on one device. Live bytes are the process's device + array bytes
+    on that device (module statics, loaded by the driver, are left out)."""
+
+    number: int  # the number in the range's name ("step 3" -> 3) when every step has its own, else 0, 1, ...
+    name: str  # the NVTX range, e.g. "step 3"
+    start_ns: int
+    end_ns: int  # the range's end, or the capture's end when it never closed
+    closed: bool  # the range closed within the capture
+    start_live_bytes: int  # live just before the step started
+    end_live_bytes: int  # live when it ended
+    delta_bytes: int  # end_live_bytes minus the previous step's; the first step: minus its own start
+    peak_live_bytes: int  # the most live at any moment inside it
+    allocated_bytes: int  # allocated inside it
+    freed_bytes: int  # freed inside it (whenever allocated)
+    kept_bytes: int  # allocated inside it and still live at the end of the capture
+    kept: list[Holder] = field(default_factory=list)  # who holds kept_bytes, largest first, capped
+    traced: bool = True  # False: the process's CUDA trace stopped before the step ended (not judged)
+
+
+@dataclass(frozen=True)
+class StepSeries:
+    """The steps of one (process, CUDA device)."""
+
+    pid: int
+    device: int
+    gpu: Optional[int]
+    range_name: str  # the steps' name with numbers as N, e.g. "step N"; the pattern with --step-range
+    found_by: str  # "nvtx": repeated NVTX ranges; "step-range": the --step-range pattern
+    steps: list[Step] = field(default_factory=list)  # in time order; the first and last when there are many
+    step_count: Optional[int] = None  # steps found (the verdict judges them all); None: all are listed
+
+
+@dataclass(frozen=True)
+class Growth:
+    """The growth verdict of one (process, CUDA device), from its steps."""
+
+    pid: int
+    device: int
+    gpu: Optional[int]
+    process: str  # how outputs name the process: "rank 1", or "process 2147"
+    verdict: str  # growing | uneven | stable | too_few_steps | preallocated
+    first_step: Optional[int]  # number of the first step judged (after the warm-up)
+    last_step: Optional[int]  # number of the last step judged
+    bytes_per_step: int  # median delta_bytes of the judged steps
+    total_bytes: int  # live at the end of the last judged step minus before the first
+    threshold_bytes: int  # a step "grows" when its delta is above this: max(1 MiB, 1% of live)
+    growing_steps: list[int]  # numbers of the judged steps whose delta is above the threshold
+    end_live_bytes: int  # live at the end of the last judged step
+    capacity_bytes: Optional[int]  # what the projection runs into: the tightest MemoryCap, when known
+    capacity_step: Optional[int]  # the step at which, at bytes_per_step, capacity_bytes is reached
+    holders: list[Holder]  # where the memory allocated in judged steps and never freed sits
+    message: str  # the verdict in one sentence, as shown
+    capacity_source: str = ""  # MemoryCap.source of capacity_bytes (gpu_total, xla_preallocation, ...)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One line of the answers shown first: the peak, growth, out-of-memory, and every warning
+    that says the numbers cannot be fully trusted (the same warnings are in `diagnostics`)."""
+
+    topic: str  # peak | growth | oom | reserved | trust
+    severity: str  # error | warning | info
+    code: str  # the diagnostic's code, or "peak" / "growth_<verdict>"
+    message: str
+
+
 @dataclass(frozen=True)
 class MemoryCap:
     """The most GPU memory a process could get on one device, as far as the capture tells.
@@ -534,6 +616,9 @@ class Analysis:
     reserved: ReservedMemory = field(default_factory=ReservedMemory)
     # Call stacks referred to by sites and allocations (stack_id), each stored once
     stacks: list[Stack] = field(default_factory=list)
+    steps: list[StepSeries] = field(default_factory=list)  # per process and device; [] without steps
+    growth: list[Growth] = field(default_factory=list)  # one verdict per StepSeries
+    answers: list[Answer] = field(default_factory=list)  # shown first, in this order
     # The frames read from the export (pandas DataFrames), for notebooks; never serialized.
     events: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # see nsysan.events
     calls: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # memory API calls

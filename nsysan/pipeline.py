@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -23,10 +24,14 @@ EXPORT_SHARE = 0.6
 
 def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cache_dir: Optional[Path] = None,
                    progress: Optional[Progress] = None, quick: bool = False,
-                   smi_logs: Sequence[SmiLog] = (), smi_tz: str = "UTC") -> Analysis:
+                   smi_logs: Sequence[SmiLog] = (), smi_tz: str = "UTC",
+                   step_range: Optional[str] = None) -> Analysis:
     """Analyze one .nsys-rep / .qdrep / .sqlite file (`quick`: its memory-usage table alone),
-    with nvidia-smi logs (read by nsysan.smi_log) laid over its timeline when given."""
+    with nvidia-smi logs (read by nsysan.smi_log) laid over its timeline when given;
+    `step_range`: a regular expression naming the NVTX ranges that are training steps."""
     say = progress or (lambda stage, fraction: None)
+    if step_range is not None:
+        check_pattern(step_range, "--step-range")
     is_report = report.suffix.lower() in (".nsys-rep", ".qdrep")
     share = EXPORT_SHARE if is_report else 0.0
 
@@ -63,12 +68,20 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                     size_bytes=report.stat().st_size, exported_with=result.exported_with,
                     from_cache=result.from_cache,
                     sibling_export=_text(result.sqlite_path) if result.from_sibling else None)
-    analysis = run_analyses(loaded, schema, source, report_version=version)
+    analysis = run_analyses(loaded, schema, source, report_version=version, step_range=step_range)
     if smi_logs:
         from .analyses.smi import add_smi
 
         analysis = add_smi(analysis, list(smi_logs), activity, schema.session_start_utc_ns, smi_tz)
     return analysis
+
+
+def check_pattern(pattern: str, option: str) -> None:
+    """Fail before any work when a regular expression the user gave does not compile."""
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        raise NsysanError(f"{option} {pattern!r} is not a regular expression ({err})") from None
 
 
 def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: bool,

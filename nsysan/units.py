@@ -66,3 +66,21 @@ def fmt_frame(function: str, file: str = "", line: Optional[int] = None, module:
         where = _PACKAGE_ROOT.sub("", file) if _PACKAGE_ROOT.search(file) else re.split(r"[/\\]", file)[-1]
         return f"{function} ({where}:{line})" if line is not None else f"{function} ({where})"
     return f"{function} ({module})" if module else function
+
+
+def fmt_times(values: list[Optional[int]]) -> list[str]:
+    """Times for one column, all in one unit: seconds when any reaches 10 s, else ms."""
+    seconds = any(v is not None and abs(v) >= 10_000_000_000 for v in values)
+    return ["n/a" if v is None else f"{v / 1e9:.3f} s" if seconds else f"{v / 1e6:.2f} ms" for v in values]
+
+
+_DURATION_UNITS = ((1_000_000_000, "s", 3), (1_000_000, "ms", 2), (1_000, "µs", 1))
+
+
+def fmt_durations(values: list[Optional[int]]) -> list[str]:
+    """Durations for one column, all in the unit of the longest ("306.53 ms", "10.28 ms")."""
+    longest = max((abs(v) for v in values if v is not None), default=0)
+    for scale, unit, digits in _DURATION_UNITS:
+        if longest >= scale:
+            return ["n/a" if v is None else f"{v / scale:.{digits}f} {unit}" for v in values]
+    return ["n/a" if v is None else f"{v} ns" for v in values]

@@ -616,7 +616,7 @@ def test_no_nsys_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         ensure_sqlite(copy_alone(V22, tmp_path / "in"), cache_dir=tmp_path / "cache")
     assert_one_line(caught.value)
     assert caught.value.message == (
-        "nsysan needs Nsight Systems' nsys to read known_mem_v22.nsys-rep; install it, or pass "
+        "Nsight Systems' nsys is needed to read known_mem_v22.nsys-rep; install it, or pass "
         "--nsys PATH, or export a .sqlite yourself with `nsys export --type sqlite known_mem_v22.nsys-rep`"
     )
 

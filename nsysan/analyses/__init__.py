@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 import pandas as pd
 
-from ..model import SCHEMA_ID, Analysis, Capture, Process, Source
+from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Process, Source
 from ..schema import Schema
 from .allocations import to_allocations
 from .calls import api_call_stats, find_failed_calls
@@ -24,7 +24,10 @@ from .ranks import assign_ranks
 from .ranges import range_stats
 from .sites import rank_sites
 from .stacks import referenced_stacks
-from .timeline import build_timeline, group_events
+from .steps import find_step_ranges, listed, live_series, memory_threads, step_diagnostics, step_table
+from .growth import growth_diagnostics, judge_all
+from .answers import gather_answers
+from .timeline import Groups, build_timeline, group_events
 from .verdicts import find_verdicts
 
 if TYPE_CHECKING:  # events imports this package's array helpers: no import cycle at run time
@@ -34,8 +37,12 @@ __all__ = ["run_analyses"]
 
 
 def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
-                 report_version: Optional[str] = None) -> Analysis:
-    """Every analysis over one export's frames, as one `Analysis`."""
+                 report_version: Optional[str] = None, step_range: Optional[str] = None) -> Analysis:
+    """Every analysis over one export's frames, as one `Analysis`.
+
+    `step_range`: a regular expression naming the NVTX ranges that are training steps (found by
+    their repetition when None).
+    """
     events, calls, ranges = loaded.events, loaded.calls, loaded.ranges
     site_table = loaded.sites.set_index("label").to_dict("index") if not loaded.sites.empty else {}
 
@@ -63,6 +70,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         groups = summarize_groups(events, grouped, gpu_of)
         never_freed, never_freed_total = find_never_freed(events, allocations)
         failed = find_failed_calls(calls, events, ranges)
+        steps, step_notes = _steps(loaded, grouped, gpu_of, end_ns, step_range)
         peaks, timeline = peaks_later.result(), timeline_later.result()
     sites = [] if loaded.quick else rank_sites(events, site_table)
     diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
@@ -75,8 +83,11 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                              schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
                              schema.duration_ns, quick=loaded.quick)
     peaks = verdicts.peaks
-    diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics
-    return Analysis(
+    growth = judge_all(steps, capture.processes, verdicts.caps)
+    steps = [listed(s) for s in steps]  # after judging: the verdict sees every step
+    diagnostics = ([d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics
+                   + step_notes + growth_diagnostics(growth))
+    analysis = Analysis(
         schema=SCHEMA_ID,
         scope="quick" if loaded.quick else "full",
         source=source,
@@ -96,10 +107,25 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         oom=verdicts.oom,
         reserved=verdicts.reserved,
         stacks=referenced_stacks(loaded.stacks, sites, never_freed, peaks),
+        steps=steps,
+        growth=growth,
         events=events,
         calls=calls,
         nvtx_ranges=ranges,
     )
+    answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, loaded.quick,
+                             {pid: label for pid, label in labels.items() if label})
+    return dataclasses.replace(analysis, answers=answers)
+
+
+def _steps(loaded: "LoadedEvents", grouped: Groups, gpu_of, end_ns: int,
+           step_range: Optional[str]) -> tuple[list, list]:
+    """The step tables, and why there are none when there are none."""
+    series = live_series(loaded.events, grouped)
+    found = find_step_ranges(loaded.ranges, memory_threads(loaded.calls), step_range)
+    steps = step_table(loaded.events, series, found, gpu_of, end_ns,
+                       "step-range" if step_range is not None else "nvtx", loaded.last_cuda_call_ns)
+    return steps, step_diagnostics(series, steps, not loaded.ranges.empty, loaded.quick, step_range)
 
 
 def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:

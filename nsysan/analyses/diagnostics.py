@@ -179,5 +179,6 @@ def _failures(failed: list[FailedCall]) -> list[Diagnostic]:
     where = f" in NVTX range '{first.nvtx_range}'" if first.nvtx_range else ""
     held = f", holding {fmt_bytes(first.live_bytes)}" if first.live_bytes is not None else ""
     return [Diagnostic("warning", "allocation_failed",
-                       f"{len(oom)} memory calls failed with out-of-memory; the first, {first.api} "
+                       f"{len(oom)} memory call{'s' if len(oom) != 1 else ''} failed with out-of-memory; "
+                       f"the first, {first.api} "
                        f"({first.error}) by process {first.pid} at {first.time_ns / 1e6:.1f} ms{where}{held}")]

@@ -7,9 +7,10 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from ..model import GPU_RESIDENT_KINDS, Allocation, Peak
+from ..model import GPU_RESIDENT_KINDS, Allocation, Holder, Peak
 
 LIVE_AT_PEAK = 20  # allocations listed per peak (largest first); live_count has them all
+MADE_OF = 5  # (site, range) pairs listed per peak
 
 ToAllocations = Callable[[pd.DataFrame], list[Allocation]]
 
@@ -68,10 +69,36 @@ def _peak_of(rows: np.ndarray, events: pd.DataFrame, pid: Optional[int], device:
     live_now = rows[is_alloc & (rows <= seq) & ((partner < 0) | (partner > seq))]
     sizes = events["bytes"].to_numpy()[live_now]
     largest = live_now[np.argsort(-sizes, kind="stable")[:LIVE_AT_PEAK]]
-    return Peak(pid=pid, device=device, gpu=gpu, peak_bytes=int(live[at]),
+    return Peak(made_of=made_of(events, live_now), pid=pid, device=device, gpu=gpu, peak_bytes=int(live[at]),
                 peak_time_ns=int(events["ts_ns"].iat[seq]), nvtx_range=str(events["nvtx_range"].iat[seq]),
                 api=str(events["api"].iat[seq]), total_memory_bytes=total, live_count=int(len(live_now)),
                 live_at_peak=to_allocations(events.iloc[largest]))
+
+
+def made_of(events: pd.DataFrame, rows: np.ndarray, limit: int = MADE_OF) -> list[Holder]:
+    """The live allocations `rows` summed by call site, largest first; a site's NVTX range is named
+    when all its allocations share one."""
+    if len(rows) == 0:
+        return []
+    # Category codes, not strings: a peak of a large capture has 1e5 allocations live.
+    site, name = events["site"], events["nvtx_range"]
+    site_codes = site.cat.codes.to_numpy()[rows].astype("int64")
+    name_codes = name.cat.codes.to_numpy()[rows].astype("int64")
+    sizes = events["bytes"].to_numpy()[rows]
+    present, slot = np.unique(site_codes, return_inverse=True)
+    totals = np.zeros(len(present), "int64")
+    np.add.at(totals, slot, sizes)
+    counts = np.bincount(slot, minlength=len(present))
+    pairs = np.unique(slot.astype("int64") << 32 | (name_codes & 0xFFFFFFFF))
+    names_per_site = np.bincount((pairs >> 32).astype("int64"), minlength=len(present))
+    first_name = name_codes[np.unique(slot, return_index=True)[1]]
+    result = []
+    for i in np.argsort(-totals, kind="stable")[:limit]:  # capped
+        code = int(first_name[i])
+        result.append(Holder(site=str(site.cat.categories[present[i]]) if present[i] >= 0 else "",
+                             nvtx_range=str(name.cat.categories[code]) if names_per_site[i] == 1 and code >= 0 else "",
+                             bytes=int(totals[i]), allocations=int(counts[i])))
+    return result
 
 
 def headline(peaks: list[Peak]) -> Optional[Peak]:

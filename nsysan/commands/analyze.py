@@ -11,7 +11,7 @@ import typer
 from ..errors import NsysanError
 from ..export import files_read_for
 from ..model import Analysis
-from ..pipeline import analyze_report
+from ..pipeline import analyze_report, check_pattern
 from ..render.files import check_output_dir, one_run, refuse_inputs, write_atomic
 from ..render.json import render_json, render_json_many
 from ..smi_log import SmiLog, read_smi_logs
@@ -44,6 +44,9 @@ def analyze(
                                                     show_default=False),
     smi_tz: str = typer.Option("UTC", "--smi-tz", help="Time zone of the --smi logs' timestamps (nvidia-smi "
                                "writes local time): an IANA name or an offset like +02:00."),
+    step_range: Optional[str] = typer.Option(None, "--step-range", metavar="REGEX",
+                                             help="NVTX ranges whose name matches this regular expression are the "
+                                             "training steps (default: ranges repeated 3+ times, such as 'step 3')."),
 ) -> None:
     """Analyze GPU memory: peak per process and GPU, what was live then, never-freed allocations, top sites.
 
@@ -59,16 +62,19 @@ def analyze(
     # No output may replace an input, nor another output of this run.
     with one_run([*(path for report in reports for path in files_read_for(report)), *(smi or [])]):
         _analyze(reports, format, json_path, json_dir, output, nsys, cache_dir, top, quick, progress,
-                 smi_logs, smi_tz, stacks)
+                 smi_logs, smi_tz, stacks, step_range)
 
 
 def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_dir: Optional[Path],
              output: Optional[Path], nsys: Optional[Path], cache_dir: Optional[Path], top: int, quick: bool,
-             progress: bool, smi_logs: List[SmiLog], smi_tz: str, stacks: bool = False) -> None:
+             progress: bool, smi_logs: List[SmiLog], smi_tz: str, stacks: bool = False,
+             step_range: Optional[str] = None) -> None:
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
     if json_path and len(reports) > 1:
         raise NsysanError("--json takes one report; with several, use --json-dir DIR")
+    if step_range is not None:
+        check_pattern(step_range, "--step-range")
     if json_dir:
         _check_unique_names(reports, "--json-dir writes DIR/<report name>.analysis.json")
         refuse_inputs(json_dir / f"{report.name}.analysis.json" for report in reports)
@@ -85,7 +91,8 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
         try:
             with progress_bar(report.name, enabled=progress) as say:
                 analysis = analyze_report(report, nsys=nsys, cache_dir=cache_dir, progress=say, quick=quick,
-                                          smi_logs=smi_logs, smi_tz=smi_tz)
+                                          smi_logs=smi_logs, smi_tz=smi_tz,
+                                          step_range=step_range)
         except NsysanError as err:
             if len(reports) == 1:
                 raise

@@ -37,8 +37,10 @@ def out_console() -> "Console":
 
     # No markup, no :emoji: codes, no highlighting: every string is printed as it is.
     console = StdoutConsole(highlight=False, soft_wrap=False, markup=False, emoji=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = 120  # logs and files: wide enough for the tables, not the 80 of a pipe
+    if not console.is_terminal:
+        if "COLUMNS" not in os.environ:
+            console.width = 120  # logs and files: wide enough for the tables, not the 80 of a pipe
+        console.file = _WithoutTrailingSpaces()
     console.width = min(max(console.width, MIN_WIDTH), MAX_WIDTH)  # COLUMNS=1000000000 or 3
     return console
 
@@ -46,6 +48,35 @@ def out_console() -> "Console":
 # Widths the summary is drawn at, whatever COLUMNS says: rich draws every table cell padded to
 # the width, so a width of a billion is gigabytes of spaces.
 MIN_WIDTH, MAX_WIDTH = 40, 1000
+
+
+class _WithoutTrailingSpaces:
+    """stdout for a reader that is not a terminal (a file, a pipe, a CI log): each line without
+    the spaces rich pads tables to their width with, which diffs and `grep 'x$'` trip over."""
+
+    encoding = "utf-8"
+
+    def __init__(self) -> None:
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        if lines:
+            sys.stdout.write("\n".join(line.rstrip(" ") for line in lines) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial:
+            sys.stdout.write(self._partial)
+            self._partial = ""
+        sys.stdout.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return sys.stdout.fileno()
 
 
 @functools.cache

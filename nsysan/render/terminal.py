@@ -11,9 +11,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import printable
-from ..model import Allocation, Analysis, CallSite, Peak
+from ..model import Allocation, Analysis, CallSite, Peak, StepSeries
 from .oom import oom_and_reserved
-from ..units import fmt_bytes, fmt_duration, fmt_frame, fmt_share, fmt_time
+from ..units import fmt_bytes, fmt_duration, fmt_durations, fmt_frame, fmt_share, fmt_time, fmt_times
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -24,26 +24,38 @@ def render_terminal(analysis: Analysis, console: Console, top: int = 10, stacks:
     `stacks`: after the sites, the whole call stack of each top site that has one.
     """
     console.print(_capture_panel(analysis))
+    # The answers first, then the tables they come from: peak and growth, out of memory and
+    # reserved memory (with what was live), then the warnings that weaken the numbers.
+    if analysis.answers:
+        console.print(_answers(analysis, ("peak", "growth"), heading="Answers"))
     verdicts = oom_and_reserved(analysis)
     if verdicts is not None:
         console.print(verdicts)
+    if any(a.topic == "trust" for a in analysis.answers):
+        console.print(_answers(analysis, ("trust",)))
     quick = analysis.scope == "quick"
+    tables: list[Union[Table, Group]] = []
     if analysis.capture.memory_usage_collected and analysis.groups:
-        console.print(_read_columns(_peaks_table(analysis), quick))
-        for peak in analysis.process_peaks():
-            console.print(_read_columns(_live_at_peak_table(peak, top), quick))
-        console.print(_groups_table(analysis))
-        console.print(_read_columns(_never_freed_table(analysis, top), quick))
+        tables.append(_peaks_table(analysis))
+        tables += [_live_at_peak_table(peak, top) for peak in analysis.process_peaks()]
+        tables += [_steps_table(series, top) for series in analysis.steps]
+        tables.append(_groups_table(analysis))
+        tables.append(_never_freed_table(analysis, top))
         if not quick:
-            console.print(_sites_table(analysis, top))
+            tables.append(_sites_table(analysis, top))
             if stacks:
-                console.print(_site_stacks(analysis, top))
+                tables.append(_site_stacks(analysis, top))
         if analysis.ranges:
-            console.print(_ranges_table(analysis, top))
+            tables.append(_ranges_table(analysis, top))
     if analysis.api_calls and (not analysis.capture.memory_usage_collected or not analysis.groups):
-        console.print(_calls_table(analysis, top))
+        tables.append(_calls_table(analysis, top))
     if analysis.failed_calls:
-        console.print(_failed_table(analysis, top))
+        tables.append(_failed_table(analysis, top))
+    for table in tables:
+        if not isinstance(table, Table):
+            console.print(table)
+        elif table.row_count:  # a table without rows says nothing
+            console.print(_read_columns(table, quick))
     if analysis.smi is not None:
         from .smi_terminal import smi_section
 
@@ -119,11 +131,12 @@ def _peaks_table(analysis: Analysis) -> Table:
     table = _table("Peak GPU memory (device + array + static) per process and GPU",
                    ("process", "right"), ("device", "right"), ("peak", "right"), ("at", "right"),
                    ("NVTX range", "left"), ("reached by", "left"), ("of GPU", "right"), ("live allocs", "right"))
-    for peak in analysis.peaks:
+    times = fmt_times([peak.peak_time_ns for peak in analysis.peaks])
+    for peak, at in zip(analysis.peaks, times):
         who = "all" if peak.pid is None else str(peak.pid)
         where = f"GPU {peak.gpu}" if peak.pid is None else str(peak.device)
         share = fmt_share(peak.peak_bytes, peak.total_memory_bytes)
-        table.add_row(who, where, fmt_bytes(peak.peak_bytes), fmt_time(peak.peak_time_ns), _t(peak.nvtx_range or "-"),
+        table.add_row(who, where, fmt_bytes(peak.peak_bytes), at, _t(peak.nvtx_range or "-"),
                       _t(peak.api), share, str(peak.live_count))
     return table
 
@@ -135,9 +148,10 @@ def _live_at_peak_table(peak: Peak, top: int) -> Table:
              f"({fmt_bytes(peak.peak_bytes)} at {fmt_time(peak.peak_time_ns)})")
     table = _table(title, ("size", "right"), ("kind", "left"), ("API", "left"), ("site", "left"),
                    ("NVTX range", "left"), ("age", "right"))
-    for alloc in shown:
+    ages = fmt_durations([peak.peak_time_ns - alloc.alloc_time_ns for alloc in shown])
+    for alloc, age in zip(shown, ages):
         table.add_row(fmt_bytes(alloc.bytes), alloc.kind, _t(alloc.api), _t(alloc.site.label),
-                      _t(alloc.nvtx_range or "-"), fmt_duration(peak.peak_time_ns - alloc.alloc_time_ns))
+                      _t(alloc.nvtx_range or "-"), age)
     if more > 0:
         table.caption = f"… and {more} smaller allocations"
     return table
@@ -157,9 +171,10 @@ def _groups_table(analysis: Analysis) -> Table:
 
 
 def _allocation_rows(table: Table, allocations: Iterable[Allocation]) -> None:
-    for a in allocations:
+    allocations = list(allocations)
+    for a, at in zip(allocations, fmt_times([a.alloc_time_ns for a in allocations])):
         table.add_row(fmt_bytes(a.bytes), a.kind, _t(a.api), _t(a.site.label), _t(a.nvtx_range or "-"),
-                      str(a.pid), fmt_time(a.alloc_time_ns))
+                      str(a.pid), at)
 
 
 def _never_freed_table(analysis: Analysis, top: int) -> Table:
@@ -229,25 +244,71 @@ def _calls_table(analysis: Analysis, top: int) -> Table:
     table = _table("Memory API calls (sizes unknown without --cuda-memory-usage)", ("API", "left"),
                    ("family", "left"), ("calls", "right"), ("failed", "right"), ("total time", "right"),
                    ("longest", "right"))
-    for c in analysis.api_calls[: max(top, 15)]:
-        table.add_row(_t(c.api), c.family, str(c.calls), str(c.failed) if c.failed else "-",
-                      fmt_duration(c.total_time_ns), fmt_duration(c.max_time_ns))
+    shown = analysis.api_calls[: max(top, 15)]
+    totals = fmt_durations([c.total_time_ns for c in shown])
+    longest = fmt_durations([c.max_time_ns for c in shown])
+    for c, total, longest_call in zip(shown, totals, longest):
+        table.add_row(_t(c.api), c.family, str(c.calls), str(c.failed) if c.failed else "-", total, longest_call)
     return table
 
 
 def _failed_table(analysis: Analysis, top: int) -> Table:
     table = _table("Failed memory calls", ("at", "right"), ("process", "right"), ("API", "left"), ("error", "left"),
                    ("NVTX range", "left"), ("live then", "right"))
-    for f in analysis.failed_calls[:top]:
-        table.add_row(fmt_time(f.time_ns), str(f.pid), _t(f.api), f.error, _t(f.nvtx_range or "-"),
+    shown = analysis.failed_calls[:top]
+    for f, at in zip(shown, fmt_times([f.time_ns for f in shown])):
+        table.add_row(at, str(f.pid), _t(f.api), f.error, _t(f.nvtx_range or "-"),
                       fmt_bytes(f.live_bytes))
     return table
 
 
+_TOPIC_LABEL = {"peak": "peak", "growth": "growth", "oom": "OOM", "trust": "warning"}
+
+
+def _answers(analysis: Analysis, topics: tuple[str, ...], heading: str = "") -> Group:
+    """The answers of these topics, one per line (out-of-memory ones are drawn in detail by
+    render/oom.py)."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for v in analysis.answers:
+        if v.topic in topics:
+            style = SEVERITY_STYLE.get(v.severity, "") if v.severity != "info" else "bold"
+            grid.add_row(Text(f" {_TOPIC_LABEL.get(v.topic, v.topic)}", style=style), _t(v.message))
+    return Group(*([Text(heading, style="bold")] if heading else []), grid)
+
+
+def _steps_table(series: StepSeries, top: int) -> Table:
+    """Each step's live bytes; a long run shows its first and last steps."""
+    title = f"Steps of process {series.pid} on device {series.device}: live device + array memory"
+    table = _table(title, ("step", "left"), ("start", "right"), ("length", "right"), ("at end", "right"),
+                   ("change", "right"), ("peak", "right"), ("allocated", "right"), ("kept", "right"))
+    table.caption = "kept: allocated in the step and still live at the end of the capture"
+    steps = series.steps
+    head = max(1, top // 3)
+    shown = steps if len(steps) <= top + 2 else steps[:head] + steps[len(steps) - (top - head):]
+    found = series.step_count or len(steps)
+    starts = fmt_times([s.start_ns for s in shown])
+    lengths = fmt_durations([s.end_ns - s.start_ns for s in shown])
+    for i, (step, start, length) in enumerate(zip(shown, starts, lengths)):
+        if len(shown) < found and i == head:
+            table.add_row(f"… {found - len(shown)} more", *[""] * 7)
+        change = ("+" if step.delta_bytes > 0 else "") + fmt_bytes(step.delta_bytes)
+        note = "" if step.closed else " (open)"
+        table.add_row(_t(step.name + note), start, length, fmt_bytes(step.end_live_bytes), change,
+                      fmt_bytes(step.peak_live_bytes), fmt_bytes(step.allocated_bytes),
+                      fmt_bytes(step.kept_bytes) if step.kept_bytes else "-")
+    return table
+
+
 def _diagnostics(analysis: Analysis) -> Group:
-    diagnostics = analysis.diagnostics_by_severity()
-    if not diagnostics:
+    if not analysis.diagnostics:
         return Group(Text("Diagnostics", style="bold"), Text("  none: the capture has everything nsysan needs"))
+    # What the answers above already said is not said twice.
+    answered = {(v.code, v.message) for v in analysis.answers}
+    diagnostics = [d for d in analysis.diagnostics_by_severity() if (d.code, d.message) not in answered]
+    if not diagnostics:
+        return Group(Text("Diagnostics", style="bold"), Text("  none beyond the answers above"))
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
     grid.add_column(no_wrap=True, style="dim")

@@ -1,0 +1,190 @@
+"""The growth verdict: does a process's memory grow every step, by how much, and who keeps it.
+
+The rule (docs/analyses.md, "Steps and the growth verdict"):
+- A step's delta is its live bytes at the end minus the previous step's at the end.
+- Warm-up is left out: the first step always, then the steps whose delta is still far from the
+  steady state. The steady state is the median delta of the later half of the steps; a delta is
+  far from it when it differs by more than max(1 MiB, 1% of live bytes, 10% of that median).
+  At least MIN_JUDGED steps stay judged.
+- Growing: at least MIN_GROWING consecutive judged steps each add more than max(1 MiB, 1% of the
+  live bytes at their start); the rate is the median delta of the judged steps.
+- Uneven: not growing, but the judged steps together kept more than that threshold (a leak that
+  does not happen every step, e.g. a cache entry every third step).
+- Stable: neither.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Optional
+
+import numpy as np
+
+from ..model import Diagnostic, Growth, Holder, MemoryCap, Process, StepSeries
+from ..units import fmt_bytes
+
+MIB = 1 << 20
+MIN_GROWING = 3
+MIN_JUDGED = 3  # steps judged at least, after the warm-up
+MAX_HOLDERS = 3
+LABEL_CHARS = 80  # a holder's label in the message; the JSON has it whole
+_DIGITS = re.compile(r"\d+")
+
+# The warning each verdict raises, if any.
+GROWTH_CODES = {"growing": "memory_growth", "uneven": "memory_kept_unevenly"}
+# How the projection names what it runs into, by MemoryCap.source.
+_CAP_NAMES = {"gpu_total": "the GPU's {}", "xla_preallocation": "XLA's preallocated {}",
+              "allocator_oom": "the {} at which the allocator gave up"}
+
+
+def judge_all(steps: list[StepSeries], processes: list[Process], caps: list[MemoryCap]) -> list[Growth]:
+    """A verdict per step series, naming processes by rank when known and projecting to the
+    tightest known cap of each (process, device)."""
+    labels = {p.pid: p.label for p in processes if p.label}
+    verdicts = []
+    for series in steps:  # one per (process, device)
+        mine = [c for c in caps if c.pid == series.pid and c.device == series.device]
+        cap = min(mine, key=lambda c: c.cap_bytes) if mine else None
+        growth = judge_growth(series, cap, labels.get(series.pid, ""))
+        if cap is not None and cap.source == "xla_preallocation":
+            growth = _inside_preallocation(growth, cap)
+        verdicts.append(growth)
+    return verdicts
+
+
+def _inside_preallocation(growth: Growth, cap: MemoryCap) -> Growth:
+    """A framework that reserved its memory up front allocates inside that block, out of the
+    trace's sight: flat steps would be a false all-clear."""
+    who = process_name(growth.pid, growth.gpu, growth.device, growth.process)
+    return dataclasses.replace(
+        growth, verdict="preallocated", capacity_step=None,
+        message=f"{who}: XLA preallocated {fmt_bytes(cap.cap_bytes)} and allocates inside it, out of the trace's "
+                "sight, so growth per step cannot be seen; run with XLA_PYTHON_CLIENT_PREALLOCATE=false or "
+                "XLA_PYTHON_CLIENT_ALLOCATOR=platform to see it")
+
+
+def growth_diagnostics(growth: list[Growth]) -> list[Diagnostic]:
+    return [Diagnostic("warning", GROWTH_CODES[g.verdict], g.message) for g in growth if g.verdict in GROWTH_CODES]
+
+
+def process_name(pid: int, gpu: Optional[int], device: int, label: str = "") -> str:
+    """"rank 1 (process 2147) on GPU 1", or "process 1644 on GPU 0" without a rank."""
+    who = f"{label} (process {pid})" if label and label != f"process {pid}" else f"process {pid}"
+    return f"{who} on GPU {gpu}" if gpu is not None else f"{who} on CUDA device {device}"
+
+
+def judge_growth(series: StepSeries, cap: Optional[MemoryCap] = None, label: str = "") -> Growth:
+    """The verdict for one process and device (see the module's docstring for the rule); `cap` is
+    what the projection runs into, `label` the process's name ("rank 1")."""
+    # A step cut short by the capture's end, or past the end of the CUDA trace, says nothing.
+    steps = [s for s in series.steps if s.closed and s.traced]
+    who = process_name(series.pid, series.gpu, series.device, label)
+    base = dict(pid=series.pid, device=series.device, gpu=series.gpu, process=label or f"process {series.pid}",
+                capacity_bytes=cap.cap_bytes if cap is not None else None,
+                capacity_source=cap.source if cap is not None else "")
+    if len(steps) < 1 + MIN_GROWING:
+        why = (f"{len(steps)} complete steps, too few to judge growth (needs {1 + MIN_GROWING})"
+               if all(s.traced for s in series.steps) else
+               f"the CUDA trace stops before {sum(not s.traced for s in series.steps)} of its "
+               f"{len(series.steps)} steps end, so growth is not judged")
+        return Growth(**base, verdict="too_few_steps", first_step=None, last_step=None, bytes_per_step=0,
+                      total_bytes=0, threshold_bytes=MIB, growing_steps=[],
+                      end_live_bytes=steps[-1].end_live_bytes if steps else 0, capacity_step=None, holders=[],
+                      message=f"{who}: {why}")
+    deltas = np.array([s.delta_bytes for s in steps], "int64")
+    first = _settled_from(deltas, steps[-1].end_live_bytes)
+    judged = steps[first:]
+    grows = deltas[first:] > np.array([_threshold(s.start_live_bytes) for s in judged], "int64")
+    rate = int(np.median(deltas[first:]))
+    holders = _holders(judged, series.range_name)
+    judged_fields = dict(first_step=judged[0].number, last_step=judged[-1].number, bytes_per_step=rate,
+                         total_bytes=judged[-1].end_live_bytes - steps[first - 1].end_live_bytes,
+                         threshold_bytes=_threshold(judged[0].start_live_bytes),
+                         end_live_bytes=judged[-1].end_live_bytes, holders=holders)
+    span = _span(judged)
+    if _longest_run(grows) >= MIN_GROWING and rate > 0:
+        at_step = None
+        message = f"{who} grows {fmt_bytes(rate)} per step (median of steps {span})"
+        if cap is not None:
+            room = cap.cap_bytes - judged[-1].end_live_bytes
+            at_step = judged[-1].number + max(int(np.ceil(room / rate)), 0)
+            limit = _CAP_NAMES.get(cap.source, "the cap of {}").format(fmt_bytes(cap.cap_bytes))
+            message += (f"; at this rate {limit} is reached at step ~{at_step}" if room > 0 else
+                        f"; by step {at_step} it held {limit}")
+        return Growth(**base, **judged_fields, verdict="growing", capacity_step=at_step,
+                      growing_steps=[s.number for s, g in zip(judged, grows) if g], message=message + _kept_by(holders))
+    if judged_fields["total_bytes"] > judged_fields["threshold_bytes"]:
+        keeping = [s for s in judged if s.delta_bytes > MIB]
+        sizes = sorted({s.delta_bytes for s in keeping})
+        each = f" ({fmt_bytes(sizes[0])} each)" if len(sizes) == 1 else ""
+        message = (f"{who} keeps memory in some steps, not every step: {_numbers([s.number for s in keeping])}"
+                   f"{each}, {fmt_bytes(judged_fields['total_bytes'])} over steps {span}")
+        return Growth(**base, **judged_fields, verdict="uneven", capacity_step=None,
+                      growing_steps=[s.number for s in keeping], message=message + _kept_by(holders))
+    return Growth(**base, **judged_fields, verdict="stable", capacity_step=None,
+                  growing_steps=[s.number for s, g in zip(judged, grows) if g],
+                  message=f"{who} is stable since step {judged[0].number}")
+
+
+def _threshold(live_bytes: int) -> int:
+    return max(MIB, live_bytes // 100)
+
+
+def _settled_from(deltas: np.ndarray, live_bytes: int) -> int:
+    """Index of the first judged step: the first k >= 1 whose delta is near the steady state (the
+    median of the later half), keeping at least MIN_JUDGED steps."""
+    later = deltas[1:][len(deltas[1:]) // 2:]
+    steady = float(np.median(later))
+    tolerance = max(MIB, live_bytes / 100, abs(steady) / 10)
+    near = np.flatnonzero(np.abs(deltas[1:] - steady) <= tolerance)
+    first = 1 + int(near[0]) if len(near) else 1
+    return min(first, len(deltas) - MIN_JUDGED)
+
+
+def _longest_run(flags: np.ndarray) -> int:
+    best = run = 0
+    for flag in flags.tolist():  # a few thousand steps at most
+        run = run + 1 if flag else 0
+        best = max(best, run)
+    return best
+
+
+def _span(steps: list) -> str:
+    return f"{steps[0].number}-{steps[-1].number}" if len(steps) > 1 else str(steps[0].number)
+
+
+def _numbers(numbers: list[int]) -> str:
+    """"steps 2, 5 and 8"."""
+    if len(numbers) == 1:
+        return f"step {numbers[0]}"
+    shown = [str(n) for n in numbers[:8]] + (["..."] if len(numbers) > 8 else [])
+    return "steps " + ", ".join(shown[:-1]) + " and " + shown[-1]
+
+
+def _holders(steps: list, family: str) -> list[Holder]:
+    """Who holds the memory the judged steps allocated and never freed, largest first. Labels that
+    differ only by numbers ("cudaMalloc in step 2", "... in step 3") are one holder, shown with the
+    step's name as the family's ("cudaMalloc in step N")."""
+    totals: dict[tuple[str, str], list] = {}
+    for step in steps:
+        for h in step.kept:  # capped per step
+            key = (_DIGITS.sub("N", h.site), _DIGITS.sub("N", h.nvtx_range))
+            entry = totals.setdefault(key, [0, 0, h.site.replace(step.name, family),
+                                            h.nvtx_range.replace(step.name, family)])
+            entry[0] += h.bytes
+            entry[1] += h.allocations
+    ranked = sorted(totals.values(), key=lambda e: (-e[0], e[2], e[3]))[:MAX_HOLDERS]
+    return [Holder(site=site, nvtx_range=name, bytes=b, allocations=n) for b, n, site, name in ranked]
+
+
+def _kept_by(holders: list[Holder]) -> str:
+    if not holders:
+        return ""
+    parts = [_cut(h.site) + (f" in '{_cut(h.nvtx_range)}'" if h.nvtx_range and h.nvtx_range not in h.site else "")
+             + f" ({fmt_bytes(h.bytes)})" for h in holders]
+    return "; never freed from these steps: " + ", ".join(parts)
+
+
+def _cut(label: str) -> str:
+    return label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 1] + "…"

@@ -1,0 +1,246 @@
+"""Training steps: which NVTX ranges are the steps, and what each step did to live memory.
+
+A step is an instance of the NVTX range a program repeats around its loop body ("step 3",
+"iteration 12", "ProfilerStep#7", "train_step"). Per process, the steps are the ranges on a
+thread that calls memory APIs whose name, with its numbers blanked out, repeats at least
+MIN_STEPS times at one nesting depth; a name that says step/iteration/epoch/batch wins, then
+the main thread, then the outermost depth, then the most instances. `--step-range REGEX` names
+them instead. Steps are time windows on the whole process: PyTorch's backward pass allocates
+from its autograd thread, inside the main thread's step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import pandas as pd
+
+from ..model import Diagnostic, Holder, Step, StepSeries
+from .timeline import Groups
+
+MIN_STEPS = 3
+STEP_KINDS = ("device", "array")  # allocated by the program; module statics are loaded by the driver
+STEP_WORDS = re.compile(r"step|iter|epoch|batch", re.I)
+MAX_HOLDERS = 3  # per step
+MAX_LISTED = 200  # steps listed per series in the model
+OPEN_END = np.iinfo("int64").max // 4  # an end beyond this is "never closed" (see events.py)
+
+# The two lines that make steps visible, given whenever no steps are found.
+HOW_TO_MARK_STEPS = ("mark each step with two lines, `torch.cuda.nvtx.range_push(f\"step {i}\")` at the top "
+                     "of the loop body and `torch.cuda.nvtx.range_pop()` at its end (with torch.profiler, "
+                     "`prof.step()` under `torch.autograd.profiler.emit_nvtx()` marks ProfilerStep#N ranges), "
+                     "or name the ranges that are steps with --step-range REGEX")
+
+
+@dataclass(frozen=True)
+class LiveSeries:
+    """Device + array bytes of one (process, CUDA device) after each of its events, in time order."""
+
+    pid: int
+    device: int
+    rows: np.ndarray  # rows of the events frame
+    ts: np.ndarray
+    live: np.ndarray
+
+
+def live_series(events: pd.DataFrame, grouped: Groups) -> list[LiveSeries]:
+    """One series per (process, device) holding device or array memory, reusing the running sums
+    of the (process, device, kind) groups (no pass over all events when there is no array memory)."""
+    if events.empty or grouped.segments is None:
+        return []
+    keys = grouped.keys
+    seg = grouped.segments
+    ts_all, delta_all = events["ts_ns"].to_numpy(), events["delta_bytes"].to_numpy()
+    chosen = keys[keys["kind"].isin(STEP_KINDS)]
+    result = []
+    for (pid, device), members in chosen.groupby(["pid", "device"], sort=True):  # one per (process, device)
+        parts = [seg.order[seg.starts[g]:seg.starts[g] + seg.sizes[g]] for g in members.index]
+        if len(parts) == 1:
+            rows, live = parts[0], grouped.live[parts[0]]
+        else:  # device and array together: merged in event order, summed again
+            rows = np.sort(np.concatenate(parts), kind="stable")
+            live = np.cumsum(delta_all[rows])
+        result.append(LiveSeries(int(pid), int(device), rows, ts_all[rows], live))
+    return result
+
+
+def find_step_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray,
+                     pattern: Optional[str] = None) -> dict[int, tuple[str, pd.DataFrame]]:
+    """Per process: the steps' name (numbers as N, or the pattern) and their ranges in time order.
+
+    `memory_threads`: pid << 24 | tid of every thread that made a memory call.
+    """
+    if ranges.empty:
+        return {}
+    keys = ranges["pid"].to_numpy().astype("int64") << 24 | (ranges["tid"].to_numpy().astype("int64") & 0xFFFFFF)
+    candidates = ranges[np.isin(keys, memory_threads)]
+    if pattern is not None:
+        candidates = candidates[candidates["name"].str.contains(pattern, regex=True).to_numpy()]
+        family = pd.Series(pattern, index=candidates.index)
+        least = 1
+    else:
+        family = candidates["name"].str.replace(r"\d+", "N", regex=True)
+        least = MIN_STEPS
+    if candidates.empty:
+        return {}
+    counted = candidates.assign(family=family).groupby(["pid", "tid", "depth", "family"], sort=False).size()
+    counted = counted[counted >= least].reset_index(name="instances")
+    if counted.empty:
+        return {}
+    # Preference: a step-like name, the main thread, the outermost depth, the most instances.
+    counted["not_step_word"] = ~counted["family"].map(lambda f: bool(STEP_WORDS.search(f)))
+    counted["not_main"] = counted["tid"] != counted["pid"]
+    counted = counted.sort_values(["pid", "not_step_word", "not_main", "depth", "instances"],
+                                  ascending=[True, True, True, True, False], kind="stable")
+    chosen: dict[int, tuple[str, pd.DataFrame]] = {}
+    with_family = candidates.assign(family=family)
+    for best in counted.drop_duplicates("pid").itertuples(index=False):  # one per process
+        mine = with_family[(with_family["pid"] == best.pid).to_numpy() & (with_family["tid"] == best.tid).to_numpy()
+                           & (with_family["depth"] == best.depth).to_numpy()
+                           & (with_family["family"] == best.family).to_numpy()]
+        chosen[int(best.pid)] = (str(best.family), mine.sort_values("start_ns", kind="stable"))
+    return chosen
+
+
+def step_numbers(names: list[str]) -> list[int]:
+    """The number in each step's name when every step has a distinct one ("step 3" -> 3), else 0, 1, ..."""
+    numbers = []
+    for name in names:
+        found = re.findall(r"\d+", name)
+        numbers.append(int(found[-1]) if found else None)
+    if None in numbers or len(set(numbers)) != len(numbers) or numbers != sorted(numbers):
+        return list(range(len(names)))
+    return numbers  # type: ignore[return-value]
+
+
+def step_table(events: pd.DataFrame, series: list[LiveSeries], step_ranges: dict[int, tuple[str, pd.DataFrame]],
+               gpu_of: Callable[[int, int], Optional[int]], end_ns: int, found_by: str,
+               trace_end_ns: Optional[dict[int, int]] = None) -> list[StepSeries]:
+    """Each step's live bytes at start and end, delta, peak, bytes allocated, freed and kept.
+
+    `trace_end_ns`: pid -> where its CUDA trace stops, for processes whose trace stops early.
+    """
+    result = []
+    for s in series:  # one per (process, device)
+        if s.pid not in step_ranges or len(s.rows) == 0:
+            continue
+        family, spans = step_ranges[s.pid]
+        starts = spans["start_ns"].to_numpy()
+        raw_ends = spans["end_ns"].to_numpy()
+        # nsys ends a range left open at the end of the session (or leaves its end NULL, read as
+        # OPEN_END): a step that ends at the capture's end never closed.
+        closed = raw_ends < min(OPEN_END, max(end_ns, 0))
+        ends = np.where(closed, raw_ends, max(end_ns, 0))
+        ends = np.maximum(ends, starts)
+        first = np.searchsorted(s.ts, starts, side="left")  # first event inside
+        stop = np.searchsorted(s.ts, ends, side="right")  # one past the last inside
+        padded = np.concatenate([[0], s.live])  # padded[i] = live after the first i events
+        start_live, end_live = padded[first], padded[stop]
+        peak = np.maximum(start_live, _range_max(s.live, first, stop))
+        # An allocation adds its size to the live bytes and a matched free takes it away (an
+        # unmatched free adds 0), so the positive deltas are the bytes allocated, and what was
+        # freed is what was allocated minus the net change: two passes over the rows, not four.
+        delta = events["delta_bytes"].to_numpy()[s.rows]
+        allocated = _window_sums(np.maximum(delta, 0), first, stop)
+        freed = allocated - (end_live - start_live)
+        kept_mask = (delta > 0) & (events["partner"].to_numpy()[s.rows] < 0)
+        kept = _window_sums(np.where(kept_mask, delta, 0), first, stop)
+        holders = _holders(events, s, kept_mask, first, stop)
+        deltas = np.diff(np.concatenate([[start_live[0]], end_live])) if len(end_live) else end_live
+        traced = ends <= (trace_end_ns or {}).get(s.pid, OPEN_END)
+        names = spans["name"].astype(str).tolist()
+        numbers = step_numbers(names)
+        steps = [Step(number=numbers[i], name=names[i], start_ns=int(starts[i]), end_ns=int(ends[i]),
+                      closed=bool(closed[i]), start_live_bytes=int(start_live[i]), end_live_bytes=int(end_live[i]),
+                      delta_bytes=int(deltas[i]), peak_live_bytes=int(peak[i]), allocated_bytes=int(allocated[i]),
+                      freed_bytes=int(freed[i]), kept_bytes=int(kept[i]), kept=holders.get(i, []),
+                      traced=bool(traced[i]))
+                 for i in range(len(spans))]  # one per step
+        result.append(StepSeries(pid=s.pid, device=s.device, gpu=gpu_of(s.pid, s.device), range_name=family,
+                                 found_by=found_by, steps=steps))
+    return result
+
+
+def listed(series: StepSeries, limit: int = MAX_LISTED) -> StepSeries:
+    """The series with its first and last limit/2 steps when it has more (a 5000-step capture
+    would otherwise put 3 MB of steps into the JSON); `step_count` keeps the number found."""
+    if len(series.steps) <= limit:
+        return dataclasses.replace(series, step_count=len(series.steps))
+    half = limit // 2
+    return dataclasses.replace(series, steps=series.steps[:half] + series.steps[-half:],
+                               step_count=len(series.steps))
+
+
+def _window_sums(values: np.ndarray, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
+    """Sum of values[first:stop] for each window, exact in int64."""
+    cum = np.concatenate([[0], np.cumsum(values.astype("int64", copy=False))])
+    return cum[stop] - cum[first]
+
+
+def _range_max(values: np.ndarray, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
+    """max(values[first:stop]) per window, the minimum int64 for an empty window."""
+    low = np.iinfo("int64").min
+    if len(values) == 0:
+        return np.full(len(first), low, "int64")
+    padded = np.append(values, low)  # reduceat needs an index in range; empty windows read the pad
+    bounds = np.empty(2 * len(first), "int64")
+    bounds[0::2], bounds[1::2] = first, np.maximum(stop, first + 1)
+    result = np.maximum.reduceat(padded, np.minimum(bounds, len(values)))[0::2]
+    return np.where(stop > first, result, low)
+
+
+def _holders(events: pd.DataFrame, s: LiveSeries, kept_mask: np.ndarray, first: np.ndarray,
+             stop: np.ndarray) -> dict[int, list[Holder]]:
+    """Per step, the (site, innermost range) pairs of its allocations still live at the end."""
+    positions = np.flatnonzero(kept_mask)
+    if len(positions) == 0:
+        return {}
+    step_of = np.searchsorted(first, positions, side="right") - 1  # steps are sorted by start
+    inside = (step_of >= 0) & (positions < stop[np.maximum(step_of, 0)])
+    positions, step_of = positions[inside], step_of[inside]
+    if len(positions) == 0:
+        return {}
+    rows = s.rows[positions]
+    # Category codes, not strings: turning a 1e7-row categorical into strings costs a second.
+    site, name = events["site"], events["nvtx_range"]
+    kept = pd.DataFrame({"step": step_of, "site": site.cat.codes.to_numpy()[rows],
+                         "range": name.cat.codes.to_numpy()[rows], "bytes": events["bytes"].to_numpy()[rows]})
+    summed = kept.groupby(["step", "site", "range"], sort=False)["bytes"].agg(["sum", "size"]).reset_index()
+    summed = summed.sort_values(["step", "sum"], ascending=[True, False], kind="stable")
+    summed = summed.groupby("step", sort=False).head(MAX_HOLDERS)
+    sites, names = site.cat.categories, name.cat.categories
+    holders: dict[int, list[Holder]] = {}
+    for step, site_code, name_code, total, count in summed.itertuples(index=False):  # capped per step
+        holders.setdefault(int(step), []).append(Holder(
+            site=str(sites[site_code]) if site_code >= 0 else "", nvtx_range=str(names[name_code]) if name_code >= 0 else "",
+            bytes=int(total), allocations=int(count)))
+    return holders
+
+
+def memory_threads(calls: pd.DataFrame) -> np.ndarray:
+    """pid << 24 | tid of every thread that made a memory call (an event's thread is its call's)."""
+    if calls.empty:
+        return np.zeros(0, "int64")
+    return pd.unique(calls["pid"].to_numpy().astype("int64") << 24 | (calls["tid"].to_numpy().astype("int64") & 0xFFFFFF))
+
+
+def step_diagnostics(series: list[LiveSeries], found: list[StepSeries], has_ranges: bool, quick: bool,
+                     pattern: Optional[str]) -> list[Diagnostic]:
+    """Why steps (and so the growth verdict) are missing, with how to make them visible."""
+    if not series or found:
+        return []
+    if quick:
+        return [Diagnostic("info", "no_steps", "--quick does not read NVTX ranges, so steps and memory growth "
+                                               "per step are not judged; run without --quick for them")]
+    if pattern is not None:
+        return [Diagnostic("warning", "no_steps", f"no NVTX range on a thread that allocates GPU memory matches "
+                                                  f"--step-range {pattern!r}, so memory growth per step is not "
+                                                  "judged")]
+    why = ("the capture has no NVTX ranges" if not has_ranges else
+           f"no NVTX range repeats at least {MIN_STEPS} times on a thread that allocates GPU memory")
+    return [Diagnostic("info", "no_steps", f"no training steps found ({why}), so memory growth per step is not "
+                                           f"judged; {HOW_TO_MARK_STEPS}")]
