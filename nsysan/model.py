@@ -706,7 +706,7 @@ class Analysis:
         >>> import nsysan
         >>> nsysan.analyze("fixtures/known_mem_v25.sqlite")     # doctest: +NORMALIZE_WHITESPACE
         <nsysan.Analysis of known_mem_v25.sqlite: peak 908.0 MiB (process 1313, device 0, at 517.08 ms
-        in 'burst'); never freed 6 (146.0 MiB); failed calls 0; diagnostics: 1 info>
+        in 'burst'); never freed 6 (146.0 MiB); failed calls 0; diagnostics: 1 warning, 1 info>
         """
         from .units import fmt_bytes, fmt_time
 
@@ -783,7 +783,7 @@ class Analysis:
 
         >>> import nsysan
         >>> [d.code for d in nsysan.analyze("fixtures/known_mem_v25.sqlite").diagnostics_by_severity()]
-        ['no_backtraces']
+        ['memory_kept_unevenly', 'no_backtraces']
         """
         order = {s: i for i, s in enumerate(SEVERITIES)}
         return sorted(self.diagnostics, key=lambda d: order.get(d.severity, len(order)))

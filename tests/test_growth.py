@@ -269,3 +269,26 @@ def test_a_long_run_lists_its_first_and_last_steps():
     assert shown.step_count == 500 and len(shown.steps) == 200
     assert [s.number for s in shown.steps] == list(range(100)) + list(range(400, 500))
     assert listed(series_of([1, 2, 3])).step_count == 3
+
+
+def test_steps_inside_an_xla_preallocation_are_not_called_stable():
+    # jax_prealloc_v25: XLA reserved 104.9 GiB at start and allocates inside it, while its own
+    # bytes_in_use grows by 512 MiB a step (truth): flat steps in the trace are no all-clear
+    in_use = [r["bytes_in_use"] for r in truth("jax_prealloc_v25") if "step" in r]
+    assert {b - a for a, b in zip(in_use, in_use[1:])} == {512 * MiB}
+    analysis = analysis_of("jax_prealloc_v25")
+    [growth] = analysis.growth
+    assert growth.verdict == "preallocated" and growth.capacity_source == "xla_preallocation"
+    assert "XLA_PYTHON_CLIENT_PREALLOCATE=false" in growth.message
+    assert not [d for d in analysis.diagnostics if d.code in ("memory_growth", "memory_kept_unevenly")]
+
+
+def test_the_answers_come_in_order(ddp_leak_v25):
+    topics = [a.topic for a in ddp_leak_v25.answers]
+    assert topics == sorted(topics, key=["peak", "growth", "oom", "reserved", "trust"].index)
+    # each process's peak, named by rank, with what made it
+    peaks = [a.message for a in ddp_leak_v25.answers if a.topic == "peak"]
+    assert peaks[0].startswith("1.6 GiB on GPU 1 (1.2% of 139.8 GiB), rank 1 (process 2147)")
+    assert "; made of " in peaks[0]
+    made_of = ddp_leak_v25.process_peaks()[0].made_of
+    assert made_of == sorted(made_of, key=lambda h: -h.bytes)
