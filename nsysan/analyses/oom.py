@@ -22,6 +22,7 @@ from ..cuda_errors import OUT_OF_MEMORY, error_name
 from ..events.nvtx import attribute_ranges
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocatorOom, CacheRelease, CutShort, OomFailure, OutOfMemory, \
     Probe
+from .allocator import is_value
 
 # "retried at once": the same API succeeds on the thread within 10 ms after the failed call
 # returned (torch_expandable_v25's failing cuMemCreate itself takes 18.6 ms; the retry comes 21 µs
@@ -82,11 +83,17 @@ def _failed_calls(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
     failed_count = int((calls["return_value"].to_numpy()[failed_mask] == OUT_OF_MEMORY).sum())
     failed = calls[failed_mask].head(1000)
     _, paths = attribute_ranges(failed, ranges)
-    ok = calls[(calls["return_value"] == 0).to_numpy()]
+    # the successful calls of the failed ones' threads and APIs, as sorted start times per group
+    same = ((calls["return_value"] == 0) & calls["api"].isin(failed["api"].unique())
+            & calls["tid"].isin(failed["tid"].unique())).to_numpy()
+    ok = calls[same]
+    names = ok["api"].cat.categories
+    ok_starts = {(pid, tid, str(names[code])): np.sort(group.to_numpy()) for (pid, tid, code), group in
+                 ok.groupby([ok["pid"].to_numpy(), ok["tid"].to_numpy(), ok["api"].cat.codes.to_numpy()])["ts_ns"]}
     failures, probes = [], []
     for (_, call), path in zip(failed.iterrows(), np.asarray(paths)):  # failed calls: few, capped
         pid, tid, api, ts, code = int(call.pid), int(call.tid), str(call.api), int(call.ts_ns), int(call.return_value)
-        retry = _retry_after(ok, pid, tid, api, int(call.end_ns))
+        retry = _retry_after(ok_starts.get((pid, tid, api)), int(call.end_ns))
         if code != OUT_OF_MEMORY:
             if retry is not None:
                 probes.append(Probe(pid=pid, tid=tid, api=api, time_ns=ts, return_value=code,
@@ -99,12 +106,15 @@ def _failed_calls(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
     return failures, probes, failed_count
 
 
-def _retry_after(ok: pd.DataFrame, pid: int, tid: int, api: str, ts: int) -> Optional[int]:
-    """ns from `ts` (the failed call's return) until the same API next succeeded on that thread,
-    if within PROBE_RETRY_NS."""
-    later = ok["ts_ns"].to_numpy()[((ok["pid"] == pid) & (ok["tid"] == tid) & (ok["api"] == api)).to_numpy()]
-    later = later[(later >= ts) & (later <= ts + PROBE_RETRY_NS)]
-    return int(later.min() - ts) if len(later) else None
+def _retry_after(starts: Optional[np.ndarray], ts: int) -> Optional[int]:
+    """ns from `ts` (the failed call's return) until the same API next succeeded on that thread
+    (`starts`: its successful calls' start times, sorted), if within PROBE_RETRY_NS."""
+    if starts is None:
+        return None
+    at = int(np.searchsorted(starts, ts, side="left"))
+    if at < len(starts) and starts[at] <= ts + PROBE_RETRY_NS:
+        return int(starts[at] - ts)
+    return None
 
 
 def _failure(events: pd.DataFrame, calls: pd.DataFrame, pid: int, tid: int, api: str, ts: int, code: int,
@@ -187,7 +197,7 @@ def _live_bytes_by_pid(events: pd.DataFrame, seq: int, rows: np.ndarray) -> dict
 
 # The call a caching allocator gives a segment back with; other frees on the device (NCCL's
 # cuMemUnmap at ncclCommDestroy, on ddp_leak_v25) are not its own.
-_RELEASE_API = {"pytorch_caching": "cudaFree", "pytorch_expandable": "cuMemUnmap"}
+_RELEASE_API = {"pytorch_caching": "cudaFree", "pytorch_expandable": "cuMemUnmap"}  # else cudaFree
 
 
 def _cache_releases(events: pd.DataFrame, caching_allocators: dict[tuple[int, int], str],
@@ -195,37 +205,38 @@ def _cache_releases(events: pd.DataFrame, caching_allocators: dict[tuple[int, in
     """Bursts of frees by a caching allocator: BURST_MIN_BLOCKS or more matched frees in a row on
     one (process, device), no allocation between them, each within BURST_GAP_NS of the last."""
     releases: list[CacheRelease] = []
+    if not caching_allocators:
+        return releases
+    delta_all, ts_all = events["delta_bytes"].to_numpy(), events["ts_ns"].to_numpy()
+    # the allocator's own rows: its device allocations and its release call's frees
+    device_rows = np.flatnonzero(is_value(events["kind"], "device"))
+    pids, devices = events["pid"].to_numpy()[device_rows], events["device"].to_numpy()[device_rows]
+    releasing = {api: is_value(events["api"], api) for api in set(_RELEASE_API.values())}
     for (pid, device), kind in sorted(caching_allocators.items()):
-        rows = _pair_rows(events, pid, device)
-        delta_all = events["delta_bytes"].to_numpy()
-        own = (events["kind"].to_numpy()[rows] == "device") & (
-            (delta_all[rows] > 0) | (events["api"].to_numpy()[rows] == _RELEASE_API.get(kind, "cudaFree")))
+        rows = device_rows[(pids == pid) & (devices == device)]
+        own = (delta_all[rows] > 0) | releasing[_RELEASE_API.get(kind, "cudaFree")][rows]
         rows = rows[own]
         if len(rows) == 0:
             continue
-        delta = events["delta_bytes"].to_numpy()[rows]
-        ts = events["ts_ns"].to_numpy()[rows]
+        delta, ts = delta_all[rows], ts_all[rows]
         live = np.cumsum(delta)
         is_free = delta < 0
-        # a new burst starts at a free that does not continue the previous row's burst
+        # a burst: frees in a row, each within BURST_GAP_NS of the one before
         continues = np.zeros(len(rows), bool)
         continues[1:] = is_free[1:] & is_free[:-1] & (ts[1:] - ts[:-1] <= BURST_GAP_NS)
         starts = np.flatnonzero(is_free & ~continues)
+        burst_of = np.cumsum(is_free & ~continues) - 1  # burst number of each free
+        sizes = np.bincount(burst_of[is_free], minlength=len(starts)) if len(starts) else np.zeros(0, int)
+        ends = starts + sizes - 1
         is_alloc = delta > 0
         last_alloc = int(np.flatnonzero(is_alloc)[-1]) if is_alloc.any() else -1
-        paths = events["nvtx_path"].to_numpy()
-        for start in starts.tolist():  # bursts: few (a caching allocator rarely frees)
-            end = start
-            while end + 1 < len(rows) and continues[end + 1]:
-                end += 1
-            blocks = end - start + 1
-            if blocks < BURST_MIN_BLOCKS:
-                continue
+        for start, end in zip(starts[sizes >= BURST_MIN_BLOCKS].tolist(), ends[sizes >= BURST_MIN_BLOCKS].tolist()):
             before = int(live[start - 1]) if start else 0
             releases.append(CacheRelease(
                 pid=pid, device=device, gpu=gpu_of(pid, device), start_ns=int(ts[start]), end_ns=int(ts[end]),
-                blocks=blocks, released_bytes=int(-delta[start:end + 1].sum()), nvtx_path=str(paths[rows[start]]),
-                live_before_bytes=before, live_after_bytes=int(live[end]), followed_by_allocation=last_alloc > end))
+                blocks=end - start + 1, released_bytes=int(-delta[start:end + 1].sum()),
+                nvtx_path=str(events["nvtx_path"].iat[int(rows[start])]), live_before_bytes=before,
+                live_after_bytes=int(live[end]), followed_by_allocation=last_alloc > end))
             if len(releases) >= MAX_RELEASES:
                 return releases
     return releases
@@ -249,18 +260,23 @@ def _cut_short(events: pd.DataFrame, open_by_pid: dict[int, list[str]], end_ns: 
     GPU-resident live bytes at their highest at the end of the capture after rising over their
     last events (a process that finished has stopped allocating well before the capture ends:
     it still tears down, and nsys flushes)."""
+    resident = np.flatnonzero(events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()) if not events.empty \
+        else np.zeros(0, "int64")
+    pids = events["pid"].to_numpy()[resident]
+    ts = events["ts_ns"].to_numpy()[resident]
+    # each process's last GPU-resident event: only those ending near the capture's end can be climbing
+    last_of = pd.Series(ts).groupby(pids).max().to_dict() if len(resident) else {}
     found = []
-    resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy() if not events.empty else np.zeros(0, bool)
-    pids = sorted(set(open_by_pid) | set(pd.unique(events["pid"].to_numpy()).tolist()))
-    for pid in pids:
-        rows = np.flatnonzero(resident & (events["pid"].to_numpy() == pid)) if len(resident) else np.zeros(0, int)
-        live = np.cumsum(events["delta_bytes"].to_numpy()[rows]) if len(rows) else np.zeros(1, "int64")
-        end_live = int(live[-1])
-        tail_start = int(len(live) * (1 - CLIMBING_TAIL))
-        last = int(events["ts_ns"].to_numpy()[rows[-1]]) if len(rows) else 0
-        climbing = bool(len(rows) >= 8 and end_live > 0 and end_live >= live.max() and end_live > live[tail_start]
-                        and end_ns - last <= NEAR_END_NS)
+    for pid in sorted(set(open_by_pid) | set(last_of)):
         opened = open_by_pid.get(pid, [])
+        climbing, end_live, last = False, 0, int(last_of.get(pid, 0))
+        if pid in last_of and (opened or end_ns - last <= NEAR_END_NS):
+            rows = resident[pids == pid]
+            live = np.cumsum(events["delta_bytes"].to_numpy()[rows])
+            end_live = int(live[-1])
+            tail_start = int(len(live) * (1 - CLIMBING_TAIL))
+            climbing = bool(len(rows) >= 8 and end_live > 0 and end_live >= live.max()
+                            and end_live > live[tail_start] and end_ns - last <= NEAR_END_NS)
         if opened or climbing:
             found.append(CutShort(pid=int(pid), last_event_ns=last, open_ranges=opened, climbing=climbing,
                                   end_live_bytes=end_live))

@@ -21,8 +21,12 @@ def resident_rows(events: pd.DataFrame) -> np.ndarray:
 
 
 def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]],
-               total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: ToAllocations) -> list[Peak]:
-    """Per (process, device) peaks, then per GPU across processes (pid None) when several share one."""
+               total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: ToAllocations,
+               reserve_delta: Optional[np.ndarray] = None) -> list[Peak]:
+    """Per (process, device) peaks, then per GPU across processes (pid None) when several share one.
+
+    `reserve_delta` (per event row, see pools.reserve_adjustment) adds the unused reserve of
+    stream-ordered memory pools to the live bytes: a pool holds what it reserved."""
     rows = resident_rows(events)
     if len(rows) == 0:
         return []
@@ -43,7 +47,7 @@ def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]]
             # still count in that GPU's total.
             continue
         mine = rows[mine]
-        peaks.append(_peak_of(mine, events, p, d, gpu, total_memory(gpu), to_allocations))
+        peaks.append(_peak_of(mine, events, p, d, gpu, total_memory(gpu), to_allocations, reserve_delta))
     sharing: dict[int, list[tuple[int, int]]] = {}
     for (p, d), gpu in gpu_by_pair.items():
         if gpu is not None:
@@ -53,15 +57,19 @@ def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]]
             on_gpu = np.zeros(len(rows), bool)
             for p, d in members:
                 on_gpu |= (pid == p) & (device == d)
-            peaks.append(_peak_of(rows[on_gpu], events, None, gpu, gpu, total_memory(gpu), to_allocations))
+            peaks.append(_peak_of(rows[on_gpu], events, None, gpu, gpu, total_memory(gpu), to_allocations,
+                                  reserve_delta))
     return peaks
 
 
 def _peak_of(rows: np.ndarray, events: pd.DataFrame, pid: Optional[int], device: int,
-             gpu: Optional[int], total: Optional[int], to_allocations: ToAllocations) -> Peak:
+             gpu: Optional[int], total: Optional[int], to_allocations: ToAllocations,
+             reserve_delta: Optional[np.ndarray] = None) -> Peak:
     # Rows are in time order with frees first at equal times, so the running sum's first
     # maximum is the earliest moment the peak was reached.
-    live = np.cumsum(events["delta_bytes"].to_numpy()[rows])
+    delta = events["delta_bytes"].to_numpy()[rows]
+    reserve = np.cumsum(reserve_delta[rows]) if reserve_delta is not None else None
+    live = np.cumsum(delta) + reserve if reserve is not None else np.cumsum(delta)
     at = int(np.argmax(live))
     seq = int(rows[at])  # the event's row in the full frame: its place in time
     is_alloc = (events["op"].cat.codes.to_numpy()[rows] == 0)
@@ -72,7 +80,8 @@ def _peak_of(rows: np.ndarray, events: pd.DataFrame, pid: Optional[int], device:
     return Peak(made_of=made_of(events, live_now), pid=pid, device=device, gpu=gpu, peak_bytes=int(live[at]),
                 peak_time_ns=int(events["ts_ns"].iat[seq]), nvtx_range=str(events["nvtx_range"].iat[seq]),
                 api=str(events["api"].iat[seq]), total_memory_bytes=total, live_count=int(len(live_now)),
-                live_at_peak=to_allocations(events.iloc[largest]))
+                live_at_peak=to_allocations(events.iloc[largest]),
+                pool_reserve_bytes=int(reserve[at]) if reserve is not None else 0)
 
 
 def made_of(events: pd.DataFrame, rows: np.ndarray, limit: int = MADE_OF) -> list[Holder]:

@@ -10,10 +10,10 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from ..model import GPU_RESIDENT_KINDS, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, Preallocation, \
-    ReservedMemory
+from ..model import GPU_RESIDENT_KINDS, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, PoolUse, \
+    Preallocation, ReservedMemory
 from ..units import fmt_bytes, fmt_duration, fmt_time
-from .allocator import allocator_use, find_preallocations
+from .allocator import allocator_use, find_preallocations, is_value
 from .caps import memory_caps
 from .oom import find_out_of_memory
 
@@ -34,7 +34,7 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
                   groups: list[GroupSummary], gpu_of: Callable[[int, int], Optional[int]],
                   total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: Callable,
                   process_names: dict[int, str], label: Callable[[int], str], end_ns: int,
-                  duration_ns: Optional[int], quick: bool = False) -> Verdicts:
+                  duration_ns: Optional[int], quick: bool = False, pools: Optional[list[PoolUse]] = None) -> Verdicts:
     """`quick`: the events have no API names or threads (analyze --quick), which telling an
     allocator's segments from library workspaces needs: no allocator verdicts then."""
     preallocations = find_preallocations(events, ranges, gpu_of, total_memory, label)
@@ -52,11 +52,12 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
                    for o in oom.allocator_ooms]
     diagnostics = (_oom_diagnostics(oom, label) + _reserved_diagnostics(allocators, preallocations)
                    + _vmm_without_access(events, calls, label))
-    return Verdicts(oom=oom, reserved=ReservedMemory(allocators=allocators, preallocations=preallocations),
+    return Verdicts(oom=oom, reserved=ReservedMemory(allocators=allocators, preallocations=preallocations,
+                                                     pools=pools or []),
                     caps=memory_caps(groups, total_memory, found_caps),
                     peaks=_with_notes(peaks, events, preallocations), diagnostics=diagnostics,
                     # the live set at the failure beats a count; a recognized allocator beats a guess
-                    replaces={"allocation_failed"} if oom.failures else set()
+                    replaces=({"allocation_failed"} if oom.failures else set())
                     | ({"caching_allocator"} if allocators or preallocations else set()))
 
 
@@ -90,7 +91,7 @@ def _module_load_note(peak: Peak, events: pd.DataFrame) -> str:
     rows = np.flatnonzero(mine)
     seq = int(np.searchsorted(events["ts_ns"].to_numpy(), peak.peak_time_ns, side="right")) - 1
     rows = rows[rows <= seq]
-    own = rows[(events["kind"].to_numpy()[rows] != "static") & (events["delta_bytes"].to_numpy()[rows] > 0)]
+    own = rows[~is_value(events["kind"], "static")[rows] & (events["delta_bytes"].to_numpy()[rows] > 0)]
     if len(own) == 0:
         return "reached by module statics (kernel-image globals loaded with the GPU code)"
     last = int(own[-1])
@@ -178,9 +179,9 @@ def _vmm_without_access(events: pd.DataFrame, calls: pd.DataFrame, label: Callab
     created = calls[((calls["api"] == "cuMemCreate") & (calls["return_value"] == 0)).to_numpy()]
     if created.empty:
         return []
-    mapped = events[((events["api"] == "cuMemSetAccess") & (events["op"] == "alloc")).to_numpy()] \
-        if not events.empty else events
-    per_pid = mapped["pid"].value_counts().to_dict() if not mapped.empty else {}
+    mapped = is_value(events["api"], "cuMemSetAccess") & (events["op"].cat.codes.to_numpy() == 0) \
+        if not events.empty else np.zeros(0, bool)
+    per_pid = pd.Series(events["pid"].to_numpy()[mapped]).value_counts().to_dict() if mapped.any() else {}
     found = []
     for pid, count in created["pid"].value_counts().sort_index().items():
         missing = int(count) - int(per_pid.get(pid, 0))

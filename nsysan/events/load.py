@@ -23,6 +23,7 @@ from .normalize import normalize
 from .nvtx import attribute_operators, attribute_ranges
 from .read import last_cuda_calls, read_calls, read_memory_events, read_memory_events_alone, read_nvtx_ranges, \
     read_thread_names
+from .read import empty_pool_events, empty_pool_usage, pool_usage, read_pool_events
 from .stacks import call_sites
 
 
@@ -46,6 +47,10 @@ class LoadedEvents:
     # PyTorch's operator ranges (--pytorch=autograd-nvtx), named by operator; columns as `ranges`
     operator_ranges: pd.DataFrame = field(default_factory=empty_ranges)
     stacks: list[Stack] = field(default_factory=list)  # the call stacks events["stack"] refers to
+    # stream-ordered pools: their allocations with the pool's reserve, and their lifecycle
+    # (read.POOL_USAGE_COLUMNS, read.POOL_EVENT_COLUMNS); empty without pools
+    pool_usage: pd.DataFrame = field(default_factory=empty_pool_usage)
+    pool_events: pd.DataFrame = field(default_factory=empty_pool_events)
 
 
 def load_events(conn: sqlite3.Connection, schema: Schema, progress: Optional[Progress] = None, *,
@@ -78,6 +83,7 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
     # back, and what malloc_trim gives back is faulted in again by the normalizing just after
     # (1e7 events, command line: 0.6 s, for 15 MB less peak). After it, the raw columns are gone.
     progress("matching allocations and frees", 0.5)
+    pools = pool_usage(raw, schema)
     events = normalize(raw, calls, chains, schema, diagnostics)
     del raw
     release_memory()
@@ -88,10 +94,11 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
     events["site"], events["stack"] = found.labels, found.stack
     events = events[list(EVENT_COLUMNS)]
     last_calls = last_cuda_calls(conn, schema, calls, ranges)
+    pool_events = read_pool_events(conn, schema)
     progress("done", 1.0)
     return LoadedEvents(events=events, calls=calls, ranges=ranges, sites=found.sites, thread_names=thread_names,
                         last_cuda_call_ns=last_calls, diagnostics=diagnostics, operator_ranges=operator_ranges,
-                        stacks=found.stacks)
+                        stacks=found.stacks, pool_usage=pools, pool_events=pool_events)
 
 
 # The API name of every event in a quick load, whose API table is not read.
@@ -108,6 +115,7 @@ def _load_quick(conn: sqlite3.Connection, schema: Schema, progress: Progress) ->
     # address and size from a row written twice (see _without_copies)
     raw = read_memory_events(conn, schema)
     progress("matching allocations and frees", 0.5)  # no release_memory() yet: see _load
+    pools = pool_usage(raw, schema)
     events = normalize(raw, empty_calls(), empty_chains(), schema, diagnostics, no_call=QUICK_API)
     del raw
     release_memory()
@@ -116,4 +124,5 @@ def _load_quick(conn: sqlite3.Connection, schema: Schema, progress: Progress) ->
     events["stack"] = np.full(len(events), -1, "int32")
     progress("done", 1.0)
     return LoadedEvents(events=events[list(EVENT_COLUMNS)], calls=empty_calls(), ranges=empty_ranges(),
-                        sites=empty_sites(), thread_names={}, diagnostics=diagnostics, quick=True)
+                        sites=empty_sites(), thread_names={}, diagnostics=diagnostics, quick=True,
+                        pool_usage=pools, pool_events=read_pool_events(conn, schema))

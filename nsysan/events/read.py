@@ -127,13 +127,16 @@ def read_memory_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame
     table = "CUDA_GPU_MEMORY_USAGE_EVENTS"
     # A full scan returns rows in rowid (export) order, which the stable sort keeps for ties.
     columns = ["start", "global_pid", "device", "address", "bytes", "mem_kind", "op_type", "correlation_id",
-               "pool_address"]
+               "pool_address", "pool_size"]
     if not schema.memory_usage_collected:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
+    # The pool's base and reserve (0 when not a pool allocation) come in the same scan: a second
+    # scan for the few pool rows would cost as much as this one (4 s at 1e7 events).
     select = (f"start, globalPid, {_col(schema, table, 'deviceId', '0')}, address, bytes, "
               f"{_col(schema, table, 'memKind', '2')}, {_col(schema, table, 'memoryOperationType', '0')}, "
               f"{_col(schema, table, 'correlationId', '0')}, "
-              f"{_col(schema, table, 'localMemoryPoolAddress')} IS NOT NULL")
+              f"coalesce({_col(schema, table, 'localMemoryPoolAddress')}, 0), "
+              f"coalesce({_col(schema, table, 'localMemoryPoolSize')}, 0)")
     return read_table(conn, table, select, columns)
 
 
@@ -366,3 +369,65 @@ def read_strings(conn: sqlite3.Connection, schema: Schema, ids: np.ndarray) -> d
                 f"SELECT id, CAST(substr(value, 1, 500) AS TEXT) FROM StringIds WHERE id IN ({id_list})"):
             found[string_id] = str(value)
     return found
+
+
+# --- memory pools (cudaMallocAsync) --------------------------------------------------------------
+
+# ENUM_CUDA_MEMPOOL_OPER and ENUM_CUDA_MEMPOOL_TYPE: the same ids in every schema seen (3.0 to 3.20)
+POOL_OPERATIONS = {1: "created", 2: "destroyed", 3: "trimmed"}
+POOL_TYPES = {1: "local", 2: "imported"}
+POOL_USAGE_COLUMNS = ["ts_ns", "pid", "device", "address", "is_alloc", "bytes", "reserved"]  # see pool_usage
+POOL_EVENT_COLUMNS = ["ts_ns", "pid", "device", "address", "operation", "pool_type", "reserved"]
+
+
+def empty_pool_usage() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="bool" if c == "is_alloc" else "int64") for c in POOL_USAGE_COLUMNS})
+
+
+def empty_pool_events() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="object" if c in ("operation", "pool_type") else "int64")
+                         for c in POOL_EVENT_COLUMNS})
+
+
+def pool_usage(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
+    """The pool allocations and frees among the raw memory rows (read_memory_events), with their
+    pool's reserve then (`localMemoryPoolSize`, schema 3.0+): POOL_USAGE_COLUMNS, in time order.
+    Call it before `normalize` consumes the raw columns."""
+    if raw.empty or "pool_size" not in raw:
+        return empty_pool_usage()
+    rows = np.flatnonzero(int_column(raw, "pool_address") != 0)
+    if len(rows) == 0:
+        return empty_pool_usage()
+    alloc_ids = [i for i, name in schema.mem_ops.items() if name == "alloc"]
+    frame = pd.DataFrame({
+        "ts_ns": int_column(raw, "start")[rows] - schema.time_offset_ns,
+        "pid": ((int_column(raw, "global_pid")[rows] >> 24) & 0xFFFFFF).astype("int32"),
+        "device": np.clip(int_column(raw, "device")[rows], -1, 32767).astype("int16"),
+        "address": int_column(raw, "pool_address")[rows],
+        "is_alloc": np.isin(int_column(raw, "op_type", fill=-1)[rows], alloc_ids),
+        "bytes": np.clip(int_column(raw, "bytes")[rows], 0, 2**50),
+        "reserved": np.clip(int_column(raw, "pool_size")[rows], 0, 2**50),
+    })
+    # rows written twice (an export written twice into one file) count once, as in normalize
+    key = frame.assign(block=int_column(raw, "address")[rows], call=int_column(raw, "correlation_id")[rows])
+    frame = frame[~key.duplicated().to_numpy()]
+    return frame.sort_values("ts_ns", kind="stable", ignore_index=True)
+
+
+def read_pool_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
+    """Pool creations, trims and destructions (`CUDA_GPU_MEMORY_POOL_EVENTS`): POOL_EVENT_COLUMNS."""
+    table = "CUDA_GPU_MEMORY_POOL_EVENTS"
+    if not schema.has(table, "start", "globalPid", "address", "operationType"):
+        return empty_pool_events()
+    sql = (f"SELECT start, globalPid, {_col(schema, table, 'deviceId', '0')}, address, operationType, "
+           f"{_col(schema, table, 'poolType', '0')}, coalesce({_col(schema, table, 'localMemoryPoolSize', '0')}, 0) "
+           f"FROM {table}")
+    raw = read_frame(conn, sql, ["start", "global_pid", "device", "address", "operation", "pool_type", "reserved"])
+    return pd.DataFrame({
+        "ts_ns": int_column(raw, "start") - schema.time_offset_ns,
+        "pid": ((int_column(raw, "global_pid") >> 24) & 0xFFFFFF).astype("int32"),
+        "device": np.clip(int_column(raw, "device"), -1, 32767).astype("int16"), "address": int_column(raw, "address"),
+        "operation": [POOL_OPERATIONS.get(v, "") for v in int_column(raw, "operation").tolist()],
+        "pool_type": [POOL_TYPES.get(v, "") for v in int_column(raw, "pool_type").tolist()],
+        "reserved": np.clip(int_column(raw, "reserved"), 0, 2**50),
+    }).drop_duplicates(ignore_index=True)

@@ -73,9 +73,13 @@ def oom_and_reserved(analysis: Analysis, top: int = 5) -> Optional[Group]:
     for block in analysis.reserved.preallocations:
         parts.append(_line("warning" if block.framework else "info", "preallocated", block.message))
     for pool in analysis.reserved.pools:
+        if not pool.peak_used_bytes:
+            continue  # created and never used (NCCL's): in the JSON and the page, not worth a first-screen line
+        counted = "its reserve counts in the peak"
+        trims = f", trimmed {pool.trims} time{'s' if pool.trims != 1 else ''}" if pool.trims else ""
         parts.append(_line("info", "pool", f"{label(pool.pid)}: a memory pool on GPU {pool.gpu} reserved up to "
                                            f"{fmt_bytes(pool.peak_reserved_bytes)} while handing out at most "
-                                           f"{fmt_bytes(pool.peak_used_bytes)}; its reserve counts in the peak"))
+                                           f"{fmt_bytes(pool.peak_used_bytes)}{trims}; {counted}"))
     if analysis.peak is not None and analysis.peak.note:
         parts.append(_line("info", "peak", f"{fmt_bytes(analysis.peak.peak_bytes)} at "
                                            f"{fmt_time(analysis.peak.peak_time_ns)}: {analysis.peak.note}"))
