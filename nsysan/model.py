@@ -29,6 +29,11 @@ KINDS = ("device", "array", "static", "managed", "managed_static", "pinned", "pa
 GPU_RESIDENT_KINDS = ("device", "array", "static")
 
 SEVERITIES = ("error", "warning", "info")
+# Diagnostics that say the numbers themselves may be wrong or incomplete (not findings such as a
+# failed call): outputs spell these out first, next to the answer.
+TRUST_BREAKING = ("partial_export", "nsys_diagnostic", "bad_memory_rows", "overlapping_allocations",
+                  "allocated_before_capture", "cuda_trace_incomplete", "no_cuda_trace", "no_memory_events",
+                  "nsys_older_than_cuda", "sizes_not_collected", "quick")
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,24 @@ class Allocation:
 
 
 @dataclass(frozen=True)
+class AllocationGroup:
+    """Allocations of one process, device, kind, call site and innermost NVTX range, summed: the
+    row shown instead of a hundred near-identical ones (a step that leaks the same block each time)."""
+
+    pid: int
+    device: int
+    kind: str
+    site: CallSite
+    nvtx_range: str
+    count: int
+    total_bytes: int
+    min_bytes: int
+    max_bytes: int
+    first_alloc_ns: int  # when the first of them was allocated
+    last_alloc_ns: int  # when the last of them was allocated
+
+
+@dataclass(frozen=True)
 class GroupSummary:
     """Totals of one (process, CUDA device, memory kind)."""
 
@@ -200,6 +223,8 @@ class Peak:
     # of a level reached earlier, or a framework's preallocation
     note: str = ""
     made_of: list["Holder"] = field(default_factory=list)  # live at the peak by site and range, largest first, capped
+    # Every allocation live at the peak, grouped by site and NVTX range, largest total first (capped)
+    live_groups: list[AllocationGroup] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -256,6 +281,10 @@ class RangeStat:
     still_live_bytes: int  # allocated inside and not freed by the end of the capture
     max_live_bytes: int  # highest live GPU-resident bytes of the process while it was open
     operator: bool = False  # a PyTorch operator (aten::...), all its instances; else the user's range
+    first_start_ns: Optional[int] = None  # when its first instance opened (ranges in time order)
+    # Memory allocation calls made inside it (innermost), counted from the API trace when sizes
+    # were not collected; None when sizes are known (then `allocations` says it)
+    alloc_calls: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -280,11 +309,41 @@ class Band:
 
 
 @dataclass(frozen=True)
+class NvtxSpan:
+    """One NVTX push/pop range instance on a process's main thread, at its nesting depth (1 =
+    outermost): what the page shows as the NVTX path under the cursor."""
+
+    pid: int
+    tid: int
+    name: str
+    start_ns: int
+    end_ns: int
+    depth: int
+
+
+@dataclass(frozen=True)
+class TraceEnd:
+    """Where a process's CUDA trace stops while the process visibly goes on (NVTX ranges after it):
+    nothing after `time_ns` is in the numbers."""
+
+    pid: int
+    time_ns: int  # the process's last CUDA call in the trace
+
+
+@dataclass(frozen=True)
 class Timeline:
     start_ns: int
     end_ns: int
     series: list[Series] = field(default_factory=list)
     bands: list[Band] = field(default_factory=list)
+    # Where memory moves (the steps, without the flat setup before them): the span a page opens on
+    focus_start_ns: Optional[int] = None
+    focus_end_ns: Optional[int] = None
+    spans: list[NvtxSpan] = field(default_factory=list)  # main-thread NVTX ranges, all depths (capped)
+    # The largest allocations with their lifetimes (capped, largest first): what was live when
+    allocations: list[Allocation] = field(default_factory=list)
+    allocations_total: int = 0  # how many allocations there were in all
+    trace_ends: list[TraceEnd] = field(default_factory=list)
 
 
 # Field metadata of the frames read from the export: kept on the object, never serialized.
@@ -619,6 +678,8 @@ class Analysis:
     steps: list[StepSeries] = field(default_factory=list)  # per process and device; [] without steps
     growth: list[Growth] = field(default_factory=list)  # one verdict per StepSeries
     answers: list[Answer] = field(default_factory=list)  # shown first, in this order
+    # Every never-freed allocation grouped by site and NVTX range, largest total first (capped)
+    never_freed_groups: list[AllocationGroup] = field(default_factory=list)
     # The frames read from the export (pandas DataFrames), for notebooks; never serialized.
     events: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # see nsysan.events
     calls: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # memory API calls

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Iterable, Optional
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -28,6 +28,18 @@ def fmt_time(ns: Optional[int]) -> str:
     if abs(ns) >= 10_000_000_000:
         return f"{ns / 1e9:.3f} s"
     return f"{ns / 1e6:.2f} ms"
+
+
+def time_unit(values_ns: Iterable[Optional[int]]) -> str:
+    """The one unit of a column of times: "s" when one of them reaches 10 s (as `fmt_time`), else "ms"."""
+    return "s" if any(v is not None and abs(v) >= 10_000_000_000 for v in values_ns) else "ms"
+
+
+def fmt_time_in(ns: Optional[int], unit: str) -> str:
+    """A time from the capture start in the column's unit: "9.819 s" next to "10.035 s"."""
+    if ns is None:
+        return "n/a"
+    return f"{ns / 1e9:.3f} s" if unit == "s" else f"{ns / 1e6:.2f} ms"
 
 
 def fmt_duration(ns: Optional[int]) -> str:

@@ -18,7 +18,7 @@ told apart from the page's requests by their initiator ("not an origin"), and
 
 Run as a script to take the README's screenshot of a report:
 
-    python tests/browser.py report/report.html docs/report-torch_leak_v25.png
+    python tests/browser.py report/report.html docs/report-torch_leak_v25-1400.png 1400 900
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class Page:
     dom: str = ""
     values: dict[str, Any] = field(default_factory=dict)
     screenshot: bytes = b""
+    pdf: bytes = b""  # the page printed (A4), when asked for
     requests: list[str] = field(default_factory=list)
     console: list[tuple[str, str]] = field(default_factory=list)  # (level, text)
     dialogs: list[str] = field(default_factory=list)
@@ -153,10 +154,11 @@ class Chromium:
     # -- pages -------------------------------------------------------------------------------
 
     def load(self, path: Path, width: int = 1400, height: int = 2000, evaluate: Optional[dict[str, str]] = None,
-             screenshot: bool = True, settle_s: float = 0.3) -> Page:
+             screenshot: bool = True, settle_s: float = 0.3, pdf: bool = False) -> Page:
         """Open a local file in a new tab, wait for its load event, and record what happened.
 
-        `evaluate` maps names to JavaScript expressions run after the load (values by value).
+        `evaluate` maps names to JavaScript expressions run after the load (values by value), in
+        order, before the screenshot; `pdf` prints the page to A4 (as the print dialog would).
         """
         url = Path(path).resolve().as_uri()
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -175,6 +177,9 @@ class Chromium:
         page.dom = self._evaluate("document.documentElement.outerHTML", session)
         if screenshot:
             page.screenshot = base64.b64decode(self.call("Page.captureScreenshot", {"format": "png"}, session)["data"])
+        if pdf:
+            page.pdf = base64.b64decode(self.call("Page.printToPDF", {"paperWidth": 8.27, "paperHeight": 11.69,
+                                                                      "preferCSSPageSize": True}, session)["data"])
         self.call("Runtime.evaluate", {"expression": "0"}, session)  # flush events sent before now
         self._collect(page, session)
         self.call("Target.closeTarget", {"targetId": target})

@@ -13,9 +13,9 @@ diagnostic message) can be replaced, to check it is escaped wherever it is shown
 
 from __future__ import annotations
 
-from nsysan.model import (SCHEMA_ID, Allocation, Analysis, ApiCallStat, Band, CallSite, Capture, Diagnostic,
-                          FailedCall, Frame, Gpu, GroupSummary, Peak, Process, RangeStat, Series, Site, Source, Stack,
-                          Timeline)
+from nsysan.model import (SCHEMA_ID, Allocation, AllocationGroup, Analysis, ApiCallStat, Band, CallSite, Capture,
+                          Diagnostic, FailedCall, Frame, Gpu, GroupSummary, NvtxSpan, Peak, Process, RangeStat, Series,
+                          Site, Source, Stack, Timeline)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -37,8 +37,14 @@ def make_analysis(nvtx: str = "step 1", process_name: str = "trainer", site_labe
     # The weights' stack, innermost first: the runtime, the site's function, the program's main.
     weights_stack = Stack(id=7, source="native", frames=[Frame("cudaMalloc", module="libcudart.so.13"),
                                                          Frame("alloc_weights", module=module), Frame("main", module=module)])
+    def group_of(a: Allocation) -> AllocationGroup:  # each allocation alone in its (site, range) group
+        return AllocationGroup(pid=a.pid, device=a.device, kind=a.kind, site=a.site, nvtx_range=a.nvtx_range,
+                               count=1, total_bytes=a.bytes, min_bytes=a.bytes, max_bytes=a.bytes,
+                               first_alloc_ns=a.alloc_time_ns, last_alloc_ns=a.alloc_time_ns)
+
     peak = Peak(pid=PID, device=0, gpu=0, peak_bytes=768 * MiB, peak_time_ns=5_000_000, nvtx_range=nvtx,
-                api="cudaMalloc", total_memory_bytes=GiB, live_count=2, live_at_peak=[workspace, weights])
+                api="cudaMalloc", total_memory_bytes=GiB, live_count=2, live_at_peak=[workspace, weights],
+                live_groups=[group_of(workspace), group_of(weights)])
     capture = Capture(nsys_version="2025.3.2.0", schema_version="3.20.3", report_version=None,
                       duration_ns=10_000_000, memory_usage_collected=True, memory_usage_requested=True,
                       backtraces=True, nvtx=True, cuda_driver_version="13.0",
@@ -57,6 +63,7 @@ def make_analysis(nvtx: str = "step 1", process_name: str = "trainer", site_labe
         peaks=[peak],
         never_freed=[weights],
         never_freed_total=1,
+        never_freed_groups=[group_of(weights)],
         sites=[Site(site=workspace_site, kind="device", apis=["cudaMalloc"], allocations=1, allocated_bytes=512 * MiB,
                     never_freed_count=0, never_freed_bytes=0, max_live_bytes=512 * MiB, pid=PID),
                Site(site=weights_site, kind="device", apis=["cudaMalloc"], allocations=1, allocated_bytes=256 * MiB,
@@ -68,15 +75,20 @@ def make_analysis(nvtx: str = "step 1", process_name: str = "trainer", site_labe
         failed_calls=[FailedCall(pid=PID, tid=PID, api="cudaMalloc", time_ns=6_500_000, return_value=2,
                                  error="cudaErrorMemoryAllocation", nvtx_range=nvtx, live_bytes=256 * MiB)],
         ranges=[RangeStat(name=nvtx, instances=1, total_time_ns=3_000_000, allocations=1, allocated_bytes=512 * MiB,
-                          freed_bytes=512 * MiB, still_live_bytes=0, max_live_bytes=768 * MiB),
+                          freed_bytes=512 * MiB, still_live_bytes=0, max_live_bytes=768 * MiB,
+                          first_start_ns=4_000_000),
                 RangeStat(name="setup", instances=1, total_time_ns=1_500_000, allocations=1,
                           allocated_bytes=256 * MiB, freed_bytes=0, still_live_bytes=256 * MiB,
-                          max_live_bytes=256 * MiB)],
+                          max_live_bytes=256 * MiB, first_start_ns=500_000)],
         timeline=Timeline(start_ns=0, end_ns=10_000_000,
                           series=[Series(pid=PID, device=0, kind="device", ts_ns=[1_000_000, 5_000_000, 6_000_000],
                                          live_bytes=[256 * MiB, 768 * MiB, 256 * MiB])],
                           bands=[Band(pid=PID, name="setup", start_ns=500_000, end_ns=2_000_000),
-                                 Band(pid=PID, name=nvtx, start_ns=4_000_000, end_ns=7_000_000)]),
+                                 Band(pid=PID, name=nvtx, start_ns=4_000_000, end_ns=7_000_000)],
+                          focus_start_ns=800_000, focus_end_ns=7_200_000,
+                          spans=[NvtxSpan(PID, PID, "setup", 500_000, 2_000_000, 1),
+                                 NvtxSpan(PID, PID, nvtx, 4_000_000, 7_000_000, 1)],
+                          allocations=[workspace, weights], allocations_total=2),
         diagnostics=[Diagnostic("info", "caching_allocator", f"{process_name} may keep freed memory reserved"),
                      Diagnostic("error", "allocation_failed", f"1 memory call failed, in NVTX range {nvtx}")],
         stacks=[weights_stack],

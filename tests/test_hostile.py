@@ -720,10 +720,10 @@ def test_outputs_are_readable_by_others_like_any_new_file(tmp_path: Path) -> Non
 
 
 @contextlib.contextmanager
-def full_disk(tmp_path: Path, how: str):
+def full_disk(tmp_path: Path, how: str, size: str = "64k"):
     """A folder where writes fail part-way, and the preexec_fn that makes a run see it full.
 
-    "tmpfs": a real 64 KiB tmpfs mounted there (needs root and mount rights), filled up. "rlimit":
+    "tmpfs": a real tmpfs of `size` mounted there (needs root and mount rights), filled up. "rlimit":
     RLIMIT_FSIZE in the child, so any write beyond 4 KiB fails (EFBIG), wherever it goes.
     """
     folder = tmp_path / "disk"
@@ -731,7 +731,7 @@ def full_disk(tmp_path: Path, how: str):
     if how == "rlimit":
         yield folder, lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
         return
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode(errors='replace').strip()})")
     try:
@@ -784,11 +784,12 @@ def test_full_disk_never_leaves_a_report_folder_that_looks_complete(tmp_path: Pa
 
 def test_a_failed_run_keeps_the_previous_report_folder_whole(tmp_path: Path) -> None:
     needs_output_option()
-    with full_disk(tmp_path, "tmpfs") as (disk, _):
-        # The plain capture's report is small enough to fit; the full one will not.
+    # 1 MiB: the plain capture's report (its page carries the charting library, ~100 KB) fits; once
+    # the disk is filled up, the full one will not.
+    with full_disk(tmp_path, "tmpfs", size="1m") as (disk, _):
         first = run_cli("analyze", "fixtures/known_plain_v25.sqlite", "-o", str(disk / "report"), "--no-progress")
         if first.returncode != 0:
-            pytest.skip(f"the small report does not fit a 64 KiB tmpfs: {first.stderr.strip()}")
+            pytest.skip(f"the small report does not fit a 1 MiB tmpfs: {first.stderr.strip()}")
         page = (disk / "report" / "report.html").read_bytes()
         fill(disk)
 
@@ -957,7 +958,8 @@ def test_profile_strings_are_only_escaped_in_the_html_report(tmp_path: Path) -> 
     result = run_cli("analyze", str(report), "--no-progress", "-o", str(tmp_path / "out"))
     assert result.returncode == 0 and result.stderr == "", result.stderr
     html = (tmp_path / "out" / "report.html").read_text()
-    assert html.count("<script") == 1  # the report's own script, nothing from the profile
+    # the report's own script and its data (JSON, never run), nothing from the profile
+    assert html.count("<script") == 2 and html.count('<script type="application/json" id="nsysan-data">') == 1
     for raw in ("<script>alert", "<img src=x", "onerror=alert(1)>", "\x1b", "\u202e"):
         assert raw not in html, raw
     assert "bu\\x1b]0;PWNED\\x07rst\\x1b[2J\\u202eevil" in html  # control characters shown, not hidden

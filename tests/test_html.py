@@ -4,11 +4,13 @@ headless Chromium shows it (no network request, no console error, no script but 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -32,33 +34,49 @@ MAX_PAGE_BYTES = 2 * 1024 * 1024
 
 
 class _Tables(HTMLParser):
-    """Text of every cell of every table with an id: {id: [[cell, ...], ...]} (body rows only)."""
+    """Text of every cell of every table with an id: {id: [[cell, ...], ...]} (body rows only).
+
+    A grouped table's member rows (the allocations under a group, in a nested table) are kept
+    apart: "<id>:members" holds one list of rows per group that has them.
+    """
 
     def __init__(self) -> None:
         super().__init__()
-        self.tables: dict[str, list[list[str]]] = {}
-        self._table = None
-        self._in_body = False
+        self.tables: dict[str, list] = {}
+        self._open: list[dict] = []  # one per open table: its id, rows (None: not recorded), state
         self._cell = None
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
-        if tag == "table" and attrs.get("id"):
-            self._table = self.tables.setdefault(attrs["id"], [])
+        top = self._open[-1] if self._open else None
+        if tag == "table":
+            name = attrs.get("id")
+            if name:
+                rows = self.tables.setdefault(name, [])
+            elif top and top["rows"] is not None:
+                name, rows = top["id"] + ":members", []
+                self.tables.setdefault(name, []).append(rows)
+            else:
+                rows = None
+            self._open.append({"id": name, "rows": rows, "body": False, "row": False})
+        elif not top or top["rows"] is None:
+            return
         elif tag == "tbody":
-            self._in_body = True
-        elif tag == "tr" and self._table is not None and self._in_body:
-            self._table.append([])
-        elif tag in ("td", "th") and self._table is not None and self._in_body:
+            top["body"] = True
+        elif tag == "tr" and top["body"]:
+            top["row"] = "members" not in (attrs.get("class") or "").split()
+            if top["row"]:
+                top["rows"].append([])
+        elif tag in ("td", "th") and top["body"] and top["row"] and self._cell is None:
             self._cell = []
 
     def handle_endtag(self, tag):
-        if tag == "table":
-            self._table = None
-        elif tag == "tbody":
-            self._in_body = False
+        if tag == "table" and self._open:
+            self._open.pop()
+        elif tag == "tbody" and self._open:
+            self._open[-1]["body"] = False
         elif tag in ("td", "th") and self._cell is not None:
-            self._table[-1].append("".join(self._cell).strip())
+            self._open[-1]["rows"][-1].append("".join(self._cell).strip())
             self._cell = None
 
     def handle_data(self, data):
@@ -100,18 +118,21 @@ def test_page_of_a_hand_built_model():
     html = render_html(make_analysis())
     assert '<div class="value" id="headline-peak">768.0 MiB</div>' in html
     cells = tables(html)
-    assert cells["never-freed-table"] == [["256.0 MiB", "device", "cudaMalloc", "alloc_weights (train)", "setup",
+    # One group per (site, NVTX range): total, count, sizes, kind, site, range, process, device, when.
+    assert cells["never-freed-table"] == [["256.0 MiB", "1", "256.0 MiB", "device", "alloc_weights (train)", "setup",
                                            "100", "0", "1.00 ms"]]
-    # Live at the peak: largest first, with the age at the peak (5 ms - 1 ms).
+    # Live at the peak: largest first.
     assert cells["live-at-peak-1"] == [
-        ["512.0 MiB", "device", "cudaMalloc", "cudaMalloc in step 1 [trainer]", "step 1", "0 ns", "5.00 ms"],
-        ["256.0 MiB", "device", "cudaMalloc", "alloc_weights (train)", "setup", "4.00 ms", "1.00 ms"]]
+        ["512.0 MiB", "1", "512.0 MiB", "device", "cudaMalloc in step 1 [trainer]", "step 1", "100", "0", "5.00 ms"],
+        ["256.0 MiB", "1", "256.0 MiB", "device", "alloc_weights (train)", "setup", "100", "0", "1.00 ms"]]
     # The site opens to its whole stack, innermost frame first; the table has the process.
     assert cells["sites-table"][1] == ["alloc_weights (train)cudaMalloc (libcudart.so.13)alloc_weights (train)main (train)",
                                        "100", "device", "cudaMalloc", "1", "256.0 MiB", "256.0 MiB", "1", "256.0 MiB"]
     assert "<details><summary>alloc_weights (train)</summary>" in html
     assert cells["failed-table"] == [["6.50 ms", "100", "100", "cudaMalloc", "cudaErrorMemoryAllocation (2)",
                                       "step 1", "256.0 MiB"]]
+    # NVTX ranges in the order they first opened: "setup" (0.5 ms) before "step 1" (4 ms).
+    assert [row[:2] for row in cells["ranges-table"]] == [["0.50 ms", "setup"], ["4.00 ms", "step 1"]]
     assert cells["peaks-table"][0][6] == "75.0%"  # of the 1 GiB GPU
     assert cells["gpus-table"] == [["0", "Test GPU", "1.0 GiB", "0000:00:01.0"]]
     # Diagnostics, most serious first.
@@ -124,9 +145,14 @@ def test_page_of_a_quick_analysis_shows_no_column_it_could_not_fill():
     quick = nsysan.analyze(FIXTURES / "ddp_leak_v25.sqlite", quick=True)
     html = render_html(quick)
     cells = tables(html)
-    # size, kind, age, allocated at: no API, site or NVTX range; the values are the full analysis's
-    assert cells["live-at-peak-1"][0] == ["130.0 MiB", "device", "360.29 ms", "13.316 s"]
-    assert cells["never-freed-table"][0] == ["130.0 MiB", "device", "2146", "0", "13.316 s"]
+    # total, count, sizes, kind, process, device, allocated: no site or NVTX range column, so a
+    # process's device allocations make one group; its total is the full analysis's never-freed bytes
+    full = analysis_of("ddp_leak_v25")
+    never_freed = {(g.pid, g.device): g for g in full.groups if g.kind == "device"}
+    rows = cells["never-freed-table"]
+    assert all(len(row) == 7 for row in rows + cells["live-at-peak-1"])
+    assert sorted((row[4], row[0], row[1]) for row in rows if row[3] == "device") == sorted(
+        (str(pid), fmt_bytes(g.never_freed_bytes), str(g.never_freed_count)) for (pid, _), g in never_freed.items())
     assert [row[2] for row in cells["peaks-table"]] == [fmt_bytes(p.peak_bytes)
                                                        for p in analysis_of("ddp_leak_v25").peaks]
     assert "(not read)" not in html and "reached by" not in html and "threads calling" not in html
@@ -138,15 +164,18 @@ def test_profile_strings_are_escaped_everywhere():
                              site_label="</td><script>alert(3)</script>", symbol='" onmouseover="alert(4)',
                              module="{{ 7 * 7 }}", gpu_name="<b>GPU</b>", source_name="<i>run</i>.sqlite")
     html = render_html(analysis)
-    assert html.count("<script") == 1  # ours, at the end
+    # ours at the end, and before it the page's data, which is JSON and never runs
+    assert html.count("<script") == 2 and html.count('<script type="application/json" id="nsysan-data">') == 1
     assert "alert(" not in re.findall(r"<script>(.*?)</script>", html, re.S)[0]
+    (data,) = re.findall(r'<script type="application/json" id="nsysan-data">(.*?)</script>', html, re.S)
+    assert "<" not in data and json.loads(data)["spans"][1][1] == XSS  # |tojson wrote it as \u003c
     for raw in (XSS, "<img src=x", "</td><script>", '" onmouseover="', "<b>GPU</b>", "<i>run</i>"):
         assert raw not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "&#34;&gt;&lt;img src=x onerror=alert(2)&gt;" in html
     assert 'title="&#34; onmouseover=&#34;alert(4) in {{ 7 * 7 }}"' in html  # data, never a template
     # The text a reader sees is the profile's own string.
-    assert tables(html)["live-at-peak-1"][0][4] == XSS and tables(html)["ranges-table"][0][0] == XSS
+    assert tables(html)["live-at-peak-1"][0][5] == XSS and tables(html)["ranges-table"][1][1] == XSS
 
 
 def test_csp_allows_only_our_inline_style_and_script():
@@ -186,6 +215,8 @@ def test_report_of_every_fixture_is_small_and_self_contained(name):
     assert all(h.startswith("#") for h in anchors)
     assert {h[1:] for h in anchors} <= set(re.findall(r'\bid="([^"]*)"', html))  # each link leads somewhere
     assert "<link" not in html and "@import" not in html and "url(" not in html
+    assert "http://" not in html and "https://" not in html  # no address at all, not even in a comment
+    assert "Copyright (c) 2022 Leon Sorokin" in html  # uPlot's MIT notice travels with its code
     assert "<iframe" not in html and "<object" not in html and "<embed" not in html
 
 
@@ -193,9 +224,11 @@ def test_known_bt_page_shows_the_truth():
     html = render_html(analysis_of("known_bt_v25"))
     # fixtures/README.md: the peak is 256 + 128 + 12 + 512 MiB, inside NVTX range "burst".
     assert '<div class="value" id="headline-peak">908.0 MiB</div>' in html and "<b>burst</b>" in html
-    leaked = [(row[0], row[3]) for row in tables(html)["never-freed-table"]]
-    assert ("128.0 MiB", "alloc_weights (known)") in leaked
-    assert [size for size, site in leaked if site == "alloc_cache_entry (known)"] == ["4.0 MiB"] * 3
+    # Grouped by site and NVTX range: the three 4 MiB cache entries were kept in steps 2, 5 and 8.
+    leaked = [(row[0], row[1], row[4], row[5]) for row in tables(html)["never-freed-table"]]
+    assert ("128.0 MiB", "1", "alloc_weights (known)", "setup") in leaked
+    assert sorted(r for r in leaked if r[2] == "alloc_cache_entry (known)") == [
+        ("4.0 MiB", "1", "alloc_cache_entry (known)", f"step {i}") for i in (2, 5, 8)]
 
 
 # -- the report folder and `nsysan analyze -o` --------------------------------------------------
@@ -209,10 +242,10 @@ def test_write_report_writes_the_page_the_plots_and_the_json(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["analysis.json", "report.html", "sites.png", "timeline.png"]
     assert nsysan.load_analysis(folder / "analysis.json") == analysis
     html = page.read_text(encoding="utf-8")
+    assert "<img" not in html  # the page draws its own plots; the PNGs are for trackers and chat
     for name in ("timeline.png", "sites.png"):
         png = (folder / name).read_bytes()
-        assert f'src="data:image/png;base64,{base64.b64encode(png).decode()}"' in html  # the same picture
-        assert matplotlib.image.imread(io.BytesIO(png), format="png").shape[1] == 1200
+        assert matplotlib.image.imread(io.BytesIO(png), format="png").shape[1] == 2400  # 12 in at 200 dpi
 
 
 def test_write_report_where_a_file_is_is_one_clear_error(tmp_path):
@@ -284,16 +317,51 @@ def chromium() -> str:
 
 PAGE_PROBES = {
     "ready": "document.documentElement.getAttribute('data-sortable')",  # our script ran under the CSP
+    "interactive_ms": "Number(document.documentElement.getAttribute('data-interactive-ms'))",
     "scripts": "document.scripts.length",
     "peak": "document.getElementById('headline-peak').textContent",
-    "never_freed": "Array.from(document.querySelectorAll('#never-freed-table tbody tr'),"
-                   " r => Array.from(r.cells, c => c.textContent.trim()))",
-    "timeline_width": "document.getElementById('timeline-plot').naturalWidth",
-    # Click "size": the rows come back smallest first (they start largest first).
-    "sizes_after_click": "(() => { const t = document.getElementById('never-freed-table');"
-                         " t.tHead.rows[0].cells[0].querySelector('button').click();"
-                         " return Array.from(t.tBodies[0].rows, r => Number(r.cells[0].dataset.v)); })()",
+    "never_freed": "Array.from(document.querySelectorAll('#never-freed-table tr.group'),"
+                   " r => Array.from(r.cells, c => c.textContent.replace(/^[+\u2212]/, '').trim()))",
+    # Click "total": the groups come back smallest first (they start largest first).
+    "totals_after_click": "(() => { const t = document.getElementById('never-freed-table');"
+                          " if (!t) return null; t.tHead.rows[0].cells[0].querySelector('button.sort').click();"
+                          " return Array.from(t.tBodies, b => Number(b.rows[0].cells[0].dataset.v)); })()",
+    # Where the answer and the first timeline panel end on the first screen (px from the top).
+    "first_screen": "(() => { const bottom = s => { const e = document.querySelector(s);"
+                    " return e ? e.getBoundingClientRect().bottom : null; };"
+                    " return {headline: bottom('#headline'), verdicts: bottom('#verdicts'),"
+                    " warnings: bottom('#warnings'), panel: bottom('.timeline .panel')}; })()",
 }
+
+# Hover, drag, wheel, click and double-click on the first timeline panel, as a mouse would (uPlot
+# ignores a drag's moves without movementX), recording what the page shows after each.
+INTERACT = """(async () => {
+  const tl = window.nsysanTimelines[0], u = tl.plots[0], r = u.over.getBoundingClientRect();
+  const frame = () => new Promise(done => requestAnimationFrame(() => setTimeout(done, 20)));
+  const fire = (type, fx, target) => (target || u.over).dispatchEvent(new MouseEvent(type, {
+      clientX: r.left + fx * r.width, clientY: r.top + r.height / 2, bubbles: true, cancelable: true,
+      view: window, buttons: 1, movementX: 5}));
+  const picture = () => u.ctx.canvas.toDataURL();
+  const readout = () => u.root.closest('.timeline').querySelector('.readout').textContent;
+  const out = {opened: tl.view(), picture: picture(), readout: readout()};
+  fire('mouseenter', 0.5); fire('mousemove', 0.5); await frame();
+  out.hovered = readout();
+  fire('mousedown', 0.2); await frame(); fire('mousemove', 0.45); await frame(); fire('mouseup', 0.45, document);
+  await frame();
+  out.dragged = tl.view(); out.dragged_picture = picture();
+  u.over.dispatchEvent(new WheelEvent('wheel', {clientX: r.left + r.width / 2, clientY: r.top + 20, deltaY: 100,
+                                                bubbles: true, cancelable: true}));
+  out.wheeled = tl.view();
+  u.over.dispatchEvent(new MouseEvent('dblclick', {bubbles: true}));
+  out.reset = tl.view();
+  u.root.closest('.timeline').querySelector('button[data-view="all"]').click();
+  out.whole = tl.view();
+  fire('mousemove', 0.999); await frame();
+  fire('mousedown', 0.999); fire('mouseup', 0.999, document); fire('click', 0.999);
+  out.listed = Array.from(u.root.closest('.timeline').querySelectorAll('.live-list tbody tr'),
+                          row => Array.from(row.cells, c => c.textContent));
+  return out;
+})()"""
 
 
 def assert_quiet_page(page, netlog_requests) -> None:
@@ -309,27 +377,95 @@ def assert_screenshot(png: bytes, size: tuple[int, int]) -> None:
     assert image[..., :3].std() > 0.1  # text, tables and a plot, not a blank page
 
 
-@pytest.mark.parametrize("name", ["torch_leak_v25", "ddp_leak_v25", "known_bt_v25"])
+BROWSER_FIXTURES = ["torch_leak_v25", "ddp_leak_v25", "real_oom_v25", "known_plain_v25", "known_bt_v25"]
+
+
+@pytest.mark.parametrize("name", BROWSER_FIXTURES)
 def test_report_in_chromium(name, tmp_path, chromium):
     analysis = analysis_of(name)
     page_path = write_report(analysis, tmp_path / "report")
-    page, netlog = open_page(page_path, width=1400, height=2000, evaluate=PAGE_PROBES)
+    has_timeline = bool(analysis.timeline.series)
+    probes = {**PAGE_PROBES, "interact": INTERACT} if has_timeline else PAGE_PROBES
+    page, netlog = open_page(page_path, width=1400, height=900, evaluate=probes)
     (tmp_path / "screenshot.png").write_bytes(page.screenshot)
     assert_quiet_page(page, netlog)
-    assert page.values["scripts"] == 1
-    assert_screenshot(page.screenshot, (1400, 2000))
+    assert page.values["scripts"] == 2  # the data (JSON, never run) and ours
+    assert page.values["interactive_ms"] < 1000  # from navigation start to the timeline drawn
+    assert_screenshot(page.screenshot, (1400, 900))
+    # The first screen holds the answer and the timeline.
+    screen = page.values["first_screen"]
+    assert all(v is None or v <= 900 for v in screen.values()) and screen["verdicts"] is not None
+    if not analysis.peak:
+        assert page.values["peak"] == "sizes not collected"  # known_plain_v25: no sizes
+        return
     assert page.values["peak"] == fmt_bytes(analysis.peak.peak_bytes)
-    assert page.values["timeline_width"] == 1200  # the embedded PNG decoded
+    assert screen["panel"] is not None
     rows = page.values["never_freed"]
-    assert len(rows) == len(analysis.never_freed)
-    assert [(r[0], r[3]) for r in rows] == [(fmt_bytes(a.bytes), a.site.label) for a in analysis.never_freed]
-    assert page.values["sizes_after_click"] == sorted(a.bytes for a in analysis.never_freed)
+    assert [(r[0], r[1]) for r in rows] == [(fmt_bytes(g.total_bytes), str(g.count)) for g in analysis.never_freed_groups]
+    if rows:
+        assert page.values["totals_after_click"] == sorted(g.total_bytes for g in analysis.never_freed_groups)
+    # Hover shows the time, the live bytes and the NVTX path; drag and wheel zoom; double-click
+    # goes back to the opening view; "Whole capture" shows the capture from its start.
+    seen = page.values["interact"]
+    assert seen["readout"].startswith("Hover over") and seen["hovered"].startswith("at ")
+    assert "process " in seen["hovered"]
+    start, end = seen["opened"]
+    assert (start, end) == (analysis.timeline.focus_start_ns / 1e9, analysis.timeline.focus_end_ns / 1e9)
+    left, right = seen["dragged"]
+    assert start < left < right < end and (right - left) < 0.5 * (end - start)
+    assert seen["dragged_picture"] != seen["picture"]  # the plot was redrawn zoomed
+    assert seen["wheeled"][1] - seen["wheeled"][0] > right - left  # wheel down zooms out
+    assert seen["reset"] == seen["opened"]
+    assert seen["whole"] == [analysis.timeline.start_ns / 1e9, analysis.timeline.end_ns / 1e9]
+    # A click at the end of the capture lists what was still live: the never-freed blocks among them
+    listed_sizes = [row[0] for row in seen["listed"]]
+    assert fmt_bytes(analysis.never_freed[0].bytes) in listed_sizes if analysis.never_freed else True
     if name == "known_bt_v25":  # fixtures/README.md
         assert page.values["peak"] == "908.0 MiB"
-        assert ["4.0 MiB", "alloc_cache_entry (known)"] in [[r[0], r[3]] for r in rows]
     if name == "ddp_leak_v25":  # rank 1 (pid 2147) leaks 64 MiB in each step from step 1 on
-        steps = [r[4] for r in rows if r[0] == "64.0 MiB" and r[5] == "2147"]
+        steps = [r[5] for r in rows if r[2] == "64.0 MiB" and r[6] == "2147"]
         assert {f"step {i}" for i in range(1, 8)} <= set(steps)
+    if name == "real_oom_v25":  # the 16 GiB blocks of "fill" until cudaMalloc failed
+        assert "cudaErrorMemoryAllocation" in page.dom and 'id="verdict-oom"' in page.dom
+
+
+@pytest.mark.parametrize("name", BROWSER_FIXTURES[:4])
+def test_report_at_420_px_has_no_page_scroll(name, tmp_path, chromium):
+    page_path = write_report(analysis_of(name), tmp_path / "report")
+    page, netlog = open_page(page_path, width=420, height=900, evaluate={
+        "widths": "[document.documentElement.scrollWidth, document.body.scrollWidth, window.innerWidth]",
+        "plots": "Array.from(document.querySelectorAll('.uplot canvas'), c => c.getBoundingClientRect().right)"})
+    assert_quiet_page(page, netlog)
+    page_width, body_width, viewport = page.values["widths"]
+    assert viewport == 420 and page_width <= viewport and body_width <= viewport
+    assert all(right <= viewport for right in page.values["plots"])
+
+
+def pdf_text(pdf: bytes, tmp_path: Path) -> str:
+    if not shutil.which("pdftotext"):
+        if os.environ.get("NSYSAN_REQUIRE_BROWSER") == "1":
+            pytest.fail("NSYSAN_REQUIRE_BROWSER=1 but pdftotext is not installed (apt-get install poppler-utils)")
+        pytest.skip("pdftotext is not installed (apt-get install poppler-utils)")
+    (tmp_path / "page.pdf").write_bytes(pdf)
+    return subprocess.run(["pdftotext", "-layout", str(tmp_path / "page.pdf"), "-"], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_printed_report_repeats_table_headers_with_their_text(tmp_path, chromium):
+    # 120 never-freed groups: the table runs over several A4 pages, and each page's copy of the
+    # header must carry its text (a <button> inside a <th> printed blank in repeated headers).
+    base = make_analysis()
+    group = base.never_freed_groups[0]
+    groups = [dataclasses.replace(group, nvtx_range=f"step {i}", total_bytes=(200 - i) * MiB) for i in range(120)]
+    page_path = write_report(dataclasses.replace(base, never_freed_groups=groups), tmp_path / "report")
+    page, netlog = open_page(page_path, width=1400, height=900, screenshot=False, pdf=True)
+    assert_quiet_page(page, netlog)
+    text = pdf_text(page.pdf, tmp_path)
+    pages = text.count("\f")
+    header = re.compile(r"total\s+count\s+sizes\s+kind\s+site\s+NVTX range\s+process\s+device\s+allocated \(ms\)")
+    assert pages >= 3 and len(header.findall(text)) >= 3  # the first page of the table and its repeats
+    assert "step 119" in text and "filter" not in text  # all rows, no controls
+    assert "Where memory moves" not in text and "Whole capture" not in text
 
 
 def test_nvtx_range_named_script_is_text_in_chromium(tmp_path, chromium):
@@ -343,15 +479,21 @@ def test_nvtx_range_named_script_is_text_in_chromium(tmp_path, chromium):
     assert analysis.peak.nvtx_range == XSS and analysis.timeline.bands[0].name == XSS
     page_path = write_report(analysis, tmp_path / "report")
     html = page_path.read_text(encoding="utf-8")
-    assert XSS not in html and html.count("<script") == 1
+    assert XSS not in html and html.count("<script") == 2
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     page, netlog = open_page(page_path, evaluate={
         "ready": PAGE_PROBES["ready"], "scripts": PAGE_PROBES["scripts"],
         "text": "document.body.innerText",
-        "ranges": "Array.from(document.querySelectorAll('#ranges-table tbody td:first-child'), c => c.textContent)"})
+        "ranges": "Array.from(document.querySelectorAll('#ranges-table tbody td:nth-child(2)'), c => c.textContent)",
+        # the hover readout at 2.5 ms (inside the range) and the click list there
+        "hovered": "(() => { const t = window.nsysanTimelines[0]; t.show(0.0025); t.list(0.0025);"
+                   " return [document.querySelector('.readout').textContent,"
+                   " Array.from(document.querySelectorAll('.live-list td'), c => c.textContent)]; })()"})
     assert_quiet_page(page, netlog)  # no alert() dialog opened
-    assert page.values["scripts"] == 1
+    assert page.values["scripts"] == 2
     assert XSS in page.values["text"] and page.values["ranges"] == [XSS]  # shown as text
+    readout, listed = page.values["hovered"]
+    assert readout.endswith("NVTX " + XSS) and listed.count(XSS) == 1  # the 64 MiB block, in the range
 
 
 def test_csp_stops_a_script_that_escaping_missed(tmp_path, chromium):
@@ -376,3 +518,27 @@ def test_the_browser_checks_do_see_requests_and_dialogs(tmp_path, chromium):
     assert "https://img.example.invalid/a.png" in page.remote_requests
     assert any(url.startswith("https://fetch.example.invalid/") for url in netlog)
     assert page.dialogs == ["alert: hi"]
+
+
+def test_page_without_sizes_counts_calls_per_range_instead_of_zero_bytes():
+    html = render_html(analysis_of("known_plain_v25"))
+    rows = {row[1]: row for row in tables(html)["ranges-table"]}
+    # fixtures/README.md (known_allocs.cu): each step allocates its workspace; steps 2, 5 and 8 also
+    # keep a cache entry; setup allocates the two weight blocks. 29 allocation calls in all.
+    assert {name: int(rows[name][4]) for name in rows if name.startswith("step ")} == {
+        f"step {i}": 2 if i in (2, 5, 8) else 1 for i in range(9)}
+    assert rows["setup"][4] == "2" and rows["train"][4] == "-"  # train only encloses the steps
+    assert sum(int(row[4]) for row in rows.values() if row[4] != "-") == 29
+    assert [row[1] for row in tables(html)["ranges-table"]][:3] == ["setup", "train", "step 0"]  # time order
+    assert "0 B" not in html and "allocation calls" in html
+
+
+def test_page_names_the_report_file_and_full_paths_brings_the_path_back(tmp_path):
+    report = FIXTURES / "real_oom_v25.sqlite"  # an absolute path: the page must not show it
+    for options, shown in (((), "real_oom_v25.sqlite"), (("--full-paths",), str(report))):
+        out = tmp_path / ("full" if options else "short")
+        result = run("analyze", str(report), "-o", str(out), "--no-progress", "--format", "json", *options)
+        assert result.returncode == 0, result.stderr
+        html = (out / "report.html").read_text(encoding="utf-8")
+        assert f"<dt>report</dt><dd><code>{shown}</code>" in html
+        assert (str(FIXTURES) in html) == bool(options)

@@ -17,8 +17,9 @@ from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Process, Source
 from ..schema import Schema
 from .allocations import to_allocations
 from .calls import api_call_stats, find_failed_calls
+from .explore import allocation_groups, early_trace_ends, focus_window, largest_allocations, nvtx_spans
 from .diagnostics import capture_diagnostics
-from .never_freed import find_never_freed, summarize_groups
+from .never_freed import find_never_freed, never_freed_rows, summarize_groups
 from .peak import find_peaks, headline
 from .pools import pool_uses, reserve_adjustment
 from .ranks import assign_ranks
@@ -50,6 +51,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     def allocations(rows: pd.DataFrame):
         return to_allocations(rows, events, site_table)
 
+    def groups_of(rows: np.ndarray):
+        return allocation_groups(events, rows, site_table)
+
     gpu_totals = {g.id: g.total_memory_bytes for g in schema.gpus}
 
     def gpu_of(pid: int, device: int) -> Optional[int]:
@@ -67,7 +71,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     with ThreadPoolExecutor(max_workers=1) as pool:
         peaks_later = pool.submit(find_peaks, events, gpu_of,
                                   lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
-                                  reserve_adjustment(events, reserve_changes))
+                                  reserve_adjustment(events, reserve_changes), groups_of)
         grouped = group_events(events)
         timeline_later = pool.submit(build_timeline, events, grouped, ranges, start_ns, end_ns)
         groups = summarize_groups(events, grouped, gpu_of)
@@ -84,6 +88,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                  schema.duration_ns, quick=loaded.quick, pools=pools)
         timeline = timeline_later.result()
     sites = [] if loaded.quick else rank_sites(events, site_table)
+    timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns)
     diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
         schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version,
         quick=loaded.quick)
@@ -105,7 +110,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         sites=sites,
         api_calls=api_call_stats(calls),
         failed_calls=failed,
-        ranges=range_stats(events, ranges, end_ns, loaded.operator_ranges),
+        ranges=range_stats(events, ranges, end_ns, loaded.operator_ranges, calls=calls,
+                           sizes_known=schema.memory_usage_collected),
         timeline=timeline,
         diagnostics=diagnostics,
         caps=verdicts.caps,
@@ -114,6 +120,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         stacks=referenced_stacks(loaded.stacks, sites, never_freed, peaks),
         steps=steps,
         growth=growth,
+        never_freed_groups=groups_of(events.index.get_indexer(never_freed_rows(events).index)) if not events.empty else [],
         events=events,
         calls=calls,
         nvtx_ranges=ranges,
@@ -136,6 +143,16 @@ def _steps(loaded: "LoadedEvents", grouped: Groups, gpu_of, end_ns: int,
 def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:
     processes = assign_ranks(capture.processes, groups, schema.rank_environment, schema.launched_pids)
     return dataclasses.replace(capture, processes=processes)
+
+
+def _explorable(timeline, events: pd.DataFrame, ranges: pd.DataFrame, allocations, last_cuda_call_ns):
+    """The timeline with what a page needs to explore it (analyses/explore.py)."""
+    trace_ends = early_trace_ends(ranges, last_cuda_call_ns)
+    focus_start, focus_end = focus_window(events, timeline.bands, trace_ends)
+    listed, total = largest_allocations(events, allocations)
+    return dataclasses.replace(timeline, focus_start_ns=focus_start, focus_end_ns=focus_end,
+                               spans=nvtx_spans(ranges, events), allocations=listed, allocations_total=total,
+                               trace_ends=trace_ends)
 
 
 def _capture_span(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,

@@ -7,12 +7,13 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from ..model import GPU_RESIDENT_KINDS, Allocation, Holder, Peak
+from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
 
 LIVE_AT_PEAK = 20  # allocations listed per peak (largest first); live_count has them all
 MADE_OF = 5  # (site, range) pairs listed per peak
 
 ToAllocations = Callable[[pd.DataFrame], list[Allocation]]
+ToGroups = Callable[[np.ndarray], list[AllocationGroup]]  # alloc rows -> grouped by site and range
 
 
 def resident_rows(events: pd.DataFrame) -> np.ndarray:
@@ -22,7 +23,8 @@ def resident_rows(events: pd.DataFrame) -> np.ndarray:
 
 def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]],
                total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: ToAllocations,
-               reserve_delta: Optional[np.ndarray] = None) -> list[Peak]:
+               reserve_delta: Optional[np.ndarray] = None,
+               to_groups: Optional[ToGroups] = None) -> list[Peak]:
     """Per (process, device) peaks, then per GPU across processes (pid None) when several share one.
 
     `reserve_delta` (per event row, see pools.reserve_adjustment) adds the unused reserve of
@@ -47,7 +49,8 @@ def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]]
             # still count in that GPU's total.
             continue
         mine = rows[mine]
-        peaks.append(_peak_of(mine, events, p, d, gpu, total_memory(gpu), to_allocations, reserve_delta))
+        peaks.append(_peak_of(mine, events, p, d, gpu, total_memory(gpu), to_allocations, reserve_delta,
+                              to_groups))
     sharing: dict[int, list[tuple[int, int]]] = {}
     for (p, d), gpu in gpu_by_pair.items():
         if gpu is not None:
@@ -58,13 +61,13 @@ def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]]
             for p, d in members:
                 on_gpu |= (pid == p) & (device == d)
             peaks.append(_peak_of(rows[on_gpu], events, None, gpu, gpu, total_memory(gpu), to_allocations,
-                                  reserve_delta))
+                                  reserve_delta, to_groups))
     return peaks
 
 
 def _peak_of(rows: np.ndarray, events: pd.DataFrame, pid: Optional[int], device: int,
              gpu: Optional[int], total: Optional[int], to_allocations: ToAllocations,
-             reserve_delta: Optional[np.ndarray] = None) -> Peak:
+             reserve_delta: Optional[np.ndarray] = None, to_groups: Optional[ToGroups] = None) -> Peak:
     # Rows are in time order with frees first at equal times, so the running sum's first
     # maximum is the earliest moment the peak was reached.
     delta = events["delta_bytes"].to_numpy()[rows]
@@ -81,7 +84,8 @@ def _peak_of(rows: np.ndarray, events: pd.DataFrame, pid: Optional[int], device:
                 peak_time_ns=int(events["ts_ns"].iat[seq]), nvtx_range=str(events["nvtx_range"].iat[seq]),
                 api=str(events["api"].iat[seq]), total_memory_bytes=total, live_count=int(len(live_now)),
                 live_at_peak=to_allocations(events.iloc[largest]),
-                pool_reserve_bytes=int(reserve[at]) if reserve is not None else 0)
+                pool_reserve_bytes=int(reserve[at]) if reserve is not None else 0,
+                live_groups=to_groups(live_now) if to_groups else [])
 
 
 def made_of(events: pd.DataFrame, rows: np.ndarray, limit: int = MADE_OF) -> list[Holder]:

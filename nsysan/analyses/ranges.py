@@ -7,6 +7,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from ..events.nvtx import attribute_ranges
 from ..model import RangeStat
 from .grouping import Segments
 from .peak import resident_rows
@@ -15,9 +16,11 @@ MAX_RANGES = 200
 
 
 def range_stats(events: pd.DataFrame, ranges: pd.DataFrame, end_ns: int,
-                operator_ranges: Optional[pd.DataFrame] = None, limit: int = MAX_RANGES) -> list[RangeStat]:
+                operator_ranges: Optional[pd.DataFrame] = None, limit: int = MAX_RANGES,
+                calls: Optional[pd.DataFrame] = None, sizes_known: bool = True) -> list[RangeStat]:
     """Per range name: instances, time, bytes allocated/freed inside (innermost range), still live
     at the end, and the highest live GPU-resident bytes of the process while one was open.
+    Without sizes (`sizes_known` False), the allocation calls made inside each are counted from `calls`.
 
     PyTorch's operator ranges are rows of their own, one per operator name however many
     instances: an allocation counts in its innermost user range and in its innermost operator.
@@ -32,7 +35,7 @@ def range_stats(events: pd.DataFrame, ranges: pd.DataFrame, end_ns: int,
     spans["max_live"] = _max_live_while_open(events, spans)
     per_name = spans.groupby("name", sort=False).agg(
         instances=("name", "size"), total_time=("end_ns", "sum"), started=("start_ns", "sum"),
-        max_live=("max_live", "max"), operator=("operator", "max"))
+        max_live=("max_live", "max"), operator=("operator", "max"), first_start=("start_ns", "min"))
     per_name["total_time"] -= per_name["started"]
 
     if not events.empty:
@@ -45,11 +48,25 @@ def range_stats(events: pd.DataFrame, ranges: pd.DataFrame, end_ns: int,
         if column not in per_name:
             per_name[column] = 0
     per_name = per_name.fillna(0)
+    alloc_calls = _alloc_calls(calls, ranges) if not sizes_known and calls is not None else None
     per_name = per_name.sort_values(["allocated", "max_live", "instances"], ascending=False, kind="stable").head(limit)
     return [RangeStat(name=str(name), instances=int(r.instances), total_time_ns=int(r.total_time),
                       allocations=int(r.allocations), allocated_bytes=int(r.allocated), freed_bytes=int(r.freed),
-                      still_live_bytes=int(r.open), max_live_bytes=int(max(r.max_live, 0)), operator=bool(r.operator))
+                      still_live_bytes=int(r.open), max_live_bytes=int(max(r.max_live, 0)), operator=bool(r.operator),
+                      first_start_ns=int(r.first_start),
+                      alloc_calls=None if alloc_calls is None else int(alloc_calls.get(str(name), 0)))
             for name, r in zip(per_name.index, per_name.itertuples())]  # one per range name
+
+
+def _alloc_calls(calls: pd.DataFrame, ranges: pd.DataFrame) -> dict[str, int]:
+    """Allocation calls per innermost range name (only read when sizes were not collected: the
+    calls are then all there is to count)."""
+    allocs = calls[(calls["family"] == "alloc").to_numpy()]
+    if allocs.empty:
+        return {}
+    names, _ = attribute_ranges(allocs, ranges)
+    counts = pd.Series(np.asarray(names)).value_counts()
+    return {str(name): int(count) for name, count in counts.items()}  # one per range name
 
 
 def _moved_inside(events: pd.DataFrame, column: str) -> pd.DataFrame:

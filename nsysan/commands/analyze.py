@@ -47,6 +47,8 @@ def analyze(
     step_range: Optional[str] = typer.Option(None, "--step-range", metavar="REGEX",
                                              help="NVTX ranges whose name matches this regular expression are the "
                                              "training steps (default: ranges repeated 3+ times, such as 'step 3')."),
+    full_paths: bool = typer.Option(False, "--full-paths", help="Show the report's path in report.html, not only "
+                                    "its file name (a page attached to a ticket then tells where it was made)."),
 ) -> None:
     """Analyze GPU memory: peak per process and GPU, what was live then, never-freed allocations, top sites.
 
@@ -62,13 +64,13 @@ def analyze(
     # No output may replace an input, nor another output of this run.
     with one_run([*(path for report in reports for path in files_read_for(report)), *(smi or [])]):
         _analyze(reports, format, json_path, json_dir, output, nsys, cache_dir, top, quick, progress,
-                 smi_logs, smi_tz, stacks, step_range)
+                 smi_logs, smi_tz, stacks, step_range, full_paths)
 
 
 def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_dir: Optional[Path],
              output: Optional[Path], nsys: Optional[Path], cache_dir: Optional[Path], top: int, quick: bool,
              progress: bool, smi_logs: List[SmiLog], smi_tz: str, stacks: bool = False,
-             step_range: Optional[str] = None) -> None:
+             step_range: Optional[str] = None, full_paths: bool = False) -> None:
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
     if json_path and len(reports) > 1:
@@ -104,7 +106,8 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
             write_atomic(json_path, render_json(analysis))
         if json_dir:
             write_atomic(json_dir / f"{report.name}.analysis.json", render_json(analysis))
-        page = write_report(analysis, _report_dirs(output, [report], several=len(reports) > 1)[0]) if output else None
+        page = write_report(analysis, _report_dirs(output, [report], several=len(reports) > 1)[0],
+                            full_paths=full_paths) if output else None
         if format == "text":
             from ..render.terminal import render_terminal  # rich's tables: not needed for JSON
 

@@ -1,34 +1,45 @@
 """One self-contained HTML page of an `Analysis`, and the report folder around it.
 
-The page loads nothing: the plots are PNG data URIs, the CSS and the small sorting script are
-inline, and a Content-Security-Policy meta tag allows exactly those two by their SHA-256 and
-images from `data:`. So even if escaping failed somewhere, a `<script>` smuggled in through an
-NVTX name could not run, and the page could not reach the network. Every string from the profile
-goes through jinja's autoescape; nothing is marked safe.
+The page loads nothing: the CSS, our script and the charting library (uPlot, vendored in
+render/vendor/ with its license) are inline, the page's data is a JSON element, and a
+Content-Security-Policy meta tag allows exactly the one style and the one script by their SHA-256.
+So even if escaping failed somewhere, a `<script>` smuggled in through an NVTX name could not run,
+and the page could not reach the network. Every string from the profile goes through jinja's
+autoescape (or `|tojson` for the data); nothing from a profile is marked safe. The only Markup is
+our own CSS and JS, read from the package.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import hashlib
 from pathlib import Path
 from typing import Mapping, Optional
 
 import jinja2
+from markupsafe import Markup
 
 from ..errors import printable
-from ..model import SEVERITIES, Analysis
-from ..units import fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_share, fmt_time
+from ..model import SEVERITIES, TRUST_BREAKING, Allocation, AllocationGroup, Analysis
+from ..units import fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_share, fmt_time, fmt_time_in, time_unit
 from .files import check_output_dir, write_all_or_none
 from .json import render_json
+from .page_data import page_data
 from .png import figure_png, plot_sites, plot_timeline
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+VENDOR = Path(__file__).resolve().parent / "vendor"
+UPLOT_VERSION = "1.6.32"  # render/vendor/uPlot.iife.min.js, unchanged from the npm package
 # Files of a report folder, written in this order: the page last, so a folder with a
 # report.html is complete.
 REPORT_FILES = ("timeline.png", "sites.png", "analysis.json", "report.html")
 LIVE_AT_PEAK_PROCESSES = 4
+# How the page names `reserved.allocators[].allocator`
+ALLOCATOR_NAMES = {"pytorch_caching": "PyTorch's caching allocator",
+                   "pytorch_expandable": "PyTorch's caching allocator (expandable segments)",
+                   "xla_preallocation": "XLA's allocator"}
 
 
 def render_images(analysis: Analysis) -> dict[str, bytes]:
@@ -36,12 +47,12 @@ def render_images(analysis: Analysis) -> dict[str, bytes]:
     return {"timeline.png": figure_png(plot_timeline(analysis)), "sites.png": figure_png(plot_sites(analysis))}
 
 
-def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None) -> str:
-    """The whole page as one string (UTF-8 HTML); `images` are reused when already drawn."""
+def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None, full_paths: bool = False) -> str:
+    """The whole page as one string (UTF-8 HTML). It shows the report's file name, not the path it
+    was read from (`full_paths` brings the path back). `images` is accepted for callers that drew
+    the PNGs already; the page draws its own plots and embeds none."""
     env = _environment()
-    images = images if images is not None else render_images(analysis)
-    style = env.get_template("report.css.j2").render()
-    script = env.get_template("report.js.j2").render()
+    style, script = page_style(), page_script()
     csp = "; ".join([
         "default-src 'none'",
         "img-src data:",
@@ -50,18 +61,55 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
         "base-uri 'none'",
         "form-action 'none'",
     ])
-    data_uris = {name: "data:image/png;base64," + base64.b64encode(data).decode("ascii")
-                 for name, data in images.items()}
+    diagnostics = analysis.diagnostics_by_severity()
+    warnings = [d for d in diagnostics if d.severity in ("error", "warning")]
+    # Documents written before the groups existed: each listed allocation is its own group.
+    if analysis.never_freed and not analysis.never_freed_groups:
+        analysis = dataclasses.replace(analysis, never_freed_groups=_one_per_group(analysis.never_freed))
+    if any(p.live_at_peak and not p.live_groups for p in analysis.peaks):
+        analysis = dataclasses.replace(analysis, peaks=[
+            p if p.live_groups else dataclasses.replace(p, live_groups=_one_per_group(p.live_at_peak))
+            for p in analysis.peaks])
     return env.get_template("report.html.j2").render(
-        a=analysis, csp=csp, images=data_uris, process_peaks=analysis.process_peaks(LIVE_AT_PEAK_PROCESSES),
+        a=analysis, csp=csp, style=style, script=script, data=page_data(analysis), full_paths=full_paths,
+        process_peaks=analysis.process_peaks(LIVE_AT_PEAK_PROCESSES),
         never_freed_bytes=sum(g.never_freed_bytes for g in analysis.groups
                               if g.kind not in ("static", "managed_static")),
-        diagnostics=analysis.diagnostics_by_severity(), severities=SEVERITIES,
+        diagnostics=diagnostics, severities=SEVERITIES,
+        trust_breaking=[d for d in diagnostics if d.code in TRUST_BREAKING],
+        other_warnings=[d for d in warnings if d.code not in TRUST_BREAKING],
+        caching=any(d.code == "caching_allocator" for d in diagnostics), allocator_names=ALLOCATOR_NAMES,
+        ranges_in_time_order=sorted(analysis.ranges, key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0)),
         process_names={p.pid: p.name for p in analysis.capture.processes},
         gpus={g.id: g for g in analysis.capture.gpus}, stacks={s.id: s for s in analysis.stacks})
 
 
-def write_report(analysis: Analysis, out_dir: Path) -> Path:
+def _one_per_group(allocations: list[Allocation]) -> list[AllocationGroup]:
+    return [AllocationGroup(pid=a.pid, device=a.device, kind=a.kind, site=a.site, nvtx_range=a.nvtx_range, count=1,
+                            total_bytes=a.bytes, min_bytes=a.bytes, max_bytes=a.bytes, first_alloc_ns=a.alloc_time_ns,
+                            last_alloc_ns=a.alloc_time_ns) for a in allocations]
+
+
+@functools.lru_cache(maxsize=1)
+def page_style() -> Markup:
+    """The page's CSS: ours, then uPlot's (one <style>, one hash)."""
+    ours = _environment().get_template("report.css.j2").render()
+    return Markup(ours + "\n" + (VENDOR / "uPlot.min.css").read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=1)
+def page_script() -> Markup:
+    """The page's JavaScript: uPlot (MIT, vendored unchanged), then ours (one <script>, one hash)."""
+    uplot = (VENDOR / "uPlot.iife.min.js").read_text(encoding="utf-8")
+    # Its banner names its home page; the page carries no address at all, so the banner becomes
+    # the license's own text (MIT asks for the notice in every copy).
+    _banner, code = uplot.split("\n", 1) if uplot.startswith("/*!") else ("", uplot)
+    license_text = (VENDOR / "uPlot.LICENSE").read_text(encoding="utf-8").replace("*/", "* /")
+    ours = _environment().get_template("report.js.j2").render()
+    return Markup(f"/*! uPlot {UPLOT_VERSION}\n{license_text}*/\n" + code + "\n" + ours)
+
+
+def write_report(analysis: Analysis, out_dir: Path, full_paths: bool = False) -> Path:
     """Write report.html, timeline.png, sites.png and analysis.json into `out_dir`; return the page's path.
 
     The four are written all or none (a full disk leaves the last run's report whole); a folder
@@ -71,7 +119,7 @@ def write_report(analysis: Analysis, out_dir: Path) -> Path:
     check_output_dir(out_dir)
     images = render_images(analysis)
     files: dict[str, str | bytes] = {**images, "analysis.json": render_json(analysis),
-                                     "report.html": render_html(analysis, images)}
+                                     "report.html": render_html(analysis, images, full_paths)}
     write_all_or_none({out_dir / name: files[name] for name in REPORT_FILES})
     return out_dir / "report.html"
 
@@ -83,7 +131,8 @@ def _environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              finalize=_visible)
     env.filters.update(bytes=fmt_bytes, time=fmt_time, duration=fmt_duration, share=fmt_share, mib=fmt_mib,
-                       frame=lambda f: fmt_frame(f.function, f.file, f.line, f.module))
+                       frame=lambda f: fmt_frame(f.function, f.file, f.line, f.module), time_in=fmt_time_in)
+    env.globals.update(time_unit=lambda *columns: time_unit(v for column in columns for v in column))
     return env
 
 

@@ -34,14 +34,15 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from ..model import GPU_RESIDENT_KINDS, KINDS, Analysis, Gpu, Peak, Series
+from ..model import GPU_RESIDENT_KINDS, Analysis, Gpu, Peak, Series
 from ..units import fmt_bytes, fmt_time
 from .smi_png import draw_smi, smi_top
+from .page_data import home_panels, series_by_gpu
 
 # Draw the capacity line when the panel reaches this share of the GPU's memory.
 CAPACITY_LINE_SHARE = 0.25
 MAX_BAND_LABELS = 20
-DPI = 100
+DPI = 200  # 2x: sharp on dense screens, and still readable when a tracker scales it down
 WIDTH_IN = 12.0
 PANEL_HEIGHT_IN = 3.9
 
@@ -62,7 +63,7 @@ def plot_timeline(analysis: Analysis) -> Figure:
     "peak:<pid>:<device>" (annotations), "capacity", "band", "failed".
     """
     with _matplotlib_defaults():
-        panels = _panels(analysis)
+        panels = series_by_gpu(analysis)
         if not panels:
             fig = Figure(figsize=(WIDTH_IN, 1.2), dpi=DPI)
             why = ("sizes were not collected (capture with --cuda-memory-usage=true)"
@@ -71,7 +72,7 @@ def plot_timeline(analysis: Analysis) -> Figure:
             return fig
         fig = Figure(figsize=(WIDTH_IN, PANEL_HEIGHT_IN * len(panels)), dpi=DPI, layout="constrained")
         axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-        home = _home_panels(analysis, panels)
+        home = home_panels(analysis, panels)
         start, stop = _window(analysis, panels, home)
         t_unit, t_scale = _time_unit(stop - start)
         for ax, (gpu_key, series) in zip(axes, panels.items()):
@@ -140,44 +141,20 @@ def figure_png(fig: Figure, dpi: int = DPI) -> bytes:
 # -- timeline parts ----------------------------------------------------------------------------
 
 
-def _panels(analysis: Analysis) -> dict[int, list[Series]]:
-    """Series per GPU (the GPU id, or the CUDA ordinal when the capture does not say), in order."""
-    gpu_of = {(g.pid, g.device): g.gpu for g in analysis.groups}
-    panels: dict[int, list[Series]] = {}
-    for s in analysis.timeline.series:
-        if not s.ts_ns:
-            continue
-        gpu = gpu_of.get((s.pid, s.device))
-        panels.setdefault(s.device if gpu is None else gpu, []).append(s)
-    kind_order = {k: i for i, k in enumerate(KINDS)}
-    return {key: sorted(panels[key], key=lambda s: (s.pid, s.device, kind_order.get(s.kind, len(KINDS))))
-            for key in sorted(panels)}
-
-
 def _panel_key(peak: Peak) -> int:
     return peak.device if peak.gpu is None else peak.gpu
 
 
-def _home_panels(analysis: Analysis, panels: dict[int, list[Series]]) -> dict[int, int]:
-    """The panel each process's NVTX bands and failed calls go to: the GPU of its highest peak."""
-    home: dict[int, int] = {}
-    best: dict[int, int] = {}
-    for peak in analysis.peaks:
-        if peak.pid is not None and _panel_key(peak) in panels and peak.peak_bytes > best.get(peak.pid, -1):
-            best[peak.pid], home[peak.pid] = peak.peak_bytes, _panel_key(peak)
-    for key, series in panels.items():  # a process without a GPU-resident peak: its first panel
-        for s in series:
-            home.setdefault(s.pid, key)
-    return home
-
-
 def _window(analysis: Analysis, panels: dict[int, list[Series]], home: dict[int, int]) -> tuple[int, int]:
-    """The time span worth drawing: from the first to the last memory event, band or failed call.
+    """The time span worth drawing: where memory moves (`timeline.focus_*`, the span the page opens
+    on), else from the first to the last memory event, band or failed call.
 
     Captures often spend seconds starting Python or NCCL before the first allocation; the whole
     capture on the x axis would squeeze the memory story into its last tenth.
     """
     timeline = analysis.timeline
+    if timeline.focus_start_ns is not None and timeline.focus_end_ns is not None:
+        return max(timeline.start_ns, timeline.focus_start_ns), min(timeline.end_ns, timeline.focus_end_ns)
     times = [t for series in panels.values() for s in series for t in (s.ts_ns[0], s.ts_ns[-1])]
     times += [t for b in timeline.bands if b.pid in home for t in (b.start_ns, b.end_ns)]
     times += [f.time_ns for f in analysis.failed_calls if f.pid in home]
@@ -220,7 +197,8 @@ def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home
         if s.kind in GPU_RESIDENT_KINDS:
             colors.setdefault((s.pid, s.device), line.get_color())
 
-    for peak in peaks:
+    placed: list[float] = []  # x of the callouts so far (axes fraction): a near one is raised a row
+    for peak in sorted(peaks, key=lambda p: p.peak_time_ns):
         x, y = peak.peak_time_ns / t_scale, peak.peak_bytes / scale
         color = colors.get((peak.pid, peak.device), _PEAK_COLOR)
         ax.plot([x], [y], marker="v", markersize=8, color=color, markeredgecolor=_PEAK_COLOR, zorder=6,
@@ -228,10 +206,13 @@ def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home
         text = f"peak {fmt_bytes(peak.peak_bytes)}" + (f" · {_short(peak.nvtx_range, 40)}" if peak.nvtx_range else "")
         if several:
             text = f"{peak.pid}: {text}"
-        right_half = (peak.peak_time_ns - window[0]) > 0.6 * max(window[1] - window[0], 1)
-        ax.annotate(_plain(text), xy=(x, y), xytext=(-10 if right_half else 10, 9), textcoords="offset points",
-                    ha="right" if right_half else "left", va="bottom", fontsize=9, zorder=7,
-                    gid=f"peak:{peak.pid}:{peak.device}",
+        where = (peak.peak_time_ns - window[0]) / max(window[1] - window[0], 1)
+        right_half = where > 0.6
+        row = sum(1 for other in placed if abs(other - where) < 0.3)
+        placed.append(where)
+        ax.annotate(_plain(text), xy=(x, y), xytext=(-10 if right_half else 10, 9 + 16 * row),
+                    textcoords="offset points", ha="right" if right_half else "left", va="bottom", fontsize=9,
+                    zorder=7, gid=f"peak:{peak.pid}:{peak.device}",
                     bbox={"boxstyle": "round,pad=0.25", "facecolor": "white", "edgecolor": color, "alpha": 0.9},
                     arrowprops={"arrowstyle": "-", "color": color, "linewidth": 0.8})
 
@@ -241,20 +222,11 @@ def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home
         line.set_gid("capacity")
 
     bands = [b for b in timeline.bands if b.pid in home_pids]
-    span = max(window[1] - window[0], 1)
-    last_label = None
-    labelled = 0
     for i, band in enumerate(bands):
         patch = ax.axvspan(band.start_ns / t_scale, band.end_ns / t_scale, color=_BAND_SHADES[i % 2], zorder=0,
                            linewidth=0)
         patch.set_gid("band")
-        # Label the first bands that have room (labels closer than 1.5% of the width would overlap).
-        if labelled < MAX_BAND_LABELS and (last_label is None or band.start_ns - last_label > 0.015 * span):
-            ax.annotate(_plain(_short(band.name, 24)), xy=(band.start_ns / t_scale, 1),
-                        xycoords=ax.get_xaxis_transform(), xytext=(2, -4), textcoords="offset points",
-                        rotation=90, va="top", ha="left", fontsize=7, color="#444444", annotation_clip=True,
-                        zorder=1, gid="band-label")
-            last_label, labelled = band.start_ns, labelled + 1
+    _label_bands(ax, bands, window, t_scale)
 
     if failed:
         xs = np.array([f.time_ns for f in failed], dtype=float) / t_scale
@@ -270,10 +242,40 @@ def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home
         who = ", ".join(str(p) for p in home_pids if any(b.pid == p for b in bands))
         handles.append(Patch(color=_BAND_SHADES[0], label=f"NVTX ranges (process {who})"))
     ax.legend(handles=handles, loc="best", fontsize=8, framealpha=0.9)
-    ax.set_ylim(0, max(top, total if draw_capacity else 0) / scale * 1.2)
+    # Headroom for the callouts: a second row when several peaks share the panel.
+    ax.set_ylim(0, max(top, total if draw_capacity else 0) / scale * (1.2 if len(peaks) < 2 else 1.45))
     ax.set_ylabel(f"live memory ({unit})")
     ax.grid(alpha=0.3, zorder=0)
-    ax.set_title(_plain(_panel_title(analysis, gpu_key, gpu, draw_capacity, peaks)), loc="left", fontsize=11)
+    ax.set_title(_plain(_panel_title(analysis, gpu_key, gpu, draw_capacity, peaks)), loc="left", fontsize=11,
+                 pad=22 if bands else 6)  # room for the two rows of band labels above the plot
+
+
+def _label_bands(ax, bands: list, window: tuple[int, int], t_scale: float) -> None:
+    """Band names in a strip of two rows above the plot, each starting at its band: a label goes
+    to the first row where it overlaps no other label, and is left out when neither has room.
+    Labels never overlap one another, and no callout (inside the plot) can sit on them."""
+    # The plot's width in points: the figure less the y axis (ticks and label) and the margins.
+    width_pt = (ax.figure.get_figwidth() - 0.9) * 72
+    span = max(window[1] - window[0], 1)
+    char_pt = 7 * 0.56  # a 7 pt DejaVu Sans character is about 3.9 pt wide on average
+    taken: list[list[tuple[float, float]]] = [[], []]  # per row, the spans of its labels (points)
+    labelled = 0
+    # The longest bands choose first (the steps before the short library ranges between them).
+    for band in sorted(bands, key=lambda b: (-(b.end_ns - b.start_ns), b.start_ns)):
+        if labelled >= MAX_BAND_LABELS or band.end_ns <= window[0] or band.start_ns >= window[1]:
+            continue
+        name = _short(band.name, 24)
+        left = (max(band.start_ns, window[0]) - window[0]) / span * width_pt
+        right = left + 3 + len(name) * char_pt
+        row = next((i for i, spans in enumerate(taken)
+                    if all(right + 4 < l or left > r + 4 for l, r in spans)), None)
+        if row is None or right > width_pt + 20:
+            continue
+        taken[row].append((left, right))
+        ax.annotate(_plain(name), xy=(max(band.start_ns, window[0]) / t_scale, 1), xycoords=ax.get_xaxis_transform(),
+                    xytext=(1.5, 2 + 9 * row), textcoords="offset points", va="bottom", ha="left", fontsize=7,
+                    color="#444444", annotation_clip=False, zorder=1, gid="band-label")
+        labelled += 1
 
 
 def _panel_title(analysis: Analysis, gpu_key: int, gpu: Optional[Gpu], draw_capacity: bool,

@@ -1,0 +1,150 @@
+"""What a reader needs to explore the timeline and to read summaries instead of long lists.
+
+- where memory moves: the span a page opens on (a 9.5 s flat setup should not squeeze the steps
+  into the last 6% of the axis);
+- the NVTX ranges of each process's main thread at every depth, for the path under the cursor;
+- the largest allocations with their lifetimes, for "what was live at this moment";
+- where a process's CUDA trace stops early, for a marker;
+- allocations grouped by process, site and NVTX range: count, total, size range.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Optional
+
+import numpy as np
+import pandas as pd
+
+from ..events.read import TRACE_GOES_ON
+from ..model import Allocation, AllocationGroup, Band, NvtxSpan, TraceEnd
+from .sites import call_site
+
+MAX_SPANS = 2000
+MAX_INTERVALS = 300
+MAX_GROUPS = 100
+# The focus starts once this share of all memory movement (sum of |delta bytes|) has happened: a
+# setup's few small allocations long before the steps are left out of the first view.
+FOCUS_SKIP = 0.05
+FOCUS_PAD = 0.03  # of the focus span, on each side
+
+_FINITE = np.iinfo("int64").max // 4  # a range left open has a huge end
+STEP_REPEATS = 3
+_NUMBER = re.compile(r"\d+")
+_STEP_WORD = re.compile(r"step|iter|epoch|batch", re.IGNORECASE)
+
+
+def step_bands(bands: list[Band]) -> list[Band]:
+    """The bands that look like training steps: the most repeated outermost range name that
+    differs only by a number ("step 3", "iteration 12", "ProfilerStep#7") or names a step, with at
+    least STEP_REPEATS instances in one process."""
+    counts: dict[tuple[int, str], int] = {}
+    for band in bands:
+        pattern = _NUMBER.sub("#", band.name)
+        if "#" in pattern or _STEP_WORD.search(band.name):
+            counts[band.pid, pattern] = counts.get((band.pid, pattern), 0) + 1
+    if not counts or max(counts.values()) < STEP_REPEATS:
+        return []
+    best = max(counts, key=lambda key: counts[key])[1]
+    return [b for b in bands if _NUMBER.sub("#", b.name) == best]  # every process's steps
+
+
+def focus_window(events: pd.DataFrame, bands: list[Band], trace_ends: list[TraceEnd]) -> tuple[Optional[int], Optional[int]]:
+    """The span where memory moves, in ns: the steps when there are (step_bands) and at least
+    FOCUS_SKIP of the memory movement happens inside them, else from the time FOCUS_SKIP of the movement has happened to the last event; widened
+    to the NVTX bands it cuts (whole steps), and to the ranges that follow an early end of the CUDA
+    trace. (None, None) without events."""
+    moving = np.flatnonzero(events["delta_bytes"].to_numpy() != 0) if not events.empty else np.zeros(0, "int64")
+    if len(moving) == 0:
+        return None, None
+    ts = events["ts_ns"].to_numpy()[moving]
+    moved = np.cumsum(np.abs(events["delta_bytes"].to_numpy()[moving]).astype("float64"))
+    first = int(ts[min(int(np.searchsorted(moved, FOCUS_SKIP * moved[-1], side="left")), len(ts) - 1)])
+    last = int(ts[-1])
+    steps = step_bands(bands)
+    if steps:
+        start, end = min(b.start_ns for b in steps), max(b.end_ns for b in steps)
+        inside = moved[np.searchsorted(ts, end, side="right") - 1] if ts[0] <= end else 0.0
+        inside -= moved[np.searchsorted(ts, start, side="left") - 1] if ts[0] < start else 0.0
+        # Steps where memory hardly moves (a framework that reserved it all before them) are not
+        # where it moves: the movement rule stands.
+        if inside >= FOCUS_SKIP * moved[-1]:
+            first, last = start, end
+    for band in bands:  # whole bands: a step cut in two reads as a different step
+        if band.start_ns < first < band.end_ns:
+            first = band.start_ns
+        if band.start_ns < last < band.end_ns:
+            last = band.end_ns
+    cut_short = {end.pid for end in trace_ends}
+    later = [b.end_ns for b in bands if b.pid in cut_short]
+    if later:  # show what went on after the trace stopped
+        last = max(last, max(later))
+    pad = int(FOCUS_PAD * (last - first)) if last > first else 1_000_000
+    return first - pad, last + pad
+
+
+def nvtx_spans(ranges: pd.DataFrame, events: pd.DataFrame, limit: int = MAX_SPANS) -> list[NvtxSpan]:
+    """Ranges of each process's main thread (tid == pid), all depths, in time order; the longest
+    `limit` when there are more."""
+    if ranges.empty:
+        return []
+    mine = ranges[(ranges["tid"] == ranges["pid"]).to_numpy()]
+    if not events.empty:
+        mine = mine[mine["pid"].isin(np.unique(events["pid"].to_numpy())).to_numpy()]
+    ends = mine["end_ns"].to_numpy()
+    mine = mine.assign(end_ns=np.where(ends < _FINITE, ends, mine["start_ns"].to_numpy()))
+    if len(mine) > limit:
+        mine = mine.assign(length=mine["end_ns"] - mine["start_ns"]).nlargest(limit, "length")
+    mine = mine.sort_values(["start_ns", "depth"], kind="stable")
+    return [NvtxSpan(int(p), int(t), str(n), int(s), int(e), int(d))
+            for p, t, n, s, e, d in mine[["pid", "tid", "name", "start_ns", "end_ns", "depth"]]
+            .itertuples(index=False)]  # capped list
+
+
+def largest_allocations(events: pd.DataFrame, to_allocations: Callable[[pd.DataFrame], list[Allocation]],
+                        limit: int = MAX_INTERVALS) -> tuple[list[Allocation], int]:
+    """The `limit` largest allocations (largest first, then earliest) with their free times, and how
+    many allocations there were."""
+    if events.empty:
+        return [], 0
+    allocs = np.flatnonzero((events["op"].cat.codes == 0).to_numpy())
+    sizes = events["bytes"].to_numpy()[allocs]
+    if len(allocs) > limit:  # a partial selection first: 1e7 events are not sorted for 1000 rows
+        top = np.argpartition(-sizes, limit - 1)[:limit]
+        allocs, sizes = allocs[top], sizes[top]
+    chosen = allocs[np.lexsort((allocs, -sizes))]
+    return to_allocations(events.iloc[chosen]), int((events["op"].cat.codes == 0).sum())
+
+
+def early_trace_ends(ranges: pd.DataFrame, last_cuda_call_ns: dict[int, int]) -> list[TraceEnd]:
+    """Processes whose CUDA trace stops while NVTX ranges go on after it (the cuda_trace_incomplete
+    diagnostic's rule), with the time of the last CUDA call."""
+    if ranges.empty:
+        return []
+    finite = ranges[(ranges["end_ns"] < _FINITE).to_numpy()]
+    return [TraceEnd(int(pid), int(last)) for pid, last in sorted(last_cuda_call_ns.items())
+            if int(((finite["pid"] == pid) & (finite["start_ns"] > last)).sum()) >= TRACE_GOES_ON]
+
+
+def allocation_groups(events: pd.DataFrame, rows: np.ndarray, site_table: dict[str, dict],
+                      limit: int = MAX_GROUPS) -> list[AllocationGroup]:
+    """Alloc events `rows` grouped by (process, device, kind, site, NVTX range): count, total bytes,
+    smallest and largest, first and last allocation time; largest total first."""
+    if len(rows) == 0:
+        return []
+    picked = pd.DataFrame({
+        "pid": events["pid"].to_numpy()[rows], "device": events["device"].to_numpy()[rows],
+        "kind": events["kind"].cat.codes.to_numpy()[rows], "site": events["site"].cat.codes.to_numpy()[rows],
+        "nvtx": events["nvtx_range"].cat.codes.to_numpy()[rows],
+        "bytes": events["bytes"].to_numpy()[rows], "ts": events["ts_ns"].to_numpy()[rows]})
+    summed = picked.groupby(["pid", "device", "kind", "site", "nvtx"], sort=False).agg(
+        count=("bytes", "size"), total=("bytes", "sum"), smallest=("bytes", "min"), largest=("bytes", "max"),
+        first=("ts", "min"), last=("ts", "max")).reset_index()
+    summed = summed.sort_values(["total", "count", "first"], ascending=[False, False, True], kind="stable").head(limit)
+    kinds, sites, names = (events[c].cat.categories for c in ("kind", "site", "nvtx_range"))
+    return [AllocationGroup(pid=int(r.pid), device=int(r.device), kind=str(kinds[r.kind]),
+                            site=call_site(str(sites[r.site]) if r.site >= 0 else "", site_table),
+                            nvtx_range=str(names[r.nvtx]) if r.nvtx >= 0 else "", count=int(r.count),
+                            total_bytes=int(r.total), min_bytes=int(r.smallest), max_bytes=int(r.largest),
+                            first_alloc_ns=int(r.first), last_alloc_ns=int(r.last))
+            for r in summed.itertuples(index=False)]  # capped list
