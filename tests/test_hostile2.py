@@ -532,3 +532,79 @@ def test_a_hostile_file_name_is_inert_in_the_progress_bar(tmp_path: Path) -> Non
     text = drawn.decode("utf-8", "replace")
     assert "run\\x1b[2J\\x07[reverse]7:fire:" in text  # the bar was drawn, with the name inert
     assert "\x1b[2J" not in text and "\x07" not in text and "\U0001f525" not in text
+
+
+# --- pathological sizes: bounded output, bounded time --------------------------------------------------
+
+
+def _long_names(folder: Path) -> Path:
+    report = copy_fixture("known_mem_v25", folder, "long.sqlite")
+    with contextlib.closing(sqlite3.connect(report)) as conn:
+        conn.execute("UPDATE PROCESSES SET name = ? WHERE name = '/tmp/known'", ("/tmp/" + "x" * 10_000_000,))
+        conn.execute("UPDATE TARGET_INFO_GPU SET name = ?", ("H200 " + "y" * 10_000_000,))
+        conn.commit()
+    return report
+
+
+def test_ten_megabyte_names_are_cut_for_the_terminal_and_the_json(tmp_path: Path) -> None:
+    report = _long_names(tmp_path / "in")
+    out = tmp_path / "out"
+    result = run_cli("analyze", str(report), "--no-progress", "-o", str(out), timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert len(result.stdout) < 50_000  # was 21 MB and 82 s
+    assert "/tmp/xxxx" in result.stdout and result.stdout.count("x") < 400  # the name cut at 200 characters
+    doc = json.loads((out / "analysis.json").read_text())
+    gpu = doc["capture"]["gpus"][0]["name"]
+    assert len(gpu) == 4096 and gpu.startswith("H200 yyy") and gpu.endswith("… (cut from 10000005 characters)")
+    assert all(len(p["name"]) <= 4096 for p in doc["capture"]["processes"])  # the JSON keeps at most 4 KiB
+    assert re.match(r"\d+ strings from the profile .* were longer than 4096 characters", message_of(doc, "long_strings"))
+    assert doc["peak"]["peak_bytes"] == 952_107_008 and (out / "analysis.json").stat().st_size < 100_000
+
+
+def message_of(doc: dict, code: str) -> str:
+    (text,) = [d["message"] for d in doc["diagnostics"] if d["code"] == code]
+    return text
+
+
+def _many(folder: Path, processes: int = 1, devices: int = 1) -> Path:
+    """known_mem_v25 with its memory events copied to `processes` more processes (the first six
+    events each) or `devices` - 1 more devices (all of them), at fresh addresses."""
+    report = copy_fixture("known_mem_v25", folder, "many.sqlite")
+    with contextlib.closing(sqlite3.connect(report)) as conn:
+        columns = [r[1] for r in conn.execute(f"PRAGMA table_info({MEM})")]
+        rows = conn.execute(f"SELECT * FROM {MEM} ORDER BY start").fetchall()
+        pid_at, device_at, address_at = (columns.index(c) for c in ("globalPid", "deviceId", "address"))
+        copies = []
+        for p in range(1, processes):
+            for row in rows[:6]:
+                row = list(row)
+                row[pid_at] = (row[pid_at] & ~(0xFFFFFF << 24)) | ((2000 + p) << 24)
+                row[address_at] += p << 32
+                copies.append(row)
+        for d in range(1, devices):
+            for row in rows:
+                row = list(row)
+                row[device_at], row[address_at] = d, row[address_at] + (d << 36)
+                copies.append(row)
+        conn.executemany(f"INSERT INTO {MEM} VALUES ({', '.join('?' * len(columns))})", copies)
+        conn.commit()
+    return report
+
+
+@pytest.mark.parametrize("processes, devices", [(5_000, 1), (1, 200)], ids=["5,000 processes", "200 devices"])
+def test_thousands_of_processes_or_hundreds_of_devices_stay_bounded(tmp_path: Path, processes: int,
+                                                                     devices: int) -> None:
+    report = _many(tmp_path / "in", processes, devices)
+    out = tmp_path / "out"
+    result = run_cli("analyze", str(report), "--no-progress", "-o", str(out), timeout=240)  # was > 600 s, 116 s
+    assert result.returncode == 0 and result.stderr == "", result.stderr  # no library warning either
+    doc = json.loads((out / "analysis.json").read_text())
+    assert len(doc["groups"]) >= max(processes, devices)  # the JSON keeps every one
+    assert len(result.stdout.splitlines()) < 400
+    assert re.search(r"… and \d+ more, with smaller peaks \(see --format json\)", result.stdout)
+    if processes > 1:
+        assert "… and 4980 more processes, with smaller peaks (see --format json)" in result.stdout
+    from PIL import Image
+
+    with Image.open(out / "timeline.png") as png:  # one panel per GPU up to 8, not 1200 x 78000 px
+        assert png.size[1] <= 8 * 400

@@ -16,6 +16,7 @@ import pandas as pd
 from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Process, Source
 from ..schema import Schema
 from .allocations import to_allocations
+from .bounds import cut_long_strings
 from .calls import api_call_stats, find_failed_calls
 from .explore import allocation_groups, early_trace_ends, focus_window, largest_allocations, nvtx_spans
 from .diagnostics import capture_diagnostics
@@ -127,7 +128,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     )
     answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, loaded.quick,
                              {pid: label for pid, label in labels.items() if label})
-    return dataclasses.replace(analysis, answers=answers)
+    return cut_long_strings(dataclasses.replace(analysis, answers=answers))
 
 
 def _steps(loaded: "LoadedEvents", grouped: Groups, gpu_of, end_ns: int,

@@ -70,14 +70,19 @@ def plot_timeline(analysis: Analysis) -> Figure:
                    if not analysis.capture.memory_usage_collected else "no allocations were recorded")
             fig.text(0.5, 0.5, f"No memory timeline: {why}", ha="center", va="center", fontsize=12)
             return fig
-        fig = Figure(figsize=(WIDTH_IN, PANEL_HEIGHT_IN * len(panels)), dpi=DPI, layout="constrained")
+        panels, left_out = _bounded(panels)
+        fig = Figure(figsize=(WIDTH_IN, PANEL_HEIGHT_IN * len(panels) + (0.3 if left_out else 0)), dpi=DPI,
+                     layout="constrained")
+        if left_out:
+            fig.suptitle(left_out, fontsize=9, color="#555555")
         axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
         home = home_panels(analysis, panels)
         start, stop = _window(analysis, panels, home)
         t_unit, t_scale = _time_unit(stop - start)
         for ax, (gpu_key, series) in zip(axes, panels.items()):
-            _draw_panel(ax, analysis, gpu_key, series, [pid for pid, key in home.items() if key == gpu_key],
-                        (start, stop), t_scale)
+            drawn = {s.pid for s in series}
+            _draw_panel(ax, analysis, gpu_key, series,
+                        [pid for pid, key in home.items() if key == gpu_key and pid in drawn], (start, stop), t_scale)
         axes[-1].set_xlabel(f"time since capture start ({t_unit})")
         axes[-1].set_xlim(start / t_scale, stop / t_scale)
         return fig
@@ -141,6 +146,37 @@ def figure_png(fig: Figure, dpi: int = DPI) -> bytes:
 # -- timeline parts ----------------------------------------------------------------------------
 
 
+# A capture of 200 GPUs made a 1200 x 78000 px image, one of 5,000 processes a legend no one can
+# read and minutes of drawing: at most this many panels (the GPUs with the highest live bytes)
+# and processes per panel (the largest there); the figure says what it left out.
+MAX_PANELS = 8
+MAX_PROCESSES_PER_PANEL = 8
+
+
+def _bounded(panels: dict[int, list[Series]]) -> tuple[dict[int, list[Series]], str]:
+    """At most MAX_PANELS panels of at most MAX_PROCESSES_PER_PANEL processes each, in their
+    order; and the note saying what was left out ("" when nothing was)."""
+    def highest(series: list[Series]) -> int:
+        return max((max(s.live_bytes) for s in series if s.live_bytes), default=0)
+
+    kept_keys = sorted(panels, key=lambda key: -highest(panels[key]))[:MAX_PANELS]
+    kept: dict[int, list[Series]] = {}
+    hidden_processes = 0
+    for key in panels:
+        if key not in kept_keys:
+            continue
+        by_pid: dict[int, list[Series]] = {}
+        for s in panels[key]:
+            by_pid.setdefault(s.pid, []).append(s)
+        largest = set(sorted(by_pid, key=lambda pid: -highest(by_pid[pid]))[:MAX_PROCESSES_PER_PANEL])
+        hidden_processes += len(by_pid) - len(largest)
+        kept[key] = [s for s in panels[key] if s.pid in largest]
+    hidden_panels = len(panels) - len(kept)
+    parts = ([f"{hidden_panels} more GPUs"] if hidden_panels else []) + \
+            ([f"{hidden_processes:,} more process series"] if hidden_processes else [])
+    return kept, (f"Not drawn: {' and '.join(parts)} with lower memory (see analysis.json)" if parts else "")
+
+
 def _panel_key(peak: Peak) -> int:
     return peak.device if peak.gpu is None else peak.gpu
 
@@ -166,7 +202,8 @@ def _window(analysis: Analysis, panels: dict[int, list[Series]], home: dict[int,
 def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home_pids: list[int],
                 window: tuple[int, int], t_scale: float) -> None:
     timeline = analysis.timeline
-    peaks = [p for p in analysis.peaks if p.pid is not None and _panel_key(p) == gpu_key and p.peak_bytes > 0]
+    drawn = {s.pid for s in series}
+    peaks = [p for p in analysis.peaks if p.pid in drawn and _panel_key(p) == gpu_key and p.peak_bytes > 0]
     failed = [f for f in analysis.failed_calls if f.pid in home_pids]
     top = max([max(s.live_bytes) for s in series] + [p.peak_bytes for p in peaks]
               + [smi_top(analysis.smi, gpu_key, window)]

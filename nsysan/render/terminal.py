@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Union
+from typing import Any, Callable, Iterable, Union
 
 from rich import box
 from rich.console import Console, Group
@@ -36,10 +36,10 @@ def render_terminal(analysis: Analysis, console: Console, top: int = 10, stacks:
     quick = analysis.scope == "quick"
     tables: list[Union[Table, Group]] = []
     if analysis.capture.memory_usage_collected and analysis.groups:
-        tables.append(_peaks_table(analysis))
+        tables.append(_peaks_table(analysis, top))
         tables += [_live_at_peak_table(peak, top) for peak in analysis.process_peaks()]
         tables += [_steps_table(series, top) for series in analysis.steps]
-        tables.append(_groups_table(analysis))
+        tables.append(_groups_table(analysis, top))
         tables.append(_never_freed_table(analysis, top))
         if not quick:
             tables.append(_sites_table(analysis, top))
@@ -78,9 +78,29 @@ def _read_columns(table: Table, quick: bool) -> Union[Table, Group]:
     return Group(Text(str(title), style="bold"), table)
 
 
+# A name from the profile is cut to this many characters on the terminal (the JSON keeps more).
+DISPLAY_CHARS = 200
+# Lists whose length the profile decides (GPUs, processes, peaks, groups): at most this many
+# rows, or --top when larger; the largest first, then "… and N more".
+LIST_ROWS = 20
+
+
 def _t(value: object) -> Text:
-    """Text from a profile, never interpreted as rich markup nor as terminal escapes."""
-    return Text(printable(str(value)))
+    """Text from a profile, never interpreted as rich markup nor as terminal escapes, and cut to
+    DISPLAY_CHARS (cut before the escaping: a 4 KB name is escaped in no time, a 10 MB one not)."""
+    return Text(printable(_short(str(value))))
+
+
+def _short(text: str, limit: int = DISPLAY_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _largest(items: list, size: Callable[[Any], int], limit: int) -> tuple[list, int]:
+    """At most `limit` of `items`, the largest by `size`, in their own order; and how many more."""
+    if len(items) <= limit:
+        return items, 0
+    keep = set(sorted(range(len(items)), key=lambda i: -size(items[i]))[:limit])
+    return [item for i, item in enumerate(items) if i in keep], len(items) - limit
 
 
 def _capture_panel(analysis: Analysis) -> Panel:
@@ -97,20 +117,31 @@ def _capture_panel(analysis: Analysis) -> Panel:
              "memory usage: " + ("collected" if cap.memory_usage_collected else "NOT collected"),
              "backtraces: " + ("yes" if cap.backtraces else "no"), "NVTX: " + ("yes" if cap.nvtx else "no")]
     lines.append(" · ".join(f for f in facts if f))
-    for gpu in cap.gpus:
-        lines.append(f"GPU {gpu.id}: {gpu.name}, {fmt_bytes(gpu.total_memory_bytes)}")
-    for proc in cap.processes:
+    peak_of: dict[int, int] = {}
+    for peak in analysis.peaks:
+        if peak.pid is not None:
+            peak_of[peak.pid] = max(peak_of.get(peak.pid, 0), peak.peak_bytes)
+    gpus, more_gpus = _largest(cap.gpus, lambda g: g.total_memory_bytes or 0, LIST_ROWS)
+    for gpu in gpus:
+        lines.append(f"GPU {gpu.id}: {_short(gpu.name)}, {fmt_bytes(gpu.total_memory_bytes)}")
+    if more_gpus:
+        lines.append(f"… and {more_gpus} more GPUs (see --format json)")
+    processes, more_processes = _largest(cap.processes, lambda p: peak_of.get(p.pid, 0), LIST_ROWS)
+    for proc in processes:
         devices = ", ".join(str(d) for d in proc.devices) or "-"
         threads = "" if analysis.scope == "quick" else f", {proc.threads} threads calling memory APIs"
         rank = ""
         if proc.rank is not None:
             how = "from its environment" if proc.rank_source == "environment" else "by GPU order"
             rank = f" ({proc.label}, {how})"
-        lines.append(f"process {proc.pid} {proc.name}{rank}: CUDA devices {devices}{threads}")
+        lines.append(f"process {proc.pid} {_short(proc.name)}{rank}: CUDA devices {_short(devices)}{threads}")
+    if more_processes:
+        lines.append(f"… and {more_processes} more processes, with smaller peaks (see --format json)")
     exported = ""
     if src.exported_with:
         exported = f" (exported with nsys {src.exported_with}{', from cache' if src.from_cache else ''})"
-    body = Text("\n".join(printable(line) for line in lines))
+    # Each line's names are cut already; a line is cut too (versions come from the export).
+    body = Text("\n".join(printable(_short(line, 2 * DISPLAY_CHARS)) for line in lines))
     return Panel(body, title=_t(f"nsysan · {src.name}{exported}"), title_align="left", box=box.ROUNDED)
 
 
@@ -127,12 +158,15 @@ def _table(title: str, *columns: tuple[str, str]) -> Table:
     return table
 
 
-def _peaks_table(analysis: Analysis) -> Table:
+def _peaks_table(analysis: Analysis, top: int) -> Table:
     table = _table("Peak GPU memory (device + array + static) per process and GPU",
                    ("process", "right"), ("device", "right"), ("peak", "right"), ("at", "right"),
                    ("NVTX range", "left"), ("reached by", "left"), ("of GPU", "right"), ("live allocs", "right"))
-    times = fmt_times([peak.peak_time_ns for peak in analysis.peaks])
-    for peak, at in zip(analysis.peaks, times):
+    peaks, more = _largest(analysis.peaks, lambda p: p.peak_bytes, max(top, LIST_ROWS))
+    if more:
+        table.caption = f"… and {more} more, with smaller peaks (see --format json)"
+    times = fmt_times([peak.peak_time_ns for peak in peaks])
+    for peak, at in zip(peaks, times):
         who = "all" if peak.pid is None else str(peak.pid)
         where = f"GPU {peak.gpu}" if peak.pid is None else str(peak.device)
         share = fmt_share(peak.peak_bytes, peak.total_memory_bytes)
@@ -157,11 +191,14 @@ def _live_at_peak_table(peak: Peak, top: int) -> Table:
     return table
 
 
-def _groups_table(analysis: Analysis) -> Table:
+def _groups_table(analysis: Analysis, top: int) -> Table:
     table = _table("Memory by process, device and kind", ("process", "right"), ("dev", "right"), ("kind", "left"),
                    ("peak", "right"), ("at end", "right"), ("allocs", "right"), ("frees", "right"),
                    ("allocated", "right"), ("never freed", "right"))
-    for g in analysis.groups:
+    groups, more = _largest(analysis.groups, lambda g: g.peak_bytes, max(top, LIST_ROWS))
+    if more:
+        table.caption = f"… and {more} more, with smaller peaks (see --format json)"
+    for g in groups:
         never = f"{fmt_bytes(g.never_freed_bytes)} ({g.never_freed_count})" if g.never_freed_count else "-"
         if g.kind in ("static", "managed_static"):
             never = "not a leak"
@@ -314,5 +351,6 @@ def _diagnostics(analysis: Analysis) -> Group:
     grid.add_column(no_wrap=True, style="dim")
     grid.add_column(overflow="fold")
     for d in diagnostics:
-        grid.add_row(Text(f" {d.severity}", style=SEVERITY_STYLE.get(d.severity, "")), d.code, _t(d.message))
+        grid.add_row(Text(f" {d.severity}", style=SEVERITY_STYLE.get(d.severity, "")), d.code,
+                     Text(printable(_short(d.message, 10 * DISPLAY_CHARS))))  # ours: longer than a name
     return Group(Text("Diagnostics", style="bold"), grid)
