@@ -61,7 +61,7 @@ def oom_and_reserved(analysis: Analysis, top: int = 5) -> Optional[Group]:
     for probe in oom.probes[:3]:
         parts.append(_line("info", "probe", f"{label(probe.pid)}: {probe.api} returned {probe.error} and succeeded "
                                             f"{fmt_duration(probe.retried_after_ns)} later: not a failure"))
-    for use in analysis.reserved.allocators:
+    for use in analysis.reserved.allocators[:LINES_PER_KIND]:
         if use.allocator.endswith("preallocation"):
             continue  # the preallocation line says it
         outside = f"; {fmt_bytes(use.outside_at_peak_bytes)} outside it (library workspaces)" \
@@ -70,20 +70,26 @@ def oom_and_reserved(analysis: Analysis, top: int = 5) -> Optional[Group]:
                                                f"reserved {fmt_bytes(use.inside_at_peak_bytes)} at the peak; tensors "
                                                f"use less, and nsys cannot see how much{outside}. Never-freed blocks "
                                                "at exit are its cache: watch growth per step"))
-    for block in analysis.reserved.preallocations:
+    for block in analysis.reserved.preallocations[:LINES_PER_KIND]:
         parts.append(_line("warning" if block.framework else "info", "preallocated", block.message))
-    for pool in analysis.reserved.pools:
-        if not pool.peak_used_bytes:
-            continue  # created and never used (NCCL's): in the JSON and the page, not worth a first-screen line
+    used_pools = [pool for pool in analysis.reserved.pools if pool.peak_used_bytes]
+    for pool in used_pools[:LINES_PER_KIND]:
         counted = "its reserve counts in the peak"
         trims = f", trimmed {pool.trims} time{'s' if pool.trims != 1 else ''}" if pool.trims else ""
         parts.append(_line("info", "pool", f"{label(pool.pid)}: a memory pool on GPU {pool.gpu} reserved up to "
                                            f"{fmt_bytes(pool.peak_reserved_bytes)} while handing out at most "
                                            f"{fmt_bytes(pool.peak_used_bytes)}{trims}; {counted}"))
+    hidden = sum(max(0, len(items) - LINES_PER_KIND) for items in
+                 (analysis.reserved.allocators, analysis.reserved.preallocations, used_pools))
+    if hidden:  # one per process and GPU: thousands in a large capture
+        parts.append(_line("info", "more", f"… and {hidden} more lines like these (see --format json)"))
     if analysis.peak is not None and analysis.peak.note:
         parts.append(_line("info", "peak", f"{fmt_bytes(analysis.peak.peak_bytes)} at "
                                            f"{fmt_time(analysis.peak.peak_time_ns)}: {analysis.peak.note}"))
     return Group(*parts) if parts else None
+
+
+LINES_PER_KIND = 20  # allocator, preallocation and pool lines shown, each
 
 
 def _line(severity: str, what: str, text: str) -> Table:

@@ -38,7 +38,9 @@ def render_terminal(analysis: Analysis, console: Console, top: int = 10, stacks:
     if analysis.capture.memory_usage_collected and analysis.groups:
         tables.append(_peaks_table(analysis, top))
         tables += [_live_at_peak_table(peak, top) for peak in analysis.process_peaks()]
-        tables += [_steps_table(series, top) for series in analysis.steps]
+        tables += [_steps_table(series, top) for series in analysis.steps[:STEP_TABLES]]
+        if len(analysis.steps) > STEP_TABLES:
+            tables.append(Text(f"… and {len(analysis.steps) - STEP_TABLES} more step tables (see --format json)"))
         tables.append(_groups_table(analysis, top))
         tables.append(_never_freed_table(analysis, top))
         if not quick:
@@ -83,6 +85,7 @@ DISPLAY_CHARS = 200
 # Lists whose length the profile decides (GPUs, processes, peaks, groups): at most this many
 # rows, or --top when larger; the largest first, then "… and N more".
 LIST_ROWS = 20
+STEP_TABLES = 4  # step tables (one per process and device) shown
 
 
 def _t(value: object) -> Text:
@@ -308,10 +311,19 @@ def _answers(analysis: Analysis, topics: tuple[str, ...], heading: str = "") -> 
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
     grid.add_column(overflow="fold")
+    shown: dict[str, int] = {}
     for v in analysis.answers:
         if v.topic in topics:
+            shown[v.topic] = shown.get(v.topic, 0) + 1
+            if shown[v.topic] > LIST_ROWS:  # one per process and GPU: thousands in a large capture
+                continue
             style = SEVERITY_STYLE.get(v.severity, "") if v.severity != "info" else "bold"
-            grid.add_row(Text(f" {_TOPIC_LABEL.get(v.topic, v.topic)}", style=style), _t(v.message))
+            grid.add_row(Text(f" {_TOPIC_LABEL.get(v.topic, v.topic)}", style=style),
+                         Text(printable(_short(v.message, 10 * DISPLAY_CHARS))))  # ours: longer than a name
+    for topic, count in shown.items():
+        if count > LIST_ROWS:
+            grid.add_row(Text(f" {_TOPIC_LABEL.get(topic, topic)}"),
+                         Text(f"… and {count - LIST_ROWS} more (see --format json)"))
     return Group(*([Text(heading, style="bold")] if heading else []), grid)
 
 
