@@ -606,5 +606,7 @@ def test_thousands_of_processes_or_hundreds_of_devices_stay_bounded(tmp_path: Pa
         assert "… and 4980 more processes, with smaller peaks (see --format json)" in result.stdout
     from PIL import Image
 
+    from nsysan.render.png import DPI, MAX_PANELS, PANEL_HEIGHT_IN
+
     with Image.open(out / "timeline.png") as png:  # one panel per GPU up to 8, not 1200 x 78000 px
-        assert png.size[1] <= 8 * 400
+        assert png.size[1] <= (MAX_PANELS * PANEL_HEIGHT_IN + 0.3) * DPI
