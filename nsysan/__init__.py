@@ -39,6 +39,7 @@ Progress = Callable[[str, float], None]
 
 def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
             progress: Optional[Progress] = None, quick: bool = False, step_range: Optional[str] = None,
+            spike_window_ns: Optional[int] = None,
             smi: Sequence[PathLike] = (),
             smi_columns: Sequence[str] = (), smi_tz: str = "UTC") -> Analysis:
     """Analyze one report (.nsys-rep, .qdrep or .sqlite) and return its `Analysis`.
@@ -49,7 +50,8 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     logs over the timeline (`analysis.smi`); `smi_columns` name the columns of logs without a
     header, `smi_tz` the zone of their timestamps. `step_range` is a regular
     expression naming the NVTX ranges that are training steps; by default they are found by their
-    repetition ("step 3", "iteration 12", ...).
+    repetition ("step 3", "iteration 12", ...); `spike_window_ns` is the window within which a
+    rise of live bytes is a spike (default 10 ms).
 
     >>> import nsysan
     >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")
@@ -63,7 +65,8 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
 
     logs = read_smi_logs([Path(p) for p in smi], smi_columns, smi_tz) if smi else []
     return analyze_report(Path(path), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
-                          progress=progress, quick=quick, step_range=step_range, smi_logs=logs, smi_tz=smi_tz)
+                          progress=progress, quick=quick, step_range=step_range,
+                          spike_window_ns=spike_window_ns, smi_logs=logs, smi_tz=smi_tz)
 
 
 def load_analysis(path: PathLike) -> Analysis:

@@ -599,6 +599,50 @@ class Growth:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """What one NVTX range path costs on one (process, device): live device + array bytes at the
+    start of each instance, the rise of the peak inside above that start, and the net change at
+    its end. Per-instance lists are in time order, at most 200; the statistics use every instance."""
+
+    pid: int
+    device: int
+    gpu: Optional[int]
+    path: str  # range names outermost first, numbers as N: "step N > backward"
+    instances: int
+    start_live_median_bytes: int
+    rise_median_bytes: int
+    rise_max_bytes: int
+    net_median_bytes: int
+    net_min_bytes: int
+    net_max_bytes: int
+    start_ns: list[int] = field(default_factory=list)  # each instance's start
+    start_live_bytes: list[int] = field(default_factory=list)
+    rise_bytes: list[int] = field(default_factory=list)
+    net_bytes: list[int] = field(default_factory=list)
+    step: list[int] = field(default_factory=list)  # number of the step it ran in, -1 outside the steps
+
+
+@dataclass(frozen=True)
+class Spike:
+    """A sudden rise of a (process, device)'s live device + array bytes."""
+
+    pid: int
+    device: int
+    gpu: Optional[int]
+    found_by: str  # "window": within the spike window; "range": within one innermost NVTX range instance
+    start_ns: int  # the first event of the rise
+    peak_ns: int  # when it peaked
+    rise_bytes: int
+    start_live_bytes: int  # live just before the rise
+    peak_live_bytes: int
+    nvtx_path: str  # NVTX ranges open on the thread whose call made the peak, outermost first
+    apis: list[str] = field(default_factory=list)  # the calls that made it, by bytes, at most 3
+    sites: list[Holder] = field(default_factory=list)  # where they were made, by bytes, at most 3
+    freed_after_bytes: int = 0  # how much of the rise was freed again before the capture ended
+    given_back_ns: Optional[int] = None  # when live bytes fell back to start_live_bytes; None: never in the capture
+
+
+@dataclass(frozen=True)
 class Answer:
     """One line of the answers shown first: the peak, growth, out-of-memory, and every warning
     that says the numbers cannot be fully trusted (the same warnings are in `diagnostics`)."""
@@ -680,6 +724,8 @@ class Analysis:
     answers: list[Answer] = field(default_factory=list)  # shown first, in this order
     # Every never-freed allocation grouped by site and NVTX range, largest total first (capped)
     never_freed_groups: list[AllocationGroup] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)  # per range path, the largest rises first
+    spikes: list[Spike] = field(default_factory=list)  # per process and device, the largest first
     # The frames read from the export (pandas DataFrames), for notebooks; never serialized.
     events: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # see nsysan.events
     calls: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # memory API calls

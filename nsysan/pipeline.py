@@ -9,6 +9,7 @@ from typing import Callable, Optional, Sequence, Union
 
 from . import export
 from .analyses import run_analyses
+from .analyses.spikes import DEFAULT_WINDOW_NS
 from .errors import NsysanError
 from .events import LoadedEvents, load_events
 from .events.read import read_cuda_activity
@@ -25,10 +26,11 @@ EXPORT_SHARE = 0.6
 def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cache_dir: Optional[Path] = None,
                    progress: Optional[Progress] = None, quick: bool = False,
                    smi_logs: Sequence[SmiLog] = (), smi_tz: str = "UTC",
-                   step_range: Optional[str] = None) -> Analysis:
+                   step_range: Optional[str] = None, spike_window_ns: Optional[int] = None) -> Analysis:
     """Analyze one .nsys-rep / .qdrep / .sqlite file (`quick`: its memory-usage table alone),
     with nvidia-smi logs (read by nsysan.smi_log) laid over its timeline when given;
-    `step_range`: a regular expression naming the NVTX ranges that are training steps."""
+    `step_range`: a regular expression naming the NVTX ranges that are training steps;
+    `spike_window_ns`: the window within which a rise of live bytes is a spike (default 10 ms)."""
     say = progress or (lambda stage, fraction: None)
     if step_range is not None:
         check_pattern(step_range, "--step-range")
@@ -68,7 +70,8 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                     size_bytes=report.stat().st_size, exported_with=result.exported_with,
                     from_cache=result.from_cache,
                     sibling_export=_text(result.sqlite_path) if result.from_sibling else None)
-    analysis = run_analyses(loaded, schema, source, report_version=version, step_range=step_range)
+    analysis = run_analyses(loaded, schema, source, report_version=version, step_range=step_range,
+                            spike_window_ns=spike_window_ns or DEFAULT_WINDOW_NS)
     if smi_logs:
         from .analyses.smi import add_smi
 

@@ -96,3 +96,17 @@ def fmt_durations(values: list[Optional[int]]) -> list[str]:
         if longest >= scale:
             return ["n/a" if v is None else f"{v / scale:.{digits}f} {unit}" for v in values]
     return ["n/a" if v is None else f"{v} ns" for v in values]
+
+
+_DURATION_SUFFIXES = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+def parse_duration(text: str, option: str = "duration") -> int:
+    """"10ms", "0.5 s", "200us" or "1500ns" as ns; a bare number is ms. Raises ValueError saying what is
+    accepted."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s)?\s*", text or "")
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"{option} {text!r} is not a duration; give one like 10ms, 0.5s or 200us")
+    return int(round(float(match.group(1)) * _DURATION_SUFFIXES[match.group(2) or "ms"]))

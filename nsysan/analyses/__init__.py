@@ -29,6 +29,8 @@ from .sites import rank_sites
 from .stacks import referenced_stacks
 from .steps import find_step_ranges, listed, live_series, memory_threads, step_diagnostics, step_table
 from .growth import growth_diagnostics, judge_all
+from .phases import innermost_ranges, phase_costs
+from .spikes import DEFAULT_WINDOW_NS, find_spikes
 from .answers import gather_answers
 from .timeline import Groups, build_timeline, group_events
 from .verdicts import find_verdicts
@@ -40,11 +42,12 @@ __all__ = ["run_analyses"]
 
 
 def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
-                 report_version: Optional[str] = None, step_range: Optional[str] = None) -> Analysis:
+                 report_version: Optional[str] = None, step_range: Optional[str] = None,
+                 spike_window_ns: int = DEFAULT_WINDOW_NS) -> Analysis:
     """Every analysis over one export's frames, as one `Analysis`.
 
     `step_range`: a regular expression naming the NVTX ranges that are training steps (found by
-    their repetition when None).
+    their repetition when None); `spike_window_ns`: the window within which a rise is a spike.
     """
     events, calls, ranges = loaded.events, loaded.calls, loaded.ranges
     site_table = loaded.sites.set_index("label").to_dict("index") if not loaded.sites.empty else {}
@@ -78,7 +81,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         groups = summarize_groups(events, grouped, gpu_of)
         never_freed, never_freed_total = find_never_freed(events, allocations)
         failed = find_failed_calls(calls, events, ranges)
-        steps, step_notes = _steps(loaded, grouped, gpu_of, end_ns, step_range)
+        steps, step_notes, phases, spikes = _steps(loaded, grouped, gpu_of, end_ns, step_range, spike_window_ns)
         peaks = peaks_later.result()
         capture = _with_ranks(_capture(schema, events, calls, ranges, report_version), groups, schema)
         labels = {p.pid: p.label for p in capture.processes}
@@ -122,6 +125,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         steps=steps,
         growth=growth,
         never_freed_groups=groups_of(events.index.get_indexer(never_freed_rows(events).index)) if not events.empty else [],
+        phases=phases,
+        spikes=spikes,
         events=events,
         calls=calls,
         nvtx_ranges=ranges,
@@ -131,14 +136,18 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     return cut_long_strings(dataclasses.replace(analysis, answers=answers))
 
 
-def _steps(loaded: "LoadedEvents", grouped: Groups, gpu_of, end_ns: int,
-           step_range: Optional[str]) -> tuple[list, list]:
-    """The step tables, and why there are none when there are none."""
+def _steps(loaded: "LoadedEvents", grouped: Groups, gpu_of, end_ns: int, step_range: Optional[str],
+           spike_window_ns: int) -> tuple[list, list, list, list]:
+    """The step tables (and why there are none when there are none), the phases and the spikes."""
     series = live_series(loaded.events, grouped)
-    found = find_step_ranges(loaded.ranges, memory_threads(loaded.calls), step_range)
+    threads = memory_threads(loaded.calls)
+    found = find_step_ranges(loaded.ranges, threads, step_range)
     steps = step_table(loaded.events, series, found, gpu_of, end_ns,
                        "step-range" if step_range is not None else "nvtx", loaded.last_cuda_call_ns)
-    return steps, step_diagnostics(series, steps, not loaded.ranges.empty, loaded.quick, step_range)
+    phases = phase_costs(series, loaded.ranges, threads, steps, gpu_of, end_ns)
+    spikes = find_spikes(loaded.events, series, innermost_ranges(loaded.ranges, threads, end_ns), gpu_of,
+                         spike_window_ns)
+    return steps, step_diagnostics(series, steps, not loaded.ranges.empty, loaded.quick, step_range), phases, spikes
 
 
 def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:

@@ -140,7 +140,7 @@ def step_table(events: pd.DataFrame, series: list[LiveSeries], step_ranges: dict
         stop = np.searchsorted(s.ts, ends, side="right")  # one past the last inside
         padded = np.concatenate([[0], s.live])  # padded[i] = live after the first i events
         start_live, end_live = padded[first], padded[stop]
-        peak = np.maximum(start_live, _range_max(s.live, first, stop))
+        peak = np.maximum(start_live, range_max(s.live, first, stop))
         # An allocation adds its size to the live bytes and a matched free takes it away (an
         # unmatched free adds 0), so the positive deltas are the bytes allocated, and what was
         # freed is what was allocated minus the net change: two passes over the rows, not four.
@@ -181,7 +181,7 @@ def _window_sums(values: np.ndarray, first: np.ndarray, stop: np.ndarray) -> np.
     return cum[stop] - cum[first]
 
 
-def _range_max(values: np.ndarray, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
+def range_max(values: np.ndarray, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
     """max(values[first:stop]) per window, the minimum int64 for an empty window."""
     low = np.iinfo("int64").min
     if len(values) == 0:

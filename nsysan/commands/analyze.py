@@ -14,6 +14,7 @@ from ..model import Analysis
 from ..pipeline import analyze_report, check_pattern
 from ..render.files import check_output_dir, one_run, refuse_inputs, write_atomic
 from ..render.json import render_json, render_json_many
+from ..units import parse_duration
 from ..smi_log import SmiLog, read_smi_logs
 from .common import out_console, progress_bar, say_error, shown, to_stdout
 
@@ -44,6 +45,8 @@ def analyze(
                                                     show_default=False),
     smi_tz: str = typer.Option("UTC", "--smi-tz", help="Time zone of the --smi logs' timestamps (nvidia-smi "
                                "writes local time): an IANA name or an offset like +02:00."),
+    spike_window: str = typer.Option("10ms", "--spike-window", metavar="DURATION",
+                                     help="A rise of live memory within this long is a spike (10ms, 0.5s, 200us)."),
     step_range: Optional[str] = typer.Option(None, "--step-range", metavar="REGEX",
                                              help="NVTX ranges whose name matches this regular expression are the "
                                              "training steps (default: ranges repeated 3+ times, such as 'step 3')."),
@@ -64,19 +67,24 @@ def analyze(
     # No output may replace an input, nor another output of this run.
     with one_run([*(path for report in reports for path in files_read_for(report)), *(smi or [])]):
         _analyze(reports, format, json_path, json_dir, output, nsys, cache_dir, top, quick, progress,
-                 smi_logs, smi_tz, stacks, step_range, full_paths)
+                 smi_logs, smi_tz, stacks, step_range, full_paths, spike_window)
 
 
 def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_dir: Optional[Path],
              output: Optional[Path], nsys: Optional[Path], cache_dir: Optional[Path], top: int, quick: bool,
              progress: bool, smi_logs: List[SmiLog], smi_tz: str, stacks: bool = False,
-             step_range: Optional[str] = None, full_paths: bool = False) -> None:
+             step_range: Optional[str] = None, full_paths: bool = False,
+             spike_window: str = "10ms") -> None:
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
     if json_path and len(reports) > 1:
         raise NsysanError("--json takes one report; with several, use --json-dir DIR")
     if step_range is not None:
         check_pattern(step_range, "--step-range")
+    try:
+        spike_window_ns = parse_duration(spike_window, "--spike-window")
+    except ValueError as err:
+        raise NsysanError(str(err)) from None
     if json_dir:
         _check_unique_names(reports, "--json-dir writes DIR/<report name>.analysis.json")
         refuse_inputs(json_dir / f"{report.name}.analysis.json" for report in reports)
@@ -94,7 +102,7 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
             with progress_bar(report.name, enabled=progress) as say:
                 analysis = analyze_report(report, nsys=nsys, cache_dir=cache_dir, progress=say, quick=quick,
                                           smi_logs=smi_logs, smi_tz=smi_tz,
-                                          step_range=step_range)
+                                          step_range=step_range, spike_window_ns=spike_window_ns)
         except NsysanError as err:
             if len(reports) == 1:
                 raise

@@ -41,6 +41,7 @@ def render_terminal(analysis: Analysis, console: Console, top: int = 10, stacks:
         tables += [_steps_table(series, top) for series in analysis.steps[:STEP_TABLES]]
         if len(analysis.steps) > STEP_TABLES:
             tables.append(Text(f"… and {len(analysis.steps) - STEP_TABLES} more step tables (see --format json)"))
+        tables += [_phases_table(analysis, top), _spikes_table(analysis, top)]
         tables.append(_groups_table(analysis, top))
         tables.append(_never_freed_table(analysis, top))
         if not quick:
@@ -348,6 +349,37 @@ def _steps_table(series: StepSeries, top: int) -> Table:
                       fmt_bytes(step.peak_live_bytes), fmt_bytes(step.allocated_bytes),
                       fmt_bytes(step.kept_bytes) if step.kept_bytes else "-")
     return table
+
+
+def _phases_table(analysis: Analysis, top: int) -> Table:
+    """Per NVTX range path, what its instances cost (device + array bytes), the largest rises first."""
+    table = _table("What each phase costs (live device + array memory; median over its instances)",
+                   ("process", "right"), ("range", "left"), ("instances", "right"), ("at start", "right"),
+                   ("rise", "right"), ("max rise", "right"), ("change", "right"), ("change from … to", "right"))
+    for p in analysis.phases[:top]:
+        spread = (f"{_signed(p.net_min_bytes)} … {_signed(p.net_max_bytes)}" if p.net_min_bytes != p.net_max_bytes
+                  else _signed(p.net_min_bytes))
+        table.add_row(str(p.pid), _t(p.path), str(p.instances), fmt_bytes(p.start_live_median_bytes),
+                      fmt_bytes(p.rise_median_bytes), fmt_bytes(p.rise_max_bytes), _signed(p.net_median_bytes), spread)
+    table.caption = "rise: of the peak inside above the start; change: at the end"
+    return table
+
+
+def _spikes_table(analysis: Analysis, top: int) -> Table:
+    """The largest sudden rises of live memory, with what made them and how much came back."""
+    table = _table("Spikes: the largest sudden rises of live device + array memory", ("process", "right"),
+                   ("peak at", "right"), ("rise", "right"), ("range", "left"), ("site", "left"),
+                   ("freed after", "right"))
+    shown = sorted(analysis.spikes, key=lambda s: -s.rise_bytes)[:top]
+    for spike, at in zip(shown, fmt_times([s.peak_ns for s in shown])):
+        made = spike.sites[0].site if spike.sites else ", ".join(spike.apis)
+        table.add_row(str(spike.pid), at, _signed(spike.rise_bytes), _t(spike.nvtx_path or "-"), _t(made or "-"),
+                      fmt_bytes(spike.freed_after_bytes) if spike.freed_after_bytes else "-")
+    return table
+
+
+def _signed(n: int) -> str:
+    return ("+" if n > 0 else "") + fmt_bytes(n)
 
 
 def _diagnostics(analysis: Analysis) -> Group:

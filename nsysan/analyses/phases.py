@@ -1,0 +1,101 @@
+"""What each phase costs: live bytes at the start of every NVTX range instance, how far the peak
+inside it rose above that start, and its net change at the end, per range path and process.
+
+This is what people measure by wrapping `forward`, `backward()` and `optimizer.step()` with
+`torch.cuda.memory_allocated()` / `max_memory_allocated()`, but at the driver level: a caching
+allocator only calls cudaMalloc when its cache runs short, so a phase that reuses the cache
+costs 0 here. A range instance is a time window on the whole process (the backward pass
+allocates from PyTorch's autograd thread inside the main thread's `backward`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..model import Phase, StepSeries
+from .steps import OPEN_END, LiveSeries, range_max
+
+MAX_PHASES = 40  # per analysis, the largest rises first
+MAX_INSTANCES = 200  # per phase, listed in time order (the statistics use them all)
+
+
+def range_paths(ranges: pd.DataFrame) -> np.ndarray:
+    """Each range's path of names, outermost first, numbers as N: "step N > backward"."""
+    names = ranges["name"].astype(str).str.replace(r"\d+", "N", regex=True).to_numpy(dtype=object)
+    paths = names.copy()
+    parent = ranges["parent"].to_numpy()
+    depth = ranges["depth"].to_numpy()
+    for level in range(2, int(depth.max(initial=1)) + 1):  # one pass per nesting level
+        here = np.flatnonzero((depth == level) & (parent >= 0))
+        paths[here] = paths[parent[here]] + " > " + names[here]
+    return paths
+
+
+def phase_costs(series: list[LiveSeries], ranges: pd.DataFrame, memory_threads: np.ndarray,
+                steps: list[StepSeries], gpu_of, end_ns: int) -> list[Phase]:
+    """Per (process, device, range path): instances, live bytes at each start, the rise of the peak
+    above it, and the net change at the end (see the module's docstring)."""
+    if ranges.empty or not series:
+        return []
+    keys = ranges["pid"].to_numpy().astype("int64") << 24 | (ranges["tid"].to_numpy().astype("int64") & 0xFFFFFF)
+    closed = (ranges["end_ns"].to_numpy() < min(OPEN_END, max(end_ns, 0))) & np.isin(keys, memory_threads)
+    if not closed.any():
+        return []
+    paths = range_paths(ranges)[closed]
+    spans = ranges[closed]
+    found = []
+    for s in series:  # one per (process, device)
+        mine = np.flatnonzero(spans["pid"].to_numpy() == s.pid)
+        if len(mine) == 0 or len(s.rows) == 0:
+            continue
+        starts = spans["start_ns"].to_numpy()[mine]
+        ends = spans["end_ns"].to_numpy()[mine]
+        first = np.searchsorted(s.ts, starts, side="left")
+        stop = np.searchsorted(s.ts, ends, side="right")
+        padded = np.concatenate([[0], s.live])
+        start_live, end_live = padded[first], padded[stop]
+        rise = np.maximum(start_live, range_max(s.live, first, stop)) - start_live
+        step_of = _step_numbers(starts, steps, s.pid, s.device)
+        table = pd.DataFrame({"path": paths[mine], "start_ns": starts, "start_live": start_live, "rise": rise,
+                              "net": end_live - start_live, "step": step_of}).sort_values("start_ns", kind="stable")
+        for path, rows in table.groupby("path", sort=False):  # one per range path
+            found.append(_phase(s, gpu_of(s.pid, s.device), str(path), rows))
+    found.sort(key=lambda p: (-p.rise_max_bytes, p.pid, p.device, p.path))
+    return found[:MAX_PHASES]
+
+
+def _step_numbers(starts: np.ndarray, steps: list[StepSeries], pid: int, device: int) -> np.ndarray:
+    """The number of the step each instance starts in, -1 outside the steps."""
+    mine = next((s for s in steps if s.pid == pid and s.device == device), None)
+    if mine is None or not mine.steps:
+        return np.full(len(starts), -1, "int64")
+    step_starts = np.array([st.start_ns for st in mine.steps], "int64")
+    step_ends = np.array([st.end_ns for st in mine.steps], "int64")
+    numbers = np.array([st.number for st in mine.steps], "int64")
+    at = np.searchsorted(step_starts, starts, side="right") - 1
+    inside = (at >= 0) & (starts <= step_ends[np.maximum(at, 0)])
+    return np.where(inside, numbers[np.maximum(at, 0)], -1)
+
+
+def _phase(s: LiveSeries, gpu, path: str, rows: pd.DataFrame) -> Phase:
+    rise, net = rows["rise"].to_numpy(), rows["net"].to_numpy()
+    listed = rows.head(MAX_INSTANCES)
+    return Phase(pid=s.pid, device=s.device, gpu=gpu, path=path, instances=len(rows),
+                 start_live_median_bytes=int(np.median(rows["start_live"].to_numpy())),
+                 rise_median_bytes=int(np.median(rise)), rise_max_bytes=int(rise.max()),
+                 net_median_bytes=int(np.median(net)), net_min_bytes=int(net.min()), net_max_bytes=int(net.max()),
+                 start_ns=listed["start_ns"].tolist(), start_live_bytes=listed["start_live"].tolist(),
+                 rise_bytes=listed["rise"].tolist(), net_bytes=listed["net"].tolist(), step=listed["step"].tolist())
+
+
+def innermost_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray, end_ns: int) -> list[tuple[int, int, int]]:
+    """(pid, start_ns, end_ns) of every closed range on a memory thread that holds no other range."""
+    if ranges.empty:
+        return []
+    keys = ranges["pid"].to_numpy().astype("int64") << 24 | (ranges["tid"].to_numpy().astype("int64") & 0xFFFFFF)
+    parents = ranges["parent"].to_numpy()
+    leaf = ~np.isin(np.arange(len(ranges)), parents[parents >= 0])
+    chosen = leaf & (ranges["end_ns"].to_numpy() < min(OPEN_END, max(end_ns, 0))) & np.isin(keys, memory_threads)
+    picked = ranges[chosen]
+    return list(zip(picked["pid"].tolist(), picked["start_ns"].tolist(), picked["end_ns"].tolist()))
