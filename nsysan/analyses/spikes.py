@@ -96,7 +96,10 @@ def _distinct(candidates: list[tuple[int, int, str]], live: np.ndarray, before: 
               top: int) -> list[tuple[int, int, str]]:
     """The largest rises whose spans do not overlap; a rise found both ways counts once, named by
     its range when one holds it."""
-    ranked = sorted(set(candidates), key=lambda c: (-(int(live[c[1]]) - int(before[c[0]])), c[2] != "range", c[0]))
+    # Every tie broken by position: the order of a set of tuples with strings differs between
+    # processes (hash randomization), and a batch on Dask must give the numbers a local run gives.
+    ranked = sorted(set(candidates), key=lambda c: (-(int(live[c[1]]) - int(before[c[0]])), c[2] != "range",
+                                                     c[0], c[1]))
     chosen: list[tuple[int, int, str]] = []
     for low, high, how in ranked:
         if all(high < l or low > h for l, h, _ in chosen):
