@@ -41,7 +41,9 @@ RENAMED = {("timeline", "series"): "timeline",
            # nvidia-smi logs against the trace (`analyze --smi`): "logs" and "series" alone say too little
            **{("smi", name): f"smi_{name}" for name in ("logs", "series", "not_in_trace", "missed", "someone_else")},
            # a table inside another's rows: (the enclosing table's name, the list's field)
-           ("smi_someone_else", "processes"): "smi_other_processes"}
+           ("smi_someone_else", "processes"): "smi_other_processes",
+           # "sites" is the analysis's own table; a spike's sites are its makers
+           ("spikes", "sites"): "spike_sites"}
 # The frames read from the export, kept on the Analysis (never serialized).
 RAW_FRAMES = ("events", "calls", "nvtx_ranges")
 _STRINGS = pd.Series(["text"])
