@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..events.nvtx import MAX_NVTX_DEPTH
 from ..model import Phase, StepSeries
 from .steps import OPEN_END, LiveSeries, range_max
 
@@ -26,7 +27,9 @@ def range_paths(ranges: pd.DataFrame) -> np.ndarray:
     paths = names.copy()
     parent = ranges["parent"].to_numpy()
     depth = ranges["depth"].to_numpy()
-    for level in range(2, int(depth.max(initial=1)) + 1):  # one pass per nesting level
+    # One pass per nesting level, no deeper than the events' own paths: 100k pushes never popped
+    # would otherwise build paths of quadratic length.
+    for level in range(2, min(int(depth.max(initial=1)), MAX_NVTX_DEPTH) + 1):
         here = np.flatnonzero((depth == level) & (parent >= 0))
         paths[here] = paths[parent[here]] + " > " + names[here]
     return paths
