@@ -611,7 +611,7 @@ def test_explicit_nsys_may_be_an_install_directory(tmp_path: Path, monkeypatch: 
 def test_no_nsys_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NSYSAN_NSYS", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(export, "INSTALL_GLOBS", ())  # pretend no installer put nsys anywhere
+    monkeypatch.setattr(export.nsys, "INSTALL_GLOBS", ())  # pretend no installer put nsys anywhere
     with pytest.raises(NsysanError) as caught:
         ensure_sqlite(copy_alone(V22, tmp_path / "in"), cache_dir=tmp_path / "cache")
     assert_one_line(caught.value)

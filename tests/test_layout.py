@@ -43,3 +43,13 @@ def test_the_rule_finds_a_table_name_in_code() -> None:
     # The check above must be able to fail: a table name in a string constant is found.
     tree = ast.parse('"""Reads NVTX_EVENTS."""\nSQL = "SELECT * FROM NVTX_EVENTS"\n')
     assert [TABLE.search(n.value).group() for n in _code_strings(tree) if TABLE.search(n.value)] == ["NVTX_EVENTS"]
+
+
+# A module over ~500 lines is two modules (../shared/docs/style.md); past this it must be split.
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_is_too_long_to_read_alone() -> None:
+    lengths = {str(path.relative_to(PACKAGE)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+    assert {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES} == {}
+    assert len(lengths) > 50  # the walk found the package's modules

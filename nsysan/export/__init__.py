@@ -1,0 +1,153 @@
+"""Turn a report into a complete SQLite export: find nsys, run `nsys export`, cache by content.
+
+    ensure_sqlite(report) -> ExportResult(sqlite_path, exported_with, from_cache)
+
+A `.sqlite` is used as given. For a `.nsys-rep` / `.qdrep`, a sibling `<stem>.sqlite` that is a
+complete export of that same report is reused; otherwise nsys exports it into a cache keyed by the
+report's content and the nsys version. Nothing is ever written next to the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import NsysanError
+
+# Split by stage; every name used outside stays importable from nsysan.export.
+from .files import REPORT_MAGIC, REPORT_SUFFIXES, SQLITE_MAGIC, SQLITE_SIDE_FILES, _input_kind, describe_file_type, \
+    files_read_for, is_complete_export, open_regular, sqlite_truncation
+from .nsys import INSTALL_GLOBS, _major_minor, _version_key, export_arguments, export_options, find_nsys, \
+    nsys_version, report_version
+from .run import MAX_TIMEOUT_S, _export_into, _export_timeout
+from .sibling import _matching_sibling, report_session_start, sibling_mismatch
+
+_HASH_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """Where the SQLite export of a report is, and how it got there."""
+
+    sqlite_path: Path
+    exported_with: str | None  # nsys version that made the cached export; None: given/sibling .sqlite
+    from_cache: bool           # True when a cached export was reused without running nsys
+    from_sibling: bool = False  # the report's own export beside it (<stem>.sqlite) was used
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache
+
+
+def resolve_cache_dir(cache_dir: Path | None = None) -> Path:
+    """Return the export cache directory: `cache_dir`, $NSYSAN_CACHE_DIR,
+    $XDG_CACHE_HOME/nsysan or ~/.cache/nsysan (in that order). It is not created here."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    if os.environ.get("NSYSAN_CACHE_DIR"):
+        return Path(os.environ["NSYSAN_CACHE_DIR"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg and os.path.isabs(xdg):  # the XDG spec: a relative path is invalid and must be ignored
+        return Path(xdg) / "nsysan"
+    return default_cache_dir()
+
+
+def default_cache_dir(platform: str = sys.platform) -> Path:
+    """~/.cache/nsysan on Linux (as always); elsewhere the platform's own cache folder
+    (%LOCALAPPDATA%\\nsysan\\Cache on Windows, ~/Library/Caches/nsysan on macOS)."""
+    if platform.startswith("linux"):
+        return Path.home() / ".cache" / "nsysan"
+    import platformdirs  # only off Linux, where it knows the folder's conventions
+
+    return Path(platformdirs.user_cache_dir("nsysan", appauthor=False))
+
+
+def _content_digest(path: Path) -> str:
+    """sha256 of the file's bytes, read in chunks so large reports stay out of memory."""
+    digest = hashlib.sha256()
+    with open_regular(path) as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Hold a lock on `lock_path`; a second analysis of the same report waits here.
+
+    filelock takes an flock on Linux and macOS and a msvcrt lock on Windows, where there is
+    no fcntl."""
+    import filelock
+
+    with filelock.FileLock(lock_path):
+        yield
+
+
+def _remove_leftovers(cache: Path, key: str) -> None:
+    """Delete temp files of an earlier export of `key` that was killed (SIGKILL, power loss)."""
+    for leftover in cache.glob(f".{key}.*"):
+        with contextlib.suppress(OSError):
+            leftover.unlink()
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry point
+
+
+def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Path | None = None,
+                  progress: Callable[[float], None] | None = None,
+                  timeout_s: float | None = None, use_sibling: bool = True) -> ExportResult:
+    """Return a complete SQLite export of `report`, exporting it with nsys only when needed.
+
+    A `.sqlite` is returned as given; a matching sibling `<stem>.sqlite` is reused (unless
+    `use_sibling` is False: it turned out damaged); otherwise the export comes from the cache (key: sha256 of the report + nsys version) or is made into it.
+    `progress` gets fractions 0..1 while nsys runs. `timeout_s` (default $NSYSAN_EXPORT_TIMEOUT)
+    bounds the nsys run. Every problem a user can cause raises NsysanError with one line.
+    """
+    report = Path(report)
+    if _input_kind(report) == "sqlite":
+        return ExportResult(report, exported_with=None, from_cache=False)
+    sibling = _matching_sibling(report) if use_sibling else None
+    if sibling is not None:
+        return ExportResult(sibling, exported_with=None, from_cache=False, from_sibling=True)
+
+    nsys_path = find_nsys(nsys, report=report)
+    version = nsys_version(nsys_path)
+    timeout = _export_timeout(timeout_s)
+    try:
+        key = f"{_content_digest(report)}-nsys{re.sub(r'[^0-9A-Za-z.]', '_', version)}"
+        # Exports with NVTX payloads are other files than the ones made before nsysan asked for them.
+        key += "-blobs" if export_arguments(nsys_path) else ""
+    except OSError as err:
+        raise NsysanError(f"can't read {report} ({err.strerror}); check the file") from err
+    cache = resolve_cache_dir(cache_dir)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise NsysanError(
+            f"can't use the export cache at {cache} ({err.strerror}); "
+            f"set NSYSAN_CACHE_DIR to a writable directory"
+        ) from err
+    entry = cache / f"{key}.sqlite"
+    if is_complete_export(entry):
+        return ExportResult(entry, exported_with=version, from_cache=True)
+
+    try:
+        with _exclusive_lock(cache / f"{key}.lock"):
+            # Another run may have finished this very export while we waited for the lock.
+            if is_complete_export(entry):
+                return ExportResult(entry, exported_with=version, from_cache=True)
+            _remove_leftovers(cache, key)
+            _export_into(entry, report, nsys_path, version, progress, timeout)
+    except OSError as err:
+        raise NsysanError(
+            f"can't write the export cache at {cache} ({err.strerror}); "
+            f"set NSYSAN_CACHE_DIR to a writable directory"
+        ) from err
+    return ExportResult(entry, exported_with=version, from_cache=False)

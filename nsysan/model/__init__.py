@@ -1,0 +1,25 @@
+"""The result model: plain frozen dataclasses, serialized to the JSON schema "nsysan/analysis@1".
+
+Everything a user sees (terminal, JSON, HTML, PNG) is drawn from an `Analysis`; `compare`,
+`check` and `batch` can start from its JSON, so `to_dict()` / `from_dict()` round-trip exactly.
+Field names carry their units: `*_bytes`, `*_ns`. Times are ns from the capture's time origin
+(the nsys session start), as in the export.
+
+`docs/json.md` documents every field. Within `@1` fields may be added; a rename or removal
+means `@2`.
+"""
+
+from __future__ import annotations
+
+from ..smi_model import SmiOverlay
+
+# The model is split by subject; every name stays importable from nsysan.model.
+from .analysis import Analysis
+from .capture import GPU_RESIDENT_KINDS, KINDS, SCHEMA_ID, SEVERITIES, TRUST_BREAKING, Capture, Diagnostic, Gpu, Process, Source
+from .memory import (Allocation, AllocationGroup, ApiCallStat, Band, CallSite, FailedCall, Frame, GroupSummary, Holder,
+                     NvtxSpan, Peak, RangeStat, Series, Site, Stack, Timeline, TraceEnd)
+from .oom import AllocatorOom, AllocatorUse, CacheRelease, CutShort, OomFailure, OutOfMemory, Preallocation, PoolUse, \
+    Probe, ReservedMemory
+from .plain import _from_plain, _Malformed, _to_plain
+from .steps import Answer, Growth, MemoryCap, Phase, Spike, Step, StepSeries
+from .tables import RAW, Tables

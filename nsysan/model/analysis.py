@@ -1,0 +1,239 @@
+"""`Analysis`: everything nsysan found in one report, and its JSON document."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..smi_model import SmiOverlay
+from .capture import SCHEMA_ID, SEVERITIES, Capture, Diagnostic, Source
+from .memory import Allocation, AllocationGroup, ApiCallStat, FailedCall, GroupSummary, Peak, RangeStat, Site, Stack, \
+    Timeline
+from .oom import OutOfMemory, ReservedMemory
+from .plain import _from_plain, _Malformed, _to_plain
+from .steps import Answer, Growth, MemoryCap, Phase, Spike, StepSeries
+from .tables import RAW
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything nsysan found in one report: what `nsysan.analyze()` returns.
+
+    Each list is a table; `frame(name)` gives it as a pandas DataFrame whose columns are the
+    JSON field names (units in the names: `*_bytes`, `*_ns` from the capture's start), and
+    `frame_names()` lists them. The frames read from the export are kept too: `events`
+    (every allocation and free), `calls` (every memory API call) and `nvtx_ranges` (every NVTX
+    push/pop range); they are not in the JSON, so an Analysis read by `load_analysis()` has None.
+
+    >>> import nsysan
+    >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")
+    >>> analysis.peak.peak_bytes, analysis.peak.nvtx_range
+    (952107008, 'burst')
+    >>> sites = analysis.frame("sites")
+    >>> sites.sort_values("allocated_bytes", ascending=False)["site_label"].iloc[0]
+    'cudaMalloc in burst [known]'
+    >>> len(analysis.events), len(analysis.calls)
+    (52, 53)
+
+    In Jupyter, the last expression of a cell shows the report page; `repr()` is one line.
+    """
+
+    schema: str
+    # "full", or "quick": only the memory-usage table was read (`nsysan analyze --quick`), so
+    # sites, api_calls, failed_calls and ranges are empty and no event has a thread or API name
+    scope: str
+    source: Source
+    capture: Capture
+    groups: list[GroupSummary]
+    peak: Optional[Peak]  # the highest per-process peak (the headline number)
+    peaks: list[Peak]  # per process and device, then per GPU across processes (pid None)
+    never_freed: list[Allocation]  # largest first; static module memory is not listed here
+    never_freed_total: int  # how many there were (the list may be capped)
+    sites: list[Site]
+    api_calls: list[ApiCallStat]
+    failed_calls: list[FailedCall]
+    ranges: list[RangeStat]
+    timeline: Timeline
+    diagnostics: list[Diagnostic]
+    # --- verdicts on out of memory, reserved memory and processes (issue 17, sections 2-4) ---
+    caps: list[MemoryCap] = field(default_factory=list)
+    oom: OutOfMemory = field(default_factory=OutOfMemory)
+    reserved: ReservedMemory = field(default_factory=ReservedMemory)
+    # Call stacks referred to by sites and allocations (stack_id), each stored once
+    stacks: list[Stack] = field(default_factory=list)
+    steps: list[StepSeries] = field(default_factory=list)  # per process and device; [] without steps
+    growth: list[Growth] = field(default_factory=list)  # one verdict per StepSeries
+    answers: list[Answer] = field(default_factory=list)  # shown first, in this order
+    # Every never-freed allocation grouped by site and NVTX range, largest total first (capped)
+    never_freed_groups: list[AllocationGroup] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)  # per range path, the largest rises first
+    spikes: list[Spike] = field(default_factory=list)  # per process and device, the largest first
+    # The frames read from the export (pandas DataFrames), for notebooks; never serialized.
+    events: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # see nsysan.events
+    calls: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # memory API calls
+    nvtx_ranges: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # NVTX ranges
+    # nvidia-smi logs against the trace (`analyze --smi`); absent from the JSON without them
+    smi: Optional[SmiOverlay] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (`nsysan/analysis@1`) as plain dicts and lists; the raw frames are left out.
+
+        >>> import nsysan
+        >>> doc = nsysan.analyze("fixtures/known_mem_v25.sqlite").to_dict()
+        >>> doc["schema"], doc["peak"]["peak_bytes"], "events" in doc
+        ('nsysan/analysis@1', 952107008, False)
+        """
+        data = {f.name: _to_plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if not f.metadata.get("raw")}
+        if data.get("smi") is None:
+            data.pop("smi", None)  # only analyses given nvidia-smi logs have the section
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Analysis":
+        """Rebuild an Analysis from its JSON document; raises NsysanError naming the first field
+        that is missing or of the wrong type. Fields added within @1 after a document was written
+        read as their default (an empty list, None), so older documents load.
+
+        >>> import nsysan
+        >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")
+        >>> Analysis.from_dict(analysis.to_dict()) == analysis
+        True
+        >>> Analysis.from_dict({"schema": "nsysan/analysis@1"})
+        Traceback (most recent call last):
+        nsysan.errors.NsysanError: field 'source' is missing
+        """
+        # Imported lazily so the model stays free of I/O concerns.
+        from ..errors import NsysanError
+
+        schema = data.get("schema") if isinstance(data, dict) else None
+        if schema != SCHEMA_ID:
+            raise NsysanError(f"not an nsysan analysis (schema {schema!r}, expected {SCHEMA_ID!r})")
+        try:
+            # Documents written before "scope" existed come from full analyses.
+            return _from_plain(cls, {"scope": "full", **data}, "")
+        except _Malformed as err:
+            raise NsysanError(str(err)) from None
+
+    def frame(self, name: str) -> Any:
+        """The table `name` as a new pandas DataFrame, or one of the raw frames (`events`,
+        `calls`, `nvtx_ranges`) itself. Columns and units: docs/python.md.
+
+        >>> import nsysan
+        >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")
+        >>> leaks = analysis.frame("never_freed")
+        >>> leaks.loc[leaks["bytes"] >= 4 << 20, "nvtx_range"].tolist()
+        ['setup', 'other kinds', 'step 2', 'step 5', 'step 8']
+        >>> analysis.frame("events").groupby("op", observed=True)["bytes"].sum().to_dict()
+        {'alloc': 1365221376, 'free': 1212153856}
+        """
+        from ..errors import NsysanError
+        from ..frames import RAW_FRAMES, table_frame
+
+        if name in RAW_FRAMES:
+            raw = getattr(self, name)
+            if raw is None:
+                raise NsysanError(f"the {name} frame is read from the export and is not in an analysis "
+                                  "JSON; analyze the report itself to have it")
+            return raw
+        return table_frame(self, name)
+
+    @classmethod
+    def frame_names(cls) -> list[str]:
+        """The names `frame()` takes for the result tables (the raw frames come on top).
+
+        >>> {"sites", "never_freed", "live_at_peak", "timeline"} <= set(Analysis.frame_names())
+        True
+        """
+        from ..frames import table_names
+
+        return table_names(cls)
+
+    def __repr__(self) -> str:
+        """One short line: the file, the headline peak and the counts (the tables: `frame()`).
+
+        >>> import nsysan
+        >>> nsysan.analyze("fixtures/known_mem_v25.sqlite")     # doctest: +NORMALIZE_WHITESPACE
+        <nsysan.Analysis of known_mem_v25.sqlite: peak 908.0 MiB (process 1313, device 0, at 517.08 ms
+        in 'burst'); never freed 6 (146.0 MiB); failed calls 0; diagnostics: 1 warning, 1 info>
+        """
+        from ..units import fmt_bytes, fmt_time
+
+        name = self.source.name if len(self.source.name) <= 80 else self.source.name[:77] + "..."
+        parts = [f"<nsysan.Analysis of {name}" + (" (quick)" if self.scope == "quick" else "") + ":"]
+        if self.peak is None:
+            parts.append(" no memory events;")
+        else:
+            where = f"process {self.peak.pid}, device {self.peak.device}, at {fmt_time(self.peak.peak_time_ns)}"
+            in_range = f" in {self.peak.nvtx_range[:40]!r}" if self.peak.nvtx_range else ""
+            parts.append(f" peak {fmt_bytes(self.peak.peak_bytes)} ({where}{in_range});")
+        leaked = sum(a.bytes for a in self.never_freed) if self.never_freed_total == len(self.never_freed) else None
+        parts.append(f" never freed {self.never_freed_total}" + (f" ({fmt_bytes(leaked)})" if leaked else "") + ";")
+        parts.append(f" failed calls {len(self.failed_calls)};")
+        if self.oom.failed_count or self.oom.allocator_ooms:
+            parts.append(f" out of memory: {self.oom.failed_count} failed, "
+                         f"{len(self.oom.allocator_ooms)} allocator gave up;")
+        counts = {s: sum(d.severity == s for d in self.diagnostics) for s in SEVERITIES}
+        parts.append(" diagnostics: " + (", ".join(f"{n} {s}" for s, n in counts.items() if n) or "none") + ">")
+        return "".join(parts)
+
+    def _repr_html_(self) -> str:
+        """The report page (as `nsysan analyze -o` writes it) in a sandboxed frame sized for a
+        notebook cell: self-contained, nothing is fetched from the network."""
+        from ..render.notebook import report_frame
+
+        return report_frame(self)
+
+    def process_peaks(self, limit: int = 4) -> list[Peak]:
+        """Each process's highest peak with allocations live at it, largest first (the headline
+        first): the peaks whose live allocations the summaries list.
+
+        >>> import nsysan
+        >>> ddp = nsysan.analyze("fixtures/ddp_leak_v25.sqlite")     # two ranks, two GPUs
+        >>> [(p.pid, p.gpu) for p in ddp.process_peaks()]
+        [(2147, 1), (2146, 0)]
+        """
+        best: dict[int, Peak] = {}
+        for peak in self.peaks:
+            if peak.pid is not None and peak.live_count and (
+                    peak.pid not in best or peak.peak_bytes > best[peak.pid].peak_bytes):
+                best[peak.pid] = peak
+        return sorted(best.values(), key=lambda p: (-p.peak_bytes, p.pid))[:limit]
+
+    def process_label(self, pid: Optional[int]) -> str:
+        """How outputs name a process: "rank 1" when its rank is known, else "process 2147";
+        "all processes" for None (a GPU's total across processes).
+
+        >>> import nsysan
+        >>> ddp = nsysan.analyze("fixtures/ddp_leak_v25.sqlite")
+        >>> ddp.process_label(2147), ddp.process_label(None)
+        ('rank 1', 'all processes')
+        """
+        if pid is None:
+            return "all processes"
+        for proc in self.capture.processes:
+            if proc.pid == pid and proc.label:
+                return proc.label
+        return f"process {pid}"
+
+    def memory_cap(self, pid: int, device: int) -> Optional[MemoryCap]:
+        """The tightest known cap on what `pid` could hold on CUDA device `device`, or None.
+
+        >>> import nsysan
+        >>> cap = nsysan.analyze("fixtures/known_mem_v25.sqlite").memory_cap(1313, 0)
+        >>> cap.cap_bytes, cap.source                                 # the H200's memory
+        (150109880320, 'gpu_total')
+        """
+        mine = [c for c in self.caps if c.pid == pid and c.device == device]
+        return min(mine, key=lambda c: c.cap_bytes) if mine else None
+
+    def diagnostics_by_severity(self) -> list[Diagnostic]:
+        """The diagnostics, errors first, then warnings, then info.
+
+        >>> import nsysan
+        >>> [d.code for d in nsysan.analyze("fixtures/known_mem_v25.sqlite").diagnostics_by_severity()]
+        ['memory_kept_unevenly', 'no_backtraces']
+        """
+        order = {s: i for i, s in enumerate(SEVERITIES)}
+        return sorted(self.diagnostics, key=lambda d: order.get(d.severity, len(order)))

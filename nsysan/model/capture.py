@@ -1,0 +1,88 @@
+"""What a report is: the source file, the capture's facts (GPUs, processes, what was
+collected), the diagnostics, and the constants that name memory kinds and severities."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+SCHEMA_ID = "nsysan/analysis@1"
+
+# The memory kinds of the events frame, in the order they are shown.
+KINDS = ("device", "array", "static", "managed", "managed_static", "pinned", "pageable", "unknown")
+# Kinds that occupy memory on the GPU itself: the "device memory" of a process's peak.
+# Managed memory lives on the GPU only while migrated there, pinned and pageable memory are
+# host memory; they get their own groups and are not added to the device peak.
+GPU_RESIDENT_KINDS = ("device", "array", "static")
+
+SEVERITIES = ("error", "warning", "info")
+# Diagnostics that say the numbers themselves may be wrong or incomplete (not findings such as a
+# failed call): outputs spell these out first, next to the answer.
+TRUST_BREAKING = ("partial_export", "nsys_diagnostic", "bad_memory_rows", "overlapping_allocations",
+                  "allocated_before_capture", "cuda_trace_incomplete", "no_cuda_trace", "no_memory_events",
+                  "nsys_older_than_cuda", "sizes_not_collected", "quick")
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """A problem that weakens the numbers without stopping the analysis."""
+
+    severity: str  # error | warning | info
+    code: str  # stable identifier, e.g. "no_memory_table"
+    message: str  # one or two sentences a user can act on
+
+
+@dataclass(frozen=True)
+class Source:
+    """The file the user gave and how it was read."""
+
+    path: str
+    name: str
+    format: str  # sqlite | nsys-rep | qdrep
+    size_bytes: int
+    exported_with: Optional[str] = None  # nsys version that exported it for this run, if any
+    from_cache: bool = False  # the export came from nsysan's cache
+    # The report's own export found beside it (<stem>.sqlite) and read in its place, if any
+    sibling_export: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    id: int  # GPU id in the capture (TARGET_INFO_GPU.id)
+    name: str
+    total_memory_bytes: Optional[int]
+    uuid: Optional[str] = None
+    bus: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    name: str
+    devices: list[int] = field(default_factory=list)  # CUDA device ordinals it used
+    threads: int = 0  # threads that made CUDA memory calls
+    # Its place in a multi-process job: from RANK/LOCAL_RANK/WORLD_SIZE (or the Open MPI, Slurm,
+    # PMI equivalents) of its recorded environment, else from the order of the GPUs the processes
+    # hold memory on. None for a single process or a process with no GPU memory of its own.
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    world_size: Optional[int] = None
+    rank_source: Optional[str] = None  # "environment" | "gpu order" | None
+    label: str = ""  # how outputs name it: "rank 1", or "process 2147"
+
+
+@dataclass(frozen=True)
+class Capture:
+    """Facts about the capture and the export, and what was collected."""
+
+    nsys_version: Optional[str]  # product version that wrote the export
+    schema_version: Optional[str]  # export schema version (e.g. 3.20.3)
+    report_version: Optional[str]  # version that captured the report, when it could be read
+    duration_ns: Optional[int]
+    memory_usage_collected: bool  # CUDA_GPU_MEMORY_USAGE_EVENTS is present (sizes are known)
+    memory_usage_requested: Optional[bool]  # --cuda-memory-usage as recorded, None if not recorded
+    backtraces: bool  # CUDA API call stacks (--cudabacktrace) are present
+    nvtx: bool  # NVTX ranges are present
+    cuda_driver_version: Optional[str]
+    gpus: list[Gpu] = field(default_factory=list)
+    processes: list[Process] = field(default_factory=list)

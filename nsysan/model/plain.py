@@ -1,0 +1,78 @@
+"""Result models to plain JSON data and back, guided by the dataclasses' type hints; a
+malformed document names the first field that is missing or of the wrong type."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+
+def _to_plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+class _Malformed(ValueError):
+    """A document field that is missing or of the wrong type (the message names it)."""
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+               list: "a list", dict: "an object"}
+
+
+def _from_plain(tp: Any, value: Any, path: str = "") -> Any:
+    """Rebuild a dataclass tree from plain JSON data, guided by the type hints; `path` names the
+    field being read (e.g. "peaks[0].live_at_peak[2].bytes") for the error."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _from_plain(inner[0], value, path) if len(inner) == 1 else value
+    if tp is Any:
+        return value
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        _expect(value, list, path)
+        return [_from_plain(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        _expect(value, dict, path)
+        hints = typing.get_type_hints(tp)
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.metadata.get("raw"):
+                continue
+            where = f"{path}.{f.name}" if path else f.name
+            if f.name in value:
+                kwargs[f.name] = _from_plain(hints[f.name], value[f.name], where)
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                kwargs[f.name] = _added_later(hints[f.name], where)
+        return tp(**kwargs)
+    if tp in _TYPE_NAMES:
+        _expect(value, tp, path)
+    return value
+
+
+def _expect(value: Any, tp: type, path: str) -> None:
+    # JSON has one kind of number: an integral float is not an integer, a bool is neither.
+    ok = isinstance(value, tp) and not (isinstance(value, bool) and tp is not bool)
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise _Malformed(f"field {path!r} should be {_TYPE_NAMES[tp]}, not {shown}")
+
+
+def _added_later(hint: Any, path: str) -> Any:
+    """The value of a field the document lacks: a list or an optional field may have been added
+    to @1 after the document was written (empty / None then); anything else is missing."""
+    if typing.get_origin(hint) is list:
+        return []
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint):
+        return None
+    raise _Malformed(f"field {path!r} is missing")

@@ -1,0 +1,33 @@
+"""The tables of a result model: `frame(name)` for models other than `Analysis`, and the
+metadata marking the frames read from the export (kept on the object, never serialized)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Field metadata of the frames read from the export: kept on the object, never serialized.
+RAW = {"raw": True}
+
+
+class Tables:
+    """`frame(name)` and `frame_names()` for a result model other than `Analysis` (a
+    `Comparison`, a check `Verdict`): each list in it as a pandas DataFrame (see nsysan.frames).
+
+    >>> import nsysan
+    >>> comparison = nsysan.compare("fixtures/torch_clean_v25.sqlite", "fixtures/torch_leak_v25.sqlite")
+    >>> comparison.frame_names()
+    ['processes', 'sites', 'ranges']
+    >>> int(comparison.frame("processes")["peak_delta"].iloc[0])
+    3800039424
+    """
+
+    def frame(self, name: str) -> Any:
+        from ..frames import table_frame
+
+        return table_frame(self, name)
+
+    @classmethod
+    def frame_names(cls) -> list[str]:
+        from ..frames import table_names
+
+        return table_names(cls)
