@@ -121,7 +121,6 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         caps=verdicts.caps,
         oom=verdicts.oom,
         reserved=verdicts.reserved,
-        stacks=referenced_stacks(loaded.stacks, sites, never_freed, peaks),
         steps=steps,
         growth=growth,
         never_freed_groups=groups_of(events.index.get_indexer(never_freed_rows(events).index)) if not events.empty else [],
@@ -133,7 +132,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     )
     answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, loaded.quick,
                              {pid: label for pid, label in labels.items() if label})
-    return cut_long_strings(dataclasses.replace(analysis, answers=answers))
+    # The stacks last: every stack_id of the finished model (groups, timeline, OOM lists) is kept.
+    analysis = dataclasses.replace(analysis, answers=answers)
+    return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(loaded.stacks, analysis)))
 
 
 def _steps(loaded: "LoadedEvents", grouped: Groups, gpu_of, end_ns: int, step_range: Optional[str],
