@@ -20,7 +20,7 @@ import matplotlib.image
 import pytest
 from browser import find_chromium, open_page
 from builders import make_export
-from conftest import CAPTURES, FIXTURES, ROOT, analysis_of
+from conftest import CAPTURES, FIXTURES, ROOT, analysis_of, truth
 from models import MiB, make_analysis
 
 import nsysan
@@ -326,6 +326,10 @@ PAGE_PROBES = {
     "totals_after_click": "(() => { const t = document.getElementById('never-freed-table');"
                           " if (!t) return null; t.tHead.rows[0].cells[0].querySelector('button.sort').click();"
                           " return Array.from(t.tBodies, b => Number(b.rows[0].cells[0].dataset.v)); })()",
+    # The step chart's lines as drawn (bytes per step number) and the timeline legend's names.
+    "step_charts": "(window.nsysanStepCharts || []).map(c => ({labels: c.labels, data: c.data, steps: c.steps}))",
+    "legend": "Array.from(document.querySelectorAll('.timeline .u-legend .u-series:not(:first-child) .u-label'),"
+              " e => e.textContent)",
     # Where the answer and the first timeline panel end on the first screen (px from the top).
     "first_screen": "(() => { const bottom = s => { const e = document.querySelector(s);"
                     " return e ? e.getBoundingClientRect().bottom : null; };"
@@ -334,12 +338,14 @@ PAGE_PROBES = {
 }
 
 # Hover, drag, wheel, click and double-click on the first timeline panel, as a mouse would (uPlot
-# ignores a drag's moves without movementX), recording what the page shows after each.
+# ignores a drag's moves without movementX; at whole pixels, as a mouse is, and not on the last
+# pixel, where uPlot clamps the cursor and takes the click for a drag), recording what the page
+# shows after each.
 INTERACT = """(async () => {
   const tl = window.nsysanTimelines[0], u = tl.plots[0], r = u.over.getBoundingClientRect();
   const frame = () => new Promise(done => requestAnimationFrame(() => setTimeout(done, 20)));
   const fire = (type, fx, target) => (target || u.over).dispatchEvent(new MouseEvent(type, {
-      clientX: r.left + fx * r.width, clientY: r.top + r.height / 2, bubbles: true, cancelable: true,
+      clientX: Math.round(r.left + fx * r.width), clientY: Math.round(r.top + r.height / 2), bubbles: true, cancelable: true,
       view: window, buttons: 1, movementX: 5}));
   const picture = () => u.ctx.canvas.toDataURL();
   const readout = () => u.root.closest('.timeline').querySelector('.readout').textContent;
@@ -356,8 +362,8 @@ INTERACT = """(async () => {
   out.reset = tl.view();
   u.root.closest('.timeline').querySelector('button[data-view="all"]').click();
   out.whole = tl.view();
-  fire('mousemove', 0.999); await frame();
-  fire('mousedown', 0.999); fire('mouseup', 0.999, document); fire('click', 0.999);
+  fire('mousemove', 0.995); await frame();
+  fire('mousedown', 0.995); fire('mouseup', 0.995, document); fire('click', 0.995);
   out.listed = Array.from(u.root.closest('.timeline').querySelectorAll('.live-list tbody tr'),
                           row => Array.from(row.cells, c => c.textContent));
   return out;
@@ -377,7 +383,53 @@ def assert_screenshot(png: bytes, size: tuple[int, int]) -> None:
     assert image[..., :3].std() > 0.1  # text, tables and a plot, not a blank page
 
 
-BROWSER_FIXTURES = ["torch_leak_v25", "ddp_leak_v25", "real_oom_v25", "known_plain_v25", "known_bt_v25"]
+BROWSER_FIXTURES = ["torch_leak_v25", "ddp_leak_v25", "real_oom_v25", "known_plain_v25", "known_bt_v25",
+                    "torch_clean_v25"]
+
+
+def reserved_per_step(name: str) -> list[int]:
+    """PyTorch's own `reserved` bytes after each step (the .truth.jsonl): the driver-level live
+    bytes follow them plus a constant of library workspaces (fixtures/README.md)."""
+    return [r["reserved"] for r in truth(name) if "step" in r]
+
+
+def deltas(values: list[int]) -> list[int]:
+    return [b - a for a, b in zip(values, values[1:])]
+
+
+def assert_step_chart(name: str, charts: list[dict], legend: list[str]) -> None:
+    """The chart draws the live bytes at each step's end per process, and the growth verdict's line."""
+    if name in ("torch_leak_v25", "torch_clean_v25"):
+        (chart,) = charts
+        # One process without a rank: named by its process name and pid, in the legends too.
+        assert chart["labels"][0] == {"torch_leak_v25": "python3 (1644)", "torch_clean_v25": "python3 (2373)"}[name]
+        assert chart["steps"] == list(range(6))
+        assert deltas(chart["data"][0]) == deltas(reserved_per_step(name))
+        assert all(label.startswith(chart["labels"][0] + " · ") for label in legend)
+    if name == "torch_leak_v25":
+        # The growth line: the median of the reserved deltas of steps 2-5 (step 1 is warm-up),
+        # (765460480 + 775946240) / 2 = 770703360 B = 735.0 MiB per step, up to step 5's bytes.
+        assert chart["labels"][1] == "python3 (1644) growing: 735.0 MiB/step"
+        line = chart["data"][1]
+        assert line[5] == chart["data"][0][5] and line[5] - line[2] == 3 * 770703360
+    if name == "torch_clean_v25":  # flat after step 2: the verdict's line is flat at 0 B/step
+        assert chart["labels"][1] == "python3 (2373) stable: 0 B/step"
+    if name == "ddp_leak_v25":
+        (chart,) = charts
+        lines = dict(zip(chart["labels"], chart["data"]))
+        # fixtures/README.md: rank 1 leaks 64 MiB per step, rank 0 does not. Step 0 is warm-up.
+        assert deltas(lines["rank 1"])[1:] == [64 * MiB] * 6 and deltas(lines["rank 0"])[1:] == [0] * 6
+        assert "rank 1 growing: 64.0 MiB/step" in lines and "rank 0 stable: 0 B/step" in lines
+        # Ranks, not pids, name the processes in the timeline's legends.
+        assert legend and all(label.startswith(("rank 0 · ", "rank 1 · ")) for label in legend)
+    if name == "known_bt_v25":
+        # fixtures/README.md (known_allocs.cu): steps 0-8 free their workspace; steps 2, 5 and 8 keep
+        # one 4 MiB cache entry each.
+        (chart,) = charts
+        assert chart["steps"] == list(range(9))
+        assert deltas(chart["data"][0]) == [4 * MiB if step in (2, 5, 8) else 0 for step in range(1, 9)]
+    if name in ("real_oom_v25", "known_plain_v25"):  # no steps (real_oom), no sizes (known_plain)
+        assert charts == []
 
 
 @pytest.mark.parametrize("name", BROWSER_FIXTURES)
@@ -420,6 +472,7 @@ def test_report_in_chromium(name, tmp_path, chromium):
     # A click at the end of the capture lists what was still live: the never-freed blocks among them
     listed_sizes = [row[0] for row in seen["listed"]]
     assert fmt_bytes(analysis.never_freed[0].bytes) in listed_sizes if analysis.never_freed else True
+    assert_step_chart(name, page.values["step_charts"], page.values["legend"])
     if name == "known_bt_v25":  # fixtures/README.md
         assert page.values["peak"] == "908.0 MiB"
     if name == "ddp_leak_v25":  # rank 1 (pid 2147) leaks 64 MiB in each step from step 1 on

@@ -50,7 +50,7 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
     timeline = analysis.timeline
     panels = series_by_gpu(analysis)
     home = home_panels(analysis, panels)
-    names = {p.pid: printable(p.name) for p in analysis.capture.processes}
+    short, names = process_names(analysis)
     gpus = {g.id: g for g in analysis.capture.gpus}
     several = len({s.pid for series in panels.values() for s in series}) > 1
     shared = {(p.device if p.gpu is None else p.gpu): p for p in analysis.peaks if p.pid is None}
@@ -65,13 +65,13 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
         return {
             "gpu": key, "title": title, "capacity": gpu.total_memory_bytes if gpu else None,
             "series": [{"pid": s.pid, "device": s.device, "kind": s.kind, "resident": s.kind in GPU_RESIDENT_KINDS,
-                        "label": _series_label(s, key, names), "ts": s.ts_ns, "bytes": s.live_bytes}
+                        "label": _series_label(s, key, short), "ts": s.ts_ns, "bytes": s.live_bytes}
                        for s in series],
         }
 
     peaks = [{"pid": p.pid, "panel": p.device if p.gpu is None else p.gpu, "device": p.device,
               "bytes": p.peak_bytes, "t": p.peak_time_ns,
-              "label": (f"{p.pid}: " if several else "") + f"peak {fmt_bytes(p.peak_bytes)}"
+              "label": (f"{short[p.pid]}: " if several else "") + f"peak {fmt_bytes(p.peak_bytes)}"
                        + (f" · {printable(p.nvtx_range)}" if p.nvtx_range else "")}
              for p in analysis.peaks if p.pid is not None and p.peak_bytes > 0]
     sites: dict[str, int] = {}
@@ -82,6 +82,7 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
         "start": timeline.start_ns, "end": timeline.end_ns,
         "focus": _focus(timeline.focus_start_ns, timeline.focus_end_ns),
         "names": {str(pid): name for pid, name in names.items()},
+        "short": {str(pid): name for pid, name in short.items()},
         "panels": [panel(key, series) for key, series in panels.items()],
         "peaks": peaks,
         "bands": [{"pid": b.pid, "panel": home[b.pid], "name": printable(b.name), "s": b.start_ns, "e": b.end_ns}
@@ -92,11 +93,58 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
                    for f in analysis.failed_calls if f.pid in home],
         "traceEnds": [{"pid": e.pid, "panel": home.get(e.pid), "t": e.time_ns} for e in timeline.trace_ends],
         "allocations": {"sites": list(sites), "rows": allocations, "total": timeline.allocations_total},
+        "steps": step_sets(analysis, short),
     }
 
 
-def _series_label(s: Series, panel_key: int, names: dict[int, str]) -> str:
-    label = f"{s.pid} {names.get(s.pid, '')}".strip() + f" · {s.kind}"
+def step_sets(analysis: Analysis, short: dict[int, str]) -> list[dict[str, Any]]:
+    """The step chart's lines, one per (process, device) with steps: each step's number and the
+    live bytes at its end (None for a step whose trace stopped before it ended), and the growth
+    verdict's line (its bytes per step over the judged steps, ending at the last one's live bytes)."""
+    verdicts = {(g.pid, g.device): g for g in analysis.growth}
+    several = {s.pid for s in analysis.steps if sum(t.pid == s.pid for t in analysis.steps) > 1}
+    sets = []
+    for series in analysis.steps:
+        if not series.steps:
+            continue
+        label = short.get(series.pid, f"process {series.pid}")
+        if series.pid in several:
+            label += f" · GPU {series.gpu}" if series.gpu is not None else f" · device {series.device}"
+        g = verdicts.get((series.pid, series.device))
+        judged = g is not None and g.first_step is not None and g.last_step is not None and g.verdict != "too_few_steps"
+        sets.append({
+            "pid": series.pid, "device": series.device,
+            "label": label, "name": printable(series.range_name),
+            "points": [[s.number, s.end_live_bytes if s.traced else None, printable(s.name)] for s in series.steps],
+            "count": series.step_count if series.step_count is not None else len(series.steps),
+            "growth": {"first": g.first_step, "last": g.last_step, "per_step": g.bytes_per_step, "end": g.end_live_bytes,
+                       "verdict": g.verdict, "text": f"{g.verdict}: {fmt_bytes(g.bytes_per_step)}/step"} if judged else None,
+        })
+    return sets
+
+
+def process_names(analysis: Analysis) -> tuple[dict[int, str], dict[int, str]]:
+    """How the page names each process: short ("rank 1", or "python3 (1644)" without a rank) for
+    legends, callouts and the step chart, and long ("rank 1 (process 2147, python)") for the
+    hover readout, where the pid ties it to the tables."""
+    short: dict[int, str] = {}
+    full: dict[int, str] = {}
+    for p in analysis.capture.processes:
+        name, label = printable(p.name), printable(analysis.process_label(p.pid))
+        if label != f"process {p.pid}":  # a rank, as the headline and verdicts name it
+            short[p.pid] = label
+            full[p.pid] = f"{short[p.pid]} (process {p.pid}" + (f", {name})" if name else ")")
+        else:
+            short[p.pid] = f"{name} ({p.pid})" if name else f"process {p.pid}"
+            full[p.pid] = f"{name} (process {p.pid})" if name else f"process {p.pid}"
+    seen = {s.pid for s in analysis.timeline.series} | {p.pid for p in analysis.peaks if p.pid is not None}
+    for pid in seen - set(short):  # not in the process table
+        short[pid] = full[pid] = f"process {pid}"
+    return short, full
+
+
+def _series_label(s: Series, panel_key: int, short: dict[int, str]) -> str:
+    label = f"{short[s.pid]} · {s.kind}"
     return label + (f" (device {s.device})" if s.device != panel_key else "")
 
 
