@@ -119,16 +119,19 @@ def test_page_of_a_hand_built_model():
     assert '<div class="value" id="headline-peak">768.0 MiB</div>' in html
     cells = tables(html)
     # One group per (site, NVTX range): total, count, sizes, kind, site, range, process, device, when.
-    assert cells["never-freed-table"] == [["256.0 MiB", "1", "256.0 MiB", "device", "alloc_weights (train)", "setup",
+    # A site opens to its whole stack, innermost frame first (the cell's text is the label, then
+    # the frames), in the sites table and in the grouped tables alike.
+    weights = "alloc_weights (train)" + "cudaMalloc (libcudart.so.13)alloc_weights (train)main (train)"
+    assert cells["never-freed-table"] == [["256.0 MiB", "1", "256.0 MiB", "device", weights, "setup",
                                            "100", "0", "1.00 ms"]]
     # Live at the peak: largest first.
     assert cells["live-at-peak-1"] == [
         ["512.0 MiB", "1", "512.0 MiB", "device", "cudaMalloc in step 1 [trainer]", "step 1", "100", "0", "5.00 ms"],
-        ["256.0 MiB", "1", "256.0 MiB", "device", "alloc_weights (train)", "setup", "100", "0", "1.00 ms"]]
-    # The site opens to its whole stack, innermost frame first; the table has the process.
-    assert cells["sites-table"][1] == ["alloc_weights (train)cudaMalloc (libcudart.so.13)alloc_weights (train)main (train)",
-                                       "100", "device", "cudaMalloc", "1", "256.0 MiB", "256.0 MiB", "1", "256.0 MiB"]
-    assert "<details><summary>alloc_weights (train)</summary>" in html
+        ["256.0 MiB", "1", "256.0 MiB", "device", weights, "setup", "100", "0", "1.00 ms"]]
+    # The sites table has the process.
+    assert cells["sites-table"][1] == [weights, "100", "device", "cudaMalloc", "1", "256.0 MiB", "256.0 MiB", "1",
+                                       "256.0 MiB"]
+    assert html.count("<details><summary>alloc_weights (train)</summary>") == 3  # sites, never freed, live at peak
     assert cells["failed-table"] == [["6.50 ms", "100", "100", "cudaMalloc", "cudaErrorMemoryAllocation (2)",
                                       "step 1", "256.0 MiB"]]
     # NVTX ranges in the order they first opened: "setup" (0.5 ms) before "step 1" (4 ms).
@@ -225,10 +228,16 @@ def test_known_bt_page_shows_the_truth():
     # fixtures/README.md: the peak is 256 + 128 + 12 + 512 MiB, inside NVTX range "burst".
     assert '<div class="value" id="headline-peak">908.0 MiB</div>' in html and "<b>burst</b>" in html
     # Grouped by site and NVTX range: the three 4 MiB cache entries were kept in steps 2, 5 and 8.
-    leaked = [(row[0], row[1], row[4], row[5]) for row in tables(html)["never-freed-table"]]
+    # A group's site opens to its call stack (label, then frames innermost first): the label is the
+    # cell's text up to the first frame.
+    leaked = [(row[0], row[1], row[4].split(" (known)")[0] + " (known)", row[5])
+              for row in tables(html)["never-freed-table"]]
     assert ("128.0 MiB", "1", "alloc_weights (known)", "setup") in leaked
     assert sorted(r for r in leaked if r[2] == "alloc_cache_entry (known)") == [
         ("4.0 MiB", "1", "alloc_cache_entry (known)", f"step {i}") for i in (2, 5, 8)]
+    # fixtures/workloads/known_allocs.cu: main calls train_step, which calls alloc_cache_entry.
+    cache = next(row[4] for row in tables(html)["never-freed-table"] if row[4].startswith("alloc_cache_entry"))
+    assert "alloc_cache_entry (known)train_step (known)main (known)" in cache
 
 
 # -- the report folder and `nsysan analyze -o` --------------------------------------------------
