@@ -76,16 +76,21 @@ def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int
                           "--no-progress"],
     }
     times: dict[str, list[float]] = {k: [] for k in commands}
+    # The 1-minute load average before each command: on a shared machine it says how many other
+    # threads wanted the cores while it ran (an idle 2-core machine shows about 0).
+    loads: dict[str, list[float]] = {k: [] for k in commands}
     for round_ in range(repeat):
         for label, command in commands.items():
             shutil.rmtree(scratch / label.split()[0], ignore_errors=True)
+            loads[label].append(round(os.getloadavg()[0], 2))
             seconds = timed(command, env)
             times[label].append(seconds)
-            print(f"  {name} {label}: {seconds:.1f} s (round {round_ + 1})", flush=True)
+            print(f"  {name} {label}: {seconds:.1f} s (round {round_ + 1}, load {loads[label][-1]})", flush=True)
     shutil.rmtree(scratch, ignore_errors=True)
     median = {k: statistics.median(v) for k, v in times.items()}
     return {
-        "workload": name, "reports": len(reports), "jobs": jobs, "runs": times, "median_s": median,
+        "workload": name, "reports": len(reports), "jobs": jobs, "runs": times, "load_before": loads,
+        "median_s": median,
         "reports_per_s": {k: len(reports) / v for k, v in median.items()},
         "speedup_pool": median["sequential"] / median["local pool"],
         "speedup_dask": median["sequential"] / median["dask"],
@@ -109,8 +114,11 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="nsysan-batch-bench-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `kill` still removes the copies
     try:
-        results = {"machine": {"cores": os.cpu_count(), "jobs": args.jobs, "python": platform.python_version(),
-                               "load_before": os.getloadavg()}, "workloads": []}
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+        results = {"commit": commit, "machine": {"cores": os.cpu_count(), "jobs": args.jobs,
+                                                 "python": platform.python_version(),
+                                                 "load_before": os.getloadavg()}, "workloads": []}
         for name, source, count in (("small", ROOT / "fixtures" / "known_mem_v25.sqlite", args.small),
                                     ("large", big, args.large)):
             if args.only and name != args.only:

@@ -89,8 +89,8 @@ def load_analysis(path: PathLike) -> Analysis:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise NsysanError(f"{name} could not be read as an analysis JSON ({err})") from err
-    if not isinstance(data, dict):
-        raise NsysanError(f"{name} is not an nsysan analysis document")
+    except RecursionError:  # json's decoder recurses once per nesting level: '[[[[...'
+        raise NsysanError(f"{name} could not be read as an analysis JSON (nested too deeply)") from None
     try:
         return Analysis.from_dict(data)
     except NsysanError as err:

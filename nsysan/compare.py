@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .model import GPU_RESIDENT_KINDS, Analysis, Tables
+from .model import GPU_RESIDENT_KINDS, Analysis, Tables, from_document
 from .units import fmt_bytes
 
 SCHEMA_ID = "nsysan/compare@1"
@@ -124,9 +124,17 @@ class Comparison(Tables):  # Tables: frame("processes") etc. for notebooks
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Comparison":
-        from .model import _from_plain
+        """Rebuild a Comparison from its JSON document (`nsysan compare --format json`); raises
+        NsysanError naming the schema found or the first field missing or of the wrong type.
 
-        return _from_plain(cls, data, "")
+        >>> Comparison.from_dict({"schema": "nsysan/compare@1", "base": {}})
+        Traceback (most recent call last):
+        nsysan.errors.NsysanError: field 'base.name' is missing
+        >>> Comparison.from_dict({"schema": "nsysan/analysis@1"})
+        Traceback (most recent call last):
+        nsysan.errors.NsysanError: not an nsysan comparison (schema 'nsysan/analysis@1', expected 'nsysan/compare@1')
+        """
+        return from_document(cls, data, SCHEMA_ID, "comparison")
 
 
 @dataclass(frozen=True)

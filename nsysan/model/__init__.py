@@ -20,6 +20,14 @@ from .memory import (Allocation, AllocationGroup, ApiCallStat, Band, CallSite, F
                      NvtxSpan, Peak, RangeStat, Series, Site, Stack, Timeline, TraceEnd)
 from .oom import AllocatorOom, AllocatorUse, CacheRelease, CutShort, OomFailure, OutOfMemory, Preallocation, PoolUse, \
     Probe, ReservedMemory
-from .plain import _from_plain, _Malformed, _to_plain
+from .plain import _from_plain, _Malformed, _to_plain, from_document
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, Step, StepSeries
 from .tables import RAW, Tables
+
+__all__ = ["Allocation", "AllocationGroup", "AllocatorOom", "AllocatorUse", "Analysis", "Answer",
+           "ApiCallStat", "Band", "CacheRelease", "CallSite", "Capture", "CutShort", "Diagnostic",
+           "FailedCall", "Frame", "GPU_RESIDENT_KINDS", "Gpu", "GroupSummary", "Growth", "Holder", "KINDS",
+           "MemoryCap", "NvtxSpan", "OomFailure", "OutOfMemory", "Peak", "Phase", "PoolUse", "Preallocation",
+           "Probe", "Process", "RAW", "RangeStat", "ReservedMemory", "SCHEMA_ID", "SEVERITIES", "Series",
+           "Site", "SmiOverlay", "Source", "Spike", "Stack", "Step", "StepSeries", "TRUST_BREAKING", "Tables",
+           "Timeline", "TraceEnd", "from_document", "_Malformed", "_from_plain", "_to_plain"]

@@ -11,7 +11,7 @@ from .capture import SCHEMA_ID, SEVERITIES, Capture, Diagnostic, Source
 from .memory import Allocation, AllocationGroup, ApiCallStat, FailedCall, GroupSummary, Peak, RangeStat, Site, Stack, \
     Timeline
 from .oom import OutOfMemory, ReservedMemory
-from .plain import _from_plain, _Malformed, _to_plain
+from .plain import _to_plain, from_document
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, StepSeries
 from .tables import RAW
 
@@ -104,17 +104,9 @@ class Analysis:
         Traceback (most recent call last):
         nsysan.errors.NsysanError: field 'source' is missing
         """
-        # Imported lazily so the model stays free of I/O concerns.
-        from ..errors import NsysanError
-
-        schema = data.get("schema") if isinstance(data, dict) else None
-        if schema != SCHEMA_ID:
-            raise NsysanError(f"not an nsysan analysis (schema {schema!r}, expected {SCHEMA_ID!r})")
-        try:
-            # Documents written before "scope" existed come from full analyses.
-            return _from_plain(cls, {"scope": "full", **data}, "")
-        except _Malformed as err:
-            raise NsysanError(str(err)) from None
+        # Documents written before "scope" existed come from full analyses.
+        with_scope = {"scope": "full", **data} if isinstance(data, dict) else data
+        return from_document(cls, with_scope, SCHEMA_ID, "analysis")
 
     def frame(self, name: str) -> Any:
         """The table `name` as a new pandas DataFrame, or one of the raw frames (`events`,

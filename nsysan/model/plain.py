@@ -25,6 +25,25 @@ _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "tru
                list: "a list", dict: "an object"}
 
 
+def from_document(cls: Any, data: Any, schema_id: str, what: str) -> Any:
+    """`cls` rebuilt from the JSON document `data` whose "schema" must be `schema_id`; raises
+    NsysanError (one line: the schema found, or the first field missing or of the wrong type)
+    for anything else, whatever shape `data` has. `what` names the document ("analysis")."""
+    from ..errors import NsysanError  # lazily: the model stays free of I/O concerns
+
+    if not isinstance(data, dict):
+        kind = "null" if data is None else _TYPE_NAMES.get(type(data), type(data).__name__)
+        raise NsysanError(f"not an nsysan {what}: the document is {kind}, not an object")
+    schema = data.get("schema")
+    if schema != schema_id:
+        shown = repr(schema[:40] if isinstance(schema, str) else schema)[:60]
+        raise NsysanError(f"not an nsysan {what} (schema {shown}, expected {schema_id!r})")
+    try:
+        return _from_plain(cls, data, "")
+    except _Malformed as err:
+        raise NsysanError(str(err)) from None
+
+
 def _from_plain(tp: Any, value: Any, path: str = "") -> Any:
     """Rebuild a dataclass tree from plain JSON data, guided by the type hints; `path` names the
     field being read (e.g. "peaks[0].live_at_peak[2].bytes") for the error."""
