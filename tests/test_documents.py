@@ -52,6 +52,9 @@ BAD_DOCUMENTS = {
     "an object for a list": (changed(lambda d: d.update(groups={"pid": 1})),
                              "field 'groups' should be a list, not {'pid': 1}"),
     "a list for an object": (changed(lambda d: d.update(capture=[])), "field 'capture' should be an object, not []"),
+    "a number beyond 64 bits": (changed(lambda d: d["capture"].update(duration_ns=2**70)),
+                                "field 'capture.duration_ns' should be an integer of at most 64 bits, not "
+                                "1180591620717411303424"),
     "a number for a name": (changed(lambda d: d["diagnostics"][0].update(code=7)),
                             "field 'diagnostics[0].code' should be a string, not 7"),
 }
@@ -121,6 +124,23 @@ def test_batch_makes_each_bad_document_a_failed_row(tmp_path, capsys):
     (folder / "good.analysis.json").unlink()
     code, _, _ = cli(capsys, "batch", str(folder), "-o", str(tmp_path / "out2"), "-j", "1", "--no-progress")
     assert code == 2
+
+
+def test_a_number_sqlite_cannot_hold_fails_its_row_not_the_batch(tmp_path, capsys):
+    # 2**63 fits the JSON's uint64 (an address may be that large) but not SQLite's INTEGER.
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "huge.analysis.json").write_text(changed(lambda d: d["capture"].update(duration_ns=2**63)))
+    (folder / "good.analysis.json").write_text(GOOD_TEXT)
+    code, out, err = cli(capsys, "batch", str(folder), "-o", str(tmp_path / "out"), "-j", "1", "--no-progress")
+    assert code == 0 and "Traceback" not in err, err
+    with open(tmp_path / "out" / "summary.csv", newline="") as handle:
+        rows = {Path(r["report"]).name: r for r in csv.DictReader(handle)}
+    assert rows["good.analysis.json"]["status"] == "ok"
+    assert rows["huge.analysis.json"]["status"] == "failed"
+    assert rows["huge.analysis.json"]["error"] == ("huge.analysis.json: duration_ns = 9223372036854775808 is too large "
+                                                   "for nsysan.db (SQLite integers are 64-bit); is the analysis "
+                                                   "document hand-edited?")
 
 
 @pytest.fixture(scope="module")

@@ -100,13 +100,28 @@ def report_key(result: dict[str, Any]) -> str:
     return result.get("hash") or "unreadable:" + hashlib.sha256(result["path"].encode()).hexdigest()
 
 
-def database_rows(key: str, analysis: Analysis) -> dict[str, Any]:
+def database_rows(key: str, analysis: Analysis, name: str) -> dict[str, Any]:
     """What `add` writes for one analysis: the report's facts ("reports") and each child table's
-    rows. Made on the worker, so the process writing the database only writes."""
+    rows. Made on the worker, so the process writing the database only writes. `name`: the input
+    file's, for the error of a number SQLite can't hold."""
     tables: dict[str, Any] = {"reports": _report_facts(analysis)}
     for table, rows, _ in _child_rows(key, analysis):
         tables[table] = rows
+    _check_integers(name, [tables["reports"], *(r for t in CHILD_TABLES for r in tables[t])])
     return tables
+
+
+_INTEGER = range(-(1 << 63), 1 << 63)  # what SQLite's INTEGER holds
+
+
+def _check_integers(name: str, rows: list[dict[str, Any]]) -> None:
+    """A number SQLite can't hold (a hand-edited analysis.json, a sum of huge values) fails this
+    report's row here, on the worker, rather than the whole batch where the database is written."""
+    for row in rows:
+        for column, value in row.items():
+            if isinstance(value, int) and value not in _INTEGER:
+                raise NsysanError(f"{name}: {column} = {value} is too large for nsysan.db (SQLite integers "
+                                  "are 64-bit); is the analysis document hand-edited?")
 
 
 def _report_facts(a: Analysis) -> dict[str, Any]:

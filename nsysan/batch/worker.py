@@ -76,7 +76,7 @@ def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] 
         # The summary's and the database's rows are made here, in parallel, not by the one
         # process that gathers the results.
         result["rows"] = [dataclasses.asdict(row) for row in summary_rows(result, analysis)]
-        result["tables"] = database_rows(report_key(result), analysis)
+        result["tables"] = database_rows(report_key(result), analysis, report.name)
         result["ok"] = True
     except NsysanError as err:
         result["error"] = err.message

@@ -85,6 +85,10 @@ def _expect(value: Any, tp: type, path: str) -> None:
     if not ok:
         shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
         raise _Malformed(f"field {path!r} should be {_TYPE_NAMES[tp]}, not {shown}")
+    # Bytes, times and addresses fit 64 bits (the events frame's int64/uint64, SQLite's INTEGER in
+    # nsysan.db); a larger JSON integer is no measurement, and would break the database later.
+    if tp is int and not -(1 << 63) <= value < (1 << 64):
+        raise _Malformed(f"field {path!r} should be an integer of at most 64 bits, not {value}")
 
 
 def _added_later(hint: Any, path: str) -> Any:
