@@ -162,34 +162,72 @@ def test_limits_from_pyproject_and_nsysan_toml(tmp_path):
     assert result.returncode == 2 and "unknown check setting 'max-peek'" in result.stderr
 
 
-# The structure of the common JUnit schema (Ant's format, windyroad JUnit.xsd): required
-# attributes of each element and the order of a testsuite's children.
-SUITE_ATTRIBUTES = {"name", "timestamp", "hostname", "tests", "failures", "errors", "time", "package", "id"}
+# The common JUnit schema (Ant's format, windyroad/JUnit-Schema JUnit.xsd), rule by rule: the
+# attributes each element may have (an XSD without anyAttribute allows no others) and must have,
+# their types, and each element's children in order.
+DECIMAL = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")  # xs:decimal: no exponent, no inf/nan
+XS_INT = range(-(1 << 31), 1 << 31)
+SUITE_REQUIRED = {"name", "timestamp", "hostname", "tests", "failures", "errors", "time", "package", "id"}
+SUITE_ALLOWED = SUITE_REQUIRED | {"skipped"}
 CASE_ATTRIBUTES = {"name", "classname", "time"}
 
 
+def _token(value: str) -> str:
+    """An xs:token as the validator sees it: whitespace collapsed."""
+    return " ".join(value.split())
+
+
 def assert_junit_schema(root: ET.Element) -> None:
-    assert root.tag == "testsuites"
+    assert root.tag == "testsuites" and root.attrib == {} and (root.text or "").strip() == ""
     for suite in root:
         assert suite.tag == "testsuite"
-        assert SUITE_ATTRIBUTES <= set(suite.attrib), SUITE_ATTRIBUTES - set(suite.attrib)
-        assert len(suite.attrib["timestamp"]) == 19 and suite.attrib["timestamp"][10] == "T"  # no time zone
-        for count in ("tests", "failures", "errors"):
-            assert int(suite.attrib[count]) >= 0
-        float(suite.attrib["time"])
+        attrs = suite.attrib
+        assert SUITE_REQUIRED <= set(attrs) <= SUITE_ALLOWED, set(attrs) ^ SUITE_REQUIRED
+        assert _token(attrs["name"]) and _token(attrs["hostname"]) and _token(attrs["package"])
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}", attrs["timestamp"])  # no time zone
+        for count in ("tests", "failures", "errors", "id", "skipped"):
+            if count in attrs:
+                assert re.fullmatch(r"[+-]?\d+", attrs[count]) and int(attrs[count]) in XS_INT
+        assert DECIMAL.match(attrs["time"])
         tags = [child.tag for child in suite]
         assert tags[0] == "properties" and tags[-2:] == ["system-out", "system-err"]
         assert set(tags[1:-2]) <= {"testcase"}
+        assert suite[0].attrib == {}
         for prop in suite[0]:
-            assert prop.tag == "property" and {"name", "value"} <= set(prop.attrib)
+            assert prop.tag == "property" and set(prop.attrib) == {"name", "value"} and _token(prop.attrib["name"])
+        for out in suite[-2:]:
+            assert out.attrib == {} and len(out) == 0  # text only
         cases = suite.findall("testcase")
-        assert int(suite.attrib["tests"]) == len(cases)
-        assert int(suite.attrib["failures"]) == sum(1 for c in cases if c.find("failure") is not None)
+        assert int(attrs["tests"]) == len(cases)
+        assert int(attrs["failures"]) == sum(1 for c in cases if c.find("failure") is not None)
+        assert int(attrs["errors"]) == sum(1 for c in cases if c.find("error") is not None)
         for case in cases:
-            assert CASE_ATTRIBUTES <= set(case.attrib)
-            float(case.attrib["time"])
-            for failure in case:
-                assert failure.tag in ("failure", "error") and {"message", "type"} <= set(failure.attrib)
+            assert set(case.attrib) == CASE_ATTRIBUTES and DECIMAL.match(case.attrib["time"])
+            assert len(case) <= 1  # a choice of one: skipped, error or failure
+            for result in case:
+                assert result.tag in ("skipped", "failure", "error")
+                if result.tag != "skipped":
+                    assert "type" in result.attrib and set(result.attrib) <= {"type", "message"}
+                    assert len(result) == 0
+
+
+def test_the_schema_check_finds_what_the_xsd_forbids():
+    good = ET.fromstring(JUNIT_EXAMPLE)
+    assert_junit_schema(good)
+    for bad in (JUNIT_EXAMPLE.replace("<testsuites>", '<testsuites tests="1">'),  # no attributes on the root
+                JUNIT_EXAMPLE.replace('time="0.5"', 'time="1e3"'),  # decimal, not a float
+                JUNIT_EXAMPLE.replace('timestamp="2026-11-30T12:00:00"', 'timestamp="2026-11-30T12:00:00Z"'),
+                JUNIT_EXAMPLE.replace("</failure>", '</failure><error type="x"/>'),  # one result per case
+                JUNIT_EXAMPLE.replace('classname="c"', 'classname="c" file="x.py"'),  # no other attributes
+                JUNIT_EXAMPLE.replace("<properties/>", "")):  # properties is required
+        with pytest.raises(AssertionError):
+            assert_junit_schema(ET.fromstring(bad))
+
+
+JUNIT_EXAMPLE = """<testsuites><testsuite name="s" package="p" id="0" timestamp="2026-11-30T12:00:00"
+hostname="localhost" tests="1" failures="1" errors="0" time="0.5"><properties/><testcase name="t"
+classname="c" time="0"><failure type="x" message="m">m</failure></testcase><system-out/><system-err/>
+</testsuite></testsuites>"""
 
 
 def test_junit_json_and_markdown_outputs(tmp_path):
