@@ -132,7 +132,7 @@ def test_a_profile_string_is_escaped_in_the_page(tmp_path):
     known = analysis_of("known_mem_v25").to_dict()
     hostile = json.loads(json.dumps(known).replace('"burst"', '"<script>alert(1)</script>"'))
     c = compare_analyses(Analysis.from_dict(known), Analysis.from_dict(hostile))
-    page = render_comparison_html(c, b"")
+    page = render_comparison_html(c, Analysis.from_dict(known), Analysis.from_dict(hostile))
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 

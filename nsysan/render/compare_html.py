@@ -1,41 +1,40 @@
 """compare.html (one self-contained page), compare.png and compare.json of a `Comparison`.
 
-The page follows the report page's rules: no network, inline CSS allowed by its hash in a
-Content-Security-Policy, the plot as a data URI, every profile string autoescaped.
+The page is built from the report page's parts: its components (timeline, step chart), its CSS
+and its script (uPlot inlined), under the same Content-Security-Policy (one hashed style, one
+hashed script, nothing fetched). Both runs' timelines share one time axis per matched process and
+GPU (compare_data.py). Every profile string is autoescaped; the page names the runs by file name.
 """
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
 from ..compare import Comparison
 from ..model import Analysis
+from .compare_data import compare_page_data
 from .compare_plot import comparison_png
 from .files import check_output_dir, write_all_or_none
-from .html import _environment, _sha256
+from .html import _environment, content_security_policy, page_script, page_style
 from .json import dumps
 
 # Written in this order, the page last: a folder with compare.html is complete.
 COMPARE_FILES = ("compare.png", "compare.json", "compare.html")
 
 
-def render_comparison_html(c: Comparison, png: bytes) -> str:
-    env = _environment()
-    style = env.get_template("compare.css.j2").render()
-    csp = "; ".join(["default-src 'none'", "img-src data:", f"style-src '{_sha256(style)}'", "base-uri 'none'",
-                     "form-action 'none'"])
-    return env.get_template("compare.html.j2").render(
-        c=c, csp=csp, image="data:image/png;base64," + base64.b64encode(png).decode("ascii"),
-        has_growth=any(d.growth_per_step for d in c.processes))
+def render_comparison_html(c: Comparison, base: Analysis, new: Analysis) -> str:
+    """The comparison page as one string (UTF-8 HTML)."""
+    style, script = page_style(), page_script()
+    return _environment().get_template("compare.html.j2").render(
+        c=c, csp=content_security_policy(style, script), style=style, script=script,
+        data=compare_page_data(c, base, new), has_growth=any(d.growth_per_step for d in c.processes))
 
 
 def write_comparison(c: Comparison, base: Analysis, new: Analysis, out_dir: Path) -> Path:
     """Write compare.png, compare.json and compare.html into `out_dir` (all or none); the page's path."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir)
-    png = comparison_png(c, base, new)
-    files: dict[str, str | bytes] = {"compare.png": png, "compare.json": dumps(c.to_dict()) + "\n",
-                                     "compare.html": render_comparison_html(c, png)}
+    files: dict[str, str | bytes] = {"compare.png": comparison_png(c, base, new), "compare.json": dumps(c.to_dict()) + "\n",
+                                     "compare.html": render_comparison_html(c, base, new)}
     write_all_or_none({out_dir / name: files[name] for name in COMPARE_FILES})
     return out_dir / "compare.html"

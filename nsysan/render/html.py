@@ -53,14 +53,7 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
     the PNGs already; the page draws its own plots and embeds none."""
     env = _environment()
     style, script = page_style(), page_script()
-    csp = "; ".join([
-        "default-src 'none'",
-        "img-src data:",
-        f"style-src '{_sha256(style)}'",
-        f"script-src '{_sha256(script)}'",
-        "base-uri 'none'",
-        "form-action 'none'",
-    ])
+    csp = content_security_policy(style, script)
     diagnostics = analysis.diagnostics_by_severity()
     warnings = [d for d in diagnostics if d.severity in ("error", "warning")]
     # Documents written before the groups existed: each listed allocation is its own group.
@@ -82,6 +75,13 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
         ranges_in_time_order=sorted(analysis.ranges, key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0)),
         process_names={p.pid: p.name for p in analysis.capture.processes},
         gpus={g.id: g for g in analysis.capture.gpus}, stacks={s.id: s for s in analysis.stacks})
+
+
+def content_security_policy(style: str, script: str) -> str:
+    """The pages' policy: nothing loads from anywhere; the one inline style and the one inline
+    script run only by their SHA-256."""
+    return "; ".join(["default-src 'none'", "img-src data:", f"style-src '{_sha256(style)}'",
+                      f"script-src '{_sha256(script)}'", "base-uri 'none'", "form-action 'none'"])
 
 
 def _one_per_group(allocations: list[Allocation]) -> list[AllocationGroup]:

@@ -1,0 +1,83 @@
+"""compare.html in headless Chromium: the report page's components on two runs (torch_clean_v25 as
+the base, torch_leak_v25 as the new run), with no network, no console error, and a timeline that
+zooms and hovers like the report's."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import analysis_of
+from test_html import (INTERACT, PAGE_PROBES, assert_quiet_page, chromium, deltas, pdf_text,  # noqa: F401
+                       reserved_per_step)
+
+from browser import open_page
+from nsysan.compare import compare_analyses
+from nsysan.render.compare_html import write_comparison
+
+PROBES = {
+    "ready": PAGE_PROBES["ready"], "interactive_ms": PAGE_PROBES["interactive_ms"], "scripts": PAGE_PROBES["scripts"],
+    "step_charts": PAGE_PROBES["step_charts"], "legend": PAGE_PROBES["legend"],
+    "data": "JSON.parse(document.getElementById('nsysan-compare-data').textContent)",
+    "processes": "Array.from(document.querySelectorAll('#processes-table tbody tr'), r => Array.from(r.cells, c => c.textContent))",
+    "interact": INTERACT,
+}
+
+
+def compare_page(tmp_path):
+    base, new = analysis_of("torch_clean_v25"), analysis_of("torch_leak_v25")
+    path = write_comparison(compare_analyses(base, new), base, new, tmp_path / "cmp")
+    return base, new, path
+
+
+def test_compare_page_in_chromium(tmp_path, chromium):
+    base, new, path = compare_page(tmp_path)
+    page, netlog = open_page(path, width=1400, height=900, evaluate=PROBES)
+    assert_quiet_page(page, netlog)
+    assert page.values["scripts"] == 2 and page.values["interactive_ms"] < 1000
+    html = path.read_text(encoding="utf-8")
+    assert str(path.parent) not in html and "/fixtures/" not in html  # file names, never paths
+    data = page.values["data"]
+    # One panel (GPU 0 of each run), both runs in it, aligned on their first step: the new run's
+    # "step 0" band starts at 0 on the shared axis, and so do both runs' first steps.
+    (panel,) = data["panels"]
+    assert {s["pid"] for s in panel["series"]} == {"base:2373", "new:1644"}
+    assert next(b for b in data["bands"] if b["name"] == "step 0")["s"] == 0
+    assert data["alignedOnSteps"] is True
+    first_step = {run: a.steps[0].steps[0].start_ns for run, a in (("base", base), ("new", new))}
+    assert data["start"] == min(base.timeline.start_ns - first_step["base"], new.timeline.start_ns - first_step["new"])
+    # Hover names both runs' processes; drag and wheel zoom; double-click returns; "Whole capture".
+    seen = page.values["interact"]
+    assert seen["hovered"].startswith("at ") and "base: python3 (process 2373)" in seen["hovered"]
+    assert "new: python3 (process 1644)" in seen["hovered"]
+    start, end = seen["opened"]
+    left, right = seen["dragged"]
+    assert start < left < right < end and seen["dragged_picture"] != seen["picture"]
+    assert seen["wheeled"][1] - seen["wheeled"][0] > right - left
+    assert seen["reset"] == seen["opened"] and seen["whole"] == [data["start"] / 1e9, data["end"] / 1e9]
+    assert page.values["legend"] == ["base · device", "base · static", "base · pinned", "new · device", "new · static"]
+    # The step chart of both runs: each run's bytes at its steps' ends follow its own truth
+    # (PyTorch's reserved bytes per step), with each run's verdict line.
+    (chart,) = page.values["step_charts"]
+    lines = dict(zip(chart["labels"], chart["data"]))
+    assert deltas(lines["base python3 (2373)"]) == deltas(reserved_per_step("torch_clean_v25"))
+    assert deltas(lines["new python3 (1644)"]) == deltas(reserved_per_step("torch_leak_v25"))
+    assert "base python3 (2373) stable: 0 B/step" in lines and "new python3 (1644) growing: 735.0 MiB/step" in lines
+    # What grew: the leak keeps 3.5 GiB more at its peak (test_compare.py explains the number).
+    (row,) = page.values["processes"]
+    assert row[0] == "GPU 0" and row[3] == "+3.5 GiB (+202%)"
+
+
+def test_compare_page_at_420_px_and_on_paper(tmp_path, chromium):
+    _, _, path = compare_page(tmp_path)
+    page, netlog = open_page(path, width=420, height=900, evaluate={
+        "ready": PAGE_PROBES["ready"],
+        "widths": "[document.documentElement.scrollWidth, document.body.scrollWidth, window.innerWidth]"})
+    assert_quiet_page(page, netlog)
+    page_width, body_width, viewport = page.values["widths"]
+    assert viewport == 420 and page_width <= viewport and body_width <= viewport
+    # Printed: the tables' headers with their text, no controls.
+    page, netlog = open_page(path, width=1400, height=900, screenshot=False, pdf=True)
+    assert_quiet_page(page, netlog)
+    text = pdf_text(page.pdf, tmp_path)
+    assert re.search(r"where\s+pid base → new\s+peak\s+Δ peak", text) and "cudaMalloc in forward [python3]" in text
+    assert "Whole capture" not in text and "filter" not in text
