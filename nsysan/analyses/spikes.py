@@ -34,9 +34,11 @@ def find_spikes(events: pd.DataFrame, series: list[LiveSeries], innermost: list[
         if len(s.rows) == 0:
             continue
         before = np.concatenate([[0], s.live[:-1]])  # live just before each event
+        # the whole range of the values, before or after an event (`before` adds only the 0)
+        spread = int(max(s.live.max(), 0) - min(s.live.min(), 0)) + 1
         candidates = []
         for offset in (0, window_ns // 2):
-            candidates += _window_rises(s.ts, s.live, before, window_ns, offset)
+            candidates += _window_rises(s.ts, s.live, before, window_ns, offset, spread)
         candidates += _range_rises(s.ts, s.live, before, [(a, b) for pid, a, b in innermost if pid == s.pid])
         for low, high, how in _distinct(candidates, s.live, before, top):
             found.append(_spike(events, s, gpu_of(s.pid, s.device), low, high, how, before))
@@ -44,17 +46,23 @@ def find_spikes(events: pd.DataFrame, series: list[LiveSeries], innermost: list[
 
 
 def _window_rises(ts: np.ndarray, live: np.ndarray, before: np.ndarray, window_ns: int,
-                  offset: int) -> list[tuple[int, int, str]]:
+                  offset: int, spread: int) -> list[tuple[int, int, str]]:
     """(low point, high point) of the largest rises within one grid cell. The running minimum
-    restarts in each cell: shifting each cell down by more than the whole range of the values,
-    one accumulate over all events does every cell."""
-    cell = (ts + offset) // max(window_ns, 1)
-    cell = cell - cell[0]
-    spread = int(max(live.max(), before.max()) - min(live.min(), before.min())) + 1
+    restarts in each cell: shifting each cell down by `spread`, more than the whole range of the
+    values, one accumulate over all events does every cell."""
+    cell = ts + offset
+    cell //= max(window_ns, 1)
+    cell -= cell[0]
     if spread * (int(cell[-1]) + 1) >= 2**62:  # the shift would overflow: the ranges still count
         return []
-    low = np.minimum.accumulate(before - cell * spread) + cell * spread
-    rise = live - low
+    # In place, one buffer for the shift and one for the running minimum: these are the passes
+    # over every event of the analysis (4 per (process, device) at 1e7 events).
+    shift = cell * spread
+    rise = before - shift
+    np.minimum.accumulate(rise, out=rise)
+    rise += shift
+    del shift
+    np.subtract(live, rise, out=rise)  # the rise from the lowest point of the cell so far
     best = _largest(rise, CANDIDATES)
     result = []
     for high in best[rise[best] > 0].tolist():
