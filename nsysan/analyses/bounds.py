@@ -9,6 +9,7 @@ ends in a marker saying how long it was, and a diagnostic says how many were cut
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from ..model import Analysis, Diagnostic
@@ -56,12 +57,17 @@ def _cut(value: Any, counter: list[int]) -> Any:
             all(a is b for a, b in zip(items, value)) else items
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes = {}
-        for f in dataclasses.fields(value):
-            if f.metadata.get("raw"):  # frames kept for notebooks (events, ...): never serialized
-                continue
-            old = getattr(value, f.name)
+        for name in _text_fields(type(value)):
+            old = getattr(value, name)
             new = _cut(old, counter)
             if new is not old:
-                changes[f.name] = new
+                changes[name] = new
         return dataclasses.replace(value, **changes) if changes else value
     return value
+
+
+@functools.lru_cache(maxsize=None)
+def _text_fields(cls: type) -> tuple[str, ...]:
+    """The fields of a result class that reach an output, listed once per class (1e5 records
+    at 1e7 events): not the frames kept for notebooks (events, ...), never serialized."""
+    return tuple(f.name for f in dataclasses.fields(cls) if not f.metadata.get("raw"))

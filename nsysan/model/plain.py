@@ -9,9 +9,21 @@ import typing
 from typing import Any
 
 
+_SCALARS = (int, float, str, bool, type(None))
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass -> its fields' names, looked up once
+
+
 def _to_plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    # An analysis of 1e7 events has 1e5 values here (series of numbers, allocation records):
+    # scalars return first, and each class's fields are listed once, not at every record.
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    names = _FIELD_NAMES.get(kind)
+    if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in dataclasses.fields(value))
+    if names is not None:
+        return {name: _to_plain(getattr(value, name)) for name in names}
     if isinstance(value, (list, tuple)):
         return [_to_plain(v) for v in value]
     return value

@@ -28,11 +28,18 @@ def dumps(value: Any) -> str:
 
 
 _NUMBERS = (int, float)  # exactly these types: bool is an int subclass and is not a number here
+_SCALARS = (int, float, str, bool, type(None))
 
 
 def _write(value: Any, pad: str, parts: list[str]) -> None:
     if isinstance(value, dict) and value:
         inner = pad + "  "
+        if all(type(k) is str and type(v) in _SCALARS for k, v in value.items()):
+            # A record of scalars (most of a document: 1e5 values at 1e7 events): one call of the
+            # C encoder writes what the loop below would, with the same key order and separators.
+            text = json.dumps(value, sort_keys=True, separators=(",\n" + inner, ": "))
+            parts.append("{\n" + inner + text[1:-1] + "\n" + pad + "}")
+            return
         items = sorted(value.items())
         parts.append("{\n")
         for i, (key, item) in enumerate(items):
