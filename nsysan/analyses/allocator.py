@@ -82,7 +82,7 @@ def allocator_use(events: pd.DataFrame, peaks: list[Peak], gpu_of: GpuOf, proces
     """Inside/outside the framework allocator, at each process's peak and at the end."""
     if events.empty:
         return []
-    device_rows = np.flatnonzero(((events["kind"] == "device") & ~events["pool"]).to_numpy())
+    device_rows = np.flatnonzero(is_value(events["kind"], "device") & ~events["pool"].to_numpy())
     is_alloc = (events["op"].cat.codes.to_numpy() == 0)
     allocs = device_rows[is_alloc[device_rows]]
     prealloc_rows = {(p.pid, p.device): p for p in preallocations}
@@ -94,14 +94,15 @@ def allocator_use(events: pd.DataFrame, peaks: list[Peak], gpu_of: GpuOf, proces
     result = []
     for (pid, device) in sorted(peak_of):  # a few (process, device) pairs; the rows are many
         mine = allocs[pair == ((pid << 16) | (device & 0xFFFF))]
+        size = events["bytes"].to_numpy()[mine]
         if (pid, device) in prealloc_rows:
             block = prealloc_rows[(pid, device)]
-            outside = ~((events["ts_ns"].to_numpy()[mine] == block.time_ns) & (events["bytes"].to_numpy()[mine] == block.bytes))
+            outside = ~((events["ts_ns"].to_numpy()[mine] == block.time_ns) & (size == block.bytes))
             kind = "xla_preallocation" if block.framework == "XLA" else "preallocation"
         else:
             outside = outside_allocator(events, mine)
             is_python = "python" in process_names.get(pid, "").lower()
-            kind = recognize(events["bytes"].to_numpy()[mine], mapped_all[mine], outside, is_python)
+            kind = recognize(size, mapped_all[mine], outside, is_python)
             if kind is None:
                 continue
             if kind == "pytorch_caching":
@@ -109,8 +110,9 @@ def allocator_use(events: pd.DataFrame, peaks: list[Peak], gpu_of: GpuOf, proces
                 outside = outside | mapped_all[mine]
         peak = peak_of[(pid, device)]
         seq = int(np.searchsorted(events["ts_ns"].to_numpy(), peak.peak_time_ns, side="right")) - 1
-        inside_peak, outside_peak = _live_split(events, mine, outside, seq)
-        inside_end, outside_end = _live_split(events, mine, outside, len(events) - 1)
+        freed_at = events["partner"].to_numpy()[mine]
+        inside_peak, outside_peak = _live_split(mine, freed_at, size, outside, seq)
+        inside_end, outside_end = _live_split(mine, freed_at, size, outside, len(events) - 1)
         result.append(AllocatorUse(
             pid=pid, device=device, gpu=gpu_of(pid, device), allocator=kind,
             inside_at_peak_bytes=inside_peak, outside_at_peak_bytes=outside_peak, inside_end_bytes=inside_end,
@@ -120,11 +122,11 @@ def allocator_use(events: pd.DataFrame, peaks: list[Peak], gpu_of: GpuOf, proces
     return result
 
 
-def _live_split(events: pd.DataFrame, allocs: np.ndarray, outside: np.ndarray, seq: int) -> tuple[int, int]:
-    """Bytes of `allocs` live right after row `seq`: (inside, outside)."""
-    partner = events["partner"].to_numpy()[allocs]
-    live = (allocs <= seq) & ((partner < 0) | (partner > seq))
-    size = events["bytes"].to_numpy()[allocs]
+def _live_split(allocs: np.ndarray, freed_at: np.ndarray, size: np.ndarray, outside: np.ndarray,
+                seq: int) -> tuple[int, int]:
+    """Bytes of the allocations at rows `allocs` (freed at rows `freed_at`, -1 never; of `size`
+    bytes) live right after row `seq`: (inside, outside)."""
+    live = (allocs <= seq) & ((freed_at < 0) | (freed_at > seq))
     return int(size[live & ~outside].sum()), int(size[live & outside].sum())
 
 

@@ -39,7 +39,7 @@ def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]]
     pairs = sorted((p >> 16, (p & 0xFFFF) - 0x10000 if p & 0x8000 else p & 0xFFFF) for p in packed)
     gpu_by_pair = {(p, d): gpu_of(p, d) for p, d in pairs}
     is_static = (events["kind"] == "static").to_numpy()[rows]
-    computes_on = {int(p) for p in np.unique(pid[~is_static])}
+    computes_on = set(pd.unique(pid[~is_static]).tolist())  # a hash pass, not a sort of 1e7 pids
     peaks = []
     for (p, d), gpu in gpu_by_pair.items():  # one per process and device
         mine = (pid == p) & (device == d)
