@@ -32,16 +32,25 @@ def group_events(events: pd.DataFrame) -> Groups:
         empty = pd.DataFrame({"pid": pd.Series(dtype="int64"), "device": pd.Series(dtype="int64"),
                               "kind": pd.Series(dtype="object")})
         return Groups(np.zeros(0, "int64"), empty, np.zeros(0, "int64"), None)
-    kind_codes = events["kind"].cat.codes.to_numpy().astype("int64")
     # pid has 24 bits, device 16 and a kind code 8: one int64 key per event, factorized once.
-    packed = (events["pid"].to_numpy().astype("int64") << 24) \
-        | ((events["device"].to_numpy().astype("int64") + 1) << 8) | kind_codes
+    # Built in place, and the codes shared: each full-length temporary is 80 MB at 1e7 events,
+    # and this runs while the peaks are found on the other core (the analyses' highest memory).
+    packed = events["pid"].to_numpy().astype("int64")
+    packed <<= 24
+    device = events["device"].to_numpy().astype("int64")
+    device += 1
+    device <<= 8
+    packed |= device
+    del device
+    packed |= events["kind"].cat.codes.to_numpy()
     codes, uniques = pd.factorize(packed, sort=True)
+    del packed
+    codes = codes.astype("int64", copy=False)
     kinds = events["kind"].cat.categories
     keys = pd.DataFrame({"pid": uniques >> 24, "device": ((uniques >> 8) & 0xFFFF) - 1,
                          "kind": [str(kinds[k]) for k in uniques & 0xFF]})
-    segments = Segments(codes.astype("int64"), len(keys))
-    return Groups(codes.astype("int64"), keys, segments.running_sum(events["delta_bytes"].to_numpy()), segments)
+    segments = Segments(codes, len(keys))
+    return Groups(codes, keys, segments.running_sum(events["delta_bytes"].to_numpy()), segments)
 
 
 def build_timeline(events: pd.DataFrame, groups: Groups, ranges: pd.DataFrame, start_ns: int, end_ns: int,
