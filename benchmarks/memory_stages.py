@@ -1,0 +1,96 @@
+"""Where the memory of one analysis goes: resident memory per stage, and the frames' columns.
+
+    flock /tmp/nsysan-bench.lock python benchmarks/memory_stages.py benchmarks/data/big_1e7.sqlite
+
+Runs the pipeline of `nsysan analyze FILE --format json` in this process, with the command line's
+allocator settings, while a thread samples the resident memory (VmRSS) every 20 ms. Prints, per
+stage (the loading's progress stages, the analyses, the JSON), the highest resident memory seen
+during it and the memory held when it ended; then the bytes of each column of the frames the
+analysis keeps (`events`, `calls`, `nvtx_ranges`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from pathlib import Path
+
+
+def resident_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Sampler:
+    """The highest resident memory per stage, sampled on a thread."""
+
+    def __init__(self) -> None:
+        self.stage, self.began = "start-up", time.perf_counter()
+        self.rows: list[list] = []  # stage, seconds, peak MiB, MiB at its end
+        self.peak = resident_mib()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, resident_mib())
+
+    def enter(self, stage: str) -> None:
+        now = resident_mib()
+        self.peak = max(self.peak, now)
+        self.rows.append([self.stage, time.perf_counter() - self.began, self.peak, now])
+        self.stage, self.began, self.peak = stage, time.perf_counter(), now
+
+    def stop(self) -> None:
+        self.enter("")
+        self._stop.set()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("export", type=Path)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--library", action="store_true", help="without the command line's allocator settings")
+    args = parser.parse_args()
+
+    from nsysan import reader
+    from nsysan.analyses import run_analyses as analyses_of
+    import nsysan.pipeline as pipeline
+    from nsysan.render.json import render_json
+
+    if not args.library:
+        reader.keep_large_arrays_on_the_heap()
+        reader.avoid_transparent_huge_pages()
+    sampler = Sampler()
+    kept = {}
+
+    def run_analyses(loaded, *rest, **options):
+        sampler.enter("analyses")
+        kept.update(events=loaded.events, calls=loaded.calls, nvtx_ranges=loaded.ranges)
+        return analyses_of(loaded, *rest, **options)
+
+    pipeline.run_analyses = run_analyses
+    analysis = pipeline.analyze_report(args.export, quick=args.quick,
+                                       progress=lambda stage, fraction: sampler.enter(stage) if fraction < 1 else None)
+    sampler.enter("JSON")
+    document = render_json(analysis)
+    sampler.stop()
+    print(f"{'stage':45s} {'s':>6s} {'peak MiB':>9s} {'at end':>8s}")
+    for stage, seconds, peak, end in sampler.rows:
+        print(f"{stage:45s} {seconds:6.2f} {peak:9.0f} {end:8.0f}")
+    print(f"JSON document: {len(document) / 2**20:.1f} MiB")
+    for name, frame in kept.items():
+        sizes = frame.memory_usage(index=False, deep=False)
+        print(f"\n{name}: {len(frame):,} rows, {sizes.sum() / 2**20:.0f} MiB "
+              f"({sizes.sum() / max(1, len(frame)):.0f} B per row)")
+        for column, size in sizes.items():
+            print(f"  {column:16s} {str(frame[column].dtype):10s} {size / 2**20:8.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
