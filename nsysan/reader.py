@@ -14,7 +14,7 @@ import os
 import sqlite3
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import pandas as pd
@@ -111,6 +111,50 @@ def read_table(conn: sqlite3.Connection, table: str, select: str, columns: list[
             if f is not None:  # its slice and mask: freed once the column is joined
                 f.values, f.mask = np.zeros(0, "int64"), None
     return pd.DataFrame(data, copy=False)
+
+
+# Rowids per chunk of read_converted: a chunk's raw columns (8 bytes a value) stay a few dozen MB.
+CHUNK_ROWIDS = 1 << 20
+
+
+def read_converted(conn: sqlite3.Connection, table: str, select: str, columns: list[str],
+                   convert: Callable[[pd.DataFrame], dict[str, np.ndarray]], where: str = "",
+                   workers: Optional[int] = None) -> dict[str, np.ndarray]:
+    """`convert` applied to `SELECT {select} FROM {table} [WHERE {where}]`, chunk by chunk: the
+    arrays it returns for each chunk of rows (in rowid order), joined.
+
+    For tables read only to be turned into fewer, smaller columns: read_table would hold every
+    raw column of every row (8 bytes a value) next to the result; here only the chunks being
+    read are raw (at 1e7 memory API calls among 2e7 API rows: 0.9 GB of raw columns avoided).
+    `convert` works on one chunk's rows alone and runs on the reading threads. A table without
+    a usable rowid, or one the fast driver can't read, is read whole and converted once.
+    """
+    path = database_path(conn) if _adbc is not None else None
+    ranges = _rowid_ranges(conn, table, 1) if path else None
+    if ranges:
+        low, high = ranges[0]
+        edges = list(range(low, high + 1, CHUNK_ROWIDS)) + [high + 1]
+        condition = f" AND ({where})" if where else ""
+        sqls = [f"SELECT {select} FROM {table} WHERE rowid BETWEEN {a} AND {b - 1}{condition}"
+                for a, b in zip(edges[:-1], edges[1:])]
+        try:
+            with ThreadPoolExecutor(max_workers=min(len(sqls), workers or usable_cpus())) as pool:
+                parts = list(pool.map(lambda sql: convert(_read_with_adbc(path, sql, columns)), sqls))
+        except Exception:  # noqa: BLE001 - any driver failure: the whole-table path, with its own fallback
+            parts = None
+        if parts is not None:
+            return _join_parts(parts)
+    return convert(read_table(conn, table, select, columns, where=where, workers=workers))
+
+
+def _join_parts(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The chunks' arrays joined column by column, each chunk's column freed once copied."""
+    joined = {}
+    for name in list(parts[0]):
+        joined[name] = np.concatenate([part[name] for part in parts])
+        for part in parts:
+            del part[name]
+    return joined
 
 
 # Below this many rows a table is read in one scan: a second connection and thread cost more

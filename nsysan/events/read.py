@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .. import apis
-from ..reader import database_path, read_frame, read_table
+from ..reader import database_path, read_converted, read_frame, read_table
 from ..schema import Schema, _quote, connect_readonly
 from .columns import categorical_lookup, empty_calls, empty_chains, empty_ranges, int_column, ints
 from .nvtx import nesting_depth, parents, thread_key
@@ -82,36 +82,53 @@ def read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, 
     if stacks:
         columns += ["event_class", "callchain_id"]
         select += f", {_col(schema, table, 'eventClass', '0')}, {_col(schema, table, 'callchainId')}"
-    raw = read_table(conn, table, select, columns, where=f"nameId IN ({id_list})")
-    global_tid = int_column(raw, "global_tid")
-    pid = ((global_tid >> 24) & 0xFFFFFF).astype("int32")
-    correlation = int_column(raw, "correlation_id")
-    chains, real = no_chains, np.ones(len(raw), bool)
+    # Each chunk of rows is turned into the calls' own columns as it is read (39 bytes a call
+    # instead of 8 per raw value, and no copy of the raw columns when they are joined).
+    read = read_converted(conn, table, select, columns, lambda raw: _call_columns(raw, schema, stacks),
+                          where=f"nameId IN ({id_list})")
+    chains = no_chains
     if stacks:
-        chain = ints(raw, "callchain_id")
-        has_chain = chain.notna().to_numpy()
-        chains = pd.DataFrame({"pid": pid[has_chain], "correlation_id": correlation[has_chain],
-                               "callchain_id": chain[has_chain].to_numpy(dtype="int64"),
-                               "tid": (global_tid[has_chain] & 0xFFFFFF).astype("int32"),
-                               "ts_ns": int_column(raw, "start")[has_chain] - schema.time_offset_ns,
-                               "end_ns": int_column(raw, "end")[has_chain] - schema.time_offset_ns})
+        chains = pd.DataFrame({name: read.pop(f"chain_{name}") for name in no_chains.columns}, copy=False)
         # One stack per call: with --cudabacktrace, 2025.x writes a twin row (eventClass 67) that
         # carries it; older exports put it on the call's own row. The twin starts a little
         # before the call it copies: a Python stack's mark lies inside the twin, not the call.
         chains = chains.groupby(["pid", "correlation_id"], as_index=False).agg(
             callchain_id=("callchain_id", "max"), tid=("tid", "first"), ts_ns=("ts_ns", "min"), end_ns=("end_ns", "max"))
-        real = int_column(raw, "event_class") != 67  # the twins duplicate calls: never count or time them
-    api = categorical_lookup(int_column(raw, "name_id")[real], name_ids)
+    api = categorical_lookup(read.pop("name_id"), name_ids)
     family = categorical_lookup(api.codes, dict(enumerate(apis.FAMILIES.get(a, "other") for a in api.categories)))
-    start = int_column(raw, "start")[real] - schema.time_offset_ns
-    end = int_column(raw, "end")[real] - schema.time_offset_ns
     calls = pd.DataFrame({
-        "ts_ns": start, "end_ns": np.maximum(end, start), "pid": pid[real],
-        "tid": (global_tid[real] & 0xFFFFFF).astype("int32"), "api": api, "family": family,
-        "return_value": np.clip(int_column(raw, "return_value")[real], -2**31, 2**31 - 1).astype("int32"),
-        "correlation_id": correlation[real], "has_event": np.zeros(int(real.sum()), bool),
+        "ts_ns": read.pop("ts_ns"), "end_ns": read.pop("end_ns"), "pid": read.pop("pid"), "tid": read.pop("tid"),
+        "api": api, "family": family, "return_value": read.pop("return_value"),
+        "correlation_id": read.pop("correlation_id"), "has_event": np.zeros(len(api), bool),
     }, copy=False)  # pandas copies a dict's arrays by default: 0.7 s at 1e7 calls
     return calls, chains
+
+
+def _call_columns(raw: pd.DataFrame, schema: Schema, stacks: bool) -> dict[str, np.ndarray]:
+    """One chunk of raw API rows as the calls' columns (and, with `stacks`, the rows carrying a
+    call stack as `chain_*` columns)."""
+    global_tid = int_column(raw, "global_tid")
+    pid = ((global_tid >> 24) & 0xFFFFFF).astype("int32")
+    correlation = int_column(raw, "correlation_id")
+    start, end = int_column(raw, "start"), int_column(raw, "end")
+    columns = {}
+    real = slice(None)
+    if stacks:
+        chain = ints(raw, "callchain_id")
+        has_chain = chain.notna().to_numpy()
+        columns.update(chain_pid=pid[has_chain], chain_correlation_id=correlation[has_chain],
+                       chain_callchain_id=chain[has_chain].to_numpy(dtype="int64"),
+                       chain_tid=(global_tid[has_chain] & 0xFFFFFF).astype("int32"),
+                       chain_ts_ns=start[has_chain] - schema.time_offset_ns,
+                       chain_end_ns=end[has_chain] - schema.time_offset_ns)
+        real = int_column(raw, "event_class") != 67  # the twins duplicate calls: never count or time them
+    start, end = start[real] - schema.time_offset_ns, end[real] - schema.time_offset_ns
+    columns.update(
+        ts_ns=start, end_ns=np.maximum(end, start), pid=pid[real], tid=(global_tid[real] & 0xFFFFFF).astype("int32"),
+        name_id=int_column(raw, "name_id")[real],
+        return_value=np.clip(int_column(raw, "return_value")[real], -2**31, 2**31 - 1).astype("int32"),
+        correlation_id=correlation[real])
+    return columns
 
 
 def read_memory_events_alone(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
