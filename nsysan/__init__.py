@@ -41,7 +41,8 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
             progress: Optional[Progress] = None, quick: bool = False, step_range: Optional[str] = None,
             spike_window_ns: Optional[int] = None,
             smi: Sequence[PathLike] = (),
-            smi_columns: Sequence[str] = (), smi_tz: str = "UTC") -> Analysis:
+            smi_columns: Sequence[str] = (), smi_tz: str = "UTC",
+            keep_events: Optional[bool] = None) -> Analysis:
     """Analyze one report (.nsys-rep, .qdrep or .sqlite) and return its `Analysis`.
 
     `progress(stage, fraction)` is called as the export and the loading go on. `quick` reads the
@@ -51,7 +52,9 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     header, `smi_tz` the zone of their timestamps. `step_range` is a regular
     expression naming the NVTX ranges that are training steps; by default they are found by their
     repetition ("step 3", "iteration 12", ...); `spike_window_ns` is the window within which a
-    rise of live bytes is a spike (default 10 ms).
+    rise of live bytes is a spike (default 10 ms). `keep_events` keeps the raw frames
+    (`analysis.events`, `calls`, `nvtx_ranges`) for a notebook; by default they are kept for exports
+    of fewer than ten million memory events (they take about 110 bytes per event) and are None above.
 
     >>> import nsysan
     >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")
@@ -66,7 +69,8 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     logs = read_smi_logs([Path(p) for p in smi], smi_columns, smi_tz) if smi else []
     return analyze_report(Path(path), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
                           progress=progress, quick=quick, step_range=step_range,
-                          spike_window_ns=spike_window_ns, smi_logs=logs, smi_tz=smi_tz)
+                          spike_window_ns=spike_window_ns, smi_logs=logs, smi_tz=smi_tz,
+                          keep_events=keep_events)
 
 
 def load_analysis(path: PathLike) -> Analysis:

@@ -29,8 +29,10 @@ def is_analysis_document(path: Path) -> bool:
 
 
 def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] = None,
-                    cache_dir: Optional[Path] = None, progress: Optional[Progress] = None) -> Analysis:
-    """The `Analysis` of a report or export, or the one stored in an analysis JSON document."""
+                    cache_dir: Optional[Path] = None, progress: Optional[Progress] = None,
+                    keep_events: Optional[bool] = None) -> Analysis:
+    """The `Analysis` of a report or export, or the one stored in an analysis JSON document
+    (`keep_events`: see pipeline.analyze_report)."""
     path = Path(path)
     if path.is_dir():
         raise NsysanError(f"{path} is a folder; give a report (.nsys-rep, .qdrep, .sqlite) or an analysis.json")
@@ -47,4 +49,4 @@ def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] 
                               f"{err})") from err
     from .pipeline import analyze_report
 
-    return analyze_report(path, nsys=nsys, cache_dir=cache_dir, progress=progress)
+    return analyze_report(path, nsys=nsys, cache_dir=cache_dir, progress=progress, keep_events=keep_events)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sqlite3
 from pathlib import Path
@@ -26,11 +27,14 @@ EXPORT_SHARE = 0.6
 def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cache_dir: Optional[Path] = None,
                    progress: Optional[Progress] = None, quick: bool = False,
                    smi_logs: Sequence[SmiLog] = (), smi_tz: str = "UTC",
-                   step_range: Optional[str] = None, spike_window_ns: Optional[int] = None) -> Analysis:
+                   step_range: Optional[str] = None, spike_window_ns: Optional[int] = None,
+                   keep_events: Optional[bool] = None) -> Analysis:
     """Analyze one .nsys-rep / .qdrep / .sqlite file (`quick`: its memory-usage table alone),
     with nvidia-smi logs (read by nsysan.smi_log) laid over its timeline when given;
     `step_range`: a regular expression naming the NVTX ranges that are training steps;
-    `spike_window_ns`: the window within which a rise of live bytes is a spike (default 10 ms)."""
+    `spike_window_ns`: the window within which a rise of live bytes is a spike (default 10 ms);
+    `keep_events`: whether the `Analysis` keeps the raw frames (`events`, `calls`, `nvtx_ranges`);
+    None keeps them for exports of fewer than KEEP_EVENTS_BELOW memory events."""
     say = progress or (lambda stage, fraction: None)
     if step_range is not None:
         check_pattern(step_range, "--step-range")
@@ -66,6 +70,10 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                                 "(it records this report as its input and the same capture start); delete it "
                                 "to have nsysan export the report itself"))
     schema.diagnostics.extend(notes)
+    if keep_events is None:
+        keep_events = len(loaded.events) < KEEP_EVENTS_BELOW
+    if not keep_events:
+        without_notebook_columns(loaded)
     source = Source(path=_text(report), name=_text(report.name), format=_format(report),
                     size_bytes=report.stat().st_size, exported_with=result.exported_with,
                     from_cache=result.from_cache,
@@ -76,7 +84,22 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
         from .analyses.smi import add_smi
 
         analysis = add_smi(analysis, list(smi_logs), activity, schema.session_start_utc_ns, smi_tz)
+    if not keep_events:
+        analysis = dataclasses.replace(analysis, events=None, calls=None, nvtx_ranges=None)
     return analysis
+
+
+# `nsysan.analyze` keeps the raw frames for exports below this many memory events (they take
+# about 110 bytes per event, calls included: 1.1 GB at 1e7); the command line never keeps them.
+KEEP_EVENTS_BELOW = 10_000_000
+
+
+def without_notebook_columns(loaded: LoadedEvents) -> None:
+    """Drop, before the analyses, the columns that only a notebook reads: the correlation ids
+    (every join on them is made while loading), 8 bytes per event and per call."""
+    for frame in (loaded.events, loaded.calls):
+        if "correlation_id" in frame:
+            del frame["correlation_id"]
 
 
 def check_pattern(pattern: str, option: str) -> None:

@@ -71,7 +71,8 @@ def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] 
             result["hash"] = content_hash(report)
         except OSError as err:
             raise NsysanError(f"{report.name} could not be read: {err.strerror or err}") from err
-        analysis = load_or_analyze(report, nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None)
+        analysis = load_or_analyze(report, nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
+                                   keep_events=False)
         result["document"] = render_json(analysis)
         # The summary's and the database's rows are made here, in parallel, not by the one
         # process that gathers the results.

@@ -102,7 +102,8 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
             with progress_bar(report.name, enabled=progress) as say:
                 analysis = analyze_report(report, nsys=nsys, cache_dir=cache_dir, progress=say, quick=quick,
                                           smi_logs=smi_logs, smi_tz=smi_tz,
-                                          step_range=step_range, spike_window_ns=spike_window_ns)
+                                          step_range=step_range, spike_window_ns=spike_window_ns,
+                                          keep_events=False)  # the outputs never read the raw frames
         except NsysanError as err:
             if len(reports) == 1:
                 raise

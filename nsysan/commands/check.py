@@ -59,8 +59,8 @@ def check(
                           no_failed_allocations=no_failed_allocations, no_warnings=no_warnings, defaults=defaults)
     if limits.max_peak_increase is not None and baseline is None:
         raise NsysanError("--max-peak-increase needs a baseline: add --baseline BASE (a report or its analysis.json)")
-    analysis = load_or_analyze(report, nsys=nsys, cache_dir=cache_dir)
-    base = load_or_analyze(baseline, nsys=nsys, cache_dir=cache_dir) if baseline is not None else None
+    analysis = load_or_analyze(report, nsys=nsys, cache_dir=cache_dir, keep_events=False)
+    base = None if baseline is None else load_or_analyze(baseline, nsys=nsys, cache_dir=cache_dir, keep_events=False)
     verdict = evaluate_limits(analysis, base, limits)
 
     from ..render.verdict import render_junit, render_markdown, render_verdict_json, render_verdict_terminal

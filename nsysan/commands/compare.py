@@ -36,8 +36,8 @@ def compare(
         raise NsysanError(f"unknown --format {format!r}; use text or json")
     if output:
         check_output_dir(output)
-    before = load_or_analyze(base, nsys=nsys, cache_dir=cache_dir)
-    after = load_or_analyze(new, nsys=nsys, cache_dir=cache_dir)
+    before = load_or_analyze(base, nsys=nsys, cache_dir=cache_dir, keep_events=False)
+    after = load_or_analyze(new, nsys=nsys, cache_dir=cache_dir, keep_events=False)
     comparison = compare_analyses(before, after)
     page = None
     if output:

@@ -1,0 +1,105 @@
+"""Reading in chunks changes nothing: the same document as reading each table whole.
+
+Large tables are read chunk by chunk (reader.read_converted, CHUNK_ROWIDS rowids at a time) and
+each chunk is converted on its own; events are attributed to NVTX ranges POINT_CHUNK at a time. The fixtures are smaller than one chunk, so here the chunks
+are made a tenth of the memory table long: every fixture is then read in ten chunks or more, some
+of them empty (rowids whose rows the WHERE leaves out), and must give the document it gives in one chunk. The
+same holds for exports whose rows are not in time order (nsys 2025.6 writes them so): copies of
+fixtures with the rows of their event tables shuffled.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES
+
+from nsysan import analyze, pipeline, reader
+from nsysan.events import nvtx
+from nsysan.render.json import render_json
+
+FIXTURE_NAMES = ["known_mem_v25", "known_bt_v25", "real_oom_v25",
+                 "torch_leak_v25", "torch_pybt_v25", "torch_ops_v25", "ddp_leak_v25"]
+SHUFFLED_TABLES = ["CUDA_GPU_MEMORY_USAGE_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME"]
+
+
+def document(path: Path, chunk: int, monkeypatch) -> str:
+    """The analysis of `path` with every chunked step working `chunk` rows at a time."""
+    monkeypatch.setattr(reader, "CHUNK_ROWIDS", chunk)
+    monkeypatch.setattr(nvtx, "POINT_CHUNK", chunk)
+    return render_json(analyze(path))
+
+
+def chunk_counts(path: Path, chunk_rowids: int) -> list[int]:
+    """How many chunks each event table the export has is read in (rowid span / chunk size, rounded up)."""
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        spans = [conn.execute(f"SELECT max(rowid) - min(rowid) + 1 FROM {t}").fetchone()[0]
+                 for t in SHUFFLED_TABLES if t in tables]
+    return [-(-span // chunk_rowids) for span in spans]
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_small_chunks_give_the_whole_table_document(name, monkeypatch):
+    path = FIXTURES / f"{name}.sqlite"
+    whole = document(path, 1 << 40, monkeypatch)
+    chunk = chunk_rowids(path)
+    assert chunk_counts(path, chunk) and min(chunk_counts(path, chunk)) > 3  # really read in several chunks
+    assert document(path, chunk, monkeypatch) == whole
+
+
+def chunk_rowids(path: Path) -> int:
+    """A chunk size that reads the smaller event table in about ten chunks."""
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        rows = conn.execute("SELECT count(*) FROM CUDA_GPU_MEMORY_USAGE_EVENTS").fetchone()[0]
+    return max(2, rows // 10)
+
+
+def shuffled_copy(source: Path, out: Path, seed: int) -> Path:
+    """A copy of an export with the rows of its event tables in a random order (new rowids)."""
+    shutil.copyfile(source, out)
+    rng = random.Random(seed)
+    with sqlite3.connect(out) as conn:
+        for table in SHUFFLED_TABLES:
+            rows = conn.execute(f"SELECT * FROM {table}").fetchall()
+            rng.shuffle(rows)
+            conn.execute(f"DELETE FROM {table}")
+            conn.executemany(f"INSERT INTO {table} VALUES ({','.join('?' * len(rows[0]))})", rows)
+        conn.commit()
+    with sqlite3.connect(out) as conn:  # the shuffle did reorder the rowids
+        times = [t for (t,) in conn.execute("SELECT start FROM CUDA_GPU_MEMORY_USAGE_EVENTS ORDER BY rowid")]
+    assert times != sorted(times)
+    return out
+
+
+@pytest.mark.parametrize("name, seed", [("known_bt_v25", 1), ("torch_leak_v25", 2), ("real_oom_v25", 3)])
+def test_shuffled_rows_chunked_and_whole_give_one_document(name, seed, tmp_path, monkeypatch):
+    source = FIXTURES / f"{name}.sqlite"
+    before = source.read_bytes()
+    path = shuffled_copy(source, tmp_path / f"{name}.sqlite", seed)
+    assert source.read_bytes() == before  # the fixture itself is never touched
+    whole = document(path, 1 << 40, monkeypatch)
+    assert document(path, chunk_rowids(path), monkeypatch) == whole
+
+
+def test_keep_events_false_gives_the_same_document_without_the_frames(known_bt_v25):
+    path = FIXTURES / "known_bt_v25.sqlite"
+    lean = analyze(path, keep_events=False)
+    assert lean.events is None and lean.calls is None and lean.nvtx_ranges is None
+    assert render_json(lean) == render_json(known_bt_v25)
+    # the session's analysis (default: a small export keeps its frames) has every column
+    assert "correlation_id" in known_bt_v25.events and "correlation_id" in known_bt_v25.calls
+
+
+def test_frames_are_kept_by_default_below_ten_million_events(monkeypatch):
+    path = FIXTURES / "known_mem_v25.sqlite"
+    assert pipeline.KEEP_EVENTS_BELOW == 10_000_000
+    # known_mem_v25.truth.jsonl: 29 allocations, 23 of them freed, so 52 memory events
+    assert len(analyze(path).events) == 52
+    monkeypatch.setattr(pipeline, "KEEP_EVENTS_BELOW", 52)  # as if the export were large
+    assert analyze(path).events is None
+    assert len(analyze(path, keep_events=True).events) == 52
