@@ -75,7 +75,7 @@ def main() -> None:
         return analyses_of(loaded, *rest, **options)
 
     pipeline.run_analyses = run_analyses
-    analysis = pipeline.analyze_report(args.export, quick=args.quick,
+    analysis = pipeline.analyze_report(args.export, quick=args.quick, keep_events=False,
                                        progress=lambda stage, fraction: sampler.enter(stage) if fraction < 1 else None)
     sampler.enter("JSON")
     document = render_json(analysis)

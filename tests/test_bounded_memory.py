@@ -1,7 +1,8 @@
 """Reading in chunks changes nothing: the same document as reading each table whole.
 
 Large tables are read chunk by chunk (reader.read_converted, CHUNK_ROWIDS rowids at a time) and
-each chunk is converted on its own; events are attributed to NVTX ranges POINT_CHUNK at a time. The fixtures are smaller than one chunk, so here the chunks
+each chunk is converted on its own; events are attributed to NVTX ranges POINT_CHUNK at a time,
+API calls summed CALL_CHUNK at a time. The fixtures are smaller than one chunk, so here the chunks
 are made a tenth of the memory table long: every fixture is then read in ten chunks or more, some
 of them empty (rowids whose rows the WHERE leaves out), and must give the document it gives in one chunk. The
 same holds for exports whose rows are not in time order (nsys 2025.6 writes them so): copies of
@@ -19,6 +20,7 @@ import pytest
 from conftest import FIXTURES
 
 from nsysan import analyze, pipeline, reader
+from nsysan.analyses import calls
 from nsysan.events import nvtx
 from nsysan.render.json import render_json
 
@@ -31,6 +33,7 @@ def document(path: Path, chunk: int, monkeypatch) -> str:
     """The analysis of `path` with every chunked step working `chunk` rows at a time."""
     monkeypatch.setattr(reader, "CHUNK_ROWIDS", chunk)
     monkeypatch.setattr(nvtx, "POINT_CHUNK", chunk)
+    monkeypatch.setattr(calls, "CALL_CHUNK", chunk)
     return render_json(analyze(path))
 
 

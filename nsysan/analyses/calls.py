@@ -13,20 +13,38 @@ from .peak import resident_rows
 MAX_FAILED = 1000
 
 
+# Calls summed at a time: a chunk's durations and masks stay small beside the calls frame.
+CALL_CHUNK = 1 << 20
+
+
 def api_call_stats(calls: pd.DataFrame) -> list[ApiCallStat]:
-    """Per memory API: calls, failures, total and longest time; most called first."""
+    """Per memory API: calls, failures, total and longest time; most called first (ties: the API
+    called first comes first)."""
     if calls.empty:
         return []
-    frame = pd.DataFrame({"api": calls["api"].cat.codes.to_numpy(), "family": calls["family"].cat.codes.to_numpy(),
-                          "failed": (calls["return_value"] != 0).to_numpy(),
-                          "time": (calls["end_ns"] - calls["ts_ns"]).to_numpy()})
-    stats = frame.groupby(["api", "family"], sort=False).agg(calls=("failed", "size"), failed=("failed", "sum"),
-                                                              total=("time", "sum"), longest=("time", "max"))
-    stats = stats.sort_values(["calls", "total"], ascending=False, kind="stable")
     api_names, families = calls["api"].cat.categories, calls["family"].cat.categories
-    return [ApiCallStat(api=str(api_names[api]), family=str(families[family]), calls=int(r.calls),
-                        failed=int(r.failed), total_time_ns=int(r.total), max_time_ns=int(r.longest))
-            for (api, family), r in zip(stats.index, stats.itertuples())]
+    # (API, family) as one small code; a few dozen pairs at most, each summed exactly in int64
+    # over a chunk at a time (a frame of 1e7 durations and pandas' groupby took 0.4 GB at 1e7 calls).
+    width = len(families) + 1
+    key = (calls["api"].cat.codes.to_numpy().astype("int32") + 1) * width + calls["family"].cat.codes.to_numpy() + 1
+    ts, end, code = calls["ts_ns"].to_numpy(), calls["end_ns"].to_numpy(), calls["return_value"].to_numpy()
+    stats: dict[int, list[int]] = {}  # key -> [first row, calls, failed, total, longest], in order of first call
+    for low in range(0, len(key), CALL_CHUNK):
+        part = slice(low, low + CALL_CHUNK)
+        keys, time, failed = key[part], end[part] - ts[part], code[part] != 0
+        for k in np.flatnonzero(np.bincount(keys)):  # the pairs in this chunk
+            mine = keys == k
+            longest = int(np.max(time, where=mine, initial=np.iinfo("int64").min))
+            entry = stats.setdefault(int(k), [low + int(np.argmax(mine)), 0, 0, 0, longest])
+            entry[1] += int(np.count_nonzero(mine))
+            entry[2] += int(np.count_nonzero(failed & mine))
+            entry[3] += int(np.sum(time, where=mine))
+            entry[4] = max(entry[4], longest)
+    ordered = sorted(stats.items(), key=lambda item: item[1][0])  # as pandas' groupby(sort=False) lists them
+    ordered.sort(key=lambda item: (-item[1][1], -item[1][3]))  # most calls, then most time (stable)
+    return [ApiCallStat(api=str(api_names[k // width - 1]), family=str(families[k % width - 1]), calls=calls_,
+                        failed=failed_, total_time_ns=total, max_time_ns=longest)
+            for k, (_, calls_, failed_, total, longest) in ordered]
 
 
 def find_failed_calls(calls: pd.DataFrame, events: pd.DataFrame, ranges: pd.DataFrame) -> list[FailedCall]:
