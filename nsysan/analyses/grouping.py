@@ -13,15 +13,23 @@ import numpy as np
 from .arrays import group_order
 
 
+# Up to this many groups, per-group work on slices is cheaper than an array of n built for it.
+MANY_GROUPS = 10_000
+
+
 class Segments:
     """Events brought together by group code (0 <= code < groups), each group in time order."""
 
     def __init__(self, codes: np.ndarray, groups: int) -> None:
         self.groups = groups
         self.order = group_order(codes, groups)
-        sorted_codes = codes[self.order]
-        self.starts = np.searchsorted(sorted_codes, np.arange(groups))
-        self.sizes = np.diff(np.append(self.starts, len(codes)))
+        if len(codes) and codes.min() >= 0 and codes.max() < groups:
+            # A group starts after the events of the groups before it (no sorted copy of the codes).
+            self.sizes = np.bincount(codes, minlength=groups).astype("int64")
+            self.starts = np.cumsum(self.sizes) - self.sizes
+        else:  # codes outside 0..groups-1 (none expected): where a sorted copy puts them
+            self.starts = np.searchsorted(codes[self.order], np.arange(groups))
+            self.sizes = np.diff(np.append(self.starts, len(codes)))
         self.present = self.sizes > 0
 
     def _reduce(self, ufunc: np.ufunc, values: np.ndarray, empty: int = 0, ordered: bool = False) -> np.ndarray:
@@ -52,11 +60,16 @@ class Segments:
 
     def running_sum(self, values: np.ndarray) -> np.ndarray:
         """Per event, the sum of its group's values up to and including it (in event order)."""
-        ordered = np.cumsum(values[self.order].astype("int64", copy=False))
+        ordered = values[self.order].astype("int64", copy=False)
+        np.cumsum(ordered, out=ordered)  # in place: one array of n, not three
         before = np.zeros(self.groups, "int64")
         nonfirst = self.present & (self.starts > 0)
         before[nonfirst] = ordered[self.starts[nonfirst] - 1]
-        ordered -= np.repeat(before, self.sizes)
+        if self.groups <= MANY_GROUPS:
+            for group in np.flatnonzero(nonfirst):  # one per group
+                ordered[self.starts[group]:self.starts[group] + self.sizes[group]] -= before[group]
+        else:
+            ordered -= np.repeat(before, self.sizes)
         result = np.empty_like(ordered)
         result[self.order] = ordered
         return result
