@@ -1,5 +1,6 @@
 """Turn docs/performance.json (written by benchmarks/run.py) into docs/performance.png and the
-results table of docs/performance.md (between the RESULTS markers).
+results table of docs/performance.md (between the RESULTS markers); the scale runs of
+docs/scale.json (benchmarks/scale.py, 1e5 to 1e8 events) are drawn on the same axes.
 
     python benchmarks/report.py
 """
@@ -19,7 +20,8 @@ BEGIN, END = "<!-- RESULTS BEGIN (benchmarks/report.py) -->", "<!-- RESULTS END 
 
 def main() -> None:
     results = json.loads((DOCS / "performance.json").read_text())
-    plot(results, DOCS / "performance.png")
+    scale_file = DOCS / "scale.json"
+    plot(results, DOCS / "performance.png", json.loads(scale_file.read_text()) if scale_file.exists() else {})
     doc = DOCS / "performance.md"
     text = doc.read_text()
     start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
@@ -88,7 +90,7 @@ def fit(results: dict, name: str):
     return slope, intercept, r2
 
 
-def plot(results: dict, out: Path) -> None:
+def plot(results: dict, out: Path, scale: dict) -> None:
     figure = Figure(figsize=(10, 4.2), dpi=110)
     FigureCanvasAgg(figure)
     speed, memory = figure.subplots(1, 2)
@@ -97,15 +99,29 @@ def plot(results: dict, out: Path) -> None:
         x = [r["events"] for r in rows]
         speed.plot(x, [r["tools"][name]["seconds"] for r in rows], marker="o", label=name)
         memory.plot(x, [r["tools"][name]["peak_mib"] for r in rows], marker="o", label=name)
+    for label, rows in scale.items():  # one line per mode; a run that failed is a cross
+        for mode, style in (("full", "-"), ("quick", ":")):
+            mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["events"])
+            done = [r for r in mine if r["ok"]]
+            if not mine:
+                continue
+            name = f"nsysan {'--quick ' if mode == 'quick' else ''}({label}, scale runs)"
+            line, = speed.plot([r["events"] for r in done], [r["seconds"] for r in done], style, marker="s",
+                               color="black", label=name)
+            memory.plot([r["events"] for r in done], [r["peak_mib"] for r in done], style, marker="s", color="black")
+            for failed in (r for r in mine if not r["ok"]):
+                speed.plot([failed["events"]], [failed["seconds"]], "x", color="red", markersize=9)
+                memory.plot([failed["events"]], [failed["peak_mib"]], "x", color="red", markersize=9)
     for axes, label in ((speed, "wall time (s, median)"), (memory, "peak resident memory (MiB)")):
         axes.set_xscale("log")
         axes.set_yscale("log")
         axes.set_xlabel("memory events in the export")
         axes.set_ylabel(label)
         axes.grid(True, which="both", alpha=0.3)
-    memory.axhline(2.5e9 / 2**20, color="grey", linestyle="--", linewidth=1)
-    memory.annotate("2.5 GB goal", (results["sizes"][0]["events"], 2.5e9 / 2**20), fontsize=8, color="grey",
-                    xytext=(0, 3), textcoords="offset points")
+    for goal, text in ((2.5e9, "2.5 GB goal"), (1e9, "1 GB goal (1e7, issue 14)"), (4e9, "4 GB goal (1e8)")):
+        memory.axhline(goal / 2**20, color="grey", linestyle="--", linewidth=1)
+        memory.annotate(text, (results["sizes"][0]["events"], goal / 2**20), fontsize=8, color="grey",
+                        xytext=(0, 3), textcoords="offset points")
     speed.legend(fontsize=7, loc="upper left")
     figure.suptitle("nsysan against the floor (a bare sqlite3 scan) and other tools, same files")
     figure.tight_layout()
