@@ -13,6 +13,8 @@ def referenced_stacks(stacks: list[Stack], analysis: Analysis) -> list[Stack]:
     it is listed: sites, never-freed rows and groups, live at a peak or at an out-of-memory
     failure, the timeline's largest allocations), in id order, each once. Walking the whole model
     rather than naming its lists keeps the document consistent when a section is added."""
+    if not stacks:  # a capture without call stacks (most): nothing to walk for
+        return []
     wanted = set(_stack_ids(analysis))
     return [stack for stack in stacks if stack.id in wanted]
 
