@@ -2,7 +2,8 @@
 
 Large tables are read chunk by chunk (reader.read_converted, CHUNK_ROWIDS rowids at a time) and
 each chunk is converted on its own; events are attributed to NVTX ranges POINT_CHUNK at a time,
-API calls summed CALL_CHUNK at a time. The fixtures are smaller than one chunk, so here the chunks
+API calls summed CALL_CHUNK at a time, sizes and deltas made SIZE_CHUNK at a time and distinct
+(process, device) and (process, thread) pairs found PAIR_CHUNK at a time. The fixtures are smaller than one chunk, so here the chunks
 are made a tenth of the memory table long: every fixture is then read in ten chunks or more, some
 of them empty (rowids whose rows the WHERE leaves out), and must give the document it gives in one chunk. The
 same holds for exports whose rows are not in time order (nsys 2025.6 writes them so): copies of
@@ -20,8 +21,8 @@ import pytest
 from conftest import FIXTURES
 
 from nsysan import analyze, pipeline, reader
-from nsysan.analyses import calls
-from nsysan.events import nvtx
+from nsysan.analyses import arrays, calls
+from nsysan.events import normalize, nvtx
 from nsysan.render.json import render_json
 
 FIXTURE_NAMES = ["known_mem_v25", "known_bt_v25", "real_oom_v25",
@@ -34,6 +35,8 @@ def document(path: Path, chunk: int, monkeypatch) -> str:
     monkeypatch.setattr(reader, "CHUNK_ROWIDS", chunk)
     monkeypatch.setattr(nvtx, "POINT_CHUNK", chunk)
     monkeypatch.setattr(calls, "CALL_CHUNK", chunk)
+    monkeypatch.setattr(normalize, "SIZE_CHUNK", chunk)
+    monkeypatch.setattr(arrays, "PAIR_CHUNK", chunk)
     return render_json(analyze(path))
 
 

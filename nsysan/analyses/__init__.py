@@ -16,6 +16,7 @@ import pandas as pd
 from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Process, Source
 from ..schema import Schema
 from .allocations import to_allocations
+from .arrays import distinct_pairs
 from .bounds import cut_long_strings
 from .calls import api_call_stats, find_failed_calls
 from .explore import allocation_groups, early_trace_ends, focus_window, largest_allocations, nvtx_spans
@@ -183,10 +184,8 @@ def _capture(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, ranges: 
              report_version: Optional[str]) -> Capture:
     """The capture's facts, listing only processes that made CUDA memory calls or events."""
     # Distinct (pid, device) and (pid, tid) pairs, packed into one integer each (hash, not sort).
-    device_pairs = pd.unique((events["pid"].to_numpy().astype("int64") << 16)
-                             | (events["device"].to_numpy().astype("int64") & 0xFFFF))
-    thread_pairs = pd.unique((calls["pid"].to_numpy().astype("int64") << 24)
-                             | (calls["tid"].to_numpy().astype("int64") & 0xFFFFFF))
+    device_pairs = distinct_pairs(events["pid"].to_numpy(), events["device"].to_numpy(), 16, 0xFFFF)
+    thread_pairs = distinct_pairs(calls["pid"].to_numpy(), calls["tid"].to_numpy(), 24, 0xFFFFFF)
     devices: dict[int, list[int]] = {}
     for pair in device_pairs.tolist():
         devices.setdefault(pair >> 16, []).append(pair & 0xFFFF)

@@ -61,3 +61,19 @@ def group_order(codes: np.ndarray, groups: int) -> np.ndarray:
     except ImportError:  # pragma: no cover - a pandas without it
         return np.argsort(codes, kind="stable")
     return get_group_index_sorter(codes.astype(np.intp, copy=False), groups)
+
+
+# Rows packed at a time by distinct_pairs: int64 temporaries of one chunk, not of every event.
+PAIR_CHUNK = 1 << 20
+
+
+def distinct_pairs(high: np.ndarray, low: np.ndarray, shift: int, mask: int) -> np.ndarray:
+    """pd.unique((high << shift) | (low & mask)) as int64, in order of first appearance, packed a
+    chunk at a time (for 1e7 events at once, the int64 temporaries took 0.4 GB)."""
+    parts = []
+    for start in range(0, len(high), PAIR_CHUNK):
+        packed = high[start:start + PAIR_CHUNK].astype("int64")
+        packed <<= shift
+        packed |= low[start:start + PAIR_CHUNK].astype("int64") & mask
+        parts.append(pd.unique(packed))
+    return pd.unique(np.concatenate(parts)) if parts else np.zeros(0, "int64")

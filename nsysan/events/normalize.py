@@ -131,7 +131,7 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
     del statics
     frame["api"] = _categorical_of_used(api_codes, api_names)
     del api_codes
-    frame["address"] = reorder(address).astype("uint64")
+    frame["address"] = reorder(address).view("uint64")  # the same bits as astype, without a copy
     del address
     frame["correlation_id"] = correlation
     frame["pool"] = reorder(is_pool)
@@ -140,8 +140,7 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
         chain_row = join_on_call(pid, correlation, chains["pid"].to_numpy(), chains["correlation_id"].to_numpy())
         frame["callchain_id"] = _take(chains["callchain_id"].to_numpy(), chain_row, -1)
         del chain_row
-    else:
-        frame["callchain_id"] = np.full(len(pid), -1, "int64")
+    # without call stacks (most exports) no column: 8 bytes per event of -1 that nothing reads
     del correlation
 
     partner, overlapping = _pair_allocs_and_frees(pid, frame["address"].to_numpy(), is_alloc)
@@ -153,13 +152,28 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
             "free closes the latest allocation at its address, so the live bytes may be overstated"))
     alloc_bytes = reorder(size)
     del size, order
-    # A free takes the size of its allocation (older exports leave bytes 0 on free rows); a free
-    # with no allocation in the capture changes nothing we counted.
-    freed_size = np.where(partner >= 0, alloc_bytes[np.maximum(partner, 0)], alloc_bytes)
-    frame["bytes"] = np.where(is_alloc, alloc_bytes, freed_size)
-    frame["delta_bytes"] = np.where(is_alloc, alloc_bytes, np.where(partner >= 0, -freed_size, 0))
+    frame["bytes"], frame["delta_bytes"] = _sizes_and_deltas(alloc_bytes, is_alloc, partner)
     frame["partner"] = partner
     return frame
+
+
+# Rows computed at a time by _sizes_and_deltas: its temporaries are a few arrays of one chunk.
+SIZE_CHUNK = 1 << 20
+
+
+def _sizes_and_deltas(alloc_bytes: np.ndarray, is_alloc: np.ndarray, partner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each event's block size and live-bytes change, SIZE_CHUNK rows at a time (at once, the
+    gathers and selections took 0.4 GB at 1e7 events)."""
+    sizes, deltas = np.empty(len(alloc_bytes), "int64"), np.empty(len(alloc_bytes), "int64")
+    for low in range(0, len(alloc_bytes), SIZE_CHUNK):
+        part = slice(low, low + SIZE_CHUNK)
+        alloc, paired, own = is_alloc[part], partner[part], alloc_bytes[part]
+        # A free takes the size of its allocation (older exports leave bytes 0 on free rows); a
+        # free with no allocation in the capture changes nothing we counted.
+        freed_size = np.where(paired >= 0, alloc_bytes[np.maximum(paired, 0)], own)
+        sizes[part] = np.where(alloc, own, freed_size)
+        deltas[part] = np.where(alloc, own, np.where(paired >= 0, -freed_size, 0))
+    return sizes, deltas
 
 
 def _without_copies(order: np.ndarray, key: np.ndarray, ts: np.ndarray, op_code: np.ndarray,
