@@ -81,3 +81,19 @@ def test_compare_page_at_420_px_and_on_paper(tmp_path, chromium):
     text = pdf_text(page.pdf, tmp_path)
     assert re.search(r"where\s+pid base → new\s+peak\s+Δ peak", text) and "cudaMalloc in forward [python3]" in text
     assert "Whole capture" not in text and "filter" not in text
+
+
+def test_runs_without_steps_on_both_sides_start_at_their_first_memory_event():
+    # real_oom_v25 has no steps: both runs are placed from their first memory event, so each
+    # run's earliest series point is at 0 on the shared axis.
+    from nsysan.render.compare_data import compare_page_data
+
+    base, new = analysis_of("torch_leak_v25"), analysis_of("real_oom_v25")
+    assert base.steps and not new.steps
+    data = compare_page_data(compare_analyses(base, new), base, new)
+    assert data["alignedOnSteps"] is False
+    (panel,) = data["panels"]
+    for run in ("base", "new"):
+        assert min(s["ts"][0] for s in panel["series"] if s["pid"].startswith(run + ":")) == 0
+    # The step chart shows the one run that has steps.
+    assert [line["label"] for line in data["steps"]] == ["base python3 (1644)"]
