@@ -99,16 +99,16 @@ def plot(results: dict, out: Path, scale: dict) -> None:
         x = [r["events"] for r in rows]
         speed.plot(x, [r["tools"][name]["seconds"] for r in rows], marker="o", label=name)
         memory.plot(x, [r["tools"][name]["peak_mib"] for r in rows], marker="o", label=name)
-    for label, rows in scale.items():  # one line per mode; a run that failed is a cross
-        for mode, style in (("full", "-"), ("quick", ":")):
+    for (label, rows), color in zip(scale.items(), ["tab:gray", "black", "tab:brown"]):
+        for mode, style in (("full", "-"), ("quick", ":")):  # a run that failed is a red cross
             mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["events"])
             done = [r for r in mine if r["ok"]]
             if not mine:
                 continue
             name = f"nsysan {'--quick ' if mode == 'quick' else ''}({label}, scale runs)"
-            line, = speed.plot([r["events"] for r in done], [r["seconds"] for r in done], style, marker="s",
-                               color="black", label=name)
-            memory.plot([r["events"] for r in done], [r["peak_mib"] for r in done], style, marker="s", color="black")
+            speed.plot([r["events"] for r in done], [r["seconds"] for r in done], style, marker="s", color=color,
+                       label=name)
+            memory.plot([r["events"] for r in done], [r["peak_mib"] for r in done], style, marker="s", color=color)
             for failed in (r for r in mine if not r["ok"]):
                 speed.plot([failed["events"]], [failed["seconds"]], "x", color="red", markersize=9)
                 memory.plot([failed["events"]], [failed["peak_mib"]], "x", color="red", markersize=9)
