@@ -1,8 +1,11 @@
 """Where the analyses run: in this process (-j 1), a local process pool, or a Dask cluster.
 
-Each engine keeps at most `jobs` analyses in flight and hands every result to `on_done` as soon as
-it arrives, so a batch of thousands of reports holds `jobs` analyses in memory, not thousands, and
-a Ctrl-C loses only the ones running. A worker that dies (killed for memory, say) fails its
+Each engine runs at most `jobs` analyses at once and hands every result to `on_done` as soon as it
+arrives, so a batch of thousands of reports holds `jobs` analyses in memory, not thousands, and a
+Ctrl-C loses only the ones running. As many more wait queued (a path each, no memory to speak of),
+so a worker that finishes starts its next report at once instead of waiting for this process to
+hear of it and submit one: with reports of a tenth of a second, that round trip was a large part
+of each. A worker that dies (killed for memory, say) fails its
 report's row, not the batch.
 """
 
@@ -19,6 +22,8 @@ from ..errors import NsysanError, one_line
 from .worker import analyze_one
 
 OnDone = Callable[[dict[str, Any]], None]
+# Reports handed to the engine per analysis it runs at once: one running, one queued behind it.
+QUEUED_PER_WORKER = 2
 DASK_MISSING = "--dask needs Dask distributed, an optional extra: pip install 'nsysan[dask]'"
 
 
@@ -66,7 +71,7 @@ def _on_local_pool(paths: list[Path], on_done: OnDone, jobs: int, args: tuple) -
     def fill() -> None:
         for path in todo:
             running[pool.submit(analyze_one, str(path), *args)] = path
-            if len(running) >= jobs:
+            if len(running) >= QUEUED_PER_WORKER * jobs:
                 return
 
     try:
@@ -89,7 +94,7 @@ def _on_local_pool(paths: list[Path], on_done: OnDone, jobs: int, args: tuple) -
 
 
 def _dask_client(address: str, jobs: int) -> tuple[Any, Any, int]:
-    """(client, cluster or None, analyses to keep in flight)."""
+    """(client, cluster or None, how many analyses run at once there)."""
     try:
         from distributed import Client, LocalCluster
     except ImportError:
@@ -128,7 +133,7 @@ def _on_dask(paths: list[Path], on_done: OnDone, jobs: int, address: str, args: 
         return future
 
     try:
-        first = [submit(i, p) for _, (i, p) in zip(range(window), todo)]
+        first = [submit(i, p) for _, (i, p) in zip(range(QUEUED_PER_WORKER * window), todo)]
         queue = as_completed(first)
         for future in queue:
             _, path = owner.pop(future.key)
