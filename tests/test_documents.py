@@ -179,3 +179,71 @@ def test_a_malformed_comparison_document_is_one_nsysan_error(comparison_document
 def test_a_comparison_document_that_is_no_object(data):
     with pytest.raises(NsysanError, match="not an nsysan comparison: the document is"):
         Comparison.from_dict(data)
+
+
+# --- any one field of a real document changed: refused in one line, or read and used whole ------
+
+MUTATIONS = [None, "x", 1.5, [], {}, True, -1, 2**63, 2**70, float("nan"), "<delete>"]
+
+
+def _paths(node, path=()):
+    """Every field of a document (the first two items of each list), as key/index paths."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield path + (key,)
+            yield from _paths(value, path + (key,))
+    elif isinstance(node, list):
+        for i, value in enumerate(node[:2]):
+            yield path + (i,)
+            yield from _paths(value, path + (i,))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_document_with_any_field_changed_is_refused_in_one_line_or_used_whole(seed, tmp_path):
+    """120 random single-field changes of known_mem_v25's document per seed: each is an
+    NsysanError of one line, or an Analysis that compare, check, JSON and the batch rows take
+    without any other exception (a wrong type must never get past from_dict to break them), and
+    nsysan.db stores."""
+    import random
+
+    from nsysan.batch.database import ResultsDatabase, database_rows
+    from nsysan.limits import Limits, evaluate_limits
+    from nsysan.model import Analysis
+    from nsysan.render.json import render_json
+
+    rng = random.Random(seed)
+    paths = list(_paths(GOOD))
+    base = Analysis.from_dict(GOOD)
+    limits = Limits.parse(max_peak="1GiB", max_peak_increase="5%", max_never_freed="0",
+                          no_failed_allocations=True, no_warnings="all")
+    database = ResultsDatabase(tmp_path / "nsysan.db")
+    refused = used = 0
+    for _ in range(120):
+        path, value = rng.choice(paths), rng.choice(MUTATIONS)
+        doc = copy.deepcopy(GOOD)
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        if value == "<delete>":
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = value
+        try:
+            analysis = Analysis.from_dict(doc)
+        except NsysanError as err:
+            assert "\n" not in err.message and err.exit_code == 2, (path, value)
+            refused += 1
+            continue
+        compare_analyses(base, analysis)
+        compare_analyses(analysis, base)
+        evaluate_limits(analysis, base, limits)
+        render_json(analysis)
+        try:
+            tables = database_rows("0" * 64, analysis, "changed.analysis.json")
+        except NsysanError as err:  # a number SQLite can't hold: that report's row fails
+            assert "too large for nsysan.db" in err.message
+        else:
+            database.add({"path": "changed.analysis.json", "ok": True, "hash": "0" * 64, "tables": tables}, None)
+        used += 1
+    database.close()
+    assert refused and used  # both outcomes were exercised
