@@ -299,3 +299,10 @@ def test_db_never_writes_into_another_database(tmp_path):
     result = run("batch", str(FIXTURES / "known_mem_v25.sqlite"), "-o", str(tmp_path / "out"), "--db", str(export))
     assert result.returncode == 2 and "is not an nsysan database" in result.stderr
     assert export.read_bytes() == before and not (tmp_path / "out" / "analyses").exists()
+
+
+def test_the_summary_page_does_not_import_matplotlib():
+    # matplotlib's import is 1-2 s of every batch on a small machine, and the summary has no plots.
+    code = ("import sys, nsysan.batch, nsysan.render.batch_html; "
+            "sys.exit('matplotlib' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

@@ -27,7 +27,6 @@ from ..units import fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_share, fmt_
 from .files import check_output_dir, write_all_or_none
 from .json import render_json
 from .page_data import page_data
-from .png import figure_png, plot_sites, plot_timeline
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 VENDOR = Path(__file__).resolve().parent / "vendor"
@@ -44,6 +43,10 @@ ALLOCATOR_NAMES = {"pytorch_caching": "PyTorch's caching allocator",
 
 def render_images(analysis: Analysis) -> dict[str, bytes]:
     """The report's plots as PNG bytes, by file name: timeline.png and sites.png."""
+    # Imported here: matplotlib takes 1-2 s to import, and pages without plots (batch's
+    # summary.html) render through this module too.
+    from .png import figure_png, plot_sites, plot_timeline
+
     return {"timeline.png": figure_png(plot_timeline(analysis)), "sites.png": figure_png(plot_sites(analysis))}
 
 
