@@ -90,7 +90,7 @@ def load_analysis(path: PathLike) -> Analysis:
     """
     name = Path(path).name
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_refuse_constant)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise NsysanError(f"{name} could not be read as an analysis JSON ({err})") from err
     except RecursionError:  # json's decoder recurses once per nesting level: '[[[[...'
@@ -99,6 +99,12 @@ def load_analysis(path: PathLike) -> Analysis:
         return Analysis.from_dict(data)
     except NsysanError as err:
         raise NsysanError(f"{name}: {err.message}", err.exit_code) from None
+
+
+def _refuse_constant(name: str) -> float:
+    """NaN and ±Infinity are not JSON: Python reads them, but a number that is one would be
+    written back into every document and database built from this one, which strict readers refuse."""
+    raise json.JSONDecodeError(f"{name} is not a JSON number", name, 0)
 
 
 # The module nsysan.compare is imported above, before this function takes its name on the

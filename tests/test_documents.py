@@ -55,6 +55,12 @@ BAD_DOCUMENTS = {
     "a number beyond 64 bits": (changed(lambda d: d["capture"].update(duration_ns=2**70)),
                                 "field 'capture.duration_ns' should be an integer of at most 64 bits, not "
                                 "1180591620717411303424"),
+    # Python's json writes and reads NaN and Infinity; a document that held one would carry it
+    # into every JSON and database made from it, which strict JSON readers refuse.
+    "NaN for a number": (GOOD_TEXT.replace('"peak_bytes": 952107008', '"peak_bytes": NaN', 1),
+                         "could not be read as an analysis JSON (NaN is not a JSON number"),
+    "Infinity for a number": (GOOD_TEXT.replace('"peak_bytes": 952107008', '"peak_bytes": -Infinity', 1),
+                              "could not be read as an analysis JSON (-Infinity is not a JSON number"),
     "a number for a name": (changed(lambda d: d["diagnostics"][0].update(code=7)),
                             "field 'diagnostics[0].code' should be a string, not 7"),
 }
