@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
+from .pools import ReserveChanges, reserve_at
 
 LIVE_AT_PEAK = 20  # allocations listed per peak (largest first); live_count has them all
 MADE_OF = 5  # (site, range) pairs listed per peak
@@ -23,12 +24,12 @@ def resident_rows(events: pd.DataFrame) -> np.ndarray:
 
 def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]],
                total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: ToAllocations,
-               reserve_delta: Optional[np.ndarray] = None,
+               reserve_changes: Optional[ReserveChanges] = None,
                to_groups: Optional[ToGroups] = None) -> list[Peak]:
     """Per (process, device) peaks, then per GPU across processes (pid None) when several share one.
 
-    `reserve_delta` (per event row, see pools.reserve_adjustment) adds the unused reserve of
-    stream-ordered memory pools to the live bytes: a pool holds what it reserved."""
+    `reserve_changes` (see pools.reserve_adjustment) add the unused reserve of stream-ordered
+    memory pools to the live bytes: a pool holds what it reserved."""
     rows = resident_rows(events)
     if len(rows) == 0:
         return []
@@ -49,7 +50,7 @@ def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]]
             # still count in that GPU's total.
             continue
         mine = rows[mine]
-        peaks.append(_peak_of(mine, events, p, d, gpu, total_memory(gpu), to_allocations, reserve_delta,
+        peaks.append(_peak_of(mine, events, p, d, gpu, total_memory(gpu), to_allocations, reserve_changes,
                               to_groups))
     sharing: dict[int, list[tuple[int, int]]] = {}
     for (p, d), gpu in gpu_by_pair.items():
@@ -61,17 +62,17 @@ def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]]
             for p, d in members:
                 on_gpu |= (pid == p) & (device == d)
             peaks.append(_peak_of(rows[on_gpu], events, None, gpu, gpu, total_memory(gpu), to_allocations,
-                                  reserve_delta, to_groups))
+                                  reserve_changes, to_groups))
     return peaks
 
 
 def _peak_of(rows: np.ndarray, events: pd.DataFrame, pid: Optional[int], device: int,
              gpu: Optional[int], total: Optional[int], to_allocations: ToAllocations,
-             reserve_delta: Optional[np.ndarray] = None, to_groups: Optional[ToGroups] = None) -> Peak:
+             reserve_changes: Optional[ReserveChanges] = None, to_groups: Optional[ToGroups] = None) -> Peak:
     # Rows are in time order with frees first at equal times, so the running sum's first
     # maximum is the earliest moment the peak was reached.
     delta = events["delta_bytes"].to_numpy()[rows]
-    reserve = np.cumsum(reserve_delta[rows]) if reserve_delta is not None else None
+    reserve = reserve_at(rows, reserve_changes) if reserve_changes is not None else None
     live = np.cumsum(delta) + reserve if reserve is not None else np.cumsum(delta)
     at = int(np.argmax(live))
     seq = int(rows[at])  # the event's row in the full frame: its place in time

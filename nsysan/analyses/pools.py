@@ -19,6 +19,8 @@ import pandas as pd
 from ..model import GPU_RESIDENT_KINDS, PoolUse
 
 MAX_POINTS = 2000
+# pool reserve changes: event rows (sorted, distinct) and the bytes added at each
+ReserveChanges = tuple[np.ndarray, np.ndarray]
 
 # pool rows (events.read.pool_usage): ts_ns, pid, device, address, is_alloc, bytes, reserved
 # pool events (events.read.read_pool_events): ts_ns, pid, device, address, operation
@@ -68,24 +70,43 @@ def pool_uses(usage: pd.DataFrame, lifecycle: pd.DataFrame,
     return pools, pd.concat(changes, ignore_index=True) if changes else _no_changes()
 
 
-def reserve_adjustment(events: pd.DataFrame, changes: pd.DataFrame) -> Optional[np.ndarray]:
-    """Per event row, the change of its process's and device's pools' unused reserve to add to
-    `delta_bytes` for GPU-resident live bytes; None without pools. Each change goes to the first
-    GPU-resident event of that process and device at or after it (a trim between two events is
-    counted at the next one: peaks, taken at events, stay exact)."""
+def reserve_adjustment(events: pd.DataFrame, changes: pd.DataFrame) -> Optional[ReserveChanges]:
+    """The changes of each process's and device's pools' unused reserve to add to `delta_bytes`
+    for GPU-resident live bytes, as (event rows, bytes), the rows sorted and distinct; None
+    without pools. Each change goes to the first GPU-resident event of that process and device
+    at or after it (a trim between two events is counted at the next one: peaks, taken at
+    events, stay exact). A few rows, not a column of 1e7 zeros (reserve_at reads them)."""
     if changes.empty or events.empty:
         return None
-    extra = np.zeros(len(events), "int64")
     resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
     pids, devices, ts = events["pid"].to_numpy(), events["device"].to_numpy(), events["ts_ns"].to_numpy()
+    at_rows, amounts = [], []
     for (pid, device), group in changes.groupby(["pid", "device"], sort=False):
         rows = np.flatnonzero(resident & (pids == pid) & (devices == device))
         if len(rows) == 0:
             continue
         at = np.searchsorted(ts[rows], group["ts_ns"].to_numpy(), side="left")
         inside = at < len(rows)
-        np.add.at(extra, rows[at[inside]], group["delta_bytes"].to_numpy()[inside])
-    return extra
+        at_rows.append(rows[at[inside]])
+        amounts.append(group["delta_bytes"].to_numpy()[inside].astype("int64"))
+    if not at_rows:
+        return np.zeros(0, "int64"), np.zeros(0, "int64")
+    rows, slot = np.unique(np.concatenate(at_rows), return_inverse=True)
+    summed = np.zeros(len(rows), "int64")
+    np.add.at(summed, slot, np.concatenate(amounts))  # several changes before one event add up
+    return rows, summed
+
+
+def reserve_at(rows: np.ndarray, changes: ReserveChanges) -> np.ndarray:
+    """The pools' unused reserve after each of `rows` (sorted event rows of one process and
+    device, or of one GPU): the running sum of the reserve_adjustment changes at those rows."""
+    change_rows, change_bytes = changes
+    per_row = np.zeros(len(rows), "int64")
+    at = np.searchsorted(rows, change_rows)
+    hit = at < len(rows)
+    hit[hit] = rows[at[hit]] == change_rows[hit]
+    per_row[at[hit]] = change_bytes[hit]
+    return np.cumsum(per_row)
 
 
 def _downsampled(ts: np.ndarray, reserved: np.ndarray, used: np.ndarray) -> dict:
