@@ -39,8 +39,13 @@ def cut_string(text: str, limit: int = MAX_STRING_CHARS) -> str:
     return text[: max(limit - len(marker), 0)] + marker
 
 
+_NOT_TEXT = (int, float, bool, type(None))
+
+
 def _cut(value: Any, counter: list[int]) -> Any:
     """`value` with its long strings cut: the same object where nothing changed."""
+    if type(value) in _NOT_TEXT:  # most values of a large model: returned before any other test
+        return value
     if isinstance(value, str):
         if len(value) <= MAX_STRING_CHARS:
             return value
