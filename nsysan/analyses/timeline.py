@@ -95,14 +95,16 @@ def top_level_bands(ranges: pd.DataFrame, events: pd.DataFrame, limit: int = MAX
     if ranges.empty:
         return []
     top = ranges[ranges["depth"] == 1]
-    pids = np.unique(events["pid"].to_numpy()) if not events.empty else np.unique(top["pid"].to_numpy())
+    # distinct values by a hash pass: np.unique and np.isin sort all 1e7 events' keys
+    pids = pd.unique(events["pid"].to_numpy()) if not events.empty else np.unique(top["pid"].to_numpy())
     top = top[top["pid"].isin(pids).to_numpy()]
     on_main = (top["tid"] == top["pid"]).to_numpy()
     has_main = top.loc[on_main, "pid"].unique()
     def thread_keys(frame: pd.DataFrame) -> np.ndarray:
         return frame["pid"].to_numpy().astype("int64") << 24 | frame["tid"].to_numpy().astype("int64") & 0xFFFFFF
 
-    by_allocator = np.isin(thread_keys(top), thread_keys(events)) if not events.empty else np.zeros(len(top), bool)
+    by_allocator = np.isin(thread_keys(top), pd.unique(thread_keys(events))) if not events.empty \
+        else np.zeros(len(top), bool)
     top = top[on_main | (~top["pid"].isin(has_main).to_numpy() & by_allocator)]
     end_cap = top["end_ns"].where(top["end_ns"] < np.iinfo("int64").max // 4, top["start_ns"])
     top = top.assign(end_ns=end_cap)
