@@ -154,12 +154,17 @@ def step_table(events: pd.DataFrame, series: list[LiveSeries], step_ranges: dict
         traced = ends <= (trace_end_ns or {}).get(s.pid, OPEN_END)
         names = spans["name"].astype(str).tolist()
         numbers = step_numbers(names)
-        steps = [Step(number=numbers[i], name=names[i], start_ns=int(starts[i]), end_ns=int(ends[i]),
-                      closed=bool(closed[i]), start_live_bytes=int(start_live[i]), end_live_bytes=int(end_live[i]),
-                      delta_bytes=int(deltas[i]), peak_live_bytes=int(peak[i]), allocated_bytes=int(allocated[i]),
-                      freed_bytes=int(freed[i]), kept_bytes=int(kept[i]), kept=holders.get(i, []),
-                      traced=bool(traced[i]))
-                 for i in range(len(spans))]  # one per step
+        # Columns as Python values first: a long run has 5,000 steps per process, and indexing
+        # a numpy array makes an object per value.
+        columns = zip(numbers, names, starts.tolist(), ends.tolist(), closed.tolist(), start_live.tolist(),
+                      end_live.tolist(), deltas.tolist(), peak.tolist(), allocated.tolist(), freed.tolist(),
+                      kept.tolist(), traced.tolist())
+        steps = [Step(number=number, name=name, start_ns=int(start), end_ns=int(end), closed=bool(is_closed),
+                      start_live_bytes=int(live_at_start), end_live_bytes=int(live_at_end), delta_bytes=int(delta_i),
+                      peak_live_bytes=int(peak_i), allocated_bytes=int(allocated_i), freed_bytes=int(freed_i),
+                      kept_bytes=int(kept_i), kept=holders.get(i, []), traced=bool(is_traced))
+                 for i, (number, name, start, end, is_closed, live_at_start, live_at_end, delta_i, peak_i, allocated_i,
+                         freed_i, kept_i, is_traced) in enumerate(columns)]  # one per step
         result.append(StepSeries(pid=s.pid, device=s.device, gpu=gpu_of(s.pid, s.device), range_name=family,
                                  found_by=found_by, steps=steps))
     return result
