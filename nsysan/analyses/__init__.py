@@ -82,9 +82,11 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         groups = summarize_groups(events, grouped, gpu_of)
         never_freed, never_freed_total = find_never_freed(events, allocations)
         failed = find_failed_calls(calls, events, ranges)
-        steps, step_notes, phases, spikes = _steps(loaded, grouped, gpu_of, end_ns, step_range, spike_window_ns)
+        threads = memory_threads(calls)  # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once
+        steps, step_notes, phases, spikes = _steps(loaded, grouped, threads, gpu_of, end_ns, step_range,
+                                                   spike_window_ns)
         peaks = peaks_later.result()
-        capture = _with_ranks(_capture(schema, events, calls, ranges, report_version), groups, schema)
+        capture = _with_ranks(_capture(schema, events, threads, ranges, report_version), groups, schema)
         labels = {p.pid: p.label for p in capture.processes}
         # the verdicts (out of memory, allocators) while the worker still builds the timeline
         verdicts = find_verdicts(events, calls, ranges, peaks, groups, gpu_of,
@@ -138,11 +140,11 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(loaded.stacks, analysis)))
 
 
-def _steps(loaded: "LoadedEvents", grouped: Groups, gpu_of, end_ns: int, step_range: Optional[str],
-           spike_window_ns: int) -> tuple[list, list, list, list]:
-    """The step tables (and why there are none when there are none), the phases and the spikes."""
+def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, gpu_of, end_ns: int,
+           step_range: Optional[str], spike_window_ns: int) -> tuple[list, list, list, list]:
+    """The step tables (and why there are none when there are none), the phases and the spikes;
+    `threads`: memory_threads() of the calls."""
     series = live_series(loaded.events, grouped)
-    threads = memory_threads(loaded.calls)
     found = find_step_ranges(loaded.ranges, threads, step_range)
     steps = step_table(loaded.events, series, found, gpu_of, end_ns,
                        "step-range" if step_range is not None else "nvtx", loaded.last_cuda_call_ns)
@@ -180,12 +182,11 @@ def _capture_span(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,
     return min(starts), max(ends)
 
 
-def _capture(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame,
+def _capture(schema: Schema, events: pd.DataFrame, thread_pairs: np.ndarray, ranges: pd.DataFrame,
              report_version: Optional[str]) -> Capture:
     """The capture's facts, listing only processes that made CUDA memory calls or events."""
     # Distinct (pid, device) and (pid, tid) pairs, packed into one integer each (hash, not sort).
     device_pairs = distinct_pairs(events["pid"].to_numpy(), events["device"].to_numpy(), 16, 0xFFFF)
-    thread_pairs = distinct_pairs(calls["pid"].to_numpy(), calls["tid"].to_numpy(), 24, 0xFFFFFF)
     devices: dict[int, list[int]] = {}
     for pair in device_pairs.tolist():
         devices.setdefault(pair >> 16, []).append(pair & 0xFFFF)

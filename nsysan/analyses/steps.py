@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Diagnostic, Holder, Step, StepSeries
+from .arrays import distinct_pairs
 from .timeline import Groups
 
 MIN_STEPS = 3
@@ -230,7 +231,7 @@ def memory_threads(calls: pd.DataFrame) -> np.ndarray:
     """pid << 24 | tid of every thread that made a memory call (an event's thread is its call's)."""
     if calls.empty:
         return np.zeros(0, "int64")
-    return pd.unique(calls["pid"].to_numpy().astype("int64") << 24 | (calls["tid"].to_numpy().astype("int64") & 0xFFFFFF))
+    return distinct_pairs(calls["pid"].to_numpy(), calls["tid"].to_numpy(), 24, 0xFFFFFF)
 
 
 def step_diagnostics(series: list[LiveSeries], found: list[StepSeries], has_ranges: bool, quick: bool,
