@@ -74,6 +74,17 @@ class Segments:
         result[self.order] = ordered
         return result
 
+    def running_sum_max(self, values: np.ndarray) -> np.ndarray:
+        """Per group, the highest running sum of its values: max(running_sum(values)) without
+        the way back to event order and out again (two gathers and 160 MB at 1e7 events)."""
+        ordered = values[self.order].astype("int64", copy=False)  # a new array: summed in place
+        np.cumsum(ordered, out=ordered)
+        before = np.zeros(self.groups, "int64")
+        nonfirst = self.present & (self.starts > 0)
+        before[nonfirst] = ordered[self.starts[nonfirst] - 1]
+        ordered -= np.repeat(before, self.sizes)
+        return self._reduce(np.maximum, ordered, empty=np.iinfo("int64").min, ordered=True)
+
     def first_row_of_max(self, values: np.ndarray) -> np.ndarray:
         """Per group, the event row where `values` first reaches the group's maximum (-1 if empty)."""
         highest = self.max(values)

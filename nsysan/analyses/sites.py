@@ -50,7 +50,7 @@ def rank_sites(events: pd.DataFrame, site_table: dict[str, dict], limit: int = M
     never_freed = is_alloc & (events["partner"].to_numpy() < 0)
     allocations = seg.count(is_alloc)
     allocated = seg.sum(np.where(is_alloc, sizes, 0))
-    max_live = seg.max(seg.running_sum(events["delta_bytes"].to_numpy()))
+    max_live = seg.running_sum_max(events["delta_bytes"].to_numpy())
     no_site = np.asarray(labels == "").repeat(len(pids) * len(kinds))
     ranked = np.flatnonzero((allocations > 0) & ~no_site)
     ranked = ranked[np.lexsort((-allocations[ranked], -allocated[ranked]))][:limit]
