@@ -60,6 +60,18 @@ class Segments:
 
     def running_sum(self, values: np.ndarray) -> np.ndarray:
         """Per event, the sum of its group's values up to and including it (in event order)."""
+        ordered = self._running_sums_in_group_order(values)
+        result = np.empty_like(ordered)
+        result[self.order] = ordered
+        return result
+
+    def running_sum_max(self, values: np.ndarray) -> np.ndarray:
+        """Per group, the highest running sum of its values: max(running_sum(values)) without
+        the way back to event order and out again (two gathers and 160 MB at 1e7 events)."""
+        return self._reduce(np.maximum, self._running_sums_in_group_order(values), empty=np.iinfo("int64").min,
+                            ordered=True)
+
+    def _running_sums_in_group_order(self, values: np.ndarray) -> np.ndarray:
         ordered = values[self.order].astype("int64", copy=False)
         np.cumsum(ordered, out=ordered)  # in place: one array of n, not three
         before = np.zeros(self.groups, "int64")
@@ -70,20 +82,7 @@ class Segments:
                 ordered[self.starts[group]:self.starts[group] + self.sizes[group]] -= before[group]
         else:
             ordered -= np.repeat(before, self.sizes)
-        result = np.empty_like(ordered)
-        result[self.order] = ordered
-        return result
-
-    def running_sum_max(self, values: np.ndarray) -> np.ndarray:
-        """Per group, the highest running sum of its values: max(running_sum(values)) without
-        the way back to event order and out again (two gathers and 160 MB at 1e7 events)."""
-        ordered = values[self.order].astype("int64", copy=False)  # a new array: summed in place
-        np.cumsum(ordered, out=ordered)
-        before = np.zeros(self.groups, "int64")
-        nonfirst = self.present & (self.starts > 0)
-        before[nonfirst] = ordered[self.starts[nonfirst] - 1]
-        ordered -= np.repeat(before, self.sizes)
-        return self._reduce(np.maximum, ordered, empty=np.iinfo("int64").min, ordered=True)
+        return ordered
 
     def first_row_of_max(self, values: np.ndarray) -> np.ndarray:
         """Per group, the event row where `values` first reaches the group's maximum (-1 if empty)."""
