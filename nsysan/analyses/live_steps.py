@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import GPU_RESIDENT_KINDS
+from .arrays import distinct_pairs
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def live_steps(events: pd.DataFrame, pids: Iterable[int], gpu: Optional[int],
     device = events["device"].to_numpy()[resident]
     on_gpu = np.ones(len(pid), dtype=bool)
     if gpu is not None and len(pid):
-        pairs = pd.unique((pid.astype("int64") << 16) | (device.astype("int64") & 0xFFFF)).tolist()
+        pairs = distinct_pairs(pid, device, 16, 0xFFFF).tolist()
         keep = [p for p in pairs if gpu_of(p >> 16, _signed16(p & 0xFFFF)) == gpu]
         on_gpu = np.isin((pid.astype("int64") << 16) | (device.astype("int64") & 0xFFFF), keep)
     ts = events["ts_ns"].to_numpy()[resident][on_gpu].astype("int64")

@@ -23,6 +23,7 @@ from ..events.nvtx import attribute_ranges
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocatorOom, CacheRelease, CutShort, OomFailure, OutOfMemory, \
     Probe
 from .allocator import is_value
+from .arrays import distinct_pairs
 
 # "retried at once": the same API succeeds on the thread within 10 ms after the failed call
 # returned (torch_expandable_v25's failing cuMemCreate itself takes 18.6 ms; the retry comes 21 µs
@@ -159,7 +160,7 @@ def _gpu_rows(events: pd.DataFrame, gpu: Optional[int], pid: int, device: int, g
     pids, devices = events["pid"].to_numpy(), events["device"].to_numpy()
     if gpu is None:
         return np.flatnonzero(resident & (pids == pid) & (devices == device))
-    packed = pd.unique((pids[resident].astype("int64") << 16) | (devices[resident].astype("int64") & 0xFFFF))
+    packed = distinct_pairs(pids[resident], devices[resident], 16, 0xFFFF)
     members = [(p >> 16, p & 0xFFFF) for p in packed.tolist() if gpu_of(p >> 16, p & 0xFFFF) == gpu]
     on_gpu = np.zeros(len(events), bool)
     for p, d in members:

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
+from .arrays import distinct_pairs
 from .pools import ReserveChanges, reserve_at
 
 LIVE_AT_PEAK = 20  # allocations listed per peak (largest first); live_count has them all
@@ -36,7 +37,7 @@ def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]]
     pid = events["pid"].to_numpy()[rows]
     device = events["device"].to_numpy()[rows]
     # Distinct (pid, device) pairs packed into one integer each: a hash pass, not a frame's.
-    packed = pd.unique((pid.astype("int64") << 16) | (device.astype("int64") & 0xFFFF)).tolist()
+    packed = distinct_pairs(pid, device, 16, 0xFFFF).tolist()
     pairs = sorted((p >> 16, (p & 0xFFFF) - 0x10000 if p & 0x8000 else p & 0xFFFF) for p in packed)
     gpu_by_pair = {(p, d): gpu_of(p, d) for p, d in pairs}
     is_static = (events["kind"] == "static").to_numpy()[rows]

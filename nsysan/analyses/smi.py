@@ -20,6 +20,7 @@ from ..model import GPU_RESIDENT_KINDS, Analysis, Diagnostic, Gpu
 from ..smi_log import SmiLog
 from ..smi_model import (MissedBySampling, NotInTrace, OtherProcess, SmiLogInfo, SmiOverlay, SmiSeries,
                          SomeoneElse)
+from .arrays import distinct_pairs
 from .live_steps import LiveSteps, live_steps
 from .smi_clock import SECOND, TOLERANCE_NS, Rise, best_offset, first_rise, fit_at, rise_fits
 
@@ -45,8 +46,8 @@ def trace_facts(events: pd.DataFrame, gpus: list[Gpu], gpu_of: Callable[[int, in
                 start_ns: int, end_ns: int) -> TraceFacts:
     """The facts, with which processes the trace saw on which GPU (GPU-resident memory only)."""
     resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
-    pairs = pd.unique((events["pid"].to_numpy()[resident].astype("int64") << 16)
-                      | (events["device"].to_numpy()[resident].astype("int64") & 0xFFFF)).tolist()
+    pairs = distinct_pairs(events["pid"].to_numpy()[resident], events["device"].to_numpy()[resident],
+                           16, 0xFFFF).tolist()
     traced: dict[int, set[int]] = {}
     for pair in pairs:
         pid, device = pair >> 16, pair & 0xFFFF
