@@ -45,9 +45,13 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
         return export.ensure_sqlite(report, nsys=nsys, cache_dir=cache_dir, use_sibling=use_sibling,
                                     progress=lambda f: say("exporting with nsys", f * share))
 
+    # The command line's --quick (no frames kept, no nvidia-smi logs) streams the events in
+    # bounded memory (analyses/streamed.py); a notebook's analysis keeps the frames it asked for.
+    streamed = quick and keep_events is False and not smi_logs
+
     def read(sqlite_path: Path) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
         return _read(report, sqlite_path, export.resolve_cache_dir(cache_dir),
-                     lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs))
+                     lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs), streamed)
 
     result = export_it()
     version = export.report_version(report) if is_report else None
@@ -70,14 +74,17 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                                 "(it records this report as its input and the same capture start); delete it "
                                 "to have nsysan export the report itself"))
     schema.diagnostics.extend(notes)
-    if keep_events is None:
-        keep_events = len(loaded.events) < KEEP_EVENTS_BELOW
-    if not keep_events:
-        without_notebook_columns(loaded)
     source = Source(path=_text(report), name=_text(report.name), format=_format(report),
                     size_bytes=report.stat().st_size, exported_with=result.exported_with,
                     from_cache=result.from_cache,
                     sibling_export=_text(result.sqlite_path) if result.from_sibling else None)
+    if streamed:
+        return _streamed(report, result.sqlite_path, export.resolve_cache_dir(cache_dir), schema, source, version,
+                         step_range, spike_window_ns or DEFAULT_WINDOW_NS)
+    if keep_events is None:
+        keep_events = len(loaded.events) < KEEP_EVENTS_BELOW
+    if not keep_events:
+        without_notebook_columns(loaded)
     analysis = run_analyses(loaded, schema, source, report_version=version, step_range=step_range,
                             spike_window_ns=spike_window_ns or DEFAULT_WINDOW_NS)
     if smi_logs:
@@ -111,15 +118,18 @@ def check_pattern(pattern: str, option: str) -> None:
 
 
 def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: bool,
-          activity: bool = False) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
+          activity: bool = False, schema_only: bool = False) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
     """The schema and events of the committed state of the export at `sqlite_path`, and with
-    `activity` when each process made its first and last CUDA call (for nvidia-smi logs)."""
+    `activity` when each process made its first and last CUDA call (for nvidia-smi logs);
+    `schema_only`: no events (they are streamed later, see _streamed)."""
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)
         try:
             schema = probe(conn, report.name)
+            if schema_only and quick and not schema.memory_usage_collected:
+                load_events(conn, schema, say, quick=True)  # the one line saying why --quick can't
             try:
-                loaded = load_events(conn, schema, say, quick=quick)
+                loaded = load_events(conn, schema, say, quick=quick) if not schema_only else None
                 runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}
             except NsysanError as err:  # events.py does not know the report's name; with several, it matters
                 raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
@@ -128,6 +138,24 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
         finally:
             conn.close()
     return schema, loaded, runs
+
+
+def _streamed(report: Path, sqlite_path: Path, scratch: Path, schema: Schema, source: Source,
+              version: Optional[str], step_range: Optional[str], spike_window_ns: int) -> Analysis:
+    """The quick analysis of the export at `sqlite_path`, its events streamed in bounded memory."""
+    from .analyses.streamed_run import run_streamed
+
+    with committed_state(sqlite_path, scratch) as readable:
+        conn = open_readonly(readable, name=sqlite_path.name)
+        try:
+            return run_streamed(conn, schema, source, version, step_range, spike_window_ns)
+        except sqlite3.DatabaseError as err:
+            raise NsysanError(f"{report.name}: the export could not be read ({err}); it may be truncated or "
+                              "damaged") from err
+        except NsysanError as err:
+            raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
+        finally:
+            conn.close()
 
 
 def _text(path: object) -> str:

@@ -14,7 +14,7 @@ import os
 import sqlite3
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import pandas as pd
@@ -145,6 +145,38 @@ def read_converted(conn: sqlite3.Connection, table: str, select: str, columns: l
         if parts is not None:
             return _join_parts(parts)
     return convert(read_table(conn, table, select, columns, where=where, workers=workers))
+
+
+def read_chunks(conn: sqlite3.Connection, table: str, select: str, columns: list[str],
+                chunk_rowids: Optional[int] = None, rowids: Optional[tuple[int, int]] = None) -> Iterator[pd.DataFrame]:
+    """`SELECT {select} FROM {table}` (`rowids`: those between two rowids alone) as frames of
+    `chunk_rowids` rowids (CHUNK_ROWIDS), in rowid order; the next chunk is read on a second
+    thread while the caller works on this one (the driver releases the GIL while SQLite scans).
+    A table without a usable rowid, or one the fast driver can't read, comes as one frame."""
+    path = database_path(conn) if _adbc is not None else None
+    ranges = _rowid_ranges(conn, table, 1) if path else None
+    if not ranges:
+        where = f" WHERE rowid BETWEEN {rowids[0]} AND {rowids[1]}" if rowids else ""
+        yield read_frame(conn, f"SELECT {select} FROM {table}{where}", columns)
+        return
+    low, high = rowids or ranges[0]
+    step = chunk_rowids or CHUNK_ROWIDS
+    sqls = [f"SELECT {select} FROM {table} WHERE rowid BETWEEN {a} AND {min(a + step, high + 1) - 1}"
+            for a in range(low, high + 1, step)]
+
+    def fast(sql: str) -> Optional[pd.DataFrame]:
+        try:
+            return _read_with_adbc(path, sql, columns)
+        except Exception:  # noqa: BLE001 - read again through the standard library below
+            return None
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        ahead = pool.submit(fast, sqls[0])
+        for i, sql in enumerate(sqls):
+            frame = ahead.result()
+            if i + 1 < len(sqls):
+                ahead = pool.submit(fast, sqls[i + 1])
+            yield frame if frame is not None else read_frame(conn, sql, columns)
 
 
 def _join_parts(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import random
 import shutil
+import subprocess
+import sys
 import sqlite3
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from conftest import FIXTURES
 
 from nsysan import analyze, pipeline, reader
 from nsysan.analyses import arrays, calls
-from nsysan.events import normalize, nvtx
+from nsysan.events import normalize, nvtx, read, stream
 from nsysan.render.json import render_json
 
 FIXTURE_NAMES = ["known_mem_v25", "known_bt_v25", "real_oom_v25",
@@ -109,3 +111,66 @@ def test_frames_are_kept_by_default_below_ten_million_events(monkeypatch):
     monkeypatch.setattr(pipeline, "KEEP_EVENTS_BELOW", 52)  # as if the export were large
     assert analyze(path).events is None
     assert len(analyze(path, keep_events=True).events) == 52
+
+
+QUICK_FIXTURES = ["known_mem_v25", "known_bt_v25", "real_oom_v25", "torch_leak_v25",
+                  "torch_oom_v25", "torch_expandable_v25", "ddp_leak_v25", "jax_prealloc_v25", "torch_ops_v25"]
+
+
+def quick_documents(path: Path, chunk: int, monkeypatch) -> tuple[str, str]:
+    """--quick of `path` from the whole events frame, and streamed in batches of `chunk` rowids
+    (the command line's way: keep_events=False)."""
+    whole = render_json(pipeline.analyze_report(path, quick=True, keep_events=True))
+    monkeypatch.setattr(stream, "CHUNK_ROWIDS", chunk)
+    return whole, render_json(pipeline.analyze_report(path, quick=True, keep_events=False))
+
+
+@pytest.mark.parametrize("name", QUICK_FIXTURES)
+def test_streamed_quick_gives_the_whole_frame_document(name, monkeypatch):
+    path = FIXTURES / f"{name}.sqlite"
+    chunk = chunk_rowids(path)
+    assert chunk_counts(path, chunk)[0] > 3  # the memory table really streamed in several batches
+    whole, streamed = quick_documents(path, chunk, monkeypatch)
+    assert streamed == whole
+
+
+@pytest.mark.parametrize("name, seed", [("known_bt_v25", 4), ("torch_leak_v25", 5), ("ddp_leak_v25", 6)])
+def test_streamed_quick_merges_rows_out_of_time_order(name, seed, tmp_path, monkeypatch):
+    path = shuffled_copy(FIXTURES / f"{name}.sqlite", tmp_path / f"{name}.sqlite", seed)
+    whole, streamed = quick_documents(path, chunk_rowids(path), monkeypatch)
+    assert streamed == whole
+
+
+def test_streamed_quick_is_what_the_command_line_writes(tmp_path, monkeypatch):
+    # torch_leak_v25.truth.jsonl: the leak of 64 MiB per step shows in the quick document too
+    path = FIXTURES / "torch_leak_v25.sqlite"
+    whole, _ = quick_documents(path, chunk_rowids(path), monkeypatch)
+    out = tmp_path / "quick.json"
+    done = subprocess.run([sys.executable, "-m", "nsysan", "analyze", str(path), "--quick", "--json", str(out),
+                           "--no-progress"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == whole
+
+
+def dealt_copy(source: Path, out: Path, piles: int) -> Path:
+    """A copy of an export whose memory rows are dealt, in time order, onto `piles` piles written
+    one after the other (as an export written rank by rank): `piles` runs in time order."""
+    shutil.copyfile(source, out)
+    table = SHUFFLED_TABLES[0]
+    with sqlite3.connect(out) as conn:
+        rows = conn.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
+        dealt = [row for pile in range(piles) for row in rows[pile::piles]]
+        conn.execute(f"DELETE FROM {table}")
+        conn.executemany(f"INSERT INTO {table} VALUES ({','.join('?' * len(rows[0]))})", dealt)
+        conn.commit()
+    return out
+
+
+@pytest.mark.parametrize("name, piles", [("torch_leak_v25", 3), ("ddp_leak_v25", 2), ("real_oom_v25", 5)])
+def test_streamed_quick_merges_runs_in_time_order(name, piles, tmp_path, monkeypatch):
+    path = dealt_copy(FIXTURES / f"{name}.sqlite", tmp_path / f"{name}.sqlite", piles)
+    runs = []
+    monkeypatch.setattr(stream, "memory_sorted_runs", lambda *args: runs.extend(read.memory_sorted_runs(*args)) or runs)
+    whole, streamed = quick_documents(path, chunk_rowids(path), monkeypatch)
+    assert len(runs) == piles  # merged as that many runs, a few chunks of each at a time
+    assert streamed == whole

@@ -110,10 +110,22 @@ def largest_allocations(events: pd.DataFrame, to_allocations: Callable[[pd.DataF
     allocs = np.flatnonzero((events["op"].cat.codes == 0).to_numpy())
     sizes = events["bytes"].to_numpy()[allocs]
     if len(allocs) > limit:  # a partial selection first: 1e7 events are not sorted for 1000 rows
-        top = np.argpartition(-sizes, limit - 1)[:limit]
+        top = largest_first(sizes, limit)
         allocs, sizes = allocs[top], sizes[top]
     chosen = allocs[np.lexsort((allocs, -sizes))]
     return to_allocations(events.iloc[chosen]), int((events["op"].cat.codes == 0).sum())
+
+
+def largest_first(values: np.ndarray, count: int) -> np.ndarray:
+    """Positions of the `count` largest values, the earliest of equal values first, in position
+    order. A partition finds the count-th largest value, but which of several equal values it
+    keeps is arbitrary: the ones at that value are taken by position, so that reading the events
+    in chunks (analyses/streamed.py) keeps the same ones."""
+    if len(values) <= count:
+        return np.arange(len(values))
+    threshold = values[np.argpartition(-values, count - 1)[count - 1]]
+    above = np.flatnonzero(values > threshold)
+    return np.sort(np.concatenate([above, np.flatnonzero(values == threshold)[:count - len(above)]]))
 
 
 def early_trace_ends(ranges: pd.DataFrame, last_cuda_call_ns: dict[int, int]) -> list[TraceEnd]:

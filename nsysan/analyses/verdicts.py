@@ -68,19 +68,22 @@ def _with_notes(peaks: list[Peak], events: pd.DataFrame, preallocations: list[Pr
     on top of a level reached earlier, and preallocated blocks."""
     if events.empty:
         return peaks
-    noted = []
-    for peak in peaks:
-        parts = []
-        block = next((p for p in preallocations if p.pid == peak.pid and p.device == peak.device
-                      or peak.pid is None and p.gpu == peak.gpu), None)
-        if block is not None:
-            parts.append(f"{fmt_bytes(block.bytes)} of it is one block "
-                         f"{'XLA preallocated' if block.framework == 'XLA' else 'reserved'} at {fmt_time(block.time_ns)}:"
-                         " the reservation, not the use inside it")
-        if peak.api == "(module load)":
-            parts.append(_module_load_note(peak, events))
-        noted.append(dataclasses.replace(peak, note="; ".join(p for p in parts if p)) if parts else peak)
-    return noted
+    return [with_note(peak, preallocations, lambda: _module_load_note(peak, events)) for peak in peaks]
+
+
+def with_note(peak: Peak, preallocations: list[Preallocation], module_load_note: Callable[[], str]) -> Peak:
+    """The peak with its note: the preallocated block under it, and `module_load_note()` when a
+    module load reached it."""
+    parts = []
+    block = next((p for p in preallocations if p.pid == peak.pid and p.device == peak.device
+                  or peak.pid is None and p.gpu == peak.gpu), None)
+    if block is not None:
+        parts.append(f"{fmt_bytes(block.bytes)} of it is one block "
+                     f"{'XLA preallocated' if block.framework == 'XLA' else 'reserved'} at {fmt_time(block.time_ns)}:"
+                     " the reservation, not the use inside it")
+    if peak.api == "(module load)":
+        parts.append(module_load_note())
+    return dataclasses.replace(peak, note="; ".join(p for p in parts if p)) if parts else peak
 
 
 def _module_load_note(peak: Peak, events: pd.DataFrame) -> str:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import pandas as pd
 
 from .. import apis
-from ..reader import database_path, read_converted, read_frame, read_table
+from ..reader import database_path, read_chunks, read_converted, read_frame, read_table
 from ..schema import Schema, _quote, connect_readonly
 from .columns import categorical_lookup, empty_calls, empty_chains, empty_ranges, int_column, ints
 from .nvtx import nesting_depth, parents, thread_key
@@ -140,21 +140,77 @@ def read_memory_events_alone(conn: sqlite3.Connection, schema: Schema) -> pd.Dat
         return read_memory_events(own, schema)
 
 
+MEMORY_TABLE = "CUDA_GPU_MEMORY_USAGE_EVENTS"
+MEMORY_COLUMNS = ["start", "global_pid", "device", "address", "bytes", "mem_kind", "op_type", "correlation_id",
+                  "pool_address", "pool_size"]
+
+
 def read_memory_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
-    table = "CUDA_GPU_MEMORY_USAGE_EVENTS"
     # A full scan returns rows in rowid (export) order, which the stable sort keeps for ties.
-    columns = ["start", "global_pid", "device", "address", "bytes", "mem_kind", "op_type", "correlation_id",
-               "pool_address", "pool_size"]
     if not schema.memory_usage_collected:
-        return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in MEMORY_COLUMNS})
+    return read_table(conn, MEMORY_TABLE, _memory_select(schema), MEMORY_COLUMNS)
+
+
+def memory_event_chunks(conn: sqlite3.Connection, schema: Schema, chunk_rowids: int,
+                        rowids: Optional[tuple[int, int]] = None) -> Iterator[pd.DataFrame]:
+    """The rows of read_memory_events (and their rowid, `position`) `chunk_rowids` rowids at a
+    time, in rowid order; `rowids`: those between two rowids alone."""
+    if not schema.memory_usage_collected:
+        return iter([read_memory_events(conn, schema)])
+    return read_chunks(conn, MEMORY_TABLE, "rowid, " + _memory_select(schema), ["position"] + MEMORY_COLUMNS,
+                       chunk_rowids, rowids)
+
+
+def memory_sorted_runs(conn: sqlite3.Connection, chunk_rowids: int, most: int) -> Optional[list[tuple[int, int]]]:
+    """The memory table as rowid ranges whose rows are in time order (`start` never decreasing),
+    read a chunk of (rowid, start) at a time; None when there are more than `most` of them."""
+    runs: list[tuple[int, int]] = []
+    run_start, last_rowid, last_start = None, None, None
+    for chunk in read_chunks(conn, MEMORY_TABLE, "rowid, start", ["rowid", "start"], chunk_rowids):
+        if chunk.empty:
+            continue
+        rowid = int_column(chunk, "rowid")
+        start = ints(chunk, "start")
+        known = ~start.isna().to_numpy()  # a NULL start is a bad row: it breaks no order
+        rowid, start = rowid[known], start.to_numpy(dtype="int64", na_value=0)[known]
+        if not len(rowid):
+            continue
+        if run_start is None:
+            run_start = int(rowid[0])
+        previous = np.concatenate([[last_start if last_start is not None else start[0]], start[:-1]])
+        for at in np.flatnonzero(start < previous).tolist():  # a new run begins
+            runs.append((run_start, int(rowid[at]) - 1))
+            run_start = int(rowid[at])
+            if len(runs) >= most:
+                return None
+        last_rowid, last_start = int(rowid[-1]), int(start[-1])
+    if run_start is not None:
+        runs.append((run_start, last_rowid))
+    return runs
+
+
+def memory_chunk_first_starts(conn: sqlite3.Connection, chunk_rowids: int) -> list[Optional[int]]:
+    """The earliest `start` of each chunk of memory_event_chunks (None for a chunk without one):
+    what a time-ordered merge of rows written in no order must wait for."""
+    table = MEMORY_TABLE
+    low, high = conn.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
+    if not isinstance(low, int) or not isinstance(high, int):
+        return []
+    step = chunk_rowids
+    found = dict(conn.execute(f"SELECT (rowid - {low}) / {step}, min(start) FROM {table} GROUP BY 1"))
+    return [found.get(i) for i in range((high - low) // step + 1)]
+
+
+def _memory_select(schema: Schema) -> str:
+    table = MEMORY_TABLE
     # The pool's base and reserve (0 when not a pool allocation) come in the same scan: a second
     # scan for the few pool rows would cost as much as this one (4 s at 1e7 events).
-    select = (f"start, globalPid, {_col(schema, table, 'deviceId', '0')}, address, bytes, "
-              f"{_col(schema, table, 'memKind', '2')}, {_col(schema, table, 'memoryOperationType', '0')}, "
-              f"{_col(schema, table, 'correlationId', '0')}, "
-              f"coalesce({_col(schema, table, 'localMemoryPoolAddress')}, 0), "
-              f"coalesce({_col(schema, table, 'localMemoryPoolSize')}, 0)")
-    return read_table(conn, table, select, columns)
+    return (f"start, globalPid, {_col(schema, table, 'deviceId', '0')}, address, bytes, "
+            f"{_col(schema, table, 'memKind', '2')}, {_col(schema, table, 'memoryOperationType', '0')}, "
+            f"{_col(schema, table, 'correlationId', '0')}, "
+            f"coalesce({_col(schema, table, 'localMemoryPoolAddress')}, 0), "
+            f"coalesce({_col(schema, table, 'localMemoryPoolSize')}, 0)")
 
 
 def read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -410,13 +466,19 @@ def pool_usage(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
     """The pool allocations and frees among the raw memory rows (read_memory_events), with their
     pool's reserve then (`localMemoryPoolSize`, schema 3.0+): POOL_USAGE_COLUMNS, in time order.
     Call it before `normalize` consumes the raw columns."""
+    return pool_usage_of(pool_rows(raw, schema))
+
+
+def pool_rows(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
+    """The pool rows among raw memory rows, in their order, with what tells copies apart (block,
+    call); pool_usage_of makes POOL_USAGE_COLUMNS of them (of one chunk's, or of every chunk's)."""
     if raw.empty or "pool_size" not in raw:
-        return empty_pool_usage()
+        return pd.DataFrame()
     rows = np.flatnonzero(int_column(raw, "pool_address") != 0)
     if len(rows) == 0:
-        return empty_pool_usage()
+        return pd.DataFrame()
     alloc_ids = [i for i, name in schema.mem_ops.items() if name == "alloc"]
-    frame = pd.DataFrame({
+    return pd.DataFrame({
         "ts_ns": int_column(raw, "start")[rows] - schema.time_offset_ns,
         "pid": ((int_column(raw, "global_pid")[rows] >> 24) & 0xFFFFFF).astype("int32"),
         "device": np.clip(int_column(raw, "device")[rows], -1, 32767).astype("int16"),
@@ -424,10 +486,19 @@ def pool_usage(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
         "is_alloc": np.isin(int_column(raw, "op_type", fill=-1)[rows], alloc_ids),
         "bytes": np.clip(int_column(raw, "bytes")[rows], 0, 2**50),
         "reserved": np.clip(int_column(raw, "pool_size")[rows], 0, 2**50),
+        "block": int_column(raw, "address")[rows], "call": int_column(raw, "correlation_id")[rows],
+        **({"position": int_column(raw, "position")[rows]} if "position" in raw else {}),
     })
+
+
+def pool_usage_of(rows: pd.DataFrame) -> pd.DataFrame:
+    """POOL_USAGE_COLUMNS of pool_rows, in time order."""
+    if rows.empty:
+        return empty_pool_usage()
+    if "position" in rows:  # rows read out of export order: back into it first
+        rows = rows.sort_values("position", kind="stable").drop(columns=["position"])
     # rows written twice (an export written twice into one file) count once, as in normalize
-    key = frame.assign(block=int_column(raw, "address")[rows], call=int_column(raw, "correlation_id")[rows])
-    frame = frame[~key.duplicated().to_numpy()]
+    frame = rows[~rows.duplicated().to_numpy()].drop(columns=["block", "call"])
     return frame.sort_values("ts_ns", kind="stable", ignore_index=True)
 
 

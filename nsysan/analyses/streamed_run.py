@@ -1,0 +1,310 @@
+"""`run_streamed`: the `--quick` Analysis from two looks at the flow of event batches (streamed.py),
+the same document `run_analyses` makes from the whole events frame."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from ..events.columns import empty_calls, empty_ranges
+from ..events.load import QUICK_API
+from ..events.read import read_pool_events
+from ..events.stream import EventFlow
+from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, Capture, CutShort, Holder, OutOfMemory, Peak, Process, \
+    ReservedMemory, Series, Source, Spike, Timeline, GroupSummary
+from ..schema import Schema
+from ..units import fmt_bytes, fmt_time
+from .answers import gather_answers
+from .bounds import cut_long_strings
+from .caps import memory_caps
+from .diagnostics import capture_diagnostics
+from .explore import FOCUS_PAD, allocation_groups
+from .oom import CLIMBING_TAIL, NEAR_END_NS
+from .peak import LIVE_AT_PEAK, headline, made_of
+from .pools import pool_uses
+from .ranks import assign_ranks
+from .allocator import find_preallocations
+from .sites import call_site
+from .spikes import MAX_PARTS, TOP, _distinct
+from .steps import step_diagnostics
+from .streamed import FirstLook, PeakSeries, SecondLook, SpikeWatch, pair_key
+from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
+
+
+def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
+                 step_range: Optional[str], spike_window_ns: int) -> Analysis:
+    """The quick analysis of the export behind `conn`, its events read twice in batches."""
+    flow = EventFlow(conn, schema)
+    first = flow.feed(lambda: FirstLook(spike_window_ns))
+    final = pd.DataFrame(flow.live)
+    notes = list(flow.diagnostics)
+    gpu_totals = {g.id: g.total_memory_bytes for g in schema.gpus}
+
+    def gpu_of(pid: int, device: int) -> Optional[int]:
+        if schema.cuda_device_to_gpu:
+            return schema.cuda_device_to_gpu.get((pid, device))
+        return device if device in gpu_totals or not gpu_totals else None
+
+    def total_memory(gpu: Optional[int]) -> Optional[int]:
+        return gpu_totals.get(gpu) if gpu is not None else None
+
+    has_events = flow.events > 0
+    start_ns = min(0, first.first_ts) if has_events else 0
+    end_ns = max(schema.duration_ns or 0, first.last_ts if has_events and first.last_ts < np.iinfo("int64").max // 4
+                 else 0)
+    pools, changes = pool_uses(flow.pool_usage, read_pool_events(conn, schema), gpu_of)
+    second = flow.feed(lambda: SecondLook(first=first, peaks=_peak_series(first, gpu_of),
+                                          changes=_changes(changes, has_events), spikes=_spike_watches(first),
+                                          focus_target=0.05 * first.moved, cut_rows=_cut_rows(first, end_ns)))
+    kinds = flow.kinds
+    groups = _group_summaries(first, final, kinds, gpu_of)
+    peaks = [_peak(p, second, kinds, total_memory) for p in second.peaks if p.best_seq >= 0]
+    capture = _capture(schema, first, report_version)
+    capture = dataclasses.replace(capture, processes=assign_ranks(capture.processes, groups, schema.rank_environment,
+                                                                  schema.launched_pids))
+    labels = {p.pid: p.label for p in capture.processes}
+
+    def label(pid: int) -> str:
+        return labels.get(pid) or f"process {pid}"
+
+    blocks = _mini(pd.concat(first.big_blocks, ignore_index=True) if first.big_blocks else _no_rows(), kinds)
+    preallocations = find_preallocations(blocks, empty_ranges(), gpu_of, total_memory, label)
+    oom = OutOfMemory(failures=[], failed_count=0, probes=[], allocator_ooms=[], cache_flushes=[],
+                      cut_short=_cut_short(first, second, end_ns))
+    caps = memory_caps(groups, total_memory, [])
+    verdict_notes = _oom_diagnostics(oom, label) + _reserved_diagnostics([], preallocations)
+    peaks = [with_note(p, preallocations, lambda s=s: _module_load_note(s))
+             for p, s in zip(peaks, [s for s in second.peaks if s.best_seq >= 0])]
+    leaks = _never_freed(first, final, kinds)
+    never_freed = _allocations(leaks.head(500), kinds, {})
+    timeline = Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=[
+        Series(int(key >> 24), int(((key >> 8) & 0xFFFF) - 1), kinds[key & 0xFF], *second.series(code))
+        for key, code in sorted(first.groups.index.items())], bands=[])
+    focus = _focus(first, second)
+    largest = _allocations(first.largest, kinds, second.free_ts)
+    timeline = dataclasses.replace(timeline, focus_start_ns=focus[0], focus_end_ns=focus[1], spans=[],
+                                   allocations=largest, allocations_total=first.allocations, trace_ends=[])
+    pids = sorted(first.devices)
+    # capture_diagnostics reads the events' processes and API names alone: one row per process
+    digest = pd.DataFrame({"pid": np.array(pids, "int32"), "api": pd.Categorical([QUICK_API] * len(pids))})
+    diagnostics = list(schema.diagnostics) + notes + capture_diagnostics(
+        schema, digest, empty_calls(), empty_ranges(), {}, groups, peaks, [], report_version, quick=True)
+    replaces = {"caching_allocator"} if preallocations else set()
+    spike_series = sorted(first.spike_series.index.items(), key=lambda kv: _pair(kv[0]))
+    step_notes = step_diagnostics(spike_series, [], False, True, step_range)
+    diagnostics = [d for d in diagnostics if d.code not in replaces] + verdict_notes + step_notes
+    analysis = Analysis(
+        schema=SCHEMA_ID, scope="quick", source=source, capture=capture, groups=groups, peak=headline(peaks),
+        peaks=peaks, never_freed=never_freed, never_freed_total=int(len(leaks)), sites=[], api_calls=[],
+        failed_calls=[], ranges=[], timeline=timeline, diagnostics=diagnostics, caps=caps, oom=oom,
+        reserved=ReservedMemory(allocators=[], preallocations=preallocations, pools=pools or []), steps=[],
+        growth=[], never_freed_groups=allocation_groups(_mini(leaks, kinds), np.arange(len(leaks)), {}),
+        phases=[], spikes=_spikes(first, second, gpu_of), events=None, calls=None, nvtx_ranges=None)
+    answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, True,
+                             {pid: name for pid, name in labels.items() if name})
+    return cut_long_strings(dataclasses.replace(analysis, answers=answers, stacks=[]))
+
+
+def _pair(key: int) -> tuple[int, int]:
+    return key >> 16, (key & 0xFFFF) - 0x10000 if key & 0x8000 else key & 0xFFFF
+
+
+def _no_rows() -> pd.DataFrame:
+    return pd.DataFrame({c: np.zeros(0, "uint64" if c == "address" else "int64")
+                         for c in ("seq", "ts", "pid", "device", "kind", "address", "bytes")})
+
+
+def _mini(rows: pd.DataFrame, kinds: list[str]) -> pd.DataFrame:
+    """Allocation rows as a small events frame (EVENT_COLUMNS of a quick load), for the analyses
+    that look at a few rows only (allocation groups, what made a peak, big blocks)."""
+    if rows.empty:
+        rows = _no_rows()
+    n = len(rows)
+    blank = pd.Categorical.from_codes(np.zeros(n, "int8"), categories=[""])
+    kind = rows["kind"].to_numpy().astype("int64")
+    return pd.DataFrame({
+        "ts_ns": rows["ts"].to_numpy().astype("int64"), "pid": rows["pid"].to_numpy().astype("int32"), "tid": -1,
+        "device": rows["device"].to_numpy().astype("int16"),
+        "kind": pd.Categorical.from_codes(kind, categories=kinds),
+        "op": pd.Categorical.from_codes(np.zeros(n, "int8"), categories=["alloc", "free"]),
+        "api": pd.Categorical.from_codes((kind == KINDS.index("static")).astype("int8"),
+                                         categories=[QUICK_API, "(module load)"]),
+        "address": rows["address"].to_numpy().astype("uint64"), "bytes": rows["bytes"].to_numpy().astype("int64"),
+        "delta_bytes": rows["bytes"].to_numpy().astype("int64"), "nvtx_range": blank, "nvtx_path": blank,
+        "site": blank, "operator": blank, "stack": -1, "seq": rows["seq"].to_numpy().astype("int64")})
+
+
+def _allocations(rows: pd.DataFrame, kinds: list[str], free_ts: dict) -> list[Allocation]:
+    site = call_site("", {})
+    return [Allocation(pid=int(pid), tid=-1, device=int(device), kind=kinds[int(kind)],
+                       api="(module load)" if kinds[int(kind)] == "static" else QUICK_API, address=int(address),
+                       bytes=int(size), alloc_time_ns=int(ts), free_time_ns=free_ts.get(int(seq)), nvtx_range="",
+                       site=site, stack_id=None, operator="")
+            for seq, ts, pid, device, kind, address, size
+            in rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False)]
+
+
+def _peak_series(first: FirstLook, gpu_of) -> list[PeakSeries]:
+    """find_peaks' series: each (process, device) with GPU-resident memory, then each GPU shared."""
+    computes_on = {_pair(k)[0] for k, not_static in first.pairs.items() if not_static}
+    pairs = sorted(_pair(k) for k in first.pairs)
+    series = [PeakSeries(p, d, gpu_of(p, d), pair_key(np.array([p]), np.array([d])))
+              for p, d in pairs if not (p in computes_on and not first.pairs[int(pair_key(np.array([p]),
+                                                                                        np.array([d]))[0])])]
+    sharing: dict[int, list[tuple[int, int]]] = {}
+    for p, d in pairs:
+        if gpu_of(p, d) is not None:
+            sharing.setdefault(gpu_of(p, d), []).append((p, d))
+    for gpu, members in sorted(sharing.items()):
+        if len({p for p, _ in members}) > 1:
+            series.append(PeakSeries(None, gpu, gpu, pair_key(np.array([p for p, _ in members]),
+                                                              np.array([d for _, d in members]))))
+    return series
+
+
+def _changes(changes: pd.DataFrame, has_events: bool) -> dict:
+    """Pools' unused reserve changes per (process, device), in time order, none used yet."""
+    if changes.empty or not has_events:
+        return {}
+    found = {}
+    for (pid, device), group in changes.groupby(["pid", "device"], sort=False):
+        ordered = group.sort_values("ts_ns", kind="stable")
+        key = int(pair_key(np.array([pid]), np.array([device]))[0])
+        found[key] = (ordered["ts_ns"].to_numpy().astype("int64"), ordered["delta_bytes"].to_numpy().astype("int64"), 0)
+    return found
+
+
+def _spike_watches(first: FirstLook) -> list[SpikeWatch]:
+    """spikes._distinct over each series' candidate rises (both grids)."""
+    watches = []
+    s = first.spike_series
+    for key, code in sorted(s.index.items(), key=lambda kv: _pair(kv[0])):
+        spread = int(max(int(s["highest"][code]), 0) - min(int(s["lowest"][code]), 0)) + 1
+        live, before, candidates = {}, {}, []
+        for grid in first.rises.get(code, []):
+            cells = (int(s["last_ts"][code]) + grid.offset) // max(first.window_ns, 1) \
+                - (int(s["first_ts"][code]) + grid.offset) // max(first.window_ns, 1)
+            if spread * (cells + 1) >= 2**62:
+                continue
+            for rise, high, low, live_high, low_value in grid.best:
+                if rise > 0:
+                    live[high], before[low] = live_high, low_value
+                    candidates.append((low, high, "window"))
+        for low, high, how in _distinct(candidates, live, before, TOP):
+            watches.append(SpikeWatch(series=code, low=low, high=high, how=how, start_level=before[low],
+                                      peak_level=live[high]))
+    return watches
+
+
+def _cut_rows(first: FirstLook, end_ns: int) -> dict:
+    c = first.cut
+    return {pid: int(int(c["events"][code]) * (1 - CLIMBING_TAIL)) for pid, code in c.index.items()
+            if end_ns - int(c["last_ts"][code]) <= NEAR_END_NS}
+
+
+def _cut_short(first: FirstLook, second: SecondLook, end_ns: int) -> list[CutShort]:
+    """oom._cut_short without NVTX ranges: processes whose live bytes were still climbing at the end."""
+    c, found = first.cut, []
+    for pid in sorted(c.index):
+        code = c.index[pid]
+        last, end_live = int(c["last_ts"][code]), int(c["live"][code])
+        climbing = bool(pid in second.cut_rows and int(c["events"][code]) >= 8 and end_live > 0
+                        and end_live >= int(c["highest"][code]) and end_live > second.cut_value.get(pid, end_live)
+                        and end_ns - last <= NEAR_END_NS)
+        if climbing:
+            found.append(CutShort(pid=int(pid), last_event_ns=last, open_ranges=[], climbing=True,
+                                  end_live_bytes=end_live))
+    return found
+
+
+def _group_summaries(first: FirstLook, final: pd.DataFrame, kinds: list[str], gpu_of) -> list[GroupSummary]:
+    g = first.groups
+    open_count = np.zeros(len(g.keys()), "int64")
+    open_bytes = np.zeros(len(g.keys()), "int64")
+    if not final.empty:
+        codes = g.codes(((final["pid"].to_numpy().astype("int64") << 24)
+                         | ((final["device"].to_numpy().astype("int64") + 1) << 8) | final["kind"].to_numpy()))
+        np.add.at(open_count, codes, 1)
+        np.add.at(open_bytes, codes, final["bytes"].to_numpy())
+    summaries = []
+    for key, code in sorted(g.index.items()):
+        pid, device, kind = key >> 24, ((key >> 8) & 0xFFFF) - 1, kinds[key & 0xFF]
+        peak = int(max(int(g["peak"][code]), 0))
+        summaries.append(GroupSummary(
+            pid=int(pid), device=int(device), kind=kind, gpu=gpu_of(int(pid), int(device)), peak_bytes=peak,
+            peak_time_ns=int(g["peak_ts"][code]) if peak > 0 else None, end_bytes=int(g["live"][code]),
+            allocations=int(g["allocations"][code]), frees=int(g["events"][code] - g["allocations"][code]),
+            allocated_bytes=int(g["allocated"][code]),
+            never_freed_bytes=int(g["closed_bytes"][code] + open_bytes[code]),
+            never_freed_count=int(g["closed"][code] + open_count[code]),
+            frees_without_alloc=int(g["orphans"][code]), frees_without_alloc_bytes=int(g["orphan_bytes"][code])))
+    return summaries
+
+
+def _never_freed(first: FirstLook, final: pd.DataFrame, kinds: list[str]) -> pd.DataFrame:
+    """Every allocation never freed (static memory excluded), largest first (never_freed_rows)."""
+    leaks = final[~final["kind"].isin([kinds.index(k) for k in ("static", "managed_static")]).to_numpy()] \
+        if not final.empty else _no_rows()
+    frame = pd.concat(first.closed_groups + [leaks], ignore_index=True)
+    return frame.sort_values(["bytes", "ts", "seq"], ascending=[False, True, True], kind="stable",
+                             ignore_index=True)
+
+
+def _peak(series: PeakSeries, second: SecondLook, kinds: list[str], total_memory) -> Peak:
+    live = series.live_set
+    largest = live.sort_values("bytes", ascending=False, kind="stable").head(LIVE_AT_PEAK)
+    mini = _mini(live, kinds)
+    return Peak(made_of=made_of(mini, np.arange(len(mini))), pid=series.pid, device=series.device, gpu=series.gpu,
+                peak_bytes=series.best, peak_time_ns=series.best_ts, nvtx_range="",
+                api="(module load)" if kinds[series.best_kind] == "static" else QUICK_API,
+                total_memory_bytes=total_memory(series.gpu), live_count=int(len(live)),
+                live_at_peak=_allocations(largest, kinds, second.free_ts), pool_reserve_bytes=series.best_reserve,
+                live_groups=allocation_groups(mini, np.arange(len(mini)), {}))
+
+
+def _module_load_note(series: PeakSeries) -> str:
+    """verdicts._module_load_note from the statics counted since the series' last own allocation."""
+    if series.note_own_ts is None:
+        return "reached by module statics (kernel-image globals loaded with the GPU code)"
+    return (f"a module load added {fmt_bytes(series.note_statics)} of kernel-image statics at that moment, on top "
+            f"of the level {QUICK_API} reached at {fmt_time(series.note_own_ts)}")
+
+
+def _focus(first: FirstLook, second: SecondLook) -> tuple[Optional[int], Optional[int]]:
+    """explore.focus_window without NVTX bands: from where FOCUS_SKIP of the movement happened to the last move."""
+    if first.last_moving_ts is None:
+        return None, None
+    start = second.focus_ts if second.focus_ts is not None else first.last_moving_ts
+    last = first.last_moving_ts
+    pad = int(FOCUS_PAD * (last - start)) if last > start else 1_000_000
+    return start - pad, last + pad
+
+
+def _spikes(first: FirstLook, second: SecondLook, gpu_of) -> list[Spike]:
+    found = []
+    keys = {code: key for key, code in first.spike_series.index.items()}
+    for w in second.spikes:
+        pid, device = _pair(keys[w.series])
+        grown = [Holder(site="", nvtx_range="", bytes=w.grown_bytes, allocations=w.grown)] if w.grown else []
+        found.append(Spike(pid=pid, device=device, gpu=gpu_of(pid, device), found_by=w.how, start_ns=w.start_ns,
+                           peak_ns=w.peak_ns, rise_bytes=w.peak_level - w.start_level,
+                           start_live_bytes=w.start_level, peak_live_bytes=w.peak_level, nvtx_path="",
+                           apis=[QUICK_API][:MAX_PARTS] if w.grown else [], sites=grown,
+                           freed_after_bytes=int(min(w.peak_level - w.lowest_after, w.peak_level - w.start_level)),
+                           given_back_ns=w.given_back_ns))
+    return found
+
+
+def _capture(schema: Schema, first: FirstLook, report_version: Optional[str]) -> Capture:
+    processes = [Process(pid=int(pid), name=schema.process_names.get(int(pid), ""),
+                         devices=sorted(first.devices[pid]), threads=0) for pid in sorted(first.devices)]
+    return Capture(
+        nsys_version=schema.nsys_version, schema_version=schema.schema_version, report_version=report_version,
+        duration_ns=schema.duration_ns, memory_usage_collected=schema.memory_usage_collected,
+        memory_usage_requested=schema.memory_usage_requested, backtraces=schema.has_backtraces,
+        nvtx=schema.has_nvtx_table, cuda_driver_version=schema.cuda_driver_version,
+        gpus=list(schema.gpus), processes=processes)

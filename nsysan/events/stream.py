@@ -1,0 +1,357 @@
+"""The memory events as a flow of time-ordered batches, in bounded memory: the streaming twin of
+`normalize` for the memory-usage table alone (`--quick`).
+
+Rows are read a rowid range at a time (read.memory_event_chunks) and decoded as `normalize`
+decodes them. Exports are written nearly in time order, but not exactly (nsys 2025.6 writes rows
+out of it): a batch holds back the rows whose sort key a later chunk could still undercut, and
+emits the rest in canonical order (time, frees before allocations, export order). While the rows
+are in order chunk by chunk, only the last timestamp of a chunk waits for the next; when a chunk
+starts before what was emitted, the flow starts again knowing each chunk's earliest time (one
+aggregate query), so rows wait only as long as an earlier row can still come: a bounded merge
+for nearly ordered exports, everything held for a shuffled one.
+
+Allocations are paired with frees by (process, address) across batches: the allocations still
+live are carried from batch to batch (`LiveSet`), and are all that grows with the capture.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from ..analyses.arrays import previous_in_group
+from ..errors import NsysanError
+from ..model import KINDS, Diagnostic
+from ..reader import release_memory
+from ..schema import Schema
+from .normalize import MAX_TOTAL_BYTES, _ints_and_nulls
+from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs, pool_rows, pool_usage_of
+
+_INT64_MAX = np.iinfo("int64").max
+# Rowids read at a time: a chunk's decoded rows and their temporaries stay some 30 MB, for each
+# time-ordered run being merged.
+CHUNK_ROWIDS = 1 << 18
+# Runs merged at most; beyond, rows wait for each chunk's earliest time (a table in no order).
+MOST_RUNS = 64
+T = TypeVar("T")
+
+# The decoded columns of a row, carried while it waits for its place in time.
+_ROW = ("key", "position", "ts", "global_pid", "op", "address", "bytes", "device", "kind_id", "kind_null",
+        "correlation", "correlation_null", "pool")
+# A live allocation, carried from batch to batch until its free.
+_LIVE = ("seq", "ts", "pid", "device", "kind", "address", "bytes", "pool")
+
+
+@dataclass
+class EventBatch:
+    """Consecutive events in canonical order, as the events frame would hold them: `seq` is the
+    row in that frame; `partner_seq` the row of a free's allocation (-1 for an allocation or an
+    unmatched free); `kind` a code into `EventFlow.kinds`."""
+
+    seq: np.ndarray
+    ts: np.ndarray
+    pid: np.ndarray
+    device: np.ndarray
+    kind: np.ndarray
+    is_alloc: np.ndarray
+    address: np.ndarray
+    bytes: np.ndarray
+    delta: np.ndarray
+    pool: np.ndarray
+    partner_seq: np.ndarray
+    # allocations that can never be freed any more (another allocation took their address while
+    # they were live), and the live allocations before this batch: _LIVE columns
+    closed: dict = field(default_factory=dict)
+    live_before: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+
+class _OutOfOrder(Exception):
+    """A chunk starts before rows already emitted: the flow starts again as a merge."""
+
+
+@dataclass
+class EventFlow:
+    """Passes over the memory events: `feed` hands each EventBatch on, after which `live` holds
+    the allocations never freed, `diagnostics` what normalize would say, and `pool_usage` the
+    pool rows (read.POOL_USAGE_COLUMNS)."""
+
+    conn: sqlite3.Connection
+    schema: Schema
+    runs: Optional[list] = None  # rowid ranges in time order; None until rows are found out of order
+    first_starts: Optional[list] = None  # per chunk, when the runs are too many
+    kinds: list[str] = field(default_factory=list)
+    live: dict = field(default_factory=dict)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    pool_usage: pd.DataFrame = field(default_factory=pd.DataFrame)
+    events: int = 0
+
+    def __post_init__(self) -> None:
+        names = self.schema.mem_kinds
+        # KINDS first, then other names by their enum id: the order normalize gives the kinds
+        extra = sorted({name for name in names.values() if name not in KINDS},
+                       key=lambda name: min(i for i, n in names.items() if n == name))
+        self.kinds = list(KINDS) + extra
+        self._kind_code = {name: i for i, name in enumerate(self.kinds)}
+
+    def feed(self, make: Callable[[], T]) -> T:
+        """One pass of every batch into `make()`'s `add`; the filled object. When rows turn out
+        to be out of time order, the pass starts again on a new object, as a merge."""
+        while True:
+            consumer = make()
+            try:
+                for batch in self._batches():
+                    consumer.add(batch)
+                    # The command line's heap keeps up to 1 GB of freed memory for reuse (see
+                    # reader.keep_large_arrays_on_the_heap): a batch's temporaries go back each time.
+                    release_memory()
+            except _OutOfOrder:
+                if self.runs is not None:  # pragma: no cover - a merge never emits out of order
+                    raise
+                self.runs = memory_sorted_runs(self.conn, CHUNK_ROWIDS, MOST_RUNS) or []
+                if not self.runs:  # rows in no order: each chunk's earliest time tells how long to wait
+                    self.first_starts = memory_chunk_first_starts(self.conn, CHUNK_ROWIDS)
+                continue
+            return consumer
+
+    def _batches(self) -> Iterator[EventBatch]:
+        self.live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in _LIVE}
+        self.events, self._bad, self._copies, self._overlapping, self._allocated = 0, 0, 0, 0, 0.0
+        self._emitted_key: Optional[int] = None
+        self._pools: list[pd.DataFrame] = []
+        if self.runs:
+            yield from self._merged_runs()
+        else:
+            yield from self._one_scan()
+        self._finish(self._pools)
+
+    def _chunks(self, rowids: Optional[tuple[int, int]] = None, size: Optional[int] = None) -> Iterator[dict]:
+        """Decoded rows of each chunk of `size` rowids (of the rows between two rowids)."""
+        for raw in memory_event_chunks(self.conn, self.schema, size or CHUNK_ROWIDS, rowids):
+            if raw.empty:  # rowids without rows: still a chunk (see _later_starts)
+                yield {name: np.zeros(0, "int64") for name in _ROW}
+                continue
+            self._pools.append(pool_rows(raw, self.schema))
+            yield self._decode(raw)
+
+    def _merged_runs(self) -> Iterator[EventBatch]:
+        """A k-way merge of the table's time-ordered runs (memory_sorted_runs), a chunk of each
+        waiting at a time: rows before the latest time every unfinished run has reached are final."""
+        # the runs' chunks together as long as one chunk: a batch stays CHUNK_ROWIDS rows or so
+        sources = [self._chunks(run, max(CHUNK_ROWIDS // len(self.runs), 1)) for run in self.runs]
+        buffers = [{name: np.zeros(0, "int64") for name in _ROW} for _ in sources]
+        done = [False] * len(sources)
+        while True:
+            for i, source in enumerate(sources):
+                # a run's rows at its buffer's last time may go on in its next chunk
+                while not done[i] and (not len(buffers[i]["ts"]) or buffers[i]["ts"][0] == buffers[i]["ts"][-1]):
+                    rows = next(source, None)
+                    if rows is None:
+                        done[i] = True
+                    else:
+                        buffers[i] = {name: np.concatenate([buffers[i][name], rows[name]]) for name in _ROW}
+            open_runs = [int(b["ts"][-1]) for b, finished in zip(buffers, done) if not finished]
+            if not open_runs:
+                ready = [len(b["ts"]) for b in buffers]
+            else:
+                until = min(open_runs)
+                ready = [int(np.searchsorted(b["ts"], until, side="left")) for b in buffers]
+            out = {name: np.concatenate([b[name][:n] for b, n in zip(buffers, ready)]) for name in _ROW}
+            buffers = [{name: values[n:] for name, values in b.items()} for b, n in zip(buffers, ready)]
+            order = np.lexsort((out["position"], out["key"]))
+            batch = self._emit({name: values[order] for name, values in out.items()})
+            if batch is not None:
+                yield batch
+            if not open_runs:
+                return
+
+    def _one_scan(self) -> Iterator[EventBatch]:
+        waiting = {name: np.zeros(0, "int64") for name in _ROW}
+        offset = self.schema.time_offset_ns
+        later_starts = self._later_starts()
+        for index, rows in enumerate(self._chunks()):
+            if self.first_starts is None and self._emitted_key is not None and len(rows["key"]) \
+                    and rows["key"].min() < self._emitted_key:
+                raise _OutOfOrder
+            waiting = {name: np.concatenate([waiting[name], rows[name]]) for name in _ROW}
+            order = np.argsort(waiting["key"], kind="stable")
+            waiting = {name: values[order] for name, values in waiting.items()}
+            if later_starts is not None:  # everything before the earliest start still to come
+                later = later_starts[index] if index < len(later_starts) else None
+                limit = later * 2 - 2 * offset if later is not None else _INT64_MAX
+                ready = int(np.searchsorted(waiting["key"], limit, side="left"))
+            else:  # in order so far: all but the last timestamp, which the next chunk may continue
+                keys = waiting["key"]
+                ready = int(np.searchsorted(keys, keys[-1] - keys[-1] % 2, side="left")) if len(keys) else 0
+            if ready:
+                out = {name: values[:ready] for name, values in waiting.items()}
+                waiting = {name: values[ready:] for name, values in waiting.items()}
+                batch = self._emit(out)
+                if batch is not None:
+                    yield batch
+        if len(waiting["key"]):
+            batch = self._emit(waiting)
+            if batch is not None:
+                yield batch
+
+    def _later_starts(self) -> Optional[list]:
+        """Per chunk: the earliest start of the chunks after it (None after the last)."""
+        if self.first_starts is None:
+            return None
+        later, lowest = [], None
+        for start in reversed(self.first_starts):
+            later.append(lowest)
+            if isinstance(start, (int, float)) and start == start:  # a REAL start is read as an integer
+                start = int(np.floor(max(min(start, 2.0**62), -2.0**62)))
+                lowest = start if lowest is None else min(lowest, start)
+        return later[::-1]
+
+    def _decode(self, raw: pd.DataFrame) -> dict:
+        """A chunk's rows decoded and checked as normalize does, the bad ones counted and left out."""
+        schema = self.schema
+        ts, ts_bad = _ints_and_nulls(raw, "start")
+        global_pid, pid_bad = _ints_and_nulls(raw, "global_pid")
+        size, size_bad = _ints_and_nulls(raw, "bytes")
+        op_id, op_bad = _ints_and_nulls(raw, "op_type")
+        op = np.full(len(op_id), -1, "int8")
+        for enum_id, name in schema.mem_ops.items():
+            op[op_id == enum_id] = 0 if name == "alloc" else 1
+        device, _ = _ints_and_nulls(raw, "device")
+        address, address_bad = _ints_and_nulls(raw, "address")
+        bad = ts_bad | pid_bad | size_bad | op_bad | address_bad | (op < 0) | (size < 0) | (size > 2**50)
+        if schema.time_offset_ns:
+            bad |= np.abs(np.clip(ts, -2**62, 2**62) - schema.time_offset_ns) > 2**61
+        else:
+            bad |= np.abs(ts) > 2**61
+        bad |= (device < -1) | (device > np.iinfo("int16").max)
+        kind_id, kind_null = _ints_and_nulls(raw, "mem_kind")
+        correlation, correlation_null = _ints_and_nulls(raw, "correlation_id")
+        pool, _ = _ints_and_nulls(raw, "pool_address")
+        keep = np.flatnonzero(~bad)
+        self._bad += int(bad.sum())
+        self._allocated += float(np.sum(size[keep][op[keep] == 0], dtype=np.float64))
+        key = (ts[keep] - schema.time_offset_ns) * 2 + (op[keep] == 0)
+        return {"key": key, "position": _ints_and_nulls(raw, "position")[0][keep], "ts": ts[keep], "global_pid": global_pid[keep],
+                "op": op[keep].astype("int64"), "address": address[keep], "bytes": size[keep],
+                "device": np.clip(device[keep], -1, np.iinfo("int16").max), "kind_id": kind_id[keep],
+                "kind_null": kind_null[keep].astype("int64"), "correlation": correlation[keep],
+                "correlation_null": correlation_null[keep].astype("int64"), "pool": (pool[keep] != 0).astype("int64")}
+
+    def _emit(self, rows: dict) -> Optional[EventBatch]:
+        """Rows in canonical order (every row of each of their timestamps) as the next batch."""
+        rows = self._without_copies(rows)
+        if not len(rows["key"]):
+            return None
+        self._emitted_key = int(rows["key"][-1])
+        n = len(rows["key"])
+        seq = np.arange(self.events, self.events + n, dtype="int64")
+        self.events += n
+        pid = ((rows["global_pid"] >> 24) & 0xFFFFFF).astype("int64")
+        names = self.schema.mem_kinds
+        kind_ids = np.where(rows["kind_null"] == 1, 7, rows["kind_id"])
+        distinct, slot = np.unique(kind_ids, return_inverse=True)
+        kind = np.array([self._kind_code[names.get(int(k), "unknown")] for k in distinct], "int64")[slot]
+        is_alloc = rows["op"] == 0
+        address = rows["address"].view("uint64")
+        return self._paired(seq, rows["ts"] - self.schema.time_offset_ns, pid, rows["device"], kind, is_alloc,
+                            address, rows["bytes"], rows["pool"].astype(bool))
+
+    def _without_copies(self, rows: dict) -> dict:
+        """The rows without those that repeat an earlier row exactly (normalize._without_copies)."""
+        key = rows["key"]
+        if len(key) < 2:
+            return rows
+        equal_next = key[1:] == key[:-1]
+        if not equal_next.any():
+            return rows
+        tied = np.zeros(len(key), bool)
+        tied[1:] |= equal_next
+        tied[:-1] |= equal_next
+        at = np.flatnonzero(tied)
+        copies = pd.DataFrame({
+            "ts": rows["ts"][at], "op": rows["op"][at], "pid": rows["global_pid"][at], "address": rows["address"][at],
+            "bytes": rows["bytes"][at], "device": rows["device"][at],
+            "kind": np.where(rows["kind_null"][at] == 1, -1, rows["kind_id"][at]),
+            "call": np.where(rows["correlation_null"][at] == 1, -1, rows["correlation"][at]),
+        }).duplicated().to_numpy()
+        if not copies.any():
+            return rows
+        self._copies += int(copies.sum())
+        drop = np.zeros(len(key), bool)
+        drop[at[copies]] = True
+        return {name: values[~drop] for name, values in rows.items()}
+
+    def _paired(self, seq, ts, pid, device, kind, is_alloc, address, size, pool) -> EventBatch:
+        """Frees paired with the allocation before them at their (process, address), the live
+        allocations of earlier batches included (normalize._pair_allocs_and_frees)."""
+        live = self.live
+        carried = len(live["seq"])
+        all_pid = np.concatenate([live["pid"], pid])
+        all_address = np.concatenate([live["address"], address])
+        all_alloc = np.concatenate([np.ones(carried, bool), is_alloc])
+        pid_code, pids = pd.factorize(all_pid)
+        if len(pids) < 2**15 and (len(all_address) == 0 or (all_address >> np.uint64(48)).max() == 0):
+            # user-space addresses have at most 48 bits: process and address in one 64-bit key
+            block, blocks = pd.factorize(all_address | (pid_code.astype("uint64") << np.uint64(48)))
+        else:  # damaged exports with wider addresses or absurd pid counts
+            block, blocks = pd.MultiIndex.from_arrays([all_pid, all_address]).factorize()
+        previous = previous_in_group(block, len(blocks))
+        after_alloc = (previous >= 0) & all_alloc[np.maximum(previous, 0)]
+        frees = np.flatnonzero(~all_alloc & after_alloc)
+        superseded = previous[all_alloc & after_alloc]  # allocations whose address was taken again
+        self._overlapping += len(superseded)
+        all_seq = np.concatenate([live["seq"], seq])
+        all_size = np.concatenate([live["bytes"], size])
+        partner_seq = np.full(len(all_seq), -1, "int64")
+        partner_seq[frees] = all_seq[previous[frees]]
+        freed_size = np.full(len(all_seq), 0, "int64")
+        freed_size[frees] = all_size[previous[frees]]
+        own = slice(carried, None)
+        paired = partner_seq[own] >= 0
+        sizes = np.where(is_alloc | ~paired, size, freed_size[own])
+        delta = np.where(is_alloc, size, np.where(paired, -freed_size[own], 0))
+        # the live allocations now: each block's last event, when it is an allocation
+        has_next = np.zeros(len(all_seq), bool)
+        has_next[previous[previous >= 0]] = True
+        columns = {"seq": all_seq, "ts": np.concatenate([live["ts"], ts]), "pid": all_pid,
+                   "device": np.concatenate([live["device"], device]), "kind": np.concatenate([live["kind"], kind]),
+                   "address": all_address, "bytes": all_size, "pool": np.concatenate([live["pool"], pool])}
+        still = np.flatnonzero(all_alloc & ~has_next)
+        self.live = {name: values[still] for name, values in columns.items()}
+        closed = {name: values[superseded] for name, values in columns.items()}
+        return EventBatch(seq=seq, ts=ts, pid=pid, device=device, kind=kind, is_alloc=is_alloc, address=address,
+                          bytes=sizes, delta=delta, pool=pool, partner_seq=partner_seq[own], closed=closed,
+                          live_before=live)
+
+    def _finish(self, pools: list) -> None:
+        if self._allocated >= MAX_TOTAL_BYTES:
+            raise NsysanError(f"its memory events allocate {self._allocated / 2**60:,.1f} EiB in all, more than "
+                              "64-bit byte counts hold and far beyond any machine: the export is damaged, so export "
+                              "the report again")
+        notes = []
+        if self._bad:
+            notes.append(Diagnostic(
+                "warning", "bad_memory_rows",
+                f"{self._bad} memory events had missing or impossible values (unknown operation, "
+                "size below 0 or above 1 PiB, NULL time or address, time beyond ±2^61 ns, device id beyond "
+                "32767) and were left out"))
+        if self._copies:
+            notes.append(Diagnostic(
+                "warning", "bad_memory_rows",
+                f"{self._copies} memory events were exact copies of others (an export written twice into one "
+                "file?) and were left out"))
+        if self._overlapping:
+            notes.append(Diagnostic(
+                "warning", "overlapping_allocations",
+                f"{self._overlapping} allocations were followed by another allocation at the same address while "
+                "still allocated (a free is missing from the capture, or the export is damaged); each "
+                "free closes the latest allocation at its address, so the live bytes may be overstated"))
+        self.diagnostics = notes
+        found = [p for p in pools if not p.empty]
+        self.pool_usage = pool_usage_of(pd.concat(found, ignore_index=True) if found else pd.DataFrame())
