@@ -11,17 +11,24 @@ Two workloads, each copied (hard links where possible) into a temporary folder:
 - large: `--large` copies (20) of benchmarks/data/big_1000000.sqlite (1e6 memory events,
   127 MiB, from make_big_export.py): whether the analyses themselves run in parallel.
 
-For each, three commands, taking turns `--repeat` times, median wall time:
+For each, four commands, taking turns `--repeat` times, median wall time:
 
 - sequential: `nsysan analyze <every copy> --json-dir D --format json`: one process analyzing one
   report after another (the fair baseline: no process start per report);
 - local pool: `nsysan batch <folder> -o D -j <cores>`;
-- dask: `nsysan batch <folder> -o D -j <cores> --dask local` (a LocalCluster started and stopped
-  inside the measured time).
+- dask cluster: `nsysan batch <folder> -o D --dask tcp://127.0.0.1:PORT`, on a cluster started
+  before the measured runs the way one is in production (`dask scheduler`, then `dask worker
+  --nworkers <cores> --nthreads 1`, with the nanny's default settings), its workers warmed by
+  importing nsysan once;
+- dask local: `nsysan batch <folder> -o D -j <cores> --dask local` (a LocalCluster started and
+  stopped inside the measured time); once per round, a separate process also times the stages of
+  that fixed cost: importing distributed, starting the cluster, the first task on each worker,
+  closing.
 
 Reported: reports per second, the speed-up of each engine over sequential (goal on the large
-exports: at least 0.8 x cores) and Dask's overhead over the local pool ((dask - pool) / pool,
-goal under 10%).
+exports: at least 0.8 x cores), Dask's overhead over the local pool ((dask - pool) / pool, goal
+under 10%), and each command's CPU seconds (all its processes, sampled every 0.1 s: valid under
+load, where wall times are not).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -56,46 +64,182 @@ def copies(source: Path, count: int, folder: Path) -> list[Path]:
     return made
 
 
-def timed(command: list[str], env: dict) -> float:
+def timed(command: list[str], env: dict) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the command's processes, sampled)."""
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cpu = CpuSampler(proc.pid)
+    _, stderr = proc.communicate()
     seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command[:4])} ... failed ({done.returncode}): {done.stderr[-500:]}")
-    return seconds
+    cpu.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:4])} ... failed ({proc.returncode}): {stderr[-500:]}")
+    return seconds, cpu.seconds()
 
 
-def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int, env: dict) -> dict:
+class CpuSampler:
+    """The CPU seconds of a process and its descendants, read from /proc every 0.1 s (a process's
+    last 0.1 s before it exits are missed: a lower bound). The pool's workers are children of the
+    fork server, which nobody waits for, so getrusage(RUSAGE_CHILDREN) would not count them."""
+
+    def __init__(self, root: int) -> None:
+        self.root, self.last, self.done = root, {}, threading.Event()
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(0.1):
+            parents = {}
+            for name in os.listdir("/proc"):
+                if name.isdigit():
+                    try:
+                        with open(f"/proc/{name}/stat") as handle:
+                            fields = handle.read().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    parents[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / self.tick)
+            ours = {self.root}
+            grew = True
+            while grew:
+                grew = False
+                for pid, (parent, _) in parents.items():
+                    if parent in ours and pid not in ours:
+                        ours.add(pid)
+                        grew = True
+            for pid in ours & parents.keys():
+                self.last[pid] = parents[pid][1]
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def seconds(self) -> float:
+        return round(sum(self.last.values()), 2)
+
+
+class ExistingCluster:
+    """A Dask scheduler and `jobs` single-threaded workers, started as an operator would (the
+    `dask scheduler` and `dask worker` commands, nanny defaults), on the loopback interface."""
+
+    def __init__(self, jobs: int, env: dict, folder: Path) -> None:
+        from distributed import Client
+
+        address_file = folder / "scheduler.json"
+        quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+        self.processes = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
+                                            "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file",
+                                            str(address_file)], **quiet)]
+        deadline = time.monotonic() + 60
+        while not address_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.processes.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+                                                str(address_file), "--nworkers", str(jobs), "--nthreads", "1",
+                                                "--host", "127.0.0.1", "--no-dashboard"], **quiet))
+        with Client(scheduler_file=str(address_file), timeout="60s") as client:
+            client.wait_for_workers(jobs, timeout=120)
+            self.address = client.scheduler.address
+            client.run(_import_nsysan)  # a cluster in service has, for an earlier batch
+
+    def close(self) -> None:
+        for process in reversed(self.processes):
+            process.terminate()
+            process.wait(timeout=60)
+
+
+def _import_nsysan() -> None:
+    import nsysan.batch.worker  # noqa: F401
+    import nsysan.pipeline  # noqa: F401
+
+
+def dask_local_stages(jobs: int) -> dict:
+    """The fixed cost of `--dask local`, stage by stage, in seconds (run in a fresh process)."""
+    stages = {}
+    lap = time.perf_counter()
+
+    def stage(name: str) -> None:
+        nonlocal lap
+        now = time.perf_counter()
+        stages[name] = round(now - lap, 3)
+        lap = now
+
+    import nsysan.cli  # noqa: F401  what the command has imported before it starts Dask
+
+    stage("import nsysan")
+    import distributed  # noqa: F401
+
+    stage("import distributed")
+    from nsysan.batch import engines, worker
+
+    client, cluster, _ = engines._dask_client("local", jobs)
+    stage("start the LocalCluster and connect")
+    small = str(ROOT / "fixtures" / "known_mem_v25.sqlite")
+    tasks = [client.submit(worker.analyze_some, [small], None, None, 1, worker.TUNE_PROCESS, pure=False,
+                           workers=[address]) for address in client.scheduler_info()["workers"]]
+    client.gather(tasks)
+    stage("first task on each worker (one small report)")
+    tasks = [client.submit(worker.analyze_some, [small], None, None, 1, worker.TUNE_PROCESS, pure=False,
+                           workers=[address]) for address in client.scheduler_info()["workers"]]
+    client.gather(tasks)
+    del tasks
+    stage("second task on each worker (the same report)")
+    client.close()
+    cluster.close()
+    stage("close")
+    return stages
+
+
+def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int, env: dict,
+            cluster: "ExistingCluster | None") -> dict:
     nsysan = [sys.executable, "-m", "nsysan"]
     scratch = Path(tempfile.mkdtemp(prefix=f"nsysan-bench-{name}-"))
     commands = {
         "sequential": nsysan + ["analyze", *map(str, reports), "--json-dir", str(scratch / "seq"), "--format", "json",
                                 "--no-progress"],
         "local pool": nsysan + ["batch", str(folder), "-o", str(scratch / "pool"), "-j", str(jobs), "--no-progress"],
-        "dask": nsysan + ["batch", str(folder), "-o", str(scratch / "dask"), "-j", str(jobs), "--dask", "local",
-                          "--no-progress"],
+        "dask local": nsysan + ["batch", str(folder), "-o", str(scratch / "dask"), "-j", str(jobs), "--dask", "local",
+                                "--no-progress"],
     }
+    if cluster is not None:
+        commands["dask cluster"] = nsysan + ["batch", str(folder), "-o", str(scratch / "cluster"), "--dask",
+                                             cluster.address, "--no-progress"]
     times: dict[str, list[float]] = {k: [] for k in commands}
+    cpu: dict[str, list[float]] = {k: [] for k in commands}
     # The 1-minute load average before each command: on a shared machine it says how many other
     # threads wanted the cores while it ran (an idle 2-core machine shows about 0).
     loads: dict[str, list[float]] = {k: [] for k in commands}
+    stages = []
     for round_ in range(repeat):
         for label, command in commands.items():
-            shutil.rmtree(scratch / label.split()[0], ignore_errors=True)
+            (scratch / "seq").mkdir(parents=True, exist_ok=True)
+            for out in ("pool", "dask", "cluster"):
+                shutil.rmtree(scratch / out, ignore_errors=True)
             loads[label].append(round(os.getloadavg()[0], 2))
-            seconds = timed(command, env)
+            seconds, cpu_seconds = timed(command, env)
             times[label].append(seconds)
-            print(f"  {name} {label}: {seconds:.1f} s (round {round_ + 1}, load {loads[label][-1]})", flush=True)
+            cpu[label].append(cpu_seconds)
+            print(f"  {name} {label}: {seconds:.1f} s, {cpu_seconds:.1f} CPU s (round {round_ + 1}, load "
+                  f"{loads[label][-1]})", flush=True)
+        probe = subprocess.run([sys.executable, __file__, "--dask-local-stages", "--jobs", str(jobs)], cwd=ROOT,
+                               env=env, capture_output=True, text=True)
+        if probe.returncode == 0:
+            stages.append(json.loads(probe.stdout.strip().splitlines()[-1]))
+            print(f"  dask local's fixed cost: {stages[-1]}", flush=True)
     shutil.rmtree(scratch, ignore_errors=True)
     median = {k: statistics.median(v) for k, v in times.items()}
-    return {
-        "workload": name, "reports": len(reports), "jobs": jobs, "runs": times, "load_before": loads,
+    found = {
+        "workload": name, "reports": len(reports), "jobs": jobs, "runs": times, "cpu_s": cpu, "load_before": loads,
         "median_s": median,
         "reports_per_s": {k: len(reports) / v for k, v in median.items()},
         "speedup_pool": median["sequential"] / median["local pool"],
-        "speedup_dask": median["sequential"] / median["dask"],
-        "dask_overhead": (median["dask"] - median["local pool"]) / median["local pool"],
+        "speedup_dask_local": median["sequential"] / median["dask local"],
+        "dask_local_overhead": (median["dask local"] - median["local pool"]) / median["local pool"],
+        "dask_local_stages_s": stages,
     }
+    if cluster is not None:
+        found["speedup_dask_cluster"] = median["sequential"] / median["dask cluster"]
+        found["dask_cluster_overhead"] = (median["dask cluster"] - median["local pool"]) / median["local pool"]
+    return found
 
 
 def main() -> None:
@@ -106,14 +250,22 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--only", choices=("small", "large"), help="measure one workload")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "batch-performance.json")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the existing-cluster runs")
+    parser.add_argument("--dask-local-stages", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.dask_local_stages:
+        print(json.dumps(dask_local_stages(args.jobs)))
+        return
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     big = DATA / "big_1000000.sqlite"
     if not big.exists():
         raise SystemExit(f"{big} is missing: python benchmarks/make_big_export.py (or link /work/bench-data)")
     work = Path(tempfile.mkdtemp(prefix="nsysan-batch-bench-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `kill` still removes the copies
+    cluster = None
     try:
+        if not args.no_cluster:
+            cluster = ExistingCluster(args.jobs, env, work)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip()
         results = {"commit": commit, "machine": {"cores": os.cpu_count(), "jobs": args.jobs,
@@ -125,16 +277,20 @@ def main() -> None:
                 continue
             folder = work / name
             reports = copies(source, count, folder)
-            results["workloads"].append(measure(name, reports, folder, args.jobs, args.repeat, env))
+            results["workloads"].append(measure(name, reports, folder, args.jobs, args.repeat, env, cluster))
             args.out.write_text(json.dumps(results, indent=2) + "\n")
         results["machine"]["load_after"] = os.getloadavg()
         args.out.write_text(json.dumps(results, indent=2) + "\n")
         for w in results["workloads"]:
             print(f"{w['workload']}: {w['reports']} reports, sequential {w['median_s']['sequential']:.1f} s, "
-                  f"pool {w['median_s']['local pool']:.1f} s ({w['speedup_pool']:.2f}x), dask "
-                  f"{w['median_s']['dask']:.1f} s ({w['speedup_dask']:.2f}x), dask overhead "
-                  f"{100 * w['dask_overhead']:+.1f}%")
+                  f"pool {w['median_s']['local pool']:.1f} s ({w['speedup_pool']:.2f}x), dask local "
+                  f"{w['median_s']['dask local']:.1f} s ({100 * w['dask_local_overhead']:+.1f}% over the pool)"
+                  + (f", dask cluster {w['median_s']['dask cluster']:.1f} s "
+                     f"({100 * w['dask_cluster_overhead']:+.1f}% over the pool)" if "dask cluster" in w['median_s']
+                     else ""))
     finally:
+        if cluster is not None:
+            cluster.close()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -121,6 +121,40 @@ def test_dask_gives_the_same_numbers(local_run, dask_run):
     assert documents(local_out) == documents(dask_out)
 
 
+def test_an_existing_dask_cluster_gives_the_same_numbers(local_run, inputs, tmp_path_factory):
+    """`--dask tcp://...`: a cluster nsysan did not start, whose nanny starts the workers with
+    MALLOC_TRIM_THRESHOLD_=65536 (so the analyses tune the allocator only while they run), and
+    whose small reports go a few to a task."""
+    distributed = pytest.importorskip("distributed")
+    out = tmp_path_factory.mktemp("cluster")
+    cache = tmp_path_factory.getbasetemp() / "export-cache"
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        result = run("batch", *inputs, "-o", str(out), "--dask", cluster.scheduler_address, "--cache-dir", str(cache))
+    local, local_out = local_run
+    assert result.returncode == 0, result.stderr
+    assert f"on the Dask cluster at {cluster.scheduler_address}" in result.stdout.splitlines()[0]
+    assert numbers(read_csv(out / "summary.csv")) == numbers(read_csv(local_out / "summary.csv"))
+
+
+def test_small_reports_go_a_few_to_a_dask_task_and_large_ones_alone(tmp_path):
+    from nsysan.batch.engines import SMALL_REPORT_BYTES, dask_tasks, largest_first
+
+    small = [tmp_path / f"small{i:02d}.sqlite" for i in range(40)]
+    for path in small:
+        path.write_bytes(b"x" * 1000)
+    large = tmp_path / "large.sqlite"
+    large.write_bytes(b"x" * SMALL_REPORT_BYTES)
+    ordered = largest_first([*small[:20], large, *small[20:], tmp_path / "missing.sqlite"])
+    assert ordered[0] == large and ordered[-1].name == "missing.sqlite" and ordered[1:-1] == small
+    # 41 small ones (the missing file fails at once: small) on 2 worker threads: at least 8 tasks
+    # each, so 41 // 16 = 2 reports a task; the large one alone.
+    tasks = dask_tasks(ordered, threads=2)
+    assert tasks[0] == [large] and [len(t) for t in tasks[1:]] == [2] * 20 + [1]
+    assert [len(t) for t in dask_tasks(ordered, threads=8)] == [1] * 42  # 41 // 64: one a task
+    assert max(len(t) for t in dask_tasks(small * 10, threads=2)) == 4  # at most SMALL_PER_TASK
+
+
 def test_database_holds_the_numbers_of_the_json(local_run):
     import sqlite_utils
 

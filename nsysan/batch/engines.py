@@ -6,7 +6,8 @@ Ctrl-C loses only the ones running. As many more wait queued (a path each, no me
 so a worker that finishes starts its next report at once instead of waiting for this process to
 hear of it and submit one: with reports of a tenth of a second, that round trip was a large part
 of each. A worker that dies (killed for memory, say) fails its
-report's row, not the batch.
+report's row, not the batch. The largest reports go first, so the batch doesn't end waiting on
+one large analysis while the other workers have nothing left to do.
 """
 
 from __future__ import annotations
@@ -19,11 +20,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from ..errors import NsysanError, one_line
-from .worker import analyze_one
+from .worker import TUNE_PROCESS, TUNE_TASK, analyze_one, analyze_some
 
 OnDone = Callable[[dict[str, Any]], None]
 # Reports handed to the engine per analysis it runs at once: one running, one queued behind it.
 QUEUED_PER_WORKER = 2
+# A Dask task costs about as much as the analysis of a small report (its round trip through the
+# scheduler, the worker's and the client's bookkeeping: measured here, 200 reports of 300 kB,
+# 5 CPU s more than the local pool in all). Reports under SMALL_REPORT_BYTES go up to
+# SMALL_PER_TASK to a task, as long as every worker thread still gets TASKS_PER_THREAD tasks
+# or more, so the last ones still spread over the workers.
+SMALL_REPORT_BYTES = 4 << 20
+SMALL_PER_TASK = 4
+TASKS_PER_THREAD = 8
 DASK_MISSING = "--dask needs Dask distributed, an optional extra: pip install 'nsysan[dask]'"
 
 
@@ -46,11 +55,40 @@ def run_all(paths: list[Path], on_done: OnDone, *, jobs: int, dask: Optional[str
     # worker has one thread per task: one analysis per thread, its share of its machine).
     ours = not dask or dask == "local"  # worker processes nsysan starts (their allocator is tuned)
     threads = max(1, default_jobs() // jobs) if ours else 1
-    args = (nsys, cache_dir, threads, ours)
+    args = (nsys, cache_dir, threads, TUNE_PROCESS if ours else TUNE_TASK)
+    paths = largest_first(paths)
     if dask:
         _on_dask(paths, on_done, jobs, dask, args)
     else:
         _on_local_pool(paths, on_done, jobs, args)
+
+
+def largest_first(paths: list[Path]) -> list[Path]:
+    """The paths by size, largest first (the input order among equals; an unreadable one last)."""
+    def size(path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except OSError:
+            return -1
+    return sorted(paths, key=lambda path: -size(path))
+
+
+def dask_tasks(paths: list[Path], threads: int) -> list[list[Path]]:
+    """The reports of each Dask task, in order: a large report alone, small ones a few together."""
+    def is_small(path: Path) -> bool:
+        try:
+            return path.stat().st_size < SMALL_REPORT_BYTES
+        except OSError:  # it fails at once on the worker
+            return True
+    small = sum(1 for path in paths if is_small(path))
+    per_task = max(1, min(SMALL_PER_TASK, small // max(1, threads * TASKS_PER_THREAD)))
+    tasks: list[list[Path]] = []
+    for path in paths:
+        if is_small(path) and tasks and len(tasks[-1]) < per_task and is_small(tasks[-1][0]):
+            tasks[-1].append(path)
+        else:
+            tasks.append([path])
+    return tasks
 
 
 def _failed(path: Path, why: str) -> dict[str, Any]:
@@ -104,10 +142,15 @@ def _dask_client(address: str, jobs: int) -> tuple[Any, Any, int]:
 
         # processes, one thread each (an analysis holds the GIL between its numpy calls), on the
         # loopback interface only: nothing listens on the network. Forked from a forkserver that
-        # imported distributed, numpy and pandas once, as the local pool's are: spawned workers
-        # imported them anew and took 1.5 s to stop at the end, forked ones stop in 0.1 s.
-        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-        with dask.config.set({"distributed.worker.multiprocessing-method": method}):
+        # imported distributed and nsysan's analysis once, as the local pool's are: spawned workers
+        # imported them anew and took 1.5 s to stop at the end, forked ones stop in 0.1 s, and
+        # their first task no longer imports nsysan. No statistical profiler in the workers
+        # (it samples every thread's stack every 10 ms, for a dashboard nobody opens here).
+        forkserver = "forkserver" in multiprocessing.get_all_start_methods()
+        with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver" if forkserver else "spawn",
+                              "distributed.worker.profile.enabled": False}):
+            if forkserver:
+                _preload_nsysan_in_dask_forkserver()
             cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, host="127.0.0.1",
                                    dashboard_address=None, silence_logs=logging.ERROR)
         return Client(cluster), cluster, jobs
@@ -120,33 +163,44 @@ def _dask_client(address: str, jobs: int) -> tuple[Any, Any, int]:
     return client, None, threads
 
 
+def _preload_nsysan_in_dask_forkserver() -> None:
+    """Dask's fork server imports distributed and the packages it knows of; nsysan's worker and
+    analysis (with numpy, pandas and pyarrow) too, so no worker imports them for its first task."""
+    from distributed.utils import get_mp_context
+
+    # Dask sets its list the first time it asks for the context: ask first, then replace it.
+    get_mp_context().set_forkserver_preload(["distributed", "nsysan.batch.worker", "nsysan.pipeline"])
+
+
 def _on_dask(paths: list[Path], on_done: OnDone, jobs: int, address: str, args: tuple) -> None:
     client, cluster, window = _dask_client(address, jobs)
     from distributed import as_completed
 
-    todo: Iterator[tuple[int, Path]] = iter(enumerate(paths))
-    owner: dict[str, tuple[Any, Path]] = {}  # the futures in flight, by key
+    todo: Iterator[tuple[int, list[Path]]] = iter(enumerate(dask_tasks(paths, window)))
+    owner: dict[str, tuple[Any, list[Path]]] = {}  # the futures in flight, by key
 
-    def submit(index: int, path: Path):
-        future = client.submit(analyze_one, str(path), *args, pure=False, key=f"nsysan-analyze-{index}")
-        owner[future.key] = (future, path)
+    def submit(index: int, reports: list[Path]):
+        future = client.submit(analyze_some, [str(p) for p in reports], *args, pure=False,
+                               key=f"nsysan-analyze-{index}")
+        owner[future.key] = (future, reports)
         return future
 
     try:
         first = [submit(i, p) for _, (i, p) in zip(range(QUEUED_PER_WORKER * window), todo)]
         queue = as_completed(first)
         for future in queue:
-            _, path = owner.pop(future.key)
+            _, reports = owner.pop(future.key)
             try:
-                result = future.result()
+                results = future.result()
             except Exception as err:  # the worker died, or the task could not run there
-                result = _failed(path, f"{path.name}: the Dask task failed ({type(err).__name__}: "
-                                       f"{one_line(str(err))[:160]})")
+                results = [_failed(path, f"{path.name}: the Dask task failed ({type(err).__name__}: "
+                                         f"{one_line(str(err))[:160]})") for path in reports]
             future.release()
-            on_done(result)
-            for index, path in todo:
-                queue.add(submit(index, path))
+            for index, more in todo:  # the next task first: the worker may be waiting for it
+                queue.add(submit(index, more))
                 break
+            for result in results:
+                on_done(result)
     finally:
         if owner:  # interrupted: the analyses still in flight are dropped
             client.cancel([future for future, _ in owner.values()])
