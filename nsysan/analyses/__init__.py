@@ -79,6 +79,10 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                   reserve_adjustment(events, reserve_changes), groups_of)
         grouped = group_events(events)
         timeline_later = pool.submit(build_timeline, events, grouped, ranges, start_ns, end_ns)
+        api_calls_later = pool.submit(api_call_stats, calls)
+        sites_later = pool.submit(lambda: [] if loaded.quick else rank_sites(events, site_table))
+        ranges_later = pool.submit(range_stats, events, ranges, end_ns, loaded.operator_ranges, calls=calls,
+                                   sizes_known=schema.memory_usage_collected)
         groups = summarize_groups(events, grouped, gpu_of)
         never_freed, never_freed_total = find_never_freed(events, allocations)
         failed = find_failed_calls(calls, events, ranges)
@@ -94,7 +98,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
                                  schema.duration_ns, quick=loaded.quick, pools=pools)
         timeline = timeline_later.result()
-    sites = [] if loaded.quick else rank_sites(events, site_table)
+        sites = sites_later.result()
     timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns)
     diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
         schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version,
@@ -115,10 +119,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         never_freed=never_freed,
         never_freed_total=never_freed_total,
         sites=sites,
-        api_calls=api_call_stats(calls),
+        api_calls=api_calls_later.result(),
         failed_calls=failed,
-        ranges=range_stats(events, ranges, end_ns, loaded.operator_ranges, calls=calls,
-                           sizes_known=schema.memory_usage_collected),
+        ranges=ranges_later.result(),
         timeline=timeline,
         diagnostics=diagnostics,
         caps=verdicts.caps,

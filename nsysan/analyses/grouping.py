@@ -40,30 +40,32 @@ class Segments:
                                                   self.starts[self.present])
         return result
 
-    def count(self, mask: np.ndarray | None = None) -> np.ndarray:
+    def count(self, mask: np.ndarray | None = None, ordered: bool = False) -> np.ndarray:
         if mask is None:
             return self.sizes.astype("int64")
-        return self._reduce(np.add, mask.astype("int64"))
+        return self._reduce(np.add, mask.astype("int64"), ordered=ordered)
 
-    def sum(self, values: np.ndarray) -> np.ndarray:
-        return self._reduce(np.add, values.astype("int64", copy=False))
+    def sum(self, values: np.ndarray, ordered: bool = False) -> np.ndarray:
+        return self._reduce(np.add, values.astype("int64", copy=False), ordered=ordered)
 
-    def max(self, values: np.ndarray) -> np.ndarray:
-        return self._reduce(np.maximum, values, empty=np.iinfo(values.dtype).min)
+    def max(self, values: np.ndarray, ordered: bool = False) -> np.ndarray:
+        return self._reduce(np.maximum, values, empty=np.iinfo(values.dtype).min, ordered=ordered)
 
-    def last(self, values: np.ndarray) -> np.ndarray:
+    def last(self, values: np.ndarray, ordered: bool = False) -> np.ndarray:
         """The value at each group's last event (its latest, since events are in time order)."""
         result = np.zeros(self.groups, dtype=values.dtype)
         ends = self.starts + self.sizes - 1
-        result[self.present] = values[self.order[ends[self.present]]]
+        result[self.present] = values[ends[self.present] if ordered else self.order[ends[self.present]]]
         return result
 
-    def running_sum(self, values: np.ndarray) -> np.ndarray:
-        """Per event, the sum of its group's values up to and including it (in event order)."""
-        ordered = self._running_sums_in_group_order(values)
-        result = np.empty_like(ordered)
-        result[self.order] = ordered
-        return result
+    def in_group_order(self, values: np.ndarray) -> np.ndarray:
+        """`values` of every event, brought into segment order (group g at starts[g]:starts[g] + sizes[g])."""
+        return values[self.order]
+
+    def running_sums(self, values: np.ndarray) -> np.ndarray:
+        """Per event, the sum of its group's values up to and including it, in segment order (the
+        way back to event order, a scatter and 80 MB at 1e7 events, is left to whoever needs it)."""
+        return self._running_sums_in_group_order(values)
 
     def running_sum_max(self, values: np.ndarray) -> np.ndarray:
         """Per group, the highest running sum of its values: max(running_sum(values)) without
@@ -84,10 +86,16 @@ class Segments:
             ordered -= np.repeat(before, self.sizes)
         return ordered
 
-    def first_row_of_max(self, values: np.ndarray) -> np.ndarray:
+    def first_row_of_max(self, values: np.ndarray, ordered: bool = False) -> np.ndarray:
         """Per group, the event row where `values` first reaches the group's maximum (-1 if empty)."""
-        highest = self.max(values)
-        ordered = values[self.order]
+        ordered = values if ordered else values[self.order]
+        if self.groups <= MANY_GROUPS:  # argmax of each group's slice: its first maximum, no array of n
+            first = np.full(self.groups, -1, "int64")
+            for group in np.flatnonzero(self.present).tolist():  # one per group
+                start = int(self.starts[group])
+                first[group] = self.order[start + int(np.argmax(ordered[start:start + int(self.sizes[group])]))]
+            return first
+        highest = self.max(ordered, ordered=True)
         group_of = np.repeat(np.arange(self.groups), self.sizes)
         positions = np.where(ordered == highest[group_of], np.arange(len(ordered)), len(ordered))
         first = self._reduce(np.minimum, positions, empty=len(ordered), ordered=True)

@@ -34,21 +34,23 @@ def summarize_groups(events: pd.DataFrame, groups: Groups,
     """Totals per (process, device, kind): peak, end value, counts, never freed, frees without alloc."""
     if events.empty:
         return []
-    is_alloc = (events["op"].cat.codes == 0).to_numpy()
-    unmatched = events["partner"].to_numpy() < 0
-    sizes = events["bytes"].to_numpy()
     seg = groups.segments
-    allocations = seg.count(is_alloc)
+    # Each column brought into segment order once (one gather each, not one per sum), like the live bytes.
+    is_alloc = seg.in_group_order(events["op"].cat.codes.to_numpy()) == 0
+    unmatched = seg.in_group_order(events["partner"].to_numpy()) < 0
+    sizes = seg.in_group_order(events["bytes"].to_numpy())
+    allocations = seg.count(is_alloc, ordered=True)
     frees = seg.count() - allocations
-    allocated = seg.sum(np.where(is_alloc, sizes, 0))
-    never_freed_count = seg.count(is_alloc & unmatched)
-    never_freed_bytes = seg.sum(np.where(is_alloc & unmatched, sizes, 0))
-    orphans = seg.count(~is_alloc & unmatched)
-    orphan_bytes = seg.sum(np.where(~is_alloc & unmatched, sizes, 0))
-    end_bytes = seg.last(groups.live)
-    peak_bytes = seg.max(groups.live)
+    allocated = seg.sum(np.where(is_alloc, sizes, 0), ordered=True)
+    never_freed_count = seg.count(is_alloc & unmatched, ordered=True)
+    never_freed_bytes = seg.sum(np.where(is_alloc & unmatched, sizes, 0), ordered=True)
+    orphans = seg.count(~is_alloc & unmatched, ordered=True)
+    orphan_bytes = seg.sum(np.where(~is_alloc & unmatched, sizes, 0), ordered=True)
+    del is_alloc, unmatched, sizes
+    end_bytes = seg.last(groups.live, ordered=True)
+    peak_bytes = seg.max(groups.live, ordered=True)
     # Events are in time order, so the first row holding a group's maximum is when it was reached.
-    first_peak_ts = events["ts_ns"].to_numpy()[np.maximum(seg.first_row_of_max(groups.live), 0)]
+    first_peak_ts = events["ts_ns"].to_numpy()[np.maximum(seg.first_row_of_max(groups.live, ordered=True), 0)]
     totals = pd.DataFrame({"allocations": allocations, "frees": frees, "allocated_bytes": allocated,
                            "never_freed_count": never_freed_count, "never_freed_bytes": never_freed_bytes,
                            "orphans": orphans, "orphan_bytes": orphan_bytes, "end_bytes": end_bytes,

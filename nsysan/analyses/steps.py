@@ -54,16 +54,15 @@ def live_series(events: pd.DataFrame, grouped: Groups) -> list[LiveSeries]:
     if events.empty or grouped.segments is None:
         return []
     keys = grouped.keys
-    seg = grouped.segments
     ts_all, delta_all = events["ts_ns"].to_numpy(), events["delta_bytes"].to_numpy()
     chosen = keys[keys["kind"].isin(STEP_KINDS)]
     result = []
     for (pid, device), members in chosen.groupby(["pid", "device"], sort=True):  # one per (process, device)
-        parts = [seg.order[seg.starts[g]:seg.starts[g] + seg.sizes[g]] for g in members.index]
+        parts = [grouped.members(g) for g in members.index]
         if len(parts) == 1:
-            rows, live = parts[0], grouped.live[parts[0]]
+            rows, live = parts[0]
         else:  # device and array together: merged in event order, summed again
-            rows = np.sort(np.concatenate(parts), kind="stable")
+            rows = np.sort(np.concatenate([rows for rows, _ in parts]), kind="stable")
             live = np.cumsum(delta_all[rows])
         result.append(LiveSeries(int(pid), int(device), rows, ts_all[rows], live))
     return result

@@ -18,12 +18,19 @@ MAX_BANDS = 300
 
 @dataclass(frozen=True)
 class Groups:
-    """Each event's (process, device, kind) group and the group's live bytes after the event."""
+    """The (process, device, kind) groups and each group's live bytes after each of its events."""
 
-    codes: np.ndarray  # group number of each event, groups sorted by (pid, device, kind order)
     keys: pd.DataFrame  # one row per group: pid, device, kind (str)
-    live: np.ndarray  # live bytes of the event's group right after it
+    # live bytes of the group right after each event, in segment order: group g's events are rows
+    # segments.order[a:b] and their live bytes live[a:b], a = segments.starts[g], b = a + sizes[g]
+    live: np.ndarray
     segments: Optional["Segments"] = None  # the events sorted by group, for per-group sums
+
+    def members(self, group: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of one group's events (in time order) and its live bytes after each."""
+        start = int(self.segments.starts[group])
+        stop = start + int(self.segments.sizes[group])
+        return self.segments.order[start:stop], self.live[start:stop]
 
 
 def group_events(events: pd.DataFrame) -> Groups:
@@ -31,7 +38,7 @@ def group_events(events: pd.DataFrame) -> Groups:
     if events.empty:
         empty = pd.DataFrame({"pid": pd.Series(dtype="int64"), "device": pd.Series(dtype="int64"),
                               "kind": pd.Series(dtype="object")})
-        return Groups(np.zeros(0, "int64"), empty, np.zeros(0, "int64"), None)
+        return Groups(empty, np.zeros(0, "int64"), None)
     # pid has 24 bits, device 16 and a kind code 8: one int64 key per event, factorized once.
     # Built in place, and the codes shared: each full-length temporary is 80 MB at 1e7 events,
     # and this runs while the peaks are found on the other core (the analyses' highest memory).
@@ -50,7 +57,8 @@ def group_events(events: pd.DataFrame) -> Groups:
     keys = pd.DataFrame({"pid": uniques >> 24, "device": ((uniques >> 8) & 0xFFFF) - 1,
                          "kind": [str(kinds[k]) for k in uniques & 0xFF]})
     segments = Segments(codes, len(keys))
-    return Groups(codes, keys, segments.running_sum(events["delta_bytes"].to_numpy()), segments)
+    del codes  # the segments hold the grouping: 80 MB less through every analysis after this one
+    return Groups(keys, segments.running_sums(events["delta_bytes"].to_numpy()), segments)
 
 
 def build_timeline(events: pd.DataFrame, groups: Groups, ranges: pd.DataFrame, start_ns: int, end_ns: int,
@@ -59,10 +67,9 @@ def build_timeline(events: pd.DataFrame, groups: Groups, ranges: pd.DataFrame, s
     series = []
     if not events.empty:
         ts_all = events["ts_ns"].to_numpy()
-        order, starts, sizes = groups.segments.order, groups.segments.starts, groups.segments.sizes
         for g, (pid, device, kind) in enumerate(groups.keys.itertuples(index=False)):  # one per series
-            rows = order[starts[g]:starts[g] + sizes[g]]  # this group's events, in time order
-            ts, live = _downsample(ts_all[rows], groups.live[rows], max_points)
+            rows, live = groups.members(g)  # this group's events, in time order
+            ts, live = _downsample(ts_all[rows], live, max_points)
             series.append(Series(int(pid), int(device), str(kind), ts.tolist(), live.tolist()))
     return Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=series, bands=top_level_bands(ranges, events))
 
