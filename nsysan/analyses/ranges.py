@@ -73,13 +73,14 @@ def _moved_inside(events: pd.DataFrame, column: str) -> pd.DataFrame:
     """Per name of an event column: allocations, bytes allocated, freed, and left allocated."""
     names = events[column].cat.categories
     seg = Segments(events[column].cat.codes.to_numpy().astype("int64"), len(names))
-    is_alloc = (events["op"].cat.codes == 0).to_numpy()
-    matched = events["partner"].to_numpy() >= 0
-    sizes = events["bytes"].to_numpy()
-    return pd.DataFrame({"allocations": seg.count(is_alloc),
-                         "allocated": seg.sum(np.where(is_alloc, sizes, 0)),
-                         "freed": seg.sum(np.where(~is_alloc & matched, sizes, 0)),
-                         "open": seg.sum(np.where(is_alloc & ~matched, sizes, 0))},
+    # Each column brought into segment order once, not once per sum.
+    is_alloc = seg.in_group_order(events["op"].cat.codes.to_numpy()) == 0
+    matched = seg.in_group_order(events["partner"].to_numpy()) >= 0
+    sizes = seg.in_group_order(events["bytes"].to_numpy())
+    return pd.DataFrame({"allocations": seg.count(is_alloc, ordered=True),
+                         "allocated": seg.sum(np.where(is_alloc, sizes, 0), ordered=True),
+                         "freed": seg.sum(np.where(~is_alloc & matched, sizes, 0), ordered=True),
+                         "open": seg.sum(np.where(is_alloc & ~matched, sizes, 0), ordered=True)},
                         index=pd.Index(names, dtype=object))
 
 

@@ -45,22 +45,25 @@ def rank_sites(events: pd.DataFrame, site_table: dict[str, dict], limit: int = M
     del site_code, pid_code
     seg = Segments(group, groups)
     del group
-    is_alloc = (events["op"].cat.codes == 0).to_numpy()
-    sizes = events["bytes"].to_numpy()
-    never_freed = is_alloc & (events["partner"].to_numpy() < 0)
-    allocations = seg.count(is_alloc)
-    allocated = seg.sum(np.where(is_alloc, sizes, 0))
+    # Each column brought into segment order once, not once per sum.
+    is_alloc = seg.in_group_order(events["op"].cat.codes.to_numpy()) == 0
+    sizes = seg.in_group_order(events["bytes"].to_numpy())
+    never_freed = is_alloc & (seg.in_group_order(events["partner"].to_numpy()) < 0)
+    allocations = seg.count(is_alloc, ordered=True)
+    allocated = seg.sum(np.where(is_alloc, sizes, 0), ordered=True)
     max_live = seg.running_sum_max(events["delta_bytes"].to_numpy())
     no_site = np.asarray(labels == "").repeat(len(pids) * len(kinds))
     ranked = np.flatnonzero((allocations > 0) & ~no_site)
     ranked = ranked[np.lexsort((-allocations[ranked], -allocated[ranked]))][:limit]
-    open_count, open_bytes = seg.count(never_freed), seg.sum(np.where(never_freed, sizes, 0))
+    open_count, open_bytes = seg.count(never_freed, ordered=True), seg.sum(np.where(never_freed, sizes, 0), ordered=True)
+    del sizes, never_freed
     api_codes = events["api"].cat.codes.to_numpy()
     api_names = events["api"].cat.categories
     sites = []
     for g in ranked:  # one per listed site
-        rows = seg.order[seg.starts[g]:seg.starts[g] + seg.sizes[g]]
-        apis = sorted({str(api_names[a]) for a in np.unique(api_codes[rows[is_alloc[rows]]])})
+        start, stop = int(seg.starts[g]), int(seg.starts[g] + seg.sizes[g])
+        rows = seg.order[start:stop]
+        apis = sorted({str(api_names[a]) for a in np.unique(api_codes[rows[is_alloc[start:stop]]])})
         site_and_pid, kind = divmod(int(g), len(kinds))
         site, pid = divmod(site_and_pid, len(pids))
         sites.append(Site(site=call_site(str(labels[site]), site_table), kind=str(kinds[kind]), apis=apis,
