@@ -174,3 +174,14 @@ def test_streamed_quick_merges_runs_in_time_order(name, piles, tmp_path, monkeyp
     whole, streamed = quick_documents(path, chunk_rowids(path), monkeypatch)
     assert len(runs) == piles  # merged as that many runs, a few chunks of each at a time
     assert streamed == whole
+
+
+def test_streamed_quick_reads_the_table_again_when_the_batches_cannot_be_kept(monkeypatch):
+    path = FIXTURES / "torch_leak_v25.sqlite"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    whole, kept = quick_documents(path, chunk_rowids(path), monkeypatch)
+    monkeypatch.setattr(stream.pickle, "dump", disk_full)
+    assert render_json(pipeline.analyze_report(path, quick=True, keep_events=False)) == kept == whole

@@ -64,7 +64,7 @@ class Keyed:
         self.data = {c: np.zeros(0, "int64") for c in self.columns}
 
     def codes(self, keys: np.ndarray) -> np.ndarray:
-        distinct, slot = np.unique(keys, return_inverse=True)
+        slot, distinct = pd.factorize(keys)  # a hash pass, not a sort of the batch
         for k in distinct.tolist():
             if k not in self.index:
                 self.index[k] = len(self.index)
@@ -234,14 +234,12 @@ def _grid_rises(grid: Rises, seq: np.ndarray, ts: np.ndarray, live: np.ndarray, 
     low_at = np.arange(len(before))
     if grid.cell is not None and cell[0] == grid.cell and grid.low_value <= before[0]:
         lows[0], low_at[0] = grid.low_value, -1
-    run_low, run_at = np.empty_like(lows), np.empty_like(low_at)
-    for a, z in zip(starts.tolist(), np.append(starts[1:], len(cell)).tolist()):  # one per cell
-        part = lows[a:z]
-        acc = np.minimum.accumulate(part)
-        run_low[a:z] = acc
-        # the first position of each running minimum: where the running minimum last dropped
-        dropped = np.concatenate([[True], acc[1:] < acc[:-1]])
-        run_at[a:z] = low_at[a:z][np.maximum.accumulate(np.where(dropped, np.arange(z - a), 0))]
+    run_low = _running_min_per_cell(lows, cell, starts)
+    # the first position of each running minimum: where it last dropped (or its cell began)
+    dropped = np.zeros(len(lows), bool)
+    dropped[starts] = True
+    dropped[1:] |= run_low[1:] < run_low[:-1]
+    run_at = low_at[np.maximum.accumulate(np.where(dropped, np.arange(len(lows)), 0))]
     rise = live - run_low
     top = np.lexsort((seq, -rise))[:CANDIDATES]
     found = [(int(rise[i]), int(seq[i]), int(seq[run_at[i]]) if run_at[i] >= 0 else grid.low_seq,
@@ -249,6 +247,25 @@ def _grid_rises(grid: Rises, seq: np.ndarray, ts: np.ndarray, live: np.ndarray, 
     grid.best = sorted(grid.best + found, key=lambda c: (-c[0], c[1]))[:CANDIDATES]
     grid.cell, grid.low_value = int(cell[-1]), int(run_low[-1])
     grid.low_seq = int(seq[run_at[-1]]) if run_at[-1] >= 0 else grid.low_seq
+
+
+def _running_min_per_cell(values: np.ndarray, cell: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The running minimum of `values`, restarting where each cell starts (`starts`). As in
+    spikes._window_rises: each cell shifted down by more than the values' whole range, one
+    accumulate does every cell; cell by cell when the shift would overflow."""
+    spread = int(values.max()) - int(values.min()) + 1
+    begins = np.zeros(len(values), "int64")
+    begins[starts] = 1
+    steps = np.cumsum(begins) - 1  # the cell's number in the batch
+    if spread * (int(steps[-1]) + 1) < 2**62:
+        shift = steps * spread
+        low = values - shift
+        np.minimum.accumulate(low, out=low)
+        return low + shift
+    low = np.empty_like(values)
+    for a, z in zip(starts.tolist(), np.append(starts[1:], len(cell)).tolist()):  # one per cell
+        low[a:z] = np.minimum.accumulate(values[a:z])
+    return low
 
 
 def _rows(b: EventBatch, rows: np.ndarray) -> pd.DataFrame:

@@ -39,7 +39,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
                  step_range: Optional[str], spike_window_ns: int) -> Analysis:
     """The quick analysis of the export behind `conn`, its events read twice in batches."""
     flow = EventFlow(conn, schema)
-    first = flow.feed(lambda: FirstLook(spike_window_ns))
+    first = flow.feed(lambda: FirstLook(spike_window_ns), keep=True)
     final = pd.DataFrame(flow.live)
     notes = list(flow.diagnostics)
     gpu_totals = {g.id: g.total_memory_bytes for g in schema.gpus}
@@ -57,7 +57,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     end_ns = max(schema.duration_ns or 0, first.last_ts if has_events and first.last_ts < np.iinfo("int64").max // 4
                  else 0)
     pools, changes = pool_uses(flow.pool_usage, read_pool_events(conn, schema), gpu_of)
-    second = flow.feed(lambda: SecondLook(first=first, peaks=_peak_series(first, gpu_of),
+    second = flow.replay(lambda: SecondLook(first=first, peaks=_peak_series(first, gpu_of),
                                           changes=_changes(changes, has_events), spikes=_spike_watches(first),
                                           focus_target=0.05 * first.moved, cut_rows=_cut_rows(first, end_ns)))
     kinds = flow.kinds

@@ -16,7 +16,10 @@ live are carried from batch to batch (`LiveSet`), and are all that grows with th
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 import sqlite3
+import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, TypeVar
 
@@ -72,6 +75,52 @@ class EventBatch:
         return len(self.seq)
 
 
+def _give_back(batch_number: int) -> None:
+    """Every 16th batch, the heap's free memory back to the system: the command line's heap keeps
+    up to 1 GB of freed memory for reuse (reader.keep_large_arrays_on_the_heap), which a flow of
+    batches would fill with their temporaries (a trim takes some 10 ms)."""
+    if batch_number % 16 == 15:
+        release_memory()
+
+
+def _live_after(live: dict, batch: EventBatch) -> dict:
+    """The live allocations after `batch`, from those before it: its allocations joined, those it
+    freed or closed gone (what `_paired` carries)."""
+    allocs = np.flatnonzero(batch.is_alloc)
+    columns = {"seq": batch.seq, "ts": batch.ts, "pid": batch.pid, "device": batch.device, "kind": batch.kind,
+               "address": batch.address, "bytes": batch.bytes, "pool": batch.pool}
+    joined = {name: np.concatenate([live[name], columns[name][allocs]]) for name in _LIVE}
+    gone = np.concatenate([batch.partner_seq[batch.partner_seq >= 0], batch.closed.get("seq", np.zeros(0, "int64"))])
+    still = ~np.isin(joined["seq"], gone)
+    return {name: values[still] for name, values in joined.items()}
+
+
+class _BatchFile:
+    """Batches written one after the other to a temporary file (deleted when closed), read back
+    in order; `complete` until a write fails."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile(prefix="nsysan-batches-")
+        self.count, self.complete = 0, True
+
+    def add(self, batch: EventBatch) -> None:
+        if not self.complete:
+            return
+        try:
+            pickle.dump(dataclasses.replace(batch, live_before={}), self.file, protocol=pickle.HIGHEST_PROTOCOL)
+            self.count += 1
+        except OSError:  # a full disk: the second pass reads the table again
+            self.complete = False
+
+    def __iter__(self) -> Iterator[EventBatch]:
+        self.file.seek(0)
+        for _ in range(self.count):
+            yield pickle.load(self.file)
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class _OutOfOrder(Exception):
     """A chunk starts before rows already emitted: the flow starts again as a merge."""
 
@@ -100,25 +149,51 @@ class EventFlow:
         self.kinds = list(KINDS) + extra
         self._kind_code = {name: i for i, name in enumerate(self.kinds)}
 
-    def feed(self, make: Callable[[], T]) -> T:
+    def feed(self, make: Callable[[], T], keep: bool = False) -> T:
         """One pass of every batch into `make()`'s `add`; the filled object. When rows turn out
-        to be out of time order, the pass starts again on a new object, as a merge."""
+        to be out of time order, the pass starts again on a new object, as a merge. `keep`: the
+        batches are also written to a temporary file, for `replay`."""
         while True:
             consumer = make()
+            kept = _BatchFile() if keep else None
             try:
-                for batch in self._batches():
+                for number, batch in enumerate(self._batches()):
                     consumer.add(batch)
-                    # The command line's heap keeps up to 1 GB of freed memory for reuse (see
-                    # reader.keep_large_arrays_on_the_heap): a batch's temporaries go back each time.
-                    release_memory()
+                    if kept is not None:
+                        kept.add(batch)
+                    _give_back(number)
             except _OutOfOrder:
+                if kept is not None:
+                    kept.close()
                 if self.runs is not None:  # pragma: no cover - a merge never emits out of order
                     raise
                 self.runs = memory_sorted_runs(self.conn, CHUNK_ROWIDS, MOST_RUNS) or []
                 if not self.runs:  # rows in no order: each chunk's earliest time tells how long to wait
                     self.first_starts = memory_chunk_first_starts(self.conn, CHUNK_ROWIDS)
                 continue
+            self._kept = kept
             return consumer
+
+    def replay(self, make: Callable[[], T]) -> T:
+        """A second pass: the batches the first one kept (`feed(keep=True)`), read back from the
+        temporary file, without reading, ordering and pairing the table again; the table's rows
+        again when they could not all be kept (a full disk)."""
+        kept, self._kept = getattr(self, "_kept", None), None
+        if kept is None or not kept.complete:
+            if kept is not None:
+                kept.close()
+            return self.feed(make)
+        consumer = make()
+        live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in _LIVE}
+        try:
+            for number, batch in enumerate(kept):
+                batch.live_before = live
+                consumer.add(batch)
+                live = _live_after(live, batch)
+                _give_back(number)
+        finally:
+            kept.close()
+        return consumer
 
     def _batches(self) -> Iterator[EventBatch]:
         self.live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in _LIVE}
@@ -255,7 +330,7 @@ class EventFlow:
         pid = ((rows["global_pid"] >> 24) & 0xFFFFFF).astype("int64")
         names = self.schema.mem_kinds
         kind_ids = np.where(rows["kind_null"] == 1, 7, rows["kind_id"])
-        distinct, slot = np.unique(kind_ids, return_inverse=True)
+        slot, distinct = pd.factorize(kind_ids)
         kind = np.array([self._kind_code[names.get(int(k), "unknown")] for k in distinct], "int64")[slot]
         is_alloc = rows["op"] == 0
         address = rows["address"].view("uint64")
