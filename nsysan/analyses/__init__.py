@@ -82,7 +82,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         timeline_later = pool.submit(build_timeline, events, grouped, ranges, start_ns, end_ns)
         api_calls_later = pool.submit(api_call_stats, calls)
         ranges_later = pool.submit(range_stats, events, ranges, end_ns, loaded.operator_ranges, calls=calls,
-                                   sizes_known=schema.memory_usage_collected)
+                                   sizes_known=schema.memory_usage_collected, grouped=grouped.without_live())
         sites_later = pool.submit(rank_sites, events, site_table) if not loaded.quick else None
         groups = summarize_groups(events, grouped, gpu_of)
         never_freed, never_freed_total = find_never_freed(events, allocations)
@@ -91,14 +91,15 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         steps, step_notes, phases, spikes = _steps(loaded, grouped, threads, gpu_of, end_ns, step_range,
                                                    spike_window_ns)
         timeline = timeline_later.result()
-        del grouped  # its running sums (160 MB at 1e7 events) are read by nothing after the steps and timeline
+        grouped = grouped.without_live()  # the running sums are read by nothing after the steps and timeline
         peaks = peaks_later.result()
         capture = _with_ranks(_capture(schema, events, threads, ranges, report_version), groups, schema)
         labels = {p.pid: p.label for p in capture.processes}
         verdicts = find_verdicts(events, calls, ranges, peaks, groups, gpu_of,
                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
-                                 schema.duration_ns, quick=loaded.quick, pools=pools)
+                                 schema.duration_ns, grouped, quick=loaded.quick, pools=pools)
+        del grouped  # the order of 1e7 events into groups, 80 MB
         timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns)
         diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
             schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version,

@@ -21,6 +21,7 @@ import pandas as pd
 from ..model import AllocatorUse, Peak, Preallocation
 from ..units import fmt_bytes, fmt_time
 from .arrays import previous_in_group
+from .timeline import Groups
 
 MiB = 1 << 20
 SEGMENT_ALIGN = 2 * MiB  # every caching-allocator segment is a multiple of this
@@ -43,6 +44,12 @@ def is_value(column: pd.Series, value: str) -> np.ndarray:
     if value not in categories:
         return np.zeros(len(column), bool)
     return column.cat.codes.to_numpy() == categories.get_loc(value)
+
+
+def category_code(column: pd.Series, value: str) -> int:
+    """The code of `value` in a categorical column, -2 (no row's code) when it is not a category."""
+    categories = column.cat.categories
+    return int(categories.get_loc(value)) if value in categories else -2
 
 
 def outside_allocator(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
@@ -78,22 +85,21 @@ def recognize(size: np.ndarray, mapped: np.ndarray, outside: np.ndarray, is_pyth
 
 
 def allocator_use(events: pd.DataFrame, peaks: list[Peak], gpu_of: GpuOf, process_names: dict[int, str],
-                  preallocations: list[Preallocation], label: Callable[[int], str]) -> list[AllocatorUse]:
-    """Inside/outside the framework allocator, at each process's peak and at the end."""
+                  preallocations: list[Preallocation], label: Callable[[int], str],
+                  grouped: Groups) -> list[AllocatorUse]:
+    """Inside/outside the framework allocator, at each process's peak and at the end;
+    `grouped`: the events' (process, device, kind) groups (timeline.group_events)."""
     if events.empty:
         return []
-    device_rows = np.flatnonzero(is_value(events["kind"], "device") & ~events["pool"].to_numpy())
-    is_alloc = (events["op"].cat.codes.to_numpy() == 0)
-    allocs = device_rows[is_alloc[device_rows]]
+    op_codes, in_pool, api_codes = events["op"].cat.codes.to_numpy(), events["pool"].to_numpy(), \
+        events["api"].cat.codes.to_numpy()
+    map_code = category_code(events["api"], VMM_MAP_API)
     prealloc_rows = {(p.pid, p.device): p for p in preallocations}
-    pid_all, dev_all = events["pid"].to_numpy(), events["device"].to_numpy()
-    # One flag per device allocation; (pid, device) pairs are few, the rows many: pack the pairs.
-    pair = (pid_all[allocs].astype("int64") << 16) | (dev_all[allocs].astype("int64") & 0xFFFF)
     peak_of = {(p.pid, p.device): p for p in peaks if p.pid is not None}
-    mapped_all = is_value(events["api"], VMM_MAP_API)
     result = []
     for (pid, device) in sorted(peak_of):  # a few (process, device) pairs; the rows are many
-        mine = allocs[pair == ((pid << 16) | (device & 0xFFFF))]
+        rows = grouped.rows(("device",), pid, device)
+        mine = rows[(op_codes[rows] == 0) & ~in_pool[rows]]  # its device allocations, pools' aside
         size = events["bytes"].to_numpy()[mine]
         if (pid, device) in prealloc_rows:
             block = prealloc_rows[(pid, device)]
@@ -102,12 +108,13 @@ def allocator_use(events: pd.DataFrame, peaks: list[Peak], gpu_of: GpuOf, proces
         else:
             outside = outside_allocator(events, mine)
             is_python = "python" in process_names.get(pid, "").lower()
-            kind = recognize(size, mapped_all[mine], outside, is_python)
+            mapped = api_codes[mine] == map_code
+            kind = recognize(size, mapped, outside, is_python)
             if kind is None:
                 continue
             if kind == "pytorch_caching":
                 # NCCL's and other libraries' VMM maps are not the caching allocator's
-                outside = outside | mapped_all[mine]
+                outside = outside | mapped
         peak = peak_of[(pid, device)]
         seq = int(np.searchsorted(events["ts_ns"].to_numpy(), peak.peak_time_ns, side="right")) - 1
         freed_at = events["partner"].to_numpy()[mine]

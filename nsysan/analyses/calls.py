@@ -8,6 +8,7 @@ import pandas as pd
 from .. import apis
 from ..events.nvtx import attribute_ranges
 from ..model import ApiCallStat, FailedCall
+from .grouping import Segments
 from .peak import resident_rows
 
 MAX_FAILED = 1000
@@ -24,22 +25,28 @@ def api_call_stats(calls: pd.DataFrame) -> list[ApiCallStat]:
         return []
     api_names, families = calls["api"].cat.categories, calls["family"].cat.categories
     # (API, family) as one small code; a few dozen pairs at most, each summed exactly in int64
-    # over a chunk at a time (a frame of 1e7 durations and pandas' groupby took 0.4 GB at 1e7 calls).
+    # over a chunk at a time (a frame of 1e7 durations and pandas' groupby took 0.4 GB at 1e7 calls),
+    # the chunk sorted into pairs by a counting sort and each pair reduced once (not one pass over
+    # the chunk per pair: 0.55 -> 0.2 s at 1e7 calls).
     width = len(families) + 1
     key = (calls["api"].cat.codes.to_numpy().astype("int32") + 1) * width + calls["family"].cat.codes.to_numpy() + 1
+    pairs = (len(api_names) + 1) * width
     ts, end, code = calls["ts_ns"].to_numpy(), calls["end_ns"].to_numpy(), calls["return_value"].to_numpy()
     stats: dict[int, list[int]] = {}  # key -> [first row, calls, failed, total, longest], in order of first call
     for low in range(0, len(key), CALL_CHUNK):
         part = slice(low, low + CALL_CHUNK)
-        keys, time, failed = key[part], end[part] - ts[part], code[part] != 0
-        for k in np.flatnonzero(np.bincount(keys)):  # the pairs in this chunk
-            mine = keys == k
-            longest = int(np.max(time, where=mine, initial=np.iinfo("int64").min))
-            entry = stats.setdefault(int(k), [low + int(np.argmax(mine)), 0, 0, 0, longest])
-            entry[1] += int(np.count_nonzero(mine))
-            entry[2] += int(np.count_nonzero(failed & mine))
-            entry[3] += int(np.sum(time, where=mine))
-            entry[4] = max(entry[4], longest)
+        seg = Segments(key[part], pairs)
+        time = seg.in_group_order(end[part])
+        time -= seg.in_group_order(ts[part])
+        failed = seg.count(seg.in_group_order(code[part]) != 0, ordered=True)
+        total, longest = seg.sum(time, ordered=True), seg.max(time, ordered=True)
+        for k in np.flatnonzero(seg.present).tolist():  # the pairs in this chunk
+            first = low + int(seg.order[seg.starts[k]])  # the stable order keeps each pair's rows in order
+            entry = stats.setdefault(k, [first, 0, 0, 0, int(longest[k])])
+            entry[1] += int(seg.sizes[k])
+            entry[2] += int(failed[k])
+            entry[3] += int(total[k])
+            entry[4] = max(entry[4], int(longest[k]))
     ordered = sorted(stats.items(), key=lambda item: item[1][0])  # as pandas' groupby(sort=False) lists them
     ordered.sort(key=lambda item: (-item[1][1], -item[1][3]))  # most calls, then most time (stable)
     return [ApiCallStat(api=str(api_names[k // width - 1]), family=str(families[k % width - 1]), calls=calls_,

@@ -22,8 +22,9 @@ from ..cuda_errors import OUT_OF_MEMORY, error_name
 from ..events.nvtx import attribute_ranges
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocatorOom, CacheRelease, CutShort, OomFailure, OutOfMemory, \
     Probe
-from .allocator import is_value
+from .allocator import category_code
 from .arrays import distinct_pairs
+from .timeline import Groups
 
 # "retried at once": the same API succeeds on the thread within 10 ms after the failed call
 # returned (torch_expandable_v25's failing cuMemCreate itself takes 18.6 ms; the retry comes 21 µs
@@ -45,13 +46,14 @@ GpuOf = Callable[[int, int], Optional[int]]
 def find_out_of_memory(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame, gpu_of: GpuOf,
                        total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: ToAllocations,
                        caching_allocators: dict[tuple[int, int], str], end_ns: int,
-                       duration_ns: Optional[int]) -> OutOfMemory:
+                       duration_ns: Optional[int], grouped: Groups) -> OutOfMemory:
     """Every out-of-memory verdict of one capture. `caching_allocators` maps the (pid, device)
     pairs whose memory a caching allocator manages to its kind (see allocator.recognize): only
     their free bursts are cache releases. `end_ns` is the end of the capture's data, `duration_ns`
-    the session's recorded length (where nsys ends the ranges it found open)."""
+    the session's recorded length (where nsys ends the ranges it found open); `grouped`: the
+    events' (process, device, kind) groups (timeline.group_events)."""
     failures, probes, failed_count = _failed_calls(events, calls, ranges, gpu_of, total_memory, to_allocations)
-    releases = _cache_releases(events, caching_allocators, gpu_of)
+    releases = _cache_releases(events, caching_allocators, gpu_of, grouped)
     open_by_pid = _open_ranges(ranges, duration_ns or OPEN_END_NS)
     allocator_ooms, flushes = [], []
     for release in releases:
@@ -68,7 +70,7 @@ def find_out_of_memory(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.Dat
         else:  # every range closed: an empty_cache() before a normal exit
             flushes.append(release)
     return OutOfMemory(failures=failures, failed_count=failed_count, probes=probes, allocator_ooms=allocator_ooms, cache_flushes=flushes,
-                       cut_short=_cut_short(events, open_by_pid, end_ns))
+                       cut_short=_cut_short(events, open_by_pid, end_ns, grouped))
 
 
 # --- failed calls ----------------------------------------------------------------------------
@@ -202,20 +204,18 @@ _RELEASE_API = {"pytorch_caching": "cudaFree", "pytorch_expandable": "cuMemUnmap
 
 
 def _cache_releases(events: pd.DataFrame, caching_allocators: dict[tuple[int, int], str],
-                    gpu_of: GpuOf) -> list[CacheRelease]:
+                    gpu_of: GpuOf, grouped: Groups) -> list[CacheRelease]:
     """Bursts of frees by a caching allocator: BURST_MIN_BLOCKS or more matched frees in a row on
     one (process, device), no allocation between them, each within BURST_GAP_NS of the last."""
     releases: list[CacheRelease] = []
     if not caching_allocators:
         return releases
     delta_all, ts_all = events["delta_bytes"].to_numpy(), events["ts_ns"].to_numpy()
-    # the allocator's own rows: its device allocations and its release call's frees
-    device_rows = np.flatnonzero(is_value(events["kind"], "device"))
-    pids, devices = events["pid"].to_numpy()[device_rows], events["device"].to_numpy()[device_rows]
-    releasing = {api: is_value(events["api"], api) for api in set(_RELEASE_API.values())}
+    api_codes = events["api"].cat.codes.to_numpy()
     for (pid, device), kind in sorted(caching_allocators.items()):
-        rows = device_rows[(pids == pid) & (devices == device)]
-        own = (delta_all[rows] > 0) | releasing[_RELEASE_API.get(kind, "cudaFree")][rows]
+        # the allocator's own rows: its device allocations and its release call's frees
+        rows = grouped.rows(("device",), pid, device)
+        own = (delta_all[rows] > 0) | (api_codes[rows] == category_code(events["api"], _RELEASE_API.get(kind, "cudaFree")))
         rows = rows[own]
         if len(rows) == 0:
             continue
@@ -256,26 +256,25 @@ def _open_ranges(ranges: pd.DataFrame, end_ns: int) -> dict[int, list[str]]:
     return {int(pid): [str(n) for n in group["name"]] for pid, group in still_open.groupby("pid", sort=True)}
 
 
-def _cut_short(events: pd.DataFrame, open_by_pid: dict[int, list[str]], end_ns: int) -> list[CutShort]:
+def _cut_short(events: pd.DataFrame, open_by_pid: dict[int, list[str]], end_ns: int,
+               grouped: Groups) -> list[CutShort]:
     """Processes whose capture ends while they were working: NVTX ranges never closed, or
     GPU-resident live bytes at their highest at the end of the capture after rising over their
     last events (a process that finished has stopped allocating well before the capture ends:
     it still tears down, and nsys flushes)."""
-    resident = np.flatnonzero(events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()) if not events.empty \
-        else np.zeros(0, "int64")
-    pids = events["pid"].to_numpy()[resident]
-    # each process's last GPU-resident event: only those ending near the capture's end can be
-    # climbing. The events are in time order, so its last row is its latest: found by a hash
-    # pass, not a groupby over 1e7 times (half the time).
-    last_at = pd.Series(pids).drop_duplicates(keep="last")
-    last_ts = events["ts_ns"].to_numpy()[resident[last_at.index.to_numpy()]]
-    last_of = dict(zip(last_at.tolist(), last_ts.tolist()))
+    # each process's GPU-resident events, in time order: its last row is its latest, and only
+    # those ending near the capture's end can be climbing
+    resident = {int(pid): grouped.rows(GPU_RESIDENT_KINDS, int(pid))
+                for pid in pd.unique(grouped.keys["pid"].to_numpy()).tolist()}
+    resident = {pid: rows for pid, rows in resident.items() if len(rows)}
+    ts_all = events["ts_ns"].to_numpy()
+    last_of = {pid: int(ts_all[rows[-1]]) for pid, rows in resident.items()}
     found = []
     for pid in sorted(set(open_by_pid) | set(last_of)):
         opened = open_by_pid.get(pid, [])
         climbing, end_live, last = False, 0, int(last_of.get(pid, 0))
         if pid in last_of and (opened or end_ns - last <= NEAR_END_NS):
-            rows = resident[pids == pid]
+            rows = resident[pid]
             live = np.cumsum(events["delta_bytes"].to_numpy()[rows])
             end_live = int(live[-1])
             tail_start = int(len(live) * (1 - CLIMBING_TAIL))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..events.nvtx import MAX_NVTX_DEPTH
+from ..events.nvtx import MAX_NVTX_DEPTH, thread_key
 from ..model import Phase, StepSeries
 from .steps import OPEN_END, LiveSeries, range_max
 
@@ -41,7 +41,7 @@ def phase_costs(series: list[LiveSeries], ranges: pd.DataFrame, memory_threads: 
     above it, and the net change at the end (see the module's docstring)."""
     if ranges.empty or not series:
         return []
-    keys = ranges["pid"].to_numpy().astype("int64") << 24 | (ranges["tid"].to_numpy().astype("int64") & 0xFFFFFF)
+    keys = thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy())
     closed = (ranges["end_ns"].to_numpy() < min(OPEN_END, max(end_ns, 0))) & np.isin(keys, memory_threads)
     if not closed.any():
         return []
@@ -96,7 +96,7 @@ def innermost_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray, end_ns: i
     """(pid, start_ns, end_ns) of every closed range on a memory thread that holds no other range."""
     if ranges.empty:
         return []
-    keys = ranges["pid"].to_numpy().astype("int64") << 24 | (ranges["tid"].to_numpy().astype("int64") & 0xFFFFFF)
+    keys = thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy())
     parents = ranges["parent"].to_numpy()
     leaf = ~np.isin(np.arange(len(ranges)), parents[parents >= 0])
     chosen = leaf & (ranges["end_ns"].to_numpy() < min(OPEN_END, max(end_ns, 0))) & np.isin(keys, memory_threads)

@@ -8,22 +8,24 @@ import numpy as np
 import pandas as pd
 
 from ..events.nvtx import attribute_ranges
-from ..model import RangeStat
+from ..model import GPU_RESIDENT_KINDS, RangeStat
 from .grouping import Segments
-from .peak import resident_rows
+from .timeline import Groups, group_events
 
 MAX_RANGES = 200
 
 
 def range_stats(events: pd.DataFrame, ranges: pd.DataFrame, end_ns: int,
                 operator_ranges: Optional[pd.DataFrame] = None, limit: int = MAX_RANGES,
-                calls: Optional[pd.DataFrame] = None, sizes_known: bool = True) -> list[RangeStat]:
+                calls: Optional[pd.DataFrame] = None, sizes_known: bool = True,
+                grouped: Optional[Groups] = None) -> list[RangeStat]:
     """Per range name: instances, time, bytes allocated/freed inside (innermost range), still live
     at the end, and the highest live GPU-resident bytes of the process while one was open.
     Without sizes (`sizes_known` False), the allocation calls made inside each are counted from `calls`.
 
     PyTorch's operator ranges are rows of their own, one per operator name however many
     instances: an allocation counts in its innermost user range and in its innermost operator.
+    `grouped`: the events' (process, device, kind) groups (timeline.group_events), found when None.
     """
     operators = operator_ranges if operator_ranges is not None else ranges.iloc[:0]
     if ranges.empty and operators.empty:
@@ -32,7 +34,7 @@ def range_stats(events: pd.DataFrame, ranges: pd.DataFrame, end_ns: int,
         if not operators.empty else ranges.assign(operator=False)
     spans = spans.assign(end_ns=np.minimum(spans["end_ns"].to_numpy(), max(end_ns, 0)))
     spans = spans.assign(end_ns=np.maximum(spans["end_ns"], spans["start_ns"]))
-    spans["max_live"] = _max_live_while_open(events, spans)
+    spans["max_live"] = _max_live_while_open(events, spans, grouped if grouped is not None else group_events(events))
     per_name = spans.groupby("name", sort=False).agg(
         instances=("name", "size"), total_time=("end_ns", "sum"), started=("start_ns", "sum"),
         max_live=("max_live", "max"), operator=("operator", "max"), first_start=("start_ns", "min"))
@@ -84,17 +86,13 @@ def _moved_inside(events: pd.DataFrame, column: str) -> pd.DataFrame:
                         index=pd.Index(names, dtype=object))
 
 
-def _max_live_while_open(events: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
+def _max_live_while_open(events: pd.DataFrame, spans: pd.DataFrame, grouped: Groups) -> np.ndarray:
     """For each range instance, the most GPU-resident bytes its process held while it was open."""
     result = np.zeros(len(spans), "int64")
-    rows = resident_rows(events)
-    if len(rows) == 0:
-        return result
-    event_pid = events["pid"].to_numpy()[rows]
     span_pid = spans["pid"].to_numpy()
     for pid in np.unique(span_pid):  # one per process
         mine = np.flatnonzero(span_pid == pid)
-        theirs = rows[event_pid == pid]
+        theirs = grouped.rows(GPU_RESIDENT_KINDS, int(pid))
         if len(theirs) == 0:
             continue
         ts = events["ts_ns"].to_numpy()[theirs]

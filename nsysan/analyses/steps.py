@@ -19,6 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from ..events.nvtx import thread_key
 from ..model import Diagnostic, Holder, Step, StepSeries
 from .arrays import distinct_pairs
 from .timeline import Groups
@@ -76,7 +77,7 @@ def find_step_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray,
     """
     if ranges.empty:
         return {}
-    keys = ranges["pid"].to_numpy().astype("int64") << 24 | (ranges["tid"].to_numpy().astype("int64") & 0xFFFFFF)
+    keys = thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy())
     candidates = ranges[np.isin(keys, memory_threads)]
     if pattern is not None:
         candidates = candidates[candidates["name"].str.contains(pattern, regex=True).to_numpy()]

@@ -16,6 +16,7 @@ from ..units import fmt_bytes, fmt_duration, fmt_time
 from .allocator import allocator_use, find_preallocations, is_value
 from .caps import memory_caps
 from .oom import find_out_of_memory
+from .timeline import Groups
 
 MIN_VMM_GRANULARITY = 2 << 20  # cuMemCreate sizes are multiples of the granularity, 2 MiB on every GPU seen
 
@@ -34,14 +35,17 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
                   groups: list[GroupSummary], gpu_of: Callable[[int, int], Optional[int]],
                   total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: Callable,
                   process_names: dict[int, str], label: Callable[[int], str], end_ns: int,
-                  duration_ns: Optional[int], quick: bool = False, pools: Optional[list[PoolUse]] = None) -> Verdicts:
+                  duration_ns: Optional[int], grouped: Groups, quick: bool = False,
+                  pools: Optional[list[PoolUse]] = None) -> Verdicts:
     """`quick`: the events have no API names or threads (analyze --quick), which telling an
-    allocator's segments from library workspaces needs: no allocator verdicts then."""
+    allocator's segments from library workspaces needs: no allocator verdicts then. `grouped`:
+    the events' (process, device, kind) groups (timeline.group_events)."""
     preallocations = find_preallocations(events, ranges, gpu_of, total_memory, label)
-    allocators = [] if quick else allocator_use(events, peaks, gpu_of, process_names, preallocations, label)
+    allocators = [] if quick else allocator_use(events, peaks, gpu_of, process_names, preallocations, label,
+                                                grouped)
     caching = {(u.pid, u.device): u.allocator for u in allocators if u.allocator.startswith("pytorch")}
     oom = find_out_of_memory(events, calls, ranges, gpu_of, total_memory, to_allocations, caching, end_ns,
-                             duration_ns)
+                             duration_ns, grouped)
     found_caps = [MemoryCap(pid=p.pid, device=p.device, gpu=p.gpu, cap_bytes=p.bytes, source="xla_preallocation",
                             note="XLA's allocator never goes beyond the block it preallocated")
                   for p in preallocations if p.framework == "XLA"]

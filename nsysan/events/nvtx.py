@@ -39,6 +39,7 @@ def _as_categorical(values: np.ndarray, index: np.ndarray) -> pd.Categorical:
 
 
 def thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """pid << 24 | tid as int64: one number per thread (the key of analyses.steps.memory_threads too)."""
     return pid.astype("int64") << 24 | (tid.astype("int64") & 0xFFFFFF)
 
 
