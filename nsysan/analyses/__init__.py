@@ -7,7 +7,7 @@ ranges, calls (API counts and failures), diagnostics. None of them does I/O.
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
@@ -73,7 +73,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     # The analyses only read the frames, and numpy works without the GIL on large arrays: the
     # peaks, then the timeline, are found on a second core while the groups are numbered and
     # summed (1.3 s -> 1.0 s at 1e7 events); then the API calls', ranges' and sites' tables, which
-    # need no other result, while this core finds the steps and verdicts (analyses 4.7 s -> 3.5 s).
+    # need no other result, while this core finds the steps and verdicts (at 1e7 events this
+    # thread's share of the analyses fell from 4.6 s to 2.3 s of CPU; docs/performance.md).
     with ThreadPoolExecutor(max_workers=1) as pool:
         peaks_later = pool.submit(find_peaks, events, gpu_of,
                                   lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
@@ -81,9 +82,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         grouped = group_events(events)
         timeline_later = pool.submit(build_timeline, events, grouped, ranges, start_ns, end_ns)
         api_calls_later = pool.submit(api_call_stats, calls)
+        sites_later = pool.submit(rank_sites, events, site_table) if not loaded.quick else _done([])
         ranges_later = pool.submit(range_stats, events, ranges, end_ns, loaded.operator_ranges, calls=calls,
                                    sizes_known=schema.memory_usage_collected, grouped=grouped.without_live())
-        sites_later = pool.submit(rank_sites, events, site_table) if not loaded.quick else None
         groups = summarize_groups(events, grouped, gpu_of)
         never_freed, never_freed_total = find_never_freed(events, allocations)
         failed = find_failed_calls(calls, events, ranges)
@@ -99,13 +100,16 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
                                  schema.duration_ns, grouped, quick=loaded.quick, pools=pools)
+        # Whichever core is free takes what is left of the second core's queue, the last queued first.
+        range_table = _here_unless_started(ranges_later, range_stats, events, ranges, end_ns, loaded.operator_ranges,
+                                           calls=calls, sizes_known=schema.memory_usage_collected, grouped=grouped)
         del grouped  # the order of 1e7 events into groups, 80 MB
         timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns)
         diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
             schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version,
             quick=loaded.quick)
-        api_calls, range_table = api_calls_later.result(), ranges_later.result()
-        sites = sites_later.result() if sites_later is not None else []
+        sites = _here_unless_started(sites_later, rank_sites, events, site_table)
+        api_calls = _here_unless_started(api_calls_later, api_call_stats, calls)
     peaks = verdicts.peaks
     growth = judge_all(steps, capture.processes, verdicts.caps)
     steps = [listed(s) for s in steps]  # after judging: the verdict sees every step
@@ -144,6 +148,18 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     # The stacks last: every stack_id of the finished model (groups, timeline, OOM lists) is kept.
     analysis = dataclasses.replace(analysis, answers=answers)
     return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(loaded.stacks, analysis)))
+
+
+def _done(value) -> Future:
+    done: Future = Future()
+    done.set_result(value)
+    return done
+
+
+def _here_unless_started(later: Future, fn, *args, **kwargs):
+    """The result of work queued for the second core, found on this one instead when the second
+    has not started it yet (a queued future can still be cancelled; a running one cannot)."""
+    return fn(*args, **kwargs) if later.cancel() else later.result()
 
 
 def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, gpu_of, end_ns: int,

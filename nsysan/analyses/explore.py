@@ -54,11 +54,18 @@ def focus_window(events: pd.DataFrame, bands: list[Band], trace_ends: list[Trace
     FOCUS_SKIP of the memory movement happens inside them, else from the time FOCUS_SKIP of the movement has happened to the last event; widened
     to the NVTX bands it cuts (whole steps), and to the ranges that follow an early end of the CUDA
     trace. (None, None) without events."""
-    moving = np.flatnonzero(events["delta_bytes"].to_numpy() != 0) if not events.empty else np.zeros(0, "int64")
-    if len(moving) == 0:
+    delta = events["delta_bytes"].to_numpy()
+    moving = np.count_nonzero(delta)
+    if moving == 0:
         return None, None
-    ts = events["ts_ns"].to_numpy()[moving]
-    moved = np.cumsum(np.abs(events["delta_bytes"].to_numpy()[moving]).astype("float64"))
+    if moving == len(delta):  # every event moves memory: no list of rows, no copy of the times
+        ts, moved = events["ts_ns"].to_numpy(), delta.astype("float64")
+    else:
+        rows = np.flatnonzero(delta)
+        ts, moved = events["ts_ns"].to_numpy()[rows], delta[rows].astype("float64")
+        del rows
+    np.abs(moved, out=moved)
+    np.cumsum(moved, out=moved)  # in place: one array of n floats, not three
     first = int(ts[min(int(np.searchsorted(moved, FOCUS_SKIP * moved[-1], side="left")), len(ts) - 1)])
     last = int(ts[-1])
     steps = step_bands(bands)

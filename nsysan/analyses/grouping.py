@@ -43,7 +43,11 @@ class Segments:
     def count(self, mask: np.ndarray | None = None, ordered: bool = False) -> np.ndarray:
         if mask is None:
             return self.sizes.astype("int64")
-        return self._reduce(np.add, mask.astype("int64"), ordered=ordered)
+        values = mask if ordered else mask[self.order]
+        result = np.zeros(self.groups, "int64")
+        if self.present.any():  # summed as int64 by reduceat itself: no int64 copy of the mask (80 MB at 1e7)
+            result[self.present] = np.add.reduceat(values, self.starts[self.present], dtype="int64")
+        return result
 
     def sum(self, values: np.ndarray, ordered: bool = False) -> np.ndarray:
         return self._reduce(np.add, values.astype("int64", copy=False), ordered=ordered)

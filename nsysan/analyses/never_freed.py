@@ -36,8 +36,8 @@ def summarize_groups(events: pd.DataFrame, groups: Groups,
         return []
     seg = groups.segments
     # Each column brought into segment order once (one gather each, not one per sum), like the live bytes.
-    is_alloc = seg.in_group_order(events["op"].cat.codes.to_numpy()) == 0
-    unmatched = seg.in_group_order(events["partner"].to_numpy()) < 0
+    is_alloc = seg.in_group_order(events["op"].cat.codes.to_numpy() == 0)
+    unmatched = seg.in_group_order(events["partner"].to_numpy() < 0)
     sizes = seg.in_group_order(events["bytes"].to_numpy())
     allocations = seg.count(is_alloc, ordered=True)
     frees = seg.count() - allocations

@@ -76,8 +76,8 @@ def _moved_inside(events: pd.DataFrame, column: str) -> pd.DataFrame:
     names = events[column].cat.categories
     seg = Segments(events[column].cat.codes.to_numpy().astype("int64"), len(names))
     # Each column brought into segment order once, not once per sum.
-    is_alloc = seg.in_group_order(events["op"].cat.codes.to_numpy()) == 0
-    matched = seg.in_group_order(events["partner"].to_numpy()) >= 0
+    is_alloc = seg.in_group_order(events["op"].cat.codes.to_numpy() == 0)
+    matched = seg.in_group_order(events["partner"].to_numpy() >= 0)
     sizes = seg.in_group_order(events["bytes"].to_numpy())
     return pd.DataFrame({"allocations": seg.count(is_alloc, ordered=True),
                          "allocated": seg.sum(np.where(is_alloc, sizes, 0), ordered=True),
