@@ -1,7 +1,7 @@
 """Batch throughput: `nsysan batch` on the local pool and on Dask against `nsysan analyze` run on
 the same reports one after another, in one run.
 
-    flock /tmp/nsysan-bench.lock python benchmarks/batch.py            # writes docs/batch-performance.json
+    flock /tmp/nsysan-bench.lock python benchmarks/batch.py            # adds a run to docs/batch-performance.json
     python benchmarks/batch.py --small 50 --large 5 --repeat 1        # a quicker look
 
 Two workloads, each copied (hard links where possible) into a temporary folder:
@@ -242,6 +242,16 @@ def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int
     return found
 
 
+def keep(run: dict, out: Path) -> None:
+    """This run in `out`, after the runs already there ({"runs": [...]})."""
+    try:
+        earlier = json.loads(out.read_text())["runs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        earlier = []
+    runs = [r for r in earlier if r.get("started") != run["started"]] + [run]
+    out.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", type=int, default=200)
@@ -268,7 +278,7 @@ def main() -> None:
             cluster = ExistingCluster(args.jobs, env, work)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip()
-        results = {"commit": commit, "machine": {"cores": os.cpu_count(), "jobs": args.jobs,
+        results = {"commit": commit, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": {"cores": os.cpu_count(), "jobs": args.jobs,
                                                  "python": platform.python_version(),
                                                  "load_before": os.getloadavg()}, "workloads": []}
         for name, source, count in (("small", ROOT / "fixtures" / "known_mem_v25.sqlite", args.small),
@@ -278,9 +288,9 @@ def main() -> None:
             folder = work / name
             reports = copies(source, count, folder)
             results["workloads"].append(measure(name, reports, folder, args.jobs, args.repeat, env, cluster))
-            args.out.write_text(json.dumps(results, indent=2) + "\n")
+            keep(results, args.out)
         results["machine"]["load_after"] = os.getloadavg()
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        keep(results, args.out)
         for w in results["workloads"]:
             print(f"{w['workload']}: {w['reports']} reports, sequential {w['median_s']['sequential']:.1f} s, "
                   f"pool {w['median_s']['local pool']:.1f} s ({w['speedup_pool']:.2f}x), dask local "
