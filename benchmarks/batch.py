@@ -120,31 +120,42 @@ class CpuSampler:
 
 class ExistingCluster:
     """A Dask scheduler and `jobs` single-threaded workers, started as an operator would (the
-    `dask scheduler` and `dask worker` commands, nanny defaults), on the loopback interface."""
+    `dask scheduler` and `dask worker` commands, nanny defaults), on the loopback interface.
+    Started before each of its measured runs and stopped after it, so that its idle heartbeats
+    (a few % of a core) don't run during the other commands' runs."""
 
     def __init__(self, jobs: int, env: dict, folder: Path) -> None:
         from distributed import Client
 
         address_file = folder / "scheduler.json"
+        address_file.unlink(missing_ok=True)
         quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
         self.processes = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
                                             "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file",
                                             str(address_file)], **quiet)]
-        deadline = time.monotonic() + 60
-        while not address_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        self.processes.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
-                                                str(address_file), "--nworkers", str(jobs), "--nthreads", "1",
-                                                "--host", "127.0.0.1", "--no-dashboard"], **quiet))
-        with Client(scheduler_file=str(address_file), timeout="60s") as client:
-            client.wait_for_workers(jobs, timeout=120)
-            self.address = client.scheduler.address
-            client.run(_import_nsysan)  # a cluster in service has, for an earlier batch
+        try:
+            deadline = time.monotonic() + 60
+            while not address_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self.processes.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
+                                                    "--scheduler-file", str(address_file), "--nworkers", str(jobs),
+                                                    "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard"],
+                                                   **quiet))
+            with Client(scheduler_file=str(address_file), timeout="60s") as client:
+                client.wait_for_workers(jobs, timeout=120)
+                self.address = client.scheduler.address
+                client.run(_import_nsysan)  # a cluster in service has, for an earlier batch
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         for process in reversed(self.processes):
             process.terminate()
-            process.wait(timeout=60)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
 
 def _import_nsysan() -> None:
@@ -190,7 +201,7 @@ def dask_local_stages(jobs: int) -> dict:
 
 
 def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int, env: dict,
-            cluster: "ExistingCluster | None") -> dict:
+            with_cluster: bool) -> dict:
     nsysan = [sys.executable, "-m", "nsysan"]
     scratch = Path(tempfile.mkdtemp(prefix=f"nsysan-bench-{name}-"))
     commands = {
@@ -200,9 +211,9 @@ def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int
         "dask local": nsysan + ["batch", str(folder), "-o", str(scratch / "dask"), "-j", str(jobs), "--dask", "local",
                                 "--no-progress"],
     }
-    if cluster is not None:
+    if with_cluster:
         commands["dask cluster"] = nsysan + ["batch", str(folder), "-o", str(scratch / "cluster"), "--dask",
-                                             cluster.address, "--no-progress"]
+                                             "ADDRESS", "--no-progress"]
     times: dict[str, list[float]] = {k: [] for k in commands}
     cpu: dict[str, list[float]] = {k: [] for k in commands}
     # The 1-minute load average before each command: on a shared machine it says how many other
@@ -214,8 +225,15 @@ def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int
             (scratch / "seq").mkdir(parents=True, exist_ok=True)
             for out in ("pool", "dask", "cluster"):
                 shutil.rmtree(scratch / out, ignore_errors=True)
+            cluster = ExistingCluster(jobs, env, scratch) if label == "dask cluster" else None
+            if cluster is not None:
+                command = [cluster.address if arg == "ADDRESS" else arg for arg in command]
             loads[label].append(round(os.getloadavg()[0], 2))
-            seconds, cpu_seconds = timed(command, env)
+            try:
+                seconds, cpu_seconds = timed(command, env)
+            finally:
+                if cluster is not None:
+                    cluster.close()
             times[label].append(seconds)
             cpu[label].append(cpu_seconds)
             print(f"  {name} {label}: {seconds:.1f} s, {cpu_seconds:.1f} CPU s (round {round_ + 1}, load "
@@ -236,7 +254,7 @@ def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int
         "dask_local_overhead": (median["dask local"] - median["local pool"]) / median["local pool"],
         "dask_local_stages_s": stages,
     }
-    if cluster is not None:
+    if with_cluster:
         found["speedup_dask_cluster"] = median["sequential"] / median["dask cluster"]
         found["dask_cluster_overhead"] = (median["dask cluster"] - median["local pool"]) / median["local pool"]
     return found
@@ -272,10 +290,7 @@ def main() -> None:
         raise SystemExit(f"{big} is missing: python benchmarks/make_big_export.py (or link /work/bench-data)")
     work = Path(tempfile.mkdtemp(prefix="nsysan-batch-bench-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `kill` still removes the copies
-    cluster = None
     try:
-        if not args.no_cluster:
-            cluster = ExistingCluster(args.jobs, env, work)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip()
         results = {"commit": commit, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": {"cores": os.cpu_count(), "jobs": args.jobs,
@@ -287,7 +302,8 @@ def main() -> None:
                 continue
             folder = work / name
             reports = copies(source, count, folder)
-            results["workloads"].append(measure(name, reports, folder, args.jobs, args.repeat, env, cluster))
+            results["workloads"].append(measure(name, reports, folder, args.jobs, args.repeat, env,
+                                                not args.no_cluster))
             keep(results, args.out)
         results["machine"]["load_after"] = os.getloadavg()
         keep(results, args.out)
@@ -299,8 +315,6 @@ def main() -> None:
                      f"({100 * w['dask_cluster_overhead']:+.1f}% over the pool)" if "dask cluster" in w['median_s']
                      else ""))
     finally:
-        if cluster is not None:
-            cluster.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
