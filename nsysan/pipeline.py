@@ -13,7 +13,7 @@ from .analyses import run_analyses
 from .analyses.spikes import DEFAULT_WINDOW_NS
 from .errors import NsysanError
 from .events import LoadedEvents, load_events
-from .events.read import read_cuda_activity
+from .events.read import memory_rowid_span, read_cuda_activity
 from .model import Analysis, Diagnostic, Source
 from .schema import Schema, open_readonly, probe
 from .smi_log import SmiLog
@@ -45,13 +45,14 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
         return export.ensure_sqlite(report, nsys=nsys, cache_dir=cache_dir, use_sibling=use_sibling,
                                     progress=lambda f: say("exporting with nsys", f * share))
 
-    # The command line's --quick (no frames kept, no nvidia-smi logs) streams the events in
-    # bounded memory (analyses/streamed.py); a notebook's analysis keeps the frames it asked for.
-    streamed = quick and keep_events is False and not smi_logs
+    # The command line's --quick (no frames kept, no nvidia-smi logs) of a large export streams
+    # the events in bounded memory (analyses/streamed.py; see STREAM_QUICK_FROM_ROWS); a
+    # notebook's analysis keeps the frames it asked for.
+    may_stream = quick and keep_events is False and not smi_logs
 
     def read(sqlite_path: Path) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
         return _read(report, sqlite_path, export.resolve_cache_dir(cache_dir),
-                     lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs), streamed)
+                     lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs), may_stream)
 
     result = export_it()
     version = export.report_version(report) if is_report else None
@@ -78,7 +79,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                     size_bytes=report.stat().st_size, exported_with=result.exported_with,
                     from_cache=result.from_cache,
                     sibling_export=_text(result.sqlite_path) if result.from_sibling else None)
-    if streamed:
+    if loaded is None:  # left to be streamed (see _read)
         return _streamed(report, result.sqlite_path, export.resolve_cache_dir(cache_dir), schema, source, version,
                          step_range, spike_window_ns or DEFAULT_WINDOW_NS)
     if keep_events is None:
@@ -94,6 +95,13 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     if not keep_events:
         analysis = dataclasses.replace(analysis, events=None, calls=None, nvtx_ranges=None)
     return analysis
+
+
+# A quick analysis streams its events (when it may) from this many rows of the memory table on.
+# Below, the whole frame is faster (1e7 events: 7-9 s against 18-19 s streamed, which reads the
+# table twice on one core) and its memory, about 150 bytes per event, stays under 3 GB; above,
+# streaming keeps the peak near 0.4 GB at 1e7 and 1.9 GiB at 1e8 (docs/performance.md).
+STREAM_QUICK_FROM_ROWS = 20_000_000
 
 
 # `nsysan.analyze` keeps the raw frames for exports below this many memory events (they take
@@ -118,16 +126,16 @@ def check_pattern(pattern: str, option: str) -> None:
 
 
 def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: bool,
-          activity: bool = False, schema_only: bool = False) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
+          activity: bool = False, may_stream: bool = False) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]]]:
     """The schema and events of the committed state of the export at `sqlite_path`, and with
     `activity` when each process made its first and last CUDA call (for nvidia-smi logs);
-    `schema_only`: no events (they are streamed later, see _streamed)."""
+    `may_stream`: no events (None; they are streamed later, see _streamed) when the memory table
+    has STREAM_QUICK_FROM_ROWS rows or more."""
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)
         try:
             schema = probe(conn, report.name)
-            if schema_only and quick and not schema.memory_usage_collected:
-                load_events(conn, schema, say, quick=True)  # the one line saying why --quick can't
+            schema_only = may_stream and memory_rowid_span(conn, schema) >= STREAM_QUICK_FROM_ROWS
             try:
                 loaded = load_events(conn, schema, say, quick=quick) if not schema_only else None
                 runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import random
 import shutil
-import subprocess
-import sys
 import sqlite3
 from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
 
-from nsysan import analyze, pipeline, reader
+from nsysan import analyze, cli, pipeline, reader
 from nsysan.analyses import arrays, calls
 from nsysan.events import normalize, nvtx, read, stream
 from nsysan.render.json import render_json
@@ -117,12 +115,41 @@ QUICK_FIXTURES = ["known_mem_v25", "known_bt_v25", "real_oom_v25", "torch_leak_v
                   "torch_oom_v25", "torch_expandable_v25", "ddp_leak_v25", "jax_prealloc_v25", "torch_ops_v25"]
 
 
+def streaming_from(rows: int, monkeypatch) -> list[Path]:
+    """Quick analyses stream from `rows` rows of the memory table on (as if the fixtures were
+    large exports); the list fills with the path of each export streamed."""
+    streamed: list[Path] = []
+    real = pipeline._streamed
+    monkeypatch.setattr(pipeline, "STREAM_QUICK_FROM_ROWS", rows)
+    monkeypatch.setattr(pipeline, "_streamed", lambda report, *args: streamed.append(report) or real(report, *args))
+    return streamed
+
+
 def quick_documents(path: Path, chunk: int, monkeypatch) -> tuple[str, str]:
     """--quick of `path` from the whole events frame, and streamed in batches of `chunk` rowids
-    (the command line's way: keep_events=False)."""
+    (the command line's way, keep_events=False, of an export over STREAM_QUICK_FROM_ROWS rows)."""
     whole = render_json(pipeline.analyze_report(path, quick=True, keep_events=True))
+    streamed = streaming_from(1, monkeypatch)
     monkeypatch.setattr(stream, "CHUNK_ROWIDS", chunk)
-    return whole, render_json(pipeline.analyze_report(path, quick=True, keep_events=False))
+    document = render_json(pipeline.analyze_report(path, quick=True, keep_events=False))
+    assert streamed == [path]
+    return whole, document
+
+
+def test_quick_streams_only_large_exports(monkeypatch):
+    path = FIXTURES / "torch_leak_v25.sqlite"
+    with sqlite3.connect(path) as conn:  # its memory table, counted here to know where the line falls
+        rows = conn.execute("SELECT COUNT(*) FROM CUDA_GPU_MEMORY_USAGE_EVENTS").fetchone()[0]
+    assert pipeline.STREAM_QUICK_FROM_ROWS == 20_000_000
+    streamed = streaming_from(rows + 1, monkeypatch)
+    pipeline.analyze_report(path, quick=True, keep_events=False)
+    assert streamed == []  # one row short of the line: the whole frame, faster
+    monkeypatch.setattr(pipeline, "STREAM_QUICK_FROM_ROWS", rows)
+    pipeline.analyze_report(path, quick=True, keep_events=True)  # a notebook keeps its frame
+    pipeline.analyze_report(path, quick=False, keep_events=False)  # the full analysis is not streamed
+    assert streamed == []
+    pipeline.analyze_report(path, quick=True, keep_events=False)
+    assert streamed == [path]
 
 
 @pytest.mark.parametrize("name", QUICK_FIXTURES)
@@ -145,10 +172,13 @@ def test_streamed_quick_is_what_the_command_line_writes(tmp_path, monkeypatch):
     # torch_leak_v25.truth.jsonl: the leak of 64 MiB per step shows in the quick document too
     path = FIXTURES / "torch_leak_v25.sqlite"
     whole, _ = quick_documents(path, chunk_rowids(path), monkeypatch)
+    streamed = streaming_from(1, monkeypatch)  # in this process, as if the export were large
     out = tmp_path / "quick.json"
-    done = subprocess.run([sys.executable, "-m", "nsysan", "analyze", str(path), "--quick", "--json", str(out),
-                           "--no-progress"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    try:
+        cli.main(["analyze", str(path), "--quick", "--json", str(out), "--no-progress"])
+    except SystemExit as ended:
+        assert ended.code in (0, None)
+    assert streamed == [path]
     assert out.read_text() == whole
 
 

@@ -152,6 +152,15 @@ def read_memory_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame
     return read_table(conn, MEMORY_TABLE, _memory_select(schema), MEMORY_COLUMNS)
 
 
+def memory_rowid_span(conn: sqlite3.Connection, schema: Schema) -> int:
+    """How many rowids the memory table spans (its rows, unless some were deleted): two index
+    look-ups, not a scan."""
+    if not schema.memory_usage_collected:
+        return 0
+    low, high = conn.execute(f"SELECT MIN(rowid), MAX(rowid) FROM {MEMORY_TABLE}").fetchone()
+    return 0 if low is None else int(high) - int(low) + 1
+
+
 def memory_event_chunks(conn: sqlite3.Connection, schema: Schema, chunk_rowids: int,
                         rowids: Optional[tuple[int, int]] = None) -> Iterator[pd.DataFrame]:
     """The rows of read_memory_events (and their rowid, `position`) `chunk_rowids` rowids at a
