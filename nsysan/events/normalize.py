@@ -189,14 +189,9 @@ def _without_copies(order: np.ndarray, key: np.ndarray, ts: np.ndarray, op_code:
     share their time and operation with a neighbour in `order` can be copies, so the full
     comparison runs on those few.
     """
-    if len(key) < 2:
+    tied = tied_to_a_neighbour(key)
+    if tied is None:
         return order
-    equal_next = key[1:] == key[:-1]
-    if not equal_next.any():
-        return order
-    tied = np.zeros(len(key), bool)
-    tied[1:] |= equal_next
-    tied[:-1] |= equal_next
     rows = np.flatnonzero(tied) if order is None else order[tied]  # canonical order: the first copy is kept
     subset = raw.iloc[rows]
     copies = pd.DataFrame({
@@ -346,3 +341,17 @@ def _pair_allocs_and_frees(pid: np.ndarray, address: np.ndarray, is_alloc: np.nd
     partner[frees] = previous[frees]
     partner[previous[frees]] = frees
     return partner, int((is_alloc & after_alloc).sum())
+
+
+def tied_to_a_neighbour(key: np.ndarray) -> Optional[np.ndarray]:
+    """Which entries of the sorted `key` equal the one before or after them (the only rows that
+    can be copies of another); None when none does, the common case, found in one comparison."""
+    if len(key) < 2:
+        return None
+    equal_next = key[1:] == key[:-1]
+    if not equal_next.any():
+        return None
+    tied = np.zeros(len(key), bool)
+    tied[1:] |= equal_next
+    tied[:-1] |= equal_next
+    return tied

@@ -31,7 +31,7 @@ from ..errors import NsysanError
 from ..model import KINDS, Diagnostic
 from ..reader import release_memory
 from ..schema import Schema
-from .normalize import MAX_TOTAL_BYTES, _ints_and_nulls
+from .normalize import MAX_TOTAL_BYTES, _ints_and_nulls, tied_to_a_neighbour
 from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs, pool_rows, pool_usage_of
 
 _INT64_MAX = np.iinfo("int64").max
@@ -339,15 +339,9 @@ class EventFlow:
 
     def _without_copies(self, rows: dict) -> dict:
         """The rows without those that repeat an earlier row exactly (normalize._without_copies)."""
-        key = rows["key"]
-        if len(key) < 2:
+        tied = tied_to_a_neighbour(rows["key"])
+        if tied is None:
             return rows
-        equal_next = key[1:] == key[:-1]
-        if not equal_next.any():
-            return rows
-        tied = np.zeros(len(key), bool)
-        tied[1:] |= equal_next
-        tied[:-1] |= equal_next
         at = np.flatnonzero(tied)
         copies = pd.DataFrame({
             "ts": rows["ts"][at], "op": rows["op"][at], "pid": rows["global_pid"][at], "address": rows["address"][at],
