@@ -287,7 +287,8 @@ def main() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     big = DATA / "big_1000000.sqlite"
     if not big.exists():
-        raise SystemExit(f"{big} is missing: python benchmarks/make_big_export.py (or link /work/bench-data)")
+        raise SystemExit(f"{big} is missing: python benchmarks/make_big_export.py (or link a folder of "
+                         "pre-built exports as benchmarks/data)")
     work = Path(tempfile.mkdtemp(prefix="nsysan-batch-bench-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `kill` still removes the copies
     try:
