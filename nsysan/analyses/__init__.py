@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Optional
+from functools import partial
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -40,6 +41,8 @@ if TYPE_CHECKING:  # events imports this package's array helpers: no import cycl
     from ..events import LoadedEvents
 
 __all__ = ["run_analyses"]
+
+T = TypeVar("T")
 
 
 def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
@@ -81,10 +84,12 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                   reserve_adjustment(events, reserve_changes), groups_of)
         grouped = group_events(events)
         timeline_later = pool.submit(build_timeline, events, grouped, ranges, start_ns, end_ns)
-        api_calls_later = pool.submit(api_call_stats, calls)
-        sites_later = pool.submit(rank_sites, events, site_table) if not loaded.quick else _done([])
-        ranges_later = pool.submit(range_stats, events, ranges, end_ns, loaded.operator_ranges, calls=calls,
-                                   sizes_known=schema.memory_usage_collected, grouped=grouped.without_live())
+        api_call_work = partial(api_call_stats, calls)
+        site_work = partial(rank_sites, events, site_table) if not loaded.quick else partial(list)
+        range_work = partial(range_stats, events, ranges, end_ns, loaded.operator_ranges, calls=calls,
+                             sizes_known=schema.memory_usage_collected, grouped=grouped.without_live())
+        api_calls_later, sites_later, ranges_later = (pool.submit(work) for work in
+                                                      (api_call_work, site_work, range_work))
         groups = summarize_groups(events, grouped, gpu_of)
         never_freed, never_freed_total = find_never_freed(events, allocations)
         failed = find_failed_calls(calls, events, ranges)
@@ -101,15 +106,14 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
                                  schema.duration_ns, grouped, quick=loaded.quick, pools=pools)
         # Whichever core is free takes what is left of the second core's queue, the last queued first.
-        range_table = _here_unless_started(ranges_later, range_stats, events, ranges, end_ns, loaded.operator_ranges,
-                                           calls=calls, sizes_known=schema.memory_usage_collected, grouped=grouped)
-        del grouped  # the order of 1e7 events into groups, 80 MB
+        range_table = _here_unless_started(ranges_later, range_work)
+        del grouped, range_work  # the order of 1e7 events into groups, 80 MB
         timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns)
         diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
             schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version,
             quick=loaded.quick)
-        sites = _here_unless_started(sites_later, rank_sites, events, site_table)
-        api_calls = _here_unless_started(api_calls_later, api_call_stats, calls)
+        sites = _here_unless_started(sites_later, site_work)
+        api_calls = _here_unless_started(api_calls_later, api_call_work)
     peaks = verdicts.peaks
     growth = judge_all(steps, capture.processes, verdicts.caps)
     steps = [listed(s) for s in steps]  # after judging: the verdict sees every step
@@ -150,16 +154,10 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(loaded.stacks, analysis)))
 
 
-def _done(value) -> Future:
-    done: Future = Future()
-    done.set_result(value)
-    return done
-
-
-def _here_unless_started(later: Future, fn, *args, **kwargs):
-    """The result of work queued for the second core, found on this one instead when the second
-    has not started it yet (a queued future can still be cancelled; a running one cannot)."""
-    return fn(*args, **kwargs) if later.cancel() else later.result()
+def _here_unless_started(later: Future, work: Callable[[], T]) -> T:
+    """The result of `work`, queued for the second core as `later`, found on this one instead when
+    the second has not started it yet (a queued future can still be cancelled; a running one cannot)."""
+    return work() if later.cancel() else later.result()
 
 
 def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, gpu_of, end_ns: int,
