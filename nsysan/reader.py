@@ -214,6 +214,13 @@ def usable_cpus() -> int:
     return min(cpus, _thread_limit) if _thread_limit else cpus
 
 
+def rowid_span(conn: sqlite3.Connection, table: str) -> Optional[int]:
+    """How many rowids `table` spans (its rows, unless some were deleted), from two b-tree
+    descents; None when the rowid cannot be used."""
+    whole = _rowid_ranges(conn, table, 1)
+    return whole[0][1] - whole[0][0] + 1 if whole else None
+
+
 def _rowid_ranges(conn: sqlite3.Connection, table: str, parts: int) -> Optional[list[tuple[int, int]]]:
     """Up to `parts` equal rowid ranges covering the table (one for a small table), or None when
     the rowid cannot be used."""

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .. import apis
-from ..reader import database_path, read_chunks, read_converted, read_frame, read_table
+from ..reader import database_path, read_chunks, read_converted, read_frame, read_table, rowid_span
 from ..schema import Schema, _quote, connect_readonly
 from .columns import categorical_lookup, empty_calls, empty_chains, empty_ranges, int_column, ints
 from .nvtx import nesting_depth, parents, thread_key
@@ -153,12 +153,11 @@ def read_memory_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame
 
 
 def memory_rowid_span(conn: sqlite3.Connection, schema: Schema) -> int:
-    """How many rowids the memory table spans (its rows, unless some were deleted): two index
-    look-ups, not a scan."""
+    """How many rowids the memory table spans (its rows, unless some were deleted); 0 when it is
+    empty, absent or has no usable rowid (such a table is read whole anyway)."""
     if not schema.memory_usage_collected:
         return 0
-    low, high = conn.execute(f"SELECT MIN(rowid), MAX(rowid) FROM {MEMORY_TABLE}").fetchone()
-    return 0 if low is None else int(high) - int(low) + 1
+    return rowid_span(conn, MEMORY_TABLE) or 0
 
 
 def memory_event_chunks(conn: sqlite3.Connection, schema: Schema, chunk_rowids: int,
