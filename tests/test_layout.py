@@ -1,4 +1,5 @@
-"""The shape of the code that the brief promises: only schema.py and events/read.py name nsys tables."""
+"""The shape of the code that the brief promises: only schema.py and events/read.py (with its
+memory-pool half, events/read_pools.py) name nsys tables."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import nsysan
 
 PACKAGE = Path(nsysan.__file__).parent
-ALLOWED = {PACKAGE / "schema.py", PACKAGE / "events" / "read.py"}
+ALLOWED = {PACKAGE / "schema.py", PACKAGE / "events" / "read.py", PACKAGE / "events" / "read_pools.py"}
 # Every nsys table prefix nsysan reads or checks for (see ../shared/docs/nsys-schema.md)
 TABLE = re.compile(r"\b(CUPTI_ACTIVITY_\w+|CUDA_GPU_MEMORY_\w+|CUDA_CALLCHAINS|NVTX_EVENTS|NVTX_PAYLOAD\w*|"
                    r"StringIds|ThreadNames|TARGET_INFO_\w+|META_DATA_\w+|EXPORT_META_DATA|ENUM_[A-Z_]+|"

@@ -22,8 +22,8 @@ MAX_POINTS = 2000
 # pool reserve changes: event rows (sorted, distinct) and the bytes added at each
 ReserveChanges = tuple[np.ndarray, np.ndarray]
 
-# pool rows (events.read.pool_usage): ts_ns, pid, device, address, is_alloc, bytes, reserved
-# pool events (events.read.read_pool_events): ts_ns, pid, device, address, operation
+# pool rows (events.read_pools.pool_usage): ts_ns, pid, device, address, is_alloc, bytes, reserved
+# pool events (events.read_pools.read_pool_events): ts_ns, pid, device, address, operation
 # (created | destroyed | trimmed | ""), pool_type, reserved
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..events.columns import empty_calls, empty_ranges
 from ..events.load import QUICK_API
-from ..events.read import read_pool_events
+from ..events.read_pools import read_pool_events
 from ..events.stream import EventFlow
 from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, Capture, CutShort, Holder, OutOfMemory, Peak, Process, \
     ReservedMemory, Series, Source, Spike, Timeline, GroupSummary

@@ -23,7 +23,7 @@ from .normalize import normalize
 from .nvtx import attribute_operators, attribute_ranges
 from .read import last_cuda_calls, read_calls, read_memory_events, read_memory_events_alone, read_nvtx_ranges, \
     read_thread_names
-from .read import empty_pool_events, empty_pool_usage, pool_usage, read_pool_events
+from .read_pools import empty_pool_events, empty_pool_usage, pool_usage, read_pool_events
 from .stacks import call_sites
 
 
@@ -48,7 +48,7 @@ class LoadedEvents:
     operator_ranges: pd.DataFrame = field(default_factory=empty_ranges)
     stacks: list[Stack] = field(default_factory=list)  # the call stacks events["stack"] refers to
     # stream-ordered pools: their allocations with the pool's reserve, and their lifecycle
-    # (read.POOL_USAGE_COLUMNS, read.POOL_EVENT_COLUMNS); empty without pools
+    # (read_pools.POOL_USAGE_COLUMNS, read_pools.POOL_EVENT_COLUMNS); empty without pools
     pool_usage: pd.DataFrame = field(default_factory=empty_pool_usage)
     pool_events: pd.DataFrame = field(default_factory=empty_pool_events)
 

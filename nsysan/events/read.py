@@ -3,7 +3,8 @@
 The memory table (`CUDA_GPU_MEMORY_USAGE_EVENTS`, present with `--cuda-memory-usage=true`) has
 sizes, addresses and kinds but only the process; the API table (`CUPTI_ACTIVITY_KIND_RUNTIME`)
 has the thread, the API name and the call stack (`CUDA_CALLCHAINS`); NVTX ranges are in
-`NVTX_EVENTS`. With `schema.py`, this is the only module that names nsys tables and columns.
+`NVTX_EVENTS`. With `schema.py` and `read_pools.py` (the memory pools' rows and events), this is
+the only module that names nsys tables and columns.
 """
 
 from __future__ import annotations
@@ -450,80 +451,3 @@ def read_strings(conn: sqlite3.Connection, schema: Schema, ids: np.ndarray) -> d
                 f"SELECT id, CAST(substr(value, 1, 500) AS TEXT) FROM StringIds WHERE id IN ({id_list})"):
             found[string_id] = str(value)
     return found
-
-
-# --- memory pools (cudaMallocAsync) --------------------------------------------------------------
-
-# ENUM_CUDA_MEMPOOL_OPER and ENUM_CUDA_MEMPOOL_TYPE: the same ids in every schema seen (3.0 to 3.20)
-POOL_OPERATIONS = {1: "created", 2: "destroyed", 3: "trimmed"}
-POOL_TYPES = {1: "local", 2: "imported"}
-POOL_USAGE_COLUMNS = ["ts_ns", "pid", "device", "address", "is_alloc", "bytes", "reserved"]  # see pool_usage
-POOL_EVENT_COLUMNS = ["ts_ns", "pid", "device", "address", "operation", "pool_type", "reserved"]
-
-
-def empty_pool_usage() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype="bool" if c == "is_alloc" else "int64") for c in POOL_USAGE_COLUMNS})
-
-
-def empty_pool_events() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype="object" if c in ("operation", "pool_type") else "int64")
-                         for c in POOL_EVENT_COLUMNS})
-
-
-def pool_usage(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
-    """The pool allocations and frees among the raw memory rows (read_memory_events), with their
-    pool's reserve then (`localMemoryPoolSize`, schema 3.0+): POOL_USAGE_COLUMNS, in time order.
-    Call it before `normalize` consumes the raw columns."""
-    return pool_usage_of(pool_rows(raw, schema))
-
-
-def pool_rows(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
-    """The pool rows among raw memory rows, in their order, with what tells copies apart (block,
-    call); pool_usage_of makes POOL_USAGE_COLUMNS of them (of one chunk's, or of every chunk's)."""
-    if raw.empty or "pool_size" not in raw:
-        return pd.DataFrame()
-    rows = np.flatnonzero(int_column(raw, "pool_address") != 0)
-    if len(rows) == 0:
-        return pd.DataFrame()
-    alloc_ids = [i for i, name in schema.mem_ops.items() if name == "alloc"]
-    return pd.DataFrame({
-        "ts_ns": int_column(raw, "start")[rows] - schema.time_offset_ns,
-        "pid": ((int_column(raw, "global_pid")[rows] >> 24) & 0xFFFFFF).astype("int32"),
-        "device": np.clip(int_column(raw, "device")[rows], -1, 32767).astype("int16"),
-        "address": int_column(raw, "pool_address")[rows],
-        "is_alloc": np.isin(int_column(raw, "op_type", fill=-1)[rows], alloc_ids),
-        "bytes": np.clip(int_column(raw, "bytes")[rows], 0, 2**50),
-        "reserved": np.clip(int_column(raw, "pool_size")[rows], 0, 2**50),
-        "block": int_column(raw, "address")[rows], "call": int_column(raw, "correlation_id")[rows],
-        **({"position": int_column(raw, "position")[rows]} if "position" in raw else {}),
-    })
-
-
-def pool_usage_of(rows: pd.DataFrame) -> pd.DataFrame:
-    """POOL_USAGE_COLUMNS of pool_rows, in time order."""
-    if rows.empty:
-        return empty_pool_usage()
-    if "position" in rows:  # rows read out of export order: back into it first
-        rows = rows.sort_values("position", kind="stable").drop(columns=["position"])
-    # rows written twice (an export written twice into one file) count once, as in normalize
-    frame = rows[~rows.duplicated().to_numpy()].drop(columns=["block", "call"])
-    return frame.sort_values("ts_ns", kind="stable", ignore_index=True)
-
-
-def read_pool_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
-    """Pool creations, trims and destructions (`CUDA_GPU_MEMORY_POOL_EVENTS`): POOL_EVENT_COLUMNS."""
-    table = "CUDA_GPU_MEMORY_POOL_EVENTS"
-    if not schema.has(table, "start", "globalPid", "address", "operationType"):
-        return empty_pool_events()
-    sql = (f"SELECT start, globalPid, {_col(schema, table, 'deviceId', '0')}, address, operationType, "
-           f"{_col(schema, table, 'poolType', '0')}, coalesce({_col(schema, table, 'localMemoryPoolSize', '0')}, 0) "
-           f"FROM {table}")
-    raw = read_frame(conn, sql, ["start", "global_pid", "device", "address", "operation", "pool_type", "reserved"])
-    return pd.DataFrame({
-        "ts_ns": int_column(raw, "start") - schema.time_offset_ns,
-        "pid": ((int_column(raw, "global_pid") >> 24) & 0xFFFFFF).astype("int32"),
-        "device": np.clip(int_column(raw, "device"), -1, 32767).astype("int16"), "address": int_column(raw, "address"),
-        "operation": [POOL_OPERATIONS.get(v, "") for v in int_column(raw, "operation").tolist()],
-        "pool_type": [POOL_TYPES.get(v, "") for v in int_column(raw, "pool_type").tolist()],
-        "reserved": np.clip(int_column(raw, "reserved"), 0, 2**50),
-    }).drop_duplicates(ignore_index=True)

@@ -32,7 +32,8 @@ from ..model import KINDS, Diagnostic
 from ..reader import release_memory
 from ..schema import Schema
 from .normalize import MAX_TOTAL_BYTES, _ints_and_nulls, tied_to_a_neighbour
-from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs, pool_rows, pool_usage_of
+from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs
+from .read_pools import pool_rows, pool_usage_of
 
 _INT64_MAX = np.iinfo("int64").max
 # Rowids read at a time: a chunk's decoded rows and their temporaries stay some 30 MB, for each
@@ -129,7 +130,7 @@ class _OutOfOrder(Exception):
 class EventFlow:
     """Passes over the memory events: `feed` hands each EventBatch on, after which `live` holds
     the allocations never freed, `diagnostics` what normalize would say, and `pool_usage` the
-    pool rows (read.POOL_USAGE_COLUMNS)."""
+    pool rows (read_pools.POOL_USAGE_COLUMNS)."""
 
     conn: sqlite3.Connection
     schema: Schema
