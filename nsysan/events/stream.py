@@ -353,7 +353,7 @@ class EventFlow:
         if not copies.any():
             return rows
         self._copies += int(copies.sum())
-        drop = np.zeros(len(key), bool)
+        drop = np.zeros(len(rows["key"]), bool)
         drop[at[copies]] = True
         return {name: values[~drop] for name, values in rows.items()}
 
