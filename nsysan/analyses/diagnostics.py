@@ -23,15 +23,18 @@ _NSYS_FOR_CUDA = {12: (2022, 5), 13: (2025, 3)}
 def capture_diagnostics(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame,
                         last_cuda_call_ns: dict[int, int], groups: list[GroupSummary], peaks: list[Peak],
                         failed: list[FailedCall], report_version: Optional[str],
-                        quick: bool = False) -> list[Diagnostic]:
+                        quick: bool = False, counted: Optional[dict[str, int]] = None) -> list[Diagnostic]:
+    """`counted`: what the frames would tell, counted by a flow of batches instead (streamed_full.py):
+    "vmm_events", "calls_without_events"."""
     found: list[Diagnostic] = []
+    counted = counted or {}
     found += _collection(schema, events, calls, quick)
     found += _incomplete_trace(schema, last_cuda_call_ns, ranges, report_version)
     found += _orphan_frees(groups)
-    found += _allocations_without_events(schema, events, calls)
+    found += _allocations_without_events(schema, events, calls, counted.get("calls_without_events"))
     found += _static_memory(groups)
     found += _caching_allocator(schema, events, groups)
-    found += _vmm(events)
+    found += _vmm(events, counted.get("vmm_events"))
     found += _capacity(peaks)
     found += _failures(failed)
     return found
@@ -110,11 +113,13 @@ def _orphan_frees(groups: list[GroupSummary]) -> list[Diagnostic]:
                        "that memory is not in the live bytes, so real usage was higher than shown")]
 
 
-def _allocations_without_events(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame) -> list[Diagnostic]:
-    if not schema.memory_usage_collected or calls.empty:
-        return []
-    ok = ((calls["family"] == "alloc") & (calls["return_value"] == 0)).to_numpy()
-    missing = int((ok & ~calls["has_event"].to_numpy()).sum())
+def _allocations_without_events(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,
+                                missing: Optional[int] = None) -> list[Diagnostic]:
+    if missing is None:
+        if not schema.memory_usage_collected or calls.empty:
+            return []
+        ok = ((calls["family"] == "alloc") & (calls["return_value"] == 0)).to_numpy()
+        missing = int((ok & ~calls["has_event"].to_numpy()).sum())
     if not missing:
         return []
     return [Diagnostic("info", "allocations_without_events",
@@ -146,14 +151,16 @@ def _caching_allocator(schema: Schema, events: pd.DataFrame, groups: list[GroupS
                        "end', not necessarily a leak; look at how live bytes grow from step to step")]
 
 
-def _vmm(events: pd.DataFrame) -> list[Diagnostic]:
-    if events.empty:
-        return []
-    vmm = events["api"].isin(["cuMemSetAccess", "cuMemUnmap", "cuMemMap"]).to_numpy()
-    if not vmm.any():
+VMM_EVENT_APIS = ("cuMemSetAccess", "cuMemUnmap", "cuMemMap")
+
+
+def _vmm(events: pd.DataFrame, count: Optional[int] = None) -> list[Diagnostic]:
+    if count is None:
+        count = int(events["api"].isin(VMM_EVENT_APIS).to_numpy().sum()) if not events.empty else 0
+    if not count:
         return []
     return [Diagnostic("info", "virtual_memory_api",
-                       f"{int(vmm.sum())} events come from the driver's virtual-memory API (cuMemCreate/cuMemMap, "
+                       f"{count} events come from the driver's virtual-memory API (cuMemCreate/cuMemMap, "
                        "as used by PyTorch expandable segments and NCCL): nsys records them when access is set "
                        "(cuMemSetAccess) and unmapped (cuMemUnmap); memory created but never mapped is not seen")]
 

@@ -22,13 +22,20 @@ def attribute_ranges(points: pd.DataFrame, ranges: pd.DataFrame) -> tuple[pd.Cat
     if n == 0 or ranges.empty:
         empty = pd.Categorical.from_codes(np.zeros(n, "int8"), categories=[""])
         return empty, empty
-    pid, ts = points["pid"].to_numpy(), points["ts_ns"].to_numpy()
-    index = _innermost(pid, points["tid"].to_numpy(), ts, ranges)
+    index = innermost_range_rows(points["pid"].to_numpy(), points["tid"].to_numpy(), points["ts_ns"].to_numpy(),
+                                 ranges)
+    return _as_categorical(ranges["name"].to_numpy(dtype=object), index), \
+        _as_categorical(_range_paths(ranges), index)
+
+
+def innermost_range_rows(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, ranges: pd.DataFrame) -> np.ndarray:
+    """Row in `ranges` of the innermost range open at each point (-1 for none): on its own
+    thread, else on its process's main thread (see attribute_ranges)."""
+    index = _innermost(pid, tid, ts, ranges)
     missing = np.flatnonzero(index < 0)
     if len(missing):
         index[missing] = _innermost(pid[missing], pid[missing], ts[missing], ranges)
-    return _as_categorical(ranges["name"].to_numpy(dtype=object), index), \
-        _as_categorical(_range_paths(ranges), index)
+    return index
 
 
 def _as_categorical(values: np.ndarray, index: np.ndarray) -> pd.Categorical:

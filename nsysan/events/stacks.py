@@ -158,6 +158,23 @@ def _python_stacks(conn: sqlite3.Connection, schema: Schema, events: pd.DataFram
                    calls: pd.DataFrame, chains: pd.DataFrame, registry: Stacks, diagnostics: list[Diagnostic]):
     """For the allocations whose call carries a Python stack: their rows, stack ids, and the
     sites (with the site index of each stack id)."""
+    table = python_stack_table(conn, schema, lambda: (calls, chains), registry, diagnostics)
+    if table is None:
+        return None
+    mark_pid, mark_correlation, mark_stack, sites, site_lookup = table
+    # Each call's stack, then each allocation's, through the (pid, correlation id) of its call.
+    allocs = np.flatnonzero(is_alloc)
+    match = join_on_call(events["pid"].to_numpy()[allocs], events["correlation_id"].to_numpy()[allocs],
+                         mark_pid, mark_correlation)
+    found = match >= 0
+    return allocs[found], mark_stack[match[found]].astype("int32"), sites, site_lookup
+
+
+def python_stack_table(conn: sqlite3.Connection, schema: Schema, calls_and_chains, registry: Stacks,
+                       diagnostics: list[Diagnostic]):
+    """The Python stacks of the export's memory calls (None without any): each stack's call as
+    (pid, correlation id) and stack id, the sites, and the site index of each stack id.
+    `calls_and_chains()`: the calls and call-stack rows (read only when there are Python stacks)."""
     marks = read_python_backtrace_marks(conn, schema)
     if marks.empty:
         return None
@@ -205,22 +222,17 @@ def _python_stacks(conn: sqlite3.Connection, schema: Schema, events: pd.DataFram
             site_of_stack[stack_id] = site_index[site["label"]]
         stack_of_mark[mark] = seen[content]
     # The calls and the backtrace rows that copy them (a mark is inside the copy).
-    spans = pd.concat([frame[["ts_ns", "end_ns", "pid", "tid", "correlation_id"]] for frame in (calls, chains)],
+    spans = pd.concat([frame[["ts_ns", "end_ns", "pid", "tid", "correlation_id"]] for frame in calls_and_chains()],
                       ignore_index=True)
     call_row = calls_of_marks(marks, spans)
     usable = (call_row >= 0) & (stack_of_mark >= 0)
     if not usable.any():
         return None
-    # Each call's stack, then each allocation's, through the (pid, correlation id) of its call.
     mark_pid = spans["pid"].to_numpy()[call_row[usable]]
     mark_correlation = spans["correlation_id"].to_numpy()[call_row[usable]]
-    allocs = np.flatnonzero(is_alloc)
-    match = join_on_call(events["pid"].to_numpy()[allocs], events["correlation_id"].to_numpy()[allocs],
-                         mark_pid, mark_correlation)
-    found = match >= 0
     site_lookup = np.full(len(registry.stacks), -1, "int64")
     site_lookup[:len(site_of_stack)] = site_of_stack
-    return allocs[found], stack_of_mark[usable][match[found]].astype("int32"), sites, site_lookup
+    return mark_pid, mark_correlation, stack_of_mark[usable], sites, site_lookup
 
 
 def _python_site(frames: tuple[Frame, ...], stack_id: int) -> dict:
@@ -242,7 +254,22 @@ def _native_stacks(conn: sqlite3.Connection, schema: Schema, events: pd.DataFram
     if not (schema.has_backtraces and "callchain_id" in events):
         return None
     chain_ids = events["callchain_id"].to_numpy()
-    wanted = np.unique(chain_ids[is_alloc & (chain_ids >= 0)])
+    table = native_stack_table(conn, schema, np.unique(chain_ids[is_alloc & (chain_ids >= 0)]), registry)
+    if table is None:
+        return None
+    chain_list, stack_of_chain, caller_sites, caller_of_stack, machinery_sites, machinery_of_stack = table
+    event_rows = np.flatnonzero(is_alloc & (chain_ids >= 0))
+    at = np.clip(np.searchsorted(chain_list, chain_ids[event_rows]), 0, len(chain_list) - 1)
+    has = chain_list[at] == chain_ids[event_rows]
+    event_rows, at = event_rows[has], at[has]
+    return (event_rows, stack_of_chain[at].astype("int32"), caller_sites, caller_of_stack, machinery_sites,
+            machinery_of_stack)
+
+
+def native_stack_table(conn: sqlite3.Connection, schema: Schema, wanted: np.ndarray, registry: Stacks):
+    """The native stacks of the call-stack ids `wanted` (sorted, distinct; None when none is
+    found): the ids found, each one's stack id, the caller sites and the machinery-only sites,
+    each with the site index per stack id (-1 for none)."""
     if len(wanted) == 0:
         return None
     frames = read_call_stack_frames(conn, schema, wanted)
@@ -299,10 +326,4 @@ def _native_stacks(conn: sqlite3.Connection, schema: Schema, events: pd.DataFram
     machinery_of_stack = np.full(len(registry.stacks), -1, "int64")
     for stack_id, (caller, machinery_site) in chain_of_stack.items():
         caller_of_stack[stack_id], machinery_of_stack[stack_id] = caller, machinery_site
-    chain_list = ids[bounds[:-1]]
-    event_rows = np.flatnonzero(is_alloc & (chain_ids >= 0))
-    at = np.clip(np.searchsorted(chain_list, chain_ids[event_rows]), 0, len(chain_list) - 1)
-    has = chain_list[at] == chain_ids[event_rows]
-    event_rows, at = event_rows[has], at[has]
-    return (event_rows, stack_of_chain[at].astype("int32"), caller_sites, caller_of_stack, machinery_sites,
-            machinery_of_stack)
+    return ids[bounds[:-1]], stack_of_chain, caller_sites, caller_of_stack, machinery_sites, machinery_of_stack
