@@ -148,20 +148,23 @@ def read_converted(conn: sqlite3.Connection, table: str, select: str, columns: l
 
 
 def read_chunks(conn: sqlite3.Connection, table: str, select: str, columns: list[str],
-                chunk_rowids: Optional[int] = None, rowids: Optional[tuple[int, int]] = None) -> Iterator[pd.DataFrame]:
-    """`SELECT {select} FROM {table}` (`rowids`: those between two rowids alone) as frames of
-    `chunk_rowids` rowids (CHUNK_ROWIDS), in rowid order; the next chunk is read on a second
-    thread while the caller works on this one (the driver releases the GIL while SQLite scans).
-    A table without a usable rowid, or one the fast driver can't read, comes as one frame."""
+                chunk_rowids: Optional[int] = None, rowids: Optional[tuple[int, int]] = None,
+                where: str = "") -> Iterator[pd.DataFrame]:
+    """`SELECT {select} FROM {table} [WHERE {where}]` (`rowids`: those between two rowids alone)
+    as frames of `chunk_rowids` rowids (CHUNK_ROWIDS), in rowid order; the next chunk is read on a
+    second thread while the caller works on this one (the driver releases the GIL while SQLite
+    scans). A table without a usable rowid, or one the fast driver can't read, comes as one frame."""
     path = database_path(conn) if _adbc is not None else None
     ranges = _rowid_ranges(conn, table, 1) if path else None
+    condition = f" AND ({where})" if where else ""
     if not ranges:
-        where = f" WHERE rowid BETWEEN {rowids[0]} AND {rowids[1]}" if rowids else ""
-        yield read_frame(conn, f"SELECT {select} FROM {table}{where}", columns)
+        span = f"rowid BETWEEN {rowids[0]} AND {rowids[1]}" if rowids else ""
+        both = " AND ".join(f"({c})" for c in (span, where) if c)
+        yield read_frame(conn, f"SELECT {select} FROM {table}" + (f" WHERE {both}" if both else ""), columns)
         return
     low, high = rowids or ranges[0]
     step = chunk_rowids or CHUNK_ROWIDS
-    sqls = [f"SELECT {select} FROM {table} WHERE rowid BETWEEN {a} AND {min(a + step, high + 1) - 1}"
+    sqls = [f"SELECT {select} FROM {table} WHERE rowid BETWEEN {a} AND {min(a + step, high + 1) - 1}{condition}"
             for a in range(low, high + 1, step)]
 
     def fast(sql: str) -> Optional[pd.DataFrame]:
@@ -177,6 +180,11 @@ def read_chunks(conn: sqlite3.Connection, table: str, select: str, columns: list
             if i + 1 < len(sqls):
                 ahead = pool.submit(fast, sqls[i + 1])
             yield frame if frame is not None else read_frame(conn, sql, columns)
+
+
+def reads_in_chunks(conn: sqlite3.Connection, table: str) -> bool:
+    """Whether read_chunks reads `table` chunk by chunk (else as one frame)."""
+    return _adbc is not None and database_path(conn) is not None and _rowid_ranges(conn, table, 1) is not None
 
 
 def _join_parts(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

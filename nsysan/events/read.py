@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 
 from .. import apis
-from ..reader import database_path, read_chunks, read_converted, read_frame, read_table, rowid_span
+from ..reader import database_path, read_chunks, read_converted, read_frame, read_table, reads_in_chunks, \
+    rowid_span
 from ..schema import Schema, _quote, connect_readonly
 from .columns import categorical_lookup, empty_calls, empty_chains, empty_ranges, int_column, ints
 from .nvtx import nesting_depth, parents, thread_key
@@ -103,6 +104,39 @@ def read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, 
         "correlation_id": read.pop("correlation_id"), "has_event": np.zeros(len(api), bool),
     }, copy=False)  # pandas copies a dict's arrays by default: 0.7 s at 1e7 calls
     return calls, chains
+
+
+def memory_call_chunks(conn: sqlite3.Connection, schema: Schema, name_ids: list[int], chunk_rowids: int,
+                       rowids: Optional[tuple[int, int]] = None) -> Iterator[tuple[Optional[tuple[int, int]], pd.DataFrame]]:
+    """The raw rows of the memory API calls (names `name_ids`: _memory_api_ids) with their rowid
+    (`position`), as read_calls reads them, `chunk_rowids` rowids at a time in rowid order (of the
+    rows between two rowids): (its rowids, its rows) per chunk, or (None, every row) when the
+    table can't be read by rowid ranges."""
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if not name_ids or not schema.has(table, "start", "nameId", "globalTid", "correlationId"):
+        return
+    select = (f"rowid, start, {_col(schema, table, 'end', 'start')}, globalTid, correlationId, nameId, "
+              f"{_col(schema, table, 'returnValue', '0')}")
+    columns = ["position", "start", "end", "global_tid", "correlation_id", "name_id", "return_value"]
+    if schema.has_backtraces:
+        select += f", {_col(schema, table, 'eventClass', '0')}, {_col(schema, table, 'callchainId')}"
+        columns += ["event_class", "callchain_id"]
+    where = f"nameId IN ({','.join(str(i) for i in sorted(name_ids))})"
+    span = rowid_span(conn, table) if reads_in_chunks(conn, table) else None
+    if span is None:
+        yield None, read_frame(conn, f"SELECT {select} FROM {table} WHERE {where}", columns)
+        return
+    low = rowids[0] if rowids else conn.execute(f"SELECT min(rowid) FROM {table}").fetchone()[0]
+    high = rowids[1] if rowids else low + span - 1
+    grid = [(a, min(a + chunk_rowids, high + 1) - 1) for a in range(low, high + 1, chunk_rowids)]
+    yield from zip(grid, read_chunks(conn, table, select, columns, chunk_rowids, (low, high), where))
+
+
+def memory_call_names(conn: sqlite3.Connection, schema: Schema) -> dict[int, str]:
+    """StringIds ids of the memory API names -> suffix-stripped name ({} without an API table)."""
+    if not schema.has("CUPTI_ACTIVITY_KIND_RUNTIME", "start", "nameId", "globalTid", "correlationId"):
+        return {}
+    return _memory_api_ids(conn, schema)
 
 
 def _call_columns(raw: pd.DataFrame, schema: Schema, stacks: bool) -> dict[str, np.ndarray]:

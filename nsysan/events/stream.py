@@ -67,10 +67,13 @@ class EventBatch:
     delta: np.ndarray
     pool: np.ndarray
     partner_seq: np.ndarray
+    correlation: np.ndarray  # the API call's correlation id (0 for none: module statics)
     # allocations that can never be freed any more (another allocation took their address while
     # they were live), and the live allocations before this batch: _LIVE columns
     closed: dict = field(default_factory=dict)
     live_before: dict = field(default_factory=dict)
+    # the API call joined to each event (stream_calls.CallWindow.join), in the full analysis
+    calls: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -141,6 +144,8 @@ class EventFlow:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     pool_usage: pd.DataFrame = field(default_factory=pd.DataFrame)
     events: int = 0
+    # joins each batch to its API calls (stream_calls.CallWindow); None: --quick reads no calls
+    call_window: Optional[object] = None
 
     def __post_init__(self) -> None:
         names = self.schema.mem_kinds
@@ -172,6 +177,12 @@ class EventFlow:
                 if not self.runs:  # rows in no order: each chunk's earliest time tells how long to wait
                     self.first_starts = memory_chunk_first_starts(self.conn, CHUNK_ROWIDS)
                 continue
+            if self.call_window is not None and not self.call_window.exact:
+                # an event's call lay outside the window: again, every call held (stream_calls.py)
+                if kept is not None:
+                    kept.close()
+                self.call_window.keep_all = True
+                continue
             self._kept = kept
             return consumer
 
@@ -201,11 +212,15 @@ class EventFlow:
         self.events, self._bad, self._copies, self._overlapping, self._allocated = 0, 0, 0, 0, 0.0
         self._emitted_key: Optional[int] = None
         self._pools: list[pd.DataFrame] = []
+        if self.call_window is not None:
+            self.call_window.restart()
         if self.runs:
             yield from self._merged_runs()
         else:
             yield from self._one_scan()
         self._finish(self._pools)
+        if self.call_window is not None:
+            self.call_window.finish()
 
     def _chunks(self, rowids: Optional[tuple[int, int]] = None, size: Optional[int] = None) -> Iterator[dict]:
         """Decoded rows of each chunk of `size` rowids (of the rows between two rowids)."""
@@ -335,8 +350,11 @@ class EventFlow:
         kind = np.array([self._kind_code[names.get(int(k), "unknown")] for k in distinct], "int64")[slot]
         is_alloc = rows["op"] == 0
         address = rows["address"].view("uint64")
-        return self._paired(seq, rows["ts"] - self.schema.time_offset_ns, pid, rows["device"], kind, is_alloc,
-                            address, rows["bytes"], rows["pool"].astype(bool))
+        batch = self._paired(seq, rows["ts"] - self.schema.time_offset_ns, pid, rows["device"], kind, is_alloc,
+                             address, rows["bytes"], rows["pool"].astype(bool), rows["correlation"])
+        if self.call_window is not None:
+            batch.calls = self.call_window.join(batch)
+        return batch
 
     def _without_copies(self, rows: dict) -> dict:
         """The rows without those that repeat an earlier row exactly (normalize._without_copies)."""
@@ -357,7 +375,7 @@ class EventFlow:
         drop[at[copies]] = True
         return {name: values[~drop] for name, values in rows.items()}
 
-    def _paired(self, seq, ts, pid, device, kind, is_alloc, address, size, pool) -> EventBatch:
+    def _paired(self, seq, ts, pid, device, kind, is_alloc, address, size, pool, correlation) -> EventBatch:
         """Frees paired with the allocation before them at their (process, address), the live
         allocations of earlier batches included (normalize._pair_allocs_and_frees)."""
         live = self.live
@@ -396,8 +414,8 @@ class EventFlow:
         self.live = {name: values[still] for name, values in columns.items()}
         closed = {name: values[superseded] for name, values in columns.items()}
         return EventBatch(seq=seq, ts=ts, pid=pid, device=device, kind=kind, is_alloc=is_alloc, address=address,
-                          bytes=sizes, delta=delta, pool=pool, partner_seq=partner_seq[own], closed=closed,
-                          live_before=live)
+                          bytes=sizes, delta=delta, pool=pool, partner_seq=partner_seq[own], correlation=correlation,
+                          closed=closed, live_before=live)
 
     def _finish(self, pools: list) -> None:
         if self._allocated >= MAX_TOTAL_BYTES:

@@ -1,0 +1,242 @@
+"""The memory API calls in bounded memory, for the streamed full analysis: read a chunk of rowids
+at a time, summed in one scan (`MemoryCalls.scan`), and joined to each batch of memory events
+through a window of calls (`CallWindow`).
+
+An event lies within the span of its call's rows (start to end; checked on the captures in
+fixtures/ and made so by benchmarks/make_big_export.py): the events flow in time order, so the
+window needs the calls that start before the batch's last event and end after its first. The
+scan notes each chunk's earliest start; a batch reads every chunk that starts before its last
+event (in rowid order, so the first call of a (process, correlation id) still wins, as in
+normalize.join_on_call), and calls that ended before it are dropped. For calls written in time
+order (or a few runs of it, rank by rank) the window is a chunk or so per run; for calls in no
+order every chunk starts early, and the window holds every call. Whether an event found no call
+only because its call fell outside that span is checked at the end (`CallWindow.exact`: one more
+scan, for the keys of the events left without a call); if so the flow runs again holding every call.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import numpy as np
+import pandas as pd
+
+from .. import apis
+from ..analyses.calls import MAX_FAILED, CallStatSums
+from ..schema import Schema
+from .normalize import join_on_call
+from .read import _call_columns, memory_call_chunks, memory_call_names
+
+# Rowids of the API table read at a time (the memory calls among them, decoded: some 10 MB).
+CALL_CHUNK_ROWIDS = 1 << 18
+_FAR = np.iinfo("int64").max // 4  # an end beyond this is no end (unterminated)
+_REAL = ("pid", "tid", "correlation", "api", "ts", "end", "position", "ok_alloc", "matched")
+_CHAIN = ("pid", "correlation", "chain", "end")
+_WHOLE = (0, -1)  # the rowids of a table read as one chunk
+
+
+@dataclass
+class MemoryCalls:
+    """The export's memory API calls, read in chunks: what one scan sums (API call stats, the
+    failed calls, threads, spans) and each chunk's earliest start, for CallWindow."""
+
+    conn: sqlite3.Connection
+    schema: Schema
+    api_names: list[str] = field(default_factory=list)  # api code -> name (first memory API id first)
+    families: list[str] = field(default_factory=list)
+    chunks: list[tuple[int, int]] = field(default_factory=list)  # rowids of each chunk
+    first_starts: list[int] = field(default_factory=list)  # per chunk; _FAR without rows
+    threads: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))  # pid << 24 | tid, first seen first
+    failed: pd.DataFrame = field(default_factory=pd.DataFrame)  # calls.failed_call_rows of every call
+    stats: list = field(default_factory=list)  # calls.api_call_stats of every call
+    first_ts: Optional[int] = None  # earliest start and latest finite end of a call
+    last_end: Optional[int] = None
+    last_end_by_pid: dict = field(default_factory=dict)
+    successful_allocations: int = 0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        name_ids = memory_call_names(self.conn, self.schema)
+        self._ids = np.array(sorted(name_ids), "int64")
+        self.api_names = list(dict.fromkeys(name_ids[i] for i in self._ids.tolist()))
+        self._code_of_id = np.array([self.api_names.index(name_ids[i]) for i in self._ids.tolist()], "int16")
+        family_of = [apis.FAMILIES.get(a, "other") for a in self.api_names]
+        self.families = list(dict.fromkeys(family_of))
+        self.family_code = np.array([self.families.index(f) for f in family_of], "int64")
+        self._stacks = self.schema.has_backtraces
+
+    def __bool__(self) -> bool:
+        return len(self._ids) > 0
+
+    def scan(self) -> None:
+        """One pass over the calls: the sums, and the chunks CallWindow reads."""
+        sums = CallStatSums(self.api_names, self.families)
+        failed: list[pd.DataFrame] = []
+        found = 0
+        info = self.families.index("info") if "info" in self.families else -1
+        alloc = self.families.index("alloc") if "alloc" in self.families else -1
+        self.chunks, self.first_starts = [], []
+        for rowids, real, chains in self.read():
+            starts = [_FAR] + ([int(real["ts"].min())] if len(real["ts"]) else []) \
+                + ([int(chains["ts"].min())] if len(chains["ts"]) else [])
+            self.chunks.append(rowids)
+            self.first_starts.append(min(starts))
+            n = len(real["ts"])
+            if not n:
+                continue
+            self.count += n
+            family = self.family_code[real["api"]]
+            sums.add(real["api"], family, real["ts"], real["end"], real["return_value"])
+            self.threads = pd.unique(np.concatenate([self.threads, real["pid"].astype("int64") << 24
+                                                     | (real["tid"].astype("int64") & 0xFFFFFF)]))
+            if found < MAX_FAILED:
+                rows = np.flatnonzero((real["return_value"] != 0) & (family != info))[:MAX_FAILED - found]
+                found += len(rows)
+                failed.append(pd.DataFrame({
+                    "ts_ns": real["ts"][rows], "pid": real["pid"][rows], "tid": real["tid"][rows],
+                    "api": np.array(self.api_names, dtype=object)[real["api"][rows]],
+                    "return_value": real["return_value"][rows]}))
+            self.first_ts = int(real["ts"].min()) if self.first_ts is None else min(self.first_ts, int(real["ts"].min()))
+            finite = real["end"][real["end"] < _FAR]
+            if len(finite):
+                self.last_end = max(self.last_end if self.last_end is not None else int(finite.max()), int(finite.max()))
+            ends = pd.Series(real["end"]).groupby(real["pid"]).max()
+            for pid, end in zip(ends.index.tolist(), ends.tolist()):
+                self.last_end_by_pid[pid] = max(self.last_end_by_pid.get(pid, end), end)
+            self.successful_allocations += int(((family == alloc) & (real["return_value"] == 0)).sum())
+        self.stats = sums.stats()
+        self.failed = pd.concat(failed, ignore_index=True) if failed else pd.DataFrame()
+
+    def read(self, chunks: Optional[list[int]] = None) -> Iterator[tuple[tuple[int, int], dict, dict]]:
+        """(rowids, real calls, rows carrying a call stack) of each chunk, or of the given ones."""
+        ids = self._ids.tolist()
+        if chunks is None:
+            for rowids, raw in memory_call_chunks(self.conn, self.schema, ids, CALL_CHUNK_ROWIDS):
+                yield rowids or _WHOLE, *self._converted(raw)
+            return
+        for i in chunks:
+            rowids = self.chunks[i]
+            for _, raw in memory_call_chunks(self.conn, self.schema, ids, rowids[1] - rowids[0] + 1,
+                                             None if rowids == _WHOLE else rowids):
+                yield rowids, *self._converted(raw)
+
+    def _converted(self, raw: pd.DataFrame) -> tuple[dict, dict]:
+        n = len(raw)
+        if n == 0:
+            return {c: np.zeros(0, "int64") for c in (*_REAL, "return_value")}, \
+                {c: np.zeros(0, "int64") for c in (*_CHAIN, "ts")}
+        columns = _call_columns(raw, self.schema, self._stacks)
+        position = raw["position"].to_numpy().astype("int64")
+        if self._stacks:
+            position = position[pd.to_numeric(raw["event_class"], errors="coerce").fillna(0).to_numpy() != 67]
+        api = self._code_of_id[np.clip(np.searchsorted(self._ids, columns["name_id"]), 0, len(self._ids) - 1)]
+        real = {"pid": columns["pid"].astype("int64"), "tid": columns["tid"], "correlation": columns["correlation_id"],
+                "api": api.astype("int64"), "ts": columns["ts_ns"], "end": columns["end_ns"], "position": position,
+                "return_value": columns["return_value"]}
+        chains = {"pid": columns.get("chain_pid", np.zeros(0, "int32")).astype("int64"),
+                  "correlation": columns.get("chain_correlation_id", np.zeros(0, "int64")),
+                  "chain": columns.get("chain_callchain_id", np.zeros(0, "int64")),
+                  "end": columns.get("chain_end_ns", np.zeros(0, "int64")),
+                  "ts": columns.get("chain_ts_ns", np.zeros(0, "int64"))}
+        return real, chains
+
+
+class CallWindow:
+    """Joins each batch of memory events to its API calls (see the module's docstring): per event
+    the thread (`tid`, -1 without a call), the call's API (`api`, a code into calls.api_names, -1
+    without a call) and its call stack (`chain`, -1 without one)."""
+
+    def __init__(self, calls: MemoryCalls) -> None:
+        self.calls = calls
+        self.keep_all = False  # hold every call read (after an inexact flow)
+        self.restart()
+
+    def restart(self) -> None:
+        self.real = {c: np.zeros(0, "bool" if c in ("ok_alloc", "matched") else "int64") for c in _REAL}
+        self.chains = {c: np.zeros(0, "int64") for c in _CHAIN}
+        self.unread = [i for i, start in enumerate(self.calls.first_starts) if start < _FAR]
+        self.joined_allocations = 0  # successful allocation calls that caused an event
+        self.lonely: list[tuple[np.ndarray, np.ndarray]] = []  # (pid, correlation) of events left without a call
+        self.exact = True
+        self.most_held = 0
+
+    def join(self, batch) -> dict:
+        n = len(batch.ts)
+        if n == 0 or not self.calls:
+            return {"tid": np.full(n, -1, "int32"), "api": np.full(n, -1, "int64"), "chain": np.full(n, -1, "int64")}
+        if not self.keep_all:
+            self._drop_ended_before(int(batch.ts[0]))
+        self._read_until(int(batch.ts[-1]))
+        real = self.real
+        row = join_on_call(batch.pid, batch.correlation, real["pid"], real["correlation"])
+        found = row >= 0
+        real["matched"][row[found]] = True
+        lonely = ~found & (batch.correlation > 0)
+        if lonely.any():
+            self.lonely.append((batch.pid[lonely], batch.correlation[lonely]))
+        chain = np.full(n, -1, "int64")
+        if len(self.chains["pid"]):
+            chain_row = join_on_call(batch.pid, batch.correlation, self.chains["pid"], self.chains["correlation"])
+            chain = np.where(chain_row >= 0, self.chains["chain"][np.maximum(chain_row, 0)], -1)
+        self.most_held = max(self.most_held, len(real["pid"]) + len(self.chains["pid"]))
+        if not found.any():
+            return {"tid": np.full(n, -1, "int32"), "api": np.full(n, -1, "int64"), "chain": chain}
+        rows = np.maximum(row, 0)
+        return {"tid": np.where(found, real["tid"][rows], -1).astype("int32"),
+                "api": np.where(found, real["api"][rows], -1), "chain": chain}
+
+    @property
+    def calls_without_events(self) -> int:
+        """Successful allocation calls that caused no memory event (CALL_COLUMNS' has_event false),
+        once the flow has ended."""
+        return self.calls.successful_allocations - self.joined_allocations
+
+    def finish(self) -> None:
+        """After the last batch: the calls joined counted, and whether every event's call was in the window."""
+        self.joined_allocations += int((self.real["ok_alloc"] & self.real["matched"]).sum())
+        if not self.lonely or self.keep_all:  # holding every call, the window missed none
+            return
+        pid = np.concatenate([p for p, _ in self.lonely])
+        correlation = np.concatenate([c for _, c in self.lonely])
+        wanted = pd.MultiIndex.from_arrays([pid, correlation]).unique()
+        for _, real, _ in self.calls.read():
+            if pd.MultiIndex.from_arrays([real["pid"], real["correlation"]]).isin(wanted).any():
+                self.exact = False
+                return
+
+    def _drop_ended_before(self, ts: int) -> None:
+        real, chains = self.real, self.chains
+        gone = real["end"] < ts
+        if gone.any():
+            self.joined_allocations += int((gone & real["ok_alloc"] & real["matched"]).sum())
+            self.real = {c: v[~gone] for c, v in real.items()}
+        ended = chains["end"] < ts
+        if ended.any():
+            self.chains = {c: v[~ended] for c, v in chains.items()}
+
+    def _read_until(self, ts: int) -> None:
+        """Every chunk with a call starting at or before `ts` (every chunk, holding all) in the window."""
+        starts = self.calls.first_starts
+        wanted = self.unread if self.keep_all else [i for i in self.unread if starts[i] <= ts]
+        if not wanted:
+            return
+        taken = set(wanted)
+        self.unread = [i for i in self.unread if i not in taken]
+        alloc = self.calls.families.index("alloc") if "alloc" in self.calls.families else -1
+        real_parts, chain_parts = [self.real], [self.chains]
+        for _, real, chains in self.calls.read(wanted):
+            real["ok_alloc"] = (self.calls.family_code[real["api"]] == alloc) & (real.pop("return_value") == 0)
+            real["matched"] = np.zeros(len(real["pid"]), bool)
+            real_parts.append(real)
+            chain_parts.append({c: chains[c] for c in _CHAIN})
+        self.real = {c: np.concatenate([p[c] for p in real_parts]) for c in _REAL}
+        position = self.real["position"]
+        if len(position) > 1 and not (position[1:] > position[:-1]).all():
+            order = np.argsort(position, kind="stable")  # the first call of a key (in rowid order) wins
+            self.real = {c: v[order] for c, v in self.real.items()}
+        chains = {c: np.concatenate([p[c] for p in chain_parts]) for c in _CHAIN}
+        # normalize takes the largest stack id of a call's rows: first in this order
+        order = np.lexsort((-chains["chain"], chains["correlation"], chains["pid"]))
+        self.chains = {c: v[order] for c, v in chains.items()}
