@@ -232,6 +232,7 @@ def evaluate_limits(analysis: Analysis, baseline: Optional[Analysis], limits: Li
             outcomes.append(_at_most("max-growth-per-step", unit.where, unit.growth, limits.max_growth_per_step,
                                      "growth per step"))
     if limits.max_growth_per_step is not None and not any(u.growth is not None for u in units):
+        _refuse_if_not_streamed(analysis, "--max-growth-per-step needs steps")
         raise NsysanError(f"{analysis.source.name}: --max-growth-per-step needs steps, and none were found "
                           "(mark each training step with an NVTX range named like 'step 3')")
     if limits.no_failed_allocations:
@@ -344,7 +345,24 @@ def _failed_allocations(analysis: Analysis, per: str) -> list[Outcome]:
     return outcomes
 
 
+def _refuse_if_not_streamed(analysis: Analysis, need: str, codes: tuple[str, ...] = ()) -> None:
+    """Stop when a limit needs what the streamed full analysis of a large export did not compute
+    (its diagnostic `not_streamed`; analyses/streamed_full.py): absent is not the same as held."""
+    note = next((d for d in analysis.diagnostics if d.code == "not_streamed"), None)
+    if note is None:
+        return
+    from .analyses.streamed_full import NOT_STREAMED_CODES
+
+    if codes and not set(codes) & set(NOT_STREAMED_CODES):
+        return
+    raise NsysanError(f"{analysis.source.name}: {need}, which this analysis did not compute: the export is large "
+                      "enough to be analyzed in bounded memory, where steps, growth and the out-of-memory and "
+                      "allocator verdicts are not computed yet (diagnostic not_streamed); check it from "
+                      "nsysan.analyze(path, keep_events=True) on a machine with the memory for it")
+
+
 def _warnings(analysis: Analysis, codes: tuple[str, ...]) -> list[Outcome]:
+    _refuse_if_not_streamed(analysis, f"--no-warnings {','.join(codes)} needs the verdicts that raise them", codes)
     if codes == ("all",):
         found = [d for d in analysis.diagnostics if d.severity in ("warning", "error")]
         codes = tuple(sorted({d.code for d in found})) or ("all",)

@@ -45,10 +45,10 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
         return export.ensure_sqlite(report, nsys=nsys, cache_dir=cache_dir, use_sibling=use_sibling,
                                     progress=lambda f: say("exporting with nsys", f * share))
 
-    # The command line's --quick (no frames kept, no nvidia-smi logs) of a large export streams
-    # the events in bounded memory (analyses/streamed.py; see STREAM_QUICK_FROM_ROWS); a
-    # notebook's analysis keeps the frames it asked for.
-    may_stream = quick and keep_events is False and not smi_logs
+    # The command line's analysis (no frames kept, no nvidia-smi logs) of a large export streams
+    # the events in bounded memory (analyses/streamed.py, and streamed_full.py without --quick;
+    # see STREAM_QUICK_FROM_ROWS); a notebook's analysis keeps the frames it asked for.
+    may_stream = keep_events is False and not smi_logs
 
     def read(sqlite_path: Path) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
         return _read(report, sqlite_path, export.resolve_cache_dir(cache_dir),
@@ -81,7 +81,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                     sibling_export=_text(result.sqlite_path) if result.from_sibling else None)
     if loaded is None:  # left to be streamed (see _read)
         return _streamed(report, result.sqlite_path, export.resolve_cache_dir(cache_dir), schema, source, version,
-                         step_range, spike_window_ns or DEFAULT_WINDOW_NS)
+                         step_range, spike_window_ns or DEFAULT_WINDOW_NS, quick)
     if keep_events is None:
         keep_events = len(loaded.events) < KEEP_EVENTS_BELOW
     if not keep_events:
@@ -97,10 +97,13 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     return analysis
 
 
-# A quick analysis streams its events (when it may) from this many rows of the memory table on.
-# Below, the whole frame is faster (1e7 events: 7-9 s against 18-19 s streamed, which reads the
-# table twice on one core) and its memory, about 150 bytes per event, stays under 3 GB; above,
-# streaming keeps the peak near 0.4 GB at 1e7 and 1.9 GiB at 1e8 (docs/performance.md).
+# An analysis streams its events (when it may) from this many rows of the memory table on.
+# Below, the whole frame is faster (1e7 events, --quick: 7-9 s against 18-19 s streamed, which
+# reads the table twice on one core) and its memory, about 150 bytes per event (210 for the full
+# analysis), stays under 3 GB (4.2 GB); above, streaming keeps the peak near 0.4 GB at 1e7 and
+# 1.9 GiB at 1e8 for --quick (docs/performance.md). The full analysis streams from the same line,
+# with the sections not streamed yet left out (analyses/streamed_full.py): above it, the whole
+# frame grows without bound and ran out of memory at 1e8 events.
 STREAM_QUICK_FROM_ROWS = 20_000_000
 
 
@@ -149,14 +152,17 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
 
 
 def _streamed(report: Path, sqlite_path: Path, scratch: Path, schema: Schema, source: Source,
-              version: Optional[str], step_range: Optional[str], spike_window_ns: int) -> Analysis:
-    """The quick analysis of the export at `sqlite_path`, its events streamed in bounded memory."""
+              version: Optional[str], step_range: Optional[str], spike_window_ns: int,
+              quick: bool = True) -> Analysis:
+    """The analysis (`quick` or full) of the export at `sqlite_path`, its events streamed in bounded memory."""
+    from .analyses.streamed_full import run_streamed_full
     from .analyses.streamed_run import run_streamed
 
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)
         try:
-            return run_streamed(conn, schema, source, version, step_range, spike_window_ns)
+            return (run_streamed if quick else run_streamed_full)(conn, schema, source, version, step_range,
+                                                                  spike_window_ns)
         except sqlite3.DatabaseError as err:
             raise NsysanError(f"{report.name}: the export could not be read ({err}); it may be truncated or "
                               "damaged") from err

@@ -12,6 +12,7 @@ fixtures with the rows of their event tables shuffled.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import sqlite3
@@ -19,10 +20,13 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
+from test_sites import python_lines_by_hand
 
 from nsysan import analyze, cli, pipeline, reader
 from nsysan.analyses import arrays, calls
-from nsysan.events import normalize, nvtx, read, stream
+from nsysan.errors import NsysanError
+from nsysan.events import normalize, nvtx, read, stream, stream_calls
+from nsysan.limits import Limits, evaluate_limits
 from nsysan.render.json import render_json
 
 FIXTURE_NAMES = ["known_mem_v25", "known_bt_v25", "real_oom_v25",
@@ -136,7 +140,7 @@ def quick_documents(path: Path, chunk: int, monkeypatch) -> tuple[str, str]:
     return whole, document
 
 
-def test_quick_streams_only_large_exports(monkeypatch):
+def test_analyses_stream_only_large_exports(monkeypatch):
     path = FIXTURES / "torch_leak_v25.sqlite"
     with sqlite3.connect(path) as conn:  # its memory table, counted here to know where the line falls
         rows = conn.execute("SELECT COUNT(*) FROM CUDA_GPU_MEMORY_USAGE_EVENTS").fetchone()[0]
@@ -146,10 +150,12 @@ def test_quick_streams_only_large_exports(monkeypatch):
     assert streamed == []  # one row short of the line: the whole frame, faster
     monkeypatch.setattr(pipeline, "STREAM_QUICK_FROM_ROWS", rows)
     pipeline.analyze_report(path, quick=True, keep_events=True)  # a notebook keeps its frame
-    pipeline.analyze_report(path, quick=False, keep_events=False)  # the full analysis is not streamed
+    pipeline.analyze_report(path, quick=False, keep_events=None)  # also a notebook's full analysis
     assert streamed == []
     pipeline.analyze_report(path, quick=True, keep_events=False)
     assert streamed == [path]
+    assert pipeline.analyze_report(path, quick=False, keep_events=False).scope == "full"  # the command line's
+    assert streamed == [path, path]
 
 
 @pytest.mark.parametrize("name", QUICK_FIXTURES)
@@ -215,6 +221,161 @@ def test_streamed_quick_reads_the_table_again_when_the_batches_cannot_be_kept(mo
     whole, kept = quick_documents(path, chunk_rowids(path), monkeypatch)
     monkeypatch.setattr(stream.pickle, "dump", disk_full)
     assert render_json(pipeline.analyze_report(path, quick=True, keep_events=False)) == kept == whole
+
+
+# --- the full analysis streamed (analyses/streamed_full.py) ------------------------------------
+
+FULL_FIXTURES = ["known_mem_v22", "known_bt_v25", "real_oom_v25", "torch_leak_v25", "torch_pybt_v25",
+                 "torch_ops_v25", "torch_expandable_v25", "ddp_leak_v25", "jax_prealloc_v25"]
+# What the streamed full analysis computes as the whole frame does: these parts of the document.
+STREAMED_FULL = ("capture", "groups", "sites", "api_calls", "failed_calls", "never_freed_total", "reserved.pools",
+                 "timeline.series", "timeline.start_ns", "timeline.end_ns", "peaks.peak_bytes",
+                 "peaks.peak_time_ns")
+
+
+def full_documents(path: Path, chunk: int, monkeypatch) -> tuple[dict, dict]:
+    """The full analysis of `path` from the whole frames, and streamed with batches of `chunk`
+    memory rowids and the API table read `chunk` rowids at a time (as the command line analyzes
+    an export over STREAM_QUICK_FROM_ROWS rows)."""
+    whole = json.loads(render_json(pipeline.analyze_report(path, keep_events=True)))
+    streamed = streaming_from(1, monkeypatch)
+    monkeypatch.setattr(stream, "CHUNK_ROWIDS", chunk)
+    monkeypatch.setattr(stream_calls, "CALL_CHUNK_ROWIDS", chunk)
+    document = json.loads(render_json(pipeline.analyze_report(path, keep_events=False)))
+    assert streamed == [path]
+    return whole, document
+
+
+def part(document: dict, name: str):
+    """A part of a document: a section, or one field of each entry of a section ("peaks.peak_bytes")."""
+    section, _, field = name.partition(".")
+    value = document[section]
+    if not field:
+        return value
+    return [entry[field] for entry in value] if isinstance(value, list) else value[field]
+
+
+def used_stacks(document: dict) -> list:
+    """The stacks the sites refer to."""
+    ids = {s["site"]["stack_id"] for s in document["sites"]}
+    return [s for s in document["stacks"] if s["id"] in ids]
+
+
+def assert_streamed_full_is_whole(whole: dict, streamed: dict) -> None:
+    assert streamed["scope"] == whole["scope"] == "full"
+    for name in STREAMED_FULL:
+        assert part(streamed, name) == part(whole, name), name
+    assert used_stacks(streamed) == used_stacks(whole)
+    # the sections not streamed yet are empty, and the diagnostic names them
+    assert streamed["ranges"] == streamed["steps"] == streamed["growth"] == streamed["phases"] == []
+    assert streamed["spikes"] == streamed["oom"]["failures"] == streamed["reserved"]["allocators"] == []
+    note = [d for d in streamed["diagnostics"] if d["code"] == "not_streamed"]
+    assert len(note) == 1 and note[0]["severity"] == "warning"
+    for section in ("ranges", "steps", "growth", "phases", "spikes", "oom", "reserved.allocators",
+                    "timeline.bands", "never_freed_groups"):
+        assert section in note[0]["message"]
+
+
+@pytest.mark.parametrize("name", FULL_FIXTURES)
+def test_streamed_full_sections_are_the_whole_frame_ones(name, monkeypatch):
+    path = FIXTURES / f"{name}.sqlite"
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert_streamed_full_is_whole(whole, streamed)
+
+
+def test_streamed_full_sites_from_native_and_python_stacks(monkeypatch):
+    # known_bt_v25.truth.jsonl: alloc_weights allocates 256 MiB (freed) and 128 MiB (never freed),
+    # named from its native stack
+    path = FIXTURES / "known_bt_v25.sqlite"
+    _, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    weights = [s for s in streamed["sites"] if s["site"]["function"] == "alloc_weights"]
+    assert [(s["allocated_bytes"], s["never_freed_bytes"], s["site"]["source"]) for s in weights] == \
+        [(384 * 2**20, 128 * 2**20, "native")]
+    # torch_pybt_v25: the three largest Python lines, read from the marks' payloads by hand
+    path = FIXTURES / "torch_pybt_v25.sqlite"
+    _, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    python = [s for s in streamed["sites"] if s["site"]["source"] == "python"]
+    by_hand = python_lines_by_hand(path)
+    assert [(s["site"]["function"], s["site"]["line"], s["allocations"], s["allocated_bytes"]) for s in python[:3]] == [
+        (function, line, len(by_hand[(function, line)]), sum(by_hand[(function, line)]))
+        for function, line in (("main", 43), ("main", 44), ("build", 19))]
+
+
+@pytest.mark.parametrize("name, seed", [("known_bt_v25", 7), ("torch_pybt_v25", 8), ("ddp_leak_v25", 9)])
+def test_streamed_full_joins_calls_out_of_time_order(name, seed, tmp_path, monkeypatch):
+    # both event tables shuffled: every chunk of calls starts early, the window holds them all
+    path = shuffled_copy(FIXTURES / f"{name}.sqlite", tmp_path / f"{name}.sqlite", seed)
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert_streamed_full_is_whole(whole, streamed)
+
+
+def dealt_calls_copy(source: Path, out: Path, piles: int) -> Path:
+    """A copy whose memory rows and API rows are each dealt onto `piles` runs in time order."""
+    dealt_copy(source, out.with_suffix(".tmp"), piles)
+    shutil.move(out.with_suffix(".tmp"), out)
+    with sqlite3.connect(out) as conn:
+        rows = conn.execute(f"SELECT * FROM {SHUFFLED_TABLES[1]} ORDER BY rowid").fetchall()
+        conn.execute(f"DELETE FROM {SHUFFLED_TABLES[1]}")
+        conn.executemany(f"INSERT INTO {SHUFFLED_TABLES[1]} VALUES ({','.join('?' * len(rows[0]))})",
+                         [row for pile in range(piles) for row in rows[pile::piles]])
+        conn.commit()
+    return out
+
+
+def test_streamed_full_window_holds_a_few_chunks_of_calls_in_runs(tmp_path, monkeypatch):
+    path = dealt_calls_copy(FIXTURES / "ddp_leak_v25.sqlite", tmp_path / "ddp.sqlite", 3)
+    windows = []
+    real = stream_calls.CallWindow.__init__
+    monkeypatch.setattr(stream_calls.CallWindow, "__init__", lambda self, calls: windows.append(self) or real(self, calls))
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert_streamed_full_is_whole(whole, streamed)
+    window = windows[-1]
+    with sqlite3.connect(path) as conn:
+        calls = conn.execute(f"SELECT count(*) FROM {SHUFFLED_TABLES[1]}").fetchone()[0]
+    chunk = chunk_rowids(path)
+    # three runs: at most a few chunks of each are held at a time, far from all the calls
+    assert window.exact and not window.keep_all
+    assert window.most_held <= 3 * 3 * chunk < calls
+
+
+def test_streamed_full_holds_every_call_when_events_fall_outside_their_calls(tmp_path, monkeypatch):
+    # Calls shortened to their first nanosecond: each event now lies after its call ended, the
+    # window drops the calls too early, the check at the end finds it and the flow runs again
+    # holding every call; the document is still the whole-frame one.
+    path = tmp_path / "torch_leak_v25.sqlite"
+    shutil.copyfile(FIXTURES / "torch_leak_v25.sqlite", path)
+    with sqlite3.connect(path) as conn:
+        conn.execute(f'UPDATE {SHUFFLED_TABLES[1]} SET "end" = start')
+        conn.commit()
+    windows = []
+    real = stream_calls.CallWindow.__init__
+    monkeypatch.setattr(stream_calls.CallWindow, "__init__", lambda self, calls: windows.append(self) or real(self, calls))
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert windows[-1].keep_all and windows[-1].exact
+    assert_streamed_full_is_whole(whole, streamed)
+
+
+def test_check_refuses_limits_on_what_the_streamed_full_analysis_did_not_compute(monkeypatch, capsys):
+    path = FIXTURES / "torch_leak_v25.sqlite"
+    whole = pipeline.analyze_report(path, keep_events=True)
+    streaming_from(1, monkeypatch)
+    monkeypatch.setattr(stream, "CHUNK_ROWIDS", chunk_rowids(path))
+    streamed = pipeline.analyze_report(path, keep_events=False)
+    # limits on what is streamed are judged on the same numbers as from the whole frame
+    for limits in (Limits.parse(max_peak="1GiB"), Limits.parse(max_never_freed="1GiB", per="process")):
+        assert evaluate_limits(streamed, None, limits).outcomes == evaluate_limits(whole, None, limits).outcomes
+    # the whole frame finds the leak's growth per step (torch_leak_v25: 64 MiB a step); the
+    # streamed analysis has no steps, and says so instead of letting the limit pass
+    assert any(d.code == "memory_growth" for d in whole.diagnostics)
+    for limits in (Limits.parse(max_growth_per_step="1MiB"), Limits.parse(no_warnings="memory_growth")):
+        with pytest.raises(NsysanError, match="did not compute.*not_streamed"):
+            evaluate_limits(streamed, None, limits)
+    verdict = evaluate_limits(streamed, None, Limits.parse(no_warnings="all"))
+    assert not verdict.ok and "not_streamed" in [o.where for o in verdict.broken]
+    with pytest.raises(SystemExit) as ended:  # the command line: one line, exit 2
+        cli.main(["check", str(path), "--max-growth-per-step", "1MiB"])
+    assert ended.value.code == 2
+    assert "did not compute" in capsys.readouterr().err
 
 
 def test_streamed_quick_leaves_out_rows_written_twice(tmp_path, monkeypatch):

@@ -36,10 +36,15 @@ from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
 
 
 def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
-                 step_range: Optional[str], spike_window_ns: int) -> Analysis:
-    """The quick analysis of the export behind `conn`, its events read twice in batches."""
-    flow = EventFlow(conn, schema)
-    first = flow.feed(lambda: FirstLook(spike_window_ns), keep=True)
+                 step_range: Optional[str], spike_window_ns: int, flow: Optional[EventFlow] = None,
+                 also: tuple = (None, None), span: tuple = ()) -> Analysis:
+    """The quick analysis of the export behind `conn`, its events read twice in batches.
+
+    For the streamed full analysis (streamed_full.py): `flow` joins the batches to their calls,
+    `also` makes a consumer fed each batch of the first and of the second pass after this
+    module's own, and `span` widens the timeline to the calls' and ranges' times."""
+    flow = flow or EventFlow(conn, schema)
+    first = flow.feed(lambda: _Both(FirstLook(spike_window_ns), also[0]), keep=True).main
     final = pd.DataFrame(flow.live)
     notes = list(flow.diagnostics)
     gpu_totals = {g.id: g.total_memory_bytes for g in schema.gpus}
@@ -53,13 +58,14 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
         return gpu_totals.get(gpu) if gpu is not None else None
 
     has_events = flow.events > 0
-    start_ns = min(0, first.first_ts) if has_events else 0
-    end_ns = max(schema.duration_ns or 0, first.last_ts if has_events and first.last_ts < np.iinfo("int64").max // 4
-                 else 0)
+    start_ns = min([0, *span[:1]] + ([first.first_ts] if has_events else []))
+    end_ns = max([0, schema.duration_ns or 0, *span[1:]]
+                 + ([first.last_ts] if has_events and first.last_ts < np.iinfo("int64").max // 4 else []))
     pools, changes = pool_uses(flow.pool_usage, read_pool_events(conn, schema), gpu_of)
-    second = flow.replay(lambda: SecondLook(first=first, peaks=_peak_series(first, gpu_of),
-                                          changes=_changes(changes, has_events), spikes=_spike_watches(first),
-                                          focus_target=0.05 * first.moved, cut_rows=_cut_rows(first, end_ns)))
+    second = flow.replay(lambda: _Both(SecondLook(first=first, peaks=_peak_series(first, gpu_of),
+                                                  changes=_changes(changes, has_events), spikes=_spike_watches(first),
+                                                  focus_target=0.05 * first.moved, cut_rows=_cut_rows(first, end_ns)),
+                                       also[1])).main
     kinds = flow.kinds
     groups = _group_summaries(first, final, kinds, gpu_of)
     peaks = [_peak(p, second, kinds, total_memory) for p in second.peaks if p.best_seq >= 0]
@@ -107,6 +113,18 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, True,
                              {pid: name for pid, name in labels.items() if name})
     return cut_long_strings(dataclasses.replace(analysis, answers=answers, stacks=[]))
+
+
+class _Both:
+    """Hands each batch to `main`, then to `also()`'s consumer (when there is one)."""
+
+    def __init__(self, main, also) -> None:
+        self.main, self.also = main, also() if also is not None else None
+
+    def add(self, batch) -> None:
+        self.main.add(batch)
+        if self.also is not None:
+            self.also.add(batch)
 
 
 def _pair(key: int) -> tuple[int, int]:

@@ -1,0 +1,183 @@
+"""`run_streamed_full`: the full analysis of an export too large for the whole events frame, in
+bounded memory (issue 14), as far as it is streamed so far.
+
+The memory events flow as in `--quick` (streamed_run.py), each batch joined to its API calls
+(events/stream_calls.py); one scan of the calls sums the API call stats, finds the failed calls,
+the threads and the calls' span; the first pass gathers the allocations' call stacks and the
+live bytes at each failed call; the second labels every allocation's site and sums per site
+(streamed_sites.py). These sections are the whole-frame ones; what is not streamed yet is left
+empty and named by the diagnostic `not_streamed` (NOT_STREAMED), with how to get it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from ..events.read import last_cuda_calls, read_calls, read_nvtx_ranges, read_thread_names
+from ..events.stream import EventFlow
+from ..events.stream_calls import MemoryCalls, CallWindow
+from ..model import Analysis, Diagnostic, OutOfMemory, Process, Source
+from ..schema import Schema
+from .answers import gather_answers
+from .bounds import cut_long_strings
+from .calls import failed_call_list
+from .caps import memory_caps
+from .diagnostics import VMM_EVENT_APIS, capture_diagnostics
+from .ranks import assign_ranks
+from .stacks import referenced_stacks
+from .streamed import RESIDENT
+from .streamed_run import run_streamed
+from .streamed_sites import SiteSums
+
+# The sections (and parts of sections) the streamed full analysis leaves out, as the diagnostic names them.
+NOT_STREAMED = ("ranges", "steps", "growth", "phases", "spikes", "oom", "reserved.allocators",
+                "reserved.preallocations", "caps (beyond each GPU's total)", "timeline.bands", "timeline.spans",
+                "timeline.trace_ends", "timeline.focus", "never_freed_groups",
+                "the thread, API, site and NVTX range of the allocations listed in peaks, never_freed and "
+                "timeline.allocations")
+
+# The diagnostics that only the analyses not streamed yet raise: `check --no-warnings` on them
+# cannot tell "not raised" from "not looked for" (limits.py)
+NOT_STREAMED_CODES = ("memory_growth", "memory_kept_unevenly", "no_steps", "allocator_oom_suspected", "probe",
+                      "cache_flushes", "run_cut_short", "preallocation", "vmm_without_access")
+
+
+def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
+                      step_range: Optional[str], spike_window_ns: int) -> Analysis:
+    """The full analysis of the export behind `conn` (its sections not yet streamed left empty)."""
+    calls = MemoryCalls(conn, schema)
+    calls.scan()
+    ranges, operator_ranges = read_nvtx_ranges(conn, schema)
+    thread_names = read_thread_names(conn, schema)
+    flow = EventFlow(conn, schema, call_window=CallWindow(calls))
+    looks: dict = {}
+    notes: list[Diagnostic] = []
+
+    def first() -> FirstCalls:
+        looks["first"] = FirstCalls(calls)
+        return looks["first"]
+
+    def second() -> SiteSums:
+        found = looks["first"]
+        looks["second"] = SiteSums(conn, schema, found.wanted_chains(), lambda: read_calls(conn, schema),
+                                   calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes)
+        return looks["second"]
+
+    quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
+                         also=(first, second), span=_span(calls, ranges))
+    found, sites = looks["first"], looks["second"]
+    sites.finish(flow.live)
+    ranked, _ = sites.ranked()
+    failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
+    capture = _capture(quick, calls.threads, ranges, schema)
+    labels = {p.pid: p.label for p in capture.processes}
+    pids = sorted({p.pid for p in capture.processes if p.devices})
+    digest = pd.DataFrame({"pid": np.array(pids, "int32")})  # the events' processes: what the diagnostics read
+    last_calls = _last_cuda_calls(conn, schema, calls, ranges)
+    total_memory = {g.id: g.total_memory_bytes for g in schema.gpus}
+    diagnostics = list(schema.diagnostics) + list(flow.diagnostics) + notes + capture_diagnostics(
+        schema, digest, pd.DataFrame({"family": pd.Series(dtype=object)}), ranges, last_calls, quick.groups,
+        quick.peaks, failed, report_version,
+        counted={"vmm_events": found.vmm_events, "calls_without_events": flow.call_window.calls_without_events}) \
+        + [not_streamed_note()]
+    analysis = dataclasses.replace(
+        quick, scope="full", capture=capture, sites=ranked, api_calls=calls.stats, failed_calls=failed,
+        diagnostics=diagnostics, oom=OutOfMemory(failures=[], failed_count=0, probes=[], allocator_ooms=[],
+                                                 cache_flushes=[], cut_short=[]),
+        caps=memory_caps(quick.groups, lambda gpu: total_memory.get(gpu) if gpu is not None else None, []),
+        reserved=dataclasses.replace(quick.reserved, allocators=[], preallocations=[]), spikes=[],
+        never_freed_groups=[], timeline=dataclasses.replace(quick.timeline, bands=[], spans=[], trace_ends=[],
+                                                             focus_start_ns=None, focus_end_ns=None))
+    # the peaks' API names are not joined yet: their sentences leave them out, as a quick analysis's do
+    answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, True,
+                             {pid: label for pid, label in labels.items() if label})
+    analysis = dataclasses.replace(analysis, answers=answers)
+    return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(sites.registry.stacks, analysis)))
+
+
+def not_streamed_note() -> Diagnostic:
+    return Diagnostic(
+        "warning", "not_streamed",
+        "this export is too large to hold its events whole, so it was analyzed in bounded memory, and these "
+        f"sections are not computed that way yet and are left empty: {', '.join(NOT_STREAMED)}; analyze it "
+        "with nsysan.analyze(path, keep_events=True) on a machine with about 250 bytes of memory per event "
+        "for all of them, or with --quick for the memory-table answers alone")
+
+
+class FirstCalls:
+    """The first pass's consumer for the calls: the allocations' call stacks, the events of the
+    driver's virtual-memory API, and the live GPU-resident bytes of each failed call's process at
+    its time (calls._live_at)."""
+
+    def __init__(self, calls: MemoryCalls) -> None:
+        self.chains: list[np.ndarray] = []
+        self.vmm_events = 0
+        self.vmm_codes = [i for i, name in enumerate(calls.api_names) if name in VMM_EVENT_APIS]
+        failed = calls.failed
+        self.failed_pid = failed["pid"].to_numpy().astype("int64") if not failed.empty else np.zeros(0, "int64")
+        self.failed_ts = failed["ts_ns"].to_numpy().astype("int64") if not failed.empty else np.zeros(0, "int64")
+        self.live = np.zeros(len(self.failed_ts), "int64")
+        self.carry: dict[int, int] = {}  # pid -> its live GPU-resident bytes so far
+
+    def add(self, b) -> None:
+        if len(b) == 0:
+            return
+        chain = b.calls["chain"][b.is_alloc]
+        if (chain >= 0).any():
+            self.chains.append(np.unique(chain[chain >= 0]))
+        if self.vmm_codes:
+            self.vmm_events += int(np.isin(b.calls["api"], self.vmm_codes).sum())
+        if not len(self.failed_pid):
+            return
+        resident = np.isin(b.kind, RESIDENT)
+        for pid in np.unique(self.failed_pid).tolist():  # the few processes with failed calls
+            rows = np.flatnonzero(resident & (b.pid == pid))
+            if not len(rows):
+                continue
+            live = self.carry.get(pid, 0) + np.cumsum(b.delta[rows])
+            mine = np.flatnonzero(self.failed_pid == pid)
+            at = np.searchsorted(b.ts[rows], self.failed_ts[mine], side="right") - 1
+            self.live[mine[at >= 0]] = live[at[at >= 0]]
+            self.carry[pid] = int(live[-1])
+
+    def wanted_chains(self) -> np.ndarray:
+        return np.unique(np.concatenate(self.chains)) if self.chains else np.zeros(0, "int64")
+
+    def failed_live(self, has_events: bool) -> np.ndarray:
+        return self.live if has_events else np.full(len(self.live), -1, "int64")
+
+
+def _span(calls: MemoryCalls, ranges: pd.DataFrame) -> tuple:
+    """The earliest start and latest finite end of the calls and ranges (analyses._capture_span)."""
+    starts = [calls.first_ts] if calls.first_ts is not None else []
+    ends = [calls.last_end] if calls.last_end is not None else []
+    if not ranges.empty:
+        starts.append(int(ranges["start_ns"].min()))
+        finite = ranges["end_ns"][ranges["end_ns"] < np.iinfo("int64").max // 4]
+        if not finite.empty:
+            ends.append(int(finite.max()))
+    return (min(starts) if starts else 0, max(ends) if ends else 0)
+
+
+def _capture(quick: Analysis, threads: np.ndarray, ranges: pd.DataFrame, schema: Schema):
+    """analyses._capture: the processes with memory events or calls, their thread counts, ranks."""
+    devices = {p.pid: p.devices for p in quick.capture.processes}
+    counts: dict[int, int] = {}
+    for pair in threads.tolist():
+        counts[pair >> 24] = counts.get(pair >> 24, 0) + 1
+    processes = [Process(pid=int(pid), name=schema.process_names.get(int(pid), ""), devices=devices.get(pid, []),
+                         threads=counts.get(pid, 0)) for pid in sorted(set(devices) | set(counts))]
+    processes = assign_ranks(processes, quick.groups, schema.rank_environment, schema.launched_pids)
+    return dataclasses.replace(quick.capture, processes=processes, nvtx=not ranges.empty or schema.has_nvtx_table)
+
+
+def _last_cuda_calls(conn: sqlite3.Connection, schema: Schema, calls: MemoryCalls, ranges: pd.DataFrame) -> dict:
+    """read.last_cuda_calls from the scan's last end per process instead of the calls frame."""
+    frame = pd.DataFrame({"pid": list(calls.last_end_by_pid), "end_ns": list(calls.last_end_by_pid.values())})
+    return last_cuda_calls(conn, schema, frame if len(frame) else pd.DataFrame(), ranges)
+

@@ -1,0 +1,196 @@
+"""Call sites over a flow of event batches joined to their calls: events/stacks.call_sites' label
+for each allocation, and sites.rank_sites' sums per (site, process, kind), in bounded memory.
+
+The label of an allocation depends only on its own call (Python stack, native stack), the NVTX
+and operator ranges open on its thread, its API name and its thread's name, so it is found batch
+by batch; a free takes its allocation's site from the live allocations carried across batches.
+What depends on the whole capture is made the way call_sites makes it: the stacks are numbered
+from every allocation's stack id (gathered by the first pass), and the sites are ordered (which
+breaks rank_sites' ties) by kind of source, then by first appearance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..events.nvtx import attribute_operators, innermost_range_rows
+from ..events.stacks import Stacks, _fallback_label, _site, native_stack_table, python_stack_table
+from ..events.normalize import join_on_call
+from ..model import Site
+from .sites import MAX_SITES, call_site
+from .streamed import Keyed, running_sums
+
+SITE_SUMS = ("allocations", "allocated", "never_freed_count", "never_freed_bytes", "live", "max_live")
+_LOW = np.iinfo("int64").min
+
+
+class SiteSums:
+    """The second pass's consumer: each allocation's site, the sums per (site, process, kind)."""
+
+    def __init__(self, conn, schema, wanted_chains: np.ndarray, calls_and_chains, api_names: list[str],
+                 kinds: list[str], ranges: pd.DataFrame, operator_ranges: pd.DataFrame,
+                 thread_names: dict, diagnostics: list) -> None:
+        self.registry = Stacks()
+        self.python = python_stack_table(conn, schema, calls_and_chains, self.registry, diagnostics)
+        self.native = native_stack_table(conn, schema, wanted_chains, self.registry) \
+            if schema.has_backtraces else None
+        # API name per code: the calls' names, then what an event without a call is named
+        self.api_names = list(api_names) + ["(module load)", "(no API call)"]
+        self.kinds, self.static = kinds, kinds.index("static")
+        self.ranges, self.operator_ranges, self.thread_names = ranges, operator_ranges, thread_names
+        self.range_names = ranges["name"].to_numpy(dtype=object) if not ranges.empty else np.zeros(0, object)
+        self.labels: dict[str, int] = {}  # label -> code, in order of first appearance
+        self.seen = {"operator": {}, "api": {}}  # labels of each fallback, in order of first appearance
+        self.groups = Keyed(SITE_SUMS, {"max_live": _LOW})
+        self.apis: dict[int, set] = {}  # group code -> API codes of its allocations
+        self.pids = np.zeros(0, "int64")  # in order of first appearance
+        self.live_seq, self.live_site = np.zeros(0, "int64"), np.zeros(0, "int64")
+
+    def add(self, b) -> None:
+        n = len(b)
+        if n == 0:
+            return
+        self.pids = pd.unique(np.concatenate([self.pids, b.pid]))
+        allocs = np.flatnonzero(b.is_alloc)
+        alloc_site = self._label(b, allocs)
+        site = np.full(n, -1, "int64")
+        site[allocs] = alloc_site
+        # a free belongs to the site of the allocation it frees: this batch's or a live one's
+        seqs = np.concatenate([self.live_seq, b.seq[allocs]])
+        sites = np.concatenate([self.live_site, alloc_site])
+        frees = np.flatnonzero(~b.is_alloc & (b.partner_seq >= 0))
+        at = np.searchsorted(seqs, b.partner_seq[frees])
+        site[frees] = sites[at]
+        closed = b.closed.get("seq", np.zeros(0, "int64"))
+        gone = np.isin(seqs, np.concatenate([b.partner_seq[frees], closed]))
+        if len(closed):  # never to be freed: never freed
+            closed_site = sites[np.searchsorted(seqs, closed)]
+            self._never_freed(closed_site, b.closed["pid"], b.closed["kind"], b.closed["bytes"])
+        self.live_seq, self.live_site = seqs[~gone], sites[~gone]
+        has = np.flatnonzero(site >= 0)
+        code = self.groups.codes((site[has] << 32) | (b.pid[has] << 8) | b.kind[has])
+        g = self.groups
+        alloc_rows = b.is_alloc[has]
+        np.add.at(g["allocations"], code[alloc_rows], 1)
+        np.add.at(g["allocated"], code[alloc_rows], b.bytes[has][alloc_rows])
+        running = running_sums(code, b.delta[has], g["live"])
+        np.maximum.at(g["max_live"], code, running)
+        api = self._api_codes(b)[has][alloc_rows]
+        for group, api_code in set(zip(code[alloc_rows].tolist(), api.tolist())):
+            self.apis.setdefault(group, set()).add(api_code)
+
+    def finish(self, live: dict) -> None:
+        """The allocations still live at the end (EventFlow.live) are never freed."""
+        if len(live["seq"]):
+            self._never_freed(self.live_site[np.searchsorted(self.live_seq, live["seq"])], live["pid"], live["kind"],
+                              live["bytes"])
+
+    def ranked(self, limit: int = MAX_SITES) -> tuple[list[Site], dict[str, dict]]:
+        """rank_sites' list, and the site table (label -> its SITE_COLUMNS)."""
+        order, rows = self._whole_frame_order()
+        final = np.array([order[label] for label in self.labels], "int64")  # code -> call_sites' key
+        table = pd.DataFrame(rows).drop_duplicates("label", ignore_index=True) if rows else pd.DataFrame()
+        site_table = table.set_index("label").to_dict("index") if not table.empty else {}
+        keys = np.array(self.groups.keys(), "int64")
+        if not len(keys):
+            return [], site_table
+        g = self.groups
+        code, pid, kind = keys >> 32, (keys >> 8) & 0xFFFFFF, keys & 0xFF
+        pid_rank = pd.Index(self.pids).get_indexer(pid)
+        ranked = np.flatnonzero(g["allocations"] > 0)
+        ranked = ranked[np.lexsort((kind[ranked], pid_rank[ranked], final[code[ranked]], -g["allocations"][ranked],
+                                    -g["allocated"][ranked]))][:limit]
+        labels = list(self.labels)
+        return [Site(site=call_site(labels[code[i]], site_table), kind=self.kinds[kind[i]],
+                     apis=sorted({self.api_names[a] for a in self.apis.get(int(i), ())}),
+                     allocations=int(g["allocations"][i]), allocated_bytes=int(g["allocated"][i]),
+                     never_freed_count=int(g["never_freed_count"][i]), never_freed_bytes=int(g["never_freed_bytes"][i]),
+                     max_live_bytes=int(max(g["max_live"][i], 0)), pid=int(pid[i]))
+                for i in ranked.tolist()], site_table
+
+    def _never_freed(self, site: np.ndarray, pid: np.ndarray, kind: np.ndarray, size: np.ndarray) -> None:
+        code = self.groups.codes((site.astype("int64") << 32) | (pid.astype("int64") << 8) | kind.astype("int64"))
+        np.add.at(self.groups["never_freed_count"], code, 1)
+        np.add.at(self.groups["never_freed_bytes"], code, size.astype("int64"))
+
+    def _api_codes(self, b) -> np.ndarray:
+        api = b.calls["api"]
+        none = np.where(b.kind == self.static, len(self.api_names) - 2, len(self.api_names) - 1)
+        return np.where(api >= 0, api, none)
+
+    def _code(self, label: str) -> int:
+        return self.labels.setdefault(label, len(self.labels))
+
+    def _label(self, b, allocs: np.ndarray) -> np.ndarray:
+        """The site code of each allocation (call_sites' order of sources)."""
+        n = len(allocs)
+        site = np.full(n, -1, "int64")
+        if n == 0:
+            return site
+        pid, tid, ts = b.pid[allocs], b.calls["tid"][allocs].astype("int64"), b.ts[allocs]
+        if self.python is not None:
+            mark_pid, mark_correlation, mark_stack, sites, site_of_stack = self.python
+            match = join_on_call(pid, b.correlation[allocs], mark_pid, mark_correlation)
+            found = np.flatnonzero(match >= 0)
+            codes = np.array([self._code(s["label"]) for s in sites], "int64")
+            site[found] = codes[site_of_stack[mark_stack[match[found]]]]
+        machinery = np.full(n, -1, "int64")
+        if self.native is not None:
+            chain_list, stack_of_chain, callers, caller_of_stack, machines, machinery_of_stack = self.native
+            chain = b.calls["chain"][allocs]
+            rows = np.flatnonzero(chain >= 0)
+            at = np.clip(np.searchsorted(chain_list, chain[rows]), 0, len(chain_list) - 1)
+            has = chain_list[at] == chain[rows]
+            rows, stack = rows[has], stack_of_chain[at[has]]
+            caller = caller_of_stack[stack]
+            codes = np.array([self._code(s["label"]) for s in callers], "int64")
+            take = rows[(caller >= 0) & (site[rows] < 0)]
+            site[take] = codes[caller[(caller >= 0) & (site[rows] < 0)]]
+            machine = machinery_of_stack[stack]
+            machinery[rows[machine >= 0]] = np.array([self._code(s["label"]) for s in machines] or [0],
+                                                     "int64")[machine[machine >= 0]]
+        nvtx = innermost_range_rows(pid, tid, ts, self.ranges) if not self.ranges.empty else np.full(n, -1, "int64")
+        need = np.flatnonzero(site < 0)
+        if len(need) and not self.operator_ranges.empty:
+            points = pd.DataFrame({"pid": pid[need], "tid": tid[need], "ts_ns": ts[need]})
+            operator = attribute_operators(points, self.operator_ranges)
+            with_operator = need[operator.codes > 0]
+            names = np.asarray(operator.categories, dtype=object)[operator.codes[operator.codes > 0]]
+            site[with_operator] = self._fallbacks("operator", names, nvtx[with_operator], pid[with_operator],
+                                                  tid[with_operator])
+        site = np.where((site < 0) & (machinery >= 0), machinery, site)
+        need = np.flatnonzero(site < 0)
+        if len(need):
+            names = np.array(self.api_names, dtype=object)[self._api_codes(b)[allocs][need]]
+            site[need] = self._fallbacks("api", names, nvtx[need], pid[need], tid[need])
+        return site
+
+    def _fallbacks(self, source: str, names: np.ndarray, nvtx: np.ndarray, pid: np.ndarray,
+                   tid: np.ndarray) -> np.ndarray:
+        """`<name> in <innermost NVTX range> [<thread>]` (stacks._labelled_by), one label per distinct key."""
+        key = pd.MultiIndex.from_arrays([names, nvtx, pid, tid])
+        slot, distinct = key.factorize()  # in order of first appearance
+        codes = []
+        for name, row, p, t in distinct:  # per distinct key
+            thread = self.thread_names.get((int(p), int(t)), "") if t >= 0 else ""
+            label = _fallback_label(str(name), str(self.range_names[row]) if row >= 0 else "", thread)
+            self.seen[source].setdefault(label, None)
+            codes.append(self._code(label))
+        return np.array(codes, "int64")[slot]
+
+    def _whole_frame_order(self) -> tuple[dict[str, int], list[dict]]:
+        """call_sites' key of each label (sources in its order, each in order of first appearance;
+        "" first) and its rows of sites, in the same order."""
+        rows: list[dict] = []
+        if self.python is not None:
+            rows += self.python[3]
+        callers, machines = (self.native[2], self.native[4]) if self.native is not None else ([], [])
+        rows += callers
+        rows += [_site(label, "operator", function=label.split(" ")[0]) for label in self.seen["operator"]]
+        rows += machines
+        rows += [_site(label, "api") for label in self.seen["api"]]
+        order: dict[str, int] = {"": 0}
+        for row in rows:
+            order.setdefault(row["label"], len(order))
+        return order, rows
