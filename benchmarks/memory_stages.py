@@ -72,14 +72,14 @@ def main() -> None:
     parser.add_argument("--library", action="store_true", help="without the command line's allocator settings")
     args = parser.parse_args()
 
-    from nsysan import reader
+    from nsysan import allocator
     from nsysan.analyses import run_analyses as analyses_of
     import nsysan.pipeline as pipeline
     from nsysan.render.json import render_json
 
     if not args.library:
-        reader.keep_large_arrays_on_the_heap()
-        reader.avoid_transparent_huge_pages()
+        allocator.keep_large_arrays_on_the_heap()
+        allocator.avoid_transparent_huge_pages()
     sampler = Sampler()
     kept = {}
 

@@ -19,7 +19,7 @@ from .commands import check as check_command
 from .commands import compare as compare_command
 from .commands.common import OutputClosed, say_error
 from .errors import NsysanError, one_line
-from .reader import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
+from .allocator import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="GPU-memory answers from NVIDIA Nsight Systems reports.")

@@ -9,7 +9,6 @@ type from its first rows and fails on a damaged export that mixes types in one c
 
 from __future__ import annotations
 
-import functools
 import os
 import sqlite3
 import urllib.parse
@@ -18,6 +17,8 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 import pandas as pd
+
+from .allocator import glibc
 
 try:  # optional at import time, so a broken pyarrow install never stops the analysis
     # The driver's low-level API, not its DB-API module: that one imports pyarrow.dataset, 20 ms
@@ -373,59 +374,4 @@ def release_memory() -> None:
         _malloc_trim(0)
 
 
-def keep_large_arrays_on_the_heap() -> None:
-    """For the command-line process only (a library must not retune its host's allocator).
-
-    Each column of a 1e7-event analysis is an 80 MB array, above glibc's largest mmap threshold
-    (32 MiB): every one is a fresh mapping whose pages fault in one by one and go back to the
-    system when it is freed, and an analysis makes dozens of them. Served from the heap, freed
-    arrays are reused without faulting again. Measured on the 1e7-event export: `--quick` median
-    of 5 runs 6.85 s instead of 7.29 s, 100 MB more peak memory; release_memory() still returns
-    the heap's free memory after the big reads.
-
-    One heap for every thread, too: glibc gives each new thread an arena of its own, so the arrays
-    of the second core (the second reader, the peaks and the timeline found while the groups are
-    summed) never reused what the main heap had freed, and stacked on top of it: 1e7 events, peak
-    2427 MiB with per-thread arenas, 2152 MiB with one.
-    """
-    libc = _libc()
-    if libc is None or not hasattr(libc, "mallopt"):
-        return
-    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8  # glibc's mallopt parameter numbers
-    libc.mallopt(m_mmap_threshold, 1 << 30)
-    libc.mallopt(m_trim_threshold, 1 << 30)
-    libc.mallopt(m_arena_max, 1)
-
-
-def avoid_transparent_huge_pages() -> None:
-    """For the command-line process only, like keep_large_arrays_on_the_heap().
-
-    Where the kernel backs anonymous memory with 2 MiB pages whenever it can
-    (transparent_hugepage=always, as on this machine and in several distributions), memory that
-    the analysis frees and touches again is faulted and zeroed 2 MiB at a time: perf put 27% of
-    the CPU samples of a 1e7-event `--quick` analysis in the kernel's clear_page. Without huge
-    pages for this process (PR_SET_THP_DISABLE; other processes keep the system's setting),
-    `nsysan analyze --quick` of that export took 5.79 s instead of 6.55 s (medians of 5,
-    interleaved) at the same peak memory; the full analysis was unchanged (13.88 s against
-    14.03 s, medians of 4), its lower kernel time spent again in TLB misses.
-    """
-    libc = _libc()
-    if libc is None or not hasattr(libc, "prctl"):
-        return
-    pr_set_thp_disable = 41  # <linux/prctl.h>; Linux 3.15 and later, ignored (-1) before
-    libc.prctl(pr_set_thp_disable, 1, 0, 0, 0)
-
-
-@functools.cache  # find_library runs `ldconfig -p` (1-2 ms), and three callers ask at start-up
-def _libc():
-    try:
-        import ctypes
-        import ctypes.util
-
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None  # glibc only
-    except OSError:  # no C library to load (not Linux)
-        return None
-
-
-_malloc_trim = getattr(_libc(), "malloc_trim", None)
+_malloc_trim = getattr(glibc(), "malloc_trim", None)

@@ -43,7 +43,7 @@ def tune_this_process() -> None:
     and a Dask worker (whose nanny sets MALLOC_TRIM_THRESHOLD_=65536) took twice as long."""
     global _tuned
     if not _tuned:
-        from ..reader import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
+        from ..allocator import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
 
         keep_large_arrays_on_the_heap()
         avoid_transparent_huge_pages()
@@ -69,9 +69,10 @@ def tuned_while_running() -> Iterator[None]:
     heap is returned to the system, so Dask's memory monitor doesn't see the analysis's memory
     as the worker's own (`unmanaged`) for long."""
     global _running
-    from ..reader import _libc, release_memory
+    from ..allocator import glibc
+    from ..reader import release_memory
 
-    libc = _libc()
+    libc = glibc()
     if libc is None or not hasattr(libc, "mallopt"):
         yield
         return

@@ -81,7 +81,7 @@ class EventBatch:
 
 def _give_back(batch_number: int) -> None:
     """Every 16th batch, the heap's free memory back to the system: the command line's heap keeps
-    up to 1 GB of freed memory for reuse (reader.keep_large_arrays_on_the_heap), which a flow of
+    up to 1 GB of freed memory for reuse (allocator.keep_large_arrays_on_the_heap), which a flow of
     batches would fill with their temporaries (a trim takes some 10 ms)."""
     if batch_number % 16 == 15:
         release_memory()
