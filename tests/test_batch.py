@@ -137,6 +137,65 @@ def test_an_existing_dask_cluster_gives_the_same_numbers(local_run, inputs, tmp_
     assert numbers(read_csv(out / "summary.csv")) == numbers(read_csv(local_out / "summary.csv"))
 
 
+# Run in a process of its own (a fork server is one per process): one analysis on a worker of
+# `--dask local`, then on a worker of a plain LocalCluster (as an existing cluster's are, tuned by
+# the task only), and what each worker's allocator looks like afterwards.
+ARENAS_OF_DASK_WORKERS = """
+import json, sys
+
+import distributed
+
+from nsysan.batch import engines, worker
+
+
+def allocator_of_this_process():
+    import ctypes, tempfile
+    libc = ctypes.CDLL("libc.so.6")
+    libc.fopen.restype = ctypes.c_void_p
+    with tempfile.NamedTemporaryFile(suffix=".xml") as xml:
+        stream = ctypes.c_void_p(libc.fopen(xml.name.encode(), b"w"))
+        libc.malloc_info(0, stream)  # one <heap nr=...> per arena
+        libc.fclose(stream)
+        arenas = open(xml.name).read().count("<heap nr=")
+    thp = [line.split()[1] for line in open("/proc/self/status") if line.startswith("THP_enabled")]
+    return arenas, thp[0]
+
+
+def probe(client, tune):
+    client.submit(worker.analyze_some, [sys.argv[1]], None, None, 1, tune, pure=False).result()
+    return client.submit(allocator_of_this_process, pure=False).result()
+
+
+client, cluster, _ = engines._dask_client("local", 1)
+ours = probe(client, worker.TUNE_PROCESS)
+client.close(); cluster.close()
+with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                              dashboard_address=None) as plain, distributed.Client(plain) as client:
+    theirs = probe(client, worker.TUNE_TASK)
+print(json.dumps({"ours": ours, "theirs": theirs}))
+"""
+
+
+def test_dask_local_workers_get_the_allocator_settings_before_their_threads(tmp_path):
+    """A Dask worker analyzes on its executor thread, which allocates before any task runs: the
+    settings must come from the fork server (forkserver_tuning.py), or that thread keeps a malloc
+    arena of its own, whose memory is faulted in again and again."""
+    pytest.importorskip("distributed")
+    if "THP_enabled" not in Path("/proc/self/status").read_text() or sys.platform != "linux":
+        pytest.skip("glibc and a kernel that shows THP_enabled (5.0+) only")
+    found = subprocess.run([sys.executable, "-c", ARENAS_OF_DASK_WORKERS, str(FIXTURES / "known_mem_v25.sqlite")],
+                           capture_output=True, text=True, cwd=ROOT, timeout=300,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert found.returncode == 0, found.stderr[-2000:]
+    arenas = json.loads(found.stdout.splitlines()[-1])
+    # nsysan's worker: one arena (the main heap) for every thread, no transparent huge pages.
+    assert arenas["ours"] == [1, "0"]
+    # The same task on a worker forked without them: its executor thread's arena besides the main
+    # one (and more for Dask's other threads); huge pages as the system has them.
+    assert arenas["theirs"][0] >= 2
+    assert arenas["theirs"][1] == Path("/proc/self/status").read_text().split("THP_enabled:")[1].split()[0]
+
+
 def test_small_reports_go_a_few_to_a_dask_task_and_large_ones_alone(tmp_path):
     from nsysan.batch.engines import SMALL_REPORT_BYTES, dask_tasks, largest_first
 

@@ -33,6 +33,10 @@ QUEUED_PER_WORKER = 2
 SMALL_REPORT_BYTES = 4 << 20
 SMALL_PER_TASK = 4
 TASKS_PER_THREAD = 8
+# What the fork servers of nsysan's own workers import before forking any: the allocator settings
+# first, before anything that could start a thread (forkserver_tuning.py says why), then the
+# analysis, so no worker imports it for its first report.
+WORKER_PRELOAD = ["nsysan.batch.forkserver_tuning", "nsysan.batch.worker", "nsysan.pipeline"]
 DASK_MISSING = "--dask needs Dask distributed, an optional extra: pip install 'nsysan[dask]'"
 
 
@@ -101,7 +105,7 @@ def _on_local_pool(paths: list[Path], on_done: OnDone, jobs: int, args: tuple) -
     # process, no half-held locks), and start in milliseconds instead of a second per import.
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if context.get_start_method() == "forkserver":
-        context.set_forkserver_preload(["nsysan.batch.worker", "nsysan.pipeline"])
+        context.set_forkserver_preload(WORKER_PRELOAD)
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(paths)), mp_context=context)
     todo = iter(paths)
     running: dict[Future, Path] = {}
@@ -169,7 +173,7 @@ def _preload_nsysan_in_dask_forkserver() -> None:
     from distributed.utils import get_mp_context
 
     # Dask sets its list the first time it asks for the context: ask first, then replace it.
-    get_mp_context().set_forkserver_preload(["distributed", "nsysan.batch.worker", "nsysan.pipeline"])
+    get_mp_context().set_forkserver_preload([WORKER_PRELOAD[0], "distributed", *WORKER_PRELOAD[1:]])
 
 
 def _on_dask(paths: list[Path], on_done: OnDone, jobs: int, address: str, args: tuple) -> None:
