@@ -19,7 +19,8 @@ For each, four commands, taking turns `--repeat` times, median wall time:
 - dask cluster: `nsysan batch <folder> -o D --dask tcp://127.0.0.1:PORT`, on a cluster started
   before the measured runs the way one is in production (`dask scheduler`, then `dask worker
   --nworkers <cores> --nthreads 1`, with the nanny's default settings), its workers warmed by
-  importing nsysan once;
+  importing nsysan once; and the same with `MALLOC_ARENA_MAX=1` in the workers' environment
+  ("dask cluster, one arena", as docs/batch.md advises);
 - dask local: `nsysan batch <folder> -o D -j <cores> --dask local` (a LocalCluster started and
   stopped inside the measured time); once per round, a separate process also times the stages of
   that fixed cost: importing distributed, starting the cluster, the first task on each worker,
@@ -28,7 +29,9 @@ For each, four commands, taking turns `--repeat` times, median wall time:
 Reported: reports per second, the speed-up of each engine over sequential (goal on the large
 exports: at least 0.8 x cores), Dask's overhead over the local pool ((dask - pool) / pool, goal
 under 10%), and each command's CPU seconds (all its processes, sampled every 0.1 s: valid under
-load, where wall times are not).
+load, where wall times are not), split into the command's own process, the processes it started
+(where the pool's and `--dask local`'s analyses run) and, for a cluster, the cluster's processes
+during the run.
 """
 
 from __future__ import annotations
@@ -64,58 +67,74 @@ def copies(source: Path, count: int, folder: Path) -> list[Path]:
     return made
 
 
-def timed(command: list[str], env: dict) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of the command's processes, sampled)."""
+def timed(command: list[str], env: dict, cluster: "ExistingCluster | None" = None) -> tuple[float, dict]:
+    """(wall seconds, CPU seconds by part: "command" (its own process), "children" (the
+    processes it started: the pool's and `--dask local`'s fork server, nanny and workers) and,
+    with a cluster, "cluster scheduler" and "cluster workers" (what they spent during the run))."""
+    # The cluster's scheduler, and its `dask worker` process with the workers it started.
+    outside = [CpuSampler([p.pid], since_now=True) for p in cluster.processes] if cluster else []
     started = time.perf_counter()
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    cpu = CpuSampler(proc.pid)
+    cpu = CpuSampler([proc.pid])
     _, stderr = proc.communicate()
     seconds = time.perf_counter() - started
     cpu.stop()
+    for sampler in outside:
+        sampler.stop()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(command[:4])} ... failed ({proc.returncode}): {stderr[-500:]}")
-    return seconds, cpu.seconds()
+    parts = {"command": cpu.seconds(proc.pid), "children": round(cpu.seconds() - cpu.seconds(proc.pid), 2)}
+    if outside:
+        parts["cluster scheduler"], parts["cluster workers"] = (sampler.seconds() for sampler in outside)
+    return seconds, parts
 
 
 class CpuSampler:
-    """The CPU seconds of a process and its descendants, read from /proc every 0.1 s (a process's
+    """The CPU seconds of processes and their descendants, read from /proc every 0.1 s (a process's
     last 0.1 s before it exits are missed: a lower bound). The pool's workers are children of the
-    fork server, which nobody waits for, so getrusage(RUSAGE_CHILDREN) would not count them."""
+    fork server, which nobody waits for, so getrusage(RUSAGE_CHILDREN) would not count them.
+    `since_now`: only what they spend from now on (for a cluster already running)."""
 
-    def __init__(self, root: int) -> None:
-        self.root, self.last, self.done = root, {}, threading.Event()
+    def __init__(self, roots: list[int], since_now: bool = False) -> None:
+        self.roots, self.last, self.done = set(roots), {}, threading.Event()
         self.tick = os.sysconf("SC_CLK_TCK")
+        self.first = self._sample() if since_now else {}
+        self.last.update(self.first)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
+    def _sample(self) -> dict[int, float]:
+        parents = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat") as handle:
+                        fields = handle.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                parents[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / self.tick)
+        ours = set(self.roots)
+        grew = True
+        while grew:
+            grew = False
+            for pid, (parent, _) in parents.items():
+                if parent in ours and pid not in ours:
+                    ours.add(pid)
+                    grew = True
+        return {pid: parents[pid][1] for pid in ours & parents.keys()}
+
     def _run(self) -> None:
         while not self.done.wait(0.1):
-            parents = {}
-            for name in os.listdir("/proc"):
-                if name.isdigit():
-                    try:
-                        with open(f"/proc/{name}/stat") as handle:
-                            fields = handle.read().rsplit(")", 1)[1].split()
-                    except OSError:
-                        continue
-                    parents[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / self.tick)
-            ours = {self.root}
-            grew = True
-            while grew:
-                grew = False
-                for pid, (parent, _) in parents.items():
-                    if parent in ours and pid not in ours:
-                        ours.add(pid)
-                        grew = True
-            for pid in ours & parents.keys():
-                self.last[pid] = parents[pid][1]
+            self.last.update(self._sample())
 
     def stop(self) -> None:
         self.done.set()
         self.thread.join()
 
-    def seconds(self) -> float:
-        return round(sum(self.last.values()), 2)
+    def seconds(self, pid: int | None = None) -> float:
+        """CPU seconds of every process seen (or of `pid` alone)."""
+        pids = self.last.keys() if pid is None else [pid] if pid in self.last else []
+        return round(sum(self.last[p] - self.first.get(p, 0.0) for p in pids), 2)
 
 
 class ExistingCluster:
@@ -124,7 +143,7 @@ class ExistingCluster:
     Started before each of its measured runs and stopped after it, so that its idle heartbeats
     (a few % of a core) don't run during the other commands' runs."""
 
-    def __init__(self, jobs: int, env: dict, folder: Path) -> None:
+    def __init__(self, jobs: int, env: dict, folder: Path, worker_env: dict | None = None) -> None:
         from distributed import Client
 
         address_file = folder / "scheduler.json"
@@ -140,7 +159,7 @@ class ExistingCluster:
             self.processes.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker",
                                                     "--scheduler-file", str(address_file), "--nworkers", str(jobs),
                                                     "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard"],
-                                                   **quiet))
+                                                   **dict(quiet, env=dict(env, **(worker_env or {})))))
             with Client(scheduler_file=str(address_file), timeout="60s") as client:
                 client.wait_for_workers(jobs, timeout=120)
                 self.address = client.scheduler.address
@@ -156,6 +175,12 @@ class ExistingCluster:
                 process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+# The existing clusters measured, by label: the environment their workers start with besides the
+# nanny's defaults. MALLOC_ARENA_MAX=1 is what docs/batch.md advises for workers that run nsysan:
+# one malloc arena for every thread, as nsysan's own workers have (nsysan/batch/forkserver_tuning.py).
+CLUSTERS = {"dask cluster": {}, "dask cluster, one arena": {"MALLOC_ARENA_MAX": "1"}}
 
 
 def _import_nsysan() -> None:
@@ -212,10 +237,12 @@ def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int
                                 "--no-progress"],
     }
     if with_cluster:
-        commands["dask cluster"] = nsysan + ["batch", str(folder), "-o", str(scratch / "cluster"), "--dask",
-                                             "ADDRESS", "--no-progress"]
+        for label in CLUSTERS:
+            commands[label] = nsysan + ["batch", str(folder), "-o", str(scratch / "cluster"), "--dask", "ADDRESS",
+                                        "--no-progress"]
     times: dict[str, list[float]] = {k: [] for k in commands}
     cpu: dict[str, list[float]] = {k: [] for k in commands}
+    cpu_parts: dict[str, list[dict]] = {k: [] for k in commands}
     # The 1-minute load average before each command: on a shared machine it says how many other
     # threads wanted the cores while it ran (an idle 2-core machine shows about 0).
     loads: dict[str, list[float]] = {k: [] for k in commands}
@@ -225,19 +252,20 @@ def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int
             (scratch / "seq").mkdir(parents=True, exist_ok=True)
             for out in ("pool", "dask", "cluster"):
                 shutil.rmtree(scratch / out, ignore_errors=True)
-            cluster = ExistingCluster(jobs, env, scratch) if label == "dask cluster" else None
+            cluster = ExistingCluster(jobs, env, scratch, CLUSTERS[label]) if label in CLUSTERS else None
             if cluster is not None:
                 command = [cluster.address if arg == "ADDRESS" else arg for arg in command]
             loads[label].append(round(os.getloadavg()[0], 2))
             try:
-                seconds, cpu_seconds = timed(command, env)
+                seconds, parts = timed(command, env, cluster)
             finally:
                 if cluster is not None:
                     cluster.close()
             times[label].append(seconds)
-            cpu[label].append(cpu_seconds)
-            print(f"  {name} {label}: {seconds:.1f} s, {cpu_seconds:.1f} CPU s (round {round_ + 1}, load "
-                  f"{loads[label][-1]})", flush=True)
+            cpu[label].append(round(parts["command"] + parts["children"], 2))
+            cpu_parts[label].append(parts)
+            print(f"  {name} {label}: {seconds:.1f} s, {cpu[label][-1]:.1f} CPU s {parts} (round {round_ + 1}, "
+                  f"load {loads[label][-1]})", flush=True)
         probe = subprocess.run([sys.executable, __file__, "--dask-local-stages", "--jobs", str(jobs)], cwd=ROOT,
                                env=env, capture_output=True, text=True)
         if probe.returncode == 0:
@@ -246,7 +274,8 @@ def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int
     shutil.rmtree(scratch, ignore_errors=True)
     median = {k: statistics.median(v) for k, v in times.items()}
     found = {
-        "workload": name, "reports": len(reports), "jobs": jobs, "runs": times, "cpu_s": cpu, "load_before": loads,
+        "workload": name, "reports": len(reports), "jobs": jobs, "runs": times, "cpu_s": cpu,
+        "cpu_parts_s": cpu_parts, "load_before": loads,
         "median_s": median,
         "reports_per_s": {k: len(reports) / v for k, v in median.items()},
         "speedup_pool": median["sequential"] / median["local pool"],
@@ -257,6 +286,8 @@ def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int
     if with_cluster:
         found["speedup_dask_cluster"] = median["sequential"] / median["dask cluster"]
         found["dask_cluster_overhead"] = (median["dask cluster"] - median["local pool"]) / median["local pool"]
+        found["dask_cluster_one_arena_overhead"] = ((median["dask cluster, one arena"] - median["local pool"])
+                                                    / median["local pool"])
     return found
 
 
@@ -313,7 +344,9 @@ def main() -> None:
                   f"pool {w['median_s']['local pool']:.1f} s ({w['speedup_pool']:.2f}x), dask local "
                   f"{w['median_s']['dask local']:.1f} s ({100 * w['dask_local_overhead']:+.1f}% over the pool)"
                   + (f", dask cluster {w['median_s']['dask cluster']:.1f} s "
-                     f"({100 * w['dask_cluster_overhead']:+.1f}% over the pool)" if "dask cluster" in w['median_s']
+                     f"({100 * w['dask_cluster_overhead']:+.1f}% over the pool), one arena "
+                     f"{w['median_s']['dask cluster, one arena']:.1f} s "
+                     f"({100 * w['dask_cluster_one_arena_overhead']:+.1f}%)" if "dask cluster" in w['median_s']
                      else ""))
     finally:
         shutil.rmtree(work, ignore_errors=True)
