@@ -322,11 +322,17 @@ def dealt_calls_copy(source: Path, out: Path, piles: int) -> Path:
     return out
 
 
-def test_streamed_full_window_holds_a_few_chunks_of_calls_in_runs(tmp_path, monkeypatch):
-    path = dealt_calls_copy(FIXTURES / "ddp_leak_v25.sqlite", tmp_path / "ddp.sqlite", 3)
-    windows = []
+def windows_made(monkeypatch) -> list:
+    """The list that fills with each CallWindow made (to look at what it held)."""
+    windows: list = []
     real = stream_calls.CallWindow.__init__
     monkeypatch.setattr(stream_calls.CallWindow, "__init__", lambda self, calls: windows.append(self) or real(self, calls))
+    return windows
+
+
+def test_streamed_full_window_holds_a_few_chunks_of_calls_in_runs(tmp_path, monkeypatch):
+    path = dealt_calls_copy(FIXTURES / "ddp_leak_v25.sqlite", tmp_path / "ddp.sqlite", 3)
+    windows = windows_made(monkeypatch)
     whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
     assert_streamed_full_is_whole(whole, streamed)
     window = windows[-1]
@@ -347,9 +353,7 @@ def test_streamed_full_holds_every_call_when_events_fall_outside_their_calls(tmp
     with sqlite3.connect(path) as conn:
         conn.execute(f'UPDATE {SHUFFLED_TABLES[1]} SET "end" = start')
         conn.commit()
-    windows = []
-    real = stream_calls.CallWindow.__init__
-    monkeypatch.setattr(stream_calls.CallWindow, "__init__", lambda self, calls: windows.append(self) or real(self, calls))
+    windows = windows_made(monkeypatch)
     whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
     assert windows[-1].keep_all and windows[-1].exact
     assert_streamed_full_is_whole(whole, streamed)
