@@ -228,7 +228,8 @@ def test_streamed_quick_reads_the_table_again_when_the_batches_cannot_be_kept(mo
 FULL_FIXTURES = ["known_mem_v22", "known_bt_v25", "real_oom_v25", "torch_leak_v25", "torch_pybt_v25",
                  "torch_ops_v25", "torch_expandable_v25", "ddp_leak_v25", "jax_prealloc_v25"]
 # What the streamed full analysis computes as the whole frame does: these parts of the document.
-STREAMED_FULL = ("capture", "groups", "sites", "api_calls", "failed_calls", "never_freed_total", "reserved.pools",
+STREAMED_FULL = ("capture", "groups", "sites", "api_calls", "failed_calls", "never_freed", "never_freed_total",
+                 "reserved.pools",
                  "timeline.series", "timeline.start_ns", "timeline.end_ns", "peaks.peak_bytes",
                  "peaks.peak_time_ns")
 
@@ -256,8 +257,8 @@ def part(document: dict, name: str):
 
 
 def used_stacks(document: dict) -> list:
-    """The stacks the sites refer to."""
-    ids = {s["site"]["stack_id"] for s in document["sites"]}
+    """The stacks the sites and the never-freed allocations refer to."""
+    ids = {s["site"]["stack_id"] for s in document["sites"]} | {a["stack_id"] for a in document["never_freed"]}
     return [s for s in document["stacks"] if s["id"] in ids]
 
 

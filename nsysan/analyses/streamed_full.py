@@ -21,7 +21,7 @@ import pandas as pd
 from ..events.read import last_cuda_calls, read_calls, read_nvtx_ranges, read_thread_names
 from ..events.stream import EventFlow
 from ..events.stream_calls import MemoryCalls, CallWindow
-from ..model import Analysis, Diagnostic, OutOfMemory, Process, Source
+from ..model import Allocation, Analysis, Diagnostic, OutOfMemory, Process, Source
 from ..schema import Schema
 from .answers import gather_answers
 from .bounds import cut_long_strings
@@ -38,7 +38,7 @@ from .streamed_sites import SiteSums
 NOT_STREAMED = ("ranges", "steps", "growth", "phases", "spikes", "oom", "reserved.allocators",
                 "reserved.preallocations", "caps (beyond each GPU's total)", "timeline.bands", "timeline.spans",
                 "timeline.trace_ends", "timeline.focus", "never_freed_groups",
-                "the thread, API, site and NVTX range of the allocations listed in peaks, never_freed and "
+                "the thread, API, site and NVTX range of the allocations listed in peaks and "
                 "timeline.allocations")
 
 # The diagnostics that only the analyses not streamed yet raise: `check --no-warnings` on them
@@ -68,11 +68,22 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes)
         return looks["second"]
 
+    def never_freed_of(rows: pd.DataFrame) -> list[Allocation]:
+        sites = looks["second"]
+        sites.finish(flow.live)
+        looks["ranked"], site_table = sites.ranked()
+        info = sites.allocation_info(rows["seq"].to_numpy(), site_table)
+        return [Allocation(pid=int(pid), tid=int(tid), device=int(device), kind=flow.kinds[int(kind)], api=str(api),
+                           address=int(address), bytes=int(size), alloc_time_ns=int(ts), free_time_ns=None,
+                           nvtx_range=str(nvtx), site=site, stack_id=int(stack) if stack >= 0 else None,
+                           operator=str(operator))
+                for (ts, pid, device, kind, address, size), (tid, api, nvtx, site, stack, operator)
+                in zip(rows[["ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False),
+                       info.itertuples(index=False))]  # capped list
+
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
-                         also=(first, second), span=_span(calls, ranges))
-    found, sites = looks["first"], looks["second"]
-    sites.finish(flow.live)
-    ranked, _ = sites.ranked()
+                         also=(first, second), span=_span(calls, ranges), never_freed_of=never_freed_of)
+    found, sites, ranked = looks["first"], looks["second"], looks["ranked"]
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
     capture = _capture(quick, calls.threads, ranges, schema)
     labels = {p.pid: p.label for p in capture.processes}

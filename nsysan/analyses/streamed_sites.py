@@ -21,6 +21,7 @@ from ..model import Site
 from .sites import MAX_SITES, call_site
 from .streamed import Keyed, running_sums
 
+ALLOCATION_INFO = ("seq", "site", "tid", "api", "nvtx_range", "stack", "operator")
 SITE_SUMS = ("allocations", "allocated", "never_freed_count", "never_freed_bytes", "live", "max_live")
 _LOW = np.iinfo("int64").min
 
@@ -45,7 +46,11 @@ class SiteSums:
         self.groups = Keyed(SITE_SUMS, {"max_live": _LOW})
         self.apis: dict[int, set] = {}  # group code -> API codes of its allocations
         self.pids = np.zeros(0, "int64")  # in order of first appearance
-        self.live_seq, self.live_site = np.zeros(0, "int64"), np.zeros(0, "int64")
+        # the live allocations (what their frees need) and those never to be freed, with what
+        # to_allocations lists of them: ALLOCATION_INFO, strings as codes into `strings`
+        self.live = {c: np.zeros(0, "int64") for c in ALLOCATION_INFO}
+        self.closed: list[dict] = []
+        self.strings: dict[str, int] = {"": 0}
 
     def add(self, b) -> None:
         n = len(b)
@@ -53,21 +58,21 @@ class SiteSums:
             return
         self.pids = pd.unique(np.concatenate([self.pids, b.pid]))
         allocs = np.flatnonzero(b.is_alloc)
-        alloc_site = self._label(b, allocs)
+        info = self._label(b, allocs)
         site = np.full(n, -1, "int64")
-        site[allocs] = alloc_site
+        site[allocs] = info["site"]
         # a free belongs to the site of the allocation it frees: this batch's or a live one's
-        seqs = np.concatenate([self.live_seq, b.seq[allocs]])
-        sites = np.concatenate([self.live_site, alloc_site])
+        known = {c: np.concatenate([self.live[c], info[c]]) for c in ALLOCATION_INFO}
+        seqs, sites = known["seq"], known["site"]
         frees = np.flatnonzero(~b.is_alloc & (b.partner_seq >= 0))
-        at = np.searchsorted(seqs, b.partner_seq[frees])
-        site[frees] = sites[at]
+        site[frees] = sites[np.searchsorted(seqs, b.partner_seq[frees])]
         closed = b.closed.get("seq", np.zeros(0, "int64"))
         gone = np.isin(seqs, np.concatenate([b.partner_seq[frees], closed]))
         if len(closed):  # never to be freed: never freed
-            closed_site = sites[np.searchsorted(seqs, closed)]
-            self._never_freed(closed_site, b.closed["pid"], b.closed["kind"], b.closed["bytes"])
-        self.live_seq, self.live_site = seqs[~gone], sites[~gone]
+            at = np.searchsorted(seqs, closed)
+            self._never_freed(sites[at], b.closed["pid"], b.closed["kind"], b.closed["bytes"])
+            self.closed.append({c: known[c][at] for c in ALLOCATION_INFO})
+        self.live = {c: values[~gone] for c, values in known.items()}
         has = np.flatnonzero(site >= 0)
         code = self.groups.codes((site[has] << 32) | (b.pid[has] << 8) | b.kind[has])
         g = self.groups
@@ -83,8 +88,27 @@ class SiteSums:
     def finish(self, live: dict) -> None:
         """The allocations still live at the end (EventFlow.live) are never freed."""
         if len(live["seq"]):
-            self._never_freed(self.live_site[np.searchsorted(self.live_seq, live["seq"])], live["pid"], live["kind"],
-                              live["bytes"])
+            self._never_freed(self.live["site"][np.searchsorted(self.live["seq"], live["seq"])], live["pid"],
+                              live["kind"], live["bytes"])
+
+    def allocation_info(self, seqs: np.ndarray, site_table: dict) -> pd.DataFrame:
+        """What to_allocations lists of each allocation never freed (`seqs`: of those), by seq:
+        tid, api, nvtx_range, site (a CallSite), stack, operator."""
+        rows = {c: np.concatenate([self.live[c]] + [part[c] for part in self.closed]) for c in ALLOCATION_INFO}
+        at = pd.Index(rows["seq"]).get_indexer(seqs)
+        strings = np.array(list(self.strings), dtype=object)
+        labels = list(self.labels)
+        return pd.DataFrame({
+            "tid": rows["tid"][at], "api": np.array(self.api_names, dtype=object)[rows["api"][at]],
+            "nvtx_range": strings[rows["nvtx_range"][at]],
+            "site": [call_site(labels[code], site_table) for code in rows["site"][at].tolist()],
+            "stack": rows["stack"][at], "operator": strings[rows["operator"][at]]}, index=seqs)
+
+    def _string(self, values: np.ndarray) -> np.ndarray:
+        """Codes into `strings` of some strings (a dictionary look-up per distinct one)."""
+        slot, distinct = pd.factorize(values)
+        return np.array([self.strings.setdefault(str(v), len(self.strings)) for v in distinct] or [0],
+                        "int64")[slot] if len(values) else np.zeros(0, "int64")
 
     def ranked(self, limit: int = MAX_SITES) -> tuple[list[Site], dict[str, dict]]:
         """rank_sites' list, and the site table (label -> its SITE_COLUMNS)."""
@@ -122,19 +146,22 @@ class SiteSums:
     def _code(self, label: str) -> int:
         return self.labels.setdefault(label, len(self.labels))
 
-    def _label(self, b, allocs: np.ndarray) -> np.ndarray:
-        """The site code of each allocation (call_sites' order of sources)."""
+    def _label(self, b, allocs: np.ndarray) -> dict:
+        """Of each allocation: its site code (call_sites' order of sources) and ALLOCATION_INFO."""
         n = len(allocs)
-        site = np.full(n, -1, "int64")
-        if n == 0:
-            return site
+        site, stack = np.full(n, -1, "int64"), np.full(n, -1, "int64")
         pid, tid, ts = b.pid[allocs], b.calls["tid"][allocs].astype("int64"), b.ts[allocs]
+        info = {"seq": b.seq[allocs], "site": site, "tid": tid, "api": self._api_codes(b)[allocs], "stack": stack,
+                "nvtx_range": np.zeros(n, "int64"), "operator": np.zeros(n, "int64")}
+        if n == 0:
+            return info
         if self.python is not None:
             mark_pid, mark_correlation, mark_stack, sites, site_of_stack = self.python
             match = join_on_call(pid, b.correlation[allocs], mark_pid, mark_correlation)
             found = np.flatnonzero(match >= 0)
             codes = np.array([self._code(s["label"]) for s in sites], "int64")
-            site[found] = codes[site_of_stack[mark_stack[match[found]]]]
+            stack[found] = mark_stack[match[found]]
+            site[found] = codes[site_of_stack[stack[found]]]
         machinery = np.full(n, -1, "int64")
         if self.native is not None:
             chain_list, stack_of_chain, callers, caller_of_stack, machines, machinery_of_stack = self.native
@@ -142,29 +169,29 @@ class SiteSums:
             rows = np.flatnonzero(chain >= 0)
             at = np.clip(np.searchsorted(chain_list, chain[rows]), 0, len(chain_list) - 1)
             has = chain_list[at] == chain[rows]
-            rows, stack = rows[has], stack_of_chain[at[has]]
-            caller = caller_of_stack[stack]
+            rows, native = rows[has], stack_of_chain[at[has]]
+            stack[rows] = np.where(stack[rows] < 0, native, stack[rows])  # a Python stack says more
+            caller = caller_of_stack[native]
             codes = np.array([self._code(s["label"]) for s in callers], "int64")
-            take = rows[(caller >= 0) & (site[rows] < 0)]
-            site[take] = codes[caller[(caller >= 0) & (site[rows] < 0)]]
-            machine = machinery_of_stack[stack]
+            take = (caller >= 0) & (site[rows] < 0)
+            site[rows[take]] = codes[caller[take]]
+            machine = machinery_of_stack[native]
             machinery[rows[machine >= 0]] = np.array([self._code(s["label"]) for s in machines] or [0],
                                                      "int64")[machine[machine >= 0]]
         nvtx = innermost_range_rows(pid, tid, ts, self.ranges) if not self.ranges.empty else np.full(n, -1, "int64")
-        need = np.flatnonzero(site < 0)
-        if len(need) and not self.operator_ranges.empty:
-            points = pd.DataFrame({"pid": pid[need], "tid": tid[need], "ts_ns": ts[need]})
-            operator = attribute_operators(points, self.operator_ranges)
-            with_operator = need[operator.codes > 0]
-            names = np.asarray(operator.categories, dtype=object)[operator.codes[operator.codes > 0]]
-            site[with_operator] = self._fallbacks("operator", names, nvtx[with_operator], pid[with_operator],
-                                                  tid[with_operator])
-        site = np.where((site < 0) & (machinery >= 0), machinery, site)
+        info["nvtx_range"] = self._string(np.append(self.range_names, "")[nvtx])
+        if not self.operator_ranges.empty:
+            operator = attribute_operators(pd.DataFrame({"pid": pid, "tid": tid, "ts_ns": ts}), self.operator_ranges)
+            info["operator"] = self._string(np.asarray(operator))
+            need = np.flatnonzero((site < 0) & (operator.codes > 0))
+            names = np.asarray(operator.categories, dtype=object)[operator.codes[need]]
+            site[need] = self._fallbacks("operator", names, nvtx[need], pid[need], tid[need])
+        site[:] = np.where((site < 0) & (machinery >= 0), machinery, site)
         need = np.flatnonzero(site < 0)
         if len(need):
-            names = np.array(self.api_names, dtype=object)[self._api_codes(b)[allocs][need]]
+            names = np.array(self.api_names, dtype=object)[info["api"][need]]
             site[need] = self._fallbacks("api", names, nvtx[need], pid[need], tid[need])
-        return site
+        return info
 
     def _fallbacks(self, source: str, names: np.ndarray, nvtx: np.ndarray, pid: np.ndarray,
                    tid: np.ndarray) -> np.ndarray:
