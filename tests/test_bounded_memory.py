@@ -229,7 +229,7 @@ FULL_FIXTURES = ["known_mem_v22", "known_bt_v25", "real_oom_v25", "torch_leak_v2
                  "torch_ops_v25", "torch_expandable_v25", "ddp_leak_v25", "jax_prealloc_v25"]
 # What the streamed full analysis computes as the whole frame does: these parts of the document.
 STREAMED_FULL = ("capture", "groups", "sites", "api_calls", "failed_calls", "never_freed", "never_freed_total",
-                 "reserved.pools",
+                 "reserved.pools", "timeline.allocations", "timeline.allocations_total",
                  "timeline.series", "timeline.start_ns", "timeline.end_ns", "peaks.peak_bytes",
                  "peaks.peak_time_ns")
 
@@ -257,8 +257,9 @@ def part(document: dict, name: str):
 
 
 def used_stacks(document: dict) -> list:
-    """The stacks the sites and the never-freed allocations refer to."""
-    ids = {s["site"]["stack_id"] for s in document["sites"]} | {a["stack_id"] for a in document["never_freed"]}
+    """The stacks the sites and the never-freed and largest allocations refer to."""
+    ids = {s["site"]["stack_id"] for s in document["sites"]} | \
+        {a["stack_id"] for a in document["never_freed"] + document["timeline"]["allocations"]}
     return [s for s in document["stacks"] if s["id"] in ids]
 
 

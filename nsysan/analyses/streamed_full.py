@@ -38,8 +38,7 @@ from .streamed_sites import SiteSums
 NOT_STREAMED = ("ranges", "steps", "growth", "phases", "spikes", "oom", "reserved.allocators",
                 "reserved.preallocations", "caps (beyond each GPU's total)", "timeline.bands", "timeline.spans",
                 "timeline.trace_ends", "timeline.focus", "never_freed_groups",
-                "the thread, API, site and NVTX range of the allocations listed in peaks and "
-                "timeline.allocations")
+                "the thread, API, site and NVTX range of the allocations listed in peaks")
 
 # The diagnostics that only the analyses not streamed yet raise: `check --no-warnings` on them
 # cannot tell "not raised" from "not looked for" (limits.py)
@@ -58,31 +57,34 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     looks: dict = {}
     notes: list[Diagnostic] = []
 
-    def first() -> FirstCalls:
+    def first(_) -> FirstCalls:
         looks["first"] = FirstCalls(calls)
         return looks["first"]
 
-    def second() -> SiteSums:
+    def second(look) -> SiteSums:
         found = looks["first"]
         looks["second"] = SiteSums(conn, schema, found.wanted_chains(), lambda: read_calls(conn, schema),
-                                   calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes)
+                                   calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
+                                   listed=look.first.largest["seq"].to_numpy() if not look.first.largest.empty else ())
         return looks["second"]
 
-    def never_freed_of(rows: pd.DataFrame) -> list[Allocation]:
+    def allocations_of(rows: pd.DataFrame, free_ts: dict) -> list[Allocation]:
+        """analyses.to_allocations of the rows of listed allocations (never freed, largest)."""
         sites = looks["second"]
-        sites.finish(flow.live)
-        looks["ranked"], site_table = sites.ranked()
-        info = sites.allocation_info(rows["seq"].to_numpy(), site_table)
+        if "ranked" not in looks:
+            sites.finish(flow.live)
+            looks["ranked"], looks["site_table"] = sites.ranked()
+        info = sites.allocation_info(rows["seq"].to_numpy(), looks["site_table"]) if len(rows) else pd.DataFrame()
         return [Allocation(pid=int(pid), tid=int(tid), device=int(device), kind=flow.kinds[int(kind)], api=str(api),
-                           address=int(address), bytes=int(size), alloc_time_ns=int(ts), free_time_ns=None,
-                           nvtx_range=str(nvtx), site=site, stack_id=int(stack) if stack >= 0 else None,
-                           operator=str(operator))
-                for (ts, pid, device, kind, address, size), (tid, api, nvtx, site, stack, operator)
-                in zip(rows[["ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False),
-                       info.itertuples(index=False))]  # capped list
+                           address=int(address), bytes=int(size), alloc_time_ns=int(ts),
+                           free_time_ns=free_ts.get(int(seq)), nvtx_range=str(nvtx), site=site,
+                           stack_id=int(stack) if stack >= 0 else None, operator=str(operator))
+                for (seq, ts, pid, device, kind, address, size), (tid, api, nvtx, site, stack, operator)
+                in zip(rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False),
+                       info.itertuples(index=False))]  # capped lists
 
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
-                         also=(first, second), span=_span(calls, ranges), never_freed_of=never_freed_of)
+                         also=(first, second), span=_span(calls, ranges), allocations_of=allocations_of)
     found, sites, ranked = looks["first"], looks["second"], looks["ranked"]
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
     capture = _capture(quick, calls.threads, ranges, schema)

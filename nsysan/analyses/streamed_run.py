@@ -37,14 +37,14 @@ from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
 
 def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
                  step_range: Optional[str], spike_window_ns: int, flow: Optional[EventFlow] = None,
-                 also: tuple = (None, None), span: tuple = (), never_freed_of=None) -> Analysis:
+                 also: tuple = (None, None), span: tuple = (), allocations_of=None) -> Analysis:
     """The quick analysis of the export behind `conn`, its events read twice in batches.
 
     For the streamed full analysis (streamed_full.py): `flow` joins the batches to their calls,
-    `also` makes a consumer fed each batch of the first and of the second pass after this
-    module's own, `span` widens the timeline to the calls' and ranges' times, and
-    `never_freed_of(rows)` makes the never-freed allocations of their rows (seq, ts, pid, device,
-    kind, address, bytes) with what the calls tell of them."""
+    `also` makes (given this module's consumer) a consumer fed each batch of the first and of the
+    second pass after this module's own, `span` widens the timeline to the calls' and ranges'
+    times, and `allocations_of(rows, free_ts)` makes the listed allocations of their rows (seq,
+    ts, pid, device, kind, address, bytes) with what the calls tell of them."""
     flow = flow or EventFlow(conn, schema)
     first = flow.feed(lambda: _Both(FirstLook(spike_window_ns), also[0]), keep=True).main
     final = pd.DataFrame(flow.live)
@@ -88,12 +88,13 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     peaks = [with_note(p, preallocations, lambda s=s: _module_load_note(s))
              for p, s in zip(peaks, [s for s in second.peaks if s.best_seq >= 0])]
     leaks = _never_freed(first, final, kinds)
-    never_freed = (never_freed_of or (lambda rows: _allocations(rows, kinds, {})))(leaks.head(500))
+    allocations_of = allocations_of or (lambda rows, free_ts: _allocations(rows, kinds, free_ts))
+    never_freed = allocations_of(leaks.head(500), {})
     timeline = Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=[
         Series(int(key >> 24), int(((key >> 8) & 0xFFFF) - 1), kinds[key & 0xFF], *second.series(code))
         for key, code in sorted(first.groups.index.items())], bands=[])
     focus = _focus(first, second)
-    largest = _allocations(first.largest, kinds, second.free_ts)
+    largest = allocations_of(first.largest, second.free_ts)
     timeline = dataclasses.replace(timeline, focus_start_ns=focus[0], focus_end_ns=focus[1], spans=[],
                                    allocations=largest, allocations_total=first.allocations, trace_ends=[])
     pids = sorted(first.devices)
@@ -118,10 +119,10 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
 
 
 class _Both:
-    """Hands each batch to `main`, then to `also()`'s consumer (when there is one)."""
+    """Hands each batch to `main`, then to `also(main)`'s consumer (when there is one)."""
 
     def __init__(self, main, also) -> None:
-        self.main, self.also = main, also() if also is not None else None
+        self.main, self.also = main, also(main) if also is not None else None
 
     def add(self, batch) -> None:
         self.main.add(batch)

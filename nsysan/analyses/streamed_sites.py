@@ -31,7 +31,7 @@ class SiteSums:
 
     def __init__(self, conn, schema, wanted_chains: np.ndarray, calls_and_chains, api_names: list[str],
                  kinds: list[str], ranges: pd.DataFrame, operator_ranges: pd.DataFrame,
-                 thread_names: dict, diagnostics: list) -> None:
+                 thread_names: dict, diagnostics: list, listed=()) -> None:
         self.registry = Stacks()
         self.python = python_stack_table(conn, schema, calls_and_chains, self.registry, diagnostics)
         self.native = native_stack_table(conn, schema, wanted_chains, self.registry) \
@@ -50,6 +50,8 @@ class SiteSums:
         # to_allocations lists of them: ALLOCATION_INFO, strings as codes into `strings`
         self.live = {c: np.zeros(0, "int64") for c in ALLOCATION_INFO}
         self.closed: list[dict] = []
+        self.listed = np.unique(np.asarray(listed, "int64"))  # allocations listed whether freed or not
+        self.kept: list[dict] = []
         self.strings: dict[str, int] = {"": 0}
 
     def add(self, b) -> None:
@@ -63,6 +65,9 @@ class SiteSums:
         site[allocs] = info["site"]
         # a free belongs to the site of the allocation it frees: this batch's or a live one's
         known = {c: np.concatenate([self.live[c], info[c]]) for c in ALLOCATION_INFO}
+        if len(self.listed):
+            kept = np.isin(info["seq"], self.listed)
+            self.kept.append({c: info[c][kept] for c in ALLOCATION_INFO})
         seqs, sites = known["seq"], known["site"]
         frees = np.flatnonzero(~b.is_alloc & (b.partner_seq >= 0))
         site[frees] = sites[np.searchsorted(seqs, b.partner_seq[frees])]
@@ -92,9 +97,12 @@ class SiteSums:
                               live["kind"], live["bytes"])
 
     def allocation_info(self, seqs: np.ndarray, site_table: dict) -> pd.DataFrame:
-        """What to_allocations lists of each allocation never freed (`seqs`: of those), by seq:
-        tid, api, nvtx_range, site (a CallSite), stack, operator."""
-        rows = {c: np.concatenate([self.live[c]] + [part[c] for part in self.closed]) for c in ALLOCATION_INFO}
+        """What to_allocations lists of each allocation never freed or `listed` (`seqs`: of those),
+        by seq: tid, api, nvtx_range, site (a CallSite), stack, operator."""
+        rows = {c: np.concatenate([self.live[c]] + [part[c] for part in self.closed + self.kept])
+                for c in ALLOCATION_INFO}
+        _, first = np.unique(rows["seq"], return_index=True)  # a listed allocation may still be live
+        rows = {c: values[first] for c, values in rows.items()}
         at = pd.Index(rows["seq"]).get_indexer(seqs)
         strings = np.array(list(self.strings), dtype=object)
         labels = list(self.labels)
