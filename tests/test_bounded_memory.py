@@ -23,7 +23,7 @@ from conftest import FIXTURES
 from test_sites import python_lines_by_hand
 
 from nsysan import analyze, cli, pipeline, reader
-from nsysan.analyses import arrays, calls
+from nsysan.analyses import arrays, calls, pools
 from nsysan.errors import NsysanError
 from nsysan.events import normalize, nvtx, read, stream, stream_calls
 from nsysan.limits import Limits, evaluate_limits
@@ -32,6 +32,7 @@ from nsysan.render.json import render_json
 FIXTURE_NAMES = ["known_mem_v25", "known_bt_v25", "real_oom_v25",
                  "torch_leak_v25", "torch_pybt_v25", "torch_ops_v25", "ddp_leak_v25"]
 SHUFFLED_TABLES = ["CUDA_GPU_MEMORY_USAGE_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME"]
+MiB = 1 << 20
 
 
 def document(path: Path, chunk: int, monkeypatch) -> str:
@@ -221,6 +222,50 @@ def test_streamed_quick_reads_the_table_again_when_the_batches_cannot_be_kept(mo
     whole, kept = quick_documents(path, chunk_rowids(path), monkeypatch)
     monkeypatch.setattr(stream.pickle, "dump", disk_full)
     assert render_json(pipeline.analyze_report(path, quick=True, keep_events=False)) == kept == whole
+
+
+@pytest.mark.parametrize("copy", ["as is", "shuffled", "dealt"])
+def test_streamed_quick_downsamples_the_pools_as_the_whole_frame(copy, tmp_path, monkeypatch):
+    # known_mem_v25's default pool: 8 pool rows (4 cudaMallocAsync blocks of 8, 16, 24, 32 MiB, each
+    # freed before the next; reserve 32 MiB for the first two, 64 MiB from the 24 MiB one on) and
+    # 2 pool events (created with 32 MiB before them, trimmed to 0 after): 10 points in time order.
+    path = FIXTURES / "known_mem_v25.sqlite"
+    if copy == "shuffled":
+        path = shuffled_copy(path, tmp_path / "shuffled.sqlite", 7)
+    elif copy == "dealt":
+        path = dealt_copy(path, tmp_path / "dealt.sqlite", 3)
+    monkeypatch.setattr(pools, "MAX_POINTS", 6)  # three buckets: points 0-3, 4-6 and 7-9 (3 * i // 10)
+    whole, streamed = quick_documents(path, chunk_rowids(path), monkeypatch)
+    assert streamed == whole
+    (pool,) = json.loads(streamed)["reserved"]["pools"]
+    # per bucket the first highest reserve and the last point: 0 (created) and 3 (16 MiB out);
+    # 5 (24 MiB out, the reserve now 64 MiB) and 6 (back); 7 (32 MiB out) and 9 (the trim)
+    assert [b // MiB for b in pool["reserved_bytes"]] == [32, 32, 64, 64, 64, 0]
+    assert [b // MiB for b in pool["used_bytes"]] == [0, 16, 24, 0, 32, 0]
+    assert pool["peak_reserved_bytes"] == 64 * MiB and pool["peak_used_bytes"] == 32 * MiB
+
+
+def test_streamed_quick_keeps_bad_pool_rows_as_the_whole_frame(tmp_path, monkeypatch):
+    # a pool row with an unknown operation is left out of the events but still counts in its pool
+    # (as a free: not an allocation); one at a time beyond 2^61 ns has no place in time, left out of both
+    path = tmp_path / "bad_pool_rows.sqlite"
+    shutil.copyfile(FIXTURES / "known_mem_v25.sqlite", path)
+    table = SHUFFLED_TABLES[0]
+    with sqlite3.connect(path) as conn:
+        rows = [r for (r,) in conn.execute(f"SELECT rowid FROM {table} WHERE localMemoryPoolAddress != 0 "
+                                           "ORDER BY start")]
+        conn.execute(f"UPDATE {table} SET memoryOperationType = 7 WHERE rowid = ?", (rows[1],))  # the 8 MiB free
+        conn.execute(f"UPDATE {table} SET start = ? WHERE rowid = ?", (2**62, rows[7]))  # the 32 MiB free
+        conn.commit()
+    whole, streamed = quick_documents(path, chunk_rowids(path), monkeypatch)
+    assert streamed == whole
+    (pool,) = json.loads(streamed)["reserved"]["pools"]
+    # 9 points: created, 8 MiB out and back (the unknown operation counts as a free), 16, 24 and
+    # 32 MiB handed out, the last never back (its free left out), then the trim
+    assert [b // MiB for b in pool["used_bytes"]] == [0, 8, 0, 16, 0, 24, 0, 32, 32]
+    # a row a batch: the pool row left out of the events makes a batch of no events
+    assert quick_documents(path, 1, monkeypatch)[1] == whole
+
 
 
 # --- the full analysis streamed (analyses/streamed_full.py) ------------------------------------

@@ -13,7 +13,7 @@ aggregates and the kept points stay in memory. analyses.md says what is exact (a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -131,8 +131,11 @@ class FirstLook:
     closed: list = field(default_factory=list)  # allocations never to be freed, largest kept
     closed_groups: list = field(default_factory=list)
     big_blocks: list = field(default_factory=list)
+    pools: Optional[Any] = None  # streamed_pools.PoolSums
 
     def add(self, b: EventBatch) -> None:
+        if self.pools is not None:
+            self.pools.add(b)
         if len(b) == 0:
             return
         self.first_ts, self.last_ts = min(self.first_ts, int(b.ts[0])), max(self.last_ts, int(b.ts[-1]))
@@ -331,7 +334,7 @@ class SecondLook:
 
     first: FirstLook
     peaks: list[PeakSeries]
-    changes: dict  # pair key -> (ts sorted, bytes): pools' unused reserve changes
+    changes: dict  # pair key -> (ts sorted, bytes, how many taken): pools' unused reserve changes
     spikes: list[SpikeWatch]
     focus_target: float
     cut_rows: dict  # pid -> the index of the row whose live bytes tell "climbing"
@@ -346,6 +349,7 @@ class SecondLook:
     closed: list = field(default_factory=list)
     free_ts: dict = field(default_factory=dict)  # allocation seq -> its free's time, for listed ones
     wanted: set = field(default_factory=set)
+    pools: Optional[Any] = None  # streamed_pools.PoolSeries, filling `changes` batch by batch
 
     def __post_init__(self) -> None:
         self.group_live = np.zeros(len(self.first.groups.keys()), "int64")
@@ -353,6 +357,8 @@ class SecondLook:
         self.wanted = set(self.first.largest["seq"].tolist()) if not self.first.largest.empty else set()
 
     def add(self, b: EventBatch) -> None:
+        if self.pools is not None:  # the pools' reserve changes up to this batch into `changes`
+            self.pools.add(b)
         if len(b) == 0:
             return
         self._timeline(b)

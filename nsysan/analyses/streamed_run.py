@@ -25,13 +25,13 @@ from .diagnostics import capture_diagnostics
 from .explore import FOCUS_PAD, allocation_groups
 from .oom import CLIMBING_TAIL, NEAR_END_NS
 from .peak import LIVE_AT_PEAK, headline, made_of
-from .pools import pool_uses
 from .ranks import assign_ranks
 from .allocator import find_preallocations
 from .sites import call_site
 from .spikes import MAX_PARTS, TOP, _distinct
 from .steps import step_diagnostics
 from .streamed import FirstLook, PeakSeries, SecondLook, SpikeWatch, pair_key
+from .streamed_pools import PoolSeries, PoolSums
 from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
 
 
@@ -46,7 +46,9 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     times, and `allocations_of(rows, free_ts)` makes the listed allocations of their rows (seq,
     ts, pid, device, kind, address, bytes) with what the calls tell of them."""
     flow = flow or EventFlow(conn, schema)
-    first = flow.feed(lambda: _Both(FirstLook(spike_window_ns), also[0]), keep=True).main
+    lifecycle = read_pool_events(conn, schema)
+    first = flow.feed(lambda: _Both(FirstLook(spike_window_ns, pools=PoolSums(lifecycle)), also[0]), keep=True).main
+    first.pools.finish()
     final = pd.DataFrame(flow.live)
     notes = list(flow.diagnostics)
     gpu_totals = {g.id: g.total_memory_bytes for g in schema.gpus}
@@ -63,11 +65,17 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     start_ns = min([0, *span[:1]] + ([first.first_ts] if has_events else []))
     end_ns = max([0, schema.duration_ns or 0, *span[1:]]
                  + ([first.last_ts] if has_events and first.last_ts < np.iinfo("int64").max // 4 else []))
-    pools, changes = pool_uses(flow.pool_usage, read_pool_events(conn, schema), gpu_of)
-    second = flow.replay(lambda: _Both(SecondLook(first=first, peaks=_peak_series(first, gpu_of),
-                                                  changes=_changes(changes, has_events), spikes=_spike_watches(first),
-                                                  focus_target=0.05 * first.moved, cut_rows=_cut_rows(first, end_ns)),
-                                       also[1])).main
+
+    def second_look() -> _Both:
+        peaks = _peak_series(first, gpu_of)
+        pools = PoolSeries(first.pools, watched={int(m) for peak in peaks for m in peak.members.tolist()})
+        return _Both(SecondLook(first=first, peaks=peaks, changes=pools.changes, spikes=_spike_watches(first),
+                                focus_target=0.05 * first.moved, cut_rows=_cut_rows(first, end_ns), pools=pools),
+                     also[1])
+
+    second = flow.replay(second_look).main
+    second.pools.finish()
+    pools = second.pools.uses(gpu_of)
     kinds = flow.kinds
     groups = _group_summaries(first, final, kinds, gpu_of)
     peaks = [_peak(p, second, kinds, total_memory) for p in second.peaks if p.best_seq >= 0]
@@ -185,18 +193,6 @@ def _peak_series(first: FirstLook, gpu_of) -> list[PeakSeries]:
             series.append(PeakSeries(None, gpu, gpu, pair_key(np.array([p for p, _ in members]),
                                                               np.array([d for _, d in members]))))
     return series
-
-
-def _changes(changes: pd.DataFrame, has_events: bool) -> dict:
-    """Pools' unused reserve changes per (process, device), in time order, none used yet."""
-    if changes.empty or not has_events:
-        return {}
-    found = {}
-    for (pid, device), group in changes.groupby(["pid", "device"], sort=False):
-        ordered = group.sort_values("ts_ns", kind="stable")
-        key = int(pair_key(np.array([pid]), np.array([device]))[0])
-        found[key] = (ordered["ts_ns"].to_numpy().astype("int64"), ordered["delta_bytes"].to_numpy().astype("int64"), 0)
-    return found
 
 
 def _spike_watches(first: FirstLook) -> list[SpikeWatch]:

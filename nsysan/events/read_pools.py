@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..reader import read_frame
 from ..schema import Schema
-from .columns import int_column
+from .columns import int_column, ints
 from .read import _col
 
 
@@ -46,6 +46,11 @@ def pool_rows(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
     if raw.empty or "pool_size" not in raw:
         return pd.DataFrame()
     rows = np.flatnonzero(int_column(raw, "pool_address") != 0)
+    # a row without a usable time is left out, as the events leave it out: it has no place in time
+    start = raw["start"].iloc[rows]
+    no_start = np.zeros(len(rows), bool) if isinstance(start.dtype, np.dtype) and start.dtype.kind in "iu" \
+        else ints(raw.iloc[rows], "start").isna().to_numpy()
+    rows = rows[usable_times(int_column(raw, "start")[rows], no_start, schema.time_offset_ns)]
     if len(rows) == 0:
         return pd.DataFrame()
     alloc_ids = [i for i, name in schema.mem_ops.items() if name == "alloc"]
@@ -60,6 +65,12 @@ def pool_rows(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
         "block": int_column(raw, "address")[rows], "call": int_column(raw, "correlation_id")[rows],
         **({"position": int_column(raw, "position")[rows]} if "position" in raw else {}),
     })
+
+
+def usable_times(start: np.ndarray, start_null: np.ndarray, time_offset_ns: int) -> np.ndarray:
+    """Which `start`s place a row in time: not NULL, within ±2^61 ns (73 years) of the export's
+    time shift (normalize leaves other memory rows out: their sort keys would wrap)."""
+    return ~start_null & (np.abs(np.clip(start, -2**62, 2**62) - time_offset_ns) <= 2**61)
 
 
 def pool_usage_of(rows: pd.DataFrame) -> pd.DataFrame:

@@ -12,6 +12,10 @@ for nearly ordered exports, everything held for a shuffled one.
 
 Allocations are paired with frees by (process, address) across batches: the allocations still
 live are carried from batch to batch (`LiveSet`), and are all that grows with the capture.
+
+The memory-pool rows (read_pools.pool_rows: every row with a pool, those left out of the events
+for a bad value too, as long as they have a time) flow in the same order, each batch carrying the
+pool rows of its timestamps (`EventBatch.pools`, in pool_usage_of's order).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from ..reader import release_memory
 from ..schema import Schema
 from .normalize import MAX_TOTAL_BYTES, _ints_and_nulls, tied_to_a_neighbour
 from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs
-from .read_pools import pool_rows, pool_usage_of
+from .read_pools import usable_times
 
 _INT64_MAX = np.iinfo("int64").max
 # Rowids read at a time: a chunk's decoded rows and their temporaries stay some 30 MB, for each
@@ -45,7 +49,7 @@ T = TypeVar("T")
 
 # The decoded columns of a row, carried while it waits for its place in time.
 _ROW = ("key", "position", "ts", "global_pid", "op", "address", "bytes", "device", "kind_id", "kind_null",
-        "correlation", "correlation_null", "pool")
+        "correlation", "correlation_null", "event", "pool_address", "pool_size", "pool_alloc")
 # A live allocation, carried from batch to batch until its free.
 _LIVE = ("seq", "ts", "pid", "device", "kind", "address", "bytes", "pool")
 
@@ -74,6 +78,8 @@ class EventBatch:
     live_before: dict = field(default_factory=dict)
     # the API call joined to each event (stream_calls.CallWindow.join), in the full analysis
     calls: dict = field(default_factory=dict)
+    # the pool rows of the batch's timestamps: read_pools.POOL_USAGE_COLUMNS, in their order
+    pools: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -132,8 +138,7 @@ class _OutOfOrder(Exception):
 @dataclass
 class EventFlow:
     """Passes over the memory events: `feed` hands each EventBatch on, after which `live` holds
-    the allocations never freed, `diagnostics` what normalize would say, and `pool_usage` the
-    pool rows (read_pools.POOL_USAGE_COLUMNS)."""
+    the allocations never freed and `diagnostics` what normalize would say."""
 
     conn: sqlite3.Connection
     schema: Schema
@@ -142,7 +147,6 @@ class EventFlow:
     kinds: list[str] = field(default_factory=list)
     live: dict = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
-    pool_usage: pd.DataFrame = field(default_factory=pd.DataFrame)
     events: int = 0
     # joins each batch to its API calls (stream_calls.CallWindow); None: --quick reads no calls
     call_window: Optional[object] = None
@@ -211,14 +215,13 @@ class EventFlow:
         self.live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in _LIVE}
         self.events, self._bad, self._copies, self._overlapping, self._allocated = 0, 0, 0, 0, 0.0
         self._emitted_key: Optional[int] = None
-        self._pools: list[pd.DataFrame] = []
         if self.call_window is not None:
             self.call_window.restart()
         if self.runs:
             yield from self._merged_runs()
         else:
             yield from self._one_scan()
-        self._finish(self._pools)
+        self._finish()
         if self.call_window is not None:
             self.call_window.finish()
 
@@ -228,7 +231,6 @@ class EventFlow:
             if raw.empty:  # rowids without rows: still a chunk (see _later_starts)
                 yield {name: np.zeros(0, "int64") for name in _ROW}
                 continue
-            self._pools.append(pool_rows(raw, self.schema))
             yield self._decode(raw)
 
     def _merged_runs(self) -> Iterator[EventBatch]:
@@ -267,8 +269,10 @@ class EventFlow:
         offset = self.schema.time_offset_ns
         later_starts = self._later_starts()
         for index, rows in enumerate(self._chunks()):
+            # back to a timestamp already emitted: every row of a timestamp goes in one batch (the
+            # pools' reserve at a moment is that of its last row; copies share their timestamp)
             if self.first_starts is None and self._emitted_key is not None and len(rows["key"]) \
-                    and rows["key"].min() < self._emitted_key:
+                    and rows["key"].min() >> 1 <= self._emitted_key >> 1:
                 raise _OutOfOrder
             waiting = {name: np.concatenate([waiting[name], rows[name]]) for name in _ROW}
             order = np.argsort(waiting["key"], kind="stable")
@@ -324,22 +328,36 @@ class EventFlow:
         kind_id, kind_null = _ints_and_nulls(raw, "mem_kind")
         correlation, correlation_null = _ints_and_nulls(raw, "correlation_id")
         pool, _ = _ints_and_nulls(raw, "pool_address")
-        keep = np.flatnonzero(~bad)
         self._bad += int(bad.sum())
-        self._allocated += float(np.sum(size[keep][op[keep] == 0], dtype=np.float64))
+        self._allocated += float(np.sum(size[~bad & (op == 0)], dtype=np.float64))
+        # pool rows stay for the pools even when left out of the events, if they have a time
+        keep = np.flatnonzero(~bad | ((pool != 0) & usable_times(ts, ts_bad, schema.time_offset_ns)))
         key = (ts[keep] - schema.time_offset_ns) * 2 + (op[keep] == 0)
         return {"key": key, "position": _ints_and_nulls(raw, "position")[0][keep], "ts": ts[keep], "global_pid": global_pid[keep],
                 "op": op[keep].astype("int64"), "address": address[keep], "bytes": size[keep],
                 "device": np.clip(device[keep], -1, np.iinfo("int16").max), "kind_id": kind_id[keep],
                 "kind_null": kind_null[keep].astype("int64"), "correlation": correlation[keep],
-                "correlation_null": correlation_null[keep].astype("int64"), "pool": (pool[keep] != 0).astype("int64")}
+                "correlation_null": correlation_null[keep].astype("int64"), "event": (~bad[keep]).astype("int64"),
+                "pool_address": pool[keep], "pool_size": _ints_and_nulls(raw, "pool_size")[0][keep],
+                "pool_alloc": ((op[keep] == 0) & ~op_bad[keep]).astype("int64")}
 
     def _emit(self, rows: dict) -> Optional[EventBatch]:
         """Rows in canonical order (every row of each of their timestamps) as the next batch."""
-        rows = self._without_copies(rows)
         if not len(rows["key"]):
             return None
         self._emitted_key = int(rows["key"][-1])
+        pools = _pool_rows(rows, self.schema.time_offset_ns)
+        if not rows["event"].all():
+            rows = {name: values[rows["event"] == 1] for name, values in rows.items()}
+        rows = self._without_copies(rows)
+        if not len(rows["key"]):  # pool rows alone (left out of the events), or nothing
+            if not len(pools["ts_ns"]):
+                return None
+            none = np.zeros(0, "int64")
+            return self._joined(EventBatch(
+                seq=none, ts=none, pid=none, device=none, kind=none, is_alloc=none.astype(bool),
+                address=none.astype("uint64"), bytes=none, delta=none, pool=none.astype(bool), partner_seq=none,
+                correlation=none, live_before=self.live), pools)
         n = len(rows["key"])
         seq = np.arange(self.events, self.events + n, dtype="int64")
         self.events += n
@@ -351,7 +369,12 @@ class EventFlow:
         is_alloc = rows["op"] == 0
         address = rows["address"].view("uint64")
         batch = self._paired(seq, rows["ts"] - self.schema.time_offset_ns, pid, rows["device"], kind, is_alloc,
-                             address, rows["bytes"], rows["pool"].astype(bool), rows["correlation"])
+                             address, rows["bytes"], rows["pool_address"] != 0, rows["correlation"])
+        return self._joined(batch, pools)
+
+    def _joined(self, batch: EventBatch, pools: dict) -> EventBatch:
+        """The batch with its pool rows and, in the full analysis, its events' API calls."""
+        batch.pools = pools
         if self.call_window is not None:
             batch.calls = self.call_window.join(batch)
         return batch
@@ -417,7 +440,7 @@ class EventFlow:
                           bytes=sizes, delta=delta, pool=pool, partner_seq=partner_seq[own], correlation=correlation,
                           closed=closed, live_before=live)
 
-    def _finish(self, pools: list) -> None:
+    def _finish(self) -> None:
         if self._allocated >= MAX_TOTAL_BYTES:
             raise NsysanError(f"its memory events allocate {self._allocated / 2**60:,.1f} EiB in all, more than "
                               "64-bit byte counts hold and far beyond any machine: the export is damaged, so export "
@@ -441,5 +464,23 @@ class EventFlow:
                 "still allocated (a free is missing from the capture, or the export is damaged); each "
                 "free closes the latest allocation at its address, so the live bytes may be overstated"))
         self.diagnostics = notes
-        found = [p for p in pools if not p.empty]
-        self.pool_usage = pool_usage_of(pd.concat(found, ignore_index=True) if found else pd.DataFrame())
+
+
+def _pool_rows(rows: dict, time_offset_ns: int) -> dict:
+    """The pool rows among a batch's rows (all of their timestamps) as read_pools.pool_usage_of
+    makes them of the whole table: POOL_USAGE_COLUMNS (in that order), in time then export order,
+    without the rows that repeat another exactly."""
+    at = np.flatnonzero(rows["pool_address"] != 0)
+    at = at[np.lexsort((rows["position"][at], rows["ts"][at]))]
+    found = {
+        "ts_ns": rows["ts"][at] - time_offset_ns,
+        "pid": ((rows["global_pid"][at] >> 24) & 0xFFFFFF).astype("int32"),
+        "device": rows["device"][at].astype("int16"), "address": rows["pool_address"][at],
+        "is_alloc": rows["pool_alloc"][at] == 1, "bytes": np.clip(rows["bytes"][at], 0, 2**50),
+        "reserved": np.clip(rows["pool_size"][at], 0, 2**50),
+    }
+    if tied_to_a_neighbour(found["ts_ns"]) is not None:  # copies share their time
+        copies = pd.DataFrame({**found, "block": rows["address"][at], "call": rows["correlation"][at]}).duplicated()
+        if copies.any():
+            found = {name: values[~copies.to_numpy()] for name, values in found.items()}
+    return found
