@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 
@@ -52,55 +54,88 @@ def thread_key(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
 
 def _innermost(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, ranges: pd.DataFrame) -> np.ndarray:
     """Row of the innermost range containing each point on the given thread, -1 if none."""
-    n = len(ts)
-    result = np.full(n, -1, "int64")
-    if n == 0 or ranges.empty:
-        return result
-    start = ranges["start_ns"].to_numpy()
-    range_threads, range_rank = np.unique(thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy()),
-                                          return_inverse=True)
-    # One sorted axis for all threads: thread rank * span + time. A single searchsorted then
-    # finds, for every point, the last range of its thread that started at or before it.
-    origin = min(int(start.min()), int(ts.min()))
-    span = max(int(start.max()), int(ts.max())) - origin + 1
-    if span * len(range_threads) >= 2**62:  # absurd time spans (damaged exports): give up cleanly
-        return result
-    range_axis = range_rank.astype("int64") * span + (start - origin)
-    order = np.argsort(range_axis, kind="stable")
-    sorted_axis = range_axis[order]
-    for low in range(0, n, POINT_CHUNK):  # each point alone: a chunk at a time bounds the temporaries
-        part = slice(low, low + POINT_CHUNK)
-        result[part] = _innermost_of_chunk(pid[part], tid[part], ts[part], ranges, range_threads, range_rank,
-                                           sorted_axis, order, origin, span)
-    return result
+    if len(ts) == 0 or ranges.empty:
+        return np.full(len(ts), -1, "int64")
+    return RangeLookup(ranges, (int(ts.min()), int(ts.max()))).innermost(pid, tid, ts)
 
 
-def _innermost_of_chunk(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, ranges: pd.DataFrame,
-                        range_threads: np.ndarray, range_rank: np.ndarray, sorted_axis: np.ndarray,
-                        order: np.ndarray, origin: int, span: int) -> np.ndarray:
-    result = np.full(len(ts), -1, "int64")
-    end = ranges["end_ns"].to_numpy()
-    point_keys = thread_key(pid, tid)
-    point_rank = np.clip(np.searchsorted(range_threads, point_keys), 0, len(range_threads) - 1)
-    on_thread = range_threads[point_rank] == point_keys
-    point_axis = point_rank.astype("int64") * span + (ts - origin)
-    pos = np.searchsorted(sorted_axis, point_axis, side="right") - 1
-    candidate = np.where(pos >= 0, order[np.maximum(pos, 0)], -1)
-    candidate = np.where(on_thread & (candidate >= 0) & (range_rank[np.maximum(candidate, 0)] == point_rank),
-                         candidate, -1)
-    # Ranges on one thread nest, so the innermost one open at t is the latest-starting range
-    # still open at t: walk from that candidate outwards, one nesting level per round.
-    parent = ranges["parent"].to_numpy()
-    live = np.flatnonzero(candidate >= 0)
-    for _ in range(MAX_NVTX_DEPTH):
-        if len(live) == 0:
-            break
-        inside = end[candidate[live]] > ts[live]
-        result[live[inside]] = candidate[live[inside]]
-        live = live[~inside]
-        candidate[live] = parent[candidate[live]]
-        live = live[candidate[live] >= 0]
-    return result
+class RangeLookup:
+    """The ranges sorted once for lookups of points given a batch at a time (the streamed
+    events): `rows` is innermost_range_rows, `innermost` the lookup on the given thread.
+
+    `times`: the earliest and latest time of the points to come (every batch's); the axis then
+    spans what innermost_range_rows' spans, and gives up where it gives up (an absurd span of
+    damaged times). Without them the axis spans the ranges, and later points are looked up at the
+    last range start (no range starts after it).
+    """
+
+    def __init__(self, ranges: pd.DataFrame, times: Optional[tuple[int, int]] = None) -> None:
+        self.ranges = ranges
+        self.usable = not ranges.empty
+        if not self.usable:
+            return
+        start = ranges["start_ns"].to_numpy()
+        self.range_threads, range_rank = np.unique(thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy()),
+                                                   return_inverse=True)
+        self.range_rank = range_rank.astype("int64")
+        # One sorted axis for all threads: thread rank * span + time. A single searchsorted then
+        # finds, for every point, the last range of its thread that started at or before it.
+        low, high = int(start.min()), int(start.max())
+        if times is not None:
+            low, high = min(low, times[0]), max(high, times[1])
+        self.origin, self.span = low, high - low + 1
+        if self.span * len(self.range_threads) >= 2**62:  # absurd time spans (damaged exports): give up cleanly
+            self.usable = False
+            return
+        range_axis = self.range_rank * self.span + (start - self.origin)
+        self.order = np.argsort(range_axis, kind="stable")
+        self.sorted_axis = range_axis[self.order]
+        self.end = ranges["end_ns"].to_numpy()
+        self.parent = ranges["parent"].to_numpy()
+
+    def rows(self, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """innermost_range_rows of these points: on their own thread, else their process's main thread."""
+        index = self.innermost(pid, tid, ts)
+        missing = np.flatnonzero(index < 0)
+        if len(missing):
+            index[missing] = self.innermost(pid[missing], pid[missing], ts[missing])
+        return index
+
+    def innermost(self, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """Row of the innermost range containing each point on the given thread, -1 if none."""
+        n = len(ts)
+        result = np.full(n, -1, "int64")
+        if n == 0 or not self.usable:
+            return result
+        for low in range(0, n, POINT_CHUNK):  # each point alone: a chunk at a time bounds the temporaries
+            part = slice(low, low + POINT_CHUNK)
+            result[part] = self._innermost_of_chunk(pid[part], tid[part], ts[part])
+        return result
+
+    def _innermost_of_chunk(self, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        result = np.full(len(ts), -1, "int64")
+        point_keys = thread_key(pid, tid)
+        point_rank = np.clip(np.searchsorted(self.range_threads, point_keys), 0, len(self.range_threads) - 1)
+        # a point before the axis has no range started before it; one after it, every range of its thread
+        on_thread = (self.range_threads[point_rank] == point_keys) & (ts >= self.origin)
+        point_axis = point_rank.astype("int64") * self.span + (np.minimum(ts, self.origin + self.span - 1)
+                                                               - self.origin)
+        pos = np.searchsorted(self.sorted_axis, point_axis, side="right") - 1
+        candidate = np.where(pos >= 0, self.order[np.maximum(pos, 0)], -1)
+        candidate = np.where(on_thread & (candidate >= 0) & (self.range_rank[np.maximum(candidate, 0)] == point_rank),
+                             candidate, -1)
+        # Ranges on one thread nest, so the innermost one open at t is the latest-starting range
+        # still open at t: walk from that candidate outwards, one nesting level per round.
+        live = np.flatnonzero(candidate >= 0)
+        for _ in range(MAX_NVTX_DEPTH):
+            if len(live) == 0:
+                break
+            inside = self.end[candidate[live]] > ts[live]
+            result[live[inside]] = candidate[live[inside]]
+            live = live[~inside]
+            candidate[live] = self.parent[candidate[live]]
+            live = live[candidate[live] >= 0]
+        return result
 
 
 def nesting_depth(ranges: pd.DataFrame) -> np.ndarray:
