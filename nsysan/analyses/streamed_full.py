@@ -31,13 +31,13 @@ from .diagnostics import VMM_EVENT_APIS, capture_diagnostics
 from .ranks import assign_ranks
 from .stacks import referenced_stacks
 from .streamed import RESIDENT
-from .streamed_run import run_streamed
+from .streamed_run import _mini, run_streamed
 from .streamed_sites import SiteSums
 
 # The sections (and parts of sections) the streamed full analysis leaves out, as the diagnostic names them.
 NOT_STREAMED = ("ranges", "steps", "growth", "phases", "spikes", "oom", "reserved.allocators",
                 "reserved.preallocations", "caps (beyond each GPU's total)", "timeline.bands", "timeline.spans",
-                "timeline.trace_ends", "timeline.focus", "never_freed_groups",
+                "timeline.trace_ends", "timeline.focus",
                 "the thread, API, site and NVTX range of the allocations listed in peaks")
 
 # The diagnostics that only the analyses not streamed yet raise: `check --no-warnings` on them
@@ -68,24 +68,10 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                                    listed=look.first.largest["seq"].to_numpy() if not look.first.largest.empty else ())
         return looks["second"]
 
-    def allocations_of(rows: pd.DataFrame, free_ts: dict) -> list[Allocation]:
-        """analyses.to_allocations of the rows of listed allocations (never freed, largest)."""
-        sites = looks["second"]
-        if "ranked" not in looks:
-            sites.finish(flow.live)
-            looks["ranked"], looks["site_table"] = sites.ranked()
-        info = sites.allocation_info(rows["seq"].to_numpy(), looks["site_table"]) if len(rows) else pd.DataFrame()
-        return [Allocation(pid=int(pid), tid=int(tid), device=int(device), kind=flow.kinds[int(kind)], api=str(api),
-                           address=int(address), bytes=int(size), alloc_time_ns=int(ts),
-                           free_time_ns=free_ts.get(int(seq)), nvtx_range=str(nvtx), site=site,
-                           stack_id=int(stack) if stack >= 0 else None, operator=str(operator))
-                for (seq, ts, pid, device, kind, address, size), (tid, api, nvtx, site, stack, operator)
-                in zip(rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False),
-                       info.itertuples(index=False))]  # capped lists
-
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
-                         also=(first, second), span=_span(calls, ranges), allocations_of=allocations_of)
-    found, sites, ranked = looks["first"], looks["second"], looks["ranked"]
+                         also=(first, second), span=_span(calls, ranges),
+                         described=Described(looks, flow))
+    found, sites, ranked = looks["first"], looks["second"], looks["ranked"][0]
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
     capture = _capture(quick, calls.threads, ranges, schema)
     labels = {p.pid: p.label for p in capture.processes}
@@ -104,7 +90,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                                                  cache_flushes=[], cut_short=[]),
         caps=memory_caps(quick.groups, lambda gpu: total_memory.get(gpu) if gpu is not None else None, []),
         reserved=dataclasses.replace(quick.reserved, allocators=[], preallocations=[]), spikes=[],
-        never_freed_groups=[], timeline=dataclasses.replace(quick.timeline, bands=[], spans=[], trace_ends=[],
+        timeline=dataclasses.replace(quick.timeline, bands=[], spans=[], trace_ends=[],
                                                              focus_start_ns=None, focus_end_ns=None))
     # the peaks' API names are not joined yet: their sentences leave them out, as a quick analysis's do
     answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, True,
@@ -120,6 +106,53 @@ def not_streamed_note() -> Diagnostic:
         f"sections are not computed that way yet and are left empty: {', '.join(NOT_STREAMED)}; analyze it "
         "with nsysan.analyze(path, keep_events=True) on a machine with about 250 bytes of memory per event "
         "for all of them, or with --quick for the memory-table answers alone")
+
+
+class Described:
+    """What the calls say of the allocations run_streamed lists (never freed, largest): their
+    thread, API name, NVTX range, site and stack, from the site sums once the second pass is done."""
+
+    def __init__(self, looks: dict, flow: EventFlow) -> None:
+        self.looks, self.flow = looks, flow
+
+    @property
+    def site_table(self) -> dict:
+        return self._ranked()[1]
+
+    def allocations(self, rows: pd.DataFrame, free_ts: dict) -> list[Allocation]:
+        """analyses.to_allocations of the rows of listed allocations."""
+        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), self.site_table) if len(rows) \
+            else pd.DataFrame()
+        kinds = self.flow.kinds
+        return [Allocation(pid=int(pid), tid=int(tid), device=int(device), kind=kinds[int(kind)], api=str(api),
+                           address=int(address), bytes=int(size), alloc_time_ns=int(ts),
+                           free_time_ns=free_ts.get(int(seq)), nvtx_range=str(nvtx), site=site,
+                           stack_id=int(stack) if stack >= 0 else None, operator=str(operator))
+                for (seq, ts, pid, device, kind, address, size), (tid, api, nvtx, site, stack, operator)
+                in zip(rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False),
+                       info.itertuples(index=False))]  # capped lists
+
+    def frame(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """The rows as a small events frame (streamed_run._mini) with their threads, API names,
+        sites and NVTX ranges; the sites' categories in call_sites' order."""
+        mini = _mini(rows, self.flow.kinds)
+        if mini.empty:
+            return mini
+        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), self.site_table)
+        labels = [site.label for site in info["site"]]
+        order = self.looks["second"].whole_frame_labels()
+        mini["tid"] = info["tid"].to_numpy().astype("int32")
+        mini["api"] = pd.Categorical(info["api"].to_numpy())
+        present = set(labels)
+        mini["site"] = pd.Categorical(labels, categories=[label for label in order if label in present])
+        mini["nvtx_range"] = pd.Categorical(info["nvtx_range"].to_numpy())
+        return mini
+
+    def _ranked(self) -> tuple:
+        if "ranked" not in self.looks:
+            self.looks["second"].finish(self.flow.live)
+            self.looks["ranked"] = self.looks["second"].ranked()
+        return self.looks["ranked"]
 
 
 class FirstCalls:

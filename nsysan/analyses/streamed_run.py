@@ -37,14 +37,15 @@ from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
 
 def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
                  step_range: Optional[str], spike_window_ns: int, flow: Optional[EventFlow] = None,
-                 also: tuple = (None, None), span: tuple = (), allocations_of=None) -> Analysis:
+                 also: tuple = (None, None), span: tuple = (), described=None) -> Analysis:
     """The quick analysis of the export behind `conn`, its events read twice in batches.
 
     For the streamed full analysis (streamed_full.py): `flow` joins the batches to their calls,
     `also` makes (given this module's consumer) a consumer fed each batch of the first and of the
     second pass after this module's own, `span` widens the timeline to the calls' and ranges'
-    times, and `allocations_of(rows, free_ts)` makes the listed allocations of their rows (seq,
-    ts, pid, device, kind, address, bytes) with what the calls tell of them."""
+    times, and `described` tells what the calls say of listed allocations: `allocations(rows,
+    free_ts)` (rows: seq, ts, pid, device, kind, address, bytes) and `frame(rows)` (_mini with
+    their threads, API names, sites and NVTX ranges), and the `site_table`."""
     flow = flow or EventFlow(conn, schema)
     lifecycle = read_pool_events(conn, schema)
     first = flow.feed(lambda: _Both(FirstLook(spike_window_ns, pools=PoolSums(lifecycle)), also[0]), keep=True).main
@@ -96,13 +97,13 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     peaks = [with_note(p, preallocations, lambda s=s: _module_load_note(s))
              for p, s in zip(peaks, [s for s in second.peaks if s.best_seq >= 0])]
     leaks = _never_freed(first, final, kinds)
-    allocations_of = allocations_of or (lambda rows, free_ts: _allocations(rows, kinds, free_ts))
-    never_freed = allocations_of(leaks.head(500), {})
+    described = described or _Undescribed(kinds)
+    never_freed = described.allocations(leaks.head(500), {})
     timeline = Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=[
         Series(int(key >> 24), int(((key >> 8) & 0xFFFF) - 1), kinds[key & 0xFF], *second.series(code))
         for key, code in sorted(first.groups.index.items())], bands=[])
     focus = _focus(first, second)
-    largest = allocations_of(first.largest, second.free_ts)
+    largest = described.allocations(first.largest, second.free_ts)
     timeline = dataclasses.replace(timeline, focus_start_ns=focus[0], focus_end_ns=focus[1], spans=[],
                                    allocations=largest, allocations_total=first.allocations, trace_ends=[])
     pids = sorted(first.devices)
@@ -119,11 +120,27 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
         peaks=peaks, never_freed=never_freed, never_freed_total=int(len(leaks)), sites=[], api_calls=[],
         failed_calls=[], ranges=[], timeline=timeline, diagnostics=diagnostics, caps=caps, oom=oom,
         reserved=ReservedMemory(allocators=[], preallocations=preallocations, pools=pools or []), steps=[],
-        growth=[], never_freed_groups=allocation_groups(_mini(leaks, kinds), np.arange(len(leaks)), {}),
+        growth=[], never_freed_groups=allocation_groups(described.frame(leaks), np.arange(len(leaks)),
+                                                        described.site_table),
         phases=[], spikes=_spikes(first, second, gpu_of), events=None, calls=None, nvtx_ranges=None)
     answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, True,
                              {pid: name for pid, name in labels.items() if name})
     return cut_long_strings(dataclasses.replace(analysis, answers=answers, stacks=[]))
+
+
+class _Undescribed:
+    """What a quick analysis says of listed allocations: no thread, API name, site or NVTX range."""
+
+    site_table: dict = {}
+
+    def __init__(self, kinds: list[str]) -> None:
+        self.kinds = kinds
+
+    def allocations(self, rows: pd.DataFrame, free_ts: dict) -> list[Allocation]:
+        return _allocations(rows, self.kinds, free_ts)
+
+    def frame(self, rows: pd.DataFrame) -> pd.DataFrame:
+        return _mini(rows, self.kinds)
 
 
 class _Both:

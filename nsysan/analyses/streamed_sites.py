@@ -141,6 +141,10 @@ class SiteSums:
                      max_live_bytes=int(max(g["max_live"][i], 0)), pid=int(pid[i]))
                 for i in ranked.tolist()], site_table
 
+    def whole_frame_labels(self) -> list[str]:
+        """The site labels in call_sites' order (its categories' order)."""
+        return list(self._whole_frame_order()[0])
+
     def _never_freed(self, site: np.ndarray, pid: np.ndarray, kind: np.ndarray, size: np.ndarray) -> None:
         code = self.groups.codes((site.astype("int64") << 32) | (pid.astype("int64") << 8) | kind.astype("int64"))
         np.add.at(self.groups["never_freed_count"], code, 1)
