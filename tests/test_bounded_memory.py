@@ -274,9 +274,8 @@ FULL_FIXTURES = ["known_mem_v22", "known_bt_v25", "real_oom_v25", "torch_leak_v2
                  "torch_ops_v25", "torch_expandable_v25", "ddp_leak_v25", "jax_prealloc_v25"]
 # What the streamed full analysis computes as the whole frame does: these parts of the document.
 STREAMED_FULL = ("capture", "groups", "sites", "api_calls", "failed_calls", "never_freed", "never_freed_total",
-                 "reserved.pools", "timeline.allocations", "timeline.allocations_total", "never_freed_groups",
-                 "timeline.series", "timeline.start_ns", "timeline.end_ns", "peaks.peak_bytes",
-                 "peaks.peak_time_ns")
+                 "reserved.pools", "reserved.preallocations", "timeline.allocations", "timeline.allocations_total", "never_freed_groups",
+                 "timeline.series", "timeline.start_ns", "timeline.end_ns", "peaks")
 
 
 def full_documents(path: Path, chunk: int, monkeypatch) -> tuple[dict, dict]:
@@ -319,7 +318,7 @@ def assert_streamed_full_is_whole(whole: dict, streamed: dict) -> None:
     note = [d for d in streamed["diagnostics"] if d["code"] == "not_streamed"]
     assert len(note) == 1 and note[0]["severity"] == "warning"
     for section in ("ranges", "steps", "growth", "phases", "spikes", "oom", "reserved.allocators",
-                    "timeline.bands", "peaks"):
+                    "timeline.bands"):
         assert section in note[0]["message"]
 
 

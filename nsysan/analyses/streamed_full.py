@@ -36,9 +36,8 @@ from .streamed_sites import SiteSums
 
 # The sections (and parts of sections) the streamed full analysis leaves out, as the diagnostic names them.
 NOT_STREAMED = ("ranges", "steps", "growth", "phases", "spikes", "oom", "reserved.allocators",
-                "reserved.preallocations", "caps (beyond each GPU's total)", "timeline.bands", "timeline.spans",
-                "timeline.trace_ends", "timeline.focus",
-                "the thread, API, site and NVTX range of the allocations listed in peaks")
+                "caps (beyond each GPU's total)", "timeline.bands", "timeline.spans",
+                "timeline.trace_ends", "timeline.focus")
 
 # The diagnostics that only the analyses not streamed yet raise: `check --no-warnings` on them
 # cannot tell "not raised" from "not looked for" (limits.py)
@@ -65,12 +64,12 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         found = looks["first"]
         looks["second"] = SiteSums(conn, schema, found.wanted_chains(), lambda: read_calls(conn, schema),
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
-                                   listed=look.first.largest["seq"].to_numpy() if not look.first.largest.empty else ())
+                                   listed=_listed(look.first), look=look)
         return looks["second"]
 
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
                          also=(first, second), span=_span(calls, ranges),
-                         described=Described(looks, flow))
+                         described=Described(looks, flow, ranges))
     found, sites, ranked = looks["first"], looks["second"], looks["ranked"][0]
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
     capture = _capture(quick, calls.threads, ranges, schema)
@@ -89,11 +88,10 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         diagnostics=diagnostics, oom=OutOfMemory(failures=[], failed_count=0, probes=[], allocator_ooms=[],
                                                  cache_flushes=[], cut_short=[]),
         caps=memory_caps(quick.groups, lambda gpu: total_memory.get(gpu) if gpu is not None else None, []),
-        reserved=dataclasses.replace(quick.reserved, allocators=[], preallocations=[]), spikes=[],
+        reserved=dataclasses.replace(quick.reserved, allocators=[]), spikes=[],
         timeline=dataclasses.replace(quick.timeline, bands=[], spans=[], trace_ends=[],
                                                              focus_start_ns=None, focus_end_ns=None))
-    # the peaks' API names are not joined yet: their sentences leave them out, as a quick analysis's do
-    answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, True,
+    answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, False,
                              {pid: label for pid, label in labels.items() if label})
     analysis = dataclasses.replace(analysis, answers=answers)
     return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(sites.registry.stacks, analysis)))
@@ -112,16 +110,16 @@ class Described:
     """What the calls say of the allocations run_streamed lists (never freed, largest): their
     thread, API name, NVTX range, site and stack, from the site sums once the second pass is done."""
 
-    def __init__(self, looks: dict, flow: EventFlow) -> None:
-        self.looks, self.flow = looks, flow
+    def __init__(self, looks: dict, flow: EventFlow, ranges: pd.DataFrame) -> None:
+        self.looks, self.flow, self.ranges = looks, flow, ranges
 
     @property
     def site_table(self) -> dict:
         return self._ranked()[1]
 
-    def allocations(self, rows: pd.DataFrame, free_ts: dict) -> list[Allocation]:
-        """analyses.to_allocations of the rows of listed allocations."""
-        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), self.site_table) if len(rows) \
+    def allocations(self, rows: pd.DataFrame, free_ts: dict, peak=None) -> list[Allocation]:
+        """analyses.to_allocations of the rows of listed allocations (live at `peak`)."""
+        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), self.site_table, peak) if len(rows) \
             else pd.DataFrame()
         kinds = self.flow.kinds
         return [Allocation(pid=int(pid), tid=int(tid), device=int(device), kind=kinds[int(kind)], api=str(api),
@@ -132,13 +130,13 @@ class Described:
                 in zip(rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False),
                        info.itertuples(index=False))]  # capped lists
 
-    def frame(self, rows: pd.DataFrame) -> pd.DataFrame:
+    def frame(self, rows: pd.DataFrame, peak=None) -> pd.DataFrame:
         """The rows as a small events frame (streamed_run._mini) with their threads, API names,
         sites and NVTX ranges; the sites' categories in call_sites' order."""
         mini = _mini(rows, self.flow.kinds)
         if mini.empty:
             return mini
-        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), self.site_table)
+        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), self.site_table, peak)
         labels = [site.label for site in info["site"]]
         order = self.looks["second"].whole_frame_labels()
         mini["tid"] = info["tid"].to_numpy().astype("int32")
@@ -147,6 +145,14 @@ class Described:
         mini["site"] = pd.Categorical(labels, categories=[label for label in order if label in present])
         mini["nvtx_range"] = pd.Categorical(info["nvtx_range"].to_numpy())
         return mini
+
+    def peak_event(self, peak) -> tuple[str, str]:
+        """The API name and NVTX range of the event at which `peak` was reached."""
+        return self.looks["second"].at_peak[id(peak)][1:3]
+
+    def own_api(self, peak) -> str:
+        """The API of the last allocation of `peak`'s own (not a module static) before it."""
+        return self.looks["second"].at_peak[id(peak)][3]
 
     def _ranked(self) -> tuple:
         if "ranked" not in self.looks:
@@ -196,6 +202,12 @@ class FirstCalls:
 
     def failed_live(self, has_events: bool) -> np.ndarray:
         return self.live if has_events else np.full(len(self.live), -1, "int64")
+
+
+def _listed(first) -> np.ndarray:
+    """The allocations run_streamed lists whether freed or not: the largest, the big blocks."""
+    parts = [first.largest] + list(first.big_blocks)
+    return np.concatenate([p["seq"].to_numpy() for p in parts if not p.empty] or [np.zeros(0, "int64")])
 
 
 def _span(calls: MemoryCalls, ranges: pd.DataFrame) -> tuple:

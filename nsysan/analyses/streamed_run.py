@@ -44,8 +44,11 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     `also` makes (given this module's consumer) a consumer fed each batch of the first and of the
     second pass after this module's own, `span` widens the timeline to the calls' and ranges'
     times, and `described` tells what the calls say of listed allocations: `allocations(rows,
-    free_ts)` (rows: seq, ts, pid, device, kind, address, bytes) and `frame(rows)` (_mini with
-    their threads, API names, sites and NVTX ranges), and the `site_table`."""
+    free_ts, peak)` (rows: seq, ts, pid, device, kind, address, bytes; `peak`: a PeakSeries whose
+    live allocations they are), `frame(rows, peak)` (_mini with their threads, API names, sites
+    and NVTX ranges), `peak_event(peak)` (the API name and NVTX range of the event that reached
+    it), `own_api(peak)` (the API of the series' last own allocation before it), the
+    `site_table` and the NVTX `ranges`."""
     flow = flow or EventFlow(conn, schema)
     lifecycle = read_pool_events(conn, schema)
     first = flow.feed(lambda: _Both(FirstLook(spike_window_ns, pools=PoolSums(lifecycle)), also[0]), keep=True).main
@@ -62,6 +65,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     def total_memory(gpu: Optional[int]) -> Optional[int]:
         return gpu_totals.get(gpu) if gpu is not None else None
 
+    described = described or _Undescribed(kinds)
     has_events = flow.events > 0
     start_ns = min([0, *span[:1]] + ([first.first_ts] if has_events else []))
     end_ns = max([0, schema.duration_ns or 0, *span[1:]]
@@ -79,7 +83,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     pools = second.pools.uses(gpu_of)
     kinds = flow.kinds
     groups = _group_summaries(first, final, kinds, gpu_of)
-    peaks = [_peak(p, second, kinds, total_memory) for p in second.peaks if p.best_seq >= 0]
+    peaks = [_peak(p, second, kinds, total_memory, described) for p in second.peaks if p.best_seq >= 0]
     capture = _capture(schema, first, report_version)
     capture = dataclasses.replace(capture, processes=assign_ranks(capture.processes, groups, schema.rank_environment,
                                                                   schema.launched_pids))
@@ -88,16 +92,15 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     def label(pid: int) -> str:
         return labels.get(pid) or f"process {pid}"
 
-    blocks = _mini(pd.concat(first.big_blocks, ignore_index=True) if first.big_blocks else _no_rows(), kinds)
-    preallocations = find_preallocations(blocks, empty_ranges(), gpu_of, total_memory, label)
+    blocks = described.frame(pd.concat(first.big_blocks, ignore_index=True) if first.big_blocks else _no_rows())
+    preallocations = find_preallocations(blocks, described.ranges, gpu_of, total_memory, label)
     oom = OutOfMemory(failures=[], failed_count=0, probes=[], allocator_ooms=[], cache_flushes=[],
                       cut_short=_cut_short(first, second, end_ns))
     caps = memory_caps(groups, total_memory, [])
     verdict_notes = _oom_diagnostics(oom, label) + _reserved_diagnostics([], preallocations)
-    peaks = [with_note(p, preallocations, lambda s=s: _module_load_note(s))
+    peaks = [with_note(p, preallocations, lambda s=s: _module_load_note(s, described.own_api(s)))
              for p, s in zip(peaks, [s for s in second.peaks if s.best_seq >= 0])]
     leaks = _never_freed(first, final, kinds)
-    described = described or _Undescribed(kinds)
     never_freed = described.allocations(leaks.head(500), {})
     timeline = Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=[
         Series(int(key >> 24), int(((key >> 8) & 0xFFFF) - 1), kinds[key & 0xFF], *second.series(code))
@@ -134,13 +137,19 @@ class _Undescribed:
     site_table: dict = {}
 
     def __init__(self, kinds: list[str]) -> None:
-        self.kinds = kinds
+        self.kinds, self.ranges = kinds, empty_ranges()
 
-    def allocations(self, rows: pd.DataFrame, free_ts: dict) -> list[Allocation]:
+    def allocations(self, rows: pd.DataFrame, free_ts: dict, peak=None) -> list[Allocation]:
         return _allocations(rows, self.kinds, free_ts)
 
-    def frame(self, rows: pd.DataFrame) -> pd.DataFrame:
+    def frame(self, rows: pd.DataFrame, peak=None) -> pd.DataFrame:
         return _mini(rows, self.kinds)
+
+    def peak_event(self, peak) -> None:
+        return None
+
+    def own_api(self, peak) -> None:
+        return None
 
 
 class _Both:
@@ -288,24 +297,27 @@ def _never_freed(first: FirstLook, final: pd.DataFrame, kinds: list[str]) -> pd.
                              ignore_index=True)
 
 
-def _peak(series: PeakSeries, second: SecondLook, kinds: list[str], total_memory) -> Peak:
+def _peak(series: PeakSeries, second: SecondLook, kinds: list[str], total_memory, described) -> Peak:
     live = series.live_set
     largest = live.sort_values("bytes", ascending=False, kind="stable").head(LIVE_AT_PEAK)
-    mini = _mini(live, kinds)
+    mini = described.frame(live, series)
+    api, nvtx = described.peak_event(series) or \
+        ("(module load)" if kinds[series.best_kind] == "static" else QUICK_API, "")
     return Peak(made_of=made_of(mini, np.arange(len(mini))), pid=series.pid, device=series.device, gpu=series.gpu,
-                peak_bytes=series.best, peak_time_ns=series.best_ts, nvtx_range="",
-                api="(module load)" if kinds[series.best_kind] == "static" else QUICK_API,
+                peak_bytes=series.best, peak_time_ns=series.best_ts, nvtx_range=nvtx, api=api,
                 total_memory_bytes=total_memory(series.gpu), live_count=int(len(live)),
-                live_at_peak=_allocations(largest, kinds, second.free_ts), pool_reserve_bytes=series.best_reserve,
-                live_groups=allocation_groups(mini, np.arange(len(mini)), {}))
+                live_at_peak=described.allocations(largest, second.free_ts, series),
+                pool_reserve_bytes=series.best_reserve,
+                live_groups=allocation_groups(mini, np.arange(len(mini)), described.site_table))
 
 
-def _module_load_note(series: PeakSeries) -> str:
-    """verdicts._module_load_note from the statics counted since the series' last own allocation."""
+def _module_load_note(series: PeakSeries, own_api: Optional[str] = None) -> str:
+    """verdicts._module_load_note from the statics counted since the series' last own allocation
+    (`own_api`: its API, unknown to a quick analysis)."""
     if series.note_own_ts is None:
         return "reached by module statics (kernel-image globals loaded with the GPU code)"
     return (f"a module load added {fmt_bytes(series.note_statics)} of kernel-image statics at that moment, on top "
-            f"of the level {QUICK_API} reached at {fmt_time(series.note_own_ts)}")
+            f"of the level {own_api or QUICK_API} reached at {fmt_time(series.note_own_ts)}")
 
 
 def _focus(first: FirstLook, second: SecondLook) -> tuple[Optional[int], Optional[int]]:

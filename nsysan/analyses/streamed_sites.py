@@ -19,7 +19,7 @@ from ..events.stacks import Stacks, _fallback_label, _site, native_stack_table, 
 from ..events.normalize import join_on_call
 from ..model import Site
 from .sites import MAX_SITES, call_site
-from .streamed import Keyed, running_sums
+from .streamed import RESIDENT, STATIC, Keyed, pair_key, running_sums
 
 ALLOCATION_INFO = ("seq", "site", "tid", "api", "nvtx_range", "stack", "operator")
 SITE_SUMS = ("allocations", "allocated", "never_freed_count", "never_freed_bytes", "live", "max_live")
@@ -31,7 +31,7 @@ class SiteSums:
 
     def __init__(self, conn, schema, wanted_chains: np.ndarray, calls_and_chains, api_names: list[str],
                  kinds: list[str], ranges: pd.DataFrame, operator_ranges: pd.DataFrame,
-                 thread_names: dict, diagnostics: list, listed=()) -> None:
+                 thread_names: dict, diagnostics: list, listed=(), look=None) -> None:
         self.registry = Stacks()
         self.python = python_stack_table(conn, schema, calls_and_chains, self.registry, diagnostics)
         self.native = native_stack_table(conn, schema, wanted_chains, self.registry) \
@@ -52,6 +52,9 @@ class SiteSums:
         self.closed: list[dict] = []
         self.listed = np.unique(np.asarray(listed, "int64"))  # allocations listed whether freed or not
         self.kept: list[dict] = []
+        # at each peak of `look` (the second pass's SecondLook): its live allocations' ALLOCATION_INFO,
+        # and the API name and NVTX range of the event that reached it
+        self.look, self.at_peak, self._seen, self._last_own = look, {}, {}, {}
         self.strings: dict[str, int] = {"": 0}
 
     def add(self, b) -> None:
@@ -65,6 +68,8 @@ class SiteSums:
         site[allocs] = info["site"]
         # a free belongs to the site of the allocation it frees: this batch's or a live one's
         known = {c: np.concatenate([self.live[c], info[c]]) for c in ALLOCATION_INFO}
+        if self.look is not None:
+            self._peaks(b, known)
         if len(self.listed):
             kept = np.isin(info["seq"], self.listed)
             self.kept.append({c: info[c][kept] for c in ALLOCATION_INFO})
@@ -96,11 +101,15 @@ class SiteSums:
             self._never_freed(self.live["site"][np.searchsorted(self.live["seq"], live["seq"])], live["pid"],
                               live["kind"], live["bytes"])
 
-    def allocation_info(self, seqs: np.ndarray, site_table: dict) -> pd.DataFrame:
-        """What to_allocations lists of each allocation never freed or `listed` (`seqs`: of those),
-        by seq: tid, api, nvtx_range, site (a CallSite), stack, operator."""
-        rows = {c: np.concatenate([self.live[c]] + [part[c] for part in self.closed + self.kept])
-                for c in ALLOCATION_INFO}
+    def allocation_info(self, seqs: np.ndarray, site_table: dict, peak=None) -> pd.DataFrame:
+        """What to_allocations lists of each allocation never freed or `listed`, or live at `peak`
+        (a PeakSeries) (`seqs`: of those), by seq: tid, api, nvtx_range, site (a CallSite), stack,
+        operator."""
+        if peak is not None:
+            rows = self.at_peak[id(peak)][0]
+        else:
+            rows = {c: np.concatenate([self.live[c]] + [part[c] for part in self.closed + self.kept])
+                    for c in ALLOCATION_INFO}
         _, first = np.unique(rows["seq"], return_index=True)  # a listed allocation may still be live
         rows = {c: values[first] for c, values in rows.items()}
         at = pd.Index(rows["seq"]).get_indexer(seqs)
@@ -111,6 +120,29 @@ class SiteSums:
             "nvtx_range": strings[rows["nvtx_range"][at]],
             "site": [call_site(labels[code], site_table) for code in rows["site"][at].tolist()],
             "stack": rows["stack"][at], "operator": strings[rows["operator"][at]]}, index=seqs)
+
+    def _peaks(self, b, known: dict) -> None:
+        """What the peaks that this batch raised hold: their live allocations' information (from
+        the live ones and this batch's), the API and NVTX range of the event at the peak, and the
+        API of the series' last own allocation then (verdicts._module_load_note)."""
+        api = self._api_codes(b)
+        resident, pairs = np.isin(b.kind, RESIDENT), pair_key(b.pid, b.device)
+        for peak in self.look.peaks:  # a few series, as SecondLook._peaks finds them
+            rows = np.flatnonzero(resident & np.isin(pairs, peak.members))
+            own = rows[(b.kind[rows] != STATIC) & (b.delta[rows] > 0)]
+            if peak.best_seq >= 0 and peak.live_set is not self._seen.get(id(peak)):
+                self._seen[id(peak)] = peak.live_set  # a new live set: the peak was raised in this batch
+                at = np.searchsorted(known["seq"], peak.live_set["seq"].to_numpy())
+                i = int(np.searchsorted(b.seq, peak.best_seq))
+                nvtx = innermost_range_rows(b.pid[i:i + 1], b.calls["tid"][i:i + 1].astype("int64"), b.ts[i:i + 1],
+                                            self.ranges)[0] if not self.ranges.empty else -1
+                before = own[own <= i]
+                self.at_peak[id(peak)] = ({c: known[c][at] for c in ALLOCATION_INFO}, self.api_names[int(api[i])],
+                                          str(self.range_names[nvtx]) if nvtx >= 0 else "",
+                                          self.api_names[int(api[before[-1]])] if len(before)
+                                          else self._last_own.get(id(peak), ""))
+            if len(own):
+                self._last_own[id(peak)] = self.api_names[int(api[own[-1]])]
 
     def _string(self, values: np.ndarray) -> np.ndarray:
         """Codes into `strings` of some strings (a dictionary look-up per distinct one)."""
