@@ -65,7 +65,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     def total_memory(gpu: Optional[int]) -> Optional[int]:
         return gpu_totals.get(gpu) if gpu is not None else None
 
-    described = described or _Undescribed(kinds)
+    described = described or _Undescribed(flow.kinds)
     has_events = flow.events > 0
     start_ns = min([0, *span[:1]] + ([first.first_ts] if has_events else []))
     end_ns = max([0, schema.duration_ns or 0, *span[1:]]
