@@ -71,35 +71,35 @@ def timed(command: list[str], env: dict, cluster: "ExistingCluster | None" = Non
     """(wall seconds, CPU seconds by part: "command" (its own process), "children" (the
     processes it started: the pool's and `--dask local`'s fork server, nanny and workers) and,
     with a cluster, "cluster scheduler" and "cluster workers" (what they spent during the run))."""
-    # The cluster's scheduler, and its `dask worker` process with the workers it started.
-    outside = [CpuSampler([p.pid], since_now=True) for p in cluster.processes] if cluster else []
     started = time.perf_counter()
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    cpu = CpuSampler([proc.pid])
+    # The cluster's scheduler, and its `dask worker` process with the workers it started.
+    outside = [p.pid for p in cluster.processes] if cluster else []
+    cpu = CpuSampler([proc.pid, *outside])
     _, stderr = proc.communicate()
     seconds = time.perf_counter() - started
     cpu.stop()
-    for sampler in outside:
-        sampler.stop()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(command[:4])} ... failed ({proc.returncode}): {stderr[-500:]}")
-    parts = {"command": cpu.seconds(proc.pid), "children": round(cpu.seconds() - cpu.seconds(proc.pid), 2)}
+    parts = {"command": cpu.seconds(proc.pid, alone=True),
+             "children": round(cpu.seconds(proc.pid) - cpu.seconds(proc.pid, alone=True), 2)}
     if outside:
-        parts["cluster scheduler"], parts["cluster workers"] = (sampler.seconds() for sampler in outside)
+        parts["cluster scheduler"], parts["cluster workers"] = (cpu.seconds(pid) for pid in outside)
     return seconds, parts
 
 
 class CpuSampler:
-    """The CPU seconds of processes and their descendants, read from /proc every 0.1 s (a process's
-    last 0.1 s before it exits are missed: a lower bound). The pool's workers are children of the
-    fork server, which nobody waits for, so getrusage(RUSAGE_CHILDREN) would not count them.
-    `since_now`: only what they spend from now on (for a cluster already running)."""
+    """The CPU seconds of processes and their descendants from the moment it starts, read from
+    /proc every 0.1 s in one scan for all of them (a scan costs 2-3 ms of CPU; a process's last
+    0.1 s before it exits are missed: a lower bound). The pool's workers are children of the fork
+    server, which nobody waits for, so getrusage(RUSAGE_CHILDREN) would not count them."""
 
-    def __init__(self, roots: list[int], since_now: bool = False) -> None:
-        self.roots, self.last, self.done = set(roots), {}, threading.Event()
+    def __init__(self, roots: list[int]) -> None:
+        self.roots, self.done = roots, threading.Event()
         self.tick = os.sysconf("SC_CLK_TCK")
-        self.first = self._sample() if since_now else {}
-        self.last.update(self.first)
+        self.owner: dict[int, int] = {}  # pid -> the root it descends from
+        self.first = self._sample()  # what the processes already running had spent before
+        self.last = dict(self.first)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -113,15 +113,16 @@ class CpuSampler:
                 except OSError:
                     continue
                 parents[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / self.tick)
-        ours = set(self.roots)
+        owner = {root: root for root in self.roots if root in parents}
         grew = True
         while grew:
             grew = False
             for pid, (parent, _) in parents.items():
-                if parent in ours and pid not in ours:
-                    ours.add(pid)
+                if parent in owner and pid not in owner:
+                    owner[pid] = owner[parent]
                     grew = True
-        return {pid: parents[pid][1] for pid in ours & parents.keys()}
+        self.owner.update(owner)
+        return {pid: parents[pid][1] for pid in owner}
 
     def _run(self) -> None:
         while not self.done.wait(0.1):
@@ -131,10 +132,10 @@ class CpuSampler:
         self.done.set()
         self.thread.join()
 
-    def seconds(self, pid: int | None = None) -> float:
-        """CPU seconds of every process seen (or of `pid` alone)."""
-        pids = self.last.keys() if pid is None else [pid] if pid in self.last else []
-        return round(sum(self.last[p] - self.first.get(p, 0.0) for p in pids), 2)
+    def seconds(self, root: int, alone: bool = False) -> float:
+        """CPU seconds of `root` and its descendants (or of `root` alone)."""
+        pids = [root] if alone else [pid for pid, owner in self.owner.items() if owner == root]
+        return round(sum(self.last.get(p, 0.0) - self.first.get(p, 0.0) for p in pids), 2)
 
 
 class ExistingCluster:
