@@ -1,5 +1,5 @@
-"""`run_streamed`: the `--quick` Analysis from two looks at the flow of event batches (streamed.py),
-the same document `run_analyses` makes from the whole events frame."""
+"""`run_streamed`: the `--quick` Analysis from two looks at the flow of event batches (streamed.py,
+streamed_second.py), the same document `run_analyses` makes from the whole events frame."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ from .allocator import find_preallocations
 from .sites import call_site
 from .spikes import MAX_PARTS, TOP, _distinct
 from .steps import step_diagnostics
-from .streamed import FirstLook, PeakSeries, SecondLook, SpikeWatch, pair_key
+from .streamed import FirstLook, pair_key
+from .streamed_second import PeakSeries, SecondLook, SpikeWatch
 from .streamed_pools import PoolSeries, PoolSums
 from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
 

@@ -1,0 +1,241 @@
+"""The second look at the flow of event batches (`--quick` streamed, in bounded memory).
+
+Knowing the first look's totals (streamed.py: every group's span, the spike series, the largest
+allocations) and the pools' reserve, this pass downsamples the timeline, finds each peak with the
+live set at that moment (kept at the highest point of each batch that beats the peak so far),
+measures the chosen spikes and fills in what lies after a moment (the free times of listed
+allocations, where a spike gave its memory back). analyses.md says what is exact (all of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+from ..events.stream import EventBatch
+from .peak import LIVE_AT_PEAK
+from .streamed import HIGH, LOW, RESIDENT, SPIKE_KINDS, STATIC, FirstLook, _rows, group_key, pair_key, running_sums
+from .timeline import MAX_POINTS
+
+
+@dataclass
+class PeakSeries:
+    """GPU-resident live bytes (and pools' unused reserve) of one (process, device), or of every
+    process on one GPU (pid None), with the live set kept at its highest point so far."""
+
+    pid: Optional[int]
+    device: int
+    gpu: Optional[int]
+    members: np.ndarray  # pair keys
+    live: int = 0
+    reserve: int = 0
+    best: int = LOW
+    best_seq: int = -1
+    best_ts: int = 0
+    best_kind: int = 0
+    best_reserve: int = 0
+    live_set: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # the last allocation not of module statics, and the statics' bytes since (peak notes)
+    own_ts: Optional[int] = None
+    statics_since: int = 0
+    note_own_ts: Optional[int] = None
+    note_statics: int = 0
+
+
+@dataclass
+class SpikeWatch:
+    """A chosen spike, measured on the second look: what grew inside it, what came back after."""
+
+    series: int  # code in FirstLook.spike_series
+    low: int
+    high: int
+    how: str
+    start_level: int
+    peak_level: int
+    start_ns: int = 0
+    peak_ns: int = 0
+    grown_bytes: int = 0
+    grown: int = 0
+    grown_statics: int = 0
+    lowest_after: int = HIGH
+    given_back_ns: Optional[int] = None
+
+
+@dataclass
+class SecondLook:
+    """The pass that needs the first look's totals (see the module's docstring)."""
+
+    first: FirstLook
+    peaks: list[PeakSeries]
+    changes: dict  # pair key -> (ts sorted, bytes, how many taken): pools' unused reserve changes
+    spikes: list[SpikeWatch]
+    focus_target: float
+    cut_rows: dict  # pid -> the index of the row whose live bytes tell "climbing"
+    group_live: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))
+    points: dict = field(default_factory=dict)  # group code -> list of frames (seq, ts, live, bucket)
+    spike_live: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))
+    cut_live: dict = field(default_factory=dict)
+    cut_seen: dict = field(default_factory=dict)
+    cut_value: dict = field(default_factory=dict)
+    moved: float = 0.0
+    focus_ts: Optional[int] = None
+    closed: list = field(default_factory=list)
+    free_ts: dict = field(default_factory=dict)  # allocation seq -> its free's time, for listed ones
+    wanted: set = field(default_factory=set)
+    pools: Optional[Any] = None  # streamed_pools.PoolSeries, filling `changes` batch by batch
+
+    def __post_init__(self) -> None:
+        self.group_live = np.zeros(len(self.first.groups.keys()), "int64")
+        self.spike_live = np.zeros(len(self.first.spike_series.keys()), "int64")
+        self.wanted = set(self.first.largest["seq"].tolist()) if not self.first.largest.empty else set()
+
+    def add(self, b: EventBatch) -> None:
+        if self.pools is not None:  # the pools' reserve changes up to this batch into `changes`
+            self.pools.add(b)
+        if len(b) == 0:
+            return
+        self._timeline(b)
+        self._peaks(b)  # before the free times: a peak's live set may be freed later in this batch
+        frees = np.flatnonzero(b.partner_seq >= 0)
+        if self.wanted and len(frees):
+            hit = np.isin(b.partner_seq[frees], np.fromiter(self.wanted, "int64"))
+            for alloc, ts in zip(b.partner_seq[frees[hit]].tolist(), b.ts[frees[hit]].tolist()):
+                self.free_ts[alloc] = ts
+        self._spikes(b)
+        self._cut(b)
+        if self.focus_ts is None:
+            moving = np.flatnonzero(b.delta != 0)
+            moved = np.cumsum(np.concatenate([[self.moved], np.abs(b.delta[moving]).astype("float64")]))[1:]
+            at = int(np.searchsorted(moved, self.focus_target, side="left"))
+            if at < len(moving):
+                self.focus_ts = int(b.ts[moving[at]])
+            self.moved = float(moved[-1]) if len(moved) else self.moved
+        if len(b.closed.get("seq", [])):
+            self.closed.append(pd.DataFrame(b.closed))
+
+    def _timeline(self, b: EventBatch) -> None:
+        g = self.first.groups
+        codes = g.codes(group_key(b.pid, b.device, b.kind))
+        live = running_sums(codes, b.delta, self.group_live)
+        for code in np.unique(codes).tolist():  # one per group
+            mine = codes == code
+            ts, value, seq = b.ts[mine], live[mine], b.seq[mine]
+            events, first_ts, last_ts = (int(g[c][code]) for c in ("events", "first_ts", "last_ts"))
+            if events <= MAX_POINTS:
+                kept = pd.DataFrame({"seq": seq, "ts": ts, "live": value, "bucket": -1})
+            else:
+                buckets = max(1, MAX_POINTS // 2)
+                span = max(float(last_ts - first_ts), 1.0)
+                bucket = ((ts - first_ts) / span * (buckets - 1)).astype("int64")
+                frame = pd.DataFrame({"seq": seq, "ts": ts, "live": value, "bucket": bucket})
+                per = frame.groupby("bucket", sort=False)
+                highest = frame.loc[per["live"].idxmax()]  # the first row of each bucket's highest
+                last = frame.loc[per["seq"].idxmax()]
+                kept = pd.concat([frame.iloc[:1], highest, last])
+            self.points.setdefault(code, []).append(kept)
+
+    def series(self, code: int) -> tuple[list[int], list[int]]:
+        """One group's downsampled (ts, live), as timeline._downsample keeps them."""
+        kept = pd.concat(self.points[code], ignore_index=True)
+        if (kept["bucket"] < 0).all():
+            return kept["ts"].tolist(), kept["live"].tolist()
+        first_seq = kept["seq"].min()
+        per = kept.sort_values("seq", kind="stable").groupby("bucket", sort=False)
+        top = kept.loc[kept.sort_values(["live", "seq"], ascending=[False, True], kind="stable")
+                       .drop_duplicates("bucket").index]
+        chosen = set(top["seq"].tolist()) | set(per["seq"].max().tolist()) | {first_seq}
+        keep = kept[kept["seq"].isin(chosen)].drop_duplicates("seq").sort_values("seq")
+        return keep["ts"].tolist(), keep["live"].tolist()
+
+    def _peaks(self, b: EventBatch) -> None:
+        resident = np.isin(b.kind, RESIDENT)
+        pairs = pair_key(b.pid, b.device)
+        for peak in self.peaks:  # a few series
+            rows = np.flatnonzero(resident & np.isin(pairs, peak.members))
+            if not len(rows):
+                continue
+            added = np.zeros(len(rows), "int64")
+            for member in peak.members.tolist():  # the pools' reserve changes at the next event
+                if member not in self.changes:
+                    continue
+                change_ts, change_bytes, used = self.changes[member]
+                mine = np.flatnonzero(pairs[rows] == member)
+                if not len(mine) or used >= len(change_ts):
+                    continue
+                ts = b.ts[rows[mine]]
+                upto = int(np.searchsorted(change_ts, ts[-1], side="right"))
+                at = np.searchsorted(ts, change_ts[used:upto], side="left")
+                np.add.at(added, mine[at], change_bytes[used:upto])
+                self.changes[member] = (change_ts, change_bytes, upto)
+            reserve = peak.reserve + np.cumsum(added)
+            live = peak.live + np.cumsum(b.delta[rows]) + reserve
+            own = (b.kind[rows] != STATIC) & (b.delta[rows] > 0)
+            at = int(np.argmax(live))
+            if live[at] > peak.best:
+                peak.best, peak.best_seq, peak.best_ts = int(live[at]), int(b.seq[rows[at]]), int(b.ts[rows[at]])
+                peak.best_kind, peak.best_reserve = int(b.kind[rows[at]]), int(reserve[at])
+                peak.live_set = self._live_at(b, peak.best_seq, peak.members)
+                owns = np.flatnonzero(own[:at + 1])
+                if len(owns):
+                    peak.note_own_ts = int(b.ts[rows[owns[-1]]])
+                    peak.note_statics = int(b.delta[rows[owns[-1] + 1:at + 1]].sum())
+                else:
+                    peak.note_own_ts = peak.own_ts
+                    peak.note_statics = peak.statics_since + int(b.delta[rows[:at + 1]].sum())
+                self.wanted |= set(peak.live_set.sort_values("bytes", ascending=False, kind="stable")
+                                   ["seq"].head(LIVE_AT_PEAK).tolist())
+            owns = np.flatnonzero(own)
+            if len(owns):
+                peak.own_ts, peak.statics_since = int(b.ts[rows[owns[-1]]]), int(b.delta[rows[owns[-1] + 1:]].sum())
+            else:
+                peak.statics_since += int(b.delta[rows].sum())
+            peak.live, peak.reserve = int(live[-1] - reserve[-1]), int(reserve[-1])
+
+    def _live_at(self, b: EventBatch, seq: int, members: np.ndarray) -> pd.DataFrame:
+        """GPU-resident allocations of `members` live right after event `seq` of batch `b`: never
+        freed, or freed after it (whole-frame: partner < 0 or partner > seq)."""
+        allocs = np.flatnonzero(b.is_alloc & (b.seq <= seq))
+        frame = pd.concat([pd.DataFrame(b.live_before)] + self.closed +
+                          ([pd.DataFrame(b.closed)] if len(b.closed.get("seq", [])) else []) + [_rows(b, allocs)],
+                          ignore_index=True)
+        freed = b.partner_seq[(b.partner_seq >= 0) & (b.seq <= seq)]
+        keep = ~frame["seq"].isin(freed).to_numpy() & frame["kind"].isin(RESIDENT).to_numpy() \
+            & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members)
+        return frame[keep].drop_duplicates("seq").sort_values("seq", ignore_index=True)
+
+    def _spikes(self, b: EventBatch) -> None:
+        if not self.spikes:
+            return
+        rows = np.flatnonzero(np.isin(b.kind, SPIKE_KINDS))
+        s = self.first.spike_series
+        codes = s.codes(pair_key(b.pid[rows], b.device[rows]))
+        live = running_sums(codes, b.delta[rows], self.spike_live)
+        for spike in self.spikes:  # a few per series
+            mine = codes == spike.series
+            seq, ts, value, delta = b.seq[rows[mine]], b.ts[rows[mine]], live[mine], b.delta[rows[mine]]
+            inside = (seq >= spike.low) & (seq <= spike.high)
+            grown = inside & (delta > 0)
+            spike.grown_bytes += int(delta[grown].sum())
+            spike.grown += int(grown.sum())
+            spike.start_ns = int(ts[seq == spike.low][0]) if (seq == spike.low).any() else spike.start_ns
+            spike.peak_ns = int(ts[seq == spike.high][0]) if (seq == spike.high).any() else spike.peak_ns
+            after = seq >= spike.high
+            if after.any():
+                spike.lowest_after = min(spike.lowest_after, int(value[after].min()))
+                back = np.flatnonzero(after & (value <= spike.start_level))
+                if spike.given_back_ns is None and len(back):
+                    spike.given_back_ns = int(ts[back[0]])
+
+    def _cut(self, b: EventBatch) -> None:
+        rows = np.flatnonzero(np.isin(b.kind, RESIDENT))
+        for pid, wanted in self.cut_rows.items():  # a few processes
+            mine = rows[b.pid[rows] == pid]
+            seen = self.cut_seen.get(pid, 0)
+            live = self.cut_live.get(pid, 0) + np.cumsum(b.delta[mine])
+            if seen <= wanted < seen + len(mine):
+                self.cut_value[pid] = int(live[wanted - seen])
+            self.cut_seen[pid] = seen + len(mine)
+            self.cut_live[pid] = int(live[-1]) if len(mine) else self.cut_live.get(pid, 0)
