@@ -356,8 +356,8 @@ def _refuse_if_not_streamed(analysis: Analysis, need: str, codes: tuple[str, ...
     if codes and not set(codes) & set(NOT_STREAMED_CODES):
         return
     raise NsysanError(f"{analysis.source.name}: {need}, which this analysis did not compute: the export is large "
-                      "enough to be analyzed in bounded memory, where steps, growth and the out-of-memory and "
-                      "allocator verdicts are not computed yet (diagnostic not_streamed); check it from "
+                      "enough to be analyzed in bounded memory, where some sections are not computed yet (the "
+                      "diagnostic not_streamed names them); check it from "
                       "nsysan.analyze(path, keep_events=True) on a machine with the memory for it")
 
 

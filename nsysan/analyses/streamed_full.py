@@ -21,28 +21,26 @@ import pandas as pd
 from ..events.read import last_cuda_calls, read_calls, read_nvtx_ranges, read_thread_names
 from ..events.stream import EventFlow
 from ..events.stream_calls import MemoryCalls, CallWindow
-from ..model import Allocation, Analysis, Diagnostic, OutOfMemory, Process, Source
+from ..model import Allocation, Analysis, Diagnostic, Process, Source
 from ..schema import Schema
 from .answers import gather_answers
 from .bounds import cut_long_strings
 from .calls import failed_call_list
-from .caps import memory_caps
 from .diagnostics import VMM_EVENT_APIS, capture_diagnostics
 from .ranks import assign_ranks
 from .stacks import referenced_stacks
 from .streamed import RESIDENT
-from .streamed_run import _mini, run_streamed
+from .streamed_oom import VerdictLooks
+from .streamed_run import _cut_short, _mini, gpus, run_streamed
 from .streamed_sites import SiteSums
 
 # The sections (and parts of sections) the streamed full analysis leaves out, as the diagnostic names them.
-NOT_STREAMED = ("ranges", "steps", "growth", "phases", "spikes", "oom", "reserved.allocators",
-                "caps (beyond each GPU's total)", "timeline.bands", "timeline.spans",
+NOT_STREAMED = ("ranges", "steps", "growth", "phases", "spikes", "timeline.bands", "timeline.spans",
                 "timeline.trace_ends", "timeline.focus")
 
 # The diagnostics that only the analyses not streamed yet raise: `check --no-warnings` on them
 # cannot tell "not raised" from "not looked for" (limits.py)
-NOT_STREAMED_CODES = ("memory_growth", "memory_kept_unevenly", "no_steps", "allocator_oom_suspected", "probe",
-                      "cache_flushes", "run_cut_short", "preallocation", "vmm_without_access")
+NOT_STREAMED_CODES = ("memory_growth", "memory_kept_unevenly", "no_steps")
 
 
 def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
@@ -55,21 +53,24 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     flow = EventFlow(conn, schema, call_window=CallWindow(calls))
     looks: dict = {}
     notes: list[Diagnostic] = []
+    gpu_of, total_memory = gpus(schema)
+    verdict_looks = VerdictLooks(calls, ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns)
 
-    def first(_) -> FirstCalls:
+    def first(_) -> Each:
         looks["first"] = FirstCalls(calls)
-        return looks["first"]
+        return Each(looks["first"], verdict_looks.first_pass())
 
-    def second(look) -> SiteSums:
+    def second(look) -> Each:
         found = looks["first"]
         looks["second"] = SiteSums(conn, schema, found.wanted_chains(), lambda: read_calls(conn, schema),
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
                                    listed=_listed(look.first), look=look)
-        return looks["second"]
+        looks["look"] = look
+        return Each(looks["second"], verdict_looks.second_pass(look, looks["second"]))
 
+    described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
-                         also=(first, second), span=_span(calls, ranges),
-                         described=Described(looks, flow, ranges))
+                         also=(first, second), span=_span(calls, ranges), described=described)
     found, sites, ranked = looks["first"], looks["second"], looks["ranked"][0]
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
     capture = _capture(quick, calls.threads, ranges, schema)
@@ -77,18 +78,19 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     pids = sorted({p.pid for p in capture.processes if p.devices})
     digest = pd.DataFrame({"pid": np.array(pids, "int32")})  # the events' processes: what the diagnostics read
     last_calls = _last_cuda_calls(conn, schema, calls, ranges)
-    total_memory = {g.id: g.total_memory_bytes for g in schema.gpus}
+    look = looks["look"]
+    verdicts = verdict_looks.verdicts(
+        quick, described, lambda pid: labels.get(pid) or f"process {pid}", flow.live,
+        lambda open_by_pid: _cut_short(look.first, look, quick.timeline.end_ns, open_by_pid))
     diagnostics = list(schema.diagnostics) + list(flow.diagnostics) + notes + capture_diagnostics(
         schema, digest, pd.DataFrame({"family": pd.Series(dtype=object)}), ranges, last_calls, quick.groups,
         quick.peaks, failed, report_version,
-        counted={"vmm_events": found.vmm_events, "calls_without_events": flow.call_window.calls_without_events}) \
+        counted={"vmm_events": found.vmm_events, "calls_without_events": flow.call_window.calls_without_events})
+    diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics \
         + [not_streamed_note()]
     analysis = dataclasses.replace(
         quick, scope="full", capture=capture, sites=ranked, api_calls=calls.stats, failed_calls=failed,
-        diagnostics=diagnostics, oom=OutOfMemory(failures=[], failed_count=0, probes=[], allocator_ooms=[],
-                                                 cache_flushes=[], cut_short=[]),
-        caps=memory_caps(quick.groups, lambda gpu: total_memory.get(gpu) if gpu is not None else None, []),
-        reserved=dataclasses.replace(quick.reserved, allocators=[]), spikes=[],
+        diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved, spikes=[],
         timeline=dataclasses.replace(quick.timeline, bands=[], spans=[], trace_ends=[],
                                                              focus_start_ns=None, focus_end_ns=None))
     answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, False,
@@ -104,6 +106,17 @@ def not_streamed_note() -> Diagnostic:
         f"sections are not computed that way yet and are left empty: {', '.join(NOT_STREAMED)}; analyze it "
         "with nsysan.analyze(path, keep_events=True) on a machine with about 250 bytes of memory per event "
         "for all of them, or with --quick for the memory-table answers alone")
+
+
+class Each:
+    """Hands each batch to every one of `consumers`, in order."""
+
+    def __init__(self, *consumers) -> None:
+        self.consumers = consumers
+
+    def add(self, batch) -> None:
+        for consumer in self.consumers:
+            consumer.add(batch)
 
 
 class Described:

@@ -56,16 +56,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     first.pools.finish()
     final = pd.DataFrame(flow.live)
     notes = list(flow.diagnostics)
-    gpu_totals = {g.id: g.total_memory_bytes for g in schema.gpus}
-
-    def gpu_of(pid: int, device: int) -> Optional[int]:
-        if schema.cuda_device_to_gpu:
-            return schema.cuda_device_to_gpu.get((pid, device))
-        return device if device in gpu_totals or not gpu_totals else None
-
-    def total_memory(gpu: Optional[int]) -> Optional[int]:
-        return gpu_totals.get(gpu) if gpu is not None else None
-
+    gpu_of, total_memory = gpus(schema)
     described = described or _Undescribed(flow.kinds)
     has_events = flow.events > 0
     start_ns = min([0, *span[:1]] + ([first.first_ts] if has_events else []))
@@ -130,6 +121,21 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, True,
                              {pid: name for pid, name in labels.items() if name})
     return cut_long_strings(dataclasses.replace(analysis, answers=answers, stacks=[]))
+
+
+def gpus(schema: Schema) -> tuple:
+    """(gpu_of(pid, device), total_memory(gpu)) as run_analyses makes them."""
+    gpu_totals = {g.id: g.total_memory_bytes for g in schema.gpus}
+
+    def gpu_of(pid: int, device: int) -> Optional[int]:
+        if schema.cuda_device_to_gpu:
+            return schema.cuda_device_to_gpu.get((pid, device))
+        return device if device in gpu_totals or not gpu_totals else None
+
+    def total_memory(gpu: Optional[int]) -> Optional[int]:
+        return gpu_totals.get(gpu) if gpu is not None else None
+
+    return gpu_of, total_memory
 
 
 class _Undescribed:
@@ -250,17 +256,23 @@ def _cut_rows(first: FirstLook, end_ns: int) -> dict:
             if end_ns - int(c["last_ts"][code]) <= NEAR_END_NS}
 
 
-def _cut_short(first: FirstLook, second: SecondLook, end_ns: int) -> list[CutShort]:
-    """oom._cut_short without NVTX ranges: processes whose live bytes were still climbing at the end."""
-    c, found = first.cut, []
-    for pid in sorted(c.index):
-        code = c.index[pid]
-        last, end_live = int(c["last_ts"][code]), int(c["live"][code])
-        climbing = bool(pid in second.cut_rows and int(c["events"][code]) >= 8 and end_live > 0
-                        and end_live >= int(c["highest"][code]) and end_live > second.cut_value.get(pid, end_live)
-                        and end_ns - last <= NEAR_END_NS)
-        if climbing:
-            found.append(CutShort(pid=int(pid), last_event_ns=last, open_ranges=[], climbing=True,
+def _cut_short(first: FirstLook, second: SecondLook, end_ns: int, open_by_pid: Optional[dict] = None) -> list[CutShort]:
+    """oom._cut_short: processes whose NVTX ranges never closed (`open_by_pid`, pid -> their names:
+    none read by --quick) or whose live bytes were still climbing at the end."""
+    c, found, open_by_pid = first.cut, [], open_by_pid or {}
+    for pid in sorted(set(c.index) | set(open_by_pid)):
+        opened = open_by_pid.get(pid, [])
+        climbing, last, end_live = False, 0, 0
+        if pid in c.index:
+            code = c.index[pid]
+            last = int(c["last_ts"][code])
+            if opened or end_ns - last <= NEAR_END_NS:
+                end_live = int(c["live"][code])
+            climbing = bool(pid in second.cut_rows and int(c["events"][code]) >= 8 and end_live > 0
+                            and end_live >= int(c["highest"][code]) and end_live > second.cut_value.get(pid, end_live)
+                            and end_ns - last <= NEAR_END_NS)
+        if opened or climbing:
+            found.append(CutShort(pid=int(pid), last_event_ns=last, open_ranges=opened, climbing=climbing,
                                   end_live_bytes=end_live))
     return found
 

@@ -56,6 +56,7 @@ class SiteSums:
         # and the API name and NVTX range of the event that reached it
         self.look, self.at_peak, self._seen, self._last_own = look, {}, {}, {}
         self.strings: dict[str, int] = {"": 0}
+        self.known = self.live
 
     def add(self, b) -> None:
         n = len(b)
@@ -68,6 +69,7 @@ class SiteSums:
         site[allocs] = info["site"]
         # a free belongs to the site of the allocation it frees: this batch's or a live one's
         known = {c: np.concatenate([self.live[c], info[c]]) for c in ALLOCATION_INFO}
+        self.known = known  # until the next batch: what the consumers after this one look up (streamed_oom)
         if self.look is not None:
             self._peaks(b, known)
         if len(self.listed):

@@ -25,6 +25,7 @@ import pandas as pd
 
 from .. import apis
 from ..analyses.calls import MAX_FAILED, CallStatSums
+from ..cuda_errors import OUT_OF_MEMORY
 from ..schema import Schema
 from .normalize import join_on_call
 from .read import _call_columns, memory_call_chunks, memory_call_names
@@ -56,6 +57,8 @@ class MemoryCalls:
     last_end_by_pid: dict = field(default_factory=dict)
     successful_allocations: int = 0
     count: int = 0
+    out_of_memory: int = 0  # failed calls (not informational ones) that returned out-of-memory, all of them
+    created_by_pid: dict = field(default_factory=dict)  # successful cuMemCreate calls per process
 
     def __post_init__(self) -> None:
         name_ids = memory_call_names(self.conn, self.schema)
@@ -66,6 +69,7 @@ class MemoryCalls:
         self.families = list(dict.fromkeys(family_of))
         self.family_code = np.array([self.families.index(f) for f in family_of], "int64")
         self._stacks = self.schema.has_backtraces
+        self._create_code = self.api_names.index("cuMemCreate") if "cuMemCreate" in self.api_names else -1
 
     def __bool__(self) -> bool:
         return len(self._ids) > 0
@@ -91,13 +95,19 @@ class MemoryCalls:
             sums.add(real["api"], family, real["ts"], real["end"], real["return_value"])
             self.threads = pd.unique(np.concatenate([self.threads, real["pid"].astype("int64") << 24
                                                      | (real["tid"].astype("int64") & 0xFFFFFF)]))
+            refused = (real["return_value"] != 0) & (family != info)
+            self.out_of_memory += int((refused & (real["return_value"] == OUT_OF_MEMORY)).sum())
             if found < MAX_FAILED:
-                rows = np.flatnonzero((real["return_value"] != 0) & (family != info))[:MAX_FAILED - found]
+                rows = np.flatnonzero(refused)[:MAX_FAILED - found]
                 found += len(rows)
                 failed.append(pd.DataFrame({
                     "ts_ns": real["ts"][rows], "pid": real["pid"][rows], "tid": real["tid"][rows],
                     "api": np.array(self.api_names, dtype=object)[real["api"][rows]],
-                    "return_value": real["return_value"][rows]}))
+                    "return_value": real["return_value"][rows], "end_ns": real["end"][rows]}))
+            if self._create_code >= 0:  # verdicts._vmm_without_access: physical memory made, per process
+                made = real["pid"][(real["api"] == self._create_code) & (real["return_value"] == 0)]
+                for pid, count in zip(*np.unique(made, return_counts=True)):
+                    self.created_by_pid[int(pid)] = self.created_by_pid.get(int(pid), 0) + int(count)
             self.first_ts = int(real["ts"].min()) if self.first_ts is None else min(self.first_ts, int(real["ts"].min()))
             finite = real["end"][real["end"] < _FAR]
             if len(finite):

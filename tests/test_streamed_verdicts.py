@@ -1,0 +1,95 @@
+"""The streamed full analysis's verdicts (analyses/streamed_oom.py, streamed_allocators.py): the
+out-of-memory verdicts, the allocators, the caps and their diagnostics are the whole frame's, read
+in ten batches and more, and on copies with both event tables shuffled."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+
+import pytest
+from conftest import FIXTURES
+from test_bounded_memory import FULL_FIXTURES, chunk_rowids, full_documents, shuffled_copy
+
+MiB = 1 << 20
+VERDICT_CODES = {"allocation_failed", "allocator_oom_suspected", "probe", "cache_flushes", "run_cut_short",
+                 "caching_allocator", "preallocation", "vmm_without_access"}
+# torch_oom_v25 is the capture whose allocator gave up without a failing call
+VERDICT_FIXTURES = FULL_FIXTURES + ["torch_oom_v25"]
+
+
+def assert_verdicts_are_whole(whole: dict, streamed: dict) -> None:
+    assert streamed["oom"] == whole["oom"]
+    assert streamed["reserved"] == whole["reserved"]
+    assert streamed["caps"] == whole["caps"]
+    assert [d for d in streamed["diagnostics"] if d["code"] in VERDICT_CODES] == \
+        [d for d in whole["diagnostics"] if d["code"] in VERDICT_CODES]
+
+
+@pytest.mark.parametrize("name", VERDICT_FIXTURES)
+def test_streamed_verdicts_are_the_whole_frame_ones(name, monkeypatch):
+    path = FIXTURES / f"{name}.sqlite"
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert_verdicts_are_whole(whole, streamed)
+
+
+@pytest.mark.parametrize("name, seed", [("real_oom_v25", 3), ("torch_oom_v25", 4), ("torch_expandable_v25", 5),
+                                        ("jax_prealloc_v25", 6), ("ddp_leak_v25", 7)])
+def test_streamed_verdicts_on_shuffled_rows(name, seed, tmp_path, monkeypatch):
+    path = shuffled_copy(FIXTURES / f"{name}.sqlite", tmp_path / f"{name}.sqlite", seed)
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert_verdicts_are_whole(whole, streamed)
+
+
+def test_streamed_failure_holds_the_live_set_at_the_failed_call(monkeypatch):
+    # real_oom_v25.truth.jsonl: eight cudaMallocs of 16 GiB succeed, the ninth fails with error 2
+    # in range `fill` and a 1 GiB retry succeeds; TARGET_INFO_GPU.totalMemory 150109880320
+    path = FIXTURES / "real_oom_v25.sqlite"
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert_verdicts_are_whole(whole, streamed)
+    (failure,) = streamed["oom"]["failures"]
+    assert (failure["api"], failure["call_number"], failure["return_value"], failure["nvtx_path"]) == \
+        ("cudaMalloc", 9, 2, "fill")
+    assert failure["process_live_bytes"] == failure["gpu_live_bytes"] == 8 * 16 * 1024 * MiB
+    assert failure["headroom_bytes"] == 150109880320 - 8 * 16 * 1024 * MiB
+    assert [a["bytes"] for a in failure["live_at_failure"]] == [16 * 1024 * MiB] * 8
+    assert failure["retried_after_ns"] is not None and streamed["oom"]["failed_count"] == 1
+
+
+def test_streamed_allocators_and_caps(monkeypatch):
+    # jax_prealloc_v25.truth.jsonl: XLA's bytes_limit, 112583507968, is the block it preallocated
+    path = FIXTURES / "jax_prealloc_v25.sqlite"
+    _, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert [(c["source"], c["cap_bytes"]) for c in streamed["caps"]] == \
+        [("gpu_total", 150109880320), ("xla_preallocation", 112583507968)]
+    (use,) = streamed["reserved"]["allocators"]
+    assert (use["allocator"], use["inside_at_peak_bytes"]) == ("xla_preallocation", 112583507968)
+    # torch_oom_v25.truth.jsonl: PyTorch reserved 5773459456 bytes at its last step before the OOM
+    path = FIXTURES / "torch_oom_v25.sqlite"
+    _, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    (use,) = streamed["reserved"]["allocators"]
+    assert (use["allocator"], use["inside_at_peak_bytes"]) == ("pytorch_caching", 5773459456)
+    (gave_up,) = streamed["oom"]["allocator_ooms"]
+    assert gave_up["open_ranges"] == ["step 5", "hoard"]  # never closed: the trace ends at the OOM
+    assert streamed["caps"][-1] == {**streamed["caps"][-1], "source": "allocator_oom",
+                                    "cap_bytes": gave_up["release"]["live_before_bytes"]}
+    assert [c["open_ranges"] for c in streamed["oom"]["cut_short"]] == [["step 5", "hoard"]]
+
+
+def test_streamed_cache_flush_when_the_allocator_went_on(tmp_path, monkeypatch):
+    # torch_oom_v25 with one more 2 MiB allocation after its last release: the allocator went on,
+    # so the burst is a cache flush, not an out-of-memory
+    path = tmp_path / "torch_oom_v25.sqlite"
+    shutil.copyfile(FIXTURES / "torch_oom_v25.sqlite", path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO CUDA_GPU_MEMORY_USAGE_EVENTS (start, globalPid, deviceId, contextId, address, pc, "
+                     "bytes, memKind, memoryOperationType) SELECT max(start) + 1000, globalPid, deviceId, contextId, "
+                     "4096, 0, 2097152, memKind, 0 FROM CUDA_GPU_MEMORY_USAGE_EVENTS")
+        conn.commit()
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert_verdicts_are_whole(whole, streamed)
+    _, original = full_documents(FIXTURES / "torch_oom_v25.sqlite", chunk_rowids(path), monkeypatch)
+    assert streamed["oom"]["allocator_ooms"] == []
+    assert streamed["oom"]["cache_flushes"] == [{**original["oom"]["allocator_ooms"][0]["release"],
+                                                 "followed_by_allocation": True}]
+    assert "cache_flushes" in {d["code"] for d in streamed["diagnostics"]}
