@@ -22,14 +22,13 @@ import pandas as pd
 
 from ..cuda_errors import OUT_OF_MEMORY, error_name
 from ..events.nvtx import attribute_ranges
-from ..model import AllocatorOom, Diagnostic, MemoryCap, OomFailure, OutOfMemory, Probe, ReservedMemory
-from ..units import fmt_bytes
+from ..model import AllocatorOom, Diagnostic, OomFailure, OutOfMemory, Probe, ReservedMemory
 from .caps import memory_caps
 from .oom import LIVE_LISTED, MAX_FAILURES, OPEN_END_NS, PROBE_RETRY_NS, _open_ranges
 from .streamed import RESIDENT, _rows, pair_key
 from .streamed_allocators import FirstAllocators, SecondAllocators, preallocated_blocks
 from .streamed_run import _pair
-from .verdicts import MIN_VMM_GRANULARITY, Verdicts, _oom_diagnostics, _reserved_diagnostics
+from .verdicts import Verdicts, _oom_diagnostics, _reserved_diagnostics, verdict_caps, vmm_without_access
 
 _HIGH = np.iinfo("int64").max
 
@@ -213,14 +212,7 @@ class VerdictLooks:
         oom = OutOfMemory(failures=failures, failed_count=self.calls.out_of_memory, probes=probes,
                           allocator_ooms=allocator_ooms, cache_flushes=flushes,
                           cut_short=cut_short(self.open_by_pid))
-        found_caps = [MemoryCap(pid=p.pid, device=p.device, gpu=p.gpu, cap_bytes=p.bytes, source="xla_preallocation",
-                                note="XLA's allocator never goes beyond the block it preallocated")
-                      for p in preallocations if p.framework == "XLA"]
-        found_caps += [MemoryCap(pid=o.release.pid, device=o.release.device, gpu=o.release.gpu,
-                                 cap_bytes=o.release.live_before_bytes, source="allocator_oom",
-                                 note="the allocator gave up holding this much; its cap (a memory fraction, or the "
-                                      "GPU's free memory) is not in the trace")
-                       for o in oom.allocator_ooms]
+        found_caps = verdict_caps(preallocations, oom)
         diagnostics = (_oom_diagnostics(oom, label) + _reserved_diagnostics(allocators, preallocations)
                        + self._vmm_without_access(label))
         return Verdicts(oom=oom, reserved=ReservedMemory(allocators=allocators, preallocations=preallocations,
@@ -277,22 +269,11 @@ class VerdictLooks:
                           headroom_bytes=total - gpu_live if total and gpu_live is not None else None,
                           live_count=count, live_at_failure=live, retried_after_ns=retried)
 
-    def _vmm_without_access(self, label: Callable[[int], str]) -> list:
+    def _vmm_without_access(self, label: Callable[[int], str]) -> list[Diagnostic]:
         """verdicts._vmm_without_access from the scan's cuMemCreate calls and the maps counted."""
-        found = []
         if not self.calls.count:
-            return found
-        for pid, count in sorted(self.calls.created_by_pid.items()):
-            missing = int(count) - int(self.first.mapped.get(pid, 0))
-            if missing > 0:
-                found.append(Diagnostic(
-                    "warning", "vmm_without_access",
-                    f"{label(int(pid))}: {missing} of its {int(count)} cuMemCreate allocations were never given access "
-                    "with cuMemSetAccess, so no memory event counts them: at least "
-                    f"{fmt_bytes(missing * MIN_VMM_GRANULARITY)} of physical GPU memory (nsys does not record "
-                    "cuMemCreate's size; 2 MiB is the smallest granularity) is in no number here for as long as "
-                    "it was held"))
-        return found
+            return []
+        return vmm_without_access(dict(sorted(self.calls.created_by_pid.items())), self.first.mapped, label)
 
 
 def _retries_and_numbers(calls, failed: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -46,14 +46,7 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
     caching = {(u.pid, u.device): u.allocator for u in allocators if u.allocator.startswith("pytorch")}
     oom = find_out_of_memory(events, calls, ranges, gpu_of, total_memory, to_allocations, caching, end_ns,
                              duration_ns, grouped)
-    found_caps = [MemoryCap(pid=p.pid, device=p.device, gpu=p.gpu, cap_bytes=p.bytes, source="xla_preallocation",
-                            note="XLA's allocator never goes beyond the block it preallocated")
-                  for p in preallocations if p.framework == "XLA"]
-    found_caps += [MemoryCap(pid=o.release.pid, device=o.release.device, gpu=o.release.gpu,
-                             cap_bytes=o.release.live_before_bytes, source="allocator_oom",
-                             note="the allocator gave up holding this much; its cap (a memory fraction, or the "
-                                  "GPU's free memory) is not in the trace")
-                   for o in oom.allocator_ooms]
+    found_caps = verdict_caps(preallocations, oom)
     diagnostics = (_oom_diagnostics(oom, label) + _reserved_diagnostics(allocators, preallocations)
                    + _vmm_without_access(events, calls, label))
     return Verdicts(oom=oom, reserved=ReservedMemory(allocators=allocators, preallocations=preallocations,
@@ -63,6 +56,18 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
                     # the live set at the failure beats a count; a recognized allocator beats a guess
                     replaces=({"allocation_failed"} if oom.failures else set())
                     | ({"caching_allocator"} if allocators or preallocations else set()))
+
+
+def verdict_caps(preallocations: list[Preallocation], oom: OutOfMemory) -> list[MemoryCap]:
+    """The caps the verdicts found: XLA's preallocated blocks, and what an allocator gave up at."""
+    found = [MemoryCap(pid=p.pid, device=p.device, gpu=p.gpu, cap_bytes=p.bytes, source="xla_preallocation",
+                       note="XLA's allocator never goes beyond the block it preallocated")
+             for p in preallocations if p.framework == "XLA"]
+    return found + [MemoryCap(pid=o.release.pid, device=o.release.device, gpu=o.release.gpu,
+                              cap_bytes=o.release.live_before_bytes, source="allocator_oom",
+                              note="the allocator gave up holding this much; its cap (a memory fraction, or the "
+                                   "GPU's free memory) is not in the trace")
+                    for o in oom.allocator_ooms]
 
 
 # --- peaks that need a word --------------------------------------------------------------------
@@ -189,9 +194,15 @@ def _vmm_without_access(events: pd.DataFrame, calls: pd.DataFrame, label: Callab
     mapped = is_value(events["api"], "cuMemSetAccess") & (events["op"].cat.codes.to_numpy() == 0) \
         if not events.empty else np.zeros(0, bool)
     per_pid = pd.Series(events["pid"].to_numpy()[mapped]).value_counts().to_dict() if mapped.any() else {}
+    return vmm_without_access(created["pid"].value_counts().sort_index().to_dict(), per_pid, label)
+
+
+def vmm_without_access(created: dict, mapped: dict, label: Callable[[int], str]) -> list[Diagnostic]:
+    """The diagnostics of _vmm_without_access from the successful cuMemCreate calls and the
+    cuMemSetAccess events, per process (`created` in process order)."""
     found = []
-    for pid, count in created["pid"].value_counts().sort_index().items():
-        missing = int(count) - int(per_pid.get(pid, 0))
+    for pid, count in created.items():
+        missing = int(count) - int(mapped.get(pid, 0))
         if missing > 0:
             found.append(Diagnostic(
                 "warning", "vmm_without_access",
