@@ -130,8 +130,13 @@ class FirstLook:
     closed_groups: list = field(default_factory=list)
     big_blocks: list = field(default_factory=list)
     pools: Optional[Any] = None  # streamed_pools.PoolSums
+    # The last batch's running sums, for the consumers after this one (streamed_windows.py):
+    # "spikes" per (process, device) of device + array memory (steps.live_series), "resident" per
+    # process of GPU-resident memory (ranges._max_live_while_open); each (rows, series codes, live).
+    batch_live: dict = field(default_factory=dict)
 
     def add(self, b: EventBatch) -> None:
+        self.batch_live = {}
         if self.pools is not None:
             self.pools.add(b)
         if len(b) == 0:
@@ -200,6 +205,7 @@ class FirstLook:
         c = self.cut
         codes = c.codes(b.pid[rows])
         live = running_sums(codes, b.delta[rows], c["live"])
+        self.batch_live["resident"] = (rows, codes, live)
         np.maximum.at(c["highest"], codes, live)
         np.add.at(c["events"], codes, 1)
         np.maximum.at(c["last_ts"], codes, b.ts[rows])
@@ -211,6 +217,7 @@ class FirstLook:
         s = self.spike_series
         codes = s.codes(pair_key(b.pid[rows], b.device[rows]))
         live = running_sums(codes, b.delta[rows], s["live"])
+        self.batch_live["spikes"] = (rows, codes, live)
         np.maximum.at(s["highest"], codes, live)
         np.minimum.at(s["lowest"], codes, live)
         np.add.at(s["events"], codes, 1)

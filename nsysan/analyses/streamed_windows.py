@@ -1,0 +1,146 @@
+"""Time windows over live-bytes series that arrive a batch at a time: what the whole-frame
+analyses read of a series inside a window (steps.step_table, phases.phase_costs,
+ranges._max_live_while_open), kept as a few numbers per window instead of the series.
+
+API (`Windows`):
+
+    windows = Windows()
+    ids = windows.open(series, start_ns, end_ns)   # before any batch holding rows of `series`
+    windows.add(series, ts, live, values)           # each batch, rows in time order
+    windows.finish()                                # after the last batch
+    windows.before[ids], windows.at_start[ids], windows.high[ids], windows.high_after[ids],
+    windows.end[ids], windows.summed[ids]           # int64 arrays, by window id
+
+- `open(series, start_ns, end_ns)`: windows [start, end] (both ends inclusive; end clipped up to
+  start, as read.py reads NVTX ranges) on the series `series` (any int key); returns their ids,
+  numbered from 0 in the order opened. A window whose end is not known yet (a range never
+  closed) takes an end past every event, e.g. np.iinfo("int64").max: an end at the capture's end
+  is the same window, since no event lies beyond the capture's end.
+- `add(series, ts, live, values=None)`: one batch; per row its series key, time, the series'
+  live bytes right after the row (a running sum carried across batches, as FirstLook keeps them)
+  and optionally a value to sum over the window (e.g. max(delta, 0): the bytes allocated). Rows
+  of series without windows are skipped. Equal times may straddle batches.
+- After `finish()`, per window (values before a series' first event are 0):
+  `before`     live after every event with ts < start (steps' and phases' start_live: padded[first])
+  `at_start`   live after every event with ts <= start (ranges' value carried into the window)
+  `high`       max live over the events with start <= ts <= end, LOW when none (steps.range_max)
+  `high_after` max live over the events with start < ts <= end, LOW when none
+  `end`        live after every event with ts <= end (steps' end_live: padded[stop])
+  `summed`     sum of `values` over the events with start <= ts <= end (steps._window_sums)
+  So steps' peak is max(before, high), ranges' max_live max(at_start, high_after).
+
+Fed from the flow (streamed_full.py): FirstLook.batch_live holds its last batch's running sums,
+"spikes" per (process, device) of device + array memory (steps.live_series) and "resident" per
+process of GPU-resident memory (ranges._max_live_while_open), each as (rows of the batch, series
+codes, live). A consumer after FirstLook (run_streamed's `also`) opens the windows of a series
+when its code first appears (FirstLook.spike_series.index: pair_key -> code; FirstLook.cut.index:
+pid -> code), then calls add(codes, b.ts[rows], live, ...), and finish() after the pass.
+
+Memory: the per-window numbers, and per series the ids of the windows that are open (started,
+their end not yet passed); each batch touches only those and the windows it starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .steps import range_max
+
+LOW = np.iinfo("int64").min
+
+
+@dataclass
+class _Series:
+    """One series' windows sorted by start, how many have started, which are open, its last value."""
+
+    ids: list = field(default_factory=list)  # arrays of window ids, one per open() call
+    order: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))  # ids by start
+    starts: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))  # sorted
+    started: int = 0
+    open: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))
+    last: int = 0
+
+
+class Windows:
+    """Per-window aggregates of live-bytes series fed batch by batch (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._series: dict[int, _Series] = {}
+        self._starts: list[np.ndarray] = []
+        self._ends: list[np.ndarray] = []
+        self.count = 0
+        self.start_ns = self.end_ns = np.zeros(0, "int64")
+        self.before = self.at_start = self.end = self.summed = np.zeros(0, "int64")
+        self.high = self.high_after = np.zeros(0, "int64")
+
+    def open(self, series: int, start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
+        """Windows on `series` (see the module's docstring); their ids."""
+        start = np.asarray(start_ns, "int64")
+        end = np.maximum(np.asarray(end_ns, "int64"), start)
+        ids = np.arange(self.count, self.count + len(start), dtype="int64")
+        self.count += len(start)
+        self.start_ns, self.end_ns = np.concatenate([self.start_ns, start]), np.concatenate([self.end_ns, end])
+        grow = np.zeros(len(start), "int64")
+        self.before, self.at_start, self.end, self.summed = (np.concatenate([a, grow]) for a in
+                                                             (self.before, self.at_start, self.end, self.summed))
+        self.high, self.high_after = (np.concatenate([a, grow + LOW]) for a in (self.high, self.high_after))
+        s = self._series.setdefault(int(series), _Series())
+        unstarted = s.order[s.started:]
+        # The windows not started yet, sorted again with the new ones (stable: by start, then id).
+        waiting = np.concatenate([unstarted, ids])
+        waiting = waiting[np.argsort(self.start_ns[waiting], kind="stable")]
+        s.order = np.concatenate([s.order[:s.started], waiting])
+        s.starts = self.start_ns[s.order]
+        return ids
+
+    def add(self, series: np.ndarray, ts: np.ndarray, live: np.ndarray, values: Optional[np.ndarray] = None) -> None:
+        """One batch of rows (see the module's docstring)."""
+        if len(ts) == 0 or not self._series:
+            return
+        for key in np.unique(series).tolist():  # a few series per batch
+            s = self._series.get(int(key))
+            if s is None:
+                continue
+            rows = np.flatnonzero(series == key)
+            self._add(s, ts[rows], live[rows], values[rows] if values is not None else None)
+
+    def finish(self) -> None:
+        """Windows that never started (no event at or after their start) hold their series' last value."""
+        for s in self._series.values():  # one per series
+            waiting = s.order[s.started:]
+            self.before[waiting] = self.at_start[waiting] = self.end[waiting] = s.last
+            s.started = len(s.order)
+            s.open = np.zeros(0, "int64")
+
+    def _add(self, s: _Series, ts: np.ndarray, live: np.ndarray, values: Optional[np.ndarray]) -> None:
+        last_ts = int(ts[-1])
+        # Started: an event at or after the window's start has come; every later event is too.
+        upto = int(np.searchsorted(s.starts, last_ts, side="right"))
+        new = s.order[s.started:upto]
+        s.started = upto
+        ids = np.concatenate([s.open, new])
+        fresh = np.zeros(len(ids), bool)
+        fresh[len(s.open):] = True
+        start, end = self.start_ns[ids], self.end_ns[ids]
+        below = np.searchsorted(ts, start, side="left")  # events before the start
+        upto_start = np.searchsorted(ts, start, side="right")  # events at or before it
+        stop = np.searchsorted(ts, end, side="right")  # events at or before the end
+        padded = np.concatenate([[s.last], live])  # padded[i]: live after the batch's first i events
+        # The events before a window's start all come before the batch that starts it; the value
+        # at its start or end changes only in a batch holding events at or before that time.
+        self.before[ids[fresh]] = padded[below[fresh]]
+        moved = fresh | (upto_start > 0)
+        self.at_start[ids[moved]] = padded[upto_start[moved]]
+        moved = fresh | (stop > 0)
+        self.end[ids[moved]] = padded[stop[moved]]
+        self.high[ids] = np.maximum(self.high[ids], range_max(live, below, stop))
+        self.high_after[ids] = np.maximum(self.high_after[ids], range_max(live, upto_start, stop))
+        if values is not None:
+            cum = np.concatenate([[0], np.cumsum(values.astype("int64", copy=False))])
+            self.summed[ids] += cum[stop] - cum[below]
+        # Open while a later event can still fall inside: later events come at last_ts or after.
+        s.open = ids[end >= last_ts]
+        s.last = int(live[-1])

@@ -1,0 +1,110 @@
+"""Windows over live series fed in tiny batches read what the whole-frame analyses read of them
+(analyses/streamed_windows.py against steps.range_max / _window_sums and ranges._max_live_while_open)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import FIXTURES
+
+import nsysan
+from nsysan.analyses.ranges import _max_live_while_open
+from nsysan.analyses.steps import _window_sums, live_series, range_max
+from nsysan.analyses.streamed_windows import LOW, Windows
+from nsysan.analyses.timeline import group_events
+from nsysan.model import GPU_RESIDENT_KINDS
+
+FAR = np.iinfo("int64").max
+NAMES = ["torch_leak_v25", "ddp_leak_v25", "known_bt_v25", "torch_ops_v25", "real_oom_v25"]
+
+
+def frames(name: str):
+    analysis = nsysan.analyze(FIXTURES / f"{name}.sqlite")
+    return analysis.events, analysis.nvtx_ranges
+
+
+def edge_windows(ts: np.ndarray, ranges: pd.DataFrame, pid: int) -> tuple[np.ndarray, np.ndarray]:
+    """The process's NVTX ranges, and windows that start and end exactly at events (several
+    events share a time in these captures), before the first, after the last, of no length."""
+    mine = ranges[ranges["pid"] == pid] if not ranges.empty else ranges
+    starts = [mine["start_ns"].to_numpy()] if len(mine) else []
+    ends = [mine["end_ns"].to_numpy()] if len(mine) else []
+    picks = ts[np.linspace(0, len(ts) - 1, min(len(ts), 40)).astype("int64")]
+    starts += [picks, picks, picks - 1, picks + 1, [ts[0] - 10, ts[-1] + 1, ts[0]]]
+    ends += [picks, picks[::-1].clip(min=picks), picks + 1, np.full(len(picks), ts[-1]), [ts[0] - 5, ts[-1] + 9, ts[-1]]]
+    return np.concatenate(starts).astype("int64"), np.concatenate(ends).astype("int64")
+
+
+def fed(keys: np.ndarray, ts: np.ndarray, live: np.ndarray, values: np.ndarray, windows: Windows, size: int) -> None:
+    """Every event in time order, `size` at a time, each with its series' key and live bytes."""
+    for low in range(0, len(ts), size):
+        part = slice(low, low + size)
+        windows.add(keys[part], ts[part], live[part], values[part])
+    windows.finish()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("size", [1, 3, 50])
+def test_step_windows_read_what_the_step_table_reads(name, size):
+    events, ranges = frames(name)
+    series = live_series(events, group_events(events))
+    assert series
+    n = len(events)
+    keys, live = np.full(n, -1, "int64"), np.zeros(n, "int64")
+    windows, expected = Windows(), []
+    delta = events["delta_bytes"].to_numpy()
+    for code, s in enumerate(series):  # one per (process, device)
+        keys[s.rows], live[s.rows] = code, s.live
+        starts, ends = edge_windows(s.ts, ranges, s.pid)
+        ids = windows.open(code, starts, ends)
+        ends = np.maximum(ends, starts)
+        first, stop = np.searchsorted(s.ts, starts, side="left"), np.searchsorted(s.ts, ends, side="right")
+        padded = np.concatenate([[0], s.live])
+        expected.append((ids, padded[first], padded[stop], np.maximum(padded[first], range_max(s.live, first, stop)),
+                         _window_sums(np.maximum(delta[s.rows], 0), first, stop)))
+    fed(keys, events["ts_ns"].to_numpy(), live, np.maximum(delta, 0), windows, size)
+    for ids, before, end, peak, allocated in expected:
+        assert windows.before[ids].tolist() == before.tolist()
+        assert windows.end[ids].tolist() == end.tolist()
+        assert np.maximum(windows.before[ids], windows.high[ids]).tolist() == peak.tolist()
+        assert windows.summed[ids].tolist() == allocated.tolist()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("size", [1, 7])
+def test_range_windows_read_the_most_live_while_open(name, size):
+    events, ranges = frames(name)
+    grouped = group_events(events)
+    resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
+    pid = events["pid"].to_numpy()
+    keys = np.where(resident, pid, -1).astype("int64")
+    live = np.zeros(len(events), "int64")
+    windows, spans = Windows(), []
+    for p in np.unique(pid[resident]).tolist():  # one per process
+        rows = np.flatnonzero(resident & (pid == p))
+        live[rows] = np.cumsum(events["delta_bytes"].to_numpy()[rows])
+        starts, ends = edge_windows(events["ts_ns"].to_numpy()[rows], ranges, p)
+        ids = windows.open(p, starts, ends)
+        spans.append(pd.DataFrame({"pid": p, "start_ns": starts, "end_ns": np.maximum(ends, starts), "id": ids}))
+    spans = pd.concat(spans, ignore_index=True)
+    fed(keys, events["ts_ns"].to_numpy(), live, np.zeros(len(events), "int64"), windows, size)
+    whole = _max_live_while_open(events, spans, grouped)
+    ids = spans["id"].to_numpy()
+    assert np.maximum(windows.at_start[ids], windows.high_after[ids]).tolist() == whole.tolist()
+
+
+def test_windows_open_until_the_end_and_windows_never_reached():
+    windows = Windows()
+    ids = windows.open(5, np.array([10, 10, 25, 100, 0]), np.array([FAR, 20, 30, 200, 5]))
+    # series 5: live 1, 3, 2 at times 10, 20, 20 (the two at 20 in separate batches), then 7 at 40
+    windows.add(np.array([5, 9]), np.array([10, 15]), np.array([1, 99]), np.array([1, 0]))
+    windows.add(np.array([5]), np.array([20]), np.array([3]), np.array([2]))
+    windows.add(np.array([5, 5]), np.array([20, 40]), np.array([2, 7]), np.array([0, 5]))
+    windows.finish()
+    assert windows.before[ids].tolist() == [0, 0, 2, 7, 0]
+    assert windows.at_start[ids].tolist() == [1, 1, 2, 7, 0]
+    assert windows.high[ids].tolist() == [7, 3, LOW, LOW, LOW]
+    assert windows.high_after[ids].tolist() == [7, 3, LOW, LOW, LOW]
+    assert windows.end[ids].tolist() == [7, 2, 2, 7, 0]
+    assert windows.summed[ids].tolist() == [8, 3, 0, 0, 0]
