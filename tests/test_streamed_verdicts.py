@@ -1,6 +1,7 @@
-"""The streamed full analysis's verdicts (analyses/streamed_oom.py, streamed_allocators.py): the
-out-of-memory verdicts, the allocators, the caps and their diagnostics are the whole frame's, read
-in ten batches and more, and on copies with both event tables shuffled."""
+"""The streamed full analysis's verdicts (analyses/streamed_oom.py, streamed_allocators.py) and
+spikes (streamed_spikes.py): the out-of-memory verdicts, the allocators, the caps, their
+diagnostics and the spikes are the whole frame's, read in ten batches and more, and on copies with
+both event tables shuffled."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def assert_verdicts_are_whole(whole: dict, streamed: dict) -> None:
     assert streamed["oom"] == whole["oom"]
     assert streamed["reserved"] == whole["reserved"]
     assert streamed["caps"] == whole["caps"]
+    assert streamed["spikes"] == whole["spikes"]
     assert [d for d in streamed["diagnostics"] if d["code"] in VERDICT_CODES] == \
         [d for d in whole["diagnostics"] if d["code"] in VERDICT_CODES]
 
@@ -93,3 +95,15 @@ def test_streamed_cache_flush_when_the_allocator_went_on(tmp_path, monkeypatch):
     assert streamed["oom"]["cache_flushes"] == [{**original["oom"]["allocator_ooms"][0]["release"],
                                                  "followed_by_allocation": True}]
     assert "cache_flushes" in {d["code"] for d in streamed["diagnostics"]}
+
+
+def test_streamed_spike_within_a_range_names_its_calls_and_sites(monkeypatch):
+    # known_bt_v25.truth.jsonl: async_pool_work makes four cudaMallocAsync blocks of 8, 16, 24 and
+    # 32 MiB inside the NVTX range `async pool`: a rise found within that range instance
+    path = FIXTURES / "known_bt_v25.sqlite"
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert streamed["spikes"] == whole["spikes"]
+    (pool,) = [s for s in streamed["spikes"] if s["found_by"] == "range"]
+    assert (pool["nvtx_path"], pool["apis"]) == ("async pool", ["cudaMallocAsync"])
+    assert [(h["allocations"], h["bytes"], h["nvtx_range"]) for h in pool["sites"]] == \
+        [(4, (8 + 16 + 24 + 32) * MiB, "async pool")]

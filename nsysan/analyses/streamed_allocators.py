@@ -109,7 +109,10 @@ class Bursts:
             in_run = is_free & (run_of >= 0)
             sizes = np.bincount(run_of[in_run], minlength=len(starts))
             ends = starts + sizes - 1
-            for k in np.flatnonzero((sizes >= BURST_MIN_BLOCKS) | (ends == n - 1)).tolist():  # bursts, and the last
+            # the bursts that end here while there is room to keep them, and the run still open
+            room = max(MAX_RELEASES - len(self.found), 0)
+            ending = np.flatnonzero((sizes >= BURST_MIN_BLOCKS) & (ends < n - 1))[:room].tolist()
+            for k in ending + ([len(starts) - 1] if ends[-1] == n - 1 else []):
                 a, z = int(starts[k]), int(ends[k])
                 self.open = [int(number[a]), int(ts[a]), int(tid[a]), int(live[a] - delta[a]), int(sizes[k]),
                              int(-delta[a:z + 1].sum()),

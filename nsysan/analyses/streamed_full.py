@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from ..events.nvtx import attribute_ranges
 from ..events.read import last_cuda_calls, read_calls, read_nvtx_ranges, read_thread_names
 from ..events.stream import EventFlow
 from ..events.stream_calls import MemoryCalls, CallWindow
@@ -31,11 +32,12 @@ from .ranks import assign_ranks
 from .stacks import referenced_stacks
 from .streamed import RESIDENT
 from .streamed_oom import VerdictLooks
+from .streamed_spikes import RangeRises, SpikeParts
 from .streamed_run import _cut_short, _mini, gpus, run_streamed
 from .streamed_sites import SiteSums
 
 # The sections (and parts of sections) the streamed full analysis leaves out, as the diagnostic names them.
-NOT_STREAMED = ("ranges", "steps", "growth", "phases", "spikes", "timeline.bands", "timeline.spans",
+NOT_STREAMED = ("ranges", "steps", "growth", "phases", "timeline.bands", "timeline.spans",
                 "timeline.trace_ends", "timeline.focus")
 
 # The diagnostics that only the analyses not streamed yet raise: `check --no-warnings` on them
@@ -58,7 +60,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
 
     def first(_) -> Each:
         looks["first"] = FirstCalls(calls)
-        return Each(looks["first"], verdict_looks.first_pass())
+        looks["rises"] = RangeRises(ranges, calls.threads)  # calls.threads: steps.memory_threads' keys
+        return Each(looks["first"], verdict_looks.first_pass(), looks["rises"])
 
     def second(look) -> Each:
         found = looks["first"]
@@ -66,7 +69,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
                                    listed=_listed(look.first), look=look)
         looks["look"] = look
-        return Each(looks["second"], verdict_looks.second_pass(look, looks["second"]))
+        looks["spikes"] = SpikeParts(look, looks["second"])
+        return Each(looks["second"], verdict_looks.second_pass(look, looks["second"]), looks["spikes"])
 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
@@ -90,7 +94,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         + [not_streamed_note()]
     analysis = dataclasses.replace(
         quick, scope="full", capture=capture, sites=ranked, api_calls=calls.stats, failed_calls=failed,
-        diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved, spikes=[],
+        diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved,
+        spikes=looks["spikes"].spikes(gpu_of, lambda pid, tid, ts: _nvtx_path(pid, tid, ts, ranges)),
         timeline=dataclasses.replace(quick.timeline, bands=[], spans=[], trace_ends=[],
                                                              focus_start_ns=None, focus_end_ns=None))
     answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, False,
@@ -159,6 +164,10 @@ class Described:
         mini["nvtx_range"] = pd.Categorical(info["nvtx_range"].to_numpy())
         return mini
 
+    def range_rises(self, key: int, end_ns: int) -> list:
+        """The rises of a (process, device) series within NVTX ranges (streamed_spikes.RangeRises)."""
+        return self.looks["rises"].candidates(key, end_ns)
+
     def peak_event(self, peak) -> tuple[str, str]:
         """The API name and NVTX range of the event at which `peak` was reached."""
         return self.looks["second"].at_peak[id(peak)][1:3]
@@ -215,6 +224,11 @@ class FirstCalls:
 
     def failed_live(self, has_events: bool) -> np.ndarray:
         return self.live if has_events else np.full(len(self.live), -1, "int64")
+
+
+def _nvtx_path(pid: int, tid: int, ts: int, ranges: pd.DataFrame) -> str:
+    """The NVTX path of an event (the events frame's nvtx_path)."""
+    return str(np.asarray(attribute_ranges(pd.DataFrame({"pid": [pid], "tid": [tid], "ts_ns": [ts]}), ranges)[1])[0])
 
 
 def _listed(first) -> np.ndarray:

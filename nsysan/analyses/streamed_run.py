@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import pandas as pd
@@ -48,8 +48,9 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     free_ts, peak)` (rows: seq, ts, pid, device, kind, address, bytes; `peak`: a PeakSeries whose
     live allocations they are), `frame(rows, peak)` (_mini with their threads, API names, sites
     and NVTX ranges), `peak_event(peak)` (the API name and NVTX range of the event that reached
-    it), `own_api(peak)` (the API of the series' last own allocation before it), the
-    `site_table` and the NVTX `ranges`."""
+    it), `own_api(peak)` (the API of the series' last own allocation before it),
+    `range_rises(pair key, end_ns)` (a series' rises within NVTX ranges, as _spike_watches takes
+    them), the `site_table` and the NVTX `ranges`."""
     flow = flow or EventFlow(conn, schema)
     lifecycle = read_pool_events(conn, schema)
     first = flow.feed(lambda: _Both(FirstLook(spike_window_ns, pools=PoolSums(lifecycle)), also[0]), keep=True).main
@@ -66,7 +67,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     def second_look() -> _Both:
         peaks = _peak_series(first, gpu_of)
         pools = PoolSeries(first.pools, watched={int(m) for peak in peaks for m in peak.members.tolist()})
-        return _Both(SecondLook(first=first, peaks=peaks, changes=pools.changes, spikes=_spike_watches(first),
+        return _Both(SecondLook(first=first, peaks=peaks, changes=pools.changes, spikes=_spike_watches(first, lambda key: described.range_rises(key, end_ns)),
                                 focus_target=0.05 * first.moved, cut_rows=_cut_rows(first, end_ns), pools=pools),
                      also[1])
 
@@ -158,6 +159,9 @@ class _Undescribed:
     def own_api(self, peak) -> None:
         return None
 
+    def range_rises(self, key: int, end_ns: int) -> list:
+        return []
+
 
 class _Both:
     """Hands each batch to `main`, then to `also(main)`'s consumer (when there is one)."""
@@ -228,8 +232,9 @@ def _peak_series(first: FirstLook, gpu_of) -> list[PeakSeries]:
     return series
 
 
-def _spike_watches(first: FirstLook) -> list[SpikeWatch]:
-    """spikes._distinct over each series' candidate rises (both grids)."""
+def _spike_watches(first: FirstLook, ranges: Callable[[int], list]) -> list[SpikeWatch]:
+    """spikes._distinct over each series' candidate rises (both grids), and those `ranges(pair
+    key)` finds within NVTX ranges: (low seq, high seq, how, live at the high, before the low)."""
     watches = []
     s = first.spike_series
     for key, code in sorted(s.index.items(), key=lambda kv: _pair(kv[0])):
@@ -244,6 +249,9 @@ def _spike_watches(first: FirstLook) -> list[SpikeWatch]:
                 if rise > 0:
                     live[high], before[low] = live_high, low_value
                     candidates.append((low, high, "window"))
+        for low, high, how, live_high, low_value in ranges(key):
+            live[high], before[low] = live_high, low_value
+            candidates.append((low, high, how))
         for low, high, how in _distinct(candidates, live, before, TOP):
             watches.append(SpikeWatch(series=code, low=low, high=high, how=how, start_level=before[low],
                                       peak_level=live[high]))
