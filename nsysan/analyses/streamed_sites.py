@@ -41,6 +41,10 @@ class SiteSums:
         self.kinds, self.static = kinds, kinds.index("static")
         self.ranges, self.operator_ranges, self.thread_names = ranges, operator_ranges, thread_names
         self.range_names = ranges["name"].to_numpy(dtype=object) if not ranges.empty else np.zeros(0, object)
+        # each range's name as a code (ranges repeat a few names over many instances): a fallback
+        # label depends on the name, not on which instance
+        self.range_name_codes, self.range_name_list = pd.factorize(self.range_names, use_na_sentinel=False)
+        self.fallback_codes: dict[tuple, int] = {}  # (source, name, range name code, pid, tid) -> site code
         self.labels: dict[str, int] = {}  # label -> code, in order of first appearance
         self.seen = {"operator": {}, "api": {}}  # labels of each fallback, in order of first appearance
         self.groups = Keyed(SITE_SUMS, {"max_live": _LOW})
@@ -230,26 +234,33 @@ class SiteSums:
             operator = attribute_operators(pd.DataFrame({"pid": pid, "tid": tid, "ts_ns": ts}), self.operator_ranges)
             info["operator"] = self._string(np.asarray(operator))
             need = np.flatnonzero((site < 0) & (operator.codes > 0))
-            names = np.asarray(operator.categories, dtype=object)[operator.codes[need]]
-            site[need] = self._fallbacks("operator", names, nvtx[need], pid[need], tid[need])
+            site[need] = self._fallbacks("operator", operator.codes[need], np.asarray(operator.categories, dtype=object),
+                                         nvtx[need], pid[need], tid[need])
         site[:] = np.where((site < 0) & (machinery >= 0), machinery, site)
         need = np.flatnonzero(site < 0)
         if len(need):
-            names = np.array(self.api_names, dtype=object)[info["api"][need]]
-            site[need] = self._fallbacks("api", names, nvtx[need], pid[need], tid[need])
+            site[need] = self._fallbacks("api", info["api"][need], self.api_names, nvtx[need], pid[need], tid[need])
         return info
 
-    def _fallbacks(self, source: str, names: np.ndarray, nvtx: np.ndarray, pid: np.ndarray,
+    def _fallbacks(self, source: str, name_codes: np.ndarray, names, nvtx: np.ndarray, pid: np.ndarray,
                    tid: np.ndarray) -> np.ndarray:
-        """`<name> in <innermost NVTX range> [<thread>]` (stacks._labelled_by), one label per distinct key."""
-        key = pd.MultiIndex.from_arrays([names, nvtx, pid, tid])
-        slot, distinct = key.factorize()  # in order of first appearance
+        """`<name> in <innermost NVTX range> [<thread>]` (stacks._labelled_by), one label per distinct
+        (name, range name, thread), in order of first appearance (the order call_sites numbers them)."""
+        range_code = np.full(len(nvtx), -1, "int64")
+        inside = nvtx >= 0
+        range_code[inside] = self.range_name_codes[nvtx[inside]]
+        slot, firsts = distinct_rows(name_codes, range_code, pid, tid)
         codes = []
-        for name, row, p, t in distinct:  # per distinct key
-            thread = self.thread_names.get((int(p), int(t)), "") if t >= 0 else ""
-            label = _fallback_label(str(name), str(self.range_names[row]) if row >= 0 else "", thread)
-            self.seen[source].setdefault(label, None)
-            codes.append(self._code(label))
+        for name, row, p, t in zip(name_codes[firsts].tolist(), range_code[firsts].tolist(), pid[firsts].tolist(),
+                                   tid[firsts].tolist()):  # per distinct key: a few per thread
+            key = (source, names[name], row, p, t)
+            code = self.fallback_codes.get(key)
+            if code is None:
+                thread = self.thread_names.get((p, t), "") if t >= 0 else ""
+                label = _fallback_label(str(names[name]), str(self.range_name_list[row]) if row >= 0 else "", thread)
+                self.seen[source].setdefault(label, None)
+                code = self.fallback_codes[key] = self._code(label)
+            codes.append(code)
         return np.array(codes, "int64")[slot]
 
     def _whole_frame_order(self) -> tuple[dict[str, int], list[dict]]:
@@ -267,3 +278,14 @@ class SiteSums:
         for row in rows:
             order.setdefault(row["label"], len(order))
         return order, rows
+
+
+def distinct_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's number among the distinct rows of the integer `columns`, numbered in order of first
+    appearance, and the first row of each: hashed a column at a time (the codes stay under the row
+    count, so two of them always pack into one int64), not as a MultiIndex of objects."""
+    slot = np.zeros(len(columns[0]), "int64")
+    for column in columns:
+        codes, uniques = pd.factorize(np.asarray(column, "int64"))
+        slot, _ = pd.factorize(slot * len(uniques) + codes)
+    return slot, np.unique(slot, return_index=True)[1]
