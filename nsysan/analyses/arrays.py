@@ -77,3 +77,10 @@ def distinct_pairs(high: np.ndarray, low: np.ndarray, shift: int, mask: int) -> 
         packed |= low[start:start + PAIR_CHUNK].astype("int64") & mask
         parts.append(pd.unique(packed))
     return pd.unique(np.concatenate(parts)) if parts else np.zeros(0, "int64")
+
+
+def category_codes(column: pd.Series) -> np.ndarray:
+    """The codes of a categorical column as a read-only view: `Series.cat.codes` copies all of them
+    (1.6 ms at 1e7 rows), which the analyses that look at a few rows per process or spike paid
+    thousands of times on a capture of 5,000 processes."""
+    return column.array.codes

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..events.read import TRACE_GOES_ON
 from ..model import Allocation, AllocationGroup, Band, NvtxSpan, TraceEnd
+from .arrays import category_codes
 from .sites import call_site
 
 MAX_SPANS = 2000
@@ -153,8 +154,8 @@ def allocation_groups(events: pd.DataFrame, rows: np.ndarray, site_table: dict[s
         return []
     picked = pd.DataFrame({
         "pid": events["pid"].to_numpy()[rows], "device": events["device"].to_numpy()[rows],
-        "kind": events["kind"].cat.codes.to_numpy()[rows], "site": events["site"].cat.codes.to_numpy()[rows],
-        "nvtx": events["nvtx_range"].cat.codes.to_numpy()[rows],
+        "kind": category_codes(events["kind"])[rows], "site": category_codes(events["site"])[rows],
+        "nvtx": category_codes(events["nvtx_range"])[rows],
         "bytes": events["bytes"].to_numpy()[rows], "ts": events["ts_ns"].to_numpy()[rows]})
     summed = picked.groupby(["pid", "device", "kind", "site", "nvtx"], sort=False).agg(
         count=("bytes", "size"), total=("bytes", "sum"), smallest=("bytes", "min"), largest=("bytes", "max"),

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
-from .arrays import distinct_pairs
+from .arrays import category_codes, distinct_pairs
 from .pools import ReserveChanges, reserve_at
 
 LIVE_AT_PEAK = 20  # allocations listed per peak (largest first); live_count has them all
@@ -77,7 +77,7 @@ def _peak_of(rows: np.ndarray, events: pd.DataFrame, pid: Optional[int], device:
     live = np.cumsum(delta) + reserve if reserve is not None else np.cumsum(delta)
     at = int(np.argmax(live))
     seq = int(rows[at])  # the event's row in the full frame: its place in time
-    is_alloc = (events["op"].cat.codes.to_numpy()[rows] == 0)
+    is_alloc = (category_codes(events["op"])[rows] == 0)
     partner = events["partner"].to_numpy()[rows]
     live_now = rows[is_alloc & (rows <= seq) & ((partner < 0) | (partner > seq))]
     sizes = events["bytes"].to_numpy()[live_now]
@@ -97,8 +97,8 @@ def made_of(events: pd.DataFrame, rows: np.ndarray, limit: int = MADE_OF) -> lis
         return []
     # Category codes, not strings: a peak of a large capture has 1e5 allocations live.
     site, name = events["site"], events["nvtx_range"]
-    site_codes = site.cat.codes.to_numpy()[rows].astype("int64")
-    name_codes = name.cat.codes.to_numpy()[rows].astype("int64")
+    site_codes = category_codes(site)[rows].astype("int64")
+    name_codes = category_codes(name)[rows].astype("int64")
     sizes = events["bytes"].to_numpy()[rows]
     present, slot = np.unique(site_codes, return_inverse=True)
     totals = np.zeros(len(present), "int64")

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import Spike
+from .arrays import category_codes
 from .peak import made_of
 from .steps import LiveSeries, range_max
 
@@ -137,7 +138,11 @@ def _ranked(events: pd.DataFrame, column: str, rows: np.ndarray) -> list[str]:
     """The values of a categorical column at `rows`, by bytes allocated, largest first."""
     if len(rows) == 0:
         return []
-    codes = events[column].cat.codes.to_numpy()[rows]
-    totals = pd.Series(events["bytes"].to_numpy()[rows]).groupby(codes).sum().sort_values(ascending=False)
+    codes = category_codes(events[column])[rows]
+    present, slot = np.unique(codes, return_inverse=True)
+    sums = np.zeros(len(present), "int64")
+    np.add.at(sums, slot, events["bytes"].to_numpy()[rows])
+    # as groupby(codes).sum() gave them (the codes in order), sorted the same way
+    totals = pd.Series(sums, index=present).sort_values(ascending=False)
     names = events[column].cat.categories
     return [str(names[c]) for c in totals.index[:MAX_PARTS] if c >= 0]
