@@ -24,6 +24,7 @@ def to_allocations(rows: pd.DataFrame, events: pd.DataFrame, site_table: dict[st
                    free_time_ns=int(freed) if freed >= 0 else None, nvtx_range=str(nvtx),
                    site=call_site(str(site), site_table), stack_id=int(stack) if stack >= 0 else None,
                    operator=str(operator))
-        for (pid, tid, device, kind, api, address, size, ts, nvtx, site, stack, operator), freed
-        in zip(rows[columns].itertuples(index=False), free_ts)  # capped lists only
+        for pid, tid, device, kind, api, address, size, ts, nvtx, site, stack, operator, freed
+        # columns as lists, not itertuples: this runs for each of thousands of processes' peaks
+        in zip(*(rows[c].tolist() for c in columns), free_ts.tolist())  # capped lists only
     ]

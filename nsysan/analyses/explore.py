@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..events.read import TRACE_GOES_ON
 from ..model import Allocation, AllocationGroup, Band, NvtxSpan, TraceEnd
-from .arrays import category_codes
+from .arrays import category_codes, distinct_rows
 from .sites import call_site
 
 MAX_SPANS = 2000
@@ -152,19 +152,29 @@ def allocation_groups(events: pd.DataFrame, rows: np.ndarray, site_table: dict[s
     smallest and largest, first and last allocation time; largest total first."""
     if len(rows) == 0:
         return []
-    picked = pd.DataFrame({
-        "pid": events["pid"].to_numpy()[rows], "device": events["device"].to_numpy()[rows],
-        "kind": category_codes(events["kind"])[rows], "site": category_codes(events["site"])[rows],
-        "nvtx": category_codes(events["nvtx_range"])[rows],
-        "bytes": events["bytes"].to_numpy()[rows], "ts": events["ts_ns"].to_numpy()[rows]})
-    summed = picked.groupby(["pid", "device", "kind", "site", "nvtx"], sort=False).agg(
-        count=("bytes", "size"), total=("bytes", "sum"), smallest=("bytes", "min"), largest=("bytes", "max"),
-        first=("ts", "min"), last=("ts", "max")).reset_index()
-    summed = summed.sort_values(["total", "count", "first"], ascending=[False, False, True], kind="stable").head(limit)
+    # A groupby over numpy arrays: a peak's live allocations are grouped for each of thousands of
+    # processes, where pandas' grouped aggregation cost 10 ms a call (2 of 3 minutes at 5,000).
+    columns = [events["pid"].to_numpy()[rows], events["device"].to_numpy()[rows], category_codes(events["kind"])[rows],
+               category_codes(events["site"])[rows], category_codes(events["nvtx_range"])[rows]]
+    size, ts = events["bytes"].to_numpy()[rows].astype("int64"), events["ts_ns"].to_numpy()[rows]
+    group, firsts = distinct_rows(*columns)  # numbered in order of first appearance, as groupby(sort=False)
+    n = len(firsts)
+    count = np.bincount(group, minlength=n)
+    total = np.zeros(n, "int64")
+    np.add.at(total, group, size)
+    smallest, largest = np.full(n, np.iinfo("int64").max), np.full(n, np.iinfo("int64").min)
+    np.minimum.at(smallest, group, size)
+    np.maximum.at(largest, group, size)
+    first, last = np.full(n, np.iinfo("int64").max), np.full(n, np.iinfo("int64").min)
+    np.minimum.at(first, group, ts)
+    np.maximum.at(last, group, ts)
+    # largest total first, then most allocations, then earliest; ties in order of first appearance
+    chosen = np.lexsort((np.arange(n), first, -count, -total))[:limit]
+    pid, device, kind, site, nvtx = (column[firsts] for column in columns)
     kinds, sites, names = (events[c].cat.categories for c in ("kind", "site", "nvtx_range"))
-    return [AllocationGroup(pid=int(r.pid), device=int(r.device), kind=str(kinds[r.kind]),
-                            site=call_site(str(sites[r.site]) if r.site >= 0 else "", site_table),
-                            nvtx_range=str(names[r.nvtx]) if r.nvtx >= 0 else "", count=int(r.count),
-                            total_bytes=int(r.total), min_bytes=int(r.smallest), max_bytes=int(r.largest),
-                            first_alloc_ns=int(r.first), last_alloc_ns=int(r.last))
-            for r in summed.itertuples(index=False)]  # capped list
+    return [AllocationGroup(pid=int(pid[g]), device=int(device[g]), kind=str(kinds[kind[g]]),
+                            site=call_site(str(sites[site[g]]) if site[g] >= 0 else "", site_table),
+                            nvtx_range=str(names[nvtx[g]]) if nvtx[g] >= 0 else "", count=int(count[g]),
+                            total_bytes=int(total[g]), min_bytes=int(smallest[g]), max_bytes=int(largest[g]),
+                            first_alloc_ns=int(first[g]), last_alloc_ns=int(last[g]))
+            for g in chosen.tolist()]  # capped list

@@ -19,6 +19,7 @@ from ..events.stacks import Stacks, _fallback_label, _site, native_stack_table, 
 from ..events.normalize import join_on_call
 from ..model import Site
 from .sites import MAX_SITES, call_site
+from .arrays import distinct_rows
 from .streamed import RESIDENT, STATIC, Keyed, pair_key, running_sums
 
 ALLOCATION_INFO = ("seq", "site", "tid", "api", "nvtx_range", "stack", "operator")
@@ -279,13 +280,3 @@ class SiteSums:
             order.setdefault(row["label"], len(order))
         return order, rows
 
-
-def distinct_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's number among the distinct rows of the integer `columns`, numbered in order of first
-    appearance, and the first row of each: hashed a column at a time (the codes stay under the row
-    count, so two of them always pack into one int64), not as a MultiIndex of objects."""
-    slot = np.zeros(len(columns[0]), "int64")
-    for column in columns:
-        codes, uniques = pd.factorize(np.asarray(column, "int64"))
-        slot, _ = pd.factorize(slot * len(uniques) + codes)
-    return slot, np.unique(slot, return_index=True)[1]

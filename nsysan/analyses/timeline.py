@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional, Sequence
 
 import numpy as np
@@ -34,16 +36,32 @@ class Groups:
         (each built its own full-length masks and row lists per process before)."""
         if self.segments is None:
             return np.zeros(0, "int64")
-        chosen = self.keys["kind"].isin(list(kinds)).to_numpy()
-        if pid is not None:
-            chosen = chosen & (self.keys["pid"].to_numpy() == pid)
+        chosen = self._of_process[pid] if pid is not None else np.arange(len(self.keys))
+        chosen = chosen[self._of_kinds(tuple(kinds))[chosen]]
         if device is not None:
-            chosen = chosen & (self.keys["device"].to_numpy() == device)
+            chosen = chosen[self.keys["device"].to_numpy()[chosen] == device]
         order, starts, sizes = self.segments.order, self.segments.starts, self.segments.sizes
         parts = [order[start:start + size] for start, size in zip(starts[chosen].tolist(), sizes[chosen].tolist())]
         if len(parts) <= 1:
             return parts[0] if parts else np.zeros(0, "int64")
         return np.sort(np.concatenate(parts), kind="stable")  # a merge of sorted runs
+
+    @cached_property
+    def _of_process(self) -> dict[int, np.ndarray]:
+        """Each process's group numbers, ascending: with thousands of processes, each asking for
+        its rows scanned every group's keys (10,000 calls, 11 s at 5,000 processes)."""
+        pids = self.keys["pid"].to_numpy()
+        order = np.argsort(pids, kind="stable")
+        bounds = np.flatnonzero(np.diff(pids[order])) + 1
+        return defaultdict(lambda: np.zeros(0, "int64"),
+                           {int(pids[part[0]]): part for part in np.split(order, bounds) if len(part)})
+
+    def _of_kinds(self, kinds: tuple[str, ...]) -> np.ndarray:
+        """Which groups hold one of `kinds` (a mask over the groups), worked out once per set of kinds."""
+        masks = self.__dict__.setdefault("_kind_masks", {})
+        if kinds not in masks:
+            masks[kinds] = self.keys["kind"].isin(list(kinds)).to_numpy()
+        return masks[kinds]
 
     def without_live(self) -> "Groups":
         """The grouping alone, for the analyses after the timeline and steps (80 MB less at 1e7 events)."""
