@@ -117,25 +117,34 @@ class SecondLook:
             self.closed.append(pd.DataFrame(b.closed))
 
     def _timeline(self, b: EventBatch) -> None:
+        """Each group's points of this batch that timeline._downsample may keep: all of them for a
+        group of MAX_POINTS events or fewer; else, per bucket of its time, the first row of its
+        highest and its last row, and the group's first row. Found for every group at once (a
+        pandas groupby per group and batch took 7 of the streamed full analysis's CPU s at 1e7)."""
         g = self.first.groups
         codes = g.codes(group_key(b.pid, b.device, b.kind))
         live = running_sums(codes, b.delta, self.group_live)
-        for code in np.unique(codes).tolist():  # one per group
-            mine = codes == code
-            ts, value, seq = b.ts[mine], live[mine], b.seq[mine]
-            events, first_ts, last_ts = (int(g[c][code]) for c in ("events", "first_ts", "last_ts"))
-            if events <= MAX_POINTS:
-                kept = pd.DataFrame({"seq": seq, "ts": ts, "live": value, "bucket": -1})
-            else:
-                buckets = max(1, MAX_POINTS // 2)
-                span = max(float(last_ts - first_ts), 1.0)
-                bucket = ((ts - first_ts) / span * (buckets - 1)).astype("int64")
-                frame = pd.DataFrame({"seq": seq, "ts": ts, "live": value, "bucket": bucket})
-                per = frame.groupby("bucket", sort=False)
-                highest = frame.loc[per["live"].idxmax()]  # the first row of each bucket's highest
-                last = frame.loc[per["seq"].idxmax()]
-                kept = pd.concat([frame.iloc[:1], highest, last])
-            self.points.setdefault(code, []).append(kept)
+        first_ts = g["first_ts"][codes]
+        many = g["events"][codes] > MAX_POINTS
+        buckets = max(1, MAX_POINTS // 2)
+        span = np.maximum((g["last_ts"][codes] - first_ts).astype("float64"), 1.0)
+        bucket = np.where(many, ((b.ts - first_ts) / span * (buckets - 1)).astype("int64"), -1)
+        rows = np.flatnonzero(many)
+        kept = [np.flatnonzero(~many)]
+        if len(rows):
+            key = codes[rows] * (buckets + 1) + bucket[rows]
+            by_live = np.lexsort((rows, -live[rows], key))  # per key: highest first, then earliest
+            by_seq = np.lexsort((b.seq[rows], key))
+            last = np.append(_segment_starts(key[by_seq])[1:], len(rows)) - 1
+            kept += [rows[by_live[_segment_starts(key[by_live])]], rows[by_seq[last]],
+                     rows[np.unique(codes[rows], return_index=True)[1]]]
+        chosen = np.unique(np.concatenate(kept))  # in time order
+        order = chosen[np.argsort(codes[chosen], kind="stable")]
+        bounds = _segment_starts(codes[order])
+        for start, stop in zip(bounds.tolist(), np.append(bounds[1:], len(order)).tolist()):  # one per group
+            part = order[start:stop]
+            self.points.setdefault(int(codes[part[0]]), []).append(pd.DataFrame(
+                {"seq": b.seq[part], "ts": b.ts[part], "live": live[part], "bucket": bucket[part]}))
 
     def series(self, code: int) -> tuple[list[int], list[int]]:
         """One group's downsampled (ts, live), as timeline._downsample keeps them."""
@@ -239,3 +248,10 @@ class SecondLook:
                 self.cut_value[pid] = int(live[wanted - seen])
             self.cut_seen[pid] = seen + len(mine)
             self.cut_live[pid] = int(live[-1]) if len(mine) else self.cut_live.get(pid, 0)
+
+
+def _segment_starts(sorted_keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal values of `sorted_keys` starts."""
+    if len(sorted_keys) == 0:
+        return np.zeros(0, "int64")
+    return np.flatnonzero(np.concatenate([[True], sorted_keys[1:] != sorted_keys[:-1]]))
