@@ -62,7 +62,7 @@ class AllocatorRows:
             if carried is not None:
                 has[i], prev_odd[i], prev_ts[i] = True, carried[0], carried[1]
         outside = odd | (has & prev_odd & (ts - prev_ts <= LIBRARY_BURST_NS))
-        _, ends = np.unique(code[::-1], return_index=True)
+        ends = np.flatnonzero(previous_in_group(code[::-1], len(keys)) < 0)  # the last of each, backwards
         for i in (len(code) - 1 - ends).tolist():  # each thread's last allocation in the batch
             self.last[(int(pair[i]), int(tid[i]))] = (bool(odd[i]), int(ts[i]))
         mapped = b.calls["api"][rows] == self.map_code
@@ -154,15 +154,13 @@ class FirstAllocators:
             flags = np.stack([mapped, mapped & (size != SMALL_SEGMENT) & (size != LARGE_SEGMENT),
                               mapped & (size == LARGE_SEGMENT), segment, segment & (size % SEGMENT_ALIGN != 0),
                               segment & (size == SMALL_SEGMENT), segment & (size == LARGE_SEGMENT)], axis=1)
-            for key in np.unique(pair).tolist():  # a few (process, device) pairs
-                total = flags[pair == key].sum(axis=0)
-                self.counts[key] = self.counts.get(key, np.zeros(len(COUNTS), "int64")) + total
+            _add_by(self.counts, pair, flags.astype("int64"))
         device = np.flatnonzero(b.kind == DEVICE)
         if not len(device):
             return
         pairs = pair_key(b.pid[device], b.device[device])
         api = b.calls["api"][device]
-        for key in np.unique(pairs).tolist():
+        for key in pd.unique(pairs).tolist():  # a few (process, device) pairs
             mine = device[pairs == key]
             for name, code in zip(RELEASE_APIS, self.release_codes):
                 own = mine[(b.delta[mine] > 0) | (api[pairs == key] == code)]
@@ -205,6 +203,28 @@ class FirstAllocators:
         return found
 
 
+def _add_by(sums: dict, keys: np.ndarray, values: np.ndarray) -> None:
+    """sums[key] += the rows of `values` (2-d, int64) with that key, for each key present."""
+    if not len(keys):
+        return
+    code, distinct = pd.factorize(keys)
+    total = np.zeros((len(distinct), values.shape[1]), "int64")
+    np.add.at(total, code, values)
+    for key, row in zip(distinct.tolist(), total):  # a few (process, device) pairs
+        sums[key] = sums[key] + row if key in sums else row
+
+
+def _add_by_class(sums: dict, keys: np.ndarray, classes: np.ndarray, values: np.ndarray) -> None:
+    """sums[key][class] += the `values` of that key and class (8 classes), for each key present."""
+    if not len(keys):
+        return
+    code, distinct = pd.factorize(keys)
+    total = np.zeros(len(distinct) * 8, "int64")
+    np.add.at(total, code * 8 + classes, values)
+    for key, row in zip(distinct.tolist(), total.reshape(-1, 8)):  # a few (process, device) pairs
+        sums[key] = sums[key] + row if key in sums else row
+
+
 def preallocated_blocks(big_blocks: list[pd.DataFrame], gpu_of, total_memory) -> dict[int, tuple[int, int]]:
     """pair key -> (time, bytes) of the block find_preallocations finds on it (from the first
     pass's blocks of a GiB or more, in time order)."""
@@ -243,9 +263,7 @@ class SecondAllocators:
         rows, pair, bits = self.rows.of(b)
         for key, (ts, size) in self.blocks.items():  # the preallocated block of a pair, if it has one
             bits = bits | np.where((pair == key) & (b.ts[rows] == ts) & (b.bytes[rows] == size), BLOCK, 0)
-        for key in np.unique(pair).tolist():
-            self.counts[key] = self.counts.get(key, np.zeros(8, "int64")) \
-                + np.bincount(bits[pair == key], minlength=8)
+        _add_by_class(self.counts, pair, bits, np.ones(len(bits), "int64"))
         live = self.live
         known = {"seq": np.concatenate([live["seq"], b.seq[rows]]), "pair": np.concatenate([live["pair"], pair]),
                  "cls": np.concatenate([live["cls"], bits]), "bytes": np.concatenate([live["bytes"], b.bytes[rows]])}
@@ -264,15 +282,14 @@ class SecondAllocators:
             self.seen[id(peak)] = peak.best_seq
             key = int(peak.members[0])
             cut = int(np.searchsorted(b.ts, peak.best_ts, side="right"))
-            mine = (change_pair == key) & (position < cut)
-            self.at_peak[key] = self.sums.get(key, np.zeros(8, "int64")) \
-                + np.bincount(change_cls[mine], weights=change[mine], minlength=8).astype("int64")
-        for key in np.unique(change_pair).tolist():
-            mine = change_pair == key
-            self.sums[key] = self.sums.get(key, np.zeros(8, "int64")) \
-                + np.bincount(change_cls[mine], weights=change[mine], minlength=8).astype("int64")
-        gone = np.isin(known["seq"], b.partner_seq[frees])
-        self.live = {c: v[~gone] for c, v in known.items()}
+            mine = np.flatnonzero((change_pair == key) & (position < cut))
+            split = self.sums.get(key, np.zeros(8, "int64")).copy()
+            np.add.at(split, change_cls[mine], change[mine])
+            self.at_peak[key] = split
+        _add_by_class(self.sums, change_pair, change_cls, change)
+        still = np.ones(len(known["seq"]), bool)
+        still[at] = False  # freed in this batch
+        self.live = {c: v[still] for c, v in known.items()}
 
     def uses(self, peaks: list, kind_of: Callable[[int, int], Optional[str]], preallocations: list[Preallocation],
              gpu_of, label: Callable[[int], str]) -> list[AllocatorUse]:

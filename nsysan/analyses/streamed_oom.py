@@ -40,6 +40,7 @@ class FirstOom:
         failed = calls.failed
         self.failing = failed[(failed["return_value"] == OUT_OF_MEMORY).to_numpy()].head(MAX_FAILURES) \
             if not failed.empty else pd.DataFrame({c: np.zeros(0, "int64") for c in ("pid", "tid", "ts_ns")})
+        self.calls_failing = list(zip(*(self.failing[c].tolist() for c in ("pid", "tid", "ts_ns"))))
         self.thread_device = np.full(len(self.failing), -1, "int64")  # of its thread's last event before it
         self.first_device: dict[int, int] = {}  # pid -> the device of its first event (pids that failed)
         self.map_code = calls.api_names.index("cuMemSetAccess") if "cuMemSetAccess" in calls.api_names else -2
@@ -51,7 +52,7 @@ class FirstOom:
             return
         self.allocators.add(b)
         tid = b.calls["tid"]
-        for i, (pid, thread, ts) in enumerate(self.failing[["pid", "tid", "ts_ns"]].itertuples(index=False)):
+        for i, (pid, thread, ts) in enumerate(self.calls_failing):
             mine = np.flatnonzero(b.pid == pid)  # a few failing calls
             if len(mine) and pid not in self.first_device:
                 self.first_device[int(pid)] = int(b.device[mine[0]])

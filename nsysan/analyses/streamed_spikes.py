@@ -162,7 +162,10 @@ class SpikeParts:
         self.parts = {id(w): _Parts() for w in look.spikes}
 
     def add(self, b) -> None:
-        if len(b) == 0 or not self.watched:
+        if len(b) == 0:
+            return
+        first, last = int(b.seq[0]), int(b.seq[-1])
+        if not any(w.low <= last and w.high >= first for w, _ in self.watched):  # most batches hold no spike
             return
         rows = np.flatnonzero(np.isin(b.kind, SPIKE_KINDS))
         keys = pair_key(b.pid[rows], b.device[rows])
@@ -182,8 +185,10 @@ class SpikeParts:
             at = np.searchsorted(known["seq"], b.seq[grown])
             size = b.bytes[grown]
             codes, slot = np.unique(api[grown], return_inverse=True)
-            for code, total in zip(codes.tolist(), np.bincount(slot, weights=size).tolist()):  # a few APIs
-                parts.apis[code] = parts.apis.get(code, 0) + int(total)
+            totals = np.zeros(len(codes), "int64")
+            np.add.at(totals, slot, size)
+            for code, total in zip(codes.tolist(), totals.tolist()):  # a few APIs
+                parts.apis[code] = parts.apis.get(code, 0) + total
             # per site (peak.made_of): bytes, allocations, its first one's NVTX range, and whether it had several
             site, name = known["site"][at], known["nvtx_range"][at]
             present, first, slot = np.unique(site, return_index=True, return_inverse=True)
