@@ -42,13 +42,21 @@ class _Instances:
     run_seq: np.ndarray
     low: np.ndarray  # the lowest `before` up to its highest event, and the first event at it
     low_seq: np.ndarray
+    # the instances by start, the latest end among each one and those before, and how many (by
+    # start) have seen their first event: a batch looks at the instances its times can reach only
+    order: np.ndarray
+    sorted_start: np.ndarray
+    reach: np.ndarray
+    unseen: int = 0
 
     @classmethod
     def of(cls, start: np.ndarray, end: np.ndarray) -> "_Instances":
         n = len(start)
+        order = np.argsort(start, kind="stable")
         return cls(start, end, np.full(n, _LOW, "int64"), np.full(n, -1, "int64"), np.zeros(n, "int64"),
                    np.zeros(n, bool), np.full(n, _HIGH, "int64"), np.full(n, -1, "int64"),
-                   np.full(n, _HIGH, "int64"), np.full(n, -1, "int64"))
+                   np.full(n, _HIGH, "int64"), np.full(n, -1, "int64"), order, start[order],
+                   np.maximum.accumulate(end[order]) if n else end)
 
 
 class RangeRises:
@@ -103,20 +111,25 @@ class RangeRises:
 
 def _rises(s: _Instances, seq: np.ndarray, ts: np.ndarray, live: np.ndarray, before: np.ndarray) -> None:
     """One batch of a series into its instances' state."""
-    first = np.searchsorted(ts, s.start, side="left")
-    stop = np.searchsorted(ts, s.end, side="right")
-    starting = np.flatnonzero(~s.seen & (first < len(ts)))
-    s.before[starting], s.seen[starting] = before[first[starting]], True
-    inside = np.flatnonzero(stop > first)
+    begun = int(np.searchsorted(s.sorted_start, ts[-1], side="right"))
+    # the instances starting after the series' earlier batches and by this one's end: their first event is here
+    starting = s.order[s.unseen:begun]
+    s.before[starting] = before[np.searchsorted(ts, s.start[starting], side="left")]
+    s.seen[starting], s.unseen = True, max(s.unseen, begun)
+    reached = s.order[int(np.searchsorted(s.reach, ts[0], side="left")):begun]  # not ended before it
+    first = np.searchsorted(ts, s.start[reached], side="left")
+    stop = np.searchsorted(ts, s.end[reached], side="right")
+    hold = stop > first
+    inside, first, stop = reached[hold], first[hold], stop[hold]
     if not len(inside):
         return
     # (instance, position) of every event inside an instance, instance by instance: the batch's
     # events, once more for each instance of another thread that overlaps
-    lengths = stop[inside] - first[inside]
+    lengths = stop - first
     bounds = np.cumsum(lengths) - lengths  # where each instance's events begin
     total = int(lengths.sum())
     index = np.arange(total)
-    position = index - np.repeat(bounds, lengths) + np.repeat(first[inside], lengths)
+    position = index - np.repeat(bounds, lengths) + np.repeat(first, lengths)
     high, low = live[position], before[position]
     # each instance's highest event here (the first of equals), and whether it beats the carried one
     top_value = np.maximum.reduceat(high, bounds)
