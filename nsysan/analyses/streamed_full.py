@@ -67,7 +67,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         found = looks["first"]
         looks["second"] = SiteSums(conn, schema, found.wanted_chains(), lambda: read_calls(conn, schema),
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
-                                   listed=_listed(look.first), look=look)
+                                   listed=_listed(look.first), look=look,
+                                   times=(look.first.first_ts, look.first.last_ts))
         looks["look"] = look
         looks["spikes"] = SpikeParts(look, looks["second"])
         return Each(looks["second"], verdict_looks.second_pass(look, looks["second"]), looks["spikes"])

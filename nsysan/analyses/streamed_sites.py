@@ -11,10 +11,12 @@ breaks rank_sites' ties) by kind of source, then by first appearance.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 
-from ..events.nvtx import attribute_operators, innermost_range_rows
+from ..events.nvtx import RangeLookup
 from ..events.stacks import Stacks, _fallback_label, _site, native_stack_table, python_stack_table
 from ..events.normalize import join_on_call
 from ..model import Site
@@ -32,7 +34,10 @@ class SiteSums:
 
     def __init__(self, conn, schema, wanted_chains: np.ndarray, calls_and_chains, api_names: list[str],
                  kinds: list[str], ranges: pd.DataFrame, operator_ranges: pd.DataFrame,
-                 thread_names: dict, diagnostics: list, listed=(), look=None) -> None:
+                 thread_names: dict, diagnostics: list, listed=(), look=None,
+                 times: Optional[tuple[int, int]] = None) -> None:
+        """`times`: the earliest and latest event time (the lookups' axis then spans what the
+        whole frame's spans: see RangeLookup)."""
         self.registry = Stacks()
         self.python = python_stack_table(conn, schema, calls_and_chains, self.registry, diagnostics)
         self.native = native_stack_table(conn, schema, wanted_chains, self.registry) \
@@ -46,6 +51,12 @@ class SiteSums:
         # label depends on the name, not on which instance
         self.range_name_codes, self.range_name_list = pd.factorize(self.range_names, use_na_sentinel=False)
         self.fallback_codes: dict[tuple, int] = {}  # (source, name, range name code, pid, tid) -> site code
+        # The ranges sorted once for every batch's lookups, not once per batch
+        self.range_lookup, self.operator_lookup = RangeLookup(ranges, times), RangeLookup(operator_ranges, times)
+        # operator name codes as attribute_operators numbers them: 0 for none, then by first appearance
+        codes, names = pd.factorize(operator_ranges["name"].to_numpy(dtype=object)) if not operator_ranges.empty \
+            else (np.zeros(0, "int64"), np.zeros(0, object))
+        self.operator_code, self.operator_names = codes.astype("int64") + 1, np.append("", names).astype(object)
         self.labels: dict[str, int] = {}  # label -> code, in order of first appearance
         self.seen = {"operator": {}, "api": {}}  # labels of each fallback, in order of first appearance
         self.groups = Keyed(SITE_SUMS, {"max_live": _LOW})
@@ -141,8 +152,8 @@ class SiteSums:
                 self._seen[id(peak)] = peak.live_set  # a new live set: the peak was raised in this batch
                 at = np.searchsorted(known["seq"], peak.live_set["seq"].to_numpy())
                 i = int(np.searchsorted(b.seq, peak.best_seq))
-                nvtx = innermost_range_rows(b.pid[i:i + 1], b.calls["tid"][i:i + 1].astype("int64"), b.ts[i:i + 1],
-                                            self.ranges)[0] if not self.ranges.empty else -1
+                nvtx = int(self.range_lookup.rows(b.pid[i:i + 1], b.calls["tid"][i:i + 1].astype("int64"),
+                                                  b.ts[i:i + 1])[0])
                 before = own[own <= i]
                 self.at_peak[id(peak)] = ({c: known[c][at] for c in ALLOCATION_INFO}, self.api_names[int(api[i])],
                                           str(self.range_names[nvtx]) if nvtx >= 0 else "",
@@ -150,6 +161,16 @@ class SiteSums:
                                           else self._last_own.get(id(peak), ""))
             if len(own):
                 self._last_own[id(peak)] = self.api_names[int(api[own[-1]])]
+
+    def _attribute(self, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The innermost NVTX range (nvtx.innermost_range_rows: on the thread, else the process's
+        main thread) and operator (attribute_operators: on the thread only) of these points."""
+        nvtx = self.range_lookup.rows(pid, tid, ts)
+        operator = np.zeros(len(ts), "int64")
+        if self.operator_lookup.usable:
+            index = self.operator_lookup.innermost(pid, tid, ts)
+            operator = np.where(index >= 0, self.operator_code[np.maximum(index, 0)], 0)
+        return nvtx, operator
 
     def _string(self, values: np.ndarray) -> np.ndarray:
         """Codes into `strings` of some strings (a dictionary look-up per distinct one)."""
@@ -229,14 +250,13 @@ class SiteSums:
             machine = machinery_of_stack[native]
             machinery[rows[machine >= 0]] = np.array([self._code(s["label"]) for s in machines] or [0],
                                                      "int64")[machine[machine >= 0]]
-        nvtx = innermost_range_rows(pid, tid, ts, self.ranges) if not self.ranges.empty else np.full(n, -1, "int64")
+        nvtx, operator = self._attribute(pid, tid, ts)
         info["nvtx_range"] = self._string(np.append(self.range_names, "")[nvtx])
         if not self.operator_ranges.empty:
-            operator = attribute_operators(pd.DataFrame({"pid": pid, "tid": tid, "ts_ns": ts}), self.operator_ranges)
-            info["operator"] = self._string(np.asarray(operator))
-            need = np.flatnonzero((site < 0) & (operator.codes > 0))
-            site[need] = self._fallbacks("operator", operator.codes[need], np.asarray(operator.categories, dtype=object),
-                                         nvtx[need], pid[need], tid[need])
+            info["operator"] = self._string(self.operator_names[operator])
+            need = np.flatnonzero((site < 0) & (operator > 0))
+            site[need] = self._fallbacks("operator", operator[need], self.operator_names, nvtx[need], pid[need],
+                                         tid[need])
         site[:] = np.where((site < 0) & (machinery >= 0), machinery, site)
         need = np.flatnonzero(site < 0)
         if len(need):
