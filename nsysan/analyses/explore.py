@@ -51,10 +51,8 @@ def step_bands(bands: list[Band]) -> list[Band]:
 
 
 def focus_window(events: pd.DataFrame, bands: list[Band], trace_ends: list[TraceEnd]) -> tuple[Optional[int], Optional[int]]:
-    """The span where memory moves, in ns: the steps when there are (step_bands) and at least
-    FOCUS_SKIP of the memory movement happens inside them, else from the time FOCUS_SKIP of the movement has happened to the last event; widened
-    to the NVTX bands it cuts (whole steps), and to the ranges that follow an early end of the CUDA
-    trace. (None, None) without events."""
+    """The span where memory moves, in ns (focus_from_movement over the events). (None, None)
+    without events that move memory."""
     delta = events["delta_bytes"].to_numpy()
     moving = np.count_nonzero(delta)
     if moving == 0:
@@ -67,16 +65,30 @@ def focus_window(events: pd.DataFrame, bands: list[Band], trace_ends: list[Trace
         del rows
     np.abs(moved, out=moved)
     np.cumsum(moved, out=moved)  # in place: one array of n floats, not three
-    first = int(ts[min(int(np.searchsorted(moved, FOCUS_SKIP * moved[-1], side="left")), len(ts) - 1)])
-    last = int(ts[-1])
-    steps = step_bands(bands)
-    if steps:
-        start, end = min(b.start_ns for b in steps), max(b.end_ns for b in steps)
+
+    def moved_between(start: int, end: int) -> float:
         inside = moved[np.searchsorted(ts, end, side="right") - 1] if ts[0] <= end else 0.0
         inside -= moved[np.searchsorted(ts, start, side="left") - 1] if ts[0] < start else 0.0
+        return inside
+
+    first = int(ts[min(int(np.searchsorted(moved, FOCUS_SKIP * moved[-1], side="left")), len(ts) - 1)])
+    return focus_from_movement(first, int(ts[-1]), float(moved[-1]), moved_between, bands, trace_ends)
+
+
+def focus_from_movement(first: int, last: int, total_moved: float, moved_between: Callable[[int, int], float],
+                        bands: list[Band], trace_ends: list[TraceEnd]) -> tuple[int, int]:
+    """The span where memory moves, in ns: the steps when there are (step_bands) and at least
+    FOCUS_SKIP of the memory movement happens inside them, else from `first` (when FOCUS_SKIP of
+    the movement, `total_moved`, has happened) to `last` (the last event that moves memory);
+    widened to the NVTX bands it cuts (whole steps), and to the ranges that follow an early end of
+    the CUDA trace. `moved_between(start, end)`: the movement from `start` to `end`, both included
+    (what the streamed analysis sums as the events pass: analyses/streamed_ranges.py)."""
+    steps = step_bands(bands)
+    if steps:
+        start, end = step_span(steps)
         # Steps where memory hardly moves (a framework that reserved it all before them) are not
         # where it moves: the movement rule stands.
-        if inside >= FOCUS_SKIP * moved[-1]:
+        if moved_between(start, end) >= FOCUS_SKIP * total_moved:
             first, last = start, end
     for band in bands:  # whole bands: a step cut in two reads as a different step
         if band.start_ns < first < band.end_ns:
@@ -89,6 +101,11 @@ def focus_window(events: pd.DataFrame, bands: list[Band], trace_ends: list[Trace
         last = max(last, max(later))
     pad = int(FOCUS_PAD * (last - first)) if last > first else 1_000_000
     return first - pad, last + pad
+
+
+def step_span(steps: list[Band]) -> tuple[int, int]:
+    """From the first step's start to the last one's end."""
+    return min(b.start_ns for b in steps), max(b.end_ns for b in steps)
 
 
 def nvtx_spans(ranges: pd.DataFrame, events: pd.DataFrame, limit: int = MAX_SPANS) -> list[NvtxSpan]:

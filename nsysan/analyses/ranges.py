@@ -30,27 +30,43 @@ def range_stats(events: pd.DataFrame, ranges: pd.DataFrame, end_ns: int,
     operators = operator_ranges if operator_ranges is not None else ranges.iloc[:0]
     if ranges.empty and operators.empty:
         return []
-    spans = pd.concat([ranges.assign(operator=False), operators.assign(operator=True)], ignore_index=True) \
-        if not operators.empty else ranges.assign(operator=False)
-    spans = spans.assign(end_ns=np.minimum(spans["end_ns"].to_numpy(), max(end_ns, 0)))
-    spans = spans.assign(end_ns=np.maximum(spans["end_ns"], spans["start_ns"]))
-    spans["max_live"] = _max_live_while_open(events, spans, grouped if grouped is not None else group_events(events))
-    per_name = spans.groupby("name", sort=False).agg(
-        instances=("name", "size"), total_time=("end_ns", "sum"), started=("start_ns", "sum"),
-        max_live=("max_live", "max"), operator=("operator", "max"), first_start=("start_ns", "min"))
-    per_name["total_time"] -= per_name["started"]
-
+    spans = range_spans(ranges, operators, end_ns)
+    max_live = _max_live_while_open(events, spans, grouped if grouped is not None else group_events(events))
+    moved = None
     if not events.empty:
         moved = _moved_inside(events, "nvtx_range")
         if not operators.empty and "operator" in events:
             moved = pd.concat([moved, _moved_inside(events, "operator").drop(index="", errors="ignore")])
             moved = moved.groupby(level=0, sort=False).sum()
+    alloc_calls = _alloc_calls(calls, ranges) if not sizes_known and calls is not None else None
+    return ranked_ranges(spans, max_live, moved, alloc_calls, limit)
+
+
+def range_spans(ranges: pd.DataFrame, operators: pd.DataFrame, end_ns: int) -> pd.DataFrame:
+    """The user ranges then the operator ranges (column `operator`), each ending by the capture's
+    end `end_ns` (a range left open ends there) and no earlier than it starts."""
+    spans = pd.concat([ranges.assign(operator=False), operators.assign(operator=True)], ignore_index=True) \
+        if not operators.empty else ranges.assign(operator=False)
+    spans = spans.assign(end_ns=np.minimum(spans["end_ns"].to_numpy(), max(end_ns, 0)))
+    return spans.assign(end_ns=np.maximum(spans["end_ns"], spans["start_ns"]))
+
+
+def ranked_ranges(spans: pd.DataFrame, max_live: np.ndarray, moved: Optional[pd.DataFrame],
+                  alloc_calls: Optional[dict[str, int]], limit: int = MAX_RANGES) -> list[RangeStat]:
+    """The rows of range_stats from the range instances `spans` (range_spans), the highest live
+    bytes while each was open, and per name (`moved`, _moved_inside's columns; None without
+    events) what moved inside."""
+    spans = spans.assign(max_live=max_live)
+    per_name = spans.groupby("name", sort=False).agg(
+        instances=("name", "size"), total_time=("end_ns", "sum"), started=("start_ns", "sum"),
+        max_live=("max_live", "max"), operator=("operator", "max"), first_start=("start_ns", "min"))
+    per_name["total_time"] -= per_name["started"]
+    if moved is not None:
         per_name = per_name.join(moved, how="left")
     for column in ("allocations", "allocated", "freed", "open"):
         if column not in per_name:
             per_name[column] = 0
     per_name = per_name.fillna(0)
-    alloc_calls = _alloc_calls(calls, ranges) if not sizes_known and calls is not None else None
     per_name = per_name.sort_values(["allocated", "max_live", "instances"], ascending=False, kind="stable").head(limit)
     return [RangeStat(name=str(name), instances=int(r.instances), total_time_ns=int(r.total_time),
                       allocations=int(r.allocations), allocated_bytes=int(r.allocated), freed_bytes=int(r.freed),

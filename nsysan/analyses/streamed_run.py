@@ -22,7 +22,7 @@ from .answers import gather_answers
 from .bounds import cut_long_strings
 from .caps import memory_caps
 from .diagnostics import capture_diagnostics
-from .explore import FOCUS_PAD, allocation_groups
+from .explore import allocation_groups, focus_from_movement
 from .oom import CLIMBING_TAIL, NEAR_END_NS
 from .peak import LIVE_AT_PEAK, headline, made_of
 from .ranks import assign_ranks
@@ -341,14 +341,15 @@ def _module_load_note(series: PeakSeries, own_api: Optional[str] = None) -> str:
             f"of the level {own_api or QUICK_API} reached at {fmt_time(series.note_own_ts)}")
 
 
-def _focus(first: FirstLook, second: SecondLook) -> tuple[Optional[int], Optional[int]]:
-    """explore.focus_window without NVTX bands: from where FOCUS_SKIP of the movement happened to the last move."""
+def _focus(first: FirstLook, second: SecondLook, bands: list = (), trace_ends: list = (),
+           moved_between=None) -> tuple[Optional[int], Optional[int]]:
+    """explore.focus_window from the looks' movement: where FOCUS_SKIP of it had happened, the
+    last move, and (the full analysis) the NVTX bands, trace ends and `moved_between` the steps."""
     if first.last_moving_ts is None:
         return None, None
     start = second.focus_ts if second.focus_ts is not None else first.last_moving_ts
-    last = first.last_moving_ts
-    pad = int(FOCUS_PAD * (last - start)) if last > start else 1_000_000
-    return start - pad, last + pad
+    return focus_from_movement(start, first.last_moving_ts, first.moved, moved_between, list(bands),
+                               list(trace_ends))
 
 
 def _spikes(first: FirstLook, second: SecondLook, gpu_of) -> list[Spike]:
