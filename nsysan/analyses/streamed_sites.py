@@ -7,6 +7,9 @@ by batch; a free takes its allocation's site from the live allocations carried a
 What depends on the whole capture is made the way call_sites makes it: the stacks are numbered
 from every allocation's stack id (gathered by the first pass), and the sites are ordered (which
 breaks rank_sites' ties) by kind of source, then by first appearance.
+
+Every event of a batch (frees too) is attributed to its innermost NVTX range and operator once,
+here, for the consumers after this one as well (streamed_ranges.py): `batch_ranges`.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ class SiteSums:
         codes, names = pd.factorize(operator_ranges["name"].to_numpy(dtype=object)) if not operator_ranges.empty \
             else (np.zeros(0, "int64"), np.zeros(0, object))
         self.operator_code, self.operator_names = codes.astype("int64") + 1, np.append("", names).astype(object)
+        # of each event of the last batch: its innermost NVTX range (row in `ranges`, -1 for none)
+        # and operator (code into operator_names)
+        self.batch_ranges = (np.zeros(0, "int64"), np.zeros(0, "int64"))
         self.labels: dict[str, int] = {}  # label -> code, in order of first appearance
         self.seen = {"operator": {}, "api": {}}  # labels of each fallback, in order of first appearance
         self.groups = Keyed(SITE_SUMS, {"max_live": _LOW})
@@ -79,6 +85,7 @@ class SiteSums:
         if n == 0:
             return
         self.pids = pd.unique(np.concatenate([self.pids, b.pid]))
+        self.batch_ranges = self._attribute(b)
         allocs = np.flatnonzero(b.is_alloc)
         info = self._label(b, allocs)
         site = np.full(n, -1, "int64")
@@ -152,8 +159,7 @@ class SiteSums:
                 self._seen[id(peak)] = peak.live_set  # a new live set: the peak was raised in this batch
                 at = np.searchsorted(known["seq"], peak.live_set["seq"].to_numpy())
                 i = int(np.searchsorted(b.seq, peak.best_seq))
-                nvtx = int(self.range_lookup.rows(b.pid[i:i + 1], b.calls["tid"][i:i + 1].astype("int64"),
-                                                  b.ts[i:i + 1])[0])
+                nvtx = int(self.batch_ranges[0][i])
                 before = own[own <= i]
                 self.at_peak[id(peak)] = ({c: known[c][at] for c in ALLOCATION_INFO}, self.api_names[int(api[i])],
                                           str(self.range_names[nvtx]) if nvtx >= 0 else "",
@@ -162,13 +168,14 @@ class SiteSums:
             if len(own):
                 self._last_own[id(peak)] = self.api_names[int(api[own[-1]])]
 
-    def _attribute(self, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The innermost NVTX range (nvtx.innermost_range_rows: on the thread, else the process's
-        main thread) and operator (attribute_operators: on the thread only) of these points."""
-        nvtx = self.range_lookup.rows(pid, tid, ts)
-        operator = np.zeros(len(ts), "int64")
+    def _attribute(self, b) -> tuple[np.ndarray, np.ndarray]:
+        """Each event's innermost NVTX range (nvtx.innermost_range_rows: on its thread, else its
+        process's main thread) and operator (attribute_operators: on its own thread only)."""
+        tid = b.calls["tid"].astype("int64")
+        nvtx = self.range_lookup.rows(b.pid, tid, b.ts) if self.range_lookup.usable else np.full(len(b), -1, "int64")
+        operator = np.zeros(len(b), "int64")
         if self.operator_lookup.usable:
-            index = self.operator_lookup.innermost(pid, tid, ts)
+            index = self.operator_lookup.innermost(b.pid, tid, b.ts)
             operator = np.where(index >= 0, self.operator_code[np.maximum(index, 0)], 0)
         return nvtx, operator
 
@@ -222,7 +229,7 @@ class SiteSums:
         """Of each allocation: its site code (call_sites' order of sources) and ALLOCATION_INFO."""
         n = len(allocs)
         site, stack = np.full(n, -1, "int64"), np.full(n, -1, "int64")
-        pid, tid, ts = b.pid[allocs], b.calls["tid"][allocs].astype("int64"), b.ts[allocs]
+        pid, tid = b.pid[allocs], b.calls["tid"][allocs].astype("int64")
         info = {"seq": b.seq[allocs], "site": site, "tid": tid, "api": self._api_codes(b)[allocs], "stack": stack,
                 "nvtx_range": np.zeros(n, "int64"), "operator": np.zeros(n, "int64")}
         if n == 0:
@@ -250,7 +257,7 @@ class SiteSums:
             machine = machinery_of_stack[native]
             machinery[rows[machine >= 0]] = np.array([self._code(s["label"]) for s in machines] or [0],
                                                      "int64")[machine[machine >= 0]]
-        nvtx, operator = self._attribute(pid, tid, ts)
+        nvtx, operator = (attributed[allocs] for attributed in self.batch_ranges)
         info["nvtx_range"] = self._string(np.append(self.range_names, "")[nvtx])
         if not self.operator_ranges.empty:
             info["operator"] = self._string(self.operator_names[operator])
