@@ -275,7 +275,9 @@ FULL_FIXTURES = ["known_mem_v22", "known_bt_v25", "real_oom_v25", "torch_leak_v2
 # What the streamed full analysis computes as the whole frame does: these parts of the document.
 STREAMED_FULL = ("capture", "groups", "sites", "api_calls", "failed_calls", "never_freed", "never_freed_total",
                  "reserved.pools", "reserved.preallocations", "timeline.allocations", "timeline.allocations_total", "never_freed_groups",
-                 "timeline.series", "timeline.start_ns", "timeline.end_ns", "peaks", "oom", "reserved", "caps", "spikes")
+                 "timeline.series", "timeline.start_ns", "timeline.end_ns", "peaks", "oom", "reserved", "caps", "spikes",
+                 "ranges", "timeline.bands", "timeline.spans", "timeline.trace_ends", "timeline.focus_start_ns",
+                 "timeline.focus_end_ns")
 
 
 def full_documents(path: Path, chunk: int, monkeypatch) -> tuple[dict, dict]:
@@ -313,10 +315,10 @@ def assert_streamed_full_is_whole(whole: dict, streamed: dict) -> None:
         assert part(streamed, name) == part(whole, name), name
     assert used_stacks(streamed) == used_stacks(whole)
     # the sections not streamed yet are empty, and the diagnostic names them
-    assert streamed["ranges"] == streamed["steps"] == streamed["growth"] == streamed["phases"] == []
+    assert streamed["steps"] == streamed["growth"] == streamed["phases"] == []
     note = [d for d in streamed["diagnostics"] if d["code"] == "not_streamed"]
     assert len(note) == 1 and note[0]["severity"] == "warning"
-    for section in ("ranges", "steps", "growth", "phases", "timeline.bands"):
+    for section in ("steps", "growth", "phases"):
         assert section in note[0]["message"]
 
 

@@ -5,8 +5,10 @@ The memory events flow as in `--quick` (streamed_run.py), each batch joined to i
 (events/stream_calls.py); one scan of the calls sums the API call stats, finds the failed calls,
 the threads and the calls' span; the first pass gathers the allocations' call stacks and the
 live bytes at each failed call; the second labels every allocation's site and sums per site
-(streamed_sites.py). These sections are the whole-frame ones; what is not streamed yet is left
-empty and named by the diagnostic `not_streamed` (NOT_STREAMED), with how to get it.
+(streamed_sites.py); the NVTX ranges table and the timeline's bands, spans and focus come from
+the ranges and a few sums of both passes (streamed_ranges.py). These sections are the whole-frame
+ones; what is not streamed yet is left empty and named by the diagnostic `not_streamed`
+(NOT_STREAMED), with how to get it.
 """
 
 from __future__ import annotations
@@ -31,14 +33,16 @@ from .diagnostics import VMM_EVENT_APIS, capture_diagnostics
 from .ranks import assign_ranks
 from .stacks import referenced_stacks
 from .streamed import RESIDENT
+from .explore import early_trace_ends, nvtx_spans, step_bands, step_span
 from .streamed_oom import VerdictLooks
 from .streamed_spikes import RangeRises, SpikeParts
-from .streamed_run import _cut_short, _mini, gpus, run_streamed
+from .streamed_ranges import RangeSums, RangeThreads, streamed_range_stats
+from .streamed_run import _cut_short, _focus, _mini, gpus, run_streamed
 from .streamed_sites import SiteSums
+from .timeline import top_level_bands
 
 # The sections (and parts of sections) the streamed full analysis leaves out, as the diagnostic names them.
-NOT_STREAMED = ("ranges", "steps", "growth", "phases", "timeline.bands", "timeline.spans",
-                "timeline.trace_ends", "timeline.focus")
+NOT_STREAMED = ("steps", "growth", "phases")
 
 # The diagnostics that only the analyses not streamed yet raise: `check --no-warnings` on them
 # cannot tell "not raised" from "not looked for" (limits.py)
@@ -58,10 +62,13 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     gpu_of, total_memory = gpus(schema)
     verdict_looks = VerdictLooks(calls, ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns)
 
-    def first(_) -> Each:
+    span = _span(calls, ranges)
+
+    def first(look) -> Each:
         looks["first"] = FirstCalls(calls)
         looks["rises"] = RangeRises(ranges, calls.threads)  # calls.threads: steps.memory_threads' keys
-        return Each(looks["first"], verdict_looks.first_pass(), looks["rises"])
+        looks["range_threads"] = RangeThreads(look, ranges, operator_ranges, max(0, schema.duration_ns or 0, span[1]))
+        return Each(looks["first"], verdict_looks.first_pass(), looks["rises"], looks["range_threads"])
 
     def second(look) -> Each:
         found = looks["first"]
@@ -69,14 +76,19 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
                                    listed=_listed(look.first), look=look,
                                    times=(look.first.first_ts, look.first.last_ts))
+        looks["bands"] = top_level_bands(ranges, looks["range_threads"].threads())
+        steps = step_bands(looks["bands"])
+        looks["range_sums"] = RangeSums(looks["second"], ranges, step_span(steps) if steps else None)
         looks["look"] = look
         looks["spikes"] = SpikeParts(look, looks["second"])
-        return Each(looks["second"], verdict_looks.second_pass(look, looks["second"]), looks["spikes"])
+        return Each(looks["second"], verdict_looks.second_pass(look, looks["second"]), looks["spikes"],
+                    looks["range_sums"])
 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
-                         also=(first, second), span=_span(calls, ranges), described=described)
+                         also=(first, second), span=span, described=described)
     found, sites, ranked = looks["first"], looks["second"], looks["ranked"][0]
+    looks["range_sums"].finish(flow.live)
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
     capture = _capture(quick, calls.threads, ranges, schema)
     labels = {p.pid: p.label for p in capture.processes}
@@ -97,12 +109,22 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         quick, scope="full", capture=capture, sites=ranked, api_calls=calls.stats, failed_calls=failed,
         diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved,
         spikes=looks["spikes"].spikes(gpu_of, lambda pid, tid, ts: _nvtx_path(pid, tid, ts, ranges)),
-        timeline=dataclasses.replace(quick.timeline, bands=[], spans=[], trace_ends=[],
-                                                             focus_start_ns=None, focus_end_ns=None))
+        ranges=streamed_range_stats(ranges, operator_ranges, quick.timeline.end_ns, looks["range_threads"],
+                                    looks["range_sums"]),
+        timeline=_explorable(quick.timeline, looks, ranges, last_calls))
     answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, False,
                              {pid: label for pid, label in labels.items() if label})
     analysis = dataclasses.replace(analysis, answers=answers)
     return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(sites.registry.stacks, analysis)))
+
+
+def _explorable(timeline, looks: dict, ranges: pd.DataFrame, last_calls: dict):
+    """analyses._explorable's NVTX parts: the bands, spans, trace ends and focus."""
+    trace_ends = early_trace_ends(ranges, last_calls)
+    look = looks["look"]
+    focus = _focus(look.first, look, looks["bands"], trace_ends, looks["range_sums"].moved_between)
+    return dataclasses.replace(timeline, bands=looks["bands"], trace_ends=trace_ends, focus_start_ns=focus[0],
+                               focus_end_ns=focus[1], spans=nvtx_spans(ranges, looks["range_threads"].threads()))
 
 
 def not_streamed_note() -> Diagnostic:

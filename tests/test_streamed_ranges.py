@@ -1,0 +1,89 @@
+"""The streamed full analysis's NVTX sections (analyses/streamed_ranges.py): the ranges table and
+the timeline's bands, spans, trace ends and focus are the whole frame's, read in ten batches and
+more, and on copies with both event tables shuffled."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from conftest import FIXTURES
+from test_bounded_memory import FULL_FIXTURES, chunk_rowids, full_documents, shuffled_copy
+
+from nsysan.analyses.explore import FOCUS_PAD
+
+MiB = 1 << 20
+TIMELINE_PARTS = ("bands", "spans", "trace_ends", "focus_start_ns", "focus_end_ns")
+
+
+def assert_ranges_are_whole(whole: dict, streamed: dict) -> None:
+    assert streamed["ranges"] == whole["ranges"]
+    for name in TIMELINE_PARTS:
+        assert streamed["timeline"][name] == whole["timeline"][name], name
+    for note in (d for d in streamed["diagnostics"] if d["code"] == "not_streamed"):  # none once all are streamed
+        assert "ranges" not in note["message"] and "timeline" not in note["message"]
+
+
+@pytest.mark.parametrize("name", FULL_FIXTURES)
+def test_streamed_ranges_are_the_whole_frame_ones(name, monkeypatch):
+    path = FIXTURES / f"{name}.sqlite"
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert_ranges_are_whole(whole, streamed)
+    assert streamed["ranges"] and streamed["timeline"]["bands"]  # every one of these captures has NVTX ranges
+
+
+@pytest.mark.parametrize("name, seed", [("torch_ops_v25", 11), ("torch_leak_v25", 12), ("ddp_leak_v25", 13)])
+def test_streamed_ranges_on_shuffled_rows(name, seed, tmp_path, monkeypatch):
+    path = shuffled_copy(FIXTURES / f"{name}.sqlite", tmp_path / f"{name}.sqlite", seed)
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert_ranges_are_whole(whole, streamed)
+
+
+def test_streamed_ranges_of_a_leaking_rank(monkeypatch):
+    # ddp_train.py: two ranks run "step 0".."step 7", and rank 1 keeps a new 64 MiB tensor in each
+    # step; from step 2 on the caching allocator holds nothing spare, so each step makes exactly
+    # that one cudaMalloc, never freed, and the process's highest live bytes rise by 64 MiB a step
+    path = FIXTURES / "ddp_leak_v25.sqlite"
+    _, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    rows = {r["name"]: r for r in streamed["ranges"]}
+    steps = [rows[f"step {k}"] for k in range(2, 8)]
+    assert [(r["instances"], r["allocations"], r["allocated_bytes"], r["still_live_bytes"], r["freed_bytes"])
+            for r in steps] == [(2, 1, 64 * MiB, 64 * MiB, 0)] * 6
+    assert [b["max_live_bytes"] - a["max_live_bytes"] for a, b in zip(steps, steps[1:])] == [64 * MiB] * 5
+
+
+def test_streamed_operator_ranges(monkeypatch):
+    # --pytorch=autograd-shapes-nvtx: every ATen operator is a push/pop range of its own; the table
+    # lists every name (fewer than 200), so its instances add up to the export's push/pop ranges
+    path = FIXTURES / "torch_ops_v25.sqlite"
+    _, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    with sqlite3.connect(path) as conn:
+        pushed = conn.execute("SELECT count(*) FROM NVTX_EVENTS WHERE eventType = 59").fetchone()[0]
+    assert sum(r["instances"] for r in streamed["ranges"]) == pushed
+    operators = {r["name"]: r for r in streamed["ranges"] if r["operator"]}
+    assert "aten::addmm" in operators and operators["aten::addmm"]["allocated_bytes"] > 0
+    user = {r["name"] for r in streamed["ranges"] if not r["operator"]}
+    assert {"setup", "forward", "backward"} <= user
+
+
+def test_streamed_focus_is_on_the_steps(monkeypatch):
+    # torch_train.py --steps 6: "setup", then "step 0".."step 5" on the main thread; the memory
+    # moves in the steps, so the page opens on them, padded by FOCUS_PAD of their span
+    path = FIXTURES / "torch_leak_v25.sqlite"
+    _, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    timeline = streamed["timeline"]
+    assert [b["name"] for b in timeline["bands"]] == ["setup"] + [f"step {k}" for k in range(6)]
+    start, end = timeline["bands"][1]["start_ns"], timeline["bands"][-1]["end_ns"]
+    pad = int(FOCUS_PAD * (end - start))
+    assert (timeline["focus_start_ns"], timeline["focus_end_ns"]) == (start - pad, end + pad)
+
+
+def test_streamed_trace_end(monkeypatch):
+    # known_mem_v22: nsys 2022.4 traced the CUDA 13 program only partly, its NVTX ranges go on
+    # after the last CUDA call it recorded
+    path = FIXTURES / "known_mem_v22.sqlite"
+    _, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    with sqlite3.connect(path) as conn:
+        last_call = conn.execute('SELECT max("end") FROM CUPTI_ACTIVITY_KIND_RUNTIME').fetchone()[0]
+    assert [(e["pid"], e["time_ns"]) for e in streamed["timeline"]["trace_ends"]] == \
+        [(streamed["capture"]["processes"][0]["pid"], last_call)]
