@@ -232,7 +232,7 @@ def evaluate_limits(analysis: Analysis, baseline: Optional[Analysis], limits: Li
             outcomes.append(_at_most("max-growth-per-step", unit.where, unit.growth, limits.max_growth_per_step,
                                      "growth per step"))
     if limits.max_growth_per_step is not None and not any(u.growth is not None for u in units):
-        _refuse_if_not_streamed(analysis, "--max-growth-per-step needs steps")
+        _refuse_if_not_streamed(analysis, "--max-growth-per-step needs steps", section="growth")
         raise NsysanError(f"{analysis.source.name}: --max-growth-per-step needs steps, and none were found "
                           "(mark each training step with an NVTX range named like 'step 3')")
     if limits.no_failed_allocations:
@@ -345,15 +345,16 @@ def _failed_allocations(analysis: Analysis, per: str) -> list[Outcome]:
     return outcomes
 
 
-def _refuse_if_not_streamed(analysis: Analysis, need: str, codes: tuple[str, ...] = ()) -> None:
+def _refuse_if_not_streamed(analysis: Analysis, need: str, codes: tuple[str, ...] = (),
+                            section: Optional[str] = None) -> None:
     """Stop when a limit needs what the streamed full analysis of a large export did not compute
     (its diagnostic `not_streamed`; analyses/streamed_full.py): absent is not the same as held."""
     note = next((d for d in analysis.diagnostics if d.code == "not_streamed"), None)
     if note is None:
         return
-    from .analyses.streamed_full import NOT_STREAMED_CODES
+    from .analyses.streamed_full import NOT_STREAMED, NOT_STREAMED_CODES
 
-    if codes and not set(codes) & set(NOT_STREAMED_CODES):
+    if (codes and not set(codes) & set(NOT_STREAMED_CODES)) or (section is not None and section not in NOT_STREAMED):
         return
     raise NsysanError(f"{analysis.source.name}: {need}, which this analysis did not compute: the export is large "
                       "enough to be analyzed in bounded memory, where some sections are not computed yet (the "

@@ -41,8 +41,7 @@ def phase_costs(series: list[LiveSeries], ranges: pd.DataFrame, memory_threads: 
     above it, and the net change at the end (see the module's docstring)."""
     if ranges.empty or not series:
         return []
-    keys = thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy())
-    closed = (ranges["end_ns"].to_numpy() < min(OPEN_END, max(end_ns, 0))) & np.isin(keys, memory_threads)
+    closed = phase_ranges(ranges, memory_threads) & (ranges["end_ns"].to_numpy() < min(OPEN_END, max(end_ns, 0)))
     if not closed.any():
         return []
     paths = range_paths(ranges)[closed]
@@ -57,13 +56,32 @@ def phase_costs(series: list[LiveSeries], ranges: pd.DataFrame, memory_threads: 
         first = np.searchsorted(s.ts, starts, side="left")
         stop = np.searchsorted(s.ts, ends, side="right")
         padded = np.concatenate([[0], s.live])
-        start_live, end_live = padded[first], padded[stop]
-        rise = np.maximum(start_live, range_max(s.live, first, stop)) - start_live
-        step_of = _step_numbers(starts, steps, s.pid, s.device)
-        table = pd.DataFrame({"path": paths[mine], "start_ns": starts, "start_live": start_live, "rise": rise,
-                              "net": end_live - start_live, "step": step_of}).sort_values("start_ns", kind="stable")
-        for path, rows in table.groupby("path", sort=False):  # one per range path
-            found.append(_phase(s, gpu_of(s.pid, s.device), str(path), rows))
+        start_live = padded[first]
+        found += phases_of(s.pid, s.device, gpu_of(s.pid, s.device), paths[mine], starts, start_live,
+                           np.maximum(start_live, range_max(s.live, first, stop)), padded[stop], steps)
+    return ranked(found)
+
+
+def phase_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray) -> np.ndarray:
+    """Which ranges can be phases: those on a thread that makes memory calls, never left open
+    (OPEN_END; the capture's end closes no phase either, which phase_costs checks)."""
+    keys = thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy())
+    return (ranges["end_ns"].to_numpy() < OPEN_END) & np.isin(keys, memory_threads)
+
+
+def phases_of(pid: int, device: int, gpu, paths: np.ndarray, starts: np.ndarray, start_live: np.ndarray,
+              peak: np.ndarray, end_live: np.ndarray, steps: list[StepSeries]) -> list[Phase]:
+    """The phases of one (process, device), given per range instance its path, start, the live
+    bytes at its start, the peak inside (at least the start's) and at its end."""
+    step_of = _step_numbers(starts, steps, pid, device)
+    table = pd.DataFrame({"path": paths, "start_ns": starts, "start_live": start_live, "rise": peak - start_live,
+                          "net": end_live - start_live, "step": step_of}).sort_values("start_ns", kind="stable")
+    return [_phase(pid, device, gpu, str(path), rows)
+            for path, rows in table.groupby("path", sort=False)]  # one per range path
+
+
+def ranked(found: list[Phase]) -> list[Phase]:
+    """The MAX_PHASES largest rises, first."""
     found.sort(key=lambda p: (-p.rise_max_bytes, p.pid, p.device, p.path))
     return found[:MAX_PHASES]
 
@@ -81,10 +99,10 @@ def _step_numbers(starts: np.ndarray, steps: list[StepSeries], pid: int, device:
     return np.where(inside, numbers[np.maximum(at, 0)], -1)
 
 
-def _phase(s: LiveSeries, gpu, path: str, rows: pd.DataFrame) -> Phase:
+def _phase(pid: int, device: int, gpu, path: str, rows: pd.DataFrame) -> Phase:
     rise, net = rows["rise"].to_numpy(), rows["net"].to_numpy()
     listed = rows.head(MAX_INSTANCES)
-    return Phase(pid=s.pid, device=s.device, gpu=gpu, path=path, instances=len(rows),
+    return Phase(pid=pid, device=device, gpu=gpu, path=path, instances=len(rows),
                  start_live_median_bytes=int(np.median(rows["start_live"].to_numpy())),
                  rise_median_bytes=int(np.median(rise)), rise_max_bytes=int(rise.max()),
                  net_median_bytes=int(np.median(net)), net_min_bytes=int(net.min()), net_max_bytes=int(net.max()),

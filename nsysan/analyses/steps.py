@@ -130,13 +130,7 @@ def step_table(events: pd.DataFrame, series: list[LiveSeries], step_ranges: dict
         if s.pid not in step_ranges or len(s.rows) == 0:
             continue
         family, spans = step_ranges[s.pid]
-        starts = spans["start_ns"].to_numpy()
-        raw_ends = spans["end_ns"].to_numpy()
-        # nsys ends a range left open at the end of the session (or leaves its end NULL, read as
-        # OPEN_END): a step that ends at the capture's end never closed.
-        closed = raw_ends < min(OPEN_END, max(end_ns, 0))
-        ends = np.where(closed, raw_ends, max(end_ns, 0))
-        ends = np.maximum(ends, starts)
+        starts, ends, closed = step_spans(spans, end_ns)
         first = np.searchsorted(s.ts, starts, side="left")  # first event inside
         stop = np.searchsorted(s.ts, ends, side="right")  # one past the last inside
         padded = np.concatenate([[0], s.live])  # padded[i] = live after the first i events
@@ -147,28 +141,50 @@ def step_table(events: pd.DataFrame, series: list[LiveSeries], step_ranges: dict
         # freed is what was allocated minus the net change: two passes over the rows, not four.
         delta = events["delta_bytes"].to_numpy()[s.rows]
         allocated = _window_sums(np.maximum(delta, 0), first, stop)
-        freed = allocated - (end_live - start_live)
         kept_mask = (delta > 0) & (events["partner"].to_numpy()[s.rows] < 0)
         kept = _window_sums(np.where(kept_mask, delta, 0), first, stop)
         holders = _holders(events, s, kept_mask, first, stop)
-        deltas = np.diff(np.concatenate([[start_live[0]], end_live])) if len(end_live) else end_live
-        traced = ends <= (trace_end_ns or {}).get(s.pid, OPEN_END)
-        names = spans["name"].astype(str).tolist()
-        numbers = step_numbers(names)
-        # Columns as Python values first: a long run has 5,000 steps per process, and indexing
-        # a numpy array makes an object per value.
-        columns = zip(numbers, names, starts.tolist(), ends.tolist(), closed.tolist(), start_live.tolist(),
-                      end_live.tolist(), deltas.tolist(), peak.tolist(), allocated.tolist(), freed.tolist(),
-                      kept.tolist(), traced.tolist())
-        steps = [Step(number=number, name=name, start_ns=int(start), end_ns=int(end), closed=bool(is_closed),
-                      start_live_bytes=int(live_at_start), end_live_bytes=int(live_at_end), delta_bytes=int(delta_i),
-                      peak_live_bytes=int(peak_i), allocated_bytes=int(allocated_i), freed_bytes=int(freed_i),
-                      kept_bytes=int(kept_i), kept=holders.get(i, []), traced=bool(is_traced))
-                 for i, (number, name, start, end, is_closed, live_at_start, live_at_end, delta_i, peak_i, allocated_i,
-                         freed_i, kept_i, is_traced) in enumerate(columns)]  # one per step
-        result.append(StepSeries(pid=s.pid, device=s.device, gpu=gpu_of(s.pid, s.device), range_name=family,
-                                 found_by=found_by, steps=steps))
+        result.append(step_series(s.pid, s.device, gpu_of(s.pid, s.device), family, found_by, spans,
+                                  (starts, ends, closed), (start_live, end_live, peak, allocated, kept), holders,
+                                  trace_end_ns))
     return result
+
+
+def step_spans(spans: pd.DataFrame, end_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The steps' starts, ends and whether each closed."""
+    starts = spans["start_ns"].to_numpy()
+    raw_ends = spans["end_ns"].to_numpy()
+    # nsys ends a range left open at the end of the session (or leaves its end NULL, read as
+    # OPEN_END): a step that ends at the capture's end never closed.
+    closed = raw_ends < min(OPEN_END, max(end_ns, 0))
+    ends = np.where(closed, raw_ends, max(end_ns, 0))
+    return starts, np.maximum(ends, starts), closed
+
+
+def step_series(pid: int, device: int, gpu: Optional[int], family: str, found_by: str, spans: pd.DataFrame,
+                times: tuple, sums: tuple, holders: dict[int, list[Holder]],
+                trace_end_ns: Optional[dict[int, int]]) -> StepSeries:
+    """The StepSeries of one (process, device): `times` step_spans(), `sums` per step its live
+    bytes at start and end, peak, bytes allocated and kept (allocated inside and never freed)."""
+    starts, ends, closed = times
+    start_live, end_live, peak, allocated, kept = sums
+    freed = allocated - (end_live - start_live)
+    deltas = np.diff(np.concatenate([[start_live[0]], end_live])) if len(end_live) else end_live
+    traced = ends <= (trace_end_ns or {}).get(pid, OPEN_END)
+    names = spans["name"].astype(str).tolist()
+    numbers = step_numbers(names)
+    # Columns as Python values first: a long run has 5,000 steps per process, and indexing
+    # a numpy array makes an object per value.
+    columns = zip(numbers, names, starts.tolist(), ends.tolist(), closed.tolist(), start_live.tolist(),
+                  end_live.tolist(), deltas.tolist(), peak.tolist(), allocated.tolist(), freed.tolist(),
+                  kept.tolist(), traced.tolist())
+    steps = [Step(number=number, name=name, start_ns=int(start), end_ns=int(end), closed=bool(is_closed),
+                  start_live_bytes=int(live_at_start), end_live_bytes=int(live_at_end), delta_bytes=int(delta_i),
+                  peak_live_bytes=int(peak_i), allocated_bytes=int(allocated_i), freed_bytes=int(freed_i),
+                  kept_bytes=int(kept_i), kept=holders.get(i, []), traced=bool(is_traced))
+             for i, (number, name, start, end, is_closed, live_at_start, live_at_end, delta_i, peak_i, allocated_i,
+                     freed_i, kept_i, is_traced) in enumerate(columns)]  # one per step
+    return StepSeries(pid=pid, device=device, gpu=gpu, range_name=family, found_by=found_by, steps=steps)
 
 
 def listed(series: StepSeries, limit: int = MAX_LISTED) -> StepSeries:
@@ -213,15 +229,22 @@ def _holders(events: pd.DataFrame, s: LiveSeries, kept_mask: np.ndarray, first: 
     rows = s.rows[positions]
     # Category codes, not strings: turning a 1e7-row categorical into strings costs a second.
     site, name = events["site"], events["nvtx_range"]
-    kept = pd.DataFrame({"step": step_of, "site": site.cat.codes.to_numpy()[rows],
-                         "range": name.cat.codes.to_numpy()[rows], "bytes": events["bytes"].to_numpy()[rows]})
+    return holders_by_step(step_of, site.cat.codes.to_numpy()[rows], name.cat.codes.to_numpy()[rows],
+                           events["bytes"].to_numpy()[rows], site.cat.categories, name.cat.categories)
+
+
+def holders_by_step(step: np.ndarray, site: np.ndarray, name: np.ndarray, size: np.ndarray, sites, names) -> \
+        dict[int, list[Holder]]:
+    """Per step, its MAX_HOLDERS largest (site, range) pairs of kept allocations, given each one's
+    step, site and range (codes into `sites` and `names`, -1 for none) and size, in event order
+    (which breaks ties)."""
+    kept = pd.DataFrame({"step": step, "site": site, "range": name, "bytes": size})
     summed = kept.groupby(["step", "site", "range"], sort=False)["bytes"].agg(["sum", "size"]).reset_index()
     summed = summed.sort_values(["step", "sum"], ascending=[True, False], kind="stable")
     summed = summed.groupby("step", sort=False).head(MAX_HOLDERS)
-    sites, names = site.cat.categories, name.cat.categories
     holders: dict[int, list[Holder]] = {}
-    for step, site_code, name_code, total, count in summed.itertuples(index=False):  # capped per step
-        holders.setdefault(int(step), []).append(Holder(
+    for step_i, site_code, name_code, total, count in summed.itertuples(index=False):  # capped per step
+        holders.setdefault(int(step_i), []).append(Holder(
             site=str(sites[site_code]) if site_code >= 0 else "", nvtx_range=str(names[name_code]) if name_code >= 0 else "",
             bytes=int(total), allocations=int(count)))
     return holders

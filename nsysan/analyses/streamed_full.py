@@ -1,13 +1,14 @@
 """`run_streamed_full`: the full analysis of an export too large for the whole events frame, in
-bounded memory (issue 14), as far as it is streamed so far.
+bounded memory (issue 14).
 
 The memory events flow as in `--quick` (streamed_run.py), each batch joined to its API calls
 (events/stream_calls.py); one scan of the calls sums the API call stats, finds the failed calls,
 the threads and the calls' span; the first pass gathers the allocations' call stacks and the
 live bytes at each failed call; the second labels every allocation's site and sums per site
 (streamed_sites.py); the NVTX ranges table and the timeline's bands, spans and focus come from
-the ranges and a few sums of both passes (streamed_ranges.py). These sections are the whole-frame
-ones; what is not streamed yet is left empty and named by the diagnostic `not_streamed`
+the ranges and a few sums of both passes (streamed_ranges.py); the steps, growth and phases from
+windows on the first pass's live series (streamed_steps.py). Every section is the whole frame's;
+a section not streamed (none now) would be left empty and named by the diagnostic `not_streamed`
 (NOT_STREAMED), with how to get it.
 """
 
@@ -30,8 +31,10 @@ from .answers import gather_answers
 from .bounds import cut_long_strings
 from .calls import failed_call_list
 from .diagnostics import VMM_EVENT_APIS, capture_diagnostics
+from .growth import growth_diagnostics, judge_all
 from .ranks import assign_ranks
 from .stacks import referenced_stacks
+from .steps import listed, step_diagnostics
 from .streamed import RESIDENT
 from .explore import early_trace_ends, nvtx_spans, step_bands, step_span
 from .streamed_oom import VerdictLooks
@@ -40,13 +43,15 @@ from .streamed_ranges import RangeSums, RangeThreads, streamed_range_stats
 from .streamed_run import _cut_short, _focus, _mini, gpus, run_streamed
 from .streamed_sites import SiteSums
 from .timeline import top_level_bands
+from .streamed_steps import StepWindows, kept_allocations
 
-# The sections (and parts of sections) the streamed full analysis leaves out, as the diagnostic names them.
-NOT_STREAMED = ("steps", "growth", "phases")
+# The sections (and parts of sections) the streamed full analysis leaves out, as the diagnostic names them:
+# none now (the mechanism stays for an analysis added to the whole frame before its stream).
+NOT_STREAMED: tuple[str, ...] = ()
 
 # The diagnostics that only the analyses not streamed yet raise: `check --no-warnings` on them
 # cannot tell "not raised" from "not looked for" (limits.py)
-NOT_STREAMED_CODES = ("memory_growth", "memory_kept_unevenly", "no_steps")
+NOT_STREAMED_CODES = ()
 
 
 def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
@@ -62,13 +67,13 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     gpu_of, total_memory = gpus(schema)
     verdict_looks = VerdictLooks(calls, ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns)
 
-    span = _span(calls, ranges)
-
     def first(look) -> Each:
         looks["first"] = FirstCalls(calls)
         looks["rises"] = RangeRises(ranges, calls.threads)  # calls.threads: steps.memory_threads' keys
         looks["range_threads"] = RangeThreads(look, ranges, operator_ranges, max(0, schema.duration_ns or 0, span[1]))
-        return Each(looks["first"], verdict_looks.first_pass(), looks["rises"], looks["range_threads"])
+        looks["steps"] = StepWindows(look, ranges, calls.threads, step_range)
+        return Each(looks["first"], verdict_looks.first_pass(), looks["rises"], looks["range_threads"],
+                    looks["steps"])
 
     def second(look) -> Each:
         found = looks["first"]
@@ -99,20 +104,26 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     verdicts = verdict_looks.verdicts(
         quick, described, lambda pid: labels.get(pid) or f"process {pid}", flow.live,
         lambda open_by_pid: _cut_short(look.first, look, quick.timeline.end_ns, open_by_pid))
+    steps, phases = looks["steps"].tables(
+        quick.timeline.end_ns, gpu_of, "step-range" if step_range is not None else "nvtx", last_calls,
+        kept_allocations(looks["steps"].look, flow.live, flow.kinds, sites), list(sites.labels), list(sites.strings))
+    step_notes = step_diagnostics(list(looks["steps"].series), steps, not ranges.empty, False, step_range)
+    growth = judge_all(steps, capture.processes, verdicts.caps)
+    steps = [listed(s) for s in steps]  # after judging: the verdict sees every step
     diagnostics = list(schema.diagnostics) + list(flow.diagnostics) + notes + capture_diagnostics(
         schema, digest, pd.DataFrame({"family": pd.Series(dtype=object)}), ranges, last_calls, quick.groups,
         quick.peaks, failed, report_version,
         counted={"vmm_events": found.vmm_events, "calls_without_events": flow.call_window.calls_without_events})
     diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics \
-        + [not_streamed_note()]
+        + step_notes + growth_diagnostics(growth) + ([not_streamed_note()] if NOT_STREAMED else [])
     analysis = dataclasses.replace(
         quick, scope="full", capture=capture, sites=ranked, api_calls=calls.stats, failed_calls=failed,
         diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved,
         spikes=looks["spikes"].spikes(gpu_of, lambda pid, tid, ts: _nvtx_path(pid, tid, ts, ranges)),
         ranges=streamed_range_stats(ranges, operator_ranges, quick.timeline.end_ns, looks["range_threads"],
                                     looks["range_sums"]),
-        timeline=_explorable(quick.timeline, looks, ranges, last_calls))
-    answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, False,
+        timeline=_explorable(quick.timeline, looks, ranges, last_calls), steps=steps, growth=growth, phases=phases)
+    answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, False,
                              {pid: label for pid, label in labels.items() if label})
     analysis = dataclasses.replace(analysis, answers=answers)
     return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(sites.registry.stacks, analysis)))
