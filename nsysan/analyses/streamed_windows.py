@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+import pandas as pd
 
 from .steps import range_max
 
@@ -100,7 +101,7 @@ class Windows:
         """One batch of rows (see the module's docstring)."""
         if len(ts) == 0 or not self._series:
             return
-        for key in np.unique(series).tolist():  # a few series per batch
+        for key in pd.unique(series).tolist():  # a few series per batch (a hash pass, not a sort)
             s = self._series.get(int(key))
             if s is None:
                 continue
