@@ -32,7 +32,8 @@ def edge_windows(ts: np.ndarray, ranges: pd.DataFrame, pid: int) -> tuple[np.nda
     ends = [mine["end_ns"].to_numpy()] if len(mine) else []
     picks = ts[np.linspace(0, len(ts) - 1, min(len(ts), 40)).astype("int64")]
     starts += [picks, picks, picks - 1, picks + 1, [ts[0] - 10, ts[-1] + 1, ts[0]]]
-    ends += [picks, picks[::-1].clip(min=picks), picks + 1, np.full(len(picks), ts[-1]), [ts[0] - 5, ts[-1] + 9, ts[-1]]]
+    ends += [picks, picks[::-1].clip(min=picks), picks + 1, np.full(len(picks), ts[-1]),
+             [ts[0] - 5, ts[-1] + 9, ts[-1]]]
     return np.concatenate(starts).astype("int64"), np.concatenate(ends).astype("int64")
 
 

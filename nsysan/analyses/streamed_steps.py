@@ -60,7 +60,8 @@ class StepWindows:
             # lies beyond it, so the window runs to the last time an event can have.
             steps = self.windows.open(code, spans["start_ns"].to_numpy(), np.where(raw < OPEN_END, raw, OPEN_END - 1))
         rows = self.phase_rows[self.phase_pid == pid]
-        phases = self.windows.open(code, self.ranges["start_ns"].to_numpy()[rows], self.ranges["end_ns"].to_numpy()[rows])
+        phases = self.windows.open(code, self.ranges["start_ns"].to_numpy()[rows],
+                                   self.ranges["end_ns"].to_numpy()[rows])
         self.series[code] = (pid, device, steps, rows, phases)
 
     def tables(self, end_ns: int, gpu_of: Callable[[int, int], Optional[int]], found_by: str,
