@@ -50,14 +50,14 @@ from .streamed_steps import StepWindows, kept_allocations
 NOT_STREAMED: tuple[str, ...] = ()
 
 # The diagnostics that only the analyses not streamed yet raise: `check --no-warnings` on them
-# cannot tell "not raised" from "not looked for" (limits.py); none now: the NVTX ranges' table and
-# the timeline's parts raise none
+# cannot tell "not raised" from "not looked for" (limits.py); none now
 NOT_STREAMED_CODES: tuple[str, ...] = ()
 
 
 def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
                       step_range: Optional[str], spike_window_ns: int) -> Analysis:
-    """The full analysis of the export behind `conn` (its sections not yet streamed left empty)."""
+    """The full analysis of the export behind `conn`, the whole frame's (its sections not streamed, none
+    now, left empty)."""
     calls = MemoryCalls(conn, schema)
     calls.scan()
     ranges, operator_ranges = read_nvtx_ranges(conn, schema)
@@ -67,6 +67,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)
     verdict_looks = VerdictLooks(calls, ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns)
+
+    span = _span(calls, ranges)
 
     def first(look) -> Each:
         looks["first"] = FirstCalls(calls)
