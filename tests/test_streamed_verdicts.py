@@ -107,3 +107,19 @@ def test_streamed_spike_within_a_range_names_its_calls_and_sites(monkeypatch):
     assert (pool["nvtx_path"], pool["apis"]) == ("async pool", ["cudaMallocAsync"])
     assert [(h["allocations"], h["bytes"], h["nvtx_range"]) for h in pool["sites"]] == \
         [(4, (8 + 16 + 24 + 32) * MiB, "async pool")]
+
+
+def test_streamed_failure_on_a_thread_without_events(tmp_path, monkeypatch):
+    # real_oom_v25's failed cudaMalloc moved to another thread of its process (tid + 1): that
+    # thread made no memory event, so the call's device is the process's first event's, and the
+    # 1 GiB retry on the first thread no longer makes it a probe-like retry on its own thread
+    path = tmp_path / "real_oom_v25.sqlite"
+    shutil.copyfile(FIXTURES / "real_oom_v25.sqlite", path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET globalTid = globalTid + 1 WHERE returnValue = 2")
+        conn.commit()
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert_verdicts_are_whole(whole, streamed)
+    (failure,) = streamed["oom"]["failures"]
+    assert (failure["device"], failure["retried_after_ns"], failure["tid"]) == (0, None, 536)
+    assert failure["process_live_bytes"] == 8 * 16 * 1024 * MiB
