@@ -88,9 +88,9 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         steps = step_bands(looks["bands"])
         looks["range_sums"] = RangeSums(looks["second"], ranges, step_span(steps) if steps else None)
         looks["look"] = look
+        verdict_looks.second_pass(look, looks["second"])  # fed by SiteSums, as its watchers
         looks["spikes"] = SpikeParts(look, looks["second"])
-        return Each(looks["second"], verdict_looks.second_pass(look, looks["second"]), looks["spikes"],
-                    looks["range_sums"])
+        return Each(looks["second"], looks["range_sums"])
 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,

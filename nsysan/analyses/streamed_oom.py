@@ -85,8 +85,9 @@ class Moment:
 
 
 class SecondOom:
-    """The second pass's consumer: the live sets at the moments, and the allocators' sums.
-    `sites` (streamed_sites.SiteSums) is fed each batch before this."""
+    """The second pass's consumer: the live sets at the moments, and the allocators' sums; a
+    watcher of `sites` (streamed_sites.SiteSums), fed each batch with what it knows of the
+    allocations."""
 
     def __init__(self, moments: list[Moment], sites, allocators: SecondAllocators) -> None:
         self.moments, self.sites, self.allocators = moments, sites, allocators
@@ -94,7 +95,7 @@ class SecondOom:
         self.wanted: set = set()
         self.free_ts: dict = {}
 
-    def add(self, b) -> None:
+    def add(self, b, known: dict) -> None:
         if len(b) == 0:
             return
         self.allocators.add(b)
@@ -107,7 +108,7 @@ class SecondOom:
                 allocs = np.flatnonzero(b.is_alloc & (b.seq <= target))
                 freed = b.partner_seq[(b.partner_seq >= 0) & (b.seq <= target)]
                 self._resolve(moment, [pd.DataFrame(b.live_before)] + self.closed + [_rows(b, allocs)], freed,
-                              [self.sites.known])
+                              [known])
         frees = np.flatnonzero(b.partner_seq >= 0)
         if self.wanted and len(frees):
             hit = np.isin(b.partner_seq[frees], np.fromiter(self.wanted, "int64"))
@@ -190,6 +191,7 @@ class VerdictLooks:
                 self.release_moments[i] = Moment(release.start_ns, True, _keys([(release.pid, release.device)]))
         moments = [m for m in self.failure_moments if m is not None] + list(self.release_moments.values())
         self.second = SecondOom(moments, sites, SecondAllocators(self.calls.api_names, look.peaks, self.blocks))
+        sites.watchers.append(self.second)
         return self.second
 
     def verdicts(self, quick, described, label: Callable[[int], str], final_live: dict,

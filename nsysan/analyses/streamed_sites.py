@@ -78,7 +78,9 @@ class SiteSums:
         # and the API name and NVTX range of the event that reached it
         self.look, self.at_peak, self._seen, self._last_own = look, {}, {}, {}
         self.strings: dict[str, int] = {"": 0}
-        self.known = self.live
+        # fed each batch with `known` (ALLOCATION_INFO of the live allocations before it and its
+        # own) once this has labelled it (streamed_oom.SecondOom, streamed_spikes.SpikeParts)
+        self.watchers: list = []
 
     def add(self, b) -> None:
         n = len(b)
@@ -92,7 +94,6 @@ class SiteSums:
         site[allocs] = info["site"]
         # a free belongs to the site of the allocation it frees: this batch's or a live one's
         known = {c: np.concatenate([self.live[c], info[c]]) for c in ALLOCATION_INFO}
-        self.known = known  # until the next batch: what the consumers after this one look up (streamed_oom)
         if self.look is not None:
             self._peaks(b, known)
         if len(self.listed):
@@ -108,6 +109,8 @@ class SiteSums:
             self._never_freed(sites[at], b.closed["pid"], b.closed["kind"], b.closed["bytes"])
             self.closed.append({c: known[c][at] for c in ALLOCATION_INFO})
         self.live = {c: values[~gone] for c, values in known.items()}
+        for watcher in self.watchers:  # what the calls say of this batch's and the live allocations
+            watcher.add(b, known)
         has = np.flatnonzero(site >= 0)
         code = self.groups.codes((site[has] << 32) | (b.pid[has] << 8) | b.kind[has])
         g = self.groups

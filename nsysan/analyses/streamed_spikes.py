@@ -165,16 +165,17 @@ class _Parts:
 
 
 class SpikeParts:
-    """The second pass's consumer: the parts of each spike of `look` (SecondLook, its `spikes`),
-    from `sites` (SiteSums), which is fed each batch before this."""
+    """The second pass's consumer: the parts of each spike of `look` (SecondLook, its `spikes`);
+    a watcher of `sites` (SiteSums), fed each batch with what it knows of the allocations."""
 
     def __init__(self, look, sites) -> None:
         self.look, self.sites = look, sites
         keys = {code: key for key, code in look.first.spike_series.index.items()}
         self.watched = [(w, keys[w.series]) for w in look.spikes]
         self.parts = {id(w): _Parts() for w in look.spikes}
+        sites.watchers.append(self)
 
-    def add(self, b) -> None:
+    def add(self, b, known: dict) -> None:
         if len(b) == 0:
             return
         first, last = int(b.seq[0]), int(b.seq[-1])
@@ -182,7 +183,6 @@ class SpikeParts:
             return
         rows = np.flatnonzero(np.isin(b.kind, SPIKE_KINDS))
         keys = pair_key(b.pid[rows], b.device[rows])
-        known = self.sites.known
         api = self.sites._api_codes(b)
         for watch, key in self.watched:  # a few per series
             mine = rows[(keys == key) & (b.seq[rows] >= watch.low) & (b.seq[rows] <= watch.high)]
