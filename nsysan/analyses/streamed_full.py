@@ -78,7 +78,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         return Each(looks["first"], verdict_looks.first_pass(), looks["rises"], looks["range_threads"],
                     looks["steps"])
 
-    def second(look) -> Each:
+    def second(look) -> SiteSums:
         found = looks["first"]
         looks["second"] = SiteSums(conn, schema, found.wanted_chains(), lambda: read_calls(conn, schema),
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
@@ -90,7 +90,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         looks["look"] = look
         verdict_looks.second_pass(look, looks["second"])  # fed by SiteSums, as its watchers
         looks["spikes"] = SpikeParts(look, looks["second"])
-        return Each(looks["second"], looks["range_sums"])
+        return looks["second"]  # which feeds the verdicts', spikes' and ranges' consumers, its watchers
 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,

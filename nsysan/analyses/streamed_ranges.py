@@ -87,8 +87,8 @@ class RangeThreads:
 
 
 class RangeSums:
-    """The second pass's consumer after SiteSums (whose attribution of each event to its ranges
-    it reads): per range name what moved inside (ranges._moved_inside), and the movement before
+    """The second pass's consumer, a watcher of SiteSums (whose attribution of each event to its
+    ranges it reads): per range name what moved inside (ranges._moved_inside), and the movement before
     and through `steps` (explore.focus_from_movement's `moved_between`)."""
 
     def __init__(self, sites: SiteSums, ranges: pd.DataFrame, steps: Optional[tuple[int, int]]) -> None:
@@ -101,8 +101,9 @@ class RangeSums:
         self.open_strings = {"nvtx_range": {}, "operator": {}}  # SiteSums string code -> bytes never freed
         self.steps = steps
         self.moved = self.before_start = self.through_end = 0.0
+        sites.watchers.append(self)  # fed inside SiteSums.add, with what it knows of the allocations
 
-    def add(self, b) -> None:
+    def add(self, b, known: dict) -> None:
         if len(b) == 0:
             return
         nvtx, operator = self.sites.batch_ranges
@@ -117,7 +118,6 @@ class RangeSums:
             np.add.at(table[2], code[frees], b.bytes[frees])
         closed = b.closed.get("seq", np.zeros(0, "int64"))
         if len(closed):  # never to be freed: still live at the end, for the whole frame
-            known = self.sites.known
             self._never_freed({c: known[c][np.searchsorted(known["seq"], closed)] for c in self.open_strings},
                               b.closed["bytes"])
         if self.steps is not None:
