@@ -167,8 +167,30 @@ def read_chunks(conn: sqlite3.Connection, table: str, select: str, columns: list
     step = chunk_rowids or CHUNK_ROWIDS
     sqls = [f"SELECT {select} FROM {table} WHERE rowid BETWEEN {a} AND {min(a + step, high + 1) - 1}{condition}"
             for a in range(low, high + 1, step)]
+    yield from _read_ahead(conn, path, sqls, columns)
+
+
+def read_rowid_ranges(conn: sqlite3.Connection, table: str, select: str, columns: list[str],
+                      ranges: list[tuple[int, int]], where: str = "") -> Iterator[pd.DataFrame]:
+    """`SELECT {select} FROM {table} WHERE {where}` of the rows of each rowid range in `ranges`
+    (read_chunks' chunks, in any order), one frame per range in that order, the next read on a
+    second thread while the caller works on this one."""
+    path = database_path(conn) if _adbc is not None else None
+    condition = f" AND ({where})" if where else ""
+    yield from _read_ahead(conn, path, [f"SELECT {select} FROM {table} WHERE rowid BETWEEN {a} AND {b}{condition}"
+                                        for a, b in ranges], columns)
+
+
+def _read_ahead(conn: sqlite3.Connection, path: Optional[str], sqls: list[str],
+                columns: list[str]) -> Iterator[pd.DataFrame]:
+    """The frame of each query, the next one read by the fast driver on a second thread (without
+    it, or when it fails, through the standard library on this one)."""
+    if not sqls:
+        return
 
     def fast(sql: str) -> Optional[pd.DataFrame]:
+        if path is None:
+            return None
         try:
             return _read_with_adbc(path, sql, columns)
         except Exception:  # noqa: BLE001 - read again through the standard library below

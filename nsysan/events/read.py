@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 
 from .. import apis
-from ..reader import database_path, read_chunks, read_converted, read_frame, read_table, reads_in_chunks, \
-    rowid_span
+from ..reader import database_path, read_chunks, read_converted, read_frame, read_rowid_ranges, read_table, \
+    reads_in_chunks, rowid_span
 from ..schema import Schema, _quote, connect_readonly
 from .columns import categorical_lookup, empty_calls, empty_chains, empty_ranges, int_column, ints
 from .nvtx import nesting_depth, parents, thread_key
@@ -115,13 +115,7 @@ def memory_call_chunks(conn: sqlite3.Connection, schema: Schema, name_ids: list[
     table = "CUPTI_ACTIVITY_KIND_RUNTIME"
     if not name_ids or not schema.has(table, "start", "nameId", "globalTid", "correlationId"):
         return
-    select = (f"rowid, start, {_col(schema, table, 'end', 'start')}, globalTid, correlationId, nameId, "
-              f"{_col(schema, table, 'returnValue', '0')}")
-    columns = ["position", "start", "end", "global_tid", "correlation_id", "name_id", "return_value"]
-    if schema.has_backtraces:
-        select += f", {_col(schema, table, 'eventClass', '0')}, {_col(schema, table, 'callchainId')}"
-        columns += ["event_class", "callchain_id"]
-    where = f"nameId IN ({','.join(str(i) for i in sorted(name_ids))})"
+    select, columns, where = _memory_call_query(schema, name_ids)
     span = rowid_span(conn, table) if reads_in_chunks(conn, table) else None
     if span is None:
         yield None, read_frame(conn, f"SELECT {select} FROM {table} WHERE {where}", columns)
@@ -130,6 +124,27 @@ def memory_call_chunks(conn: sqlite3.Connection, schema: Schema, name_ids: list[
     high = rowids[1] if rowids else low + span - 1
     grid = [(a, min(a + chunk_rowids, high + 1) - 1) for a in range(low, high + 1, chunk_rowids)]
     yield from zip(grid, read_chunks(conn, table, select, columns, chunk_rowids, (low, high), where))
+
+
+def memory_call_ranges(conn: sqlite3.Connection, schema: Schema, name_ids: list[int],
+                       ranges: list[tuple[int, int]]) -> Iterator[pd.DataFrame]:
+    """memory_call_chunks' rows of each of the rowid ranges of its chunks, in the order given, the
+    next one read ahead on a second thread (stream_calls.CallWindow reads the chunks by their
+    earliest start)."""
+    select, columns, where = _memory_call_query(schema, name_ids)
+    return read_rowid_ranges(conn, "CUPTI_ACTIVITY_KIND_RUNTIME", select, columns, ranges, where)
+
+
+def _memory_call_query(schema: Schema, name_ids: list[int]) -> tuple[str, list[str], str]:
+    """(select, its columns, where) of the memory API calls' rows."""
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    select = (f"rowid, start, {_col(schema, table, 'end', 'start')}, globalTid, correlationId, nameId, "
+              f"{_col(schema, table, 'returnValue', '0')}")
+    columns = ["position", "start", "end", "global_tid", "correlation_id", "name_id", "return_value"]
+    if schema.has_backtraces:
+        select += f", {_col(schema, table, 'eventClass', '0')}, {_col(schema, table, 'callchainId')}"
+        columns += ["event_class", "callchain_id"]
+    return select, columns, f"nameId IN ({','.join(str(i) for i in sorted(name_ids))})"
 
 
 def memory_call_names(conn: sqlite3.Connection, schema: Schema) -> dict[int, str]:
@@ -231,6 +246,30 @@ def memory_sorted_runs(conn: sqlite3.Connection, chunk_rowids: int, most: int) -
     if run_start is not None:
         runs.append((run_start, last_rowid))
     return runs
+
+
+def memory_chunks_look_unordered(conn: sqlite3.Connection, chunk_rowids: int) -> bool:
+    """Whether the memory rows go back in time, as far as `start` at every 16th of a chunk of
+    memory_event_chunks says (one b-tree descent each): an export written rank by rank shows it at
+    once, where the one scan would find it only at the second rank, its batches so far wasted.
+    False when the rowid cannot be used or the probes find no step back."""
+    if not reads_in_chunks(conn, MEMORY_TABLE):
+        return False
+    try:
+        (low,) = conn.execute(f"SELECT min(rowid) FROM {MEMORY_TABLE}").fetchone()
+        (high,) = conn.execute(f"SELECT max(rowid) FROM {MEMORY_TABLE}").fetchone()
+        if not isinstance(low, int) or not isinstance(high, int):
+            return False
+        # probes a run longer than this many rows cannot hide between (some 10^5 probes at most)
+        every = max(chunk_rowids // 16, (high - low) // 100_000, 1)
+        firsts = ",".join(str(r) for r in range(low, high + 1, every))
+        starts = [s for (s,) in conn.execute(
+            f"SELECT start FROM {MEMORY_TABLE} WHERE rowid IN ({firsts}) ORDER BY rowid")]
+    except sqlite3.Error:
+        return False
+    # a NULL or odd start is a bad row, which breaks no order
+    known = [s for s in starts if isinstance(s, (int, float)) and not isinstance(s, bool) and s == s]
+    return any(b < a for a, b in zip(known, known[1:]))
 
 
 def memory_chunk_first_starts(conn: sqlite3.Connection, chunk_rowids: int) -> list[Optional[int]]:

@@ -36,7 +36,7 @@ from ..model import KINDS, Diagnostic
 from ..reader import release_memory
 from ..schema import Schema
 from .normalize import MAX_TOTAL_BYTES, _ints_and_nulls, tied_to_a_neighbour
-from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs
+from .read import memory_chunk_first_starts, memory_chunks_look_unordered, memory_event_chunks, memory_sorted_runs
 from .read_pools import usable_times
 
 _INT64_MAX = np.iinfo("int64").max
@@ -165,6 +165,10 @@ class EventFlow:
         """One pass of every batch into `make()`'s `add`; the filled object. When rows turn out
         to be out of time order, the pass starts again on a new object, as a merge. `keep`: the
         batches are also written to a temporary file, for `replay`."""
+        if self.runs is None and self.first_starts is None and not getattr(self, "_probed", False):
+            self._probed = True  # once: a later pass knows the runs already
+            if memory_chunks_look_unordered(self.conn, CHUNK_ROWIDS):
+                self._find_runs()  # a merge from the start, rather than after some batches
         while True:
             consumer = make()
             kept = _BatchFile() if keep else None
@@ -179,9 +183,7 @@ class EventFlow:
                     kept.close()
                 if self.runs is not None:  # pragma: no cover - a merge never emits out of order
                     raise
-                self.runs = memory_sorted_runs(self.conn, CHUNK_ROWIDS, MOST_RUNS) or []
-                if not self.runs:  # rows in no order: each chunk's earliest time tells how long to wait
-                    self.first_starts = memory_chunk_first_starts(self.conn, CHUNK_ROWIDS)
+                self._find_runs()
                 continue
             if self.call_window is not None and not self.call_window.exact:
                 # an event's call lay outside the window: again, every call held (stream_calls.py)
@@ -191,6 +193,12 @@ class EventFlow:
                 continue
             self._kept = kept
             return consumer
+
+    def _find_runs(self) -> None:
+        """The table's time-ordered runs, for a merge; too many: each chunk's earliest time."""
+        self.runs = memory_sorted_runs(self.conn, CHUNK_ROWIDS, MOST_RUNS) or []
+        if not self.runs:  # rows in no order: each chunk's earliest time tells how long to wait
+            self.first_starts = memory_chunk_first_starts(self.conn, CHUNK_ROWIDS)
 
     def replay(self, make: Callable[[], T]) -> T:
         """A second pass: the batches the first one kept (`feed(keep=True)`), read back from the

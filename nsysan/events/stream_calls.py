@@ -28,7 +28,7 @@ from ..analyses.calls import MAX_FAILED, CallStatSums
 from ..cuda_errors import OUT_OF_MEMORY
 from ..schema import Schema
 from .normalize import join_on_call
-from .read import _call_columns, memory_call_chunks, memory_call_names
+from .read import _call_columns, memory_call_chunks, memory_call_names, memory_call_ranges
 
 # Rowids of the API table read at a time (the memory calls among them, decoded: some 10 MB).
 CALL_CHUNK_ROWIDS = 1 << 18
@@ -132,6 +132,18 @@ class MemoryCalls:
                                              None if rowids == _WHOLE else rowids):
                 yield rowids, *self._converted(raw)
 
+    def read_ahead(self, order: list[int]) -> Iterator[tuple[int, dict, dict]]:
+        """(chunk, real calls, rows carrying a call stack) of the given chunks in that order, the
+        next one read on a second thread meanwhile (`read` would read each one on its own call)."""
+        if _WHOLE in (self.chunks[i] for i in order):  # a table not read by rowids: one chunk
+            for i in order:
+                for _, real, chains in self.read([i]):
+                    yield i, real, chains
+            return
+        raws = memory_call_ranges(self.conn, self.schema, self._ids.tolist(), [self.chunks[i] for i in order])
+        for i, raw in zip(order, raws):
+            yield i, *self._converted(raw)
+
     def _converted(self, raw: pd.DataFrame) -> tuple[dict, dict]:
         n = len(raw)
         if n == 0:
@@ -166,7 +178,12 @@ class CallWindow:
     def restart(self) -> None:
         self.real = {c: np.zeros(0, "bool" if c in ("ok_alloc", "matched") else "int64") for c in _REAL}
         self.chains = {c: np.zeros(0, "int64") for c in _CHAIN}
-        self.unread = [i for i, start in enumerate(self.calls.first_starts) if start < _FAR]
+        starts = self.calls.first_starts
+        # the chunks by their earliest start: the batches' times only grow, so each batch reads the
+        # next few of them, which a reader reads ahead of it (self._reader)
+        self.unread = sorted((i for i, start in enumerate(starts) if start < _FAR), key=lambda i: (starts[i], i))
+        self._close_reader()
+        self._reader = self.calls.read_ahead(self.unread) if self.unread else None
         self.joined_allocations = 0  # successful allocation calls that caused an event
         self.lonely: list[tuple[np.ndarray, np.ndarray]] = []  # (pid, correlation) of events left without a call
         self.exact = True
@@ -203,8 +220,14 @@ class CallWindow:
         once the flow has ended."""
         return self.calls.successful_allocations - self.joined_allocations
 
+    def _close_reader(self) -> None:
+        reader, self._reader = getattr(self, "_reader", None), None
+        if reader is not None:
+            reader.close()  # waits for the chunk it is reading ahead, if any
+
     def finish(self) -> None:
         """After the last batch: the calls joined counted, and whether every event's call was in the window."""
+        self._close_reader()
         self.joined_allocations += int((self.real["ok_alloc"] & self.real["matched"]).sum())
         if not self.lonely or self.keep_all:  # holding every call, the window missed none
             return
@@ -229,14 +252,19 @@ class CallWindow:
     def _read_until(self, ts: int) -> None:
         """Every chunk with a call starting at or before `ts` (every chunk, holding all) in the window."""
         starts = self.calls.first_starts
-        wanted = self.unread if self.keep_all else [i for i in self.unread if starts[i] <= ts]
-        if not wanted:
+        count = len(self.unread) if self.keep_all else int(np.searchsorted(
+            np.array([starts[i] for i in self.unread], "int64"), ts, side="right"))
+        if not count:
             return
-        taken = set(wanted)
-        self.unread = [i for i in self.unread if i not in taken]
+        wanted, self.unread = self.unread[:count], self.unread[count:]
+        read = {}
+        for _ in wanted:
+            i, real, chains = next(self._reader)
+            read[i] = real, chains
         alloc = self.calls.families.index("alloc") if "alloc" in self.calls.families else -1
         real_parts, chain_parts = [self.real], [self.chains]
-        for _, real, chains in self.calls.read(wanted):
+        for i in sorted(wanted):  # in rowid order, as the tables are concatenated below
+            real, chains = read.pop(i)
             real["ok_alloc"] = (self.calls.family_code[real["api"]] == alloc) & (real.pop("return_value") == 0)
             real["matched"] = np.zeros(len(real["pid"]), bool)
             real_parts.append(real)
