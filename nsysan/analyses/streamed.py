@@ -249,12 +249,23 @@ def _grid_rises(grid: Rises, seq: np.ndarray, ts: np.ndarray, live: np.ndarray, 
     dropped[1:] |= run_low[1:] < run_low[:-1]
     run_at = low_at[np.maximum.accumulate(np.where(dropped, np.arange(len(lows)), 0))]
     rise = live - run_low
-    top = np.lexsort((seq, -rise))[:CANDIDATES]
+    top = _top_rises(rise, seq)
     found = [(int(rise[i]), int(seq[i]), int(seq[run_at[i]]) if run_at[i] >= 0 else grid.low_seq,
               int(live[i]), int(run_low[i])) for i in top.tolist()]
     grid.best = sorted(grid.best + found, key=lambda c: (-c[0], c[1]))[:CANDIDATES]
     grid.cell, grid.low_value = int(cell[-1]), int(run_low[-1])
     grid.low_seq = int(seq[run_at[-1]]) if run_at[-1] >= 0 else grid.low_seq
+
+
+def _top_rises(rise: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """The CANDIDATES rows of the largest rise, then earliest: the first of a lexsort of (-rise,
+    seq), sorting only the rows that rise at least as far as the CANDIDATES-th largest (a full
+    sort of every row of the batch cost 2 of the streamed full analysis's CPU s at 1e7)."""
+    if len(rise) > CANDIDATES:
+        kth = np.partition(rise, len(rise) - CANDIDATES)[len(rise) - CANDIDATES]
+        pool = np.flatnonzero(rise >= kth)
+        return pool[np.lexsort((seq[pool], -rise[pool]))[:CANDIDATES]]
+    return np.lexsort((seq, -rise))[:CANDIDATES]
 
 
 def _running_min_per_cell(values: np.ndarray, cell: np.ndarray, starts: np.ndarray) -> np.ndarray:

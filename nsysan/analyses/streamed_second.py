@@ -222,21 +222,25 @@ class SecondLook:
         s = self.first.spike_series
         codes = s.codes(pair_key(b.pid[rows], b.device[rows]))
         live = running_sums(codes, b.delta[rows], self.spike_live)
+        series: dict = {}
         for spike in self.spikes:  # a few per series
-            mine = codes == spike.series
-            seq, ts, value, delta = b.seq[rows[mine]], b.ts[rows[mine]], live[mine], b.delta[rows[mine]]
-            inside = (seq >= spike.low) & (seq <= spike.high)
-            grown = inside & (delta > 0)
-            spike.grown_bytes += int(delta[grown].sum())
-            spike.grown += int(grown.sum())
-            spike.start_ns = int(ts[seq == spike.low][0]) if (seq == spike.low).any() else spike.start_ns
-            spike.peak_ns = int(ts[seq == spike.high][0]) if (seq == spike.high).any() else spike.peak_ns
-            after = seq >= spike.high
-            if after.any():
-                spike.lowest_after = min(spike.lowest_after, int(value[after].min()))
-                back = np.flatnonzero(after & (value <= spike.start_level))
+            if spike.series not in series:  # each series' rows once, not once per spike
+                mine = np.flatnonzero(codes == spike.series)
+                series[spike.series] = b.seq[rows[mine]], b.ts[rows[mine]], live[mine], b.delta[rows[mine]]
+            seq, ts, value, delta = series[spike.series]
+            # seq rises through a batch: each spike's rows are slices of its series'
+            low, high = np.searchsorted(seq, [spike.low, spike.high], side="left").tolist()
+            end = int(np.searchsorted(seq, spike.high, side="right"))
+            grown = delta[low:end][delta[low:end] > 0]
+            spike.grown_bytes += int(grown.sum())
+            spike.grown += len(grown)
+            spike.start_ns = int(ts[low]) if low < len(seq) and seq[low] == spike.low else spike.start_ns
+            spike.peak_ns = int(ts[high]) if high < len(seq) and seq[high] == spike.high else spike.peak_ns
+            if high < len(seq):
+                spike.lowest_after = min(spike.lowest_after, int(value[high:].min()))
+                back = np.flatnonzero(value[high:] <= spike.start_level)
                 if spike.given_back_ns is None and len(back):
-                    spike.given_back_ns = int(ts[back[0]])
+                    spike.given_back_ns = int(ts[high + back[0]])
 
     def _cut(self, b: EventBatch) -> None:
         rows = np.flatnonzero(np.isin(b.kind, RESIDENT))
