@@ -36,7 +36,8 @@ from ..model import KINDS, Diagnostic
 from ..reader import release_memory
 from ..schema import Schema
 from .normalize import MAX_TOTAL_BYTES, _ints_and_nulls, tied_to_a_neighbour
-from .read import memory_chunk_first_starts, memory_chunks_look_unordered, memory_event_chunks, memory_sorted_runs
+from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs
+from .read_order import memory_chunks_look_unordered
 from .read_pools import usable_times
 
 _INT64_MAX = np.iinfo("int64").max
