@@ -181,16 +181,22 @@ class FirstLook:
         g = self.groups
         codes = g.codes(group_key(b.pid, b.device, b.kind))
         live = running_sums(codes, b.delta, g["live"])
-        frame = pd.DataFrame({"g": codes, "live": live, "ts": b.ts})
-        per = frame.groupby("g")
-        highest = per["live"].max()
-        at_highest = frame[live == highest.reindex(codes).to_numpy()].groupby("g")["ts"].first()
-        better = highest.to_numpy() > g["peak"][highest.index]
-        g["peak"][highest.index[better]] = highest.to_numpy()[better]
-        g["peak_ts"][highest.index[better]] = at_highest.reindex(highest.index).to_numpy()[better]
-        first, last = per["ts"].min(), per["ts"].max()
-        g["first_ts"][first.index] = np.minimum(g["first_ts"][first.index], first.to_numpy())
-        g["last_ts"][last.index] = np.maximum(g["last_ts"][last.index], last.to_numpy())
+        # per group of the batch, on its rows brought together in row order (numpy reductions:
+        # a pandas groupby per batch cost some 4 of the streamed full analysis's CPU s at 1e7):
+        # the highest live, the time it was first reached, the first and last times
+        order = group_order(codes, len(g["live"]))
+        in_order, ts = codes[order], b.ts[order]
+        starts = np.flatnonzero(np.concatenate([[True], in_order[1:] != in_order[:-1]]))
+        present = in_order[starts]
+        live_in_order = live[order]
+        highest = np.maximum.reduceat(live_in_order, starts)
+        reached = np.flatnonzero(live_in_order == np.repeat(highest, np.diff(np.append(starts, len(order)))))
+        at_highest = ts[reached[np.searchsorted(reached, starts)]]  # every group reaches its highest
+        better = highest > g["peak"][present]
+        g["peak"][present[better]] = highest[better]
+        g["peak_ts"][present[better]] = at_highest[better]
+        g["first_ts"][present] = np.minimum(g["first_ts"][present], np.minimum.reduceat(ts, starts))
+        g["last_ts"][present] = np.maximum(g["last_ts"][present], np.maximum.reduceat(ts, starts))
         np.add.at(g["events"], codes, 1)
         np.add.at(g["allocations"], codes, b.is_alloc.astype("int64"))
         np.add.at(g["allocated"], codes, np.where(b.is_alloc, b.bytes, 0))
