@@ -30,9 +30,9 @@ def is_analysis_document(path: Path) -> bool:
 
 def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] = None,
                     cache_dir: Optional[Path] = None, progress: Optional[Progress] = None,
-                    keep_events: Optional[bool] = None) -> Analysis:
+                    keep_events: Optional[bool] = None, max_memory: Optional[int] = None) -> Analysis:
     """The `Analysis` of a report or export, or the one stored in an analysis JSON document
-    (`keep_events`: see pipeline.analyze_report)."""
+    (`keep_events`, `max_memory`: see pipeline.analyze_report)."""
     path = Path(path)
     if path.is_dir():
         raise NsysanError(f"{path} is a folder; give a report (.nsys-rep, .qdrep, .sqlite) or an analysis.json")
@@ -49,4 +49,5 @@ def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] 
                               f"{err})") from err
     from .pipeline import analyze_report
 
-    return analyze_report(path, nsys=nsys, cache_dir=cache_dir, progress=progress, keep_events=keep_events)
+    return analyze_report(path, nsys=nsys, cache_dir=cache_dir, progress=progress, keep_events=keep_events,
+                          max_memory=max_memory)

@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from . import export
+from . import export, memory_budget
 from .analyses import run_analyses
 from .analyses.spikes import DEFAULT_WINDOW_NS
 from .errors import NsysanError
@@ -28,13 +28,15 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                    progress: Optional[Progress] = None, quick: bool = False,
                    smi_logs: Sequence[SmiLog] = (), smi_tz: str = "UTC",
                    step_range: Optional[str] = None, spike_window_ns: Optional[int] = None,
-                   keep_events: Optional[bool] = None) -> Analysis:
+                   keep_events: Optional[bool] = None, max_memory: Optional[int] = None) -> Analysis:
     """Analyze one .nsys-rep / .qdrep / .sqlite file (`quick`: its memory-usage table alone),
     with nvidia-smi logs (read by nsysan.smi_log) laid over its timeline when given;
     `step_range`: a regular expression naming the NVTX ranges that are training steps;
     `spike_window_ns`: the window within which a rise of live bytes is a spike (default 10 ms);
     `keep_events`: whether the `Analysis` keeps the raw frames (`events`, `calls`, `nvtx_ranges`);
-    None keeps them for exports of fewer than KEEP_EVENTS_BELOW memory events."""
+    None keeps them for exports of fewer than KEEP_EVENTS_BELOW memory events;
+    `max_memory`: bytes the analysis may take when it keeps no frames (memory_budget.py; None:
+    half of what this process may use): over it, the events are streamed."""
     say = progress or (lambda stage, fraction: None)
     if step_range is not None:
         check_pattern(step_range, "--step-range")
@@ -47,12 +49,14 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
 
     # The command line's analysis (no frames kept, no nvidia-smi logs) of a large export streams
     # the events in bounded memory (analyses/streamed.py, and streamed_full.py without --quick;
-    # see STREAM_QUICK_FROM_ROWS); a notebook's analysis keeps the frames it asked for.
+    # see STREAM_QUICK_FROM_ROWS and memory_budget.py); a notebook's analysis keeps the frames
+    # it asked for.
     may_stream = keep_events is False and not smi_logs
+    budget = max_memory if max_memory is not None else (memory_budget.default_budget() if may_stream else None)
 
     def read(sqlite_path: Path) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
         return _read(report, sqlite_path, export.resolve_cache_dir(cache_dir),
-                     lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs), may_stream)
+                     lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs), may_stream, budget)
 
     result = export_it()
     version = export.report_version(report) if is_report else None
@@ -97,13 +101,13 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     return analysis
 
 
-# An analysis streams its events (when it may) from this many rows of the memory table on.
-# Below, the whole frame is faster (1e7 events, --quick: 7-9 s against 18-19 s streamed, which
-# reads the table twice on one core) and its memory, about 150 bytes per event (210 for the full
-# analysis), stays under 3 GB (4.2 GB); above, streaming keeps the peak near 0.4 GB at 1e7 and
-# 1.9 GiB at 1e8 for --quick (docs/performance.md). The full analysis streams from the same line,
-# with the sections not streamed yet left out (analyses/streamed_full.py): above it, the whole
-# frame grows without bound and ran out of memory at 1e8 events.
+# An analysis streams its events (when it may) from this many rows of the memory table on, and
+# below it when its whole frame would not fit the memory budget (memory_budget.py). Below, the
+# whole frame is faster (1e7 events: 13 s full and 7-9 s --quick, against about 50 s and 18-19 s
+# streamed, which reads the tables twice and does most of its work on one core) and takes about
+# 240 bytes per event (180 for --quick); above, streaming keeps the peak near 0.4-0.7 GB at 1e7
+# and 0.7 GiB at 1e8 for the full analysis, the same document value for value
+# (docs/performance.md); the whole frame grows without bound and ran out of memory at 1e8 events.
 STREAM_QUICK_FROM_ROWS = 20_000_000
 
 
@@ -129,16 +133,21 @@ def check_pattern(pattern: str, option: str) -> None:
 
 
 def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: bool,
-          activity: bool = False, may_stream: bool = False) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]]]:
+          activity: bool = False, may_stream: bool = False,
+          budget: Optional[int] = None) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]]]:
     """The schema and events of the committed state of the export at `sqlite_path`, and with
     `activity` when each process made its first and last CUDA call (for nvidia-smi logs);
     `may_stream`: no events (None; they are streamed later, see _streamed) when the memory table
-    has STREAM_QUICK_FROM_ROWS rows or more."""
+    has STREAM_QUICK_FROM_ROWS rows or more, or its whole frame would not fit `budget` bytes."""
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)
         try:
             schema = probe(conn, report.name)
-            schema_only = may_stream and memory_rowid_span(conn, schema) >= STREAM_QUICK_FROM_ROWS
+            if may_stream:
+                rows = memory_rowid_span(conn, schema)
+                schema_only = rows >= STREAM_QUICK_FROM_ROWS or not memory_budget.fits(rows, quick, budget)
+            else:
+                schema_only = False
             try:
                 loaded = load_events(conn, schema, say, quick=quick) if not schema_only else None
                 runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}

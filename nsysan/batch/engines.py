@@ -19,6 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
+from .. import memory_budget
 from ..errors import NsysanError, one_line
 from .worker import TUNE_PROCESS, TUNE_TASK, analyze_one, analyze_some
 
@@ -49,17 +50,22 @@ def default_jobs() -> int:
 
 
 def run_all(paths: list[Path], on_done: OnDone, *, jobs: int, dask: Optional[str] = None,
-            nsys: Optional[str] = None, cache_dir: Optional[str] = None) -> None:
-    """Analyze every path, calling `on_done(result)` per report in completion order."""
+            nsys: Optional[str] = None, cache_dir: Optional[str] = None,
+            max_memory: Optional[int] = None) -> None:
+    """Analyze every path, calling `on_done(result)` per report in completion order;
+    `max_memory`: bytes each analysis may take (None: on this machine, its share of half the
+    memory nsysan may use; on a Dask cluster's worker, half of what that worker may use)."""
     if not dask and (jobs <= 1 or len(paths) <= 1):
         for path in paths:
-            on_done(analyze_one(str(path), nsys, cache_dir))
+            on_done(analyze_one(str(path), nsys, cache_dir, max_memory=max_memory))
         return
     # Each of `jobs` analyses at once gets its share of this machine's cores (a remote Dask
     # worker has one thread per task: one analysis per thread, its share of its machine).
     ours = not dask or dask == "local"  # worker processes nsysan starts (their allocator is tuned)
     threads = max(1, default_jobs() // jobs) if ours else 1
-    args = (nsys, cache_dir, threads, TUNE_PROCESS if ours else TUNE_TASK)
+    # `jobs` analyses at once on this machine share its memory; a cluster's worker knows its own.
+    budget = max_memory if max_memory is not None or not ours else memory_budget.default_budget(jobs)
+    args = (nsys, cache_dir, threads, TUNE_PROCESS if ours else TUNE_TASK, budget)
     paths = largest_first(paths)
     if dask:
         _on_dask(paths, on_done, jobs, dask, args)

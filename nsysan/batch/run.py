@@ -38,9 +38,11 @@ class BatchResult:
 
 def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str] = None,
               db_path: Optional[Path] = None, tag: Optional[str] = None, nsys: Optional[str] = None,
-              cache_dir: Optional[str] = None, progress: Optional[Progress] = None) -> BatchResult:
+              cache_dir: Optional[str] = None, progress: Optional[Progress] = None,
+              max_memory: Optional[int] = None) -> BatchResult:
     """Analyze `paths` and write DIR/analyses/*.json, DIR/nsysan.db (or `db_path`),
-    DIR/summary.csv and DIR/summary.html. Returns what was done, also after a Ctrl-C."""
+    DIR/summary.csv and DIR/summary.html (`max_memory`: bytes per analysis, see engines.run_all).
+    Returns what was done, also after a Ctrl-C."""
     out_dir = Path(out_dir)
     documents = out_dir / "analyses"
     db_path = Path(db_path) if db_path else out_dir / "nsysan.db"
@@ -81,7 +83,8 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
     interrupts = _HeldInterrupts()
     try:
         with interrupts:
-            run_all(paths, on_done, jobs=jobs, dask=dask, nsys=nsys, cache_dir=cache_dir)
+            run_all(paths, on_done, jobs=jobs, dask=dask, nsys=nsys, cache_dir=cache_dir,
+                    max_memory=max_memory)
     except KeyboardInterrupt:
         outcome.interrupted = True
     finally:

@@ -32,6 +32,11 @@ def batch(
     nsys: Optional[Path] = typer.Option(None, "--nsys", help="nsys binary (or its folder) used to export reports."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Where exports are cached."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar on a terminal."),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", metavar="SIZE", show_default=False,
+                                             help="Memory each analysis may take (4GiB): a report whose events "
+                                             "would not fit is streamed, slower, same results (default: on this "
+                                             "machine, half of its memory shared among the -j analyses; on a Dask "
+                                             "worker, half of what it may use)."),
 ) -> None:
     """Analyze many reports in parallel and gather them: summary.csv, summary.html (with the fleet view), nsysan.db.
 
@@ -41,6 +46,9 @@ def batch(
     from ..batch.inputs import expand_inputs
     from ..render.files import check_output_dir
 
+    from ..limits import parse_size
+
+    budget = parse_size(max_memory, "max-memory") if max_memory is not None else None
     if dask:
         try:
             import distributed  # noqa: F401
@@ -57,7 +65,7 @@ def batch(
     with _counter(len(paths), enabled=progress) as count:
         result = run_batch(paths, output, jobs=jobs or default_jobs(), dask=dask, db_path=db, tag=tag,
                            nsys=str(nsys) if nsys else None, cache_dir=str(cache_dir) if cache_dir else None,
-                           progress=count)
+                           progress=count, max_memory=budget)
     with to_stdout():
         _print_summary(result)
     if result.interrupted:
