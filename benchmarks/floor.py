@@ -1,6 +1,6 @@
 """nsysan against the two-core floor (issue 14's time goal), in one run.
 
-    /work/coord/quiet python benchmarks/floor.py benchmarks/data/big_10000000.sqlite --repeat 3 \\
+    python benchmarks/floor.py benchmarks/data/big_10000000.sqlite --repeat 3 \\
         --json docs/floor.json
 
 The floor is what reading the export costs at best on this machine: the sqlite3 shell running the
@@ -11,7 +11,7 @@ turns (a slow spell of the machine hits every command alike):
 
 - `nsysan analyze FILE --format json` as the command line runs it (the whole frame below
   pipeline.STREAM_QUICK_FROM_ROWS memory rows, streamed above), and with `--quick`;
-- the same forced through the streamed path (the line set to 1 row, as the tests do), which is
+- the same forced through the streamed path (`--max-memory 0`: no whole frame fits), which is
   what bounds memory.
 
 Each command's median wall time, CPU seconds (user + system of it and its children) and peak
@@ -35,11 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from run import MEMORY_SELECT, floor_script, machine  # noqa: E402
-
-# The command line with the streamed path forced for any size (pipeline.STREAM_QUICK_FROM_ROWS).
-STREAMED = ("import sys; from nsysan import pipeline; pipeline.STREAM_QUICK_FROM_ROWS = 1; "
-            "from nsysan.cli import run; run()")
-
 
 def halves(script: str, conn: sqlite3.Connection) -> list[str]:
     """The floor script split in two: each SELECT restricted to one half of its table's rowids."""
@@ -97,7 +92,7 @@ def main() -> None:
     full, memory_only = floor_script(path), ".output /dev/null\n" + MEMORY_SELECT + "\n"
     shell = ["sqlite3", "-readonly", str(path)]
     nsysan = [sys.executable, "-m", "nsysan", "analyze", str(path), "--format", "json", "--no-progress"]
-    streamed = [sys.executable, "-c", STREAMED, "analyze", str(path), "--format", "json", "--no-progress"]
+    streamed = nsysan + ["--max-memory", "0"]
     commands = {
         "floor, one shell": (shell, [full]),
         "floor, two shells": (shell, halves(full, conn)),

@@ -8,7 +8,11 @@ Runs `nsysan analyze FILE --format json` (and with `--quick`) on each export, `-
 into the JSON file under `--label` (a checkout is chosen with `--checkout`, put first on
 PYTHONPATH). `--max-memory` caps the address space of each run (setrlimit), so that an analysis
 too large for the machine fails alone instead of bringing the out-of-memory killer onto other
-processes (and marks the run as the process that killer takes first). benchmarks/report.py draws the rows into docs/performance.png.
+processes (and marks the run as the process that killer takes first). `--streamed` adds
+`--max-memory 0` to each command, so that every size takes the streamed path, the one whose memory
+is bounded (the command line otherwise streams from 2e7 memory rows on, or when the whole frame
+would not fit half of the machine's memory). benchmarks/report.py draws the rows into
+docs/performance.png.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ def events_in(export: Path) -> int:
         return conn.execute("SELECT max(rowid) FROM CUDA_GPU_MEMORY_USAGE_EVENTS").fetchone()[0]
 
 
-def run_once(checkout: Path, export: Path, quick: bool, max_memory: int | None) -> dict:
+def run_once(checkout: Path, export: Path, quick: bool, max_memory: int | None, streamed: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=str(checkout.resolve()))
     command = [sys.executable, "-m", "nsysan", "analyze", str(export), "--format", "json", "--no-progress"]
     if quick:
         command.append("--quick")
+    if streamed:
+        command += ["--max-memory", "0"]
 
     def cap() -> None:
         if max_memory:
@@ -61,6 +67,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--no-quick", action="store_true", help="only the full analysis")
     parser.add_argument("--max-memory", type=float, help="GiB of address space per run")
+    parser.add_argument("--streamed", action="store_true", help="stream at every size (--max-memory 0)")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
     cap = int(args.max_memory * 2**30) if args.max_memory else None
@@ -69,7 +76,7 @@ def main() -> None:
     for export in args.exports:
         subprocess.run(["cat", str(export)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
         for quick in ([False] if args.no_quick else [False, True]):
-            runs = [run_once(args.checkout, export, quick, cap) for _ in range(args.repeat)]
+            runs = [run_once(args.checkout, export, quick, cap, args.streamed) for _ in range(args.repeat)]
             row = {"export": export.name, "events": events_in(export), "file_mib": round(export.stat().st_size / 2**20),
                    "mode": "quick" if quick else "full", "ok": all(r["ok"] for r in runs),
                    "seconds": round(statistics.median(r["seconds"] for r in runs), 2),
