@@ -55,9 +55,10 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     rise of live bytes is a spike (default 10 ms). `keep_events` keeps the raw frames
     (`analysis.events`, `calls`, `nvtx_ranges`) for a notebook; by default they are kept for exports
     of fewer than ten million memory events (they take about 110 bytes per event) and are None above.
-    Without the frames, an export whose events would not fit `max_memory` (bytes, or "4GiB";
-    default: half of what this process may use) is streamed: the same `Analysis`, in bounded
-    memory, about four times the time.
+    Without the frames (`keep_events` False, or None from ten million events on), an export whose
+    events would not fit `max_memory` (bytes, or "4GiB"; default: half of what this process may
+    use), or of twenty million events or more, is streamed: the same `Analysis`, in bounded
+    memory, in about four times the time.
 
     >>> import nsysan
     >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")

@@ -47,16 +47,18 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
         return export.ensure_sqlite(report, nsys=nsys, cache_dir=cache_dir, use_sibling=use_sibling,
                                     progress=lambda f: say("exporting with nsys", f * share))
 
-    # The command line's analysis (no frames kept, no nvidia-smi logs) of a large export streams
-    # the events in bounded memory (analyses/streamed.py, and streamed_full.py without --quick;
-    # see STREAM_QUICK_FROM_ROWS and memory_budget.py); a notebook's analysis keeps the frames
-    # it asked for.
-    may_stream = keep_events is False and not smi_logs
-    budget = max_memory if max_memory is not None else (memory_budget.default_budget() if may_stream else None)
+    # An analysis that keeps no frames (the command line's; a notebook's by default from
+    # KEEP_EVENTS_BELOW events on) of a large export streams the events in bounded memory
+    # (analyses/streamed.py, and streamed_full.py without --quick; see STREAM_QUICK_FROM_ROWS
+    # and memory_budget.py); one that keeps them, or lays nvidia-smi logs over them, can't.
+    may_stream_from = (None if keep_events is True or smi_logs
+                       else 0 if keep_events is False else KEEP_EVENTS_BELOW)
+    budget = max_memory if max_memory is not None or may_stream_from is None else memory_budget.default_budget()
 
     def read(sqlite_path: Path) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
         return _read(report, sqlite_path, export.resolve_cache_dir(cache_dir),
-                     lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs), may_stream, budget)
+                     lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs), may_stream_from,
+                     budget)
 
     result = export_it()
     version = export.report_version(report) if is_report else None
@@ -133,21 +135,20 @@ def check_pattern(pattern: str, option: str) -> None:
 
 
 def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: bool,
-          activity: bool = False, may_stream: bool = False,
+          activity: bool = False, may_stream_from: Optional[int] = None,
           budget: Optional[int] = None) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]]]:
     """The schema and events of the committed state of the export at `sqlite_path`, and with
     `activity` when each process made its first and last CUDA call (for nvidia-smi logs);
-    `may_stream`: no events (None; they are streamed later, see _streamed) when the memory table
-    has STREAM_QUICK_FROM_ROWS rows or more, or its whole frame would not fit `budget` bytes."""
+    `may_stream_from`: no events (None; they are streamed later, see _streamed) when the memory
+    table has at least that many rows (None: never) and STREAM_QUICK_FROM_ROWS or more, or its
+    whole frame would not fit `budget` bytes."""
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)
         try:
             schema = probe(conn, report.name)
-            if may_stream:
-                rows = memory_rowid_span(conn, schema)
-                schema_only = rows >= STREAM_QUICK_FROM_ROWS or not memory_budget.fits(rows, quick, budget)
-            else:
-                schema_only = False
+            rows = memory_rowid_span(conn, schema) if may_stream_from is not None else -1
+            schema_only = rows >= (may_stream_from or 0) and (
+                rows >= STREAM_QUICK_FROM_ROWS or not memory_budget.fits(rows, quick, budget))
             try:
                 loaded = load_events(conn, schema, say, quick=quick) if not schema_only else None
                 runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}

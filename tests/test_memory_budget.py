@@ -60,6 +60,19 @@ def test_a_notebook_keeping_its_frames_is_never_streamed(monkeypatch):
     assert streamed == [] and analysis.events is not None and len(analysis.events) == 1378
 
 
+def test_a_notebook_default_streams_only_exports_whose_frames_it_would_not_keep(monkeypatch):
+    """keep_events=None keeps the frames below KEEP_EVENTS_BELOW memory events (so builds them,
+    whatever the budget); from there on it keeps none, and streams as the command line does."""
+    streamed = recording_streams(monkeypatch)
+    assert pipeline.analyze_report(LEAK, max_memory=1).events is not None
+    assert streamed == []
+    monkeypatch.setattr(pipeline, "KEEP_EVENTS_BELOW", 1378)  # as if torch_leak_v25 were that large
+    analysis = pipeline.analyze_report(LEAK, max_memory=1)
+    assert streamed == [LEAK] and analysis.events is None and analysis.peak.peak_bytes == 5_682_335_061
+    assert pipeline.analyze_report(LEAK).events is None  # no frames kept, and the default budget fits it
+    assert streamed == [LEAK]
+
+
 def test_the_default_budget_is_half_of_what_the_process_may_use(monkeypatch):
     """With no budget given, a machine (or container) with less room than the whole frame needs
     streams it: here as if 400 kB were available (the frame takes 330,720 bytes, half of 400 kB
