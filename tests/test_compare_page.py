@@ -33,7 +33,7 @@ def test_compare_page_in_chromium(tmp_path, chromium):
     base, new, path = compare_page(tmp_path)
     page, netlog = open_page(path, width=1400, height=900, evaluate=PROBES)
     assert_quiet_page(page, netlog)
-    assert page.values["scripts"] == 2 and page.values["interactive_ms"] < 1000
+    assert page.values["scripts"] == 2 and page.values["interactive_ms"] > 0  # its speed: benchmarks/page.py
     html = path.read_text(encoding="utf-8")
     assert str(path.parent) not in html and "/fixtures/" not in html  # file names, never paths
     data = page.values["data"]
