@@ -12,7 +12,6 @@ space limit, the memory the machine has available), and always from pipeline's f
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -82,9 +81,10 @@ def _cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> Optional[int]:
 
 
 def _address_space_limit() -> Optional[int]:
-    if sys.platform == "win32":
+    try:
+        import resource  # Unix only
+    except ImportError:
         return None
-    import resource
 
     soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
     if soft == resource.RLIM_INFINITY:
