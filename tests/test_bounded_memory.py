@@ -270,8 +270,10 @@ def test_streamed_quick_keeps_bad_pool_rows_as_the_whole_frame(tmp_path, monkeyp
 
 # --- the full analysis streamed (analyses/streamed_full.py) ------------------------------------
 
+# torch_oom_v25 is the capture whose allocator gave up without a failing call, and whose growth
+# runs into that cap; jax_prealloc_v25 grows inside XLA's preallocated block
 FULL_FIXTURES = ["known_mem_v22", "known_bt_v25", "real_oom_v25", "torch_leak_v25", "torch_pybt_v25",
-                 "torch_ops_v25", "torch_expandable_v25", "ddp_leak_v25", "jax_prealloc_v25"]
+                 "torch_ops_v25", "torch_expandable_v25", "ddp_leak_v25", "jax_prealloc_v25", "torch_oom_v25"]
 # What the streamed full analysis computes as the whole frame does: these parts of the document.
 STREAMED_FULL = ("capture", "groups", "sites", "api_calls", "failed_calls", "never_freed", "never_freed_total",
                  "reserved.pools", "reserved.preallocations", "timeline.allocations", "timeline.allocations_total", "never_freed_groups",
@@ -324,6 +326,9 @@ def test_streamed_full_sections_are_the_whole_frame_ones(name, monkeypatch):
     path = FIXTURES / f"{name}.sqlite"
     whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
     assert_streamed_full_is_whole(whole, streamed)
+    # so every section is checked here, the verdicts', steps' and ranges' included (their own
+    # tests look at shuffled rows and at what the fixtures' truths say)
+    assert streamed["ranges"] and streamed["timeline"]["bands"]  # every one of these captures has NVTX ranges
 
 
 def test_streamed_full_sites_from_native_and_python_stacks(monkeypatch):

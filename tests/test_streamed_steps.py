@@ -7,7 +7,7 @@ import json
 
 import pytest
 from conftest import FIXTURES
-from test_bounded_memory import FULL_FIXTURES, MiB, chunk_rowids, full_documents, shuffled_copy, streaming_from
+from test_bounded_memory import MiB, chunk_rowids, full_documents, shuffled_copy, streaming_from
 
 from nsysan import pipeline
 from nsysan.analyses.steps import memory_threads
@@ -26,15 +26,6 @@ def assert_steps_are_whole(whole: dict, streamed: dict) -> None:
         [d for d in whole["diagnostics"] if d["code"] in STEP_CODES]
     assert [a for a in streamed["answers"] if a["topic"] == "growth"] == \
         [a for a in whole["answers"] if a["topic"] == "growth"]
-
-
-@pytest.mark.parametrize("name", FULL_FIXTURES + ["torch_oom_v25"])
-def test_streamed_steps_growth_and_phases_are_the_whole_frame_ones(name, monkeypatch):
-    # torch_oom_v25's growth runs into the cap at which its allocator gave up, jax_prealloc_v25's
-    # inside XLA's preallocated block: the caps the streamed verdicts find
-    path = FIXTURES / f"{name}.sqlite"
-    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
-    assert_steps_are_whole(whole, streamed)
 
 
 def test_streamed_growth_of_the_leaks(monkeypatch):
