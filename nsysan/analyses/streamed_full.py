@@ -23,6 +23,8 @@ import pandas as pd
 
 from ..events.nvtx import attribute_ranges
 from ..events.read import last_cuda_calls, read_calls, read_nvtx_ranges, read_thread_names
+from ..events import stream
+from ..events.read_order import order_ahead
 from ..events.stream import EventFlow
 from ..events.stream_calls import MemoryCalls, CallWindow
 from ..model import Allocation, Analysis, Diagnostic, Process, Source
@@ -58,11 +60,12 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                       step_range: Optional[str], spike_window_ns: int) -> Analysis:
     """The full analysis of the export behind `conn`, the whole frame's (its sections not streamed, none
     now, left empty)."""
+    ahead = order_ahead(conn, stream.CHUNK_ROWIDS, stream.MOST_RUNS)  # meanwhile, on a second thread
     calls = MemoryCalls(conn, schema)
     calls.scan()
     ranges, operator_ranges = read_nvtx_ranges(conn, schema)
     thread_names = read_thread_names(conn, schema)
-    flow = EventFlow(conn, schema, call_window=CallWindow(calls))
+    flow = EventFlow(conn, schema, call_window=CallWindow(calls), order_ahead=ahead)
     looks: dict = {}
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)

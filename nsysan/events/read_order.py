@@ -1,11 +1,43 @@
-"""A cheap look at the memory table's order before the streamed flow reads it (stream.py)."""
+"""The memory table's order, found before the streamed flow reads it (stream.py): a cheap look,
+and when it sees time go back, the time-ordered runs, on a second thread while the API table is
+scanned (`order_ahead`)."""
 
 from __future__ import annotations
 
 import sqlite3
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Optional
 
-from ..reader import reads_in_chunks
-from .read import MEMORY_TABLE
+from ..reader import database_path, reads_in_chunks
+from ..schema import connect_readonly
+from .read import MEMORY_TABLE, memory_chunk_first_starts, memory_sorted_runs
+
+
+def order_ahead(conn: sqlite3.Connection, chunk_rowids: int, most: int) -> Optional[Future]:
+    """`table_order` of the file behind `conn`, found on a thread of its own through a connection
+    of its own, for EventFlow.feed to take: both reads (the probes, then (rowid, start) of every
+    row, some 4 s at 1e7 events) go on while the caller scans the API table. None without a file."""
+    path = database_path(conn)
+    if path is None:
+        return None
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(table_order, path, chunk_rowids, most)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def table_order(path: str, chunk_rowids: int, most: int) -> tuple[Optional[list], Optional[list]]:
+    """(runs, first starts) as EventFlow finds them when the probes see time go back (runs: [] when
+    more than `most`, then each chunk's earliest start); (None, None) when they do not."""
+    conn = connect_readonly(path)
+    try:
+        if not memory_chunks_look_unordered(conn, chunk_rowids):
+            return None, None
+        runs = memory_sorted_runs(conn, chunk_rowids, most) or []
+        return runs, None if runs else memory_chunk_first_starts(conn, chunk_rowids)
+    finally:
+        conn.close()
 
 
 def memory_chunks_look_unordered(conn: sqlite3.Connection, chunk_rowids: int) -> bool:

@@ -153,6 +153,7 @@ class EventFlow:
     events: int = 0
     # joins each batch to its API calls (stream_calls.CallWindow); None: --quick reads no calls
     call_window: Optional[object] = None
+    order_ahead: Optional[object] = None  # a Future of read_order.table_order, started before the flow
 
     def __post_init__(self) -> None:
         names = self.schema.mem_kinds
@@ -168,7 +169,9 @@ class EventFlow:
         batches are also written to a temporary file, for `replay`."""
         if self.runs is None and self.first_starts is None and not getattr(self, "_probed", False):
             self._probed = True  # once: a later pass knows the runs already
-            if memory_chunks_look_unordered(self.conn, CHUNK_ROWIDS):
+            if self.order_ahead is not None:  # found meanwhile (read_order.order_ahead)
+                self.runs, self.first_starts = self.order_ahead.result()
+            elif memory_chunks_look_unordered(self.conn, CHUNK_ROWIDS):
                 self._find_runs()  # a merge from the start, rather than after some batches
         while True:
             consumer = make()
