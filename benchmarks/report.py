@@ -91,7 +91,7 @@ def fit(results: dict, name: str):
 
 
 def plot(results: dict, out: Path, scale: dict) -> None:
-    figure = Figure(figsize=(10, 4.2), dpi=110)
+    figure = Figure(figsize=(10, 6.2), dpi=110)
     FigureCanvasAgg(figure)
     speed, memory = figure.subplots(1, 2)
     for name in tool_names(results):
@@ -99,7 +99,7 @@ def plot(results: dict, out: Path, scale: dict) -> None:
         x = [r["events"] for r in rows]
         speed.plot(x, [r["tools"][name]["seconds"] for r in rows], marker="o", label=name)
         memory.plot(x, [r["tools"][name]["peak_mib"] for r in rows], marker="o", label=name)
-    for (label, rows), color in zip(scale.items(), ["tab:gray", "black", "tab:brown"]):
+    for (label, rows), color in zip(scale.items(), ["tab:gray", "black", "tab:cyan"]):
         for mode, style in (("full", "-"), ("quick", ":")):  # a run that failed is a red cross
             mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["events"])
             done = [r for r in mine if r["ok"]]
@@ -122,9 +122,11 @@ def plot(results: dict, out: Path, scale: dict) -> None:
         memory.axhline(goal / 2**20, color="grey", linestyle="--", linewidth=1)
         memory.annotate(text, (results["sizes"][0]["events"], goal / 2**20), fontsize=8, color="grey",
                         xytext=(0, 3), textcoords="offset points")
-    speed.legend(fontsize=7, loc="upper left")
+    # below both plots: over the time plot it hid the lines it names
+    handles, labels = speed.get_legend_handles_labels()
+    figure.legend(handles, labels, fontsize=7, loc="lower center", ncol=2, frameon=False)
     figure.suptitle("nsysan against the floor (a bare sqlite3 scan) and other tools, same files")
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0.2, 1, 1))
     figure.savefig(out)
 
 
