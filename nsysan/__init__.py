@@ -58,7 +58,7 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     Without the frames (`keep_events` False, or None from ten million events on), an export whose
     events would not fit `max_memory` (bytes, or "4GiB"; default: half of what this process may
     use), or of twenty million events or more, is streamed: the same `Analysis`, in bounded
-    memory, in about four times the time.
+    memory, in two to three times the time.
 
     >>> import nsysan
     >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")

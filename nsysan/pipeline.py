@@ -105,10 +105,10 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
 
 # An analysis streams its events (when it may) from this many rows of the memory table on, and
 # below it when its whole frame would not fit the memory budget (memory_budget.py). Below, the
-# whole frame is faster (1e7 events: 13 s full and 7-9 s --quick, against about 50 s and 18-19 s
+# whole frame is faster (1e7 events, 1 December: 19 s full and 9 s --quick, against 52 s and 22 s
 # streamed, which reads the tables twice and does most of its work on one core) and takes about
-# 240 bytes per event (180 for --quick); above, streaming keeps the peak near 0.4-0.7 GB at 1e7
-# and 0.7 GiB at 1e8 for the full analysis, the same document value for value
+# 240 bytes per event (180 for --quick); above, streaming keeps the peak near 0.5 GiB at 1e7
+# and 1 GiB at 1e8 for the full analysis, the same document value for value
 # (docs/performance.md); the whole frame grows without bound and ran out of memory at 1e8 events.
 STREAM_QUICK_FROM_ROWS = 20_000_000
 

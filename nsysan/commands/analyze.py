@@ -53,7 +53,7 @@ def analyze(
                                              "training steps (default: ranges repeated 3+ times, such as 'step 3')."),
     max_memory: Optional[str] = typer.Option(None, "--max-memory", metavar="SIZE", show_default=False,
                                              help="Memory the analysis may take (8GiB, 900MB): an export whose events would not fit "
-                                      "is streamed, in bounded memory and about four times the time, with the same "
+                                      "is streamed, in bounded memory and two to three times the time, with the same "
                                       "results (default: half of what nsysan may use here)."),
     full_paths: bool = typer.Option(False, "--full-paths", help="Show the report's path in report.html, not only "
                                     "its file name (a page attached to a ticket then tells where it was made)."),
