@@ -24,7 +24,6 @@ from test_sites import python_lines_by_hand
 
 from nsysan import analyze, cli, pipeline, reader
 from nsysan.analyses import arrays, calls, pools
-from nsysan.errors import NsysanError
 from nsysan.events import normalize, nvtx, read, stream, stream_calls
 from nsysan.limits import Limits, evaluate_limits
 from nsysan.render.json import render_json
@@ -349,9 +348,14 @@ def test_streamed_full_sites_from_native_and_python_stacks(monkeypatch):
         for function, line in (("main", 43), ("main", 44), ("build", 19))]
 
 
-@pytest.mark.parametrize("name, seed", [("known_bt_v25", 7), ("torch_pybt_v25", 8), ("ddp_leak_v25", 9)])
+@pytest.mark.parametrize("name, seed", [
+    ("known_bt_v25", 7), ("torch_pybt_v25", 8), ("ddp_leak_v25", 9), ("torch_ops_v25", 11), ("torch_leak_v25", 12),
+    ("ddp_leak_v25", 13), ("torch_leak_v25", 11), ("ddp_leak_v25", 12), ("known_bt_v25", 13), ("real_oom_v25", 3),
+    ("torch_oom_v25", 4), ("torch_expandable_v25", 5), ("jax_prealloc_v25", 6), ("ddp_leak_v25", 7)])
 def test_streamed_full_joins_calls_out_of_time_order(name, seed, tmp_path, monkeypatch):
-    # both event tables shuffled: every chunk of calls starts early, the window holds them all
+    # both event tables shuffled: every chunk of calls starts early, the window holds them all;
+    # the memory rows out of order too, so the runs merge, the ranges' and steps' windows and the
+    # verdicts' running state all see events arrive as the merge gives them
     path = shuffled_copy(FIXTURES / f"{name}.sqlite", tmp_path / f"{name}.sqlite", seed)
     whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
     assert_streamed_full_is_whole(whole, streamed)

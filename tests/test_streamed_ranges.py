@@ -1,34 +1,18 @@
 """The streamed full analysis's NVTX sections (analyses/streamed_ranges.py): the ranges table and
-the timeline's bands, spans, trace ends and focus are the whole frame's, read in ten batches and
-more, and on copies with both event tables shuffled."""
+the timeline's bands, spans, trace ends and focus, against what the fixtures' truths say (that
+they are the whole frame's, in batches and on shuffled rows, is test_bounded_memory's whole-document
+check)."""
 
 from __future__ import annotations
 
 import sqlite3
 
-import pytest
 from conftest import FIXTURES
-from test_bounded_memory import chunk_rowids, full_documents, shuffled_copy
+from test_bounded_memory import chunk_rowids, full_documents
 
 from nsysan.analyses.explore import FOCUS_PAD
 
 MiB = 1 << 20
-TIMELINE_PARTS = ("bands", "spans", "trace_ends", "focus_start_ns", "focus_end_ns")
-
-
-def assert_ranges_are_whole(whole: dict, streamed: dict) -> None:
-    assert streamed["ranges"] == whole["ranges"]
-    for name in TIMELINE_PARTS:
-        assert streamed["timeline"][name] == whole["timeline"][name], name
-    for note in (d for d in streamed["diagnostics"] if d["code"] == "not_streamed"):  # none once all are streamed
-        assert "ranges" not in note["message"] and "timeline" not in note["message"]
-
-
-@pytest.mark.parametrize("name, seed", [("torch_ops_v25", 11), ("torch_leak_v25", 12), ("ddp_leak_v25", 13)])
-def test_streamed_ranges_on_shuffled_rows(name, seed, tmp_path, monkeypatch):
-    path = shuffled_copy(FIXTURES / f"{name}.sqlite", tmp_path / f"{name}.sqlite", seed)
-    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
-    assert_ranges_are_whole(whole, streamed)
 
 
 def test_streamed_ranges_of_a_leaking_rank(monkeypatch):

@@ -1,5 +1,6 @@
 """The streamed full analysis finds the whole frame's steps, growth verdicts, phases and step
-diagnostics (analyses/streamed_steps.py), in batches, on shuffled rows, with --step-range."""
+diagnostics (analyses/streamed_steps.py), in batches of three rows and with --step-range (on
+shuffled rows: test_bounded_memory's whole-document check)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 from conftest import FIXTURES
-from test_bounded_memory import MiB, chunk_rowids, full_documents, shuffled_copy, streaming_from
+from test_bounded_memory import MiB, chunk_rowids, full_documents, streaming_from
 
 from nsysan import pipeline
 from nsysan.analyses.steps import memory_threads
@@ -43,13 +44,6 @@ def test_streamed_growth_of_the_leaks(monkeypatch):
     assert sorted((ranks[g["pid"]], g["verdict"], g["bytes_per_step"]) for g in streamed["growth"]) == \
         [("rank 0", "stable", 0), ("rank 1", "growing", 64 * MiB)]
     assert [s["step_count"] for s in streamed["steps"]] == [len(s["steps"]) for s in streamed["steps"]] != []
-
-
-@pytest.mark.parametrize("name, seed", [("torch_leak_v25", 11), ("ddp_leak_v25", 12), ("known_bt_v25", 13)])
-def test_streamed_steps_on_shuffled_rows(name, seed, tmp_path, monkeypatch):
-    path = shuffled_copy(FIXTURES / f"{name}.sqlite", tmp_path / f"{name}.sqlite", seed)
-    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
-    assert_steps_are_whole(whole, streamed)
 
 
 def test_streamed_steps_named_by_step_range(monkeypatch):

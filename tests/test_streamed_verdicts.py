@@ -1,16 +1,16 @@
 """The streamed full analysis's verdicts (analyses/streamed_oom.py, streamed_allocators.py) and
 spikes (streamed_spikes.py): the out-of-memory verdicts, the allocators, the caps, their
-diagnostics and the spikes are the whole frame's, read in ten batches and more, and on copies with
-both event tables shuffled."""
+diagnostics and the spikes are the whole frame's, read in ten batches and more, and against what
+the fixtures' truths say (on copies with both event tables shuffled: test_bounded_memory's
+whole-document check)."""
 
 from __future__ import annotations
 
 import shutil
 import sqlite3
 
-import pytest
 from conftest import FIXTURES
-from test_bounded_memory import chunk_rowids, full_documents, shuffled_copy
+from test_bounded_memory import chunk_rowids, full_documents
 
 MiB = 1 << 20
 VERDICT_CODES = {"allocation_failed", "allocator_oom_suspected", "probe", "cache_flushes", "run_cut_short",
@@ -24,14 +24,6 @@ def assert_verdicts_are_whole(whole: dict, streamed: dict) -> None:
     assert streamed["spikes"] == whole["spikes"]
     assert [d for d in streamed["diagnostics"] if d["code"] in VERDICT_CODES] == \
         [d for d in whole["diagnostics"] if d["code"] in VERDICT_CODES]
-
-
-@pytest.mark.parametrize("name, seed", [("real_oom_v25", 3), ("torch_oom_v25", 4), ("torch_expandable_v25", 5),
-                                        ("jax_prealloc_v25", 6), ("ddp_leak_v25", 7)])
-def test_streamed_verdicts_on_shuffled_rows(name, seed, tmp_path, monkeypatch):
-    path = shuffled_copy(FIXTURES / f"{name}.sqlite", tmp_path / f"{name}.sqlite", seed)
-    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
-    assert_verdicts_are_whole(whole, streamed)
 
 
 def test_streamed_failure_holds_the_live_set_at_the_failed_call(monkeypatch):
