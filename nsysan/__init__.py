@@ -67,7 +67,7 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     >>> nsysan.analyze("fixtures/known_mem_v25.sqlite", quick=True).peak.peak_bytes
     952107008
     """
-    from .limits import parse_size
+    from .memory_budget import budget_bytes
     from .pipeline import analyze_report
     from .smi_log import read_smi_logs
 
@@ -76,7 +76,7 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
                           progress=progress, quick=quick, step_range=step_range,
                           spike_window_ns=spike_window_ns, smi_logs=logs, smi_tz=smi_tz,
                           keep_events=keep_events,
-                          max_memory=parse_size(max_memory, "max-memory") if isinstance(max_memory, str) else max_memory)
+                          max_memory=budget_bytes(max_memory))
 
 
 def load_analysis(path: PathLike) -> Analysis:

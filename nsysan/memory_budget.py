@@ -13,7 +13,7 @@ space limit, the memory the machine has available), and always from pipeline's f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 # Bytes of the whole-frame analysis per memory event (see above), rounded up.
 WHOLE_FRAME_BYTES_PER_EVENT = {"full": 240, "quick": 180}
@@ -23,6 +23,16 @@ WHOLE_FRAME_BYTES_PER_EVENT = {"full": 240, "quick": 180}
 DEFAULT_SHARE = 0.5
 
 _NO_LIMIT = 1 << 60  # cgroup v1 writes a huge number for "no limit"
+
+
+def budget_bytes(value: Union[int, str, None]) -> Optional[int]:
+    """`--max-memory` / `max_memory=` as bytes: a size ("4GiB", "900MB", "0") or bytes; None
+    (the default budget) stays None. NsysanError (exit 2) for what is not a size."""
+    if value is None or isinstance(value, int):
+        return value
+    from .limits import parse_size
+
+    return parse_size(value, "max-memory")
 
 
 def whole_frame_bytes(rows: int, quick: bool) -> int:
@@ -92,4 +102,3 @@ def _address_space_limit() -> Optional[int]:
     # The address space is far larger than what is resident (thread stacks, reserved arenas,
     # mapped libraries): the resident memory fits in about half of it.
     return soft // 2 if soft > 0 else None
-

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
+import nsysan
 from nsysan import memory_budget, pipeline
+from nsysan.errors import NsysanError
 from nsysan.render.json import render_json
 
 LEAK = FIXTURES / "torch_leak_v25.sqlite"
@@ -141,3 +143,13 @@ def test_max_memory_in_a_batch(tmp_path):
     assert rows["1kB"] == rows["8GiB"] and len(rows["1kB"]) >= 3
     bad = nsysan_cli("batch", *inputs, "-o", str(tmp_path / "bad"), "--max-memory", "-1GiB")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_the_python_api_takes_a_size_or_bytes(monkeypatch):
+    assert (memory_budget.budget_bytes("1GiB"), memory_budget.budget_bytes(5), memory_budget.budget_bytes(None)) == \
+        (GiB, 5, None)
+    streamed = recording_streams(monkeypatch)
+    assert nsysan.analyze(LEAK, keep_events=False, max_memory="100kB").peak.peak_bytes == 5_682_335_061
+    assert streamed == [LEAK]  # 100 kB is under the 330,720 bytes of its whole frame
+    with pytest.raises(NsysanError, match="--max-memory 'lots' is not a size"):
+        nsysan.analyze(LEAK, keep_events=False, max_memory="lots")

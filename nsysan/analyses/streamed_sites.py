@@ -79,7 +79,8 @@ class SiteSums:
         self.look, self.at_peak, self._seen, self._last_own = look, {}, {}, {}
         self.strings: dict[str, int] = {"": 0}
         # fed each batch with `known` (ALLOCATION_INFO of the live allocations before it and its
-        # own) once this has labelled it (streamed_oom.SecondOom, streamed_spikes.SpikeParts)
+        # own) once this has labelled it (streamed_oom.SecondOom, streamed_spikes.SpikeParts,
+        # streamed_ranges.RangeSums)
         self.watchers: list = []
 
     def add(self, b) -> None:

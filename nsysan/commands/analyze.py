@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import NsysanError
-from ..limits import parse_size
+from ..memory_budget import budget_bytes
 from ..export import files_read_for
 from ..model import Analysis
 from ..pipeline import analyze_report, check_pattern
@@ -52,9 +52,10 @@ def analyze(
                                              help="NVTX ranges whose name matches this regular expression are the "
                                              "training steps (default: ranges repeated 3+ times, such as 'step 3')."),
     max_memory: Optional[str] = typer.Option(None, "--max-memory", metavar="SIZE", show_default=False,
-                                             help="Memory the analysis may take (8GiB, 900MB): an export whose events would not fit "
-                                      "is streamed, in bounded memory and two to three times the time, with the same "
-                                      "results (default: half of what nsysan may use here)."),
+                                             help="Memory the analysis may take (8GiB, 900MB): an export whose "
+                                             "events would not fit is streamed, in bounded memory and two to three "
+                                             "times the time, with the same results (default: half of what nsysan "
+                                             "may use here)."),
     full_paths: bool = typer.Option(False, "--full-paths", help="Show the report's path in report.html, not only "
                                     "its file name (a page attached to a ticket then tells where it was made)."),
 ) -> None:
@@ -64,7 +65,7 @@ def analyze(
 
     With nvidia-smi logs: nsysan analyze fixtures/torch_smi_v25.sqlite --smi fixtures/torch_smi_v25.smi-gpu.csv
     """
-    budget = parse_size(max_memory, "max-memory") if max_memory is not None else None
+    budget = budget_bytes(max_memory)
     if smi and len(reports) > 1:
         raise NsysanError("--smi takes one report; lay nvidia-smi logs over one capture at a time")
     if smi_columns and not smi:

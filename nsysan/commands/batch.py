@@ -45,10 +45,9 @@ def batch(
     from ..batch.engines import DASK_MISSING, default_jobs
     from ..batch.inputs import expand_inputs
     from ..render.files import check_output_dir
+    from ..memory_budget import budget_bytes
 
-    from ..limits import parse_size
-
-    budget = parse_size(max_memory, "max-memory") if max_memory is not None else None
+    budget = budget_bytes(max_memory)
     if dask:
         try:
             import distributed  # noqa: F401
