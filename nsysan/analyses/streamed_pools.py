@@ -20,6 +20,7 @@ import pandas as pd
 from ..events.stream import EventBatch
 from ..model import PoolUse
 from . import pools as pool_rules
+from .arrays import distinct_rows
 from .streamed import HIGH, LOW, pair_key, running_sums
 
 OPERATIONS = {"created": 1, "destroyed": 2, "trimmed": 3}  # 0: a pool allocation or free
@@ -65,8 +66,10 @@ class PoolPoints:
             life = {name: values[order] for name, values in merged.items()}
         if not len(life["ts"]):
             return {**life, "code": np.zeros(0, "int64")}
-        slot, distinct = pd.MultiIndex.from_arrays([life["pid"], life["device"], life["address"]]).factorize()
-        codes = [self.index.setdefault(tuple(int(v) for v in key), len(self.index)) for key in distinct.tolist()]
+        # hashed a column at a time: a MultiIndex of the pool rows took 1.4 s of a 1e7-event stream
+        slot, first = distinct_rows(life["pid"], life["device"], life["address"])
+        codes = [self.index.setdefault(key, len(self.index)) for key in zip(
+            life["pid"][first].tolist(), life["device"][first].tolist(), life["address"][first].tolist())]
         return {**life, "code": np.array(codes, "int64")[slot]}
 
 
