@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
 import pandas as pd
+
+from ..reader import usable_cpus
 
 
 MAX_NVTX_DEPTH = 64
@@ -107,9 +110,18 @@ class RangeLookup:
         result = np.full(n, -1, "int64")
         if n == 0 or not self.usable:
             return result
-        for low in range(0, n, POINT_CHUNK):  # each point alone: a chunk at a time bounds the temporaries
-            part = slice(low, low + POINT_CHUNK)
+        parts = [slice(low, low + POINT_CHUNK) for low in range(0, n, POINT_CHUNK)]
+
+        def fill(part: slice) -> None:  # each point alone: a chunk at a time bounds the temporaries
             result[part] = self._innermost_of_chunk(pid[part], tid[part], ts[part])
+
+        workers = min(usable_cpus(), len(parts))
+        if workers < 2:
+            for part in parts:
+                fill(part)
+        else:  # numpy searches and gathers without the GIL: the chunks on every core
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                list(pool.map(fill, parts))
         return result
 
     def _innermost_of_chunk(self, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> np.ndarray:
