@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
@@ -10,6 +11,7 @@ import pandas as pd
 from ..analyses.arrays import factorize_in_parts, group_order, previous_in_group
 from ..errors import NsysanError
 from ..model import KINDS, Diagnostic
+from ..reader import PARALLEL_MIN_ROWS, usable_cpus
 from ..schema import Schema
 from .columns import EVENT_COLUMNS, categorical_lookup, int_column, ints
 
@@ -277,7 +279,7 @@ def join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
     event_codes = pd.Index(call_pids).get_indexer(pid) + 1  # 0: a process with no calls at all
     event_order = group_order(event_codes.astype("int64"), len(call_pids) + 1)
     event_bounds = np.searchsorted(event_codes[event_order], np.arange(len(call_pids) + 2))
-    for code in range(len(call_pids)):  # one per process
+    def join_process(code: int) -> None:  # each process's events alone: their rows of `result`
         rows = call_order[call_bounds[code]:call_bounds[code + 1]]
         keys = call_correlation[rows]
         if len(keys) > 1 and not (keys[1:] >= keys[:-1]).all():
@@ -288,6 +290,17 @@ def join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
         at = np.clip(np.searchsorted(keys, wanted, side="left"), 0, len(keys) - 1)
         hit = (keys[at] == wanted) & (wanted > 0)  # correlation id 0: no call (module statics)
         result[mine[hit]] = rows[at[hit]]
+
+    # numpy sorts and searches without the GIL: the processes (the ranks of a distributed job) on
+    # every core, the largest first
+    largest_first = np.argsort(-np.diff(call_bounds), kind="stable").tolist()
+    workers = min(usable_cpus(), len(call_pids)) if len(pid) >= PARALLEL_MIN_ROWS else 1
+    if workers < 2:
+        for code in largest_first:
+            join_process(code)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(join_process, largest_first))
     return result
 
 
