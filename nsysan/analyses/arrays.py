@@ -6,11 +6,14 @@ The events are normalized with them and the analyses group with them (see groupi
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
 
 import numpy as np
 import pandas as pd
 
 from ..reader import PARALLEL_MIN_ROWS, usable_cpus
+
+T = TypeVar("T")
 
 
 def factorize_in_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -34,6 +37,20 @@ def factorize_in_parts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         codes[edges[i]:edges[i + 1]] = renumber[offset:offset + len(part_uniques)][part_codes]
         offset += len(part_uniques)
     return codes, uniques
+
+
+def on_every_core(work: Callable[[T], None], items: list[T], parallel: bool = True) -> None:
+    """work(item) for every item, on as many threads as there are usable cores (numpy's sorts,
+    searches and gathers run without the GIL), for work that writes only its own part of a shared
+    result; in order on this thread with one core or one item, or when not `parallel` (inputs too
+    small for threads to pay)."""
+    workers = min(usable_cpus(), len(items)) if parallel else 1
+    if workers < 2:
+        for item in items:
+            work(item)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(work, items))
 
 
 def previous_in_group(codes: np.ndarray, groups: int) -> np.ndarray:

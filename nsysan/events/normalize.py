@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
 import pandas as pd
 
-from ..analyses.arrays import factorize_in_parts, group_order, previous_in_group
+from ..analyses.arrays import factorize_in_parts, group_order, on_every_core, previous_in_group
 from ..errors import NsysanError
 from ..model import KINDS, Diagnostic
-from ..reader import PARALLEL_MIN_ROWS, usable_cpus
+from ..reader import PARALLEL_MIN_ROWS
 from ..schema import Schema
 from .columns import EVENT_COLUMNS, categorical_lookup, int_column, ints
 
@@ -291,16 +290,9 @@ def join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
         hit = (keys[at] == wanted) & (wanted > 0)  # correlation id 0: no call (module statics)
         result[mine[hit]] = rows[at[hit]]
 
-    # numpy sorts and searches without the GIL: the processes (the ranks of a distributed job) on
-    # every core, the largest first
-    largest_first = np.argsort(-np.diff(call_bounds), kind="stable").tolist()
-    workers = min(usable_cpus(), len(call_pids)) if len(pid) >= PARALLEL_MIN_ROWS else 1
-    if workers < 2:
-        for code in largest_first:
-            join_process(code)
-    else:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(join_process, largest_first))
+    # the processes (the ranks of a distributed job) on every core, the largest first
+    on_every_core(join_process, np.argsort(-np.diff(call_bounds), kind="stable").tolist(),
+                  parallel=len(pid) >= PARALLEL_MIN_ROWS)
     return result
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
 import pandas as pd
 
-from ..reader import usable_cpus
+from ..analyses.arrays import on_every_core
 
 
 MAX_NVTX_DEPTH = 64
@@ -110,18 +109,11 @@ class RangeLookup:
         result = np.full(n, -1, "int64")
         if n == 0 or not self.usable:
             return result
-        parts = [slice(low, low + POINT_CHUNK) for low in range(0, n, POINT_CHUNK)]
 
         def fill(part: slice) -> None:  # each point alone: a chunk at a time bounds the temporaries
             result[part] = self._innermost_of_chunk(pid[part], tid[part], ts[part])
 
-        workers = min(usable_cpus(), len(parts))
-        if workers < 2:
-            for part in parts:
-                fill(part)
-        else:  # numpy searches and gathers without the GIL: the chunks on every core
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                list(pool.map(fill, parts))
+        on_every_core(fill, [slice(low, low + POINT_CHUNK) for low in range(0, n, POINT_CHUNK)])
         return result
 
     def _innermost_of_chunk(self, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> np.ndarray:
