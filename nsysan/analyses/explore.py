@@ -28,6 +28,7 @@ MAX_GROUPS = 100
 # setup's few small allocations long before the steps are left out of the first view.
 FOCUS_SKIP = 0.05
 FOCUS_PAD = 0.03  # of the focus span, on each side
+WARM_UP_AFTER = 3  # later steps a process needs for its first one to be left out of the focus (after_warm_up)
 
 _FINITE = np.iinfo("int64").max // 4  # a range left open has a huge end
 STEP_REPEATS = 3
@@ -89,7 +90,8 @@ def focus_from_movement(first: int, last: int, total_moved: float, moved_between
         # Steps where memory hardly moves (a framework that reserved it all before them) are not
         # where it moves: the movement rule stands.
         if moved_between(start, end) >= FOCUS_SKIP * total_moved:
-            first, last = start, end
+            steady = after_warm_up(steps)
+            first, last = start if steady is None else steady, end
     for band in bands:  # whole bands: a step cut in two reads as a different step
         if band.start_ns < first < band.end_ns:
             first = band.start_ns
@@ -101,6 +103,29 @@ def focus_from_movement(first: int, last: int, total_moved: float, moved_between
         last = max(last, max(later))
     pad = int(FOCUS_PAD * (last - first)) if last > first else 1_000_000
     return first - pad, last + pad
+
+
+def after_warm_up(steps: list[Band]) -> Optional[int]:
+    """Where the steps after the warm-up start: the latest end of each process's first step, when
+    in every process that first step outlasts all its later steps together (at least
+    WARM_UP_AFTER of them); else None.
+
+    The first step is warm-up (the growth verdict leaves it out too: growth.py), and in PyTorch it
+    is often ten times longer than the steps after it (cuDNN, cuBLAS and NCCL set up, the caching
+    allocator fills): opened on every step, the page gave it 80-90% of its width and squeezed the
+    steps where a leak shows as a staircase into the rest."""
+    by_pid: dict[int, list[Band]] = {}
+    for band in steps:
+        by_pid.setdefault(band.pid, []).append(band)
+    ends = []
+    for own in by_pid.values():
+        own.sort(key=lambda band: (band.start_ns, band.end_ns))
+        first, later = own[0], own[1:]
+        if len(later) < WARM_UP_AFTER or any(band.end_ns >= _FINITE for band in own) \
+                or first.end_ns - first.start_ns <= sum(band.end_ns - band.start_ns for band in later):
+            return None
+        ends.append(first.end_ns)
+    return max(ends) if ends else None
 
 
 def step_span(steps: list[Band]) -> tuple[int, int]:
