@@ -78,8 +78,9 @@ def focus_window(events: pd.DataFrame, bands: list[Band], trace_ends: list[Trace
 
 def focus_from_movement(first: int, last: int, total_moved: float, moved_between: Callable[[int, int], float],
                         bands: list[Band], trace_ends: list[TraceEnd]) -> tuple[int, int]:
-    """The span where memory moves, in ns: the steps when there are (step_bands) and at least
-    FOCUS_SKIP of the memory movement happens inside them, else from `first` (when FOCUS_SKIP of
+    """The span where memory moves, in ns: the steps when there are (step_bands; from the end of a
+    first step that outlasts the rest: after_warm_up) and at least FOCUS_SKIP of the memory
+    movement happens inside them, else from `first` (when FOCUS_SKIP of
     the movement, `total_moved`, has happened) to `last` (the last event that moves memory);
     widened to the NVTX bands it cuts (whole steps), and to the ranges that follow an early end of
     the CUDA trace. `moved_between(start, end)`: the movement from `start` to `end`, both included
