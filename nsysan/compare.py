@@ -24,6 +24,8 @@ SCHEMA_ID = "nsysan/compare@1"
 # Kinds counted in a row's end-of-run and never-freed bytes: GPU-resident memory, without
 # module globals (static memory is loaded with the code and never freed by design).
 _KEPT_KINDS = tuple(k for k in GPU_RESIDENT_KINDS if k != "static")
+# Growth verdicts that measured a rate per step (the others: too_few_steps, preallocated).
+MEASURED_GROWTH = ("growing", "uneven", "stable")
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,7 @@ def _processes(analysis: Analysis) -> list[_Process]:
         if s.ts_ns:
             first[s.pid] = min(first.get(s.pid, s.ts_ns[0]), s.ts_ns[0])
     growth = steps_growth(analysis)
-    verdicts = {(int(g.pid), int(g.device)): g.verdict for g in getattr(analysis, "growth", None) or []}
+    verdicts = {(g.pid, g.device): g.verdict for g in analysis.growth}
     rows: dict[tuple[int, int], dict[str, Any]] = {}
     for g in analysis.groups:
         if g.kind not in GPU_RESIDENT_KINDS:
@@ -277,16 +279,9 @@ def process_rows(analysis: Analysis) -> list[ProcessRow]:
 
 
 def steps_growth(analysis: Analysis) -> dict[tuple[int, int], int]:
-    """Bytes of growth per step by (pid, device), when the analysis has step verdicts."""
-    growth = getattr(analysis, "growth", None)
-    found: dict[tuple[int, int], int] = {}
-    for verdict in growth or []:
-        pid, device = getattr(verdict, "pid", None), getattr(verdict, "device", None)
-        per_step = getattr(verdict, "bytes_per_step", None)
-        judged = getattr(verdict, "verdict", "") != "too_few_steps"  # no rate from one or two steps
-        if pid is not None and device is not None and per_step is not None and judged:
-            found[(int(pid), int(device))] = int(per_step)
-    return found
+    """Bytes of growth per step by (pid, device), where the growth verdict judged a rate: not from
+    one or two steps (too_few_steps), not inside a preallocation, where it cannot be seen."""
+    return {(g.pid, g.device): g.bytes_per_step for g in analysis.growth if g.verdict in MEASURED_GROWTH}
 
 
 def match_processes(base: list[_Process], new: list[_Process]

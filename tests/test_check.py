@@ -289,9 +289,6 @@ def test_the_ci_jobs_use_options_that_exist():
             assert option in known, f"nsysan {command} has no {option}"
 
 
-HAS_STEPS = "growth" in {f.name for f in __import__("dataclasses").fields(__import__("nsysan").Analysis)}
-
-
 def reserved_step_growth(name: str) -> float:
     """The median growth of PyTorch's reserved bytes from step to step, after the first step
     (warm-up), from the truth file: what the driver-level growth per step should be close to."""
@@ -301,7 +298,6 @@ def reserved_step_growth(name: str) -> float:
     return statistics.median(b - a for a, b in zip(reserved[1:], reserved[2:]))
 
 
-@pytest.mark.skipif(not HAS_STEPS, reason="the step verdicts (issue 17) are not in the model yet")
 def test_growth_per_step_limit():
     leak = run("check", fixture("torch_leak_v25"), "--max-growth-per-step", "16MiB")
     assert leak.returncode == 1, leak.stderr

@@ -185,8 +185,6 @@ def test_the_plot_draws_both_runs_from_their_first_step():
     assert min(lines["compare:new"].get_xdata()) < 0 < max(lines["compare:new"].get_xdata())  # setup before step 0
 
 
-@pytest.mark.skipif("growth" not in {f.name for f in __import__("dataclasses").fields(Analysis)},
-                    reason="the step verdicts (issue 17) are not in the model yet")
 def test_clean_to_leak_names_the_new_growth():
     c = compare_analyses(analysis_of("torch_clean_v25"), analysis_of("torch_leak_v25"))
     (gpu0,) = c.processes
