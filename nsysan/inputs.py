@@ -7,7 +7,7 @@ a file read.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from .errors import NsysanError
 from .model import Analysis
@@ -30,9 +30,13 @@ def is_analysis_document(path: Path) -> bool:
 
 def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] = None,
                     cache_dir: Optional[Path] = None, progress: Optional[Progress] = None,
-                    keep_events: Optional[bool] = None, max_memory: Optional[int] = None) -> Analysis:
+                    keep_events: Optional[bool] = None, max_memory: Optional[int] = None,
+                    content: Optional[str] = None, **options: Any) -> Analysis:
     """The `Analysis` of a report or export, or the one stored in an analysis JSON document
-    (`keep_events`, `max_memory`: see pipeline.analyze_report)."""
+    (`keep_events`, `max_memory` and `options`, any other option of the analysis: see
+    pipeline.analyze_report). Without the raw frames (`keep_events` False) an analysis already
+    made of the same bytes with the same options is read back from the cache (analysis_cache.py);
+    `content`: the input's sha256 when the caller has it already."""
     path = Path(path)
     if path.is_dir():
         raise NsysanError(f"{path} is a folder; give a report (.nsys-rep, .qdrep, .sqlite) or an analysis.json")
@@ -49,5 +53,13 @@ def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] 
                               f"{err})") from err
     from .pipeline import analyze_report
 
-    return analyze_report(path, nsys=nsys, cache_dir=cache_dir, progress=progress, keep_events=keep_events,
-                          max_memory=max_memory)
+    def analyze() -> Analysis:
+        return analyze_report(path, nsys=nsys, cache_dir=cache_dir, progress=progress, keep_events=keep_events,
+                              max_memory=max_memory, **options)
+
+    if keep_events is not False:  # the raw frames are not in a document: analyze
+        return analyze()
+    from .analysis_cache import cached_analysis
+
+    return cached_analysis(path, analyze, nsys=nsys, cache_dir=cache_dir, content=content,
+                           options=options)

@@ -15,6 +15,7 @@ from .errors import NsysanError
 from .events import LoadedEvents, load_events
 from .events.read import memory_rowid_span, read_cuda_activity
 from .model import Analysis, Diagnostic, Source
+from .model.capture import path_text
 from .schema import Schema, open_readonly, probe
 from .smi_log import SmiLog
 from .snapshot import committed_state
@@ -81,10 +82,10 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                                 "(it records this report as its input and the same capture start); delete it "
                                 "to have nsysan export the report itself"))
     schema.diagnostics.extend(notes)
-    source = Source(path=_text(report), name=_text(report.name), format=_format(report),
+    source = Source(path=path_text(report), name=path_text(report.name), format=_format(report),
                     size_bytes=report.stat().st_size, exported_with=result.exported_with,
                     from_cache=result.from_cache,
-                    sibling_export=_text(result.sqlite_path) if result.from_sibling else None)
+                    sibling_export=path_text(result.sqlite_path) if result.from_sibling else None)
     if loaded is None:  # left to be streamed (see _read)
         return _streamed(report, result.sqlite_path, export.resolve_cache_dir(cache_dir), schema, source, version,
                          step_range, spike_window_ns or DEFAULT_WINDOW_NS, quick)
@@ -180,12 +181,6 @@ def _streamed(report: Path, sqlite_path: Path, scratch: Path, schema: Schema, so
             raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
         finally:
             conn.close()
-
-
-def _text(path: object) -> str:
-    """A file name as text every output can hold: bytes that are not UTF-8 (lone surrogates in
-    Python, which no UTF-8 file or JSON parser takes) become U+FFFD, like a profile's strings."""
-    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _format(path: Path) -> str:

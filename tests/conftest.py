@@ -23,6 +23,15 @@ CAPTURES = ["known_mem_v25", "known_bt_v25", "known_plain_v25", "known_mem_v22",
 _cache: dict[str, nsysan.Analysis] = {}
 
 
+@pytest.fixture(autouse=True)
+def own_cache_dir(tmp_path_factory, monkeypatch) -> Path:
+    """Every test its own empty cache (exports and analyses): nothing read from, or left in, the
+    user's ~/.cache/nsysan, and no test reuses what another one analyzed."""
+    cache = tmp_path_factory.mktemp("nsysan-cache")
+    monkeypatch.setenv("NSYSAN_CACHE_DIR", str(cache))
+    return cache
+
+
 def analysis_of(name: str) -> nsysan.Analysis:
     """The Analysis of fixtures/<name>.sqlite, computed once per session."""
     if name not in _cache:

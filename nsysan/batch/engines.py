@@ -65,6 +65,12 @@ def run_all(paths: list[Path], on_done: OnDone, *, jobs: int, dask: Optional[str
     threads = max(1, default_jobs() // jobs) if ours else 1
     # `jobs` analyses at once on this machine share its memory; a cluster's worker knows its own.
     budget = max_memory if max_memory is not None or not ours else memory_budget.default_budget(jobs)
+    if ours and cache_dir is None:
+        # Named here: the pool's workers fork from a server started with the environment of the
+        # first batch of this process, so they would not see a later $NSYSAN_CACHE_DIR.
+        from ..export import resolve_cache_dir
+
+        cache_dir = str(resolve_cache_dir())
     args = (nsys, cache_dir, threads, TUNE_PROCESS if ours else TUNE_TASK, budget)
     paths = largest_first(paths)
     if dask:

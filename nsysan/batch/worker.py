@@ -143,7 +143,7 @@ def _analyze(path: str, nsys: Optional[str], cache_dir: Optional[str], max_memor
         except OSError as err:
             raise NsysanError(f"{report.name} could not be read: {err.strerror or err}") from err
         analysis = load_or_analyze(report, nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
-                                   keep_events=False, max_memory=max_memory)
+                                   keep_events=False, max_memory=max_memory, content=result["hash"])
         result["document"] = render_json(analysis)
         # The summary's and the database's rows are made here, in parallel, not by the one
         # process that gathers the results.

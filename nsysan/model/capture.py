@@ -3,6 +3,7 @@ collected), the diagnostics, and the constants that name memory kinds and severi
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -44,6 +45,16 @@ class Source:
     from_cache: bool = False  # the export came from nsysan's cache
     # The report's own export found beside it (<stem>.sqlite) and read in its place, if any
     sibling_export: Optional[str] = None
+
+    def named(self, path: object) -> "Source":
+        """This source, as the file at `path` (the same bytes found under another name)."""
+        return dataclasses.replace(self, path=path_text(path), name=path_text(getattr(path, "name", path)))
+
+
+def path_text(path: object) -> str:
+    """A file name as text every output can hold: bytes that are not UTF-8 (lone surrogates in
+    Python, which no UTF-8 file or JSON parser takes) become U+FFFD, like a profile's strings."""
+    return str(path).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
