@@ -16,10 +16,11 @@ analysis document later becomes a new column, and older databases keep working. 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from ..errors import NsysanError
 from ..model import Analysis
@@ -30,34 +31,89 @@ _KEYS = {"groups": ("report_hash", "pid", "device", "kind"), "steps": ("report_h
          "diagnostics": ("report_hash", "n")}
 
 
+# How long a write waits for another process's lock (a second batch appending to the same --db,
+# a reader's checkpoint) before the batch stops with a clear line. Each report is one short
+# transaction, so two batches appending at once take turns well inside it.
+LOCK_TIMEOUT_S = 30.0
+_PRIMARY_KEYS = {"reports": ("report_hash",), **_KEYS}
+
+
 class ResultsDatabase:
-    """An open nsysan.db; `add(result, analysis)` writes one report, in one transaction."""
+    """An open nsysan.db; `add(result, analysis)` writes one report, in one transaction.
+
+    Opening refuses, in one line and before any analysis runs, a file that is another program's
+    database, a database whose tables nsysan did not make, a damaged one (named, with how to
+    rescue it), one it may not write and one another process keeps locked. Every write is an
+    `IMMEDIATE` transaction (the schema it reads and the rows it writes are one unit, so two
+    batches appending at once take turns instead of both adding the same column or table)."""
 
     def __init__(self, path: Path, tag: Optional[str] = None) -> None:
+        import sqlite3
+
         import sqlite_utils
 
         self.path = Path(path)
         self.tag = tag
-        if self.path.exists() and not _is_ours_or_empty(self.path):
-            raise NsysanError(f"{self.path} is not an nsysan database (no reports table) and is never written "
-                              "into; give --db a new file or an nsysan.db")
+        _refuse_what_is_not_ours(self.path)
         try:
-            self.db = sqlite_utils.Database(self.path)
-            self.db.execute("PRAGMA journal_mode=WAL")  # readers (Datasette) don't block the batch
-            # One commit per report: with WAL, NORMAL syncs at checkpoints instead of every commit
-            # (a power cut may lose the last reports, never corrupt the file).
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            if not self.db["steps"].exists():  # queries can name it before any analysis had steps
+            conn = sqlite3.connect(str(self.path), timeout=LOCK_TIMEOUT_S)
+        except sqlite3.Error as err:
+            raise self._error(err) from err
+        try:
+            self.db = sqlite_utils.Database(conn)
+            self._prepare()
+        except BaseException as err:
+            conn.close()
+            if isinstance(err, sqlite3.Error):
+                raise self._error(err) from err
+            raise
+
+    def _prepare(self) -> None:
+        """Check the file whole, check or make the tables, then WAL (readers such as Datasette
+        don't block the batch)."""
+        conn = self.db.conn
+        problems = [row[0] for row in conn.execute("PRAGMA quick_check(3)")]
+        if problems != ["ok"]:
+            raise NsysanError(_damaged(self.path, "; ".join(problems)))
+        with self._transaction():
+            _check_tables(self.path, self.db)
+            # Made at once, so a batch that stops before its first report (an unreachable Dask
+            # scheduler) leaves a database the next batch recognizes as nsysan's; and queries can
+            # name `steps` before any analysis had steps.
+            if not self.db["reports"].exists():
+                self.db["reports"].create({"report_hash": str}, pk="report_hash")
+            if not self.db["steps"].exists():
                 self.db["steps"].create({"report_hash": str, "pid": int, "device": int, "step": int},
                                         pk=("report_hash", "pid", "device", "step"))
-        except Exception as err:  # sqlite3.DatabaseError, OSError: not a database we can write
-            raise NsysanError(f"{self.path} could not be opened as a SQLite database ({err})") from err
+        conn.execute("PRAGMA journal_mode=WAL")
+        # One commit per report: with WAL, NORMAL syncs at checkpoints instead of every commit
+        # (a power cut may lose the last reports, never corrupt the file).
+        conn.execute("PRAGMA synchronous=NORMAL")
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE: the write lock first (waiting up to LOCK_TIMEOUT_S), so what is read of
+        the schema inside stays true until COMMIT; anything raised (a Ctrl-C too) rolls back."""
+        conn = self.db.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            raise
+        conn.commit()
+
+    def _error(self, err: Exception) -> NsysanError:
+        return NsysanError(database_problem(self.path, err))
 
     def close(self) -> None:
         self.db.close()
 
     def add(self, result: dict[str, Any], analysis_file: Optional[str]) -> str:
         """Write one worker result (with the rows `database_rows` made on the worker); returns its key."""
+        import sqlite3
+
         key = report_key(result)
         report = {"report_hash": key, "path": result["path"], "name": Path(result["path"]).name,
                   "ok": bool(result.get("ok")), "error": result.get("error"), "seconds": result.get("seconds"),
@@ -65,34 +121,106 @@ class ResultsDatabase:
                       timespec="seconds"), "analysis_file": analysis_file}
         tables = result.get("tables") or {}
         report.update(tables.get("reports", {}))
-        with self.db.conn:
-            for table in CHILD_TABLES:
-                if self.db[table].exists():
-                    self.db[table].delete_where("report_hash = ?", [key])
-            self.db["reports"].upsert(report, pk="report_hash", alter=True)
-            for table in CHILD_TABLES:
-                rows = tables.get(table)
-                if rows:
-                    self.db[table].insert_all(rows, pk=_KEYS[table], alter=True, replace=True)
+        try:
+            with self._transaction():
+                for table in CHILD_TABLES:
+                    if self.db[table].exists():
+                        self.db[table].delete_where("report_hash = ?", [key])
+                self.db["reports"].upsert(report, pk="report_hash", alter=True)
+                for table in CHILD_TABLES:
+                    rows = tables.get(table)
+                    if rows:
+                        self.db[table].insert_all(rows, pk=_KEYS[table], alter=True, replace=True)
+        except sqlite3.Error as err:
+            raise self._error(err) from err
         return key
 
 
+def _refuse_what_is_not_ours(path: Path) -> None:
+    """Before anything is opened for writing: a file that is not a regular file, or a SQLite
+    database of another program (an export, a report: never written into)."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return  # a new database
+    except OSError as err:
+        raise NsysanError(f"{path} could not be read: {err.strerror or err}") from err
+    if not stat.S_ISREG(mode):
+        raise NsysanError(f"{path} is not a regular file; give --db a new file or an nsysan.db")
+    if not _is_ours_or_empty(path):
+        raise NsysanError(f"{path} is not an nsysan database (no reports table) and is never written "
+                          "into; give --db a new file or an nsysan.db")
+
+
 def _is_ours_or_empty(path: Path) -> bool:
-    """An empty file, or a SQLite database with nsysan's reports table (an export, a report or
-    any other database must never be written into). Opened read-only."""
+    """An empty file, or a SQLite database holding nsysan's reports table or only tables of
+    nsysan's (an export, a report or any other database must never be written into).
+
+    Opened `immutable`: no lock and no -shm, so a read-only database in WAL mode (whose -shm
+    can't be made) is still recognized and then refused for what it is (read-only), not called
+    another program's. A damaged file is recognized by its header and refused when opened."""
     import sqlite3
 
-    if path.stat().st_size == 0:
-        return True
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        with open(path, "rb") as handle:
+            header = handle.read(16)
+    except OSError as err:
+        raise NsysanError(f"{path} could not be read: {err.strerror or err}") from err
+    if not header:
+        return True
+    if header != b"SQLite format 3\x00":
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
         try:
             names = {row[0] for row in conn.execute("select name from sqlite_master where type = 'table'")}
         finally:
             conn.close()
-    except sqlite3.DatabaseError:
-        return False
-    return not names or "reports" in names
+    except sqlite3.DatabaseError as err:
+        raise NsysanError(_damaged(path, str(err))) from err
+    names = {name for name in names if not name.startswith("sqlite_")}
+    return not names or "reports" in names or names <= set(_PRIMARY_KEYS)
+
+
+def _check_tables(path: Path, db: Any) -> None:
+    """Each of nsysan's tables that exists has nsysan's key (a `groups` table made by someone
+    else would get rows that never replace each other, or an error half-way through a batch)."""
+    names = set(db.table_names())
+    if names and "reports" not in names and not names <= set(_PRIMARY_KEYS):
+        raise NsysanError(f"{path} is not an nsysan database (no reports table) and is never written "
+                          "into; give --db a new file or an nsysan.db")
+    for table, key in _PRIMARY_KEYS.items():
+        if table in names and tuple(db[table].pks) != key:
+            raise NsysanError(f"{path} has a {table} table that nsysan did not make (keyed by "
+                              f"{', '.join(db[table].pks)}, not {', '.join(key)}); give --db a new file, "
+                              "or move this one aside")
+
+
+def _damaged(path: Path, why: str) -> str:
+    return (f"{path} is damaged (SQLite: {why}) and is never written into: move it aside (the batch then "
+            f"makes a new one), or rescue its rows with: sqlite3 {path} .recover | sqlite3 recovered.db")
+
+
+def database_problem(path: Path, err: Exception) -> str:
+    """The one line for an SQLite error met opening or writing nsysan.db, by its cause."""
+    name = getattr(err, "sqlite_errorname", "") or ""  # Python 3.11+; the message before that
+    text = str(err)
+    lowered = text.lower()
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in lowered:
+        return (f"{path} is locked by another process (waited {LOCK_TIMEOUT_S:g} s to write); let the other "
+                "batch finish, or give --db another file")
+    if name.startswith(("SQLITE_READONLY", "SQLITE_PERM")) or "readonly" in lowered:
+        return f"{path} can't be written ({text}); give --db a file you may write, or copy this one where you may"
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in lowered or "not a database" in lowered:
+        return _damaged(path, text)
+    if name.startswith("SQLITE_FULL") or "full" in lowered:
+        return f"could not write {path}: the disk is full ({text})"
+    if name.startswith("SQLITE_CANTOPEN") or "unable to open" in lowered:
+        return (f"{path} could not be opened for writing ({text}); check that its folder exists and may be "
+                f"written (SQLite also writes {path.name}-wal and -shm beside it)")
+    return f"{path} could not be used as nsysan's database (SQLite: {text})"
 
 
 def report_key(result: dict[str, Any]) -> str:

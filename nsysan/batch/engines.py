@@ -38,6 +38,8 @@ TASKS_PER_THREAD = 8
 # first, before anything that could start a thread (forkserver_tuning.py says why), then the
 # analysis, so no worker imports it for its first report.
 WORKER_PRELOAD = ["nsysan.batch.forkserver_tuning", "nsysan.batch.worker", "nsysan.pipeline"]
+# How long `--dask tcp://...` tries to reach its scheduler before the batch stops with one line.
+DASK_CONNECT_TIMEOUT = "20s"
 DASK_MISSING = "--dask needs Dask distributed, an optional extra: pip install 'nsysan[dask]'"
 
 
@@ -171,7 +173,7 @@ def _dask_client(address: str, jobs: int) -> tuple[Any, Any, int]:
                                    dashboard_address=None, silence_logs=logging.ERROR)
         return Client(cluster), cluster, jobs
     try:
-        client = Client(address, timeout="20s")
+        client = Client(address, timeout=DASK_CONNECT_TIMEOUT)
     except (OSError, TimeoutError, ValueError) as err:
         raise NsysanError(f"could not reach the Dask scheduler at {address} ({type(err).__name__}: "
                           f"{one_line(str(err))[:160]})") from err

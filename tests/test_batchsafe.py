@@ -1,0 +1,290 @@
+"""Hostile input, round three, for `batch`: its database, its inputs, and how it stops.
+
+Most cases run the real command in this process (`nsysan.cli.main`) on analysis documents of the
+fixtures (read back, not re-analyzed, so a batch takes a fraction of a second) and check the exit
+code, the one stderr line and what the database holds. Signals need a real process: those tests
+start `python -m nsysan batch`, signal it, and check that no process it started outlives it.
+docs/reliability.md ("Batches") lists each case with its test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import FIXTURES, analysis_of
+
+from nsysan.batch import database as batch_database
+from nsysan.batch.database import ResultsDatabase, database_rows
+from nsysan.cli import main
+from nsysan.render.json import render_json
+
+MiB = 1 << 20
+KNOWN_PEAK = (256 + 128 + 12 + 512) * MiB  # known_allocs.cu: live when the 512 MiB burst comes (README)
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """`nsysan ARGS` in this process; a traceback would leave main() as another exception."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as done:
+        code = done.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def documents(tmp_path_factory) -> Path:
+    """Two analysis documents of real fixtures: inputs a batch reads back in milliseconds."""
+    folder = tmp_path_factory.mktemp("documents")
+    for name in ("known_mem_v25", "real_oom_v25"):
+        (folder / f"{name}.analysis.json").write_text(render_json(analysis_of(name)))
+    return folder
+
+
+def batch(capsys, documents: Path, out: Path, *more: str) -> tuple[int, str, str]:
+    return cli(capsys, "batch", str(documents), "-o", str(out), "-j", "1", "--no-progress", *more)
+
+
+def reports_in(db: Path) -> list[tuple[str, int]]:
+    with sqlite3.connect(db) as conn:
+        return sorted(conn.execute("select name, peak_bytes from reports").fetchall())
+
+
+EXPECTED = [("known_mem_v25.analysis.json", KNOWN_PEAK),
+            ("real_oom_v25.analysis.json", analysis_of("real_oom_v25").peak.peak_bytes)]
+
+
+# --- the database -----------------------------------------------------------------------------------
+
+
+def _conflicting_reports(db: Path) -> None:
+    with sqlite3.connect(db) as conn:
+        conn.execute("create table reports (x int)")
+
+
+def _conflicting_groups(db: Path) -> None:
+    with sqlite3.connect(db) as conn:
+        conn.execute("create table reports (report_hash text primary key)")
+        conn.execute("create table groups (a text primary key, b)")
+
+
+def _damaged_page(db: Path) -> None:
+    """A real nsysan.db whose `reports` table's root page is overwritten."""
+    _made_by_a_batch(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        root = conn.execute("select rootpage from sqlite_master where name = 'reports'").fetchone()[0]
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    with open(db, "r+b") as handle:
+        handle.seek((root - 1) * page_size)
+        handle.write(b"\xff" * page_size)
+
+
+def _made_by_a_batch(db: Path) -> None:
+    database = ResultsDatabase(db)
+    database.add({"path": "earlier.sqlite", "ok": False, "hash": None, "error": "earlier"}, None)
+    database.close()
+
+
+def _fifo(db: Path) -> None:
+    os.mkfifo(db)
+
+
+def _folder(db: Path) -> None:
+    db.mkdir()
+
+
+def _export(db: Path) -> None:
+    db.write_bytes((FIXTURES / "known_mem_v25.sqlite").read_bytes())
+
+
+def _text_file(db: Path) -> None:
+    db.write_text("notes, not a database\n")
+
+
+BAD_DATABASES = {
+    "a reports table without report_hash": (_conflicting_reports, r"has a reports table that nsysan did not make "
+                                            r"\(keyed by rowid, not report_hash\); give --db a new file"),
+    "a groups table keyed otherwise": (_conflicting_groups, r"has a groups table that nsysan did not make \(keyed "
+                                       r"by a, not report_hash, pid, device, kind\)"),
+    "a damaged page": (_damaged_page, r"is damaged \(SQLite: .*\) and is never written into: move it aside .*"
+                                      r"sqlite3 .*history\.db \.recover"),
+    "a FIFO": (_fifo, r"history\.db is not a regular file; give --db a new file"),
+    "a folder": (_folder, r"history\.db is not a regular file"),
+    "an nsys export": (_export, r"history\.db is not an nsysan database \(no reports table\) and is never written"),
+    "a text file": (_text_file, r"history\.db is not an nsysan database"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DATABASES))
+def test_a_database_that_cannot_be_used_is_one_line_and_exit_2(case, documents, tmp_path, capsys):
+    import re
+
+    make, pattern = BAD_DATABASES[case]
+    db = tmp_path / "history.db"
+    make(db)
+    before = sha256(db) if db.is_file() else None
+    code, out, err = batch(capsys, documents, tmp_path / "out", "--db", str(db))
+    assert code == 2 and re.search(pattern, one_line(err)), err
+    assert (sha256(db) if db.is_file() else None) == before  # never written into
+    assert not (tmp_path / "out" / "analyses").exists()  # refused before any analysis
+
+
+def _chattr(path: Path, flag: str) -> bool:
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def unwritable():
+    """Makes a path unwritable for this process: immutable (`chattr +i`) where it may (root: modes
+    stop nothing), else mode 0444/0555; undone at the end."""
+    undo = []
+
+    def make(path: Path) -> None:
+        if _chattr(path, "+i"):
+            undo.append(lambda: _chattr(path, "-i"))
+        elif os.geteuid() != 0:
+            mode = path.stat().st_mode
+            path.chmod(0o555 if path.is_dir() else 0o444)
+            undo.append(lambda: path.chmod(mode))
+        else:
+            pytest.skip("root on a file system without chattr +i: nothing makes a file read-only")
+    yield make
+    for step in reversed(undo):
+        step()
+
+
+def test_a_read_only_database_is_named_as_such(documents, tmp_path, capsys, unwritable):
+    db = tmp_path / "history.db"
+    assert batch(capsys, documents, tmp_path / "first", "--db", str(db))[0] == 0
+    before = sha256(db)
+    unwritable(db)
+    code, _, err = batch(capsys, documents, tmp_path / "out", "--db", str(db))
+    assert code == 2 and one_line(err) == (f"nsysan: {db} can't be written (attempt to write a readonly database); "
+                                           "give --db a file you may write, or copy this one where you may")
+    assert sha256(db) == before
+
+
+def test_a_read_only_wal_database_is_not_called_another_programs(documents, tmp_path, capsys, unwritable):
+    """A database in WAL mode in a folder nobody may write: SQLite can't make its -shm, so even a
+    read-only open fails; it is nsysan's, and the line says why it can't be used."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    db = folder / "history.db"
+    assert batch(capsys, documents, tmp_path / "first", "--db", str(db))[0] == 0
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    for extra in folder.glob("history.db-*"):
+        extra.unlink()
+    unwritable(db)
+    unwritable(folder)
+    code, _, err = batch(capsys, documents, tmp_path / "out", "--db", str(db))
+    line = one_line(err)
+    assert code == 2 and "not an nsysan database" not in line
+    assert line.startswith(f"nsysan: {db} ") and ("can't be written" in line or "could not be opened for writing" in line)
+
+
+def test_a_write_lock_held_elsewhere_is_waited_for_then_named(documents, tmp_path, capsys, monkeypatch):
+    db = tmp_path / "history.db"
+    assert batch(capsys, documents, tmp_path / "first", "--db", str(db))[0] == 0
+    monkeypatch.setattr(batch_database, "LOCK_TIMEOUT_S", 0.3)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process's write: a second connection's lock is the same
+    try:
+        code, _, err = batch(capsys, documents, tmp_path / "out", "--db", str(db))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert code == 2 and one_line(err) == (f"nsysan: {db} is locked by another process (waited 0.3 s to write); "
+                                           "let the other batch finish, or give --db another file")
+    code, _, _ = batch(capsys, documents, tmp_path / "again", "--db", str(db))  # released: the batch runs
+    assert code == 0 and reports_in(db) == EXPECTED
+
+
+def test_two_batches_appending_to_one_new_database_at_once_both_land(tmp_path):
+    """Two writers open one new file at the same moment and add reports turn about: each open
+    makes or checks the tables inside a write transaction, so neither finds the other's table
+    half-made, and every report lands once."""
+    db = tmp_path / "history.db"
+    names = ("known_mem_v25", "real_oom_v25")
+    rows = {(name, i): database_rows(f"{name}-{i}", analysis_of(name), name) for name in names for i in range(20)}
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def writer(name: str) -> None:
+        try:
+            start.wait()
+            database = ResultsDatabase(db, tag=name)
+            for i in range(20):
+                path = f"{name}-{i}.sqlite"
+                database.add({"path": path, "ok": True, "hash": f"{name}-{i}", "tables": rows[name, i]}, None)
+            database.close()
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=writer, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select tag, count(*) from reports group by tag order by tag").fetchall() == \
+            [("known_mem_v25", 20), ("real_oom_v25", 20)]
+        groups = len(analysis_of("known_mem_v25").groups) + len(analysis_of("real_oom_v25").groups)
+        assert conn.execute("select count(*) from groups").fetchone() == (20 * groups,)
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_a_batch_that_failed_leaves_a_database_the_next_one_uses(documents, tmp_path, capsys, monkeypatch):
+    """An unreachable Dask scheduler stops the batch after nsysan.db was opened: the next batch
+    into the same folder must not call it "not an nsysan database"."""
+    pytest.importorskip("distributed")
+    from nsysan.batch import engines
+
+    monkeypatch.setattr(engines, "DASK_CONNECT_TIMEOUT", "0.5s")
+    out = tmp_path / "out"
+    code, _, err = batch(capsys, documents, out, "--dask", "tcp://127.0.0.1:9")
+    assert code == 2 and one_line(err).startswith("nsysan: could not reach the Dask scheduler at tcp://127.0.0.1:9")
+    code, out_text, err = batch(capsys, documents, out)
+    assert code == 0, err
+    assert reports_in(out / "nsysan.db") == EXPECTED
+
+
+def test_a_half_made_database_of_an_older_nsysan_is_used(documents, tmp_path, capsys):
+    """What a failed batch of an older nsysan left: a file holding only the `steps` table."""
+    db = tmp_path / "history.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("create table steps (report_hash text, pid int, device int, step int, "
+                     "primary key (report_hash, pid, device, step))")
+    code, _, err = batch(capsys, documents, tmp_path / "out", "--db", str(db))
+    assert code == 0, err
+    assert reports_in(db) == EXPECTED
+
+
+def test_a_rerun_replaces_rows_in_one_transaction(documents, tmp_path, capsys):
+    db = tmp_path / "history.db"
+    for _ in range(2):
+        assert batch(capsys, documents, tmp_path / "out", "--db", str(db))[0] == 0
+    assert reports_in(db) == EXPECTED
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select count(*) from groups").fetchone() == \
+            (len(analysis_of("known_mem_v25").groups) + len(analysis_of("real_oom_v25").groups),)
