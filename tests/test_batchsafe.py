@@ -19,25 +19,14 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, analysis_of
+from test_documents import cli
 
 from nsysan.batch import database as batch_database
 from nsysan.batch.database import ResultsDatabase, database_rows
-from nsysan.cli import main
 from nsysan.render.json import render_json
 
 MiB = 1 << 20
 KNOWN_PEAK = (256 + 128 + 12 + 512) * MiB  # known_allocs.cu: live when the 512 MiB burst comes (README)
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    """`nsysan ARGS` in this process; a traceback would leave main() as another exception."""
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as done:
-        code = done.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line(err: str) -> str:
