@@ -17,6 +17,7 @@ from .commands import analyze as analyze_command
 from .commands import batch as batch_command
 from .commands import check as check_command
 from .commands import compare as compare_command
+from .commands import history as history_command
 from .commands.common import OutputClosed, say_error
 from .errors import NsysanError, one_line
 from .allocator import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
@@ -27,6 +28,7 @@ app.command("analyze")(analyze_command.analyze)
 app.command("compare")(compare_command.compare)
 app.command("check")(check_command.check)
 app.command("batch")(batch_command.batch)
+app.command("history")(history_command.history)
 
 _state = {"debug": False}
 INTERRUPTED = 130  # 128 + SIGINT: what shells report after Ctrl-C

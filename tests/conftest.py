@@ -39,6 +39,20 @@ def analysis_of(name: str) -> nsysan.Analysis:
     return _cache[name]
 
 
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """`nsysan ARGS` in this process (a subprocess per case would take minutes);
+    a traceback would leave main() as an exception other than SystemExit and fail the test."""
+    from nsysan.cli import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as done:
+        code = done.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def truth(name: str) -> list[dict]:
     """The records of fixtures/<name>.truth.jsonl (what the captured program did)."""
     lines = (FIXTURES / f"{name}.truth.jsonl").read_text().splitlines()

@@ -10,10 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, cli
 
 import nsysan
-from nsysan.cli import main
 from nsysan.compare import Comparison, compare_analyses
 from nsysan.errors import NsysanError
 
@@ -72,18 +71,6 @@ def write(folder: Path, name: str) -> Path:
     path = folder / f"{name.replace(' ', '_')}.analysis.json"
     path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
     return path
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    """`nsysan ARGS` in this process (as many cases as here would take minutes as subprocesses);
-    a traceback would leave main() as an exception other than SystemExit and fail the test."""
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as done:
-        code = done.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("case", CASES)

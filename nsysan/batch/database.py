@@ -19,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
+import json
+import re
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
-from ..errors import NsysanError
+from ..errors import NsysanError, printable
 from ..model import Analysis
 
 CHILD_TABLES = ("groups", "steps", "never_freed", "sites", "diagnostics")
@@ -47,13 +49,16 @@ class ResultsDatabase:
     `IMMEDIATE` transaction (the schema it reads and the rows it writes are one unit, so two
     batches appending at once take turns instead of both adding the same column or table)."""
 
-    def __init__(self, path: Path, tag: Optional[str] = None) -> None:
+    def __init__(self, path: Path, tags: Sequence[str] = ()) -> None:
         import sqlite3
 
         import sqlite_utils
 
         self.path = Path(path)
-        self.tag = tag
+        # `tag`: the --tag values as given (one bare tag, as before KEY=VALUE existed, stays itself);
+        # `tags`: them as a JSON object, what `nsysan history` orders and filters runs by
+        self.tag = " ".join(tags) or None
+        self.tags = json.dumps(parse_tags(tags), sort_keys=True) if tags else None
         _refuse_what_is_not_ours(self.path)
         try:
             conn = sqlite3.connect(str(self.path), timeout=LOCK_TIMEOUT_S)
@@ -117,7 +122,7 @@ class ResultsDatabase:
         key = report_key(result)
         report = {"report_hash": key, "path": result["path"], "name": Path(result["path"]).name,
                   "ok": bool(result.get("ok")), "error": result.get("error"), "seconds": result.get("seconds"),
-                  "tag": self.tag, "analyzed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                  "tag": self.tag, "tags": self.tags, "analyzed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                       timespec="seconds"), "analysis_file": analysis_file}
         tables = result.get("tables") or {}
         report.update(tables.get("reports", {}))
@@ -152,6 +157,26 @@ def _refuse_what_is_not_ours(path: Path) -> None:
     if not _is_ours_or_empty(path):
         raise NsysanError(f"{path} is not an nsysan database (no reports table) and is never written "
                           "into; give --db a new file or an nsysan.db")
+
+
+_TAG_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+TAG_VALUE_MAX = 256
+
+
+def parse_tags(tags: Sequence[str]) -> dict[str, str]:
+    """`--tag KEY=VALUE` (repeatable) as a dict; a bare `--tag VALUE` is {"tag": VALUE}."""
+    parsed: dict[str, str] = {}
+    for text in tags:
+        key, sep, value = text.partition("=") if "=" in text else ("tag", "=", text)
+        if not _TAG_KEY.fullmatch(key):
+            raise NsysanError(f"--tag {printable(text)[:80]!r}: the key must be letters, digits, '_', '.' or '-' "
+                              "(at most 64), starting with a letter: --tag commit=$GITHUB_SHA")
+        if len(value) > TAG_VALUE_MAX or not value.isprintable():
+            raise NsysanError(f"--tag {key}: the value must be printable and at most {TAG_VALUE_MAX} characters")
+        if key in parsed:
+            raise NsysanError(f"--tag {key} is given twice")
+        parsed[key] = value
+    return parsed
 
 
 def _is_ours_or_empty(path: Path) -> bool:
@@ -260,8 +285,18 @@ def _report_facts(a: Analysis) -> dict[str, Any]:
             "peak_gpu": a.peak.gpu if a.peak else None,
             "never_freed_bytes": sum(g.never_freed_bytes for g in a.groups if g.kind not in ("static", "managed_static")),
             "never_freed_count": a.never_freed_total, "processes": len(a.capture.processes),
-            "gpus": len(a.capture.gpus), "failed_calls": len(a.failed_calls),
+            "gpus": len(a.capture.gpus), "failed_calls": len(a.failed_calls), **_growth_facts(a),
             "warnings": ",".join(sorted({d.code for d in a.diagnostics if d.severity in ("warning", "error")}))}
+
+
+def _growth_facts(a: Analysis) -> dict[str, Any]:
+    """The largest growth per step of any process with judged steps, and its verdict (what
+    `nsysan history` tracks); None without steps."""
+    judged = [g for g in a.growth if g.first_step is not None]
+    if not judged:
+        return {"growth_bytes_per_step": None, "growth_verdict": None}
+    worst = max(judged, key=lambda g: g.bytes_per_step)
+    return {"growth_bytes_per_step": worst.bytes_per_step, "growth_verdict": worst.verdict}
 
 
 def _child_rows(key: str, a: Analysis) -> list[tuple[str, list[dict[str, Any]], Any]]:

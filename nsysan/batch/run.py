@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ..errors import NsysanError
 from ..render.files import write_all_or_none
@@ -37,7 +37,7 @@ class BatchResult:
 
 
 def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str] = None,
-              db_path: Optional[Path] = None, tag: Optional[str] = None, nsys: Optional[str] = None,
+              db_path: Optional[Path] = None, tags: Sequence[str] = (), nsys: Optional[str] = None,
               cache_dir: Optional[str] = None, progress: Optional[Progress] = None,
               max_memory: Optional[int] = None) -> BatchResult:
     """Analyze `paths` and write DIR/analyses/*.json, DIR/nsysan.db (or `db_path`),
@@ -49,7 +49,7 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
     try:
         if db_path.parent == out_dir:
             out_dir.mkdir(parents=True, exist_ok=True)
-        database = ResultsDatabase(db_path, tag=tag)  # first: a --db that can't be used stops here
+        database = ResultsDatabase(db_path, tags=tags)  # first: a --db that can't be used stops here
         documents.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise NsysanError(f"could not write {documents}: {err.strerror or err}") from err

@@ -25,8 +25,10 @@ def batch(
                                        "processes on this machine, tcp://host:8786 uses an existing scheduler."),
     db: Optional[Path] = typer.Option(None, "--db", help="Append to this SQLite database instead of "
                                       "DIR/nsysan.db (a history across CI runs)."),
-    tag: Optional[str] = typer.Option(None, "--tag", help="Stored with each report in the database, e.g. the "
-                                      "commit: --tag $GITHUB_SHA."),
+    tag: Optional[List[str]] = typer.Option(None, "--tag", metavar="KEY=VALUE", show_default=False,
+                                            help="Stored with each report in the database, repeatable: "
+                                            "--tag commit=$GITHUB_SHA --tag date=2026-12-01 (`nsysan history` "
+                                            "orders and filters runs by them)."),
     fail_on_error: bool = typer.Option(False, "--fail-on-error", help="Exit 1 when a report could not be "
                                        "analyzed (default: 0, the failure is a row)."),
     nsys: Optional[Path] = typer.Option(None, "--nsys", help="nsys binary (or its folder) used to export reports."),
@@ -46,8 +48,10 @@ def batch(
     from ..batch.inputs import expand_inputs
     from ..render.files import check_output_dir
     from ..memory_budget import budget_bytes
+    from ..batch.database import parse_tags
 
     budget = budget_bytes(max_memory)
+    parse_tags(tag or ())  # a bad tag stops the batch before any analysis
     if dask:
         try:
             import distributed  # noqa: F401
@@ -62,7 +66,7 @@ def batch(
     from ..batch.run import run_batch
 
     with _counter(len(paths), enabled=progress) as count:
-        result = run_batch(paths, output, jobs=jobs or default_jobs(), dask=dask, db_path=db, tag=tag,
+        result = run_batch(paths, output, jobs=jobs or default_jobs(), dask=dask, db_path=db, tags=tag or (),
                            nsys=str(nsys) if nsys else None, cache_dir=str(cache_dir) if cache_dir else None,
                            progress=count, max_memory=budget)
     with to_stdout():
