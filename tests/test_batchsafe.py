@@ -221,7 +221,7 @@ def test_two_batches_appending_to_one_new_database_at_once_both_land(tmp_path):
     def writer(name: str) -> None:
         try:
             start.wait()
-            database = ResultsDatabase(db, tag=name)
+            database = ResultsDatabase(db, tags=[name])
             for i in range(20):
                 path = f"{name}-{i}.sqlite"
                 database.add({"path": path, "ok": True, "hash": f"{name}-{i}", "tables": rows[name, i]}, None)
