@@ -10,10 +10,13 @@ from typing import Callable, Optional, Sequence, Union
 
 from . import export, memory_budget
 from .analyses import run_analyses
+from .analyses.iterations import iteration_pids
+from .analyses.steps import find_step_ranges, memory_threads
 from .analyses.spikes import DEFAULT_WINDOW_NS
 from .errors import NsysanError
 from .events import LoadedEvents, load_events
 from .events.read import memory_rowid_span, read_cuda_activity
+from .events.read_launches import read_launches
 from .model import Analysis, Diagnostic, Source
 from .model.capture import path_text
 from .schema import Schema, open_readonly, probe
@@ -59,7 +62,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     def read(sqlite_path: Path) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
         return _read(report, sqlite_path, export.resolve_cache_dir(cache_dir),
                      lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs), may_stream_from,
-                     budget)
+                     budget, step_range)
 
     result = export_it()
     version = export.report_version(report) if is_report else None
@@ -137,12 +140,14 @@ def check_pattern(pattern: str, option: str) -> None:
 
 def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: bool,
           activity: bool = False, may_stream_from: Optional[int] = None,
-          budget: Optional[int] = None) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]]]:
+          budget: Optional[int] = None,
+          step_range: Optional[str] = None) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]]]:
     """The schema and events of the committed state of the export at `sqlite_path`, and with
     `activity` when each process made its first and last CUDA call (for nvidia-smi logs);
     `may_stream_from`: no events (None; they are streamed later, see _streamed) when the memory
     table has at least that many rows (None: never) and STREAM_QUICK_FROM_ROWS or more, or its
-    whole frame would not fit `budget` bytes."""
+    whole frame would not fit `budget` bytes. Without `step_range`, the launch sequences of the
+    processes whose NVTX ranges give no steps are read too (analyses/iterations.py)."""
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)
         try:
@@ -152,6 +157,10 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
                 rows >= STREAM_QUICK_FROM_ROWS or not memory_budget.fits(rows, quick, budget))
             try:
                 loaded = load_events(conn, schema, say, quick=quick) if not schema_only else None
+                if loaded is not None and not quick and step_range is None:
+                    threads = memory_threads(loaded.calls)
+                    loaded.launches, loaded.launch_names = read_launches(
+                        conn, schema, iteration_pids(threads, find_step_ranges(loaded.ranges, threads)))
                 runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}
             except NsysanError as err:  # events.py does not know the report's name; with several, it matters
                 raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err

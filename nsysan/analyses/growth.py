@@ -10,7 +10,8 @@ The rule (docs/analyses.md, "Steps and the growth verdict"):
   live bytes at their start); the rate is the median delta of the judged steps.
 - Uneven: not growing, but the judged steps together kept more than that threshold (a leak that
   does not happen every step, e.g. a cache entry every third step).
-- Stable: neither.
+- Stable: neither. When the steps left out as warm-up after the first one still added more than
+  that threshold, it says so: "grew during steps 0-3 (+5.8 GiB), flat since step 3".
 """
 
 from __future__ import annotations
@@ -76,7 +77,15 @@ def process_name(pid: int, gpu: Optional[int], device: int, label: str = "") -> 
 
 def judge_growth(series: StepSeries, cap: Optional[MemoryCap] = None, label: str = "") -> Growth:
     """The verdict for one process and device (see the module's docstring for the rule); `cap` is
-    what the projection runs into, `label` the process's name ("rank 1")."""
+    what the projection runs into, `label` the process's name ("rank 1"). Steps that no NVTX range
+    marked say how they were found: the verdict is only as sure as they are."""
+    growth = _judged(series, cap, label)
+    if series.found_how:
+        growth = dataclasses.replace(growth, message=f"{growth.message}; {series.found_how}")
+    return growth
+
+
+def _judged(series: StepSeries, cap: Optional[MemoryCap], label: str) -> Growth:
     # A step cut short by the capture's end, or past the end of the CUDA trace, says nothing.
     steps = [s for s in series.steps if s.closed and s.traced]
     who = process_name(series.pid, series.gpu, series.device, label)
@@ -124,7 +133,21 @@ def judge_growth(series: StepSeries, cap: Optional[MemoryCap] = None, label: str
                       growing_steps=[s.number for s in keeping], message=message + _kept_by(holders))
     return Growth(**base, **judged_fields, verdict="stable", capacity_step=None,
                   growing_steps=[s.number for s, g in zip(judged, grows) if g],
-                  message=f"{who} is stable since step {judged[0].number}")
+                  message=f"{who} {_stable_since(steps, first)}")
+
+
+def _stable_since(steps: list, first: int) -> str:
+    """"is stable since step 3", or, when it went on growing after its first step (a cache
+    warming, a sequence length that grows for a few steps), "grew during steps 0-3 (+5.8 GiB),
+    flat since step 3": a rise that stops is no leak, and says so."""
+    warm = steps[:first]
+    grew = warm[-1].end_live_bytes - warm[0].start_live_bytes
+    after_first = warm[-1].end_live_bytes - warm[0].end_live_bytes
+    if len(warm) < 2 or after_first <= _threshold(warm[-1].end_live_bytes):
+        return f"is stable since step {steps[first].number}"
+    sign = "+" if grew >= 0 else "-"
+    return (f"grew during steps {warm[0].number}-{warm[-1].number} ({sign}{fmt_bytes(abs(grew))}), "
+            f"flat since step {warm[-1].number}")
 
 
 def _threshold(live_bytes: int) -> int:

@@ -120,10 +120,11 @@ def step_numbers(names: list[str]) -> list[int]:
 
 def step_table(events: pd.DataFrame, series: list[LiveSeries], step_ranges: dict[int, tuple[str, pd.DataFrame]],
                gpu_of: Callable[[int, int], Optional[int]], end_ns: int, found_by: str,
-               trace_end_ns: Optional[dict[int, int]] = None) -> list[StepSeries]:
+               trace_end_ns: Optional[dict[int, int]] = None, iterations: Optional[dict] = None) -> list[StepSeries]:
     """Each step's live bytes at start and end, delta, peak, bytes allocated, freed and kept.
 
-    `trace_end_ns`: pid -> where its CUDA trace stops, for processes whose trace stops early.
+    `trace_end_ns`: pid -> where its CUDA trace stops, for processes whose trace stops early;
+    `iterations`: pid -> iterations.Iterations, for the processes whose steps the kernels gave.
     """
     result = []
     for s in series:  # one per (process, device)
@@ -146,7 +147,7 @@ def step_table(events: pd.DataFrame, series: list[LiveSeries], step_ranges: dict
         holders = _holders(events, s, kept_mask, first, stop)
         result.append(step_series(s.pid, s.device, gpu_of(s.pid, s.device), family, found_by, spans,
                                   (starts, ends, closed), (start_live, end_live, peak, allocated, kept), holders,
-                                  trace_end_ns))
+                                  trace_end_ns, (iterations or {}).get(s.pid)))
     return result
 
 
@@ -163,9 +164,10 @@ def step_spans(spans: pd.DataFrame, end_ns: int) -> tuple[np.ndarray, np.ndarray
 
 def step_series(pid: int, device: int, gpu: Optional[int], family: str, found_by: str, spans: pd.DataFrame,
                 times: tuple, sums: tuple, holders: dict[int, list[Holder]],
-                trace_end_ns: Optional[dict[int, int]]) -> StepSeries:
+                trace_end_ns: Optional[dict[int, int]], found=None) -> StepSeries:
     """The StepSeries of one (process, device): `times` step_spans(), `sums` per step its live
-    bytes at start and end, peak, bytes allocated and kept (allocated inside and never freed)."""
+    bytes at start and end, peak, bytes allocated and kept (allocated inside and never freed);
+    `found`: the iterations.Iterations its steps are, when the kernels gave them."""
     starts, ends, closed = times
     start_live, end_live, peak, allocated, kept = sums
     freed = allocated - (end_live - start_live)
@@ -184,6 +186,9 @@ def step_series(pid: int, device: int, gpu: Optional[int], family: str, found_by
                   kept_bytes=int(kept_i), kept=holders.get(i, []), traced=bool(is_traced))
              for i, (number, name, start, end, is_closed, live_at_start, live_at_end, delta_i, peak_i, allocated_i,
                      freed_i, kept_i, is_traced) in enumerate(columns)]  # one per step
+    if found is not None:
+        return StepSeries(pid=pid, device=device, gpu=gpu, range_name=family, found_by="kernels", steps=steps,
+                          found_how=found.how, confidence=found.confidence)
     return StepSeries(pid=pid, device=device, gpu=gpu, range_name=family, found_by=found_by, steps=steps)
 
 

@@ -23,6 +23,7 @@ import pandas as pd
 
 from ..events.nvtx import attribute_ranges
 from ..events.read import last_cuda_calls, read_calls, read_nvtx_ranges, read_thread_names
+from ..events.read_launches import read_launches
 from ..events import stream
 from ..events.read_order import order_ahead
 from ..events.stream import EventFlow
@@ -36,7 +37,8 @@ from .diagnostics import VMM_EVENT_APIS, capture_diagnostics
 from .growth import growth_diagnostics, judge_all
 from .ranks import assign_ranks
 from .stacks import referenced_stacks
-from .steps import listed, step_diagnostics
+from .iterations import iteration_pids
+from .steps import find_step_ranges, listed, step_diagnostics
 from .streamed import RESIDENT
 from .explore import early_trace_ends, nvtx_spans, step_bands, step_span
 from .streamed_oom import VerdictLooks
@@ -65,6 +67,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     calls.scan()
     ranges, operator_ranges = read_nvtx_ranges(conn, schema)
     thread_names = read_thread_names(conn, schema)
+    launches = None if step_range is not None else read_launches(
+        conn, schema, iteration_pids(calls.threads, find_step_ranges(ranges, calls.threads)))
     flow = EventFlow(conn, schema, call_window=CallWindow(calls), order_ahead=ahead)
     looks: dict = {}
     notes: list[Diagnostic] = []
@@ -77,7 +81,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         looks["first"] = FirstCalls(calls)
         looks["rises"] = RangeRises(ranges, calls.threads)  # calls.threads: steps.memory_threads' keys
         looks["range_threads"] = RangeThreads(look, ranges, operator_ranges, max(0, schema.duration_ns or 0, span[1]))
-        looks["steps"] = StepWindows(look, ranges, calls.threads, step_range)
+        looks["steps"] = StepWindows(look, ranges, calls.threads, step_range, launches)
         return Each(looks["first"], verdict_looks.first_pass(), looks["rises"], looks["range_threads"],
                     looks["steps"])
 

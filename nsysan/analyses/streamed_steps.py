@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import StepSeries
+from .iterations import find_iterations, iteration_pids, with_iterations
 from .phases import phase_ranges, phases_of, range_paths, ranked
 from .steps import OPEN_END, STEP_KINDS, find_step_ranges, holders_by_step, step_series, step_spans
 from .streamed import FirstLook
@@ -31,9 +32,14 @@ class StepWindows:
     """The first pass's consumer: on each (process, device) series, the windows of its process's
     steps and of the range instances that can be phases, opened when the series first appears."""
 
-    def __init__(self, look: FirstLook, ranges: pd.DataFrame, threads: np.ndarray, step_range: Optional[str]) -> None:
+    def __init__(self, look: FirstLook, ranges: pd.DataFrame, threads: np.ndarray, step_range: Optional[str],
+                 launches: Optional[tuple[pd.DataFrame, dict]] = None) -> None:
+        """`launches`: read_launches() of the processes whose NVTX ranges give no steps (none with
+        --step-range), whose steps the kernels then give."""
         self.look, self.ranges = look, ranges
-        self.found = find_step_ranges(ranges, threads, step_range)
+        found = find_step_ranges(ranges, threads, step_range)
+        self.iterations = find_iterations(*launches, iteration_pids(threads, found)) if launches is not None else {}
+        self.found = with_iterations(found, self.iterations)
         self.phase_rows = np.flatnonzero(phase_ranges(ranges, threads)) if not ranges.empty else np.zeros(0, "int64")
         self.phase_pid = ranges["pid"].to_numpy()[self.phase_rows] if len(self.phase_rows) else np.zeros(0, "int64")
         self.windows = Windows()
@@ -82,7 +88,7 @@ class StepWindows:
             start_live = w.before[ids]
             steps.append(step_series(pid, device, gpu_of(pid, device), family, found_by, spans, (starts, ends, closed),
                                      (start_live, w.end[ids], np.maximum(start_live, w.high[ids]), w.summed[ids],
-                                      kept_bytes), holders, trace_end_ns))
+                                      kept_bytes), holders, trace_end_ns, self.iterations.get(pid)))
         phases = []
         if len(self.phase_rows):
             paths = range_paths(self.ranges)

@@ -23,6 +23,7 @@ from .normalize import normalize
 from .nvtx import attribute_operators, attribute_ranges
 from .read import last_cuda_calls, read_calls, read_memory_events, read_memory_events_alone, read_nvtx_ranges, \
     read_thread_names
+from .read_launches import empty_launches
 from .read_pools import empty_pool_events, empty_pool_usage, pool_usage, read_pool_events
 from .stacks import call_sites
 
@@ -51,6 +52,10 @@ class LoadedEvents:
     # (read_pools.POOL_USAGE_COLUMNS, read_pools.POOL_EVENT_COLUMNS); empty without pools
     pool_usage: pd.DataFrame = field(default_factory=empty_pool_usage)
     pool_events: pd.DataFrame = field(default_factory=empty_pool_events)
+    # the launch sequences (read_launches.LAUNCH_COLUMNS) of the processes whose NVTX ranges give
+    # no steps, and their tokens' names: read after loading, when wanted (pipeline._read)
+    launches: pd.DataFrame = field(default_factory=empty_launches)
+    launch_names: dict[int, str] = field(default_factory=dict)
 
 
 def load_events(conn: sqlite3.Connection, schema: Schema, progress: Optional[Progress] = None, *,

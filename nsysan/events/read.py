@@ -3,8 +3,9 @@
 The memory table (`CUDA_GPU_MEMORY_USAGE_EVENTS`, present with `--cuda-memory-usage=true`) has
 sizes, addresses and kinds but only the process; the API table (`CUPTI_ACTIVITY_KIND_RUNTIME`)
 has the thread, the API name and the call stack (`CUDA_CALLCHAINS`); NVTX ranges are in
-`NVTX_EVENTS`. With `schema.py` and `read_pools.py` (the memory pools' rows and events), this is
-the only module that names nsys tables and columns.
+`NVTX_EVENTS`. With `schema.py`, `read_pools.py` (the memory pools' rows and events) and
+`read_launches.py` (the kernel launch sequences), this is the only module that names nsys tables
+and columns.
 """
 
 from __future__ import annotations

@@ -38,9 +38,12 @@ class StepSeries:
     device: int
     gpu: Optional[int]
     range_name: str  # the steps' name with numbers as N, e.g. "step N"; the pattern with --step-range
-    found_by: str  # "nvtx": repeated NVTX ranges; "step-range": the --step-range pattern
+    found_by: str  # "nvtx": repeated NVTX ranges; "step-range": the --step-range pattern; "kernels": the
+    # repeating kernel sequence (no NVTX range repeats; analyses/iterations.py)
     steps: list[Step] = field(default_factory=list)  # in time order; the first and last when there are many
     step_count: Optional[int] = None  # steps found (the verdict judges them all); None: all are listed
+    found_how: str = ""  # with "kernels": how, in a sentence ("steps found from the kernel sequence: ...")
+    confidence: str = ""  # with "kernels": high | medium | low (analyses/iterations.py)
 
 
 @dataclass(frozen=True)

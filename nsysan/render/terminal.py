@@ -331,6 +331,8 @@ def _answers(analysis: Analysis, topics: tuple[str, ...], heading: str = "") -> 
 def _steps_table(series: StepSeries, top: int) -> Table:
     """Each step's live bytes; a long run shows its first and last steps."""
     title = f"Steps of process {series.pid} on device {series.device}: live device + array memory"
+    if series.found_by == "kernels":
+        title += " (no NVTX steps: found from the kernel sequence)"
     table = _table(title, ("step", "left"), ("start", "right"), ("length", "right"), ("at end", "right"),
                    ("change", "right"), ("peak", "right"), ("allocated", "right"), ("kept", "right"))
     table.caption = "kept: allocated in the step and still live at the end of the capture"

@@ -1,0 +1,85 @@
+"""Steps without NVTX (analyses/iterations.py): real captures whose NVTX ranges are removed get
+their steps from the kernel sequence, and those steps are the ones the ranges marked: the same
+live bytes at each step's end (the truth's `reserved` plus the library workspaces, as
+test_growth.py checks for the NVTX steps), the same growth verdict."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import nsysan
+from conftest import FIXTURES, analysis_of, truth
+from test_bounded_memory import assert_streamed_full_is_whole, chunk_rowids, full_documents
+
+MiB = 1 << 20
+OUTSIDE_ALLOCATOR = 2 * (64 * MiB + 128 * 1024 + 1024)  # test_growth.py: cuBLAS's workspaces
+
+
+def without_nvtx(name: str, folder: Path) -> Path:
+    """A copy of the fixture with no NVTX event left, as a script without NVTX ranges is captured."""
+    out = folder / f"{name}_nonvtx.sqlite"
+    with sqlite3.connect(FIXTURES / f"{name}.sqlite") as source, sqlite3.connect(out) as copy:
+        source.backup(copy)
+        copy.execute("DELETE FROM NVTX_EVENTS")
+    return out
+
+
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("nonvtx")
+    return {name: nsysan.analyze(without_nvtx(name, folder))
+            for name in ("torch_leak_v25", "ddp_leak_v25", "torch_oom_v25")}
+
+
+def test_kernel_steps_of_torch_leak_are_its_nvtx_steps(bare):
+    series, = bare["torch_leak_v25"].steps
+    marked, = analysis_of("torch_leak_v25").steps
+    assert (series.found_by, series.range_name, series.confidence) == ("kernels", "iteration N", "high")
+    assert series.found_how == ("steps found from the kernel sequence: 6 iterations of 306 kernels, the same in 5 of 6 "
+                                "(confidence high)")
+    assert [s.name for s in series.steps] == [f"iteration {i}" for i in range(6)]
+    reserved = [r["reserved"] for r in truth("torch_leak_v25") if "step" in r]
+    assert [s.end_live_bytes for s in series.steps] == [r + OUTSIDE_ALLOCATOR for r in reserved]
+    assert [s.end_live_bytes for s in series.steps] == [s.end_live_bytes for s in marked.steps]
+    # each begins within a millisecond of its NVTX range (after step 0, which follows the setup)
+    assert all(abs(k.start_ns - n.start_ns) < 1_000_000 for k, n in zip(series.steps[1:], marked.steps[1:]))
+
+
+def test_a_leak_without_nvtx_gets_the_growth_verdict_and_says_how(bare):
+    growth, = bare["torch_leak_v25"].growth
+    marked, = analysis_of("torch_leak_v25").growth
+    assert (growth.verdict, growth.bytes_per_step) == ("growing", marked.bytes_per_step) == ("growing", 735 * MiB)
+    assert growth.message.endswith("; steps found from the kernel sequence: 6 iterations of 306 kernels, the same in "
+                                   "5 of 6 (confidence high)")
+    answer, = [a for a in bare["torch_leak_v25"].answers if a.topic == "growth"]
+    assert "steps found from the kernel sequence" in answer.message
+
+
+def test_ddp_without_nvtx_finds_rank_1s_leak_and_rank_0_stable(bare):
+    verdicts = {g.process: (g.verdict, g.bytes_per_step) for g in bare["ddp_leak_v25"].growth}
+    assert verdicts["rank 1"] == ("growing", 64 * MiB)
+    assert verdicts["rank 0"][0] == "stable"
+    assert {s.found_by for s in bare["ddp_leak_v25"].steps} == {"kernels"}
+
+
+def test_the_step_an_oom_ends_in_is_open_and_the_growth_reaches_the_cap(bare):
+    series, = bare["torch_oom_v25"].steps
+    assert [s.closed for s in series.steps] == [True] * 5 + [False]
+    growth, = bare["torch_oom_v25"].growth
+    assert growth.verdict == "growing" and growth.capacity_source == "allocator_oom"
+
+
+def test_nvtx_steps_and_step_range_keep_priority(tmp_path):
+    assert analysis_of("torch_leak_v25").steps[0].found_by == "nvtx"
+    named = nsysan.analyze(without_nvtx("torch_leak_v25", tmp_path), step_range="no such range")
+    assert named.steps == [] and [d.code for d in named.diagnostics if d.code == "no_steps"] == ["no_steps"]
+
+
+def test_streamed_kernel_steps_are_the_whole_frame_ones(tmp_path, monkeypatch):
+    path = without_nvtx("torch_leak_v25", tmp_path)
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert whole["steps"][0]["found_by"] == "kernels"
+    assert_streamed_full_is_whole(whole, streamed)
