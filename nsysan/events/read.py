@@ -27,8 +27,13 @@ from .nvtx import nesting_depth, parents, thread_key
 
 
 # Push/pop ranges belong to one thread (59 NvtxPushPopRange, 70 NvtxtPushPopRange); start/end
-# ranges (60, 71) may cross threads and are not used to attribute events.
+# ranges (60 NvtxStartEndRange, 71 NvtxtStartEndRange: nvtxRangeStart/End,
+# torch.cuda.nvtx.range_start/range_end) may end on another thread than the one they started on,
+# so they are the process's: read as ranges of its main thread (tid = pid), which is where an
+# event on a thread without a range of its own is looked up (nvtx.innermost_range_rows), and
+# where steps are looked for first.
 NVTX_PUSH_POP = (59, 70)
+NVTX_START_END = (60, 71)
 
 
 NVTX_NAME_CHARS = 200  # NVTX texts can be megabytes; names are cut here, in SQL.
@@ -273,7 +278,8 @@ def _memory_select(schema: Schema) -> str:
 
 
 def read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Push/pop NVTX ranges: the user's, and PyTorch's operator ranges (`--pytorch=autograd-nvtx`).
+    """Push/pop and start/end NVTX ranges (NVTX_START_END): the user's, and PyTorch's operator ranges
+    (`--pytorch=autograd-nvtx`).
 
     Each frame has the nesting depth of a range among its kind on its thread (1 = outermost) and
     the row of the range of its kind that encloses it (-1 for outermost ones). An operator range's
@@ -293,15 +299,16 @@ def read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataF
         name_sql = f"CAST(substr(coalesce({text}, ''), 1, {NVTX_NAME_CHARS}) AS TEXT)"
         join = ""
     end = "n." + _quote("end") if schema.has(table, "end") else "NULL"  # not "n.NULL": a syntax error
-    types = ",".join(str(t) for t in NVTX_PUSH_POP)
+    types = ",".join(str(t) for t in NVTX_PUSH_POP + NVTX_START_END)
     # The operator name is cut in SQL: far less text crosses into Python than the whole texts.
     # The test runs on the raw column (emit_nvtx never registers its strings): on the cut name it
     # would make SQLite build that expression once per use, three times slower.
     is_operator = " OR ".join(f"instr({text}, '{mark}') > 1" for mark in OPERATOR_MARKS)
     operator_name = f"CAST(substr({text}, 1, instr({text}, ',') - 1) AS TEXT)"
     sql = (f"SELECT n.start, {end}, n.globalTid, CASE WHEN {is_operator} THEN {operator_name} ELSE {name_sql} END, "
-           f"coalesce({is_operator}, 0) FROM {table} AS n {join} WHERE n.eventType IN ({types})")
-    raw = read_frame(conn, sql, ["start", "end", "global_tid", "name", "operator"])
+           f"coalesce({is_operator}, 0), n.eventType IN ({','.join(str(t) for t in NVTX_START_END)}) "
+           f"FROM {table} AS n {join} WHERE n.eventType IN ({types})")
+    raw = read_frame(conn, sql, ["start", "end", "global_tid", "name", "operator", "start_end"])
     if raw.empty:
         return empty_ranges(), empty_ranges()
     global_tid = int_column(raw, "global_tid")
@@ -311,8 +318,9 @@ def read_nvtx_ranges(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataF
     open_end = np.iinfo("int64").max // 2
     end = np.where(end_values.isna().to_numpy(), open_end,
                    end_values.fillna(0).to_numpy(dtype="int64") - schema.time_offset_ns)
+    pid = ((global_tid >> 24) & 0xFFFFFF).astype("int32")
     ranges = pd.DataFrame({
-        "pid": ((global_tid >> 24) & 0xFFFFFF).astype("int32"), "tid": (global_tid & 0xFFFFFF).astype("int32"),
+        "pid": pid, "tid": np.where(int_column(raw, "start_end") != 0, pid, global_tid & 0xFFFFFF).astype("int32"),
         "start_ns": start, "end_ns": np.maximum(end, start), "name": _range_names(raw["name"]),
     })
     operator = int_column(raw, "operator") != 0
