@@ -19,7 +19,7 @@ from .events.read import memory_rowid_span, read_cuda_activity
 from .events.read_launches import read_launches
 from .model import Analysis, Diagnostic, Source
 from .model.capture import path_text
-from .schema import Schema, open_readonly, probe
+from .schema import Schema, open_readonly, probe, refuse_missing_tables
 from .smi_log import SmiLog
 from .snapshot import committed_state
 
@@ -59,23 +59,23 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                        else 0 if keep_events is False else KEEP_EVENTS_BELOW)
     budget = max_memory if max_memory is not None or may_stream_from is None else memory_budget.default_budget()
 
-    def read(sqlite_path: Path) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
-        return _read(report, sqlite_path, export.resolve_cache_dir(cache_dir),
+    def read(found: export.ExportResult) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
+        return _read(report, found.sqlite_path, export.resolve_cache_dir(cache_dir),
                      lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs), may_stream_from,
-                     budget, step_range)
+                     budget, step_range, own_export=found.exported_with is not None)
 
     result = export_it()
     version = export.report_version(report) if is_report else None
     notes: list[Diagnostic] = []
     try:
-        schema, loaded, activity = read(result.sqlite_path)
+        schema, loaded, activity = read(result)
     except NsysanError as err:
         if not result.from_sibling:
             raise
         # It passed every identity check yet can't be read: the report itself still can be.
         damaged = result.sqlite_path
         result = export_it(use_sibling=False)
-        schema, loaded, activity = read(result.sqlite_path)
+        schema, loaded, activity = read(result)
         notes.append(Diagnostic("warning", "sibling_export_damaged",
                                 f"{damaged.name}, the export beside the report, could not be read ({err.message}); "
                                 "the report was exported again and that export analyzed"))
@@ -141,17 +141,22 @@ def check_pattern(pattern: str, option: str) -> None:
 def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: bool,
           activity: bool = False, may_stream_from: Optional[int] = None,
           budget: Optional[int] = None,
-          step_range: Optional[str] = None) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]]]:
+          step_range: Optional[str] = None,
+          own_export: bool = False) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]]]:
     """The schema and events of the committed state of the export at `sqlite_path`, and with
     `activity` when each process made its first and last CUDA call (for nvidia-smi logs);
     `may_stream_from`: no events (None; they are streamed later, see _streamed) when the memory
     table has at least that many rows (None: never) and STREAM_QUICK_FROM_ROWS or more, or its
     whole frame would not fit `budget` bytes. Without `step_range`, the launch sequences of the
-    processes whose NVTX ranges give no steps are read too (analyses/iterations.py)."""
+    processes whose NVTX ranges give no steps are read too (analyses/iterations.py).
+    `own_export`: made by nsysan's export cache, which knows what it holds; any other export
+    made with `--tables` must hold every table nsysan reads."""
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)
         try:
             schema = probe(conn, report.name)
+            if not own_export:
+                refuse_missing_tables(schema, sqlite_path.name)
             rows = memory_rowid_span(conn, schema) if may_stream_from is not None else -1
             schema_only = rows >= (may_stream_from or 0) and (
                 rows >= STREAM_QUICK_FROM_ROWS or not memory_budget.fits(rows, quick, budget))

@@ -9,13 +9,14 @@ name, with the known values as fallback (see ../shared/docs/nsys-schema.md).
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import sqlite3
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from .errors import NsysanError
 from .model import Diagnostic, Gpu
@@ -31,6 +32,50 @@ COMPLETE_EXPORT_TABLES = frozenset({
 # META_DATA_EXPORT/EXPORT_PARAM_INPUT_FILE; both are (name, value) tables.
 EXPORT_META_TABLES = ("EXPORT_META_DATA", "META_DATA_EXPORT")
 EXPORT_INPUT_KEYS = ("EXPORT_INPUT_FILE", "EXPORT_PARAM_INPUT_FILE")
+
+# Every table nsysan reads, as `nsys export --tables` takes them (names and `*` patterns): what
+# nsysan exports where nsys has that option (2023.4 on), a third of the bytes and the time of
+# exporting every table on a training capture (issue 31). A table read anywhere must be named
+# here: a cached export holds these and no others. Presence counts too, not only rows: an empty
+# NVTX_EVENTS or CUPTI_ACTIVITY_KIND_RUNTIME says what was traced (Schema.has_nvtx_table).
+EXPORTED_TABLES = (
+    "StringIds", "ThreadNames", "PROCESSES", "ANALYSIS_DETAILS", "DIAGNOSTIC_EVENT",
+    "TARGET_INFO_*", "META_DATA_*", "ENUM_*",
+    "CUDA_GPU_MEMORY_USAGE_EVENTS", "CUDA_GPU_MEMORY_POOL_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME",
+    "CUDA_CALLCHAINS", "NVTX_EVENTS", "NVTX_PAYLOAD_SCHEMAS", "NVTX_PAYLOAD_SCHEMA_ENTRIES",
+    "CUPTI_ACTIVITY_KIND_KERNEL",  # the launch sequence of steps without NVTX (events/read_launches.py)
+)
+# What every export with --tables holds whatever it was asked (2023.4 on): without them, nsys did
+# not take the list as meant.
+ALWAYS_EXPORTED = ("StringIds", "META_DATA_EXPORT")
+
+
+def tables_requested(export_params: dict[str, str]) -> Optional[tuple[str, ...]]:
+    """The `--tables` an export was made with (as its META_DATA_EXPORT records them), or None
+    for an export of every table."""
+    listed = export_params.get("EXPORT_PARAM_TABLES_TO_EXPORT", "")
+    names = tuple(name for name in re.split(r"[,;\s]+", listed) if name)
+    return names or None
+
+
+def tables_missing(requested: Optional[Sequence[str]], needed: Sequence[str] = EXPORTED_TABLES) -> list[str]:
+    """The `needed` tables (names or patterns) that an export of `requested` (None: every table)
+    may lack: those no requested name or pattern covers."""
+    if requested is None:
+        return []
+    wanted = [r.upper() for r in requested]
+    return [n for n in needed if not any(fnmatch.fnmatchcase(n.upper(), r) for r in wanted)]
+
+
+def refuse_missing_tables(schema: "Schema", name: str) -> None:
+    """Stop with one line when the export was made with `--tables` that leave out a table nsysan
+    reads: read on, its numbers would be short with nothing to say so."""
+    missing = tables_missing(tables_requested(schema.export_params))
+    if missing:
+        raise NsysanError(
+            f"{name} was exported with --tables and may lack {', '.join(missing)}, which nsysan reads; "
+            f"export the report again without --tables, or with --tables {','.join(EXPORTED_TABLES)}")
+
 
 # ENUM_CUDA_MEM_KIND names -> nsysan kinds; the ids are the same in every schema seen (3.0 to
 # 3.20) and are used when the ENUM table is missing (2.x) or empty (2022.4 --lazy=false).
@@ -138,6 +183,16 @@ def holds_complete_export(conn: sqlite3.Connection) -> bool:
 def exported_input_name(conn: sqlite3.Connection) -> Optional[str]:
     """The report file name an export records as its input, or None when it records none."""
     return export_identity(conn).input_name
+
+
+def export_parameters(conn: sqlite3.Connection) -> dict[str, str]:
+    """The (name, value) rows of the export's metadata table (EXPORT_META_DATA or META_DATA_EXPORT)."""
+    tables = table_names(conn)
+    found: dict[str, str] = {}
+    for table in EXPORT_META_TABLES:
+        if table in tables:
+            found.update((_text(k), _text(v)) for k, v in conn.execute(f"SELECT name, value FROM {table}"))
+    return found
 
 
 @dataclass(frozen=True)
@@ -252,10 +307,12 @@ def _read_export_meta(conn: sqlite3.Connection, schema: Schema) -> None:
     schema.nsys_version = schema.export_params.get("EXPORT_PRODUCT_VERSION") or None
     schema.schema_version = schema.export_params.get("EXPORT_SCHEMA_VERSION") or None
     params = schema.export_params
-    if params.get("EXPORT_PARAM_TABLES_TO_EXPORT") or params.get("EXPORT_PARAM_TIMES_TO_EXPORT"):
+    # --tables alone is no warning: an export lacking a table nsysan reads is refused (see
+    # tables_missing), and one holding them all, as nsysan's own exports do, is complete for it.
+    if params.get("EXPORT_PARAM_TIMES_TO_EXPORT"):
         schema.diagnostics.append(Diagnostic(
             "warning", "partial_export",
-            "the export was made with --tables/--times, so it may hold only part of the capture; "
+            "the export was made with --times, so it may hold only part of the capture; "
             "export the whole report for complete numbers"))
     if params.get("EXPORT_PARAM_TIME_NORMALIZE", "").lower() == "true" or _int(params.get("EXPORT_PARAM_TIME_SHIFT")):
         # --ts-normalize/--ts-shift moved every timestamp by EXPORT_CONFIG_TIME_SHIFT; undo it

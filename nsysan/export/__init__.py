@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
+import sqlite3
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import NsysanError
+from ..schema import EXPORTED_TABLES, connect_readonly, export_parameters, tables_missing, tables_requested
 
 # Split by stage; every name used outside stays importable from nsysan.export.
 from .files import REPORT_MAGIC, REPORT_SUFFIXES, SQLITE_MAGIC, SQLITE_SIDE_FILES, _input_kind, describe_file_type, \
     files_read_for, is_complete_export, open_regular, sqlite_truncation
-from .nsys import INSTALL_GLOBS, _major_minor, _version_key, export_arguments, export_options, find_nsys, \
-    nsys_version, report_version
+from .nsys import INSTALL_GLOBS, _major_minor, _version_key, export_arguments, export_options, exports_tables, \
+    find_nsys, nsys_version, report_version
 from .run import MAX_TIMEOUT_S, _export_into, _export_timeout
 from .sibling import _matching_sibling, report_session_start, sibling_mismatch
 
@@ -102,11 +105,16 @@ def _remove_leftovers(cache: Path, key: str) -> None:
 
 def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Path | None = None,
                   progress: Callable[[float], None] | None = None,
-                  timeout_s: float | None = None, use_sibling: bool = True) -> ExportResult:
-    """Return a complete SQLite export of `report`, exporting it with nsys only when needed.
+                  timeout_s: float | None = None, use_sibling: bool = True,
+                  tables: Sequence[str] = EXPORTED_TABLES) -> ExportResult:
+    """Return an SQLite export of `report` holding `tables` (default: every table nsysan reads),
+    exporting it with nsys only when needed.
 
     A `.sqlite` is returned as given; a matching sibling `<stem>.sqlite` is reused (unless
-    `use_sibling` is False: it turned out damaged); otherwise the export comes from the cache (key: sha256 of the report + nsys version) or is made into it.
+    `use_sibling` is False: it turned out damaged) when it holds `tables`; otherwise the export
+    comes from the cache (key: sha256 of the report + nsys version) when the tables it records
+    cover `tables`, or is made into it: with `--tables` where that nsys has it, the tables
+    already there included, so the entry only grows.
     `progress` gets fractions 0..1 while nsys runs. `timeout_s` (default $NSYSAN_EXPORT_TIMEOUT)
     bounds the nsys run. Every problem a user can cause raises NsysanError with one line.
     """
@@ -114,7 +122,7 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
     if _input_kind(report) == "sqlite":
         return ExportResult(report, exported_with=None, from_cache=False)
     sibling = _matching_sibling(report) if use_sibling else None
-    if sibling is not None:
+    if sibling is not None and not tables_missing(recorded_tables(sibling), tables):
         return ExportResult(sibling, exported_with=None, from_cache=False, from_sibling=True)
 
     nsys_path = find_nsys(nsys, report=report)
@@ -135,19 +143,59 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
             f"set NSYSAN_CACHE_DIR to a writable directory"
         ) from err
     entry = cache / f"{key}.sqlite"
-    if is_complete_export(entry):
+    if _covers(entry, tables):
         return ExportResult(entry, exported_with=version, from_cache=True)
 
     try:
         with _exclusive_lock(cache / f"{key}.lock"):
             # Another run may have finished this very export while we waited for the lock.
-            if is_complete_export(entry):
+            if _covers(entry, tables):
                 return ExportResult(entry, exported_with=version, from_cache=True)
+            # An entry short of a table is exported again with what it held and what is wanted.
+            held = (recorded_tables(entry) or ()) if is_complete_export(entry) else ()
+            wanted = tuple(dict.fromkeys([*held, *tables]))
             _remove_leftovers(cache, key)
-            _export_into(entry, report, nsys_path, version, progress, timeout)
+            exported = _export_into(entry, report, nsys_path, version, progress, timeout, wanted)
+            _write_record(entry, version, exported)
     except OSError as err:
         raise NsysanError(
             f"can't write the export cache at {cache} ({err.strerror}); "
             f"set NSYSAN_CACHE_DIR to a writable directory"
         ) from err
     return ExportResult(entry, exported_with=version, from_cache=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a cached export holds
+
+def record_path(entry: Path) -> Path:
+    """Where the cache records what the export `entry` holds: `<key>.tables.json` beside it."""
+    return entry.with_suffix(".tables.json")
+
+
+def _write_record(entry: Path, version: str, tables: tuple[str, ...] | None) -> None:
+    """Record the nsys version and the tables (None: every one) of the export just put at
+    `entry`. Written after the export is in place, whole (a temporary file renamed): a reader
+    between the two sees the new export with the older record, which claims no more than it holds."""
+    record = record_path(entry)
+    tmp = record.with_name(f".{record.name}.tmp")
+    tmp.write_text(json.dumps({"nsys": version, "tables": list(tables) if tables is not None else None}))
+    os.replace(tmp, record)
+
+
+def recorded_tables(export_path: Path) -> tuple[str, ...] | None:
+    """The tables an export holds (names and patterns; None: every table): as the cache recorded
+    them when it made the export, else as the export itself records its `--tables`."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        listed = json.loads(record_path(export_path).read_text())["tables"]
+        return None if listed is None else tuple(str(name) for name in listed)
+    try:
+        with contextlib.closing(connect_readonly(export_path)) as conn:
+            return tables_requested(export_parameters(conn))
+    except sqlite3.DatabaseError:
+        return ()  # unreadable: it holds nothing to count on
+
+
+def _covers(entry: Path, tables: Sequence[str]) -> bool:
+    """Whether `entry` is a complete export holding `tables`."""
+    return is_complete_export(entry) and not tables_missing(recorded_tables(entry), tables)

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Optional, Sequence
 
 from ..errors import NsysanError
 from .files import REPORT_MAGIC, open_regular
@@ -134,11 +135,19 @@ def export_options(nsys: Path) -> frozenset[str]:
     return frozenset(re.findall(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)", text))
 
 
-def export_arguments(nsys: Path) -> list[str]:
+def export_arguments(nsys: Path, tables: Optional[Sequence[str]] = None) -> list[str]:
     """What nsysan adds to `nsys export --type sqlite`: `--include-blobs true` where that nsys
     knows it, because without it the export drops NVTX payloads, and with them the Python call
-    stacks of `--python-backtrace=cuda` (2022.4 has no such option and no such stacks)."""
-    return ["--include-blobs", "true"] if "include-blobs" in export_options(nsys) else []
+    stacks of `--python-backtrace=cuda` (2022.4 has no such option and no such stacks); and
+    `--tables` with `tables` when they are given (see exports_tables)."""
+    options = export_options(nsys)
+    blobs = ["--include-blobs", "true"] if "include-blobs" in options else []
+    return blobs + (["--tables", ",".join(tables)] if tables and "tables" in options else [])
+
+
+def exports_tables(nsys: Path) -> bool:
+    """Whether this nsys exports only the tables it is given (`--tables`, 2023.4 on; not in 2022.4)."""
+    return "tables" in export_options(nsys)
 
 
 # ---------------------------------------------------------------------------------------------

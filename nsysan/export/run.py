@@ -9,17 +9,19 @@ import os
 import queue
 import re
 import signal
+import sqlite3
 import subprocess
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..errors import NsysanError
+from ..schema import ALWAYS_EXPORTED, connect_readonly, table_names
 from .files import is_complete_export
-from .nsys import _major_minor, _version_key, export_arguments, report_version
+from .nsys import _major_minor, _version_key, export_arguments, exports_tables, report_version
 
 _KEPT_OUTPUT_LINES = 40
 
@@ -214,34 +216,27 @@ def _export_failed(report: Path, nsys: Path, nsys_ver: str, returncode: int,
 
 
 def _export_into(entry: Path, report: Path, nsys: Path, nsys_ver: str,
-                 progress: Callable[[float], None] | None, timeout_s: float | None) -> None:
-    """Export `report` with `nsys` and move the result to `entry` once it is known complete.
+                 progress: Callable[[float], None] | None, timeout_s: float | None,
+                 tables: Sequence[str] | None = None) -> tuple[str, ...] | None:
+    """Export `report` with `nsys` and move the result to `entry` once it is known complete;
+    `tables`: only those (`--tables`, where this nsys has it). Returns the tables exported (None:
+    every table).
 
     nsys writes into a temporary file in the cache directory; `os.replace` puts it in place
     only after nsys exited 0 and the file holds a whole export, so a crash, a timeout or Ctrl-C
-    never leaves a half-written entry that a later run would trust.
+    never leaves a half-written entry that a later run would trust. An export with `--tables`
+    that fails, or that lacks what every such export holds (ALWAYS_EXPORTED: nsys did not take
+    the list as meant), is made again with every table: slower, never short of a table.
     """
     handle, tmp_name = tempfile.mkstemp(dir=entry.parent, prefix=f".{entry.stem}.", suffix=".sqlite")
     os.close(handle)
     tmp = Path(tmp_name)
-    command = [
-        str(nsys), "export", "--type", "sqlite", "--force-overwrite", "true", *export_arguments(nsys),
-        "--output", str(tmp), str(report.absolute()),  # absolute: a name starting with '-' is no option
-    ]
-    output = _NsysOutput(progress)
+    asked = tuple(tables) if tables and exports_tables(nsys) else None
     try:
-        try:
-            returncode = _run_nsys(command, output, timeout_s)
-        except TimeoutError:
-            raise NsysanError(
-                f"nsys export of {report.name} did not finish within {timeout_s:g} s and was "
-                f"stopped; raise NSYSAN_EXPORT_TIMEOUT, or export it yourself with "
-                f"`nsys export --type sqlite {report.name}`"
-            ) from None
-        except OSError as err:
-            raise NsysanError(
-                f"could not run {nsys} ({err.strerror}); check --nsys / NSYSAN_NSYS"
-            ) from err
+        returncode, output = _run_export(tmp, report, nsys, progress, timeout_s, asked)
+        if asked is not None and (returncode != 0 or not _holds(tmp, ALWAYS_EXPORTED)):
+            asked = None
+            returncode, output = _run_export(tmp, report, nsys, progress, timeout_s, None)
         if returncode != 0:
             raise _export_failed(report, nsys, nsys_ver, returncode, output.lines)
         if not is_complete_export(tmp):
@@ -252,8 +247,39 @@ def _export_into(entry: Path, report: Path, nsys: Path, nsys_ver: str,
         os.replace(tmp, entry)
         if progress is not None and output.last_fraction != 1.0:
             progress(1.0)
+        return asked
     finally:
         for path in (tmp, Path(f"{tmp}-journal")):
             with contextlib.suppress(OSError):
                 path.unlink()
 
+
+def _run_export(tmp: Path, report: Path, nsys: Path, progress: Callable[[float], None] | None,
+                timeout_s: float | None, tables: tuple[str, ...] | None) -> tuple[int, _NsysOutput]:
+    """One `nsys export` of `report` into `tmp`: its exit code and its output."""
+    command = [
+        str(nsys), "export", "--type", "sqlite", "--force-overwrite", "true", *export_arguments(nsys, tables),
+        "--output", str(tmp), str(report.absolute()),  # absolute: a name starting with '-' is no option
+    ]
+    output = _NsysOutput(progress)
+    try:
+        return _run_nsys(command, output, timeout_s), output
+    except TimeoutError:
+        raise NsysanError(
+            f"nsys export of {report.name} did not finish within {timeout_s:g} s and was "
+            f"stopped; raise NSYSAN_EXPORT_TIMEOUT, or export it yourself with "
+            f"`nsys export --type sqlite {report.name}`"
+        ) from None
+    except OSError as err:
+        raise NsysanError(
+            f"could not run {nsys} ({err.strerror}); check --nsys / NSYSAN_NSYS"
+        ) from err
+
+
+def _holds(path: Path, tables: Sequence[str]) -> bool:
+    """Whether the SQLite file at `path` has every one of `tables`."""
+    try:
+        with contextlib.closing(connect_readonly(path)) as conn:
+            return set(tables) <= table_names(conn)
+    except sqlite3.DatabaseError:
+        return False

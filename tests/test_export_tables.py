@@ -1,0 +1,211 @@
+"""Exporting only the tables nsysan reads (`nsys export --tables`, 2023.4 on), against fake `nsys`
+scripts that record their arguments and write a real export, and the real Debian nsys 2022.4
+(which has no --tables): the cache records what each export holds and exports again when it
+lacks a table; an export made elsewhere with too few tables is refused in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import nsysan
+from nsysan import export
+from nsysan.cli import main
+from nsysan.errors import NsysanError
+from nsysan.export import ensure_sqlite, recorded_tables
+from nsysan.schema import EXPORTED_TABLES
+
+from conftest import FIXTURES, analysis_of
+from test_export import HELP_2022, HELP_2025, V22, V22_SQLITE, V25_SQLITE, copy_alone, fake_nsys
+
+V25 = FIXTURES / "known_mem_v25.nsys-rep"
+HELP_2025_TABLES = HELP_2025 + ("--tables=<table_name1[,table_name2,...]>", "--times=<range>")
+V25_PEAK = 952107008  # known_mem_v25's peak (README, golden document)
+
+
+def recording_nsys(directory: Path, log: Path, *, version: str = "2025.3.2.0",
+                   export_help: tuple[str, ...] = HELP_2025_TABLES, body: str = "") -> Path:
+    """A fake nsys that logs each export's arguments (one JSON list a line) and writes the real
+    2025.3 export of known_mem_v25 as its output (`body` runs first and may exit)."""
+    logger = f"python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> {shlex.quote(str(log))}"
+    return fake_nsys(directory, f"{logger}\n{body}\ncp {shlex.quote(str(V25_SQLITE))} \"$out\"\nexit 0",
+                     version=version, export_help=export_help)
+
+
+def exports(log: Path) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def tables_argument(args: list[str]) -> list[str] | None:
+    return args[args.index("--tables") + 1].split(",") if "--tables" in args else None
+
+
+def test_an_nsys_with_tables_exports_exactly_the_tables_nsysan_reads(tmp_path):
+    log = tmp_path / "log"
+    nsys = recording_nsys(tmp_path / "bin", log)
+    report = copy_alone(V25, tmp_path / "in")
+    result = ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache")
+    (args,) = exports(log)
+    assert tables_argument(args) == list(EXPORTED_TABLES)
+    assert "CUDA_GPU_MEMORY_USAGE_EVENTS" in EXPORTED_TABLES and "CUPTI_ACTIVITY_KIND_RUNTIME" in EXPORTED_TABLES
+    assert ["--include-blobs", "true"] == args[args.index("--include-blobs"):args.index("--include-blobs") + 2]
+    assert recorded_tables(result.sqlite_path) == EXPORTED_TABLES
+    record = json.loads(export.record_path(result.sqlite_path).read_text())
+    assert record == {"nsys": "2025.3.2.0", "tables": list(EXPORTED_TABLES)}
+    # analyzed end to end from that export: known_mem_v25's numbers, no warning of a partial export
+    analysis = nsysan.analyze(report, nsys=nsys, cache_dir=tmp_path / "cache")
+    assert analysis.peak.peak_bytes == V25_PEAK and analysis.source.from_cache
+    assert "partial_export" not in {d.code for d in analysis.diagnostics}
+    assert len(exports(log)) == 1
+
+
+def test_an_nsys_without_tables_exports_every_table(tmp_path):
+    log = tmp_path / "log"
+    nsys = recording_nsys(tmp_path / "bin", log, version="2022.4.2.1", export_help=HELP_2022)
+    result = ensure_sqlite(copy_alone(V25, tmp_path / "in"), nsys=nsys, cache_dir=tmp_path / "cache")
+    (args,) = exports(log)
+    assert "--tables" not in args and "--include-blobs" not in args
+    assert args[:3] == ["export", "--type", "sqlite"]
+    assert recorded_tables(result.sqlite_path) is None  # every table
+
+
+def test_a_cached_export_short_of_a_table_is_exported_again_with_more(tmp_path):
+    log = tmp_path / "log"
+    nsys = recording_nsys(tmp_path / "bin", log)
+    report = copy_alone(V25, tmp_path / "in")
+    fewer = ("StringIds", "META_DATA_*", "CUDA_GPU_MEMORY_USAGE_EVENTS", "SOME_TABLE_ONLY_IT_READS")
+    first = ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache", tables=fewer)
+    assert tables_argument(exports(log)[0]) == list(fewer)
+    assert ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache", tables=fewer[:2]).from_cache
+    assert len(exports(log)) == 1  # fewer tables than it holds: reused
+    # a later analysis needs more: exported again, what it held kept, into the same entry
+    second = ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache")
+    assert not second.from_cache and second.sqlite_path == first.sqlite_path
+    asked = tables_argument(exports(log)[1])
+    assert asked == [*fewer, *(t for t in EXPORTED_TABLES if t not in fewer)]
+    assert recorded_tables(second.sqlite_path) == tuple(asked)
+    assert ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache").from_cache
+    assert len(exports(log)) == 2
+
+
+def test_an_export_whose_own_record_lacks_a_table_is_exported_again(tmp_path):
+    """An entry without nsysan's record (made before it kept one, or copied in) is judged by the
+    --tables its export records; one that lacks a table nsysan reads is never analyzed."""
+    log = tmp_path / "log"
+    nsys = recording_nsys(tmp_path / "bin", log)
+    report = copy_alone(V25, tmp_path / "in")
+    entry = ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache").sqlite_path
+    export.record_path(entry).unlink()
+    with contextlib.closing(sqlite3.connect(entry)) as conn:
+        conn.execute("UPDATE META_DATA_EXPORT SET value = 'CUDA_GPU_MEMORY_USAGE_EVENTS,StringIds' "
+                     "WHERE name = 'EXPORT_PARAM_TABLES_TO_EXPORT'")
+        conn.commit()
+    assert recorded_tables(entry) == ("CUDA_GPU_MEMORY_USAGE_EVENTS", "StringIds")
+    analysis = nsysan.analyze(report, nsys=nsys, cache_dir=tmp_path / "cache")
+    assert len(exports(log)) == 2 and not analysis.source.from_cache
+    assert set(tables_argument(exports(log)[1])) == {*EXPORTED_TABLES, "CUDA_GPU_MEMORY_USAGE_EVENTS", "StringIds"}
+    assert analysis.peak.peak_bytes == V25_PEAK
+
+
+def test_a_failed_export_with_tables_is_made_again_with_every_table(tmp_path):
+    log = tmp_path / "log"
+    fails_with_tables = 'case "$*" in *--tables*) echo "Error: unknown table pattern" >&2; exit 1;; esac'
+    nsys = recording_nsys(tmp_path / "bin", log, body=fails_with_tables)
+    result = ensure_sqlite(copy_alone(V25, tmp_path / "in"), nsys=nsys, cache_dir=tmp_path / "cache")
+    assert [tables_argument(a) is None for a in exports(log)] == [False, True]
+    assert recorded_tables(result.sqlite_path) is None
+
+
+def test_an_export_that_ignored_the_list_is_made_again_with_every_table(tmp_path):
+    """An nsys that took the patterns literally writes no META_DATA_EXPORT: not trusted."""
+    log = tmp_path / "log"
+    literal = f'case "$*" in *--tables*) cp {shlex.quote(str(V22_SQLITE))} "$out"; exit 0;; esac'
+    nsys = recording_nsys(tmp_path / "bin", log, body=literal)
+    result = ensure_sqlite(copy_alone(V25, tmp_path / "in"), nsys=nsys, cache_dir=tmp_path / "cache")
+    assert len(exports(log)) == 2 and recorded_tables(result.sqlite_path) is None
+    assert nsysan.analyze(result.sqlite_path).peak.peak_bytes == V25_PEAK
+
+
+def with_tables_recorded(source: Path, target: Path, tables: str) -> Path:
+    shutil.copyfile(source, target)
+    with contextlib.closing(sqlite3.connect(target)) as conn:
+        conn.execute("UPDATE META_DATA_EXPORT SET value = ? WHERE name = 'EXPORT_PARAM_TABLES_TO_EXPORT'", (tables,))
+        conn.commit()
+    return target
+
+
+def test_a_sqlite_exported_with_too_few_tables_is_refused_in_one_line(tmp_path, capsys):
+    short = with_tables_recorded(V25_SQLITE, tmp_path / "short.sqlite", "CUDA_GPU_MEMORY_USAGE_EVENTS,StringIds")
+    with pytest.raises(SystemExit) as stopped:
+        main(["analyze", str(short), "--format", "json"])
+    assert stopped.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("nsysan: short.sqlite was exported with --tables and may lack ThreadNames, PROCESSES")
+    assert "CUPTI_ACTIVITY_KIND_RUNTIME" in line and "without --tables" in line
+    with pytest.raises(NsysanError, match="short.sqlite was exported with --tables"):
+        nsysan.analyze(short, quick=True)
+
+
+def test_a_sqlite_exported_with_every_table_nsysan_reads_is_analyzed(tmp_path):
+    enough = with_tables_recorded(V25_SQLITE, tmp_path / "enough.sqlite", ",".join(EXPORTED_TABLES))
+    analysis = nsysan.analyze(enough)
+    assert analysis.peak.peak_bytes == V25_PEAK
+    assert "partial_export" not in {d.code for d in analysis.diagnostics}
+
+
+def test_a_sibling_exported_with_too_few_tables_is_not_read(tmp_path):
+    log = tmp_path / "log"
+    nsys = recording_nsys(tmp_path / "bin", log)
+    report = copy_alone(V25, tmp_path / "in")
+    sibling = with_tables_recorded(V25_SQLITE, report.with_suffix(".sqlite"), "CUDA_GPU_MEMORY_USAGE_EVENTS")
+    with contextlib.closing(sqlite3.connect(sibling)) as conn:  # otherwise the report's own export
+        conn.execute("UPDATE META_DATA_EXPORT SET value = 'known_mem_v25.nsys-rep' WHERE name = 'EXPORT_PARAM_INPUT_FILE'")
+        conn.commit()
+    assert export.sibling_mismatch(report, sibling) is None  # it is the report's export, but short
+    result = ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache")
+    assert not result.from_sibling and len(exports(log)) == 1
+    full = with_tables_recorded(V25_SQLITE, tmp_path / "full.sqlite", "")
+    shutil.copyfile(full, sibling)
+    assert ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache").from_sibling
+
+
+def test_debian_nsys_2022_exports_every_table_and_the_analysis_reads_it(nsys_path, tmp_path):
+    """The real nsys: 2022.4 has no --tables, so its export is whole and recorded as such."""
+    report = copy_alone(V22, tmp_path / "in")
+    result = ensure_sqlite(report, nsys=nsys_path, cache_dir=tmp_path / "cache")
+    if not export.exports_tables(nsys_path):
+        assert recorded_tables(result.sqlite_path) is None
+    else:  # a newer nsys found first on this machine: only nsysan's tables
+        assert recorded_tables(result.sqlite_path) == EXPORTED_TABLES
+    analysis = nsysan.analyze(report, nsys=nsys_path, cache_dir=tmp_path / "cache")
+    # the same numbers as from the export shipped beside it (made by the same 2022.4)
+    shipped = analysis_of("known_mem_v22")
+    assert analysis.source.from_cache and analysis.peak == shipped.peak and analysis.peak.peak_bytes > 0
+
+
+def test_every_table_nsysan_names_is_exported():
+    """A table read anywhere in nsysan but left out of EXPORTED_TABLES would be missing from every
+    export made with --tables: each table name of the fixtures' exports that nsysan's code names
+    must be covered."""
+    import re
+
+    from nsysan.schema import tables_missing
+
+    known: set[str] = set()
+    for path in FIXTURES.glob("*.sqlite"):
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+            known |= {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    package = Path(nsysan.__file__).parent
+    code = "\n".join(p.read_text() for p in package.rglob("*.py"))
+    named = {t for t in known if re.search(rf"(?<![A-Za-z0-9_]){re.escape(t)}(?![A-Za-z0-9_])", code)}
+    assert {"CUDA_GPU_MEMORY_USAGE_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "StringIds"} <= named
+    # Named but never needed from an export with --tables: the metadata table of exports up to
+    # 2023.2 (no nsys of them has --tables), and what a failed export leaves (schema.py).
+    not_read = {"EXPORT_META_DATA", "ProcessStreams"}
+    assert tables_missing(EXPORTED_TABLES, sorted(named - not_read)) == []
