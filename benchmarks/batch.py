@@ -26,7 +26,9 @@ For each, four commands, taking turns `--repeat` times, median wall time:
   that fixed cost: importing distributed, starting the cluster, the first task on each worker,
   closing.
 
-Reported: reports per second, the speed-up of each engine over sequential (goal on the large
+Reported: reports per second, per CPU second and CPU seconds per report (the pool's against
+sequential's: goal within 1.1x), how busy the cores were (CPU seconds over wall time x jobs: goal
+over 90% for the pool), the speed-up of each engine over sequential (goal on the large
 exports: at least 0.8 x cores), Dask's overhead over the local pool ((dask - pool) / pool, goal
 under 10%), and each command's CPU seconds (all its processes, sampled every 0.1 s: valid under
 load, where wall times are not), split into the command's own process, the processes it started
@@ -284,6 +286,14 @@ def measure(name: str, reports: list[Path], folder: Path, jobs: int, repeat: int
         "dask_local_overhead": (median["dask local"] - median["local pool"]) / median["local pool"],
         "dask_local_stages_s": stages,
     }
+    # Per report and per CPU second (what extrapolates to other machines and batch sizes), and how
+    # busy the cores were: the engine's CPU seconds over its wall time times the jobs.
+    cpu_median = {k: statistics.median(v) for k, v in cpu.items()}
+    found["cpu_median_s"] = cpu_median
+    found["cpu_per_report_s"] = {k: v / len(reports) for k, v in cpu_median.items()}
+    found["reports_per_cpu_s"] = {k: len(reports) / v for k, v in cpu_median.items() if v}
+    found["cpu_vs_sequential"] = {k: v / cpu_median["sequential"] for k, v in cpu_median.items()}
+    found["cores_busy"] = {k: cpu_median[k] / (median[k] * jobs) for k in commands}
     if with_cluster:
         found["speedup_dask_cluster"] = median["sequential"] / median["dask cluster"]
         found["dask_cluster_overhead"] = (median["dask cluster"] - median["local pool"]) / median["local pool"]
@@ -316,7 +326,9 @@ def main() -> None:
     if args.dask_local_stages:
         print(json.dumps(dask_local_stages(args.jobs)))
         return
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # Every copy is the same file: with the analysis cache on, a batch would analyze it once and
+    # read the rest back (batch reuses analyses; `analyze`, the baseline, does not).
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NSYSAN_ANALYSIS_CACHE="0")
     big = DATA / "big_1000000.sqlite"
     if not big.exists():
         raise SystemExit(f"{big} is missing: python benchmarks/make_big_export.py (or link a folder of "
@@ -341,6 +353,10 @@ def main() -> None:
         results["machine"]["load_after"] = os.getloadavg()
         keep(results, args.out)
         for w in results["workloads"]:
+            print(f"{w['workload']}: per report {w['cpu_per_report_s']['local pool']:.3f} CPU s in the pool, "
+                  f"{w['cpu_vs_sequential']['local pool']:.3f}x sequential's; cores busy "
+                  f"{100 * w['cores_busy']['local pool']:.0f}% (sequential {100 * w['cores_busy']['sequential']:.0f}%); "
+                  f"{w['reports_per_cpu_s']['local pool']:.2f} reports per CPU s")
             print(f"{w['workload']}: {w['reports']} reports, sequential {w['median_s']['sequential']:.1f} s, "
                   f"pool {w['median_s']['local pool']:.1f} s ({w['speedup_pool']:.2f}x), dask local "
                   f"{w['median_s']['dask local']:.1f} s ({100 * w['dask_local_overhead']:+.1f}% over the pool)"

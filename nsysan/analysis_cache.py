@@ -168,7 +168,10 @@ def write_entry(entry: Path, analysis: Analysis) -> None:
 def cached_analysis(path: Path, analyze: Callable[[], Analysis], *, nsys: Any, cache_dir: Optional[Path],
                     options: Mapping[str, Any], content: Optional[str] = None) -> Analysis:
     """The analysis of `path` with `options`: the one kept in the cache, else `analyze()`'s, kept
-    for next time. `content`: the input's sha256 when the caller has it already."""
+    for next time. `content`: the input's sha256 when the caller has it already.
+    NSYSAN_ANALYSIS_CACHE=0 (or off, no, false) analyzes every time, keeping nothing."""
+    if os.environ.get("NSYSAN_ANALYSIS_CACHE", "").strip().lower() in ("0", "off", "no", "false"):
+        return analyze()
     try:
         key = analysis_key(content or file_digest(path), options, report_exporter(path, nsys))
         entry = entry_path(cache_dir, key)

@@ -160,3 +160,10 @@ def test_batch_again_reads_every_report_back(analyses, tmp_path, own_cache_dir):
     assert [p.name for p in first] == [p.name for p in second]
     assert [p.read_text() for p in first] == [p.read_text() for p in second]
     assert (tmp_path / "first" / "summary.csv").read_text() == (tmp_path / "second" / "summary.csv").read_text()
+
+
+def test_the_cache_can_be_turned_off(analyses, own_cache_dir, monkeypatch):
+    monkeypatch.setenv("NSYSAN_ANALYSIS_CACHE", "0")
+    load_or_analyze(CLEAN, keep_events=False)
+    load_or_analyze(CLEAN, keep_events=False)
+    assert analyses == [CLEAN, CLEAN] and not (own_cache_dir / "analyses").exists()
