@@ -26,7 +26,7 @@ from .model import SCHEMA_ID, Analysis
 
 if TYPE_CHECKING:
     from .compare import Comparison
-    from .limits import Verdict
+    from .gate import Verdict
 
 __all__ = ["analyze", "load_analysis", "compare", "check", "Analysis", "NsysanError", "SCHEMA_ID"]
 __version__ = "0.1.0"
@@ -117,10 +117,11 @@ def _refuse_constant(name: str) -> float:
 # package: a submodule imported for the first time later would replace it. Import the module's
 # names with `from nsysan.compare import compare_analyses`.
 def compare(base: Run, new: Run, *, nsys: Optional[PathLike] = None,
-            cache_dir: Optional[PathLike] = None) -> "Comparison":
+            cache_dir: Optional[PathLike] = None, step_range: Optional[str] = None) -> "Comparison":
     """`nsysan compare BASE NEW` as a function: what grew, appeared or vanished between two runs.
 
-    Each run is a report, an export, an analysis JSON or an `Analysis` already at hand. The
+    Each run is a report, an export, an analysis JSON or an `Analysis` already at hand
+    (`step_range`: the NVTX ranges that are steps in the reports, as in `analyze`). The
     `Comparison` has the fields of the `nsysan/compare@1` document (docs/ci.md) and the tables
     `processes`, `sites` and `ranges` as DataFrames (`frame(name)`), a before/after pair spread
     into `<what>_before`, `<what>_after`, `<what>_delta` (bytes) and `<what>_percent` columns.
@@ -135,18 +136,21 @@ def compare(base: Run, new: Run, *, nsys: Optional[PathLike] = None,
     """
     from .compare import compare_analyses
 
-    return compare_analyses(_run(base, nsys, cache_dir), _run(new, nsys, cache_dir))
+    return compare_analyses(_run(base, nsys, cache_dir, step_range), _run(new, nsys, cache_dir, step_range))
 
 
 def check(report: Run, baseline: Optional[Run] = None, *, max_peak: Optional[Size] = None,
           max_peak_increase: Optional[Size] = None, max_never_freed: Optional[Size] = None,
-          max_growth_per_step: Optional[Size] = None, no_failed_allocations: bool = False,
+          max_growth_per_step: Optional[Size] = None, no_failed_allocations: Optional[bool] = None,
           no_warnings: Union[str, Sequence[str], bool, None] = None, per: str = "process",
           config: Optional[PathLike] = None, nsys: Optional[PathLike] = None,
-          cache_dir: Optional[PathLike] = None) -> "Verdict":
+          cache_dir: Optional[PathLike] = None, allow_unmeasured: Optional[bool] = None,
+          step_range: Optional[str] = None) -> "Verdict":
     """`nsysan check` as a function: the run against memory limits. Returns the `Verdict`
     (`ok`, and one `outcomes` row per limit and place, also as `frame("outcomes")`) instead of an
-    exit code. Sizes are bytes or strings like "8GiB"; `max_peak_increase` may be "10%".
+    exit code (`status`: pass, fail, or not_measured when a limit could not be measured and
+    `allow_unmeasured` is not set). Sizes are bytes or strings like "8GiB"; `max_peak_increase`
+    may be "10%", and "none" switches off a limit the config sets.
     `config` names an nsysan.toml or pyproject.toml whose [tool.nsysan.check] table fills in the
     limits not given (unlike the command, nothing is read unless it is named).
 
@@ -158,7 +162,8 @@ def check(report: Run, baseline: Optional[Run] = None, *, max_peak: Optional[Siz
     >>> verdict.frame("outcomes")[["limit", "where", "ok"]].shape
     (2, 3)
     """
-    from .limits import Limits, evaluate_limits, read_config_file
+    from .gate import evaluate_limits
+    from .limits import Limits, read_config_file
 
     defaults = None
     if config is not None:
@@ -174,14 +179,16 @@ def check(report: Run, baseline: Optional[Run] = None, *, max_peak: Optional[Siz
                           no_failed_allocations=no_failed_allocations,
                           no_warnings=no_warnings if isinstance(no_warnings, (str, type(None))) else
                           ("all" if no_warnings is True else None) if isinstance(no_warnings, bool) else
-                          ",".join(no_warnings), defaults=defaults)
-    base = _run(baseline, nsys, cache_dir) if baseline is not None else None
-    return evaluate_limits(_run(report, nsys, cache_dir), base, limits)
+                          ",".join(no_warnings), defaults=defaults, allow_unmeasured=allow_unmeasured)
+    base = _run(baseline, nsys, cache_dir, step_range) if baseline is not None else None
+    return evaluate_limits(_run(report, nsys, cache_dir, step_range), base, limits)
 
 
-def _run(run: Run, nsys: Optional[PathLike], cache_dir: Optional[PathLike]) -> Analysis:
+def _run(run: Run, nsys: Optional[PathLike], cache_dir: Optional[PathLike],
+         step_range: Optional[str] = None) -> Analysis:
     if isinstance(run, Analysis):
         return run
     from .inputs import load_or_analyze
 
-    return load_or_analyze(Path(run), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None)
+    return load_or_analyze(Path(run), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
+                           step_range=step_range)

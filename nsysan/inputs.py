@@ -31,12 +31,13 @@ def is_analysis_document(path: Path) -> bool:
 def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] = None,
                     cache_dir: Optional[Path] = None, progress: Optional[Progress] = None,
                     keep_events: Optional[bool] = None, max_memory: Optional[int] = None,
-                    content: Optional[str] = None, **options: Any) -> Analysis:
+                    content: Optional[str] = None, step_range: Optional[str] = None, **options: Any) -> Analysis:
     """The `Analysis` of a report or export, or the one stored in an analysis JSON document
-    (`keep_events`, `max_memory` and `options`, any other option of the analysis: see
+    (`keep_events`, `max_memory`, `step_range` and `options`, any other option of the analysis: see
     pipeline.analyze_report). Without the raw frames (`keep_events` False) an analysis already
     made of the same bytes with the same options is read back from the cache (analysis_cache.py);
-    `content`: the input's sha256 when the caller has it already."""
+    `content`: the input's sha256 when the caller has it already. A document keeps the steps it
+    was analyzed with: NsysanError when they were found by another rule than `step_range`."""
     path = Path(path)
     if path.is_dir():
         raise NsysanError(f"{path} is a folder; give a report (.nsys-rep, .qdrep, .sqlite) or an analysis.json")
@@ -44,7 +45,7 @@ def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] 
         from . import load_analysis
 
         try:
-            return load_analysis(path)
+            return _same_steps(load_analysis(path), step_range, path)
         except NsysanError as err:
             raise NsysanError(f"{path.name}: {err.message}" if not err.message.startswith(path.name)
                               else err.message, err.exit_code) from err
@@ -52,6 +53,9 @@ def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] 
             raise NsysanError(f"{path.name} is not a complete nsysan analysis document ({type(err).__name__}: "
                               f"{err})") from err
     from .pipeline import analyze_report
+
+    if step_range is not None:
+        options["step_range"] = step_range
 
     def analyze() -> Analysis:
         return analyze_report(path, nsys=nsys, cache_dir=cache_dir, progress=progress, keep_events=keep_events,
@@ -63,3 +67,18 @@ def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] 
 
     return cached_analysis(path, analyze, nsys=nsys, cache_dir=cache_dir, content=content,
                            options=options)
+
+
+def _same_steps(analysis: Analysis, step_range: Optional[str], path: Path) -> Analysis:
+    """A document analyzed without `--step-range REGEX` (or with another) holds other steps than
+    the report would give with it: its numbers cannot be re-cut, so say so rather than compare
+    steps of two rules. A document without steps has nothing to disagree with."""
+    if step_range is None:
+        return analysis
+    rules = {(s.found_by, s.range_name) for s in analysis.steps}
+    if rules and rules != {("step-range", step_range)}:
+        found = ", ".join(sorted(f"{name!r} ({by})" for by, name in rules))
+        raise NsysanError(f"{path.name}: the steps of this analysis of {analysis.source.name} are {found}, not "
+                          f"--step-range {step_range!r}; analyze the report again with --step-range, or give "
+                          "the report itself")
+    return analysis

@@ -8,17 +8,36 @@ from typing import Iterable, Optional
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
-def fmt_bytes(n: Optional[int]) -> str:
-    """fmt_bytes(134217728) == "128.0 MiB"; binary units, one decimal."""
+def fmt_bytes(n: Optional[int], decimals: int = 1) -> str:
+    """fmt_bytes(134217728) == "128.0 MiB"; binary units, one decimal unless told."""
     if n is None:
         return "n/a"
     sign = "-" if n < 0 else ""
     value = float(abs(n))
     for unit in _UNITS:
         if value < 1024 or unit == _UNITS[-1]:
-            return f"{sign}{int(value)} B" if unit == "B" else f"{sign}{value:.1f} {unit}"
+            return f"{sign}{int(value)} B" if unit == "B" else f"{sign}{value:.{decimals}f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def fmt_bytes_apart(a: int, b: int) -> tuple[str, str]:
+    """Two sizes with the digits it takes to tell them apart: (5905580032, 5905580033) is not
+    "5.5 GiB" and "5.5 GiB" but ("5,905,580,032 B", "5,905,580,033 B"); equal sizes as fmt_bytes."""
+    for decimals in (1, 2, 3, 4):
+        shown = fmt_bytes(a, decimals), fmt_bytes(b, decimals)
+        if a == b or shown[0] != shown[1]:
+            return shown
+    return f"{a:,} B", f"{b:,} B"
+
+
+def fmt_percent_apart(a: float, b: float) -> tuple[str, str]:
+    """Two percentages, signed, with the decimals it takes to tell them apart ("+10.04%", "+10.00%")."""
+    for decimals in (1, 2, 3, 4, 6):
+        shown = f"{a:+.{decimals}f}%", f"{b:+.{decimals}f}%"
+        if a == b or shown[0] != shown[1]:
+            return shown
+    return f"{a:+}%", f"{b:+}%"
 
 
 def fmt_time(ns: Optional[int]) -> str:

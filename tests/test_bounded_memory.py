@@ -25,7 +25,8 @@ from test_sites import python_lines_by_hand
 from nsysan import analyze, cli, pipeline, reader
 from nsysan.analyses import arrays, calls, pools
 from nsysan.events import normalize, nvtx, read, stream, stream_calls
-from nsysan.limits import Limits, evaluate_limits
+from nsysan.gate import evaluate_limits
+from nsysan.limits import Limits
 from nsysan.render.json import render_json
 
 FIXTURE_NAMES = ["known_mem_v25", "known_bt_v25", "real_oom_v25",

@@ -18,7 +18,8 @@ import pytest
 from conftest import FIXTURES, ROOT, analysis_of, truth
 
 from nsysan.errors import NsysanError
-from nsysan.limits import Amount, Limits, evaluate_limits, parse_size
+from nsysan.gate import evaluate_limits
+from nsysan.limits import Amount, Limits, parse_size
 from nsysan.units import fmt_bytes
 
 MiB = 1 << 20
@@ -143,9 +144,10 @@ def test_corrupt_report_exits_2_with_one_line(tmp_path):
     assert result.stderr.count("\n") == 1 and "corrupt.sqlite" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_growth_limit_without_steps_is_an_error():
+def test_growth_limit_without_sizes_is_not_measured():
     result = run("check", fixture("known_plain_v25"), "--max-growth-per-step", "16MiB")
-    assert result.returncode == 2 and "needs steps" in result.stderr
+    assert result.returncode == 2 and "could not be measured" in result.stderr
+    assert "growth per step not measured: known_plain_v25.sqlite: sizes were not collected" in result.stdout
 
 
 def test_limits_from_pyproject_and_nsysan_toml(tmp_path):
@@ -257,7 +259,7 @@ def test_junit_json_and_markdown_outputs(tmp_path):
 
 
 def test_a_profile_string_cannot_break_the_junit_or_markdown(tmp_path):
-    from nsysan.limits import Outcome, Verdict
+    from nsysan.gate import Outcome, Verdict
     from nsysan.render.verdict import render_junit, render_markdown
 
     nasty = "<b>x</b> | `y` \x1b[31m ]]> & \"q\""

@@ -200,7 +200,8 @@ def test_a_document_with_any_field_changed_is_refused_in_one_line_or_used_whole(
     import random
 
     from nsysan.batch.database import ResultsDatabase, database_rows
-    from nsysan.limits import Limits, evaluate_limits
+    from nsysan.gate import evaluate_limits
+    from nsysan.limits import Limits
     from nsysan.model import Analysis
     from nsysan.render.json import render_json
 

@@ -39,6 +39,9 @@ def batch(
                                              "would not fit is streamed, slower, same results (default: on this "
                                              "machine, half of its memory shared among the -j analyses; on a Dask "
                                              "worker, half of what it may use)."),
+    step_range: Optional[str] = typer.Option(None, "--step-range", metavar="REGEX",
+                                             help="NVTX ranges whose name matches this regular expression are the "
+                                             "training steps of every report (as in analyze)."),
 ) -> None:
     """Analyze many reports in parallel and gather them: summary.csv, summary.html (with the fleet view), nsysan.db.
 
@@ -52,6 +55,10 @@ def batch(
 
     budget = budget_bytes(max_memory)
     parse_tags(tag or ())  # a bad tag stops the batch before any analysis
+    if step_range is not None:
+        from ..pipeline import check_pattern
+
+        check_pattern(step_range, "--step-range")
     if dask:
         try:
             import distributed  # noqa: F401
@@ -68,7 +75,7 @@ def batch(
     with _counter(len(paths), enabled=progress) as count:
         result = run_batch(paths, output, jobs=jobs or default_jobs(), dask=dask, db_path=db, tags=tag or (),
                            nsys=str(nsys) if nsys else None, cache_dir=str(cache_dir) if cache_dir else None,
-                           progress=count, max_memory=budget)
+                           progress=count, max_memory=budget, step_range=step_range)
     with to_stdout():
         _print_summary(result)
     if result.interrupted:

@@ -10,9 +10,10 @@ import typer
 
 from ..errors import NsysanError
 from ..inputs import load_or_analyze
-from ..limits import Limits, evaluate_limits, load_config, read_config_file
+from ..gate import Verdict, evaluate_limits
+from ..limits import Limits, load_config, read_config_file
 from ..render.files import write_all_or_none
-from .common import out_console, to_stdout
+from .common import out_console, say_error, to_stdout
 
 
 def check(
@@ -27,10 +28,15 @@ def check(
                                                   "to stay allocated at the end, e.g. 0."),
     max_growth_per_step: Optional[str] = typer.Option(None, "--max-growth-per-step", help="Most growth of live "
                                                       "bytes per training step, e.g. 16MiB."),
-    no_failed_allocations: bool = typer.Option(False, "--no-failed-allocations", help="Fail when an allocation "
-                                               "call failed."),
+    no_failed_allocations: Optional[bool] = typer.Option(
+        None, "--no-failed-allocations/--allow-failed-allocations", show_default=False,
+        help="Fail when an allocation call failed or the allocator ran out of memory without one "
+        "(--allow-failed-allocations switches off the config's setting)."),
     no_warnings: Optional[str] = typer.Option(None, "--no-warnings", help="Fail on these diagnostic codes "
                                               "(comma-separated), or on any warning: all."),
+    allow_unmeasured: Optional[bool] = typer.Option(None, "--allow-unmeasured", show_default=False,
+                                                    help="A limit that cannot be measured (no sizes, no steps, "
+                                                    "no baseline match) is a note, not exit code 2."),
     per: Optional[str] = typer.Option(None, "--per", help="Where limits apply: process (each process on each "
                                       "GPU, the default), gpu (all processes of a GPU together) or all."),
     config: Optional[Path] = typer.Option(None, "--config", help="Read limits from this nsysan.toml or "
@@ -43,27 +49,68 @@ def check(
                                         "$GITHUB_STEP_SUMMARY when it is set."),
     nsys: Optional[Path] = typer.Option(None, "--nsys", help="nsys binary (or its folder) used to export reports."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Where exports are cached."),
+    step_range: Optional[str] = typer.Option(None, "--step-range", metavar="REGEX",
+                                             help="NVTX ranges whose name matches this regular expression are the "
+                                             "training steps, in the run and its baseline (as in analyze)."),
 ) -> None:
-    """Check a run against memory limits; exit 0 if every limit holds, 1 if one broke, 2 if the input is bad.
+    """Check a run against memory limits; exit 0 if every limit holds, 1 if one broke, 2 if one could not be
+    measured or the input is bad (the --junit, --json and --markdown files say why in every case).
+
+    A limit set in the config is switched off on the command line with the value none:
+    --max-peak-increase none.
 
     Example: nsysan check fixtures/torch_leak_v25.sqlite --baseline fixtures/torch_clean_v25.sqlite --max-peak-increase 10%
     """
+    outputs = (json_path, junit, markdown, github_summary)
+    try:
+        verdict = _verdict(report, baseline, config, nsys, cache_dir, step_range, dict(
+            per=per, max_peak=max_peak, max_peak_increase=max_peak_increase, max_never_freed=max_never_freed,
+            max_growth_per_step=max_growth_per_step, no_failed_allocations=no_failed_allocations,
+            no_warnings=no_warnings, allow_unmeasured=allow_unmeasured))
+    except NsysanError as err:
+        # The CI page shows the files, not the log: they say why the check could not run.
+        try:
+            _write(Verdict.of_error(report.name, baseline.name if baseline else None, err.message), *outputs)
+        except NsysanError:
+            pass  # the error that stopped the check is the one to tell
+        raise
+    _write(verdict, *outputs)
+    from ..render.verdict import render_verdict_terminal
+
+    with to_stdout():
+        render_verdict_terminal(verdict, out_console())
+    if verdict.status == "not_measured":
+        count = len(verdict.unmeasured)
+        say_error(f"nsysan: {count} limit check{'s' if count > 1 else ''} could not be measured (the lines "
+                  "'not measured' say why); --allow-unmeasured lets the others decide")
+    if verdict.exit_code:
+        raise typer.Exit(verdict.exit_code)
+
+
+def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsys: Optional[Path],
+             cache_dir: Optional[Path], step_range: Optional[str], given: dict) -> Verdict:
     if config is not None:
         defaults = read_config_file(config) if config.is_file() else None
         if defaults is None:
             raise NsysanError(f"--config {config}: no such file, or no [tool.nsysan.check] table in it")
     else:
         _, defaults = load_config(Path.cwd())
-    limits = Limits.parse(per=per, max_peak=max_peak, max_peak_increase=max_peak_increase,
-                          max_never_freed=max_never_freed, max_growth_per_step=max_growth_per_step,
-                          no_failed_allocations=no_failed_allocations, no_warnings=no_warnings, defaults=defaults)
+    limits = Limits.parse(**given, defaults=defaults)
     if limits.max_peak_increase is not None and baseline is None:
         raise NsysanError("--max-peak-increase needs a baseline: add --baseline BASE (a report or its analysis.json)")
-    analysis = load_or_analyze(report, nsys=nsys, cache_dir=cache_dir, keep_events=False)
-    base = None if baseline is None else load_or_analyze(baseline, nsys=nsys, cache_dir=cache_dir, keep_events=False)
-    verdict = evaluate_limits(analysis, base, limits)
+    if step_range is not None:
+        from ..pipeline import check_pattern
 
-    from ..render.verdict import render_junit, render_markdown, render_verdict_json, render_verdict_terminal
+        check_pattern(step_range, "--step-range")
+    analysis = load_or_analyze(report, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
+    base = None if baseline is None else load_or_analyze(baseline, nsys=nsys, cache_dir=cache_dir,
+                                                         keep_events=False, step_range=step_range)
+    return evaluate_limits(analysis, base, limits)
+
+
+def _write(verdict: Verdict, json_path: Optional[Path], junit: Optional[Path], markdown: Optional[Path],
+           github_summary: bool) -> None:
+    from ..render.verdict import render_junit, render_markdown, render_verdict_json
 
     files: dict[Path, str] = {}
     if json_path:
@@ -81,7 +128,3 @@ def check(
                 handle.write(render_markdown(verdict))
         except OSError as err:
             raise NsysanError(f"could not write $GITHUB_STEP_SUMMARY ({summary_file}): {err.strerror or err}") from err
-    with to_stdout():
-        render_verdict_terminal(verdict, out_console())
-    if not verdict.ok:
-        raise typer.Exit(1)

@@ -27,6 +27,9 @@ def compare(
     top: int = typer.Option(10, "--top", min=1, help="Rows per table in the text summary."),
     nsys: Optional[Path] = typer.Option(None, "--nsys", help="nsys binary (or its folder) used to export reports."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Where exports are cached."),
+    step_range: Optional[str] = typer.Option(None, "--step-range", metavar="REGEX",
+                                             help="NVTX ranges whose name matches this regular expression are the "
+                                             "training steps of both runs (as in analyze)."),
 ) -> None:
     """Compare two runs: peak, end-of-run and never-freed bytes per process and GPU, sites and NVTX ranges.
 
@@ -34,10 +37,14 @@ def compare(
     """
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
+    if step_range is not None:
+        from ..pipeline import check_pattern
+
+        check_pattern(step_range, "--step-range")
     if output:
         check_output_dir(output)
-    before = load_or_analyze(base, nsys=nsys, cache_dir=cache_dir, keep_events=False)
-    after = load_or_analyze(new, nsys=nsys, cache_dir=cache_dir, keep_events=False)
+    before = load_or_analyze(base, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
+    after = load_or_analyze(new, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
     comparison = compare_analyses(before, after)
     page = None
     if output:

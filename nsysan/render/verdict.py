@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING
 
 from ..errors import printable
-from ..limits import Verdict
+from ..gate import Verdict
 from .json import dumps
 
 if TYPE_CHECKING:
@@ -22,27 +22,42 @@ if TYPE_CHECKING:
 
 
 def verdict_line(verdict: Verdict) -> str:
-    """ "FAIL: 2 of 3 limits broken (torch_leak_v25.sqlite against torch_clean_v25.sqlite)"."""
+    """ "FAIL: 2 of 3 limit checks broken (torch_leak_v25.sqlite against torch_clean_v25.sqlite)"."""
     against = f" against {verdict.baseline}" if verdict.baseline else ""
-    total, broken = len(verdict.outcomes), len(verdict.broken)
-    if verdict.ok:
-        return printable(f"PASS: all {total} limit checks hold ({verdict.report}{against})")
-    return printable(f"FAIL: {broken} of {total} limit checks broken ({verdict.report}{against})")
+    total, broken, unmeasured = len(verdict.outcomes), len(verdict.broken), len(verdict.unmeasured)
+    if verdict.status == "error":
+        return printable(f"ERROR: the check could not run ({verdict.report}{against}): {verdict.error}")
+    if verdict.status == "not_measured":
+        return printable(f"NOT MEASURED: {unmeasured} of {total} limit checks could not be measured "
+                         f"({verdict.report}{against}); --allow-unmeasured lets the others decide")
+    if verdict.status == "fail":
+        also = f", {unmeasured} not measured" if unmeasured else ""
+        return printable(f"FAIL: {broken} of {total} limit checks broken{also} ({verdict.report}{against})")
+    if unmeasured:
+        return printable(f"PASS: {total - unmeasured} of {total} limit checks hold, {unmeasured} not measured "
+                         f"(allowed by --allow-unmeasured) ({verdict.report}{against})")
+    return printable(f"PASS: all {total} limit checks hold ({verdict.report}{against})")
+
+
+_LABELS = {"broken": "broken  ", "not_measured": "not measured  ", "held": "ok      "}
 
 
 def render_verdict_terminal(verdict: Verdict, console: "Console") -> None:
-    """The verdict first, then one line per broken limit, then the comparison and the limits that held."""
+    """The verdict first, then one line per broken limit and per limit not measured, then the
+    comparison and the limits that held."""
     from rich.text import Text
 
+    style = {"pass": "bold green", "fail": "bold red"}.get(verdict.status, "bold yellow")
     # soft_wrap: one line per limit, never cut into two by the console's width (grep, CI logs)
-    console.print(Text(verdict_line(verdict), style="bold green" if verdict.ok else "bold red"), soft_wrap=True)
-    for outcome in verdict.broken:
-        console.print(Text(printable(f"  broken  {outcome.limit}: {outcome.message}")), soft_wrap=True)
+    console.print(Text(verdict_line(verdict), style=style), soft_wrap=True)
+    for outcome in [*verdict.broken, *verdict.unmeasured]:
+        console.print(Text(printable(f"  {_LABELS[outcome.status]}{outcome.limit}: {outcome.message}")),
+                      soft_wrap=True)
     if verdict.comparison:
         console.print(Text(printable(f"  compared: {verdict.comparison}")), soft_wrap=True)
     for outcome in verdict.outcomes:
         if outcome.ok:
-            console.print(Text(printable(f"  ok      {outcome.limit}: {outcome.message}")), style="dim",
+            console.print(Text(printable(f"  {_LABELS['held']}{outcome.limit}: {outcome.message}")), style="dim",
                           soft_wrap=True)
 
 
@@ -51,24 +66,31 @@ def render_verdict_json(verdict: Verdict) -> str:
 
 
 def render_junit(verdict: Verdict, time: datetime.datetime | None = None) -> str:
-    """The verdict as JUnit XML: one test case per limit and place."""
+    """The verdict as JUnit XML: one test case per limit and place, a `<failure>` in it when the
+    limit broke and an `<error>` when it could not be measured; a check that could not run is one
+    test case with an `<error>` that says why."""
     stamp = (time or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%S")
-    failures = len(verdict.broken)
+    cases = [(f"{o.limit} · {o.where}", f"nsysan.check.{o.limit}",
+              {"broken": "failure", "not_measured": "error"}.get(o.status), o.status if o.status != "broken"
+              else o.limit, o.message) for o in verdict.outcomes]
+    if verdict.status == "error":
+        cases = [("nsysan check", "nsysan.check", "error", "input", verdict.error or "")]
     # The common JUnit schema (Ant's, as windyroad's JUnit.xsd writes it down) allows no attributes
     # on <testsuites>; reporters (GitLab, Jenkins, GitHub actions) count the suites' own.
     suites = ET.Element("testsuites")
     suite = ET.SubElement(suites, "testsuite", name=_x(f"nsysan check {verdict.report}"), package="nsysan.check",
-                          id="0", timestamp=stamp, hostname="localhost", tests=str(len(verdict.outcomes)),
-                          failures=str(failures), errors="0", skipped="0", time="0")
+                          id="0", timestamp=stamp, hostname="localhost", tests=str(len(cases)),
+                          failures=str(sum(1 for c in cases if c[2] == "failure")),
+                          errors=str(sum(1 for c in cases if c[2] == "error")), skipped="0", time="0")
     properties = ET.SubElement(suite, "properties")
-    for name, value in (("report", verdict.report), ("baseline", verdict.baseline or ""), ("per", verdict.per)):
+    for name, value in (("report", verdict.report), ("baseline", verdict.baseline or ""), ("per", verdict.per),
+                        ("status", verdict.status)):
         ET.SubElement(properties, "property", name=name, value=_x(value))
-    for outcome in verdict.outcomes:
-        case = ET.SubElement(suite, "testcase", name=_x(f"{outcome.limit} · {outcome.where}"),
-                             classname=f"nsysan.check.{outcome.limit}", time="0")
-        if not outcome.ok:
-            failure = ET.SubElement(case, "failure", message=_x(outcome.message), type=outcome.limit)
-            failure.text = _x(outcome.message)
+    for name, classname, result, kind, message in cases:
+        case = ET.SubElement(suite, "testcase", name=_x(name), classname=_x(classname), time="0")
+        if result is not None:
+            element = ET.SubElement(case, result, message=_x(message), type=kind)
+            element.text = _x(message)
     ET.SubElement(suite, "system-out").text = _x(verdict_line(verdict))
     ET.SubElement(suite, "system-err")
     ET.indent(suites)
@@ -78,13 +100,17 @@ def render_junit(verdict: Verdict, time: datetime.datetime | None = None) -> str
 def render_markdown(verdict: Verdict) -> str:
     """A Markdown summary (a GitHub job summary, a merge-request note). Profile strings are
     HTML-escaped, since GitHub renders HTML inside Markdown."""
-    icon = "✅" if verdict.ok else "❌"
+    icon = {"pass": "✅", "fail": "❌"}.get(verdict.status, "⚠️")
     lines = [f"### {icon} nsysan check: {_md(verdict_line(verdict))}", ""]
+    if verdict.status == "error":
+        return "\n".join(lines)
     if verdict.comparison:
         lines += [f"Compared with the baseline: {_md(verdict.comparison)}", ""]
     lines += ["| | limit | where | measured |", "|---|---|---|---|"]
-    for o in sorted(verdict.outcomes, key=lambda o: o.ok):
-        lines.append(f"| {'✅' if o.ok else '❌'} | `{o.limit}` {_md(o.threshold)} | {_md(o.where)} | {_md(o.message)} |")
+    order = {"broken": 0, "not_measured": 1, "held": 2}
+    marks = {"broken": "❌", "not_measured": "⚠️", "held": "✅"}
+    for o in sorted(verdict.outcomes, key=lambda o: order[o.status]):
+        lines.append(f"| {marks[o.status]} | `{o.limit}` {_md(o.threshold)} | {_md(o.where)} | {_md(o.message)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,365 @@
+"""A run checked against `Limits`: one `Outcome` per limit and place, and the `Verdict`.
+
+`evaluate_limits(analysis, baseline, limits)` returns a `Verdict` whose outcomes are one per
+limit and place (process/GPU, GPU, or the whole run: `per`); each held, broke, or could not be
+measured (no sizes in the capture, no match in the baseline, growth no step shows): never "ok"
+for what was not seen. The verdict is the documented JSON `nsysan/check@1` (docs/json.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .compare import MEASURED_GROWTH, ProcessDelta, compare_analyses
+from .errors import NsysanError
+from .limits import Amount, Limits
+from .model import Analysis, Tables
+from .units import fmt_bytes, fmt_bytes_apart, fmt_percent_apart, fmt_time
+
+SCHEMA_ID = "nsysan/check@1"
+HELD, BROKEN, NOT_MEASURED = "held", "broken", "not_measured"
+# A verdict's status and the exit code of `nsysan check` for it.
+EXIT_CODES = {"pass": 0, "fail": 1, "not_measured": 2, "error": 2}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One limit at one place."""
+
+    limit: str  # max-peak | max-peak-increase | max-never-freed | max-growth-per-step | ...
+    where: str  # "GPU 0 (process 1644 python3)", "GPU 1", "all"
+    ok: bool  # the limit held (False when it broke, and when it could not be measured)
+    measured: Optional[float]  # bytes, a percentage (max-peak-increase in %), or a count; None: not measured
+    threshold: str  # the limit as given, e.g. "900.0 MiB" or "10%"
+    message: str  # one line: measured value, limit and where (or why it could not be measured)
+    status: str = ""  # held | broken | not_measured; left out: held or broken, as `ok` says
+
+    def __post_init__(self) -> None:
+        if not self.status:
+            object.__setattr__(self, "status", HELD if self.ok else BROKEN)
+
+
+@dataclass(frozen=True)
+class Verdict(Tables):  # Tables: frame("outcomes") for notebooks
+    schema: str  # "nsysan/check@1"
+    report: str
+    baseline: Optional[str]
+    per: str
+    ok: bool  # status == "pass"
+    outcomes: list[Outcome] = field(default_factory=list)
+    comparison: Optional[str] = None  # the compare headline when there is a baseline
+    # pass | fail (a limit broke) | not_measured (a limit could not be measured, and that was not
+    # allowed) | error (the check could not run: `error` says why)
+    status: str = "pass"
+    allow_unmeasured: bool = False
+    error: Optional[str] = None
+
+    @property
+    def broken(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == BROKEN]
+
+    @property
+    def unmeasured(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == NOT_MEASURED]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
+
+    @staticmethod
+    def of_error(report: str, baseline: Optional[str], message: str) -> "Verdict":
+        """The verdict of a check that could not run (a missing baseline, an unreadable report)."""
+        return Verdict(schema=SCHEMA_ID, report=report, baseline=baseline, per="", ok=False, status="error",
+                       error=message)
+
+    def __repr__(self) -> str:
+        """One line, for notebooks: the run and how many limits broke (the outcomes: `frame()`).
+
+        >>> import nsysan
+        >>> nsysan.check("fixtures/torch_leak_v25.sqlite", max_never_freed="1GiB")
+        <nsysan.Verdict of torch_leak_v25.sqlite: 1 of 1 limits broke (max-never-freed)>
+        """
+        broken = sorted({o.limit for o in self.broken})
+        unmeasured = sorted({o.limit for o in self.unmeasured})
+        if self.status == "error":
+            state = f"could not check: {self.error}"
+        elif broken:
+            state = f"{len(self.broken)} of {len(self.outcomes)} limits broke ({', '.join(broken)})"
+        elif unmeasured:
+            state = f"{len(self.unmeasured)} of {len(self.outcomes)} limits not measured ({', '.join(unmeasured)})"
+        else:
+            state = f"all {len(self.outcomes)} limits held"
+        against = f" against {self.baseline[:80]}" if self.baseline else ""
+        return f"<nsysan.Verdict of {self.report[:80]}{against}: {state}>"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One place the limits are checked at, with its numbers in this run and the baseline's."""
+
+    where: str
+    peak: Optional[int]
+    never_freed: Optional[int]
+    growth: Optional[int]
+    base_peak: Optional[int] = None
+    growth_gap: str = ""  # why growth is not measured here, when it is not
+
+
+def evaluate_limits(analysis: Analysis, baseline: Optional[Analysis], limits: Limits) -> Verdict:
+    """Every limit at every place of `limits.per`; a limit that cannot be measured at a place is an
+    outcome `not_measured` (the verdict's status then, unless `limits.allow_unmeasured`);
+    NsysanError when no limit is given or one needs what is not there (a baseline)."""
+    if limits.max_peak_increase is not None and baseline is None:
+        raise NsysanError("--max-peak-increase needs a baseline: add --baseline BASE (a report or its analysis.json)")
+    if limits.empty:
+        raise NsysanError("no limits to check: give at least one (--max-peak 8GiB, ...) or a "
+                          "[tool.nsysan.check] table in pyproject.toml")
+    if limits.max_growth_per_step is not None and not any(g.verdict in MEASURED_GROWTH for g in analysis.growth):
+        _refuse_if_not_streamed(analysis, "--max-growth-per-step needs steps", section="growth")
+    comparison = compare_analyses(baseline if baseline is not None else analysis, analysis)
+    units = _units(analysis, baseline, comparison.processes, limits.per)
+    outcomes: list[Outcome] = []
+    sized = {"max-peak": limits.max_peak, "max-peak-increase": limits.max_peak_increase,
+             "max-never-freed": limits.max_never_freed, "max-growth-per-step": limits.max_growth_per_step}
+    if not units:  # no process with GPU memory: nothing to measure the size limits on
+        why = _no_sizes(analysis) or f"no process of {analysis.source.name} holds GPU memory in the capture"
+        outcomes.extend(_not_measured(limit, "all", str(threshold) if isinstance(threshold, Amount) else
+                                      fmt_bytes(threshold), why) for limit, threshold in sized.items()
+                        if threshold is not None)
+    for unit in units:
+        if limits.max_peak is not None:
+            outcomes.append(_at_most("max-peak", unit.where, unit.peak, limits.max_peak, "peak"))
+        if limits.max_peak_increase is not None:
+            outcomes.append(_increase(unit, limits.max_peak_increase, baseline))
+        if limits.max_never_freed is not None:
+            outcomes.append(_at_most("max-never-freed", unit.where, unit.never_freed, limits.max_never_freed,
+                                     "never freed"))
+        if limits.max_growth_per_step is not None:
+            outcomes.append(_at_most("max-growth-per-step", unit.where, unit.growth, limits.max_growth_per_step,
+                                     "growth per step", unit.growth_gap))
+    if limits.no_failed_allocations:
+        outcomes.extend(_failed_allocations(analysis, limits.per))
+    if limits.no_warnings:
+        outcomes.extend(_warnings(analysis, limits.no_warnings))
+    if any(o.status == BROKEN for o in outcomes):
+        status = "fail"
+    elif any(o.status == NOT_MEASURED for o in outcomes) and not limits.allow_unmeasured:
+        status = "not_measured"
+    else:
+        status = "pass"
+    return Verdict(schema=SCHEMA_ID, report=analysis.source.name,
+                   baseline=baseline.source.name if baseline is not None else None, per=limits.per,
+                   ok=status == "pass", outcomes=outcomes,
+                   comparison=comparison.headline if baseline is not None else None, status=status,
+                   allow_unmeasured=limits.allow_unmeasured)
+
+
+def _no_sizes(analysis: Analysis) -> Optional[str]:
+    """Why a run has no bytes to measure (captured without --cuda-memory-usage), or None."""
+    note = next((d for d in analysis.diagnostics if d.code == "sizes_not_collected"), None)
+    return f"{analysis.source.name}: {note.message}" if note is not None else None
+
+
+def _growth_gap(analysis: Analysis, pid: Optional[int], gpu: Optional[int]) -> str:
+    """Why a process has no growth per step: its verdict's own words (too few steps, the trace
+    stops before its steps end, a preallocation hides it), or why no steps were found."""
+    verdict = next((g for g in analysis.growth if g.pid == pid and g.verdict not in MEASURED_GROWTH
+                    and (gpu is None or g.gpu == gpu)), None)
+    if verdict is not None:
+        return verdict.message
+    note = next((d for d in analysis.diagnostics if d.code == "no_steps"), None)
+    why = note.message if note is not None else "no training steps were found"
+    return f"process {pid}: {why}"
+
+
+def _units(analysis: Analysis, baseline: Optional[Analysis], rows: list[ProcessDelta], per: str) -> list[_Unit]:
+    names = {p.pid: p.name for p in analysis.capture.processes}
+    mine = [d for d in rows if d.new_pid is not None]
+
+    def growth_of(d: ProcessDelta) -> Optional[int]:
+        return d.growth_per_step.after if d.growth_per_step else None
+
+    def gap_of(d: ProcessDelta) -> str:
+        return "" if growth_of(d) is not None else _growth_gap(analysis, d.new_pid, d.new_gpu)
+
+    if per == "process":
+        return [_Unit(where=_process_place(d, names), peak=d.peak.after, never_freed=d.never_freed.after,
+                      growth=growth_of(d), base_peak=d.peak.before, growth_gap=gap_of(d)) for d in mine]
+    # Per GPU: all processes on it together; the GPUs of the two runs matched in ascending order.
+    # Growth is the sum of its processes', and not measured when one of them is not.
+    kept: dict[int, int] = {}
+    growth: dict[int, int] = {}
+    gaps: dict[int, list[str]] = {}
+    for d in mine:
+        if d.new_gpu is not None:
+            kept[d.new_gpu] = kept.get(d.new_gpu, 0) + (d.never_freed.after or 0)
+            growth[d.new_gpu] = growth.get(d.new_gpu, 0) + (growth_of(d) or 0)
+            if gap_of(d):
+                gaps.setdefault(d.new_gpu, []).append(gap_of(d))
+    peaks = _gpu_peaks(analysis)
+    base_peaks = _gpu_peaks(baseline) if baseline is not None else {}
+    base_order = sorted(base_peaks)
+    units = []
+    for i, gpu in enumerate(sorted(set(peaks) | set(kept))):
+        base_gpu = base_order[i] if i < len(base_order) else None
+        units.append(_Unit(where=f"GPU {gpu}", peak=peaks.get(gpu), never_freed=kept.get(gpu, 0),
+                           growth=None if gaps.get(gpu) else growth.get(gpu), growth_gap="; ".join(gaps.get(gpu, [])),
+                           base_peak=base_peaks.get(base_gpu) if base_gpu is not None else None))
+    if per == "gpu" or not units:
+        return units
+    # The whole run: its highest GPU peak, all never-freed bytes, the growth of all GPUs together.
+    every_gap = [u.growth_gap for u in units if u.growth_gap]
+    return [_Unit(where="all", peak=max(peaks.values(), default=None), never_freed=sum(kept.values()),
+                  growth=None if every_gap else sum(u.growth or 0 for u in units), growth_gap="; ".join(every_gap),
+                  base_peak=max(base_peaks.values(), default=None))]
+
+
+def _process_place(d: ProcessDelta, names: dict[int, str]) -> str:
+    """ "process 1644 python3 on GPU 0", with "rank 1, " ahead when processes are matched by rank."""
+    rank = d.role.split(" · ")[0] + ", " if d.role.startswith("rank ") else ""
+    name = f"process {d.new_pid} {names.get(d.new_pid or 0, '')}".rstrip()
+    return f"{rank}{name} on GPU {d.new_gpu}" if d.new_gpu is not None else f"{rank}{name}"
+
+
+def _gpu_peaks(analysis: Analysis) -> dict[int, int]:
+    """Live GPU-resident bytes at each GPU's peak, all its processes together. The analysis
+    lists a GPU's own peak only when several processes share it; else its one process's peak is it."""
+    together = {p.device: p.peak_bytes for p in analysis.peaks if p.pid is None}  # device is the GPU id there
+    alone: dict[int, int] = {}
+    for p in analysis.peaks:
+        gpu = p.gpu if p.gpu is not None else p.device
+        if p.pid is not None and gpu not in together:
+            alone[gpu] = max(alone.get(gpu, 0), p.peak_bytes)
+    return {**alone, **together}
+
+
+# What each size limit measures, as its lines name it.
+_MEASURES = {"max-peak": "peak", "max-peak-increase": "peak increase", "max-never-freed": "never freed",
+             "max-growth-per-step": "growth per step"}
+
+
+def _not_measured(limit: str, where: str, threshold: str, why: str) -> Outcome:
+    return Outcome(limit=limit, where=where, ok=False, measured=None, threshold=threshold,
+                   message=f"{_MEASURES[limit]} not measured: {why} ({where})", status=NOT_MEASURED)
+
+
+def _at_most(limit: str, where: str, measured: Optional[int], threshold: int, what: str, gap: str = "") -> Outcome:
+    if measured is None:
+        return _not_measured(limit, where, fmt_bytes(threshold), gap or f"nothing to measure it on at {where}")
+    ok = measured <= threshold
+    shown, limit_shown = fmt_bytes_apart(measured, threshold)
+    return Outcome(limit=limit, where=where, ok=ok, measured=measured, threshold=fmt_bytes(threshold),
+                   message=f"{what} {shown} is {'within' if ok else 'over'} the limit of {limit_shown} ({where})",
+                   status=HELD if ok else BROKEN)
+
+
+def _increase(unit: _Unit, amount: Amount, baseline: Optional[Analysis]) -> Outcome:
+    if unit.peak is None or unit.base_peak is None:
+        assert baseline is not None
+        why = _no_sizes(baseline) or f"{unit.where} has no match in the baseline {baseline.source.name}"
+        if unit.peak is None:
+            why = f"no peak at {unit.where}"
+        return _not_measured("max-peak-increase", unit.where, str(amount), why)
+    delta = unit.peak - unit.base_peak
+    percent = 100.0 * delta / unit.base_peak if unit.base_peak else (0.0 if delta == 0 else float("inf"))
+    limit_shown = f"+{amount}"
+    if amount.percent is not None:
+        ok, measured = percent <= amount.percent, round(percent, 2)
+        percent_shown, closer = fmt_percent_apart(percent, amount.percent)
+        if percent_shown != f"{percent:+.1f}%":  # too close to tell apart at one decimal
+            limit_shown = closer
+    else:
+        assert amount.bytes is not None
+        ok, measured = delta <= amount.bytes, delta
+        percent_shown = f"{percent:+.1f}%"
+        if fmt_bytes(abs(delta)) == fmt_bytes(amount.bytes) and abs(delta) != amount.bytes:
+            limit_shown = "+" + fmt_bytes_apart(abs(delta), amount.bytes)[1]
+    sign = "+" if delta >= 0 else "-"
+    delta_shown = sign + (fmt_bytes_apart(abs(delta), amount.bytes)[0] if amount.bytes is not None else
+                          fmt_bytes(abs(delta)))
+    shown = f"{delta_shown} ({percent_shown})" if unit.base_peak else delta_shown
+    before, after = fmt_bytes_apart(unit.base_peak, unit.peak)
+    return Outcome(limit="max-peak-increase", where=unit.where, ok=ok, measured=measured, threshold=str(amount),
+                   message=f"peak increase {shown}, {before} → {after}, is {'within' if ok else 'over'} the limit "
+                           f"of {limit_shown} ({unit.where})", status=HELD if ok else BROKEN)
+
+
+def _failed_allocations(analysis: Analysis, per: str) -> list[Outcome]:
+    """Failed allocation calls, less the probes (a call that fails and is retried at once, as a
+    feature test: analyze says it is not a failure), plus the processes whose allocator gave up
+    without a failing call (PyTorch's OutOfMemoryError under a cap: the trace's allocator OOM)."""
+    from .apis import family
+
+    probes = {(p.pid, p.tid, p.api, p.time_ns) for p in analysis.oom.probes}
+    failed = [f for f in analysis.failed_calls if family(f.api) in ("alloc", "vmm", "pool")
+              and (f.pid, f.tid, f.api, f.time_ns) not in probes]
+    gave_up = analysis.oom.allocator_ooms
+    names = {p.pid: p.name for p in analysis.capture.processes}
+    if per == "process":
+        pids = sorted({p.pid for p in analysis.capture.processes} | {f.pid for f in failed}
+                      | {o.release.pid for o in gave_up})
+        places = [(f"process {pid} {names.get(pid, '')}".rstrip(), [f for f in failed if f.pid == pid],
+                   [o for o in gave_up if o.release.pid == pid], [p for p in analysis.oom.probes if p.pid == pid])
+                  for pid in pids]
+    else:
+        places = [("all", failed, gave_up, analysis.oom.probes)]
+    outcomes = []
+    for where, calls, ooms, skipped in places:
+        said = []
+        if calls:
+            first = min(calls, key=lambda f: f.time_ns)
+            said.append(f"{len(calls)} failed allocation{'s' if len(calls) > 1 else ''}, the first "
+                        f"{first.api} → {first.error}")
+        for oom in ooms[:1]:
+            release = oom.release
+            inside = f" inside {' > '.join(oom.open_ranges)}" if oom.open_ranges else ""
+            said.append(f"out of memory without a failing call: the allocator freed its cache "
+                        f"({fmt_bytes(release.released_bytes)}) at {fmt_time(release.start_ns)} and the process "
+                        f"ended{inside} (torch.OutOfMemoryError)")
+        if not said:
+            said.append("no failed allocation")
+            if skipped:
+                said.append(f"{len(skipped)} probe{'s' if len(skipped) > 1 else ''} retried at once "
+                            f"({skipped[0].api} → {skipped[0].error}) {'is' if len(skipped) == 1 else 'are'} "
+                            "not a failure")
+        broke = bool(calls or ooms)
+        outcomes.append(Outcome(limit="no-failed-allocations", where=where, ok=not broke,
+                                measured=len(calls) + len(ooms), threshold="0",
+                                message=f"{'; '.join(said)} ({where})", status=BROKEN if broke else HELD))
+    return outcomes
+
+
+def _refuse_if_not_streamed(analysis: Analysis, need: str, codes: tuple[str, ...] = (),
+                            section: Optional[str] = None) -> None:
+    """Stop when a limit needs what the streamed full analysis of a large export did not compute
+    (its diagnostic `not_streamed`; analyses/streamed_full.py): absent is not the same as held."""
+    note = next((d for d in analysis.diagnostics if d.code == "not_streamed"), None)
+    if note is None:
+        return
+    from .analyses.streamed_full import NOT_STREAMED, NOT_STREAMED_CODES
+
+    if (codes and not set(codes) & set(NOT_STREAMED_CODES)) or (section is not None and section not in NOT_STREAMED):
+        return
+    raise NsysanError(f"{analysis.source.name}: {need}, which this analysis did not compute: the export is large "
+                      "enough to be analyzed in bounded memory, where some sections are not computed yet (the "
+                      "diagnostic not_streamed names them); check it from "
+                      "nsysan.analyze(path, keep_events=True) on a machine with the memory for it")
+
+
+def _warnings(analysis: Analysis, codes: tuple[str, ...]) -> list[Outcome]:
+    _refuse_if_not_streamed(analysis, f"--no-warnings {','.join(codes)} needs the verdicts that raise them", codes)
+    if codes == ("all",):
+        found = [d for d in analysis.diagnostics if d.severity in ("warning", "error")]
+        codes = tuple(sorted({d.code for d in found})) or ("all",)
+    outcomes = []
+    for code in codes:
+        hits = [d for d in analysis.diagnostics if d.code == code or (code == "all" and d.severity != "info")]
+        message = f"diagnostic {code}: {hits[0].message}" if hits else f"no {code} diagnostic"
+        outcomes.append(Outcome(limit="no-warnings", where=code, ok=not hits, measured=len(hits), threshold="0",
+                                message=message, status=BROKEN if hits else HELD))
+    return outcomes
