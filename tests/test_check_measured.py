@@ -14,21 +14,10 @@ import xml.etree.ElementTree as ET
 import pytest
 from conftest import FIXTURES, analysis_of, truth
 from test_check import assert_junit_schema
-
-from nsysan.cli import main
+from test_documents import cli  # noqa: F401 (test_step_range_options imports it from here)
 from nsysan.gate import evaluate_limits
 from nsysan.limits import Limits
 from nsysan.units import fmt_bytes_apart, fmt_percent_apart
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as done:
-        code = done.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def fixture(name: str) -> str:
