@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import ROOT, analysis_of, truth
-from nsysan.analyses.growth import judge_growth
+from nsysan.analyses.growth import judge_all, judge_growth
 from nsysan.model import Analysis, MemoryCap, Step, StepSeries
 
 MiB = 1 << 20
@@ -98,8 +98,14 @@ def test_ddp_rank_1_grows_64_mib_per_step_rank_0_is_stable(ddp_leak_v25):
     assert [s.delta_bytes for s in steps_of(ddp_leak_v25, 2146).steps[1:]] == [0] * 7
     # processes are named by rank (here: by GPU order), and the odd one out comes first
     assert leaking.message.startswith("rank 1 (process 2147) on GPU 1 grows 64.0 MiB per step")
+    # rank 1 departs at step 1 (step 0 is warm-up for both): +196 MiB where rank 0 added nothing
+    assert (leaking.departure_step, leaking.departure_bytes, leaking.others_bytes) == \
+        (1, steps_of(ddp_leak_v25, 2147).steps[1].delta_bytes, 0)
+    assert steps_of(ddp_leak_v25, 2147).steps[1].delta_bytes == 196 * MiB
+    assert steady.departure_step is None
     fleet = [v.message for v in ddp_leak_v25.answers if v.code == "growth_by_process"]
-    assert fleet == ["rank 1 grows 64.0 MiB/step; rank 0 is stable"]
+    assert fleet == ["rank 1 departs first, at step 1: +196.0 MiB where the others added at most 0 B, kept by "
+                     "cudaMalloc in step N [pt_autograd_1]; rank 1 grows 64.0 MiB/step; rank 0 is stable"]
 
 
 def test_known_mem_keeps_4_mib_in_steps_2_5_and_8(known_mem_v25):
@@ -158,8 +164,8 @@ def test_a_bad_step_range_is_one_line_and_exit_2():
 
 # --- the rule on hand-made steps ------------------------------------------------------------
 
-def series_of(ends_mib: list[float], start_mib: float = 100) -> StepSeries:
-    """Steps whose live bytes end at the given MiB, each starting where the previous ended."""
+def series_of(ends_mib: list[float], start_mib: float = 100, pid: int = 7, gpu: int = 0) -> StepSeries:
+    """Steps whose live bytes end at the given MiB, each starting where the previous ended (5 ns each)."""
     steps, before = [], int(start_mib * MiB)
     for k, end in enumerate(ends_mib):
         end_bytes = int(end * MiB)
@@ -167,7 +173,7 @@ def series_of(ends_mib: list[float], start_mib: float = 100) -> StepSeries:
                           start_live_bytes=before, end_live_bytes=end_bytes, delta_bytes=end_bytes - before,
                           peak_live_bytes=max(before, end_bytes), allocated_bytes=0, freed_bytes=0, kept_bytes=0))
         before = end_bytes
-    return StepSeries(pid=7, device=0, gpu=0, range_name="step N", found_by="nvtx", steps=steps)
+    return StepSeries(pid=pid, device=gpu, gpu=gpu, range_name="step N", found_by="nvtx", steps=steps)
 
 
 def test_three_growing_steps_in_a_row_are_growth():
@@ -181,7 +187,30 @@ def test_the_projection_runs_into_the_tightest_cap():
     # 230 MiB live after step 3, 10 MiB per step: 1024 MiB after 80 more steps (79.4 rounded up)
     assert growth.capacity_step == 3 + 80 and growth.capacity_source == "allocator_oom"
     assert growth.message.startswith("rank 3 (process 7) on GPU 0 grows 10.0 MiB per step")
-    assert "the 1.0 GiB at which the allocator gave up is reached at step ~83" in growth.message
+    assert "the 1.0 GiB at which the allocator gave up is reached at step ~83, in about 400 ns more at the " \
+        "median step time of 5 ns" in growth.message
+    assert (growth.capacity_time_ns, growth.step_time_ns) == (80 * 5, 5)
+
+
+def test_the_projection_leaves_room_for_the_other_processes_on_the_gpu():
+    gpu = MemoryCap(pid=7, device=0, gpu=0, cap_bytes=1024 * MiB, source="gpu_total")
+    other = series_of([300, 300, 300, 300], start_mib=300, pid=8)
+    leaking = series_of([200, 210, 220, 230])
+    mine = judge_all([leaking, other], [], [gpu])[0]
+    # 1024 - 300 held by process 8 - 230 live = 494 MiB at 10 MiB per step: 50 more steps
+    assert mine.capacity_step == 3 + 50 and "less the 300.0 MiB other processes hold on that GPU" in mine.message
+
+
+def test_the_first_process_to_depart_is_named_at_its_first_departing_step():
+    steady = series_of([100, 100, 100, 100, 100, 100], pid=1, gpu=0)
+    late = series_of([100, 100, 100, 164, 228, 292], pid=2, gpu=1)  # departs at step 3
+    later = series_of([100, 100, 100, 100, 132, 164], pid=3, gpu=2)  # only from step 4, less
+    growth = judge_all([steady, late, later], [], [])
+    assert [(g.pid, g.departure_step, g.departure_bytes, g.others_bytes) for g in growth] == \
+        [(1, None, None, None), (2, 3, 64 * MiB, 0), (3, None, None, None)]
+    # a stable process's rise is no departure
+    bump = series_of([100, 150, 150, 150, 150, 150], pid=4, gpu=3)  # its warm-up: judged stable
+    assert all(g.departure_step is None for g in judge_all([steady, bump], [], []))
 
 
 def test_two_growing_steps_are_not_enough():

@@ -80,4 +80,9 @@ def fleet_sentence(growth: list[Growth]) -> str:
     ranked = sorted(growth, key=lambda g: (order.get(g.verdict, 4), -g.bytes_per_step, g.process))
     parts = [f"{g.process} " + _SHORT.get(g.verdict, g.verdict).format(rate=fmt_bytes(g.bytes_per_step))
              for g in ranked]
-    return "; ".join(parts)
+    first = next((g for g in growth if g.departure_step is not None), None)
+    if first is None:
+        return "; ".join(parts)
+    where = f", kept by {first.holders[0].site}" if first.holders else ""
+    return (f"{first.process} departs first, at step {first.departure_step}: +{fmt_bytes(first.departure_bytes)} "
+            f"where the others added at most {fmt_bytes(first.others_bytes)}{where}; " + "; ".join(parts))

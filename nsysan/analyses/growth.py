@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 
 from ..model import Diagnostic, Growth, Holder, MemoryCap, Process, StepSeries
-from ..units import fmt_bytes
+from ..units import fmt_bytes, fmt_duration
 
 MIB = 1 << 20
 MIN_GROWING = 3
@@ -47,11 +47,46 @@ def judge_all(steps: list[StepSeries], processes: list[Process], caps: list[Memo
     for series in steps:  # one per (process, device)
         mine = [c for c in caps if c.pid == series.pid and c.device == series.device]
         cap = min(mine, key=lambda c: c.cap_bytes) if mine else None
-        growth = judge_growth(series, cap, labels.get(series.pid, ""))
+        # Other processes with steps on the same GPU take their share of it (the trace sees them)
+        shared = sum(_last_live(other) for other in steps if other.pid != series.pid
+                     and other.gpu is not None and other.gpu == series.gpu)
+        growth = judge_growth(series, cap, labels.get(series.pid, ""), shared)
         if cap is not None and cap.source == "xla_preallocation":
             growth = _inside_preallocation(growth, cap)
         verdicts.append(growth)
-    return verdicts
+    return mark_departures(steps, verdicts)
+
+
+def mark_departures(steps: list[StepSeries], growth: list[Growth]) -> list[Growth]:
+    """Which process started it, where several have steps (the ranks of one job): align their
+    steps by number, leave each one's first step out (warm-up), and find the first step at which
+    one process added more than its growth threshold above the most that any other added at that
+    step; only a process whose own verdict is growing or uneven is named (a one-off bump of a
+    stable process is not a departure). The earliest such step wins; at one step, the largest excess."""
+    if len({s.pid for s in steps}) < 2:
+        return growth
+    deltas = {}
+    for series in steps:
+        usable = [s for s in series.steps if s.closed and s.traced][1:]
+        if usable:
+            deltas[(series.pid, series.device)] = {s.number: (s.delta_bytes, _threshold(s.start_live_bytes))
+                                                   for s in usable}
+    if len({pid for pid, _ in deltas}) < 2:
+        return growth
+    common = sorted(set.intersection(*(set(d) for d in deltas.values())))
+    candidates = {(g.pid, g.device) for g in growth if g.verdict in GROWTH_CODES}
+    for number in common:
+        excess = []
+        for key in candidates & set(deltas):
+            mine, threshold = deltas[key][number]
+            others = max(d[number][0] for k, d in deltas.items() if k[0] != key[0])
+            if mine - others > threshold:
+                excess.append((mine - others, key, mine, others))
+        if excess:
+            _, key, mine, others = max(excess)
+            return [dataclasses.replace(g, departure_step=number, departure_bytes=mine, others_bytes=others)
+                    if (g.pid, g.device) == key else g for g in growth]
+    return growth
 
 
 def _inside_preallocation(growth: Growth, cap: MemoryCap) -> Growth:
@@ -75,17 +110,22 @@ def process_name(pid: int, gpu: Optional[int], device: int, label: str = "") -> 
     return f"{who} on GPU {gpu}" if gpu is not None else f"{who} on CUDA device {device}"
 
 
-def judge_growth(series: StepSeries, cap: Optional[MemoryCap] = None, label: str = "") -> Growth:
+def _last_live(series: StepSeries) -> int:
+    return series.steps[-1].end_live_bytes if series.steps else 0
+
+
+def judge_growth(series: StepSeries, cap: Optional[MemoryCap] = None, label: str = "", shared_bytes: int = 0) -> Growth:
     """The verdict for one process and device (see the module's docstring for the rule); `cap` is
-    what the projection runs into, `label` the process's name ("rank 1"). Steps that no NVTX range
-    marked say how they were found: the verdict is only as sure as they are."""
-    growth = _judged(series, cap, label)
+    what the projection runs into, `label` the process's name ("rank 1"), `shared_bytes` what
+    other processes on the same GPU hold at their last step (a GPU's total is theirs too). Steps
+    that no NVTX range marked say how they were found: the verdict is only as sure as they are."""
+    growth = _judged(series, cap, label, shared_bytes)
     if series.found_how:
         growth = dataclasses.replace(growth, message=f"{growth.message}; {series.found_how}")
     return growth
 
 
-def _judged(series: StepSeries, cap: Optional[MemoryCap], label: str) -> Growth:
+def _judged(series: StepSeries, cap: Optional[MemoryCap], label: str, shared_bytes: int) -> Growth:
     # A step cut short by the capture's end, or past the end of the CUDA trace, says nothing.
     steps = [s for s in series.steps if s.closed and s.traced]
     who = process_name(series.pid, series.gpu, series.device, label)
@@ -112,16 +152,24 @@ def _judged(series: StepSeries, cap: Optional[MemoryCap], label: str) -> Growth:
                          threshold_bytes=_threshold(judged[0].start_live_bytes),
                          end_live_bytes=judged[-1].end_live_bytes, holders=holders)
     span = _span(judged)
+    step_time = int(np.median([s.end_ns - s.start_ns for s in judged]))
     if _longest_run(grows) >= MIN_GROWING and rate > 0:
-        at_step = None
+        at_step = at_time = None
         message = f"{who} grows {fmt_bytes(rate)} per step (median of steps {span})"
         if cap is not None:
-            room = cap.cap_bytes - judged[-1].end_live_bytes
-            at_step = judged[-1].number + max(int(np.ceil(room / rate)), 0)
+            shared = shared_bytes if cap.source == "gpu_total" else 0
+            room = cap.cap_bytes - shared - judged[-1].end_live_bytes
+            steps_left = max(int(np.ceil(room / rate)), 0)
+            at_step = judged[-1].number + steps_left
+            at_time = steps_left * step_time
             limit = _CAP_NAMES.get(cap.source, "the cap of {}").format(fmt_bytes(cap.cap_bytes))
-            message += (f"; at this rate {limit} is reached at step ~{at_step}" if room > 0 else
-                        f"; by step {at_step} it held {limit}")
-        return Growth(**base, **judged_fields, verdict="growing", capacity_step=at_step,
+            message += (f"; at this rate {limit} is reached at step ~{at_step}, in about "
+                        f"{_about(at_time)} more at the median step time of {fmt_duration(step_time)}"
+                        if room > 0 else f"; by step {at_step} it held {limit}")
+            if shared:
+                message += f" (less the {fmt_bytes(shared)} other processes hold on that GPU)"
+        return Growth(**base, **judged_fields, verdict="growing", capacity_step=at_step, capacity_time_ns=at_time,
+                      step_time_ns=step_time,
                       growing_steps=[s.number for s, g in zip(judged, grows) if g], message=message + _kept_by(holders))
     if judged_fields["total_bytes"] > judged_fields["threshold_bytes"]:
         keeping = [s for s in judged if s.delta_bytes > MIB]
@@ -129,9 +177,9 @@ def _judged(series: StepSeries, cap: Optional[MemoryCap], label: str) -> Growth:
         each = f" ({fmt_bytes(sizes[0])} each)" if len(sizes) == 1 else ""
         message = (f"{who} keeps memory in some steps, not every step: {_numbers([s.number for s in keeping])}"
                    f"{each}, {fmt_bytes(judged_fields['total_bytes'])} over steps {span}")
-        return Growth(**base, **judged_fields, verdict="uneven", capacity_step=None,
+        return Growth(**base, **judged_fields, verdict="uneven", capacity_step=None, step_time_ns=step_time,
                       growing_steps=[s.number for s in keeping], message=message + _kept_by(holders))
-    return Growth(**base, **judged_fields, verdict="stable", capacity_step=None,
+    return Growth(**base, **judged_fields, verdict="stable", capacity_step=None, step_time_ns=step_time,
                   growing_steps=[s.number for s, g in zip(judged, grows) if g],
                   message=f"{who} {_stable_since(steps, first)}")
 
@@ -148,6 +196,18 @@ def _stable_since(steps: list, first: int) -> str:
     sign = "+" if grew >= 0 else "-"
     return (f"grew during steps {warm[0].number}-{warm[-1].number} ({sign}{fmt_bytes(abs(grew))}), "
             f"flat since step {warm[-1].number}")
+
+
+def _about(ns: int) -> str:
+    """A projected wait as people say it: "4.2 s", "12 min", "3.5 h", "2.1 days"."""
+    seconds = ns / 1e9
+    if seconds < 120:
+        return fmt_duration(ns)
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
 
 
 def _threshold(live_bytes: int) -> int:

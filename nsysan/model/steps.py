@@ -67,6 +67,14 @@ class Growth:
     holders: list[Holder]  # where the memory allocated in judged steps and never freed sits
     message: str  # the verdict in one sentence, as shown
     capacity_source: str = ""  # MemoryCap.source of capacity_bytes (gpu_total, xla_preallocation, ...)
+    # Where several processes have steps: the first step at which this one's growth departed from
+    # every other's (growth.mark_departures), its delta then, and the most any other added then
+    departure_step: Optional[int] = None
+    departure_bytes: Optional[int] = None
+    others_bytes: Optional[int] = None
+    # The projection in time: capacity_step reached after about this long, at the median step time
+    capacity_time_ns: Optional[int] = None
+    step_time_ns: Optional[int] = None  # the median duration of the judged steps
 
 
 @dataclass(frozen=True)
