@@ -277,3 +277,125 @@ def test_a_rerun_replaces_rows_in_one_transaction(documents, tmp_path, capsys):
     with sqlite3.connect(db) as conn:
         assert conn.execute("select count(*) from groups").fetchone() == \
             (len(analysis_of("known_mem_v25").groups) + len(analysis_of("real_oom_v25").groups),)
+
+
+# --- stopping: real signals, no process left, a consistent database ----------------------------------
+
+
+def _session_processes(sid: int) -> list:
+    """Every live process of session `sid` (the batch was started in a new session, so its fork
+    servers, workers and their helpers are exactly these), zombies aside."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getsid(process.pid) == sid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def many_documents(tmp_path_factory) -> Path:
+    """12 analysis documents with distinct bytes (so 12 reports in nsysan.db): read back in
+    milliseconds each, so a batch of them spends its time keeping results."""
+    folder = tmp_path_factory.mktemp("many")
+    text = render_json(analysis_of("known_mem_v25"))
+    for i in range(12):
+        (folder / f"run{i:02d}.analysis.json").write_text(text + " " * i)
+    return folder
+
+
+def _wait_for(condition, proc, seconds: float = 60) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None and not condition():
+        time.sleep(0.02)
+
+
+def _rows(db: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            return conn.execute("select count(*) from reports").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+MOMENTS = {
+    # the first process the batch starts exists: a fork server importing nsysan, Dask starting
+    "start-up": lambda proc, out: _wait_for(lambda: len(_session_processes(proc.pid)) >= 2, proc),
+    # the workers exist (fork server and pool, or Dask's nannies and workers)
+    "workers running": lambda proc, out: _wait_for(lambda: len(_session_processes(proc.pid)) >= 4, proc),
+    # reports are being kept: documents written, rows going into nsysan.db
+    "writing the database": lambda proc, out: _wait_for(lambda: _rows(out / "nsysan.db") >= 1, proc),
+}
+# (engine, signal, moment, sent to): "group" is a terminal's Ctrl-C (every process of the
+# foreground group gets it), "batch" a CI runner's signal to the command alone. Dask's take 7-10 s
+# on 2 busy cores (a LocalCluster's start and stop), so they are marked slow.
+_DASK = pytest.mark.slow
+STOPS = [("pool", "SIGINT", m, "batch") for m in MOMENTS] + [("pool", "SIGINT", "workers running", "group"),
+                                                             ("pool", "SIGTERM", "writing the database", "batch")] + \
+        [pytest.param("dask", "SIGINT", m, "batch", marks=_DASK) for m in MOMENTS] + \
+        [pytest.param("dask", "SIGINT", "workers running", "group", marks=_DASK),
+         pytest.param("dask", "SIGTERM", "workers running", "batch", marks=_DASK)]
+
+
+@pytest.mark.parametrize("engine,signame,moment,to", STOPS)
+def test_a_stopped_batch_leaves_no_process_and_a_database_a_rerun_completes(engine, signame, moment, to,
+                                                                           many_documents, tmp_path, capsys):
+    import signal
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    if engine == "dask":
+        pytest.importorskip("distributed")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "nsysan", "batch", str(many_documents), "-o", str(out), "-j", "2",
+               "--no-progress", *(["--dask", "local"] if engine == "dask" else [])]
+    # stdout and stderr are pipes, as in `nsysan batch ... | cat`: communicate() returns only when
+    # every process holding them has ended
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        time.sleep(0.3)
+        MOMENTS[moment](proc, out)
+        signum = getattr(signal, signame)
+        if to == "group":
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=30)
+        time.sleep(0.2)
+        left = _session_processes(proc.pid)
+    finally:
+        for process in _session_processes(proc.pid):  # never leave one behind, whatever failed
+            process.kill()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert not left, [p.cmdline() for p in left]
+    assert "Traceback" not in stderr and "Warning" not in stderr, stderr
+    if proc.returncode != 0:  # a batch that finished before the signal came is fine too
+        expected = {"SIGINT": (130, "nsysan: interrupted"), "SIGTERM": (143, "nsysan: stopped by SIGTERM")}
+        assert (proc.returncode, stderr.strip()) == expected[signame], stderr
+    db = out / "nsysan.db"
+    if db.exists():
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+            conn.row_factory = sqlite3.Row
+            kept = [(row["report_hash"], row["analysis_file"]) for row in conn.execute("select * from reports")]
+            groups = dict(conn.execute("select report_hash, count(*) from groups group by report_hash").fetchall()
+                          if kept else [])
+        per_report = len(analysis_of("known_mem_v25").groups)
+        assert all(groups.get(key) == per_report and (out / file).is_file() for key, file in kept)
+    # a re-run into the same folder: every report once, none twice
+    code, _, err = cli(capsys, "batch", str(many_documents), "-o", str(out), "-j", "1", "--no-progress")
+    assert code == 0, err
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select count(*), count(distinct path) from reports").fetchone() == (12, 12)
+        assert conn.execute("select count(*) from groups").fetchone() == (12 * len(analysis_of("known_mem_v25").groups),)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .. import memory_budget
 from ..errors import NsysanError, one_line
+from .lifetime import quiet_resource_tracker, stop_processes, worker_initializer
 from .worker import TUNE_PROCESS, TUNE_TASK, analyze_one, analyze_some
 
 OnDone = Callable[[dict[str, Any]], None]
@@ -75,6 +76,8 @@ def run_all(paths: list[Path], on_done: OnDone, *, jobs: int, dask: Optional[str
         cache_dir = str(resolve_cache_dir())
     args = (nsys, cache_dir, threads, TUNE_PROCESS if ours else TUNE_TASK, budget, step_range)
     paths = largest_first(paths)
+    if ours and os.name == "posix":
+        quiet_resource_tracker()
     if dask:
         _on_dask(paths, on_done, jobs, dask, args)
     else:
@@ -120,7 +123,8 @@ def _on_local_pool(paths: list[Path], on_done: OnDone, jobs: int, args: tuple) -
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     if context.get_start_method() == "forkserver":
         context.set_forkserver_preload(WORKER_PRELOAD)
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(paths)), mp_context=context)
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(paths)), mp_context=context,
+                               initializer=worker_initializer)
     todo = iter(paths)
     running: dict[Future, Path] = {}
 
@@ -143,8 +147,12 @@ def _on_local_pool(paths: list[Path], on_done: OnDone, jobs: int, args: tuple) -
                                            f"{one_line(str(err))[:120]}); it may have run out of memory")
                 on_done(result)
             fill()
-    except BaseException:
+    except BaseException:  # Ctrl-C, SIGTERM, a database that can't be written: no worker outlives the batch
+        # The pool's only handle on its workers, and every process this one started (a worker whose
+        # start the interrupt cut short is not in the pool's list yet).
+        workers = {*(getattr(pool, "_processes", None) or {}).values(), *multiprocessing.active_children()}
         pool.shutdown(wait=False, cancel_futures=True)
+        stop_processes(workers)
         raise
     pool.shutdown(wait=True)
 
@@ -164,13 +172,19 @@ def _dask_client(address: str, jobs: int) -> tuple[Any, Any, int]:
         # imported them anew and took 1.5 s to stop at the end, forked ones stop in 0.1 s, and
         # their first task no longer imports nsysan. No statistical profiler in the workers
         # (it samples every thread's stack every 10 ms, for a dashboard nobody opens here).
+        # Its logs silenced up to CRITICAL: a Ctrl-C makes the scheduler log the tasks it drops
+        # ("Couldn't gather keys") after `nsysan: interrupted`; a task that fails is its rows' error.
         forkserver = "forkserver" in multiprocessing.get_all_start_methods()
         with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver" if forkserver else "spawn",
                               "distributed.worker.profile.enabled": False}):
             if forkserver:
                 _preload_nsysan_in_dask_forkserver()
+            # The scheduler serves HTTP (its health routes) even without a dashboard, on 8787 by
+            # default: when another cluster holds that port Dask warns on stderr. Any free port of
+            # the loopback interface, and no dashboard on it.
             cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                   dashboard_address=None, silence_logs=logging.ERROR)
+                                   dashboard_address="127.0.0.1:0", scheduler_kwargs={"dashboard": False},
+                                   silence_logs=logging.CRITICAL)
         return Client(cluster), cluster, jobs
     try:
         client = Client(address, timeout=DASK_CONNECT_TIMEOUT)

@@ -1,6 +1,7 @@
 """Imported first by the fork servers of the workers nsysan starts (the local pool's and
-`--dask local`'s), never by anything else: the `nsysan` command's allocator settings applied in
-the server before it imports anything, so every worker forked from it starts with them.
+`--dask local`'s), never by anything else: the server ignores SIGINT and ends with the batch
+(lifetime.py), then takes the `nsysan` command's allocator settings before it imports anything
+else, so every worker forked from it starts with all three.
 
 Why in the server and not in the worker's first task: glibc gives each thread that allocates
 before M_ARENA_MAX=1 is set a malloc arena of its own, made of 64 MiB heaps that are unmapped as
@@ -11,7 +12,11 @@ tune anything. Measured per 1e6-event analysis, three in each of two worker proc
 35,000 faults and 0.12 to 0.20 s with the server's (2.20 against 2.36 CPU s in all, -7%).
 """
 
-from ..allocator import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
+from .lifetime import prepare_fork_server
+
+prepare_fork_server()
+
+from ..allocator import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap  # noqa: E402
 
 keep_large_arrays_on_the_heap()
 avoid_transparent_huge_pages()

@@ -115,29 +115,43 @@ def _write(path: Path, text: str) -> None:
 
 
 class _HeldInterrupts:
-    """A SIGINT handler that raises KeyboardInterrupt at once, except inside `held()`, where it
-    is remembered and raised at the end. (Blocking the signal would not do: it is then delivered
-    to another thread, and Python raises it in the main thread all the same.)"""
+    """Signal handlers that stop the batch at once, except inside `held()`, where the signal is
+    remembered and acted on at the end: SIGINT (KeyboardInterrupt), and SIGTERM and SIGHUP when
+    the command has made them raise (cli.py), so a cancelled CI job never stops a report half
+    kept either. (Blocking the signal would not do: it is then delivered to another thread, and
+    Python raises it in the main thread all the same.)"""
 
     def __init__(self) -> None:
         self.holding = False
-        self.pending = False
-        self.previous: Any = None
+        self.pending: list[int] = []
+        self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> "_HeldInterrupts":
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+            for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+                signum = getattr(signal, name, None)
+                if signum is None:
+                    continue
+                current = signal.getsignal(signum)
+                if signum == signal.SIGINT or callable(current):
+                    self.previous[signum] = signal.signal(signum, self._on_signal)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
 
-    def _on_sigint(self, signum: int, frame: object) -> None:
+    def _on_signal(self, signum: int, frame: object) -> None:
         if self.holding:
-            self.pending = True
+            self.pending.append(signum)
         else:
-            raise KeyboardInterrupt
+            self._act(signum, frame)
+
+    def _act(self, signum: int, frame: object) -> None:
+        handler = self.previous.get(signum)
+        if signum != signal.SIGINT and callable(handler):
+            handler(signum, frame)  # the command's: raises to stop the batch
+        raise KeyboardInterrupt
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -147,8 +161,9 @@ class _HeldInterrupts:
         finally:
             self.holding = False
             if self.pending:
-                self.pending = False
-                raise KeyboardInterrupt
+                signum = self.pending[0]
+                self.pending.clear()
+                self._act(signum, None)
 
 
 def _engine_name(jobs: int, dask: Optional[str], reports: int) -> str:
