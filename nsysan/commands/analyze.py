@@ -14,7 +14,7 @@ from ..export import files_read_for
 from ..model import Analysis
 from ..pipeline import analyze_report, check_pattern
 from ..render.files import check_output_dir, one_run, refuse_inputs, write_atomic
-from ..render.json import render_json, render_json_many
+from ..render.json import render_baseline, render_json, render_json_many
 from ..units import parse_duration
 from ..smi_log import SmiLog, read_smi_logs
 from .common import out_console, progress_bar, say_error, shown, to_stdout
@@ -26,6 +26,9 @@ def analyze(
     format: str = typer.Option("text", "--format", "-f", help="text (a summary) or json (the analysis document)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON document to this file."),
     json_dir: Optional[Path] = typer.Option(None, "--json-dir", help="Write <report>.analysis.json per input here."),
+    baseline_out: Optional[Path] = typer.Option(None, "--baseline-out", metavar="FILE",
+                                                help="Write the run as a baseline to commit: only what check and "
+                                                "compare read, a few kB (no timeline)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report here: report.html, "
                                           "timeline.png, sites.png, analysis.json (DIR/<report name>/ per input "
                                           "when there are several)."),
@@ -74,18 +77,26 @@ def analyze(
     # No output may replace an input, nor another output of this run.
     with one_run([*(path for report in reports for path in files_read_for(report)), *(smi or [])]):
         _analyze(reports, format, json_path, json_dir, output, nsys, cache_dir, top, quick, progress,
-                 smi_logs, smi_tz, stacks, step_range, full_paths, spike_window, budget)
+                 smi_logs, smi_tz, stacks, step_range, full_paths, spike_window, budget, baseline_out)
 
 
 def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_dir: Optional[Path],
              output: Optional[Path], nsys: Optional[Path], cache_dir: Optional[Path], top: int, quick: bool,
              progress: bool, smi_logs: List[SmiLog], smi_tz: str, stacks: bool = False,
              step_range: Optional[str] = None, full_paths: bool = False,
-             spike_window: str = "10ms", max_memory: Optional[int] = None) -> None:
+             spike_window: str = "10ms", max_memory: Optional[int] = None,
+             baseline_out: Optional[Path] = None) -> None:
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
     if json_path and len(reports) > 1:
         raise NsysanError("--json takes one report; with several, use --json-dir DIR")
+    if baseline_out and len(reports) > 1:
+        raise NsysanError("--baseline-out takes one report")
+    if baseline_out and quick:
+        raise NsysanError("--baseline-out needs the full analysis: --quick reads no sites, NVTX ranges or failed "
+                          "calls, which compare and check read from a baseline")
+    if baseline_out:
+        refuse_inputs([baseline_out])
     if step_range is not None:
         check_pattern(step_range, "--step-range")
     try:
@@ -121,6 +132,8 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
         results.append(analysis)
         if json_path:
             write_atomic(json_path, render_json(analysis))
+        if baseline_out:
+            write_atomic(baseline_out, render_baseline(analysis))
         if json_dir:
             write_atomic(json_dir / f"{report.name}.analysis.json", render_json(analysis))
         page = write_report(analysis, _report_dirs(output, [report], several=len(reports) > 1)[0],

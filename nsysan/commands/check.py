@@ -12,6 +12,7 @@ from ..errors import NsysanError
 from ..inputs import load_or_analyze
 from ..gate import Verdict, evaluate_limits
 from ..limits import Limits, load_config, read_config_file
+from ..model import Analysis
 from ..render.files import write_all_or_none
 from .common import out_console, say_error, to_stdout
 
@@ -45,6 +46,9 @@ def check(
     junit: Optional[Path] = typer.Option(None, "--junit", help="Write a JUnit XML file here (one test case "
                                          "per limit and place)."),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Write a Markdown summary here."),
+    baseline_out: Optional[Path] = typer.Option(None, "--baseline-out", metavar="FILE",
+                                                help="Also write the checked run as a baseline (what check and "
+                                                "compare read, a few kB): the refresh to review and commit."),
     github_summary: bool = typer.Option(False, "--github-summary", help="Append the Markdown summary to "
                                         "$GITHUB_STEP_SUMMARY when it is set."),
     nsys: Optional[Path] = typer.Option(None, "--nsys", help="nsys binary (or its folder) used to export reports."),
@@ -61,12 +65,23 @@ def check(
 
     Example: nsysan check fixtures/torch_leak_v25.sqlite --baseline fixtures/torch_clean_v25.sqlite --max-peak-increase 10%
     """
-    outputs = (json_path, junit, markdown, github_summary)
+    from ..export import files_read_for
+    from ..render.files import one_run
+
+    # No output (the verdicts, the new baseline) may replace the run or its baseline.
+    with one_run([*files_read_for(report), *(files_read_for(baseline) if baseline else [])]):
+        _check(report, baseline, config, nsys, cache_dir, step_range, (json_path, junit, markdown, github_summary),
+               baseline_out, dict(per=per, max_peak=max_peak, max_peak_increase=max_peak_increase,
+                                  max_never_freed=max_never_freed, max_growth_per_step=max_growth_per_step,
+                                  no_failed_allocations=no_failed_allocations, no_warnings=no_warnings,
+                                  allow_unmeasured=allow_unmeasured))
+
+
+def _check(report: Path, baseline: Optional[Path], config: Optional[Path], nsys: Optional[Path],
+           cache_dir: Optional[Path], step_range: Optional[str], outputs: tuple, baseline_out: Optional[Path],
+           given: dict) -> None:
     try:
-        verdict = _verdict(report, baseline, config, nsys, cache_dir, step_range, dict(
-            per=per, max_peak=max_peak, max_peak_increase=max_peak_increase, max_never_freed=max_never_freed,
-            max_growth_per_step=max_growth_per_step, no_failed_allocations=no_failed_allocations,
-            no_warnings=no_warnings, allow_unmeasured=allow_unmeasured))
+        verdict, analysis = _verdict(report, baseline, config, nsys, cache_dir, step_range, given)
     except NsysanError as err:
         # The CI page shows the files, not the log: they say why the check could not run.
         try:
@@ -75,6 +90,11 @@ def check(
             pass  # the error that stopped the check is the one to tell
         raise
     _write(verdict, *outputs)
+    if baseline_out:
+        from ..render.files import write_atomic
+        from ..render.json import render_baseline
+
+        write_atomic(baseline_out, render_baseline(analysis))
     from ..render.verdict import render_verdict_terminal
 
     with to_stdout():
@@ -88,7 +108,7 @@ def check(
 
 
 def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsys: Optional[Path],
-             cache_dir: Optional[Path], step_range: Optional[str], given: dict) -> Verdict:
+             cache_dir: Optional[Path], step_range: Optional[str], given: dict) -> tuple[Verdict, Analysis]:
     if config is not None:
         defaults = read_config_file(config) if config.is_file() else None
         if defaults is None:
@@ -105,7 +125,7 @@ def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsy
     analysis = load_or_analyze(report, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
     base = None if baseline is None else load_or_analyze(baseline, nsys=nsys, cache_dir=cache_dir,
                                                          keep_events=False, step_range=step_range)
-    return evaluate_limits(analysis, base, limits)
+    return evaluate_limits(analysis, base, limits), analysis
 
 
 def _write(verdict: Verdict, json_path: Optional[Path], junit: Optional[Path], markdown: Optional[Path],

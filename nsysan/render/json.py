@@ -58,3 +58,37 @@ def _write(value: Any, pad: str, parts: list[str]) -> None:
         parts.append("\n" + pad + "]")
     else:  # scalars, {} and []
         parts.append(json.dumps(value))
+
+
+BASELINE_SCOPE = "baseline"
+
+
+def render_baseline(analysis: Analysis) -> str:
+    """The run as a baseline to commit: the analysis document with only what `check` and
+    `compare` read (peaks, per-kind totals, sites, NVTX ranges, steps and growth, failed calls,
+    out-of-memory verdicts, diagnostics), without the timeline, the live sets, the call stacks
+    and the other lists a report page draws; scope "baseline". A few kB, keys sorted, indented:
+    a refreshed baseline reads as a diff of the numbers that moved."""
+    from dataclasses import replace
+
+    timeline = analysis.timeline
+    # Each series keeps its first point: compare matches processes by name in the order they
+    # started, which is all it reads of the timeline.
+    series = [replace(s, ts_ns=s.ts_ns[:1], live_bytes=s.live_bytes[:1]) for s in timeline.series]
+    oom = analysis.oom
+    bare = replace(
+        analysis, scope=BASELINE_SCOPE,
+        peak=_bare_peak(analysis.peak) if analysis.peak is not None else None,
+        peaks=[_bare_peak(p) for p in analysis.peaks], never_freed=[], api_calls=[], stacks=[], answers=[],
+        never_freed_groups=[], phases=[], spikes=[], smi=None,
+        timeline=replace(timeline, series=series, bands=[], spans=[], allocations=[]),
+        oom=replace(oom, failures=[replace(f, live_at_failure=[]) for f in oom.failures],
+                    allocator_ooms=[replace(o, live_at_release=[]) for o in oom.allocator_ooms]),
+        steps=[replace(s, steps=[replace(step, kept=[]) for step in s.steps]) for s in analysis.steps])
+    return render_json(bare)
+
+
+def _bare_peak(peak: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(peak, live_at_peak=[], made_of=[], live_groups=[])
