@@ -399,3 +399,106 @@ def test_a_stopped_batch_leaves_no_process_and_a_database_a_rerun_completes(engi
     with sqlite3.connect(db) as conn:
         assert conn.execute("select count(*), count(distinct path) from reports").fetchone() == (12, 12)
         assert conn.execute("select count(*) from groups").fetchone() == (12 * len(analysis_of("known_mem_v25").groups),)
+
+
+# --- inputs -------------------------------------------------------------------------------------------
+
+
+def _summary(out: Path) -> dict[str, dict]:
+    import csv
+
+    with open(out / "summary.csv", newline="") as handle:
+        return {row["report"]: row for row in csv.DictReader(handle)}
+
+
+def test_links_that_lead_nowhere_in_a_folder_are_failed_rows(documents, tmp_path, capsys):
+    """A link to itself, a loop of two, a link to `..` (a folder loop) and a dangling link, each
+    named like a report, beside a real document: the document is analyzed, each named link is one
+    failed row with its reason, and the folder loop is not entered."""
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    (folder / "known.analysis.json").write_text((documents / "known_mem_v25.analysis.json").read_text())
+    (folder / "self.sqlite").symlink_to("self.sqlite")
+    (folder / "one.sqlite").symlink_to("two.sqlite")
+    (folder / "two.sqlite").symlink_to("one.sqlite")
+    (folder / "up").symlink_to("..")
+    (folder / "gone.sqlite").symlink_to("nowhere.sqlite")
+    code, out, err = cli(capsys, "batch", str(folder), "-o", str(tmp_path / "out"), "-j", "1", "--no-progress")
+    assert code == 0 and err == "", err
+    rows = _summary(tmp_path / "out")
+    assert int(rows[str(folder / "known.analysis.json")]["peak_bytes"]) == KNOWN_PEAK
+    failed = {Path(k).name: r["error"] for k, r in rows.items() if r["status"] == "failed"}
+    loop = "could not be read: Too many levels of symbolic links"
+    assert failed == {"self.sqlite": f"self.sqlite {loop}", "one.sqlite": f"one.sqlite {loop}",
+                      "two.sqlite": f"two.sqlite {loop}",
+                      "gone.sqlite": "gone.sqlite could not be read: No such file or directory"}
+    assert out.startswith("analyzed 1 of 5 reports, 4 failed")
+
+
+def test_odd_lines_of_a_list_are_failed_rows(tmp_path, capsys):
+    long_name = "x" * 5000
+    listing = tmp_path / "reports.txt"
+    listing.write_text(f"{FIXTURES / 'known_mem_v25.sqlite'}\n{long_name}\n{tmp_path}/a\0b.sqlite\n")
+    code, out, err = cli(capsys, "batch", f"@{listing}", "-o", str(tmp_path / "out"), "-j", "1", "--no-progress")
+    assert code == 0 and err == "", err
+    rows = _summary(tmp_path / "out")
+    assert int(rows[str(FIXTURES / "known_mem_v25.sqlite")]["peak_bytes"]) == KNOWN_PEAK
+    assert rows[str(tmp_path / long_name)]["error"] == f"{long_name} could not be read: File name too long"
+    assert rows[f"{tmp_path}/a\0b.sqlite"]["error"] == "a\\x00b.sqlite could not be read: a file name can't hold a NUL character"
+    assert "a\\x00b.sqlite" in out and "\0" not in out  # printed as an escape
+
+
+def test_a_fifo_as_an_input_is_a_failed_row_not_a_hang(tmp_path, capsys):
+    fifo = tmp_path / "run.sqlite"
+    os.mkfifo(fifo)
+    code, out, err = cli(capsys, "batch", str(fifo), str(FIXTURES / "known_mem_v25.sqlite"), "-o",
+                         str(tmp_path / "out"), "-j", "1", "--no-progress")
+    assert code == 0 and err == "", err
+    assert _summary(tmp_path / "out")[str(fifo)]["error"] == "run.sqlite could not be read: it is a FIFO (named pipe), not a file"
+
+
+@pytest.mark.parametrize("special", ["a FIFO", "/dev/zero", "a folder"])
+def test_a_list_that_is_not_a_file_is_refused_in_one_line(special, tmp_path, capsys):
+    listing = {"a FIFO": tmp_path / "list.txt", "/dev/zero": Path("/dev/zero"), "a folder": tmp_path}[special]
+    if special == "a FIFO":
+        os.mkfifo(listing)
+    what = {"a FIFO": "it is a FIFO (named pipe), not a file", "/dev/zero": "it is a character device, not a file",
+            "a folder": "it is a directory, not a file"}[special]
+    code, _, err = cli(capsys, "batch", f"@{listing}", "-o", str(tmp_path / "out"), "-j", "1", "--no-progress")
+    assert code == 2 and one_line(err) == (f"nsysan: @{listing}: could not be read ({what}); give a file of paths, "
+                                           "one a line")
+
+
+def test_a_240_character_name_is_analyzed_and_its_document_written(tmp_path, capsys):
+    """Legal (255 bytes is the limit), but `<name>-<hash>.analysis.json` is not: the document's
+    name is cut, the report is analyzed like any other."""
+    report = tmp_path / ("n" * 233 + ".sqlite")
+    report.write_bytes((FIXTURES / "known_mem_v25.sqlite").read_bytes())
+    code, _, err = cli(capsys, "batch", str(report), "-o", str(tmp_path / "out"), "-j", "1", "--no-progress")
+    assert code == 0, err
+    row = _summary(tmp_path / "out")[str(report)]
+    assert int(row["peak_bytes"]) == KNOWN_PEAK
+    (document,) = (tmp_path / "out" / "analyses").iterdir()
+    assert len(document.name.encode()) <= 255 and document.name.startswith("n" * 200)
+    assert json.loads(document.read_text())["peak"]["peak_bytes"] == KNOWN_PEAK
+
+
+def test_a_report_and_its_export_in_one_folder_are_one_capture(tmp_path, capsys):
+    """known_mem_v25.nsys-rep and the export nsys made of it, side by side: one row, read from
+    the export (no nsys needed); an export of another capture beside a report stays a row of its own."""
+    import shutil
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for suffix in (".nsys-rep", ".sqlite"):  # copy2 keeps the times: the export is not older than the report
+        shutil.copy2(FIXTURES / f"known_mem_v25{suffix}", folder / f"known_mem_v25{suffix}")
+    shutil.copy2(FIXTURES / "known_mem_v22.nsys-rep", folder / "other.nsys-rep")
+    shutil.copy2(FIXTURES / "known_mem_v25.sqlite", folder / "other.sqlite")  # not other.nsys-rep's export
+    from nsysan.batch.inputs import expand_inputs
+
+    assert [p.name for p in expand_inputs([str(folder)])] == ["known_mem_v25.sqlite", "other.nsys-rep", "other.sqlite"]
+    code, out, err = cli(capsys, "batch", str(folder / "known_mem_v25.*"), "-o", str(tmp_path / "out"), "-j", "1",
+                         "--no-progress")
+    assert code == 0, err
+    assert list(_summary(tmp_path / "out")) == [str(folder / "known_mem_v25.sqlite")]
+    assert out.startswith("analyzed 1 of 1 reports")

@@ -89,7 +89,7 @@ def largest_first(paths: list[Path]) -> list[Path]:
     def size(path: Path) -> int:
         try:
             return path.stat().st_size
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in a listed name
             return -1
     return sorted(paths, key=lambda path: -size(path))
 

@@ -69,7 +69,7 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
     def keep(result: dict[str, Any]) -> None:
         document_file = None
         if result["ok"]:
-            document_file = f"{Path(result['path']).name}-{result['hash'][:12]}.analysis.json"
+            document_file = document_name(Path(result["path"]).name, result["hash"])
             _write(documents / document_file, result["document"])
             outcome.analyzed += 1
             rows = [SummaryRow(**row) for row in result["rows"]]
@@ -100,6 +100,21 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
     write_all_or_none({out_dir / "summary.csv": render_csv(outcome.rows),
                        out_dir / "summary.html": render_summary_html(outcome)})
     return outcome
+
+
+# A file name may take 255 bytes (NAME_MAX on Linux and macOS): the report's name is cut to leave
+# room for "-<12 hex>.analysis.json" and the ".<name>.tmp" it is written through.
+_NAME_MAX_BYTES = 255
+_DOCUMENT_SUFFIX_BYTES = len("-123456789abc.analysis.json") + len("..tmp")
+
+
+def document_name(report_name: str, content_hash: str) -> str:
+    """The name of a report's analysis document in DIR/analyses: `<report name>-<12 hex of its
+    hash>.analysis.json`, the report's name cut (at a character, by UTF-8 bytes) when the whole
+    would be longer than a file system takes; the hash keeps cut names apart."""
+    room = _NAME_MAX_BYTES - _DOCUMENT_SUFFIX_BYTES
+    name = report_name.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore")
+    return f"{name}-{content_hash[:12]}.analysis.json"
 
 
 def _write(path: Path, text: str) -> None:

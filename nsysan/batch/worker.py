@@ -22,8 +22,10 @@ HASH_CHUNK = 1 << 20
 def content_hash(path: Path) -> str:
     """SHA-256 of the file's bytes, hex: the report's key in nsysan.db (the same report under
     another name or in another folder is the same report)."""
+    from ..export.files import open_regular
+
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:  # a FIFO or a device is refused, never read forever
         for chunk in iter(lambda: handle.read(HASH_CHUNK), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -142,6 +144,8 @@ def _analyze(path: str, nsys: Optional[str], cache_dir: Optional[str], max_memor
         report = Path(path)
         try:
             result["hash"] = content_hash(report)
+        except ValueError as err:  # a NUL in a name from an @list
+            raise NsysanError(f"{report.name} could not be read: a file name can't hold a NUL character") from err
         except OSError as err:
             raise NsysanError(f"{report.name} could not be read: {err.strerror or err}") from err
         analysis = load_or_analyze(report, nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
