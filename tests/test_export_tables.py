@@ -189,6 +189,23 @@ def test_debian_nsys_2022_exports_every_table_and_the_analysis_reads_it(nsys_pat
     assert analysis.source.from_cache and analysis.peak == shipped.peak and analysis.peak.peak_bytes > 0
 
 
+def strings_in_code(package: Path) -> list[str]:
+    """Every string constant of the package's modules (SQL, table names), without docstrings and
+    comments, which name tables nsysan does not read."""
+    import ast
+
+    found = []
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)
+                      and isinstance(node.body[0].value, ast.Constant)}
+        found += [node.value for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    return found
+
+
 def test_every_table_nsysan_names_is_exported():
     """A table read anywhere in nsysan but left out of EXPORTED_TABLES would be missing from every
     export made with --tables: each table name of the fixtures' exports that nsysan's code names
@@ -201,11 +218,23 @@ def test_every_table_nsysan_names_is_exported():
     for path in FIXTURES.glob("*.sqlite"):
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
             known |= {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    package = Path(nsysan.__file__).parent
-    code = "\n".join(p.read_text() for p in package.rglob("*.py"))
+    code = "\n".join(strings_in_code(Path(nsysan.__file__).parent))
     named = {t for t in known if re.search(rf"(?<![A-Za-z0-9_]){re.escape(t)}(?![A-Za-z0-9_])", code)}
     assert {"CUDA_GPU_MEMORY_USAGE_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "StringIds"} <= named
     # Named but never needed from an export with --tables: the metadata table of exports up to
     # 2023.2 (no nsys of them has --tables), and what a failed export leaves (schema.py).
     not_read = {"EXPORT_META_DATA", "ProcessStreams"}
     assert tables_missing(EXPORTED_TABLES, sorted(named - not_read)) == []
+
+
+def test_what_a_recorded_tables_list_covers():
+    from nsysan.schema import tables_missing
+
+    assert tables_missing(None) == []  # an export of every table
+    assert tables_missing(EXPORTED_TABLES) == []
+    needed = ["TARGET_INFO_GPU", "NVTX_EVENTS", "StringIds"]
+    # globs and regular expressions alike (which nsys means is not documented), in any case
+    assert tables_missing(["TARGET_INFO_*", "nvtx_events", "StringIds"], needed) == []
+    assert tables_missing(["TARGET_INFO_.*", "NVTX_.+", "String(Ids)?"], needed) == []
+    assert tables_missing(["TARGET_INFO_CUDA_DEVICE", "NVTX_EVENTS"], needed) == ["TARGET_INFO_GPU", "StringIds"]
+    assert tables_missing(["[unclosed", "NVTX_EVENTS", "StringIds"], needed) == ["TARGET_INFO_GPU"]
