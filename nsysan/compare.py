@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .model import GPU_RESIDENT_KINDS, Analysis, Tables, from_document
-from .units import fmt_bytes
+from .units import fmt_bytes, fmt_percent
 
 SCHEMA_ID = "nsysan/compare@1"
 # Kinds counted in a row's end-of-run and never-freed bytes: GPU-resident memory, without
@@ -230,7 +230,7 @@ def _signed(change: Change, percent: bool = True) -> str:
     delta = change.delta or 0
     text = ("+" if delta >= 0 else "-") + fmt_bytes(abs(delta))
     if percent and change.percent is not None:
-        text += f" ({change.percent:+.0f}%)"
+        text += f" ({fmt_percent(change.percent / 100, signed=True)})"
     return text
 
 

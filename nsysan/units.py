@@ -40,22 +40,25 @@ def fmt_percent_apart(a: float, b: float) -> tuple[str, str]:
     return f"{a:+}%", f"{b:+}%"
 
 
+# Times and durations of a second or more are in seconds, shorter ones in ms (or µs, ns): never
+# "8729.35 ms" on one line and "10.125 s" on the next.
+SECOND = 1_000_000_000
+
+
 def fmt_time(ns: Optional[int]) -> str:
-    """A time in ns from the capture start, e.g. "517.08 ms" or "12.345 s"."""
+    """A time in ns from the capture start, e.g. "517.08 ms" or "8.729 s"."""
     if ns is None:
         return "n/a"
-    if abs(ns) >= 10_000_000_000:
-        return f"{ns / 1e9:.3f} s"
-    return f"{ns / 1e6:.2f} ms"
+    return fmt_time_in(ns, time_unit([ns]))
 
 
 def time_unit(values_ns: Iterable[Optional[int]]) -> str:
-    """The one unit of a column of times: "s" when one of them reaches 10 s (as `fmt_time`), else "ms"."""
-    return "s" if any(v is not None and abs(v) >= 10_000_000_000 for v in values_ns) else "ms"
+    """The one unit of a column of times: "s" when one of them reaches 1 s (as `fmt_time`), else "ms"."""
+    return "s" if any(v is not None and abs(v) >= SECOND for v in values_ns) else "ms"
 
 
 def fmt_time_in(ns: Optional[int], unit: str) -> str:
-    """A time from the capture start in the column's unit: "9.819 s" next to "10.035 s"."""
+    """A time from the capture start in the column's unit: "0.982 s" next to "10.035 s"."""
     if ns is None:
         return "n/a"
     return f"{ns / 1e9:.3f} s" if unit == "s" else f"{ns / 1e6:.2f} ms"
@@ -76,7 +79,12 @@ def fmt_duration(ns: Optional[int]) -> str:
 
 def fmt_share(part: Optional[int], whole: Optional[int]) -> str:
     """'0.6%' of a whole (a GPU's capacity), or '-' when either is unknown."""
-    return f"{part / whole:.1%}" if part is not None and whole else "-"
+    return fmt_percent(part / whole) if part is not None and whole else "-"
+
+
+def fmt_percent(fraction: float, signed: bool = False) -> str:
+    """The one way a percentage is written: one decimal, "92.3%", or "+201.9%" for a change."""
+    return f"{fraction:+.1%}" if signed else f"{fraction:.1%}"
 
 
 def fmt_mib(n: Optional[int]) -> str:
@@ -100,9 +108,9 @@ def fmt_frame(function: str, file: str = "", line: Optional[int] = None, module:
 
 
 def fmt_times(values: list[Optional[int]]) -> list[str]:
-    """Times for one column, all in one unit: seconds when any reaches 10 s, else ms."""
-    seconds = any(v is not None and abs(v) >= 10_000_000_000 for v in values)
-    return ["n/a" if v is None else f"{v / 1e9:.3f} s" if seconds else f"{v / 1e6:.2f} ms" for v in values]
+    """Times for one column, all in one unit: seconds when any reaches 1 s, else ms."""
+    unit = time_unit(values)
+    return [fmt_time_in(v, unit) for v in values]
 
 
 _DURATION_UNITS = ((1_000_000_000, "s", 3), (1_000_000, "ms", 2), (1_000, "µs", 1))

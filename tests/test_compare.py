@@ -62,7 +62,7 @@ def test_clean_to_leak_shows_the_growth_and_the_sites_responsible():
     assert gpu0.peak.delta == KEPT_BY_THE_LEAK == 3_800_039_424
     # both runs hold every byte to the end (the caching allocator never gives segments back)
     assert gpu0.never_freed.delta == KEPT_BY_THE_LEAK
-    assert c.headline.startswith("peak +3.5 GiB (+202%) on GPU 0")  # 1.8 GiB -> 5.3 GiB
+    assert c.headline.startswith("peak +3.5 GiB (+201.9%) on GPU 0")  # 1.8 GiB -> 5.3 GiB
     grown = [s for s in c.sites if s.kind == "device"]
     # the kept graph's allocations: made in forward (python3) and backward (the autograd thread)
     assert [s.label for s in grown[:2]] == ["cudaMalloc in forward [python3]", "cudaMalloc in backward [pt_autograd_0]"]
@@ -122,7 +122,7 @@ def test_compare_json_and_folder(tmp_path):
     assert sorted(p.name for p in (tmp_path / "cmp").iterdir()) == ["compare.html", "compare.json", "compare.png"]
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text()) == doc
     page = (tmp_path / "cmp" / "compare.html").read_text()
-    assert "peak +3.5 GiB (+202%) on GPU 0" in page and "cudaMalloc in forward [python3]" in page
+    assert "peak +3.5 GiB (+201.9%) on GPU 0" in page and "cudaMalloc in forward [python3]" in page
     assert (tmp_path / "cmp" / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

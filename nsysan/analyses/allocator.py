@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import AllocatorUse, Peak, Preallocation
-from ..units import fmt_bytes, fmt_time
+from ..units import fmt_bytes, fmt_percent, fmt_time
 from .arrays import previous_in_group
 from .timeline import Groups
 
@@ -187,7 +187,7 @@ def find_preallocations(events: pd.DataFrame, ranges: pd.DataFrame, gpu_of: GpuO
 
 def _prealloc_message(who: str, gpu: Optional[int], size: int, share: float, ts: int, framework: str) -> str:
     what = "XLA (JAX) preallocated" if framework == "XLA" else "one block reserved"
-    text = (f"{who}: {what} {fmt_bytes(size)} ({share:.0%} of GPU {gpu}) in one block at {fmt_time(ts)}. "
+    text = (f"{who}: {what} {fmt_bytes(size)} ({fmt_percent(share)} of GPU {gpu}) in one block at {fmt_time(ts)}. "
             "The trace shows this reservation, not the use inside it, so its peak is the reservation's size")
     if framework == "XLA":
         text += (". To see the real use, run with XLA_PYTHON_CLIENT_PREALLOCATE=false (allocate on demand) or "

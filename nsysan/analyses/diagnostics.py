@@ -11,7 +11,7 @@ import pandas as pd
 from ..model import Diagnostic, FailedCall, GroupSummary, Peak
 from ..events.read import TRACE_GOES_ON
 from ..schema import Schema
-from ..units import fmt_bytes
+from ..units import fmt_bytes, fmt_percent
 from .never_freed import NOT_LEAKS
 
 CAPTURE_COMMAND = ("nsys profile -t cuda,nvtx --cuda-memory-usage=true --cudabacktrace=memory:1 "
@@ -173,7 +173,7 @@ def _capacity(peaks: list[Peak]) -> list[Diagnostic]:
         share = peak.peak_bytes / peak.total_memory_bytes
         if share >= 0.9:
             found.append(Diagnostic("warning", "near_capacity",
-                                    f"process {peak.pid} reached {share:.0%} of GPU {peak.gpu}'s "
+                                    f"process {peak.pid} reached {fmt_percent(share)} of GPU {peak.gpu}'s "
                                     f"{fmt_bytes(peak.total_memory_bytes)} at its peak"))
     return found
 

@@ -6,26 +6,23 @@ places them (first screen).
 
 from __future__ import annotations
 
-from typing import Optional
-
-from rich import box
-from rich.console import Group, RenderableType
-from rich.table import Table
-from rich.text import Text
+from typing import Union
 
 from ..errors import printable
 from ..model import Allocation, Analysis
 from ..units import fmt_bytes, fmt_duration, fmt_time
+from .layout import NAME, WORD, Column, Sheet
 
-_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+# One answer line: (label, severity, text); the terminal lines them up with the other answers.
+Answer = tuple[str, str, str]
 _ALLOCATOR = {"pytorch_caching": "PyTorch's caching allocator",
               "pytorch_expandable": "PyTorch's caching allocator (expandable segments)"}
 
 
-def oom_and_reserved(analysis: Analysis, top: int = 5) -> Optional[Group]:
+def oom_and_reserved(analysis: Analysis, top: int = 5) -> list[Union[Answer, Sheet]]:
     """The verdict lines (out of memory, probes, runs cut short, reserved vs used, preallocation,
-    pools, what made the peak), each followed by its live set where it has one; None if none."""
-    label, parts = analysis.process_label, []
+    pools, what made the peak), each followed by its live set where it has one."""
+    label, parts = analysis.process_label, []  # type: ignore[var-annotated]
     oom = analysis.oom
     for failure in oom.failures[:3]:
         where = f" in {failure.nvtx_path}" if failure.nvtx_path else ""
@@ -37,7 +34,7 @@ def oom_and_reserved(analysis: Analysis, top: int = 5) -> Optional[Group]:
                 text += (f" of {fmt_bytes(failure.total_memory_bytes)}, at most {fmt_bytes(failure.headroom_bytes)} "
                          "left (context and kernel images not in the trace)")
         parts.append(_line("warning", "out of memory", text + "; the size it asked for is not recorded"))
-        parts.append(_live_table(f"Live on GPU {failure.gpu} at the failure", failure.live_at_failure,
+        parts.extend(_live_table(f"Live on GPU {failure.gpu} at the failure", failure.live_at_failure,
                                  failure.live_count, failure.time_ns, top))
     for allocator_oom in oom.allocator_ooms:
         release = allocator_oom.release
@@ -49,7 +46,7 @@ def oom_and_reserved(analysis: Analysis, top: int = 5) -> Optional[Group]:
                 + (f"; {' > '.join(allocator_oom.open_ranges)} never closed" if allocator_oom.open_ranges else "")
                 + ". A set_per_process_memory_fraction cap is invisible to nsys")
         parts.append(_line("warning", "allocator OOM?", text))
-        parts.append(_live_table("Live when the allocator gave up", allocator_oom.live_at_release,
+        parts.extend(_live_table("Live when the allocator gave up", allocator_oom.live_at_release,
                                  allocator_oom.live_count, release.start_ns, top))
     for cut in oom.cut_short:
         if not any(o.release.pid == cut.pid for o in oom.allocator_ooms):
@@ -86,30 +83,24 @@ def oom_and_reserved(analysis: Analysis, top: int = 5) -> Optional[Group]:
     if analysis.peak is not None and analysis.peak.note:
         parts.append(_line("info", "peak", f"{fmt_bytes(analysis.peak.peak_bytes)} at "
                                            f"{fmt_time(analysis.peak.peak_time_ns)}: {analysis.peak.note}"))
-    return Group(*parts) if parts else None
+    return parts
 
 
 LINES_PER_KIND = 20  # allocator, preallocation and pool lines shown, each
 
 
-def _line(severity: str, what: str, text: str) -> Table:
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")
-    grid.add_row(Text(f"{what}:", style=_STYLE.get(severity, "")), Text(printable(text)))
-    return grid
+def _line(severity: str, what: str, text: str) -> Answer:
+    return (what, severity, printable(text))
 
 
-def _live_table(title: str, live: list[Allocation], count: int, at_ns: int, top: int) -> RenderableType:
+def _live_table(title: str, live: list[Allocation], count: int, at_ns: int, top: int) -> list[Sheet]:
     if not live:
-        return Text("")
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    for name, justify in (("size", "right"), ("kind", "left"), ("API", "left"), ("NVTX range", "left"),
-                          ("age", "right")):
-        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+        return []
+    table = Sheet(title, Column("size"), Column("kind", WORD, 2), Column("API", WORD, 1),
+                  Column("NVTX range", NAME), Column("age"))
     for a in live[:top]:
-        table.add_row(fmt_bytes(a.bytes), a.kind, Text(printable(a.api)), Text(printable(a.nvtx_range or "-")),
+        table.add_row(fmt_bytes(a.bytes), a.kind, printable(a.api), printable(a.nvtx_range or "-"),
                       fmt_duration(max(at_ns - a.alloc_time_ns, 0)))
     if count > min(top, len(live)):
         table.caption = f"… and {count - min(top, len(live))} more"
-    return table
+    return [table]

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Optional
 
 from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 
 from ..errors import printable
 from ..smi_model import MissedBySampling, SmiLogInfo, SmiOverlay, SomeoneElse
-from ..units import fmt_duration, fmt_mib, fmt_time
+from ..units import SECOND, fmt_duration, fmt_mib, fmt_time
+from .layout import Lines
 
 
 def smi_section(smi: SmiOverlay) -> Group:
@@ -23,10 +23,6 @@ def smi_section(smi: SmiOverlay) -> Group:
         rows = [(n.log, f"{_who(n.gpu, n.pid)}: median {fmt_mib(n.median_bytes)}, max {fmt_mib(n.max_bytes)} over "
                         f"{n.samples} samples; peaks: nvidia-smi {fmt_mib(n.smi_peak_bytes)}, trace "
                         f"{fmt_mib(n.traced_peak_bytes)}") for n in smi.not_in_trace]
-        biggest = max(smi.not_in_trace, key=lambda n: n.median_bytes)
-        if biggest.median_bytes > 0:
-            rows.append(("", f"nvidia-smi shows about {fmt_mib(biggest.median_bytes)} more than the allocations: "
-                             "CUDA context, kernel images, library workspaces below the allocator"))
         parts.append(_block(rows))
     if smi.missed:
         parts.append(Text("  Missed by sampling: the trace at the log's instants against its exact peak", style="bold"))
@@ -37,15 +33,22 @@ def smi_section(smi: SmiOverlay) -> Group:
     return Group(*parts)
 
 
-def _block(rows: list[tuple[str, str]]) -> Table:
+def smi_answer(smi: SmiOverlay) -> list[tuple[str, str, str]]:
+    """The answer line of the first screen (label, severity, text): what nvidia-smi shows that no
+    allocation explains, for the log and GPU where that is most."""
+    if not smi.not_in_trace:
+        return []
+    biggest = max(smi.not_in_trace, key=lambda n: n.median_bytes)
+    if biggest.median_bytes <= 0:
+        return []
+    return [("nvidia-smi", "info", f"{_who(biggest.gpu, biggest.pid)}: about {fmt_mib(biggest.median_bytes)} more "
+                                   "than the allocations (median): CUDA context, kernel images, library workspaces "
+                                   "below the allocator; the section below says more")]
+
+
+def _block(rows: list[tuple[str, str]]) -> Lines:
     """Two columns, the log's name and what is said of it; the text wraps in its own column."""
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(no_wrap=True)
-    grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")
-    for name, text in rows:
-        grid.add_row("  ", Text(printable(name)), Text(printable(text)))
-    return grid
+    return Lines([(printable(name), printable(text)) for name, text in rows], indent=4, gap=2)
 
 
 def _log_line(log: SmiLogInfo) -> str:
@@ -97,5 +100,5 @@ def _who(gpu: Optional[int], pid: Optional[int]) -> str:
 
 
 def _signed_ms(ns: int) -> str:
-    return f"{ns / 1e6:+.0f} ms" if abs(ns) < 10**10 else f"{ns / 1e9:+.3f} s"
+    return f"{ns / 1e6:+.0f} ms" if abs(ns) < SECOND else f"{ns / 1e9:+.3f} s"
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Union
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
-from rich.table import Table
+from rich.cells import cell_len
 from rich.text import Text
 
 from ..errors import printable
 from ..model import Allocation, Analysis, CallSite, Peak, StepSeries
+from .layout import NAME, NUMBER, WORD, Column, Lines, Parts, Sheet
 from .oom import oom_and_reserved
 from ..units import fmt_bytes, fmt_duration, fmt_durations, fmt_frame, fmt_share, fmt_time, fmt_times
 
@@ -19,22 +20,23 @@ SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def render_terminal(analysis: Analysis, console: Console, top: int = 10, stacks: bool = False) -> None:
-    """Print the whole summary: capture, peaks, live at peak, groups, never freed, sites, calls, diagnostics.
+    """Print the whole summary: capture, answers, peaks, live at peak, groups, never freed, sites, calls,
+    diagnostics. Every table and line fits the console's width (render/layout.py).
 
     `stacks`: after the sites, the whole call stack of each top site that has one.
     """
-    console.print(_capture_panel(analysis))
+    for part in summary_parts(analysis, top, stacks):
+        console.print(part)
+
+
+def summary_parts(analysis: Analysis, top: int = 10, stacks: bool = False) -> list[RenderableType]:
+    """What `render_terminal` prints, in order; tables are `Sheet`s, fitted when printed."""
+    parts: list[RenderableType] = [_capture_panel(analysis)]
     # The answers first, then the tables they come from: peak and growth, out of memory and
-    # reserved memory (with what was live), then the warnings that weaken the numbers.
-    if analysis.answers:
-        console.print(_answers(analysis, ("peak", "growth"), heading="Answers"))
-    verdicts = oom_and_reserved(analysis)
-    if verdicts is not None:
-        console.print(verdicts)
-    if any(a.topic == "trust" for a in analysis.answers):
-        console.print(_answers(analysis, ("trust",)))
+    # reserved memory (with what was live), nvidia-smi, then the warnings that weaken the numbers.
+    parts += answers_section(analysis)
     quick = analysis.scope == "quick"
-    tables: list[Union[Table, Group]] = []
+    tables: list[Union[Sheet, Group, Text]] = []
     if analysis.capture.memory_usage_collected and analysis.groups:
         tables.append(_peaks_table(analysis, top))
         tables += [_live_at_peak_table(peak, top) for peak in analysis.process_peaks()]
@@ -55,30 +57,21 @@ def render_terminal(analysis: Analysis, console: Console, top: int = 10, stacks:
     if analysis.failed_calls:
         tables.append(_failed_table(analysis, top))
     for table in tables:
-        if not isinstance(table, Table):
-            console.print(table)
+        if not isinstance(table, Sheet):
+            parts.append(table)
         elif table.row_count:  # a table without rows says nothing
-            console.print(_read_columns(table, quick))
+            # A quick analysis (the memory-usage table alone) has no values for some columns.
+            parts.append(table.without(_UNREAD_IN_QUICK) if quick else table)
     if analysis.smi is not None:
         from .smi_terminal import smi_section
 
-        console.print(smi_section(analysis.smi))
-    console.print(_diagnostics(analysis))
+        parts.append(smi_section(analysis.smi))
+    parts.append(_diagnostics(analysis))
+    return parts
 
 
 # What a quick analysis (the memory-usage table alone) does not know.
 _UNREAD_IN_QUICK = {"NVTX range", "reached by", "API", "site"}
-
-
-def _read_columns(table: Table, quick: bool) -> Union[Table, Group]:
-    """The table without the columns a quick analysis has no values for."""
-    if not quick:
-        return table
-    # rich keeps each column's cells in the column: dropping one drops its values
-    table.columns = [c for c in table.columns if c.header not in _UNREAD_IN_QUICK]
-    # A title wraps at the table's width, narrower now: it goes above the table instead.
-    title, table.title = table.title, None
-    return Group(Text(str(title), style="bold"), table)
 
 
 # A name from the profile is cut to this many characters on the terminal (the JSON keeps more).
@@ -89,10 +82,10 @@ LIST_ROWS = 20
 STEP_TABLES = 4  # step tables (one per process and device) shown
 
 
-def _t(value: object) -> Text:
-    """Text from a profile, never interpreted as rich markup nor as terminal escapes, and cut to
+def _t(value: object) -> str:
+    """Text from a profile, never shown as terminal escapes (a Sheet never reads markup), and cut to
     DISPLAY_CHARS (cut before the escaping: a 4 KB name is escaped in no time, a 10 MB one not)."""
-    return Text(printable(_short(str(value))))
+    return printable(_short(str(value)))
 
 
 def _short(text: str, limit: int = DISPLAY_CHARS) -> str:
@@ -109,7 +102,7 @@ def _largest(items: list, size: Callable[[Any], int], limit: int) -> tuple[list,
 
 def _capture_panel(analysis: Analysis) -> Panel:
     cap, src = analysis.capture, analysis.source
-    lines = []
+    lines: list[Union[str, list[str]]] = []
     version = f"Nsight Systems {cap.nsys_version}" if cap.nsys_version else "Nsight Systems (version not recorded)"
     if cap.schema_version:
         version += f" (export schema {cap.schema_version})"
@@ -120,7 +113,7 @@ def _capture_panel(analysis: Analysis) -> Panel:
              f"CUDA driver {cap.cuda_driver_version}" if cap.cuda_driver_version else None,
              "memory usage: " + ("collected" if cap.memory_usage_collected else "NOT collected"),
              "backtraces: " + ("yes" if cap.backtraces else "no"), "NVTX: " + ("yes" if cap.nvtx else "no")]
-    lines.append(" · ".join(f for f in facts if f))
+    lines.append([printable(f) for f in facts if f])  # wrapped between the facts, not inside one
     peak_of: dict[int, int] = {}
     for peak in analysis.peaks:
         if peak.pid is not None:
@@ -145,27 +138,19 @@ def _capture_panel(analysis: Analysis) -> Panel:
     if src.exported_with:
         exported = f" (exported with nsys {src.exported_with}{', from cache' if src.from_cache else ''})"
     # Each line's names are cut already; a line is cut too (versions come from the export).
-    body = Text("\n".join(printable(_short(line, 2 * DISPLAY_CHARS)) for line in lines))
+    body = Group(*(Parts(line, hanging=0) if isinstance(line, list)
+                   else Lines.prose(printable(_short(line, 2 * DISPLAY_CHARS))) for line in lines))
     return Panel(body, title=_t(f"nsysan · {src.name}{exported}"), title_align="left", box=box.ROUNDED)
 
 
-_FOLDING_COLUMNS = {"site", "NVTX range", "range", "API", "reached by"}
+def _col(header: str, kind: str = NUMBER, drop: int = 0) -> Column:
+    return Column(header, kind, drop)
 
 
-def _table(title: str, *columns: tuple[str, str]) -> Table:
-    table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD)
-    for name, justify in columns:
-        # Numbers and short words never wrap; names (sites, ranges, symbols) fold instead.
-        folds = name in _FOLDING_COLUMNS
-        table.add_column(name, justify=justify, no_wrap=not folds,  # type: ignore[arg-type]
-                         overflow="fold" if folds else "ellipsis")
-    return table
-
-
-def _peaks_table(analysis: Analysis, top: int) -> Table:
-    table = _table("Peak GPU memory (device + array + static) per process and GPU",
-                   ("process", "right"), ("device", "right"), ("peak", "right"), ("at", "right"),
-                   ("NVTX range", "left"), ("reached by", "left"), ("of GPU", "right"), ("live allocs", "right"))
+def _peaks_table(analysis: Analysis, top: int) -> Sheet:
+    table = Sheet("Peak GPU memory (device + array + static) per process and GPU",
+                  _col("process"), _col("device"), _col("peak"), _col("at"), _col("NVTX range", NAME, 3),
+                  _col("reached by", WORD, 2), _col("of GPU", drop=1), _col("live allocs", drop=4))
     peaks, more = _largest(analysis.peaks, lambda p: p.peak_bytes, max(top, LIST_ROWS))
     if more:
         table.caption = f"… and {more} more, with smaller peaks (see --format json)"
@@ -179,13 +164,13 @@ def _peaks_table(analysis: Analysis, top: int) -> Table:
     return table
 
 
-def _live_at_peak_table(peak: Peak, top: int) -> Table:
+def _live_at_peak_table(peak: Peak, top: int) -> Sheet:
     shown = peak.live_at_peak[:top]
     more = peak.live_count - len(shown)
     title = (f"Live at the peak of process {peak.pid} on device {peak.device} "
              f"({fmt_bytes(peak.peak_bytes)} at {fmt_time(peak.peak_time_ns)})")
-    table = _table(title, ("size", "right"), ("kind", "left"), ("API", "left"), ("site", "left"),
-                   ("NVTX range", "left"), ("age", "right"))
+    table = Sheet(title, _col("size"), _col("kind", WORD, 2), _col("API", WORD, 1), _col("site", NAME),
+                  _col("NVTX range", NAME, 3), _col("age"))
     ages = fmt_durations([peak.peak_time_ns - alloc.alloc_time_ns for alloc in shown])
     for alloc, age in zip(shown, ages):
         table.add_row(fmt_bytes(alloc.bytes), alloc.kind, _t(alloc.api), _t(alloc.site.label),
@@ -195,10 +180,10 @@ def _live_at_peak_table(peak: Peak, top: int) -> Table:
     return table
 
 
-def _groups_table(analysis: Analysis, top: int) -> Table:
-    table = _table("Memory by process, device and kind", ("process", "right"), ("dev", "right"), ("kind", "left"),
-                   ("peak", "right"), ("at end", "right"), ("allocs", "right"), ("frees", "right"),
-                   ("allocated", "right"), ("never freed", "right"))
+def _groups_table(analysis: Analysis, top: int) -> Sheet:
+    table = Sheet("Memory by process, device and kind", _col("process"), _col("dev"), _col("kind", WORD),
+                  _col("peak"), _col("at end"), _col("allocs", drop=2), _col("frees", drop=1),
+                  _col("allocated", drop=3), _col("never freed"))
     groups, more = _largest(analysis.groups, lambda g: g.peak_bytes, max(top, LIST_ROWS))
     if more:
         table.caption = f"… and {more} more, with smaller peaks (see --format json)"
@@ -211,31 +196,31 @@ def _groups_table(analysis: Analysis, top: int) -> Table:
     return table
 
 
-def _allocation_rows(table: Table, allocations: Iterable[Allocation]) -> None:
+def _allocation_rows(table: Sheet, allocations: Iterable[Allocation]) -> None:
     allocations = list(allocations)
     for a, at in zip(allocations, fmt_times([a.alloc_time_ns for a in allocations])):
         table.add_row(fmt_bytes(a.bytes), a.kind, _t(a.api), _t(a.site.label), _t(a.nvtx_range or "-"),
                       str(a.pid), at)
 
 
-def _never_freed_table(analysis: Analysis, top: int) -> Table:
+def _never_freed_table(analysis: Analysis, top: int) -> Sheet:
     total = sum(g.never_freed_bytes for g in analysis.groups if g.kind not in ("static", "managed_static"))
     count = analysis.never_freed_total
     title = f"Never freed during the capture: {count} allocations, {fmt_bytes(total)}"
-    table = _table(title, ("size", "right"), ("kind", "left"), ("API", "left"), ("site", "left"),
-                   ("NVTX range", "left"), ("process", "right"), ("allocated at", "right"))
+    table = Sheet(title, _col("size"), _col("kind", WORD, 3), _col("API", WORD, 1), _col("site", NAME),
+                  _col("NVTX range", NAME, 4), _col("process", drop=2), _col("allocated at"))
     _allocation_rows(table, analysis.never_freed[:top])
     if count > top:
         table.caption = f"… and {count - min(top, len(analysis.never_freed))} more (see --format json)"
     return table
 
 
-def _sites_table(analysis: Analysis, top: int) -> Table:
+def _sites_table(analysis: Analysis, top: int) -> Sheet:
     # Sites are per process; the column is shown when there is more than one to tell apart.
     several = len({s.pid for s in analysis.sites}) > 1
-    table = _table("Top allocation sites", ("site", "left"), *([("process", "right")] if several else []),
-                   ("kind", "left"), ("allocs", "right"), ("allocated", "right"), ("never freed", "right"),
-                   ("max live", "right"))
+    table = Sheet("Top allocation sites", _col("site", NAME), *([_col("process")] if several else []),
+                  _col("kind", WORD, 2), _col("allocs", drop=1), _col("allocated", drop=3), _col("never freed"),
+                  _col("max live"))
     for s in analysis.sites[:top]:
         never = fmt_bytes(s.never_freed_bytes) + f" ({s.never_freed_count})" if s.never_freed_count else "-"
         process = [str(s.pid) if s.pid is not None else "-"] if several else []
@@ -244,12 +229,9 @@ def _sites_table(analysis: Analysis, top: int) -> Table:
     return table
 
 
-def _site_cell(site: CallSite) -> Text:
-    """The site's label, and under it the one line of context it has (the frame the user's line called)."""
-    cell = _t(site.label)
-    if site.context:
-        cell.append("\n  ↳ " + printable(site.context), style="dim")
-    return cell
+def _site_cell(site: CallSite) -> str:
+    """The site's label, and under it (dim) the one line of context it has (the frame the user's line called)."""
+    return _t(site.label) + ("\n  ↳ " + _t(site.context) if site.context else "")
 
 
 def _site_stacks(analysis: Analysis, top: int) -> Group:
@@ -271,20 +253,19 @@ def _site_stacks(analysis: Analysis, top: int) -> Group:
     return Group(*parts)
 
 
-def _ranges_table(analysis: Analysis, top: int) -> Table:
-    table = _table("NVTX ranges (innermost range of each allocation)", ("range", "left"), ("instances", "right"),
-                   ("allocated", "right"), ("freed", "right"), ("still live at end", "right"),
-                   ("max live while open", "right"))
+def _ranges_table(analysis: Analysis, top: int) -> Sheet:
+    table = Sheet("NVTX ranges (innermost range of each allocation)", _col("range", NAME), _col("instances", drop=1),
+                  _col("allocated"), _col("freed", drop=2), _col("still live at end"), _col("max live while open"))
     for r in analysis.ranges[:top]:
         table.add_row(_t(r.name or "(none)"), str(r.instances), fmt_bytes(r.allocated_bytes), fmt_bytes(r.freed_bytes),
                       fmt_bytes(r.still_live_bytes), fmt_bytes(r.max_live_bytes))
     return table
 
 
-def _calls_table(analysis: Analysis, top: int) -> Table:
-    table = _table("Memory API calls (sizes unknown without --cuda-memory-usage)", ("API", "left"),
-                   ("family", "left"), ("calls", "right"), ("failed", "right"), ("total time", "right"),
-                   ("longest", "right"))
+def _calls_table(analysis: Analysis, top: int) -> Sheet:
+    table = Sheet("Memory API calls (sizes unknown without --cuda-memory-usage)", _col("API", NAME),
+                  _col("family", WORD, 1), _col("calls"), _col("failed"), _col("total time", drop=2),
+                  _col("longest", drop=3))
     shown = analysis.api_calls[: max(top, 15)]
     totals = fmt_durations([c.total_time_ns for c in shown])
     longest = fmt_durations([c.max_time_ns for c in shown])
@@ -293,9 +274,9 @@ def _calls_table(analysis: Analysis, top: int) -> Table:
     return table
 
 
-def _failed_table(analysis: Analysis, top: int) -> Table:
-    table = _table("Failed memory calls", ("at", "right"), ("process", "right"), ("API", "left"), ("error", "left"),
-                   ("NVTX range", "left"), ("live then", "right"))
+def _failed_table(analysis: Analysis, top: int) -> Sheet:
+    table = Sheet("Failed memory calls", _col("at"), _col("process", drop=2), _col("API", WORD), _col("error", WORD),
+                  _col("NVTX range", NAME), _col("live then", drop=1))
     shown = analysis.failed_calls[:top]
     for f, at in zip(shown, fmt_times([f.time_ns for f in shown])):
         table.add_row(at, str(f.pid), _t(f.api), f.error, _t(f.nvtx_range or "-"),
@@ -303,38 +284,65 @@ def _failed_table(analysis: Analysis, top: int) -> Table:
     return table
 
 
-_TOPIC_LABEL = {"peak": "peak", "growth": "growth", "oom": "OOM", "trust": "warning"}
+_TOPIC_LABEL = {"peak": "peak", "growth": "growth", "oom": "out of memory", "trust": "warning"}
+AnswerRow = tuple[str, str, str]  # label, severity, text
 
 
-def _answers(analysis: Analysis, topics: tuple[str, ...], heading: str = "") -> Group:
-    """The answers of these topics, one per line (out-of-memory ones are drawn in detail by
-    render/oom.py)."""
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")
+def answers_section(analysis: Analysis) -> list[Union[Lines, Sheet]]:
+    """"Answers" and its lines, all labels in one column: peak and growth, out of memory and reserved
+    memory with what was live then (render/oom.py), nvidia-smi, then the warnings."""
+    items: list[Union[AnswerRow, Sheet]] = []
+    items += _answer_rows(analysis, ("peak", "growth"))
+    items += oom_and_reserved(analysis)
+    if analysis.smi is not None:
+        from .smi_terminal import smi_answer
+
+        items += smi_answer(analysis.smi)
+    items += _answer_rows(analysis, ("trust",))
+    if not items:
+        return []
+    rows = [item for item in items if not isinstance(item, Sheet)]
+    width = max(cell_len(label) for label, _, _ in rows) if rows else 0
+    parts: list[Union[Lines, Sheet]] = [Lines.prose("Answers", style="bold")]
+    for item in items:
+        if isinstance(item, Sheet):
+            parts.append(item)
+            continue
+        if not parts or not isinstance(parts[-1], Lines) or parts[-1].label_width != width:
+            parts.append(Lines(label_width=width))
+        label, severity, text = item
+        parts[-1].add(Text(label, style=ANSWER_STYLE.get(severity, "")), text)  # type: ignore[union-attr]
+    return parts
+
+
+# An answer's label: bold when it informs, coloured when it warns.
+ANSWER_STYLE = {"error": "bold red", "warning": "yellow", "info": "bold"}
+
+
+def _answer_rows(analysis: Analysis, topics: tuple[str, ...]) -> list[AnswerRow]:
+    """The answers of these topics, one row each (out-of-memory ones are drawn in detail by render/oom.py)."""
+    rows: list[AnswerRow] = []
     shown: dict[str, int] = {}
     for v in analysis.answers:
         if v.topic in topics:
             shown[v.topic] = shown.get(v.topic, 0) + 1
             if shown[v.topic] > LIST_ROWS:  # one per process and GPU: thousands in a large capture
                 continue
-            style = SEVERITY_STYLE.get(v.severity, "") if v.severity != "info" else "bold"
-            grid.add_row(Text(f" {_TOPIC_LABEL.get(v.topic, v.topic)}", style=style),
-                         Text(printable(_short(v.message, 10 * DISPLAY_CHARS))))  # ours: longer than a name
+            rows.append((_TOPIC_LABEL.get(v.topic, v.topic), v.severity,
+                         printable(_short(v.message, 10 * DISPLAY_CHARS))))  # ours: longer than a name
     for topic, count in shown.items():
         if count > LIST_ROWS:
-            grid.add_row(Text(f" {_TOPIC_LABEL.get(topic, topic)}"),
-                         Text(f"… and {count - LIST_ROWS} more (see --format json)"))
-    return Group(*([Text(heading, style="bold")] if heading else []), grid)
+            rows.append((_TOPIC_LABEL.get(topic, topic), "info", f"… and {count - LIST_ROWS} more (see --format json)"))
+    return rows
 
 
-def _steps_table(series: StepSeries, top: int) -> Table:
+def _steps_table(series: StepSeries, top: int) -> Sheet:
     """Each step's live bytes; a long run shows its first and last steps."""
     title = f"Steps of process {series.pid} on device {series.device}: live device + array memory"
     if series.found_by == "kernels":
         title += " (no NVTX steps: found from the kernel sequence)"
-    table = _table(title, ("step", "left"), ("start", "right"), ("length", "right"), ("at end", "right"),
-                   ("change", "right"), ("peak", "right"), ("allocated", "right"), ("kept", "right"))
+    table = Sheet(title, _col("step", NAME), _col("start", drop=3), _col("length", drop=2), _col("at end"),
+                  _col("change"), _col("peak"), _col("allocated", drop=1), _col("kept"))
     table.caption = "kept: allocated in the step and still live at the end of the capture"
     steps = series.steps
     head = max(1, top // 3)
@@ -353,11 +361,11 @@ def _steps_table(series: StepSeries, top: int) -> Table:
     return table
 
 
-def _phases_table(analysis: Analysis, top: int) -> Table:
+def _phases_table(analysis: Analysis, top: int) -> Sheet:
     """Per NVTX range path, what its instances cost (device + array bytes), the largest rises first."""
-    table = _table("What each phase costs (live device + array memory; median over its instances)",
-                   ("process", "right"), ("range", "left"), ("instances", "right"), ("at start", "right"),
-                   ("rise", "right"), ("max rise", "right"), ("change", "right"), ("change from … to", "right"))
+    table = Sheet("What each phase costs (live device + array memory; median over its instances)",
+                  _col("process", drop=2), _col("range", NAME), _col("instances", drop=3), _col("at start"),
+                  _col("rise"), _col("max rise", drop=4), _col("change"), _col("change from … to", drop=1))
     for p in analysis.phases[:top]:
         spread = (f"{_signed(p.net_min_bytes)} … {_signed(p.net_max_bytes)}" if p.net_min_bytes != p.net_max_bytes
                   else _signed(p.net_min_bytes))
@@ -367,11 +375,10 @@ def _phases_table(analysis: Analysis, top: int) -> Table:
     return table
 
 
-def _spikes_table(analysis: Analysis, top: int) -> Table:
+def _spikes_table(analysis: Analysis, top: int) -> Sheet:
     """The largest sudden rises of live memory, with what made them and how much came back."""
-    table = _table("Spikes: the largest sudden rises of live device + array memory", ("process", "right"),
-                   ("peak at", "right"), ("rise", "right"), ("range", "left"), ("site", "left"),
-                   ("freed after", "right"))
+    table = Sheet("Spikes: the largest sudden rises of live device + array memory", _col("process", drop=1),
+                  _col("peak at"), _col("rise"), _col("range", NAME), _col("site", NAME), _col("freed after"))
     shown = sorted(analysis.spikes, key=lambda s: -s.rise_bytes)[:top]
     for spike, at in zip(shown, fmt_times([s.peak_ns for s in shown])):
         made = spike.sites[0].site if spike.sites else ", ".join(spike.apis)
@@ -385,18 +392,18 @@ def _signed(n: int) -> str:
 
 
 def _diagnostics(analysis: Analysis) -> Group:
+    heading = Lines.prose("Diagnostics", style="bold")
     if not analysis.diagnostics:
-        return Group(Text("Diagnostics", style="bold"), Text("  none: the capture has everything nsysan needs"))
+        return Group(heading, Lines.prose("none: the capture has everything nsysan needs", indent=2))
     # What the answers above already said is not said twice.
     answered = {(v.code, v.message) for v in analysis.answers}
     diagnostics = [d for d in analysis.diagnostics_by_severity() if (d.code, d.message) not in answered]
     if not diagnostics:
-        return Group(Text("Diagnostics", style="bold"), Text("  none beyond the answers above"))
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(no_wrap=True)
-    grid.add_column(no_wrap=True, style="dim")
-    grid.add_column(overflow="fold")
+        return Group(heading, Lines.prose("none beyond the answers above", indent=2))
+    lines = Lines()
+    width = max(len(d.severity) for d in diagnostics)
     for d in diagnostics:
-        grid.add_row(Text(f" {d.severity}", style=SEVERITY_STYLE.get(d.severity, "")), d.code,
-                     Text(printable(_short(d.message, 10 * DISPLAY_CHARS))))  # ours: longer than a name
-    return Group(Text("Diagnostics", style="bold"), grid)
+        label = Text(d.severity.ljust(width + 1), style=SEVERITY_STYLE.get(d.severity, ""))
+        label.append(d.code, style="dim")
+        lines.add(label, printable(_short(d.message, 10 * DISPLAY_CHARS)))  # ours: longer than a name
+    return Group(heading, lines)

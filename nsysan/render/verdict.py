@@ -44,21 +44,30 @@ _LABELS = {"broken": "broken  ", "not_measured": "not measured  ", "held": "ok  
 
 def render_verdict_terminal(verdict: Verdict, console: "Console") -> None:
     """The verdict first, then one line per broken limit and per limit not measured, then the
-    comparison and the limits that held."""
+    comparison and the limits that held.
+
+    On a terminal each is wrapped at words under its label; elsewhere (a CI log, a file) each stays
+    one line, whatever its length, for grep."""
     from rich.text import Text
 
-    style = {"pass": "bold green", "fail": "bold red"}.get(verdict.status, "bold yellow")
-    # soft_wrap: one line per limit, never cut into two by the console's width (grep, CI logs)
-    console.print(Text(verdict_line(verdict), style=style), soft_wrap=True)
-    for outcome in [*verdict.broken, *verdict.unmeasured]:
-        console.print(Text(printable(f"  {_LABELS[outcome.status]}{outcome.limit}: {outcome.message}")),
-                      soft_wrap=True)
+    from .layout import Lines, print_headline
+
+    rows: list[tuple[str, str, str, str]] = []  # label (padded), label style, text, line style
+    rows += [(_LABELS[o.status], "bold red" if o.status == "broken" else "yellow", f"{o.limit}: {o.message}", "")
+             for o in [*verdict.broken, *verdict.unmeasured]]
     if verdict.comparison:
-        console.print(Text(printable(f"  compared: {verdict.comparison}")), soft_wrap=True)
-    for outcome in verdict.outcomes:
-        if outcome.ok:
-            console.print(Text(printable(f"  {_LABELS['held']}{outcome.limit}: {outcome.message}")), style="dim",
-                          soft_wrap=True)
+        rows.append(("", "", f"compared: {verdict.comparison}", ""))
+    rows += [(_LABELS["held"], "", f"{o.limit}: {o.message}", "dim") for o in verdict.outcomes if o.ok]
+    print_headline(console, verdict_line(verdict),
+                   style={"pass": "bold green", "fail": "bold red"}.get(verdict.status, "bold yellow"))
+    for label, label_style, text, style in rows:
+        if not console.is_terminal:
+            line = Text(f"  {label}", style=label_style)
+            line.append(printable(text))
+            console.print(line, style=style, soft_wrap=True)
+        else:
+            console.print(Lines([(Text(label.rstrip(), style=label_style), printable(text))], indent=2, gap=2,
+                                style=style, label_width=max(len(label) - 2, 0)))
 
 
 def render_verdict_json(verdict: Verdict) -> str:
