@@ -114,7 +114,7 @@ def test_an_allocator_oom_without_a_failed_call_fails(capsys):
     assert code == 1
     assert out.splitlines()[1] == (
         "  broken  no-failed-allocations: out of memory without a failing call: the allocator freed its cache "
-        "(1.1 GiB) at 8744.53 ms and the process ended inside step 5 > hoard (torch.OutOfMemoryError) "
+        "(1.1 GiB) at 8.745 s and the process ended inside step 5 > hoard (torch.OutOfMemoryError) "
         "(process 1872 python3)")
     per_all = evaluate_limits(analysis_of("torch_oom_v25"), None, Limits.parse(per="all", no_failed_allocations=True))
     assert [(o.where, o.status, o.measured) for o in per_all.outcomes] == [("all", "broken", 1)]

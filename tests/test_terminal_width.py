@@ -15,7 +15,8 @@ from rich.console import Console
 
 import nsysan
 from nsysan.compare import compare_analyses
-from nsysan.limits import Limits, evaluate_limits
+from nsysan.gate import evaluate_limits
+from nsysan.limits import Limits
 from nsysan.render.comparison import render_comparison_terminal
 from nsysan.render.layout import ELLIPSIS, NAME, Sheet, cut_name, fitted, plan_columns, plain, wrap
 from nsysan.render.terminal import render_terminal, summary_parts
