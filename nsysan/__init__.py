@@ -42,7 +42,8 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
             spike_window_ns: Optional[int] = None,
             smi: Sequence[PathLike] = (),
             smi_columns: Sequence[str] = (), smi_tz: str = "UTC",
-            keep_events: Optional[bool] = None, max_memory: Optional[Size] = None) -> Analysis:
+            keep_events: Optional[bool] = None, max_memory: Optional[Size] = None,
+            what_if_gpu: Optional[Size] = None) -> Analysis:
     """Analyze one report (.nsys-rep, .qdrep or .sqlite) and return its `Analysis`.
 
     `progress(stage, fraction)` is called as the export and the loading go on. `quick` reads the
@@ -58,7 +59,8 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     Without the frames (`keep_events` False, or None from ten million events on), an export whose
     events would not fit `max_memory` (bytes, or "4GiB"; default: half of what this process may
     use), or of twenty million events or more, is streamed: the same `Analysis`, in bounded
-    memory, in two to three times the time.
+    memory, in two to three times the time. `what_if_gpu` (bytes, or "80GiB") replays the run
+    against a GPU of that size (`analysis.what_if`).
 
     >>> import nsysan
     >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")
@@ -71,12 +73,22 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     from .pipeline import analyze_report
     from .smi_log import read_smi_logs
 
+    capacity = None
+    if what_if_gpu is not None:
+        from .analyses.what_if import what_if_bytes
+
+        capacity = what_if_bytes(what_if_gpu)  # before the long part
     logs = read_smi_logs([Path(p) for p in smi], smi_columns, smi_tz) if smi else []
-    return analyze_report(Path(path), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
-                          progress=progress, quick=quick, step_range=step_range,
-                          spike_window_ns=spike_window_ns, smi_logs=logs, smi_tz=smi_tz,
-                          keep_events=keep_events,
-                          max_memory=budget_bytes(max_memory))
+    analysis = analyze_report(Path(path), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
+                              progress=progress, quick=quick, step_range=step_range,
+                              spike_window_ns=spike_window_ns, smi_logs=logs, smi_tz=smi_tz,
+                              keep_events=keep_events,
+                              max_memory=budget_bytes(max_memory))
+    if capacity is not None:
+        from .analyses.what_if import with_what_if
+
+        analysis = with_what_if(analysis, capacity)
+    return analysis
 
 
 def load_analysis(path: PathLike) -> Analysis:

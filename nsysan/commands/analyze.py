@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import NsysanError
+from ..analyses.what_if import what_if_bytes, with_what_if
 from ..memory_budget import budget_bytes
 from ..export import files_read_for
 from ..model import Analysis
@@ -59,6 +60,10 @@ def analyze(
                                              "events would not fit is streamed, in bounded memory and two to three "
                                              "times the time, with the same results (default: half of what nsysan "
                                              "may use here)."),
+    what_if_gpu: Optional[str] = typer.Option(None, "--what-if-gpu", metavar="SIZE", show_default=False,
+                                              help="Replay the run against a GPU of SIZE (80GiB): the first moment "
+                                              "and NVTX range that would not fit, and how many steps its growth "
+                                              "allows."),
     full_paths: bool = typer.Option(False, "--full-paths", help="Show the report's path in report.html, not only "
                                     "its file name (a page attached to a ticket then tells where it was made)."),
 ) -> None:
@@ -69,6 +74,7 @@ def analyze(
     With nvidia-smi logs: nsysan analyze fixtures/torch_smi_v25.sqlite --smi fixtures/torch_smi_v25.smi-gpu.csv
     """
     budget = budget_bytes(max_memory)
+    capacity = what_if_bytes(what_if_gpu) if what_if_gpu is not None else None
     if smi and len(reports) > 1:
         raise NsysanError("--smi takes one report; lay nvidia-smi logs over one capture at a time")
     if smi_columns and not smi:
@@ -77,7 +83,7 @@ def analyze(
     # No output may replace an input, nor another output of this run.
     with one_run([*(path for report in reports for path in files_read_for(report)), *(smi or [])]):
         _analyze(reports, format, json_path, json_dir, output, nsys, cache_dir, top, quick, progress,
-                 smi_logs, smi_tz, stacks, step_range, full_paths, spike_window, budget, baseline_out)
+                 smi_logs, smi_tz, stacks, step_range, full_paths, spike_window, budget, baseline_out, capacity)
 
 
 def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_dir: Optional[Path],
@@ -85,7 +91,8 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
              progress: bool, smi_logs: List[SmiLog], smi_tz: str, stacks: bool = False,
              step_range: Optional[str] = None, full_paths: bool = False,
              spike_window: str = "10ms", max_memory: Optional[int] = None,
-             baseline_out: Optional[Path] = None) -> None:
+             baseline_out: Optional[Path] = None,
+             what_if_gpu: Optional[int] = None) -> None:
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
     if json_path and len(reports) > 1:
@@ -129,6 +136,8 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
             say_error(f"nsysan: {err.message}")
             failures += 1
             continue
+        if what_if_gpu is not None:
+            analysis = with_what_if(analysis, what_if_gpu)
         results.append(analysis)
         if json_path:
             write_atomic(json_path, render_json(analysis))

@@ -12,7 +12,7 @@ from .memory import Allocation, AllocationGroup, ApiCallStat, FailedCall, GroupS
     Timeline
 from .oom import OutOfMemory, ReservedMemory
 from .plain import _to_plain, from_document
-from .steps import Answer, Growth, MemoryCap, Phase, Spike, StepSeries
+from .steps import Answer, Growth, MemoryCap, Phase, Spike, StepSeries, WhatIf
 from .tables import RAW
 
 
@@ -75,6 +75,8 @@ class Analysis:
     nvtx_ranges: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # NVTX ranges
     # nvidia-smi logs against the trace (`analyze --smi`); absent from the JSON without them
     smi: Optional[SmiOverlay] = None
+    # `--what-if-gpu SIZE`: the timeline replayed against SIZE; absent from the JSON without it
+    what_if: Optional[WhatIf] = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (`nsysan/analysis@1`) as plain dicts and lists; the raw frames are left out.
@@ -88,6 +90,8 @@ class Analysis:
                 if not f.metadata.get("raw")}
         if data.get("smi") is None:
             data.pop("smi", None)  # only analyses given nvidia-smi logs have the section
+        if data.get("what_if") is None:
+            data.pop("what_if", None)  # only analyses asked --what-if-gpu have it
         return data
 
     @classmethod

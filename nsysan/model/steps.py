@@ -150,3 +150,43 @@ class MemoryCap:
     #   cap or the GPU's free memory; the cap itself is not in the trace).
     source: str
     note: str = ""
+
+
+@dataclass(frozen=True)
+class WhatIfGpu:
+    """One GPU of a capture replayed against a smaller (or larger) capacity."""
+
+    gpu: Optional[int]  # None: the CUDA device below, where the GPU is unknown
+    device: int
+    peak_bytes: int  # the most its processes held together (device + array + static), from the timeline
+    fits: bool
+    first_over_ns: Optional[int] = None  # the first moment the live bytes went over the capacity
+    over_bytes: Optional[int] = None  # live then
+    pid: Optional[int] = None  # the process whose allocation crossed it
+    nvtx_path: str = ""  # NVTX ranges open on that process's main thread then, outermost first
+
+
+@dataclass(frozen=True)
+class WhatIfGrowth:
+    """A growing process's steps left under the capacity, at its growth per step."""
+
+    pid: int
+    device: int
+    process: str
+    bytes_per_step: int
+    end_live_bytes: int
+    steps_allowed: int  # more steps after the last judged one before the capacity is reached
+    at_step: int
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """`analyze --what-if-gpu SIZE`: the capture's timeline replayed against SIZE per GPU."""
+
+    capacity_bytes: int
+    gpus: list[WhatIfGpu] = field(default_factory=list)
+    growth: list[WhatIfGrowth] = field(default_factory=list)
+    # True when a timeline series was downsampled (over MAX_POINTS events): the first moment is
+    # then the highest point of its time bucket, at most 1/1000 of the capture after the real one
+    approximate: bool = False
+    message: str = ""

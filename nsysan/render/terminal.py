@@ -284,7 +284,7 @@ def _failed_table(analysis: Analysis, top: int) -> Sheet:
     return table
 
 
-_TOPIC_LABEL = {"peak": "peak", "growth": "growth", "oom": "out of memory", "trust": "warning"}
+_TOPIC_LABEL = {"peak": "peak", "growth": "growth", "what-if": "what if", "oom": "out of memory", "trust": "warning"}
 AnswerRow = tuple[str, str, str]  # label, severity, text
 
 
@@ -292,7 +292,7 @@ def answers_section(analysis: Analysis) -> list[Union[Lines, Sheet]]:
     """"Answers" and its lines, all labels in one column: peak and growth, out of memory and reserved
     memory with what was live then (render/oom.py), nvidia-smi, then the warnings."""
     items: list[Union[AnswerRow, Sheet]] = []
-    items += _answer_rows(analysis, ("peak", "growth"))
+    items += _answer_rows(analysis, ("peak", "growth", "what-if"))
     items += oom_and_reserved(analysis)
     if analysis.smi is not None:
         from .smi_terminal import smi_answer
