@@ -10,6 +10,7 @@ from typing import Callable, Optional, Sequence, Union
 
 from . import export, memory_budget
 from .analyses import run_analyses
+from .analyses.capture_start import capture_start_diagnostic
 from .analyses.iterations import iteration_pids
 from .analyses.steps import find_step_ranges, memory_threads
 from .analyses.spikes import DEFAULT_WINDOW_NS
@@ -17,6 +18,7 @@ from .errors import NsysanError
 from .events import LoadedEvents, load_events
 from .events.read import memory_rowid_span, read_cuda_activity
 from .events.read_launches import read_launches
+from .events.read_start import read_capture_start
 from .model import Analysis, Diagnostic, Source
 from .model.capture import path_text
 from .schema import Schema, open_readonly, probe, refuse_missing_tables
@@ -157,6 +159,9 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
             schema = probe(conn, report.name)
             if not own_export:
                 refuse_missing_tables(schema, sqlite_path.name)
+            started = read_capture_start(conn, schema)  # on schema's diagnostics: every path says it
+            if started is not None:
+                schema.diagnostics.append(capture_start_diagnostic(started))
             rows = memory_rowid_span(conn, schema) if may_stream_from is not None else -1
             schema_only = rows >= (may_stream_from or 0) and (
                 rows >= STREAM_QUICK_FROM_ROWS or not memory_budget.fits(rows, quick, budget))

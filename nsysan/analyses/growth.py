@@ -11,7 +11,9 @@ The rule (docs/analyses.md, "Steps and the growth verdict"):
 - Uneven: not growing, but the judged steps together kept more than that threshold (a leak that
   does not happen every step, e.g. a cache entry every third step).
 - Stable: neither. When the steps left out as warm-up after the first one still added more than
-  that threshold, it says so: "grew during steps 0-3 (+5.8 GiB), flat since step 3".
+  that threshold, it says so: "grew during steps 0-3 (+5.8 GiB), flat since step 3"; when the
+  last MIN_JUDGED steps or more allocated and freed nothing at all: "is flat: nothing allocated
+  or freed in steps 0-4".
 """
 
 from __future__ import annotations
@@ -184,11 +186,26 @@ def _judged(series: StepSeries, cap: Optional[MemoryCap], label: str, shared_byt
                   message=f"{who} {_stable_since(steps, first)}")
 
 
+def _flat(steps: list) -> str:
+    """"is flat: nothing allocated or freed in steps 0-4" when the last steps touched no memory at
+    all (the caching allocator serves every step; a capture that began after warm-up), else ""."""
+    quiet = 0
+    for step in reversed(steps):
+        if step.allocated_bytes or step.freed_bytes:
+            break
+        quiet += 1
+    if quiet < MIN_JUDGED:
+        return ""
+    return f"is flat: nothing allocated or freed in steps {_span(steps[len(steps) - quiet:])}"
+
+
 def _stable_since(steps: list, first: int) -> str:
     """"is stable since step 3", or, when it went on growing after its first step (a cache
     warming, a sequence length that grows for a few steps), "grew during steps 0-3 (+5.8 GiB),
     flat since step 3": a rise that stops is no leak, and says so."""
     warm = steps[:first]
+    if _flat(steps):
+        return _flat(steps)
     grew = warm[-1].end_live_bytes - warm[0].start_live_bytes
     after_first = warm[-1].end_live_bytes - warm[0].end_live_bytes
     if len(warm) < 2 or after_first <= _threshold(warm[-1].end_live_bytes):

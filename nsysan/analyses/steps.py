@@ -73,12 +73,14 @@ def find_step_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray,
                      pattern: Optional[str] = None) -> dict[int, tuple[str, pd.DataFrame]]:
     """Per process: the steps' name (numbers as N, or the pattern) and their ranges in time order.
 
-    `memory_threads`: pid << 24 | tid of every thread that made a memory call.
+    `memory_threads`: pid << 24 | tid of every thread that made a memory call. A process that
+    made none (a capture that began after warm-up, with the caching allocator full: its memory
+    events are the blocks already live) has its steps looked for on all its threads.
     """
     if ranges.empty:
         return {}
     keys = thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy())
-    candidates = ranges[np.isin(keys, memory_threads)]
+    candidates = ranges[np.isin(keys, memory_threads) | ~np.isin(ranges["pid"].to_numpy(), memory_threads >> 24)]
     if pattern is not None:
         candidates = candidates[candidates["name"].str.contains(pattern, regex=True).to_numpy()]
         family = pd.Series(pattern, index=candidates.index)

@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..events.nvtx import RangeLookup
 from ..events.stacks import Stacks, _fallback_label, _site, native_stack_table, python_stack_table
-from ..events.normalize import join_on_call
+from ..events.normalize import LIVE_AT_START, join_on_call
 from ..model import Site
 from .sites import MAX_SITES, call_site
 from .arrays import distinct_rows
@@ -46,7 +46,7 @@ class SiteSums:
         self.native = native_stack_table(conn, schema, wanted_chains, self.registry) \
             if schema.has_backtraces else None
         # API name per code: the calls' names, then what an event without a call is named
-        self.api_names = list(api_names) + ["(module load)", "(no API call)"]
+        self.api_names = list(api_names) + ["(module load)", "(no API call)", LIVE_AT_START]
         self.kinds, self.static = kinds, kinds.index("static")
         self.ranges, self.operator_ranges, self.thread_names = ranges, operator_ranges, thread_names
         self.range_names = ranges["name"].to_numpy(dtype=object) if not ranges.empty else np.zeros(0, object)
@@ -223,7 +223,8 @@ class SiteSums:
 
     def _api_codes(self, b) -> np.ndarray:
         api = b.calls["api"]
-        none = np.where(b.kind == self.static, len(self.api_names) - 2, len(self.api_names) - 1)
+        none = np.where(b.ts <= 0, len(self.api_names) - 1,  # normalize.LIVE_AT_START
+                        np.where(b.kind == self.static, len(self.api_names) - 3, len(self.api_names) - 2))
         return np.where(api >= 0, api, none)
 
     def _code(self, label: str) -> int:

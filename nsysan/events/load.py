@@ -121,7 +121,7 @@ def _load_quick(conn: sqlite3.Connection, schema: Schema, progress: Progress) ->
     raw = read_memory_events(conn, schema)
     progress("matching allocations and frees", 0.5)  # no release_memory() yet: see _load
     pools = pool_usage(raw, schema)
-    events = normalize(raw, empty_calls(), empty_chains(), schema, diagnostics, no_call=QUICK_API)
+    events = normalize(raw, empty_calls(), empty_chains(), schema, diagnostics, no_call=QUICK_API, live_at_start=False)
     del raw
     release_memory()
     blank = pd.Categorical.from_codes(np.zeros(len(events), "int8"), categories=[""])

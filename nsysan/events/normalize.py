@@ -14,15 +14,20 @@ from ..reader import PARALLEL_MIN_ROWS
 from ..schema import Schema
 from .columns import EVENT_COLUMNS, categorical_lookup, int_column, ints
 
+# What an event with no API call at the session's first instant is: a block already live when a
+# capture that began while the program ran (--capture-range, --delay) started; nsys writes one
+# allocation row at time 0 for each. Who allocated it, where and when is not in the capture.
+LIVE_AT_START = "(live at capture start)"
+
 
 def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, schema: Schema,
-               diagnostics: list[Diagnostic], no_call: str = "(no API call)") -> pd.DataFrame:
+               diagnostics: list[Diagnostic], no_call: str = "(no API call)", live_at_start: bool = True) -> pd.DataFrame:
     """The events frame: decoded, joined to API calls, in canonical order, allocs paired with frees.
 
     Consumes `raw`: its columns are dropped as they are used, so that a 10-million-event export
     never holds the raw and the normalized frame whole at the same time. Also marks in `calls`
     which calls caused a memory event (`has_event`). Events without a call get the API name
-    `no_call`.
+    `no_call`; with `live_at_start`, LIVE_AT_START at the session's first instant.
     """
     if raw.empty:
         return _empty_events()
@@ -116,7 +121,7 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
     frame["kind"] = kind
     frame["op"] = pd.Categorical.from_codes(is_alloc.view("int8") ^ 1, categories=["alloc", "free"])
     statics = kind.codes == (list(kind.categories).index("static") if "static" in kind.categories else -2)
-    api_names = list(calls["api"].cat.categories) + ["(module load)", no_call]
+    api_names = list(calls["api"].cat.categories) + ["(module load)", no_call, LIVE_AT_START]
     if len(calls):
         # Thread, API name and call stack come from the API call that caused the event.
         call_row = join_on_call(pid, correlation, calls["pid"].to_numpy(), calls["correlation_id"].to_numpy())
@@ -124,12 +129,15 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
         calls["has_event"] = np.bincount(call_row[found], minlength=len(calls)).astype(bool)
         frame["tid"] = _take(calls["tid"].to_numpy(), call_row, -1).astype("int32")
         api_codes = _take(calls["api"].cat.codes.to_numpy().astype("int64"), call_row, -1)
-        api_codes = np.where(found, api_codes, np.where(statics, len(api_names) - 2, len(api_names) - 1))
-        del call_row, found
+        api_codes = np.where(found, api_codes, np.where(statics, len(api_names) - 3, len(api_names) - 2))
+        del call_row
     else:  # no API calls (or not read): one pass instead of a join that finds nothing
         frame["tid"] = np.full(len(pid), -1, "int32")
-        api_codes = np.where(statics, len(api_names) - 2, len(api_names) - 1)
-    del statics
+        api_codes = np.where(statics, len(api_names) - 3, len(api_names) - 2)
+        found = np.zeros(len(pid), bool)
+    if live_at_start:
+        api_codes[~found & (frame["ts_ns"].to_numpy() <= 0)] = len(api_names) - 1
+    del statics, found
     frame["api"] = _categorical_of_used(api_codes, api_names)
     del api_codes
     frame["address"] = reorder(address).view("uint64")  # the same bits as astype, without a copy
