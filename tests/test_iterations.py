@@ -1,11 +1,13 @@
-"""Steps without NVTX (analyses/iterations.py): real captures whose NVTX ranges are removed get
-their steps from the kernel sequence, and those steps are the ones the ranges marked: the same
-live bytes at each step's end (the truth's `reserved` plus the library workspaces, as
-test_growth.py checks for the NVTX steps), the same growth verdict."""
+"""Steps without NVTX (analyses/iterations.py): real captures of scripts without NVTX get their
+steps from the kernel sequence, with the live bytes at each step's end the truth's `reserved`
+plus the library workspaces (as test_growth.py checks for NVTX steps); and captures whose NVTX
+ranges are removed find the steps the ranges marked, with the same verdict."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import statistics
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,60 @@ from test_bounded_memory import assert_streamed_full_is_whole, chunk_rowids, ful
 
 MiB = 1 << 20
 OUTSIDE_ALLOCATOR = 2 * (64 * MiB + 128 * 1024 + 1024)  # test_growth.py: cuBLAS's workspaces
+EVAL_WORKSPACE = OUTSIDE_ALLOCATOR // 2  # an evaluation runs no backward pass: one thread's workspace
+
+
+def reserved_after_steps(name: str) -> list[int]:
+    """The truth's `reserved` after each step (the lines of steps, not of setup or events)."""
+    lines = [json.loads(line) for line in (FIXTURES / f"{name}.truth.jsonl").read_text().splitlines()]
+    return [t["reserved"] for t in lines if isinstance(t.get("step"), int) and t["step"] >= 0 and "event" not in t]
+
+
+def test_an_evaluation_leak_without_nvtx_grows_every_step():
+    # gpt2_steps.py --mode eval-leak: no torch.no_grad(), loss summed without .item(), no NVTX at all
+    analysis = analysis_of("torch_nonvtx_leak_v25")
+    series, = analysis.steps
+    assert (series.found_by, series.confidence, len(series.steps)) == ("kernels", "high", 8)
+    reserved = reserved_after_steps("torch_nonvtx_leak_v25")
+    assert [s.end_live_bytes for s in series.steps] == [r + EVAL_WORKSPACE for r in reserved]
+    growth, = analysis.growth
+    deltas = [b - a for a, b in zip(reserved, reserved[1:])]
+    assert (growth.verdict, growth.first_step, growth.bytes_per_step) == \
+        ("growing", 2, int(statistics.median(deltas[1:])))
+    assert growth.message.endswith("steps found from the kernel sequence: 8 iterations of 128 kernels, the same in 8 "
+                                   "of 8 (confidence high)")
+    assert "memory_growth" in [d.code for d in analysis.diagnostics]
+
+
+def test_a_sequence_length_warm_up_without_nvtx_is_no_leak():
+    # gpt2_steps.py --seq-warmup 4: the sequence grows for steps 0-3, then stays; reserved with it
+    analysis = analysis_of("torch_nonvtx_warmup_v25")
+    series, = analysis.steps
+    assert (series.found_by, len(series.steps)) == ("kernels", 10)
+    reserved = reserved_after_steps("torch_nonvtx_warmup_v25")
+    assert [s.end_live_bytes for s in series.steps] == [r + OUTSIDE_ALLOCATOR for r in reserved]
+    growth, = analysis.growth
+    assert growth.verdict == "stable"
+    assert growth.message.startswith("process 627 on GPU 0 grew during steps 0-3 (+4.1 GiB), flat since step 3: "
+                                     "nothing allocated or freed in steps 4-9; steps found from the kernel sequence")
+    assert not [d for d in analysis.diagnostics if d.code.startswith("memory_")]
+
+
+def test_empty_cache_mid_run_is_a_refill_not_a_leak():
+    # gpt2_steps.py --empty-cache-after 3: the cache is given back after step 3 and filled again
+    analysis = analysis_of("torch_emptycache_v25")
+    series, = analysis.steps
+    lines = [json.loads(line) for line in (FIXTURES / "torch_emptycache_v25.truth.jsonl").read_text().splitlines()]
+    emptied, = [t["reserved"] for t in lines if t.get("event") == "after_empty_cache"]
+    reserved = reserved_after_steps("torch_emptycache_v25")
+    reserved[3] = emptied  # the kernel steps end at the next step's first launch: after empty_cache()
+    assert [s.end_live_bytes for s in series.steps] == [r + OUTSIDE_ALLOCATOR for r in reserved]
+    growth, = analysis.growth
+    assert growth.verdict == "stable"
+    assert growth.message.startswith("process 632 on GPU 0 gave 2.2 GiB back in step 3 (torch.cuda.empty_cache() or the "
+                                     "allocator releasing its cache), took 2.5 GiB again in steps 4-5 and is flat "
+                                     "since step 5")
+    assert not [d for d in analysis.diagnostics if d.code.startswith("memory_")]
 
 
 def without_nvtx(name: str, folder: Path) -> Path:
@@ -78,8 +134,9 @@ def test_nvtx_steps_and_step_range_keep_priority(tmp_path):
     assert named.steps == [] and [d.code for d in named.diagnostics if d.code == "no_steps"] == ["no_steps"]
 
 
-def test_streamed_kernel_steps_are_the_whole_frame_ones(tmp_path, monkeypatch):
-    path = without_nvtx("torch_leak_v25", tmp_path)
+@pytest.mark.parametrize("name", ["torch_nonvtx_leak_v25", "torch_nonvtx_warmup_v25", "torch_emptycache_v25"])
+def test_streamed_kernel_steps_are_the_whole_frame_ones(name, monkeypatch):
+    path = FIXTURES / f"{name}.sqlite"
     whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
     assert whole["steps"][0]["found_by"] == "kernels"
     assert_streamed_full_is_whole(whole, streamed)

@@ -10,6 +10,10 @@ The rule (docs/analyses.md, "Steps and the growth verdict"):
   live bytes at their start); the rate is the median delta of the judged steps.
 - Uneven: not growing, but the judged steps together kept more than that threshold (a leak that
   does not happen every step, e.g. a cache entry every third step).
+- Refilled (stable): a judged step gave back more than that threshold (torch.cuda.empty_cache(),
+  or the allocator releasing its cache) and the last FLAT_AFTER_FLUSH steps or more after it
+  changed nothing: "gave 2.2 GiB back in step 3 ..., took 2.5 GiB again in steps 4-5 and is flat
+  since step 5", however uneven the steps around it look.
 - Stable: neither. When the steps left out as warm-up after the first one still added more than
   that threshold, it says so: "grew during steps 0-3 (+5.8 GiB), flat since step 3"; when the
   last MIN_JUDGED steps or more allocated and freed nothing at all: "is flat: nothing allocated
@@ -30,6 +34,7 @@ from ..units import fmt_bytes, fmt_duration
 MIB = 1 << 20
 MIN_GROWING = 3
 MIN_JUDGED = 3  # steps judged at least, after the warm-up
+FLAT_AFTER_FLUSH = 2  # flat steps after memory given back that make a refill, not a leak
 MAX_HOLDERS = 3
 LABEL_CHARS = 80  # a holder's label in the message; the JSON has it whole
 _DIGITS = re.compile(r"\d+")
@@ -155,6 +160,10 @@ def _judged(series: StepSeries, cap: Optional[MemoryCap], label: str, shared_byt
                          end_live_bytes=judged[-1].end_live_bytes, holders=holders)
     span = _span(judged)
     step_time = int(np.median([s.end_ns - s.start_ns for s in judged]))
+    refilled = _refilled(judged)
+    if refilled:
+        return Growth(**base, **judged_fields, verdict="stable", capacity_step=None,
+                      growing_steps=[s.number for s, g in zip(judged, grows) if g], message=f"{who} {refilled}")
     if _longest_run(grows) >= MIN_GROWING and rate > 0:
         at_step = at_time = None
         message = f"{who} grows {fmt_bytes(rate)} per step (median of steps {span})"
@@ -186,33 +195,58 @@ def _judged(series: StepSeries, cap: Optional[MemoryCap], label: str, shared_byt
                   message=f"{who} {_stable_since(steps, first)}")
 
 
-def _flat(steps: list) -> str:
-    """"is flat: nothing allocated or freed in steps 0-4" when the last steps touched no memory at
-    all (the caching allocator serves every step; a capture that began after warm-up), else ""."""
+def _refilled(steps: list) -> str:
+    """"gave 2.2 GiB back in step 3 (torch.cuda.empty_cache() or ...), took it again in steps 4-5
+    (+2.5 GiB) and is flat since step 5", when a step gave back more than the threshold and the
+    last FLAT_AFTER_FLUSH steps or more after the last such step changed nothing: a caching
+    allocator refilling its cache is no leak, however uneven the steps look; else ""."""
+    flushes = [i for i, s in enumerate(steps) if s.delta_bytes < -_threshold(s.start_live_bytes)]
+    if not flushes:
+        return ""
+    flush, after = steps[flushes[-1]], steps[flushes[-1] + 1:]
+    flat = 0
+    for step in reversed(after):
+        if abs(step.delta_bytes) > _threshold(step.start_live_bytes):
+            break
+        flat += 1
+    if flat < FLAT_AFTER_FLUSH:
+        return ""
+    text = (f"gave {fmt_bytes(-flush.delta_bytes)} back in step {flush.number} (torch.cuda.empty_cache() or the "
+            "allocator releasing its cache)")
+    refill = after[:len(after) - flat]
+    if refill:
+        taken = refill[-1].end_live_bytes - flush.end_live_bytes
+        text += f", took {fmt_bytes(taken)} again in steps {_span(refill)}"
+    return text + f" and is flat since step {(refill[-1] if refill else flush).number}"
+
+
+def _quiet(steps: list) -> str:
+    """The span of the last steps that allocated and freed nothing at all ("0-4": the caching
+    allocator serves every step, or a capture began after warm-up), when at least MIN_JUDGED
+    did, else ""."""
     quiet = 0
     for step in reversed(steps):
         if step.allocated_bytes or step.freed_bytes:
             break
         quiet += 1
-    if quiet < MIN_JUDGED:
-        return ""
-    return f"is flat: nothing allocated or freed in steps {_span(steps[len(steps) - quiet:])}"
+    return _span(steps[len(steps) - quiet:]) if quiet >= MIN_JUDGED else ""
 
 
 def _stable_since(steps: list, first: int) -> str:
-    """"is stable since step 3", or, when it went on growing after its first step (a cache
-    warming, a sequence length that grows for a few steps), "grew during steps 0-3 (+5.8 GiB),
-    flat since step 3": a rise that stops is no leak, and says so."""
+    """"is stable since step 3"; "grew during steps 0-3 (+5.8 GiB), flat since step 3" when it went
+    on growing after its first step (a cache warming, a sequence length that grows for a few
+    steps): a rise that stops is no leak, and says so; and "nothing allocated or freed in steps
+    4-9" when the last steps touched no memory at all."""
     warm = steps[:first]
-    if _flat(steps):
-        return _flat(steps)
-    grew = warm[-1].end_live_bytes - warm[0].start_live_bytes
-    after_first = warm[-1].end_live_bytes - warm[0].end_live_bytes
-    if len(warm) < 2 or after_first <= _threshold(warm[-1].end_live_bytes):
-        return f"is stable since step {steps[first].number}"
-    sign = "+" if grew >= 0 else "-"
-    return (f"grew during steps {warm[0].number}-{warm[-1].number} ({sign}{fmt_bytes(abs(grew))}), "
-            f"flat since step {warm[-1].number}")
+    quiet = _quiet(steps)
+    if len(warm) >= 2 and warm[-1].end_live_bytes - warm[0].end_live_bytes > _threshold(warm[-1].end_live_bytes):
+        grew = warm[-1].end_live_bytes - warm[0].start_live_bytes
+        sign = "+" if grew >= 0 else "-"
+        return (f"grew during steps {warm[0].number}-{warm[-1].number} ({sign}{fmt_bytes(abs(grew))}), "
+                f"flat since step {warm[-1].number}" + (f": nothing allocated or freed in steps {quiet}" if quiet else ""))
+    if quiet:
+        return f"is flat: nothing allocated or freed in steps {quiet}"
+    return f"is stable since step {steps[first].number}"
 
 
 def _about(ns: int) -> str:
