@@ -16,7 +16,7 @@ from .analyses.steps import find_step_ranges, memory_threads
 from .analyses.spikes import DEFAULT_WINDOW_NS
 from .errors import NsysanError
 from .events import LoadedEvents, load_events
-from .events.read import memory_rowid_span, read_cuda_activity
+from .events.read import memory_row_count, memory_rowid_span, read_cuda_activity
 from .events.read_launches import read_launches
 from .events.read_start import read_capture_start
 from .model import Analysis, Diagnostic, Source
@@ -163,8 +163,14 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
             if started is not None:
                 schema.diagnostics.append(capture_start_diagnostic(started))
             rows = memory_rowid_span(conn, schema) if may_stream_from is not None else -1
-            schema_only = rows >= (may_stream_from or 0) and (
-                rows >= STREAM_QUICK_FROM_ROWS or not memory_budget.fits(rows, quick, budget))
+
+            def too_many(rows: int) -> bool:
+                return rows >= (may_stream_from or 0) and (
+                    rows >= STREAM_QUICK_FROM_ROWS or not memory_budget.fits(rows, quick, budget))
+            # The span is the rows of an export (two b-tree descents); a table whose rowids jump
+            # (a row moved to rowid 2^32) has far fewer: counted (one scan, 0.1 s at 1e7 rows)
+            # before it is streamed for rows it doesn't have.
+            schema_only = too_many(rows) and too_many(memory_row_count(conn, schema))
             try:
                 loaded = load_events(conn, schema, say, quick=quick) if not schema_only else None
                 if loaded is not None and not quick and step_range is None:

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .. import apis
-from ..reader import database_path, read_chunks, read_converted, read_frame, read_rowid_ranges, read_table, \
+from ..reader import chunk_grid, database_path, read_chunks, read_converted, read_frame, read_rowid_ranges, read_table, \
     reads_in_chunks, rowid_span
 from ..schema import Schema, _quote, connect_readonly
 from .columns import categorical_lookup, empty_calls, empty_chains, empty_ranges, int_column, ints
@@ -128,7 +128,7 @@ def memory_call_chunks(conn: sqlite3.Connection, schema: Schema, name_ids: list[
         return
     low = rowids[0] if rowids else conn.execute(f"SELECT min(rowid) FROM {table}").fetchone()[0]
     high = rowids[1] if rowids else low + span - 1
-    grid = [(a, min(a + chunk_rowids, high + 1) - 1) for a in range(low, high + 1, chunk_rowids)]
+    grid = chunk_grid(conn, table, low, high, chunk_rowids)  # read_chunks reads the same ranges
     yield from zip(grid, read_chunks(conn, table, select, columns, chunk_rowids, (low, high), where))
 
 
@@ -216,6 +216,13 @@ def memory_rowid_span(conn: sqlite3.Connection, schema: Schema) -> int:
     return rowid_span(conn, MEMORY_TABLE) or 0
 
 
+def memory_row_count(conn: sqlite3.Connection, schema: Schema) -> int:
+    """How many rows the memory table holds (one scan of its b-tree); 0 when it is absent."""
+    if not schema.memory_usage_collected:
+        return 0
+    return int(conn.execute(f"SELECT count(*) FROM {MEMORY_TABLE}").fetchone()[0])
+
+
 def memory_event_chunks(conn: sqlite3.Connection, schema: Schema, chunk_rowids: int,
                         rowids: Optional[tuple[int, int]] = None) -> Iterator[pd.DataFrame]:
     """The rows of read_memory_events (and their rowid, `position`) `chunk_rowids` rowids at a
@@ -261,9 +268,9 @@ def memory_chunk_first_starts(conn: sqlite3.Connection, chunk_rowids: int) -> li
     low, high = conn.execute(f"SELECT min(rowid), max(rowid) FROM {table}").fetchone()
     if not isinstance(low, int) or not isinstance(high, int):
         return []
-    step = chunk_rowids
-    found = dict(conn.execute(f"SELECT (rowid - {low}) / {step}, min(start) FROM {table} GROUP BY 1"))
-    return [found.get(i) for i in range((high - low) // step + 1)]
+    # memory_event_chunks' chunks, each a range of the rowid b-tree: one scan of the table in all
+    return [conn.execute(f"SELECT min(start) FROM {table} WHERE rowid BETWEEN {a} AND {b}").fetchone()[0]
+            for a, b in chunk_grid(conn, table, low, high, chunk_rowids)]
 
 
 def _memory_select(schema: Schema) -> str:
