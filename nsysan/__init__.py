@@ -32,6 +32,9 @@ __all__ = ["analyze", "load_analysis", "compare", "check", "Analysis", "NsysanEr
 __version__ = "0.1.0"
 
 PathLike = Union[str, Path]
+# An analysis document of 5,000 processes is 20 MB; this is far beyond any real one, and short of
+# what json would need gigabytes of memory to read.
+MAX_DOCUMENT_BYTES = 512 << 20
 Run = Union[str, Path, Analysis]  # a report, an export, an analysis JSON, or an Analysis
 Size = Union[str, int]  # "8GiB", "512MiB", or bytes
 Progress = Callable[[str, float], None]
@@ -106,10 +109,13 @@ def load_analysis(path: PathLike) -> Analysis:
     Traceback (most recent call last):
     nsysan.errors.NsysanError: pyproject.toml could not be read as an analysis JSON (Expecting value: ...)
     """
+    from .export import read_regular
+
     name = Path(path).name
+    text = read_regular(Path(path), name, MAX_DOCUMENT_BYTES)  # never a FIFO or /dev/zero
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_refuse_constant)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        data = json.loads(text.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise NsysanError(f"{name} could not be read as an analysis JSON ({err})") from err
     except RecursionError:  # json's decoder recurses once per nesting level: '[[[[...'
         raise NsysanError(f"{name} could not be read as an analysis JSON (nested too deeply)") from None

@@ -20,8 +20,10 @@ def is_analysis_document(path: Path) -> bool:
     start with their own magic, never with a brace)."""
     if path.suffix.lower() == ".json":
         return True
+    from .export import open_regular
+
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:  # a FIFO never waits for a writer here
             head = handle.read(64).lstrip()
     except OSError:
         return False  # the analysis path says what is wrong with it

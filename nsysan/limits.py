@@ -26,6 +26,8 @@ BOOL_OPTIONS = ("no-failed-allocations", "allow-unmeasured")
 # On the command line, this value switches off a limit that the config table sets.
 OFF = "none"
 
+MAX_CONFIG_BYTES = 4 << 20  # a pyproject.toml is kilobytes
+
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -143,10 +145,15 @@ def read_config_file(path: Path) -> Optional[dict[str, Any]]:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
+    from .export import read_regular
+
+    raw = read_regular(path, str(path), MAX_CONFIG_BYTES)  # never a FIFO or /dev/zero
     try:
-        data: Any = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        data: Any = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise NsysanError(f"{path} could not be read ({err})") from err
+    except RecursionError:  # tomllib recurses once per nesting level: a = [[[[...
+        raise NsysanError(f"{path} could not be read (nested too deeply)") from None
     table = data
     for key in ("tool", "nsysan", "check"):
         table = table.get(key) if isinstance(table, dict) else None

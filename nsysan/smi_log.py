@@ -60,6 +60,9 @@ _UNIT_BYTES = {"": None, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 _HEADER_UNIT = re.compile(r"\[([^\]]*)\]")
 NVIDIA_SMI_TIME = "%Y/%m/%d %H:%M:%S.%f"  # what --query-*=timestamp writes: 2026/11/30 11:19:17.278
+# A day of -lms 100 on 8 GPUs is 0.6 GB; a larger log is cut to the capture's hours first (its
+# lines are held in memory, several times their size).
+MAX_LOG_BYTES = 1 << 30
 MAX_LINE = 4096  # longer lines are not nvidia-smi's; a garbage file must not make giant fields
 
 
@@ -103,12 +106,9 @@ def read_smi_log(path: Path, columns: Optional[Sequence[str]] = None, tz: str = 
     """Read one nvidia-smi CSV log; `columns` are used when the file has no header line."""
     name = Path(path).name
     zone = parse_tz(tz)
-    try:
-        raw = Path(path).read_bytes()
-    except IsADirectoryError:
-        raise NsysanError(f"--smi {name} is a directory, not an nvidia-smi CSV log") from None
-    except OSError as err:
-        raise NsysanError(f"--smi {name} could not be read ({err.strerror or err})") from err
+    from .export import read_regular
+
+    raw = read_regular(Path(path), f"--smi {name}", MAX_LOG_BYTES)  # never a FIFO or /dev/zero
     lines = [line for line in raw.decode("utf-8", "replace").splitlines() if line.strip()]
     if not lines:
         raise NsysanError(f"--smi {name} is empty; log with nvidia-smi --query-gpu=timestamp,index,uuid,"

@@ -12,7 +12,7 @@ from test_html import (INTERACT, PAGE_PROBES, assert_quiet_page, chromium, delta
 
 from browser import open_page
 from nsysan.compare import compare_analyses
-from nsysan.render.compare_html import write_comparison
+from nsysan.commands.outputs import write_comparison
 
 PROBES = {
     "ready": PAGE_PROBES["ready"], "interactive_ms": PAGE_PROBES["interactive_ms"], "scripts": PAGE_PROBES["scripts"],

@@ -9,8 +9,9 @@ import pytest
 from conftest import analysis_of
 
 from nsysan.errors import NsysanError
-from nsysan.render import files
-from nsysan.render.html import REPORT_FILES, write_report
+from nsysan.commands import outputs as files
+from nsysan.commands.outputs import write_report
+from nsysan.render.html import REPORT_FILES
 
 
 def test_a_full_disk_half_way_leaves_the_last_report_whole(tmp_path, monkeypatch):

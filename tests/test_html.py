@@ -26,7 +26,8 @@ from models import MiB, make_analysis
 import nsysan
 from nsysan.errors import NsysanError
 from nsysan.model import Analysis
-from nsysan.render.html import render_html, render_images, write_report
+from nsysan.commands.outputs import write_report
+from nsysan.render.html import render_html, render_images
 from nsysan.units import fmt_bytes
 
 XSS = "<script>alert(1)</script>"

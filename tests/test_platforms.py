@@ -133,7 +133,7 @@ def test_outputs_are_written_in_binary_mode_where_that_is_asked(tmp_path: Path, 
     """On Windows a descriptor from os.open is in text mode unless O_BINARY is given: every \\n
     written would become \\r\\n, PNGs included. Linux has no O_BINARY, so a stand-in flag is set
     on `os` and taken off again before the real os.open."""
-    from nsysan.render import files
+    from nsysan.commands import outputs as files
 
     fake_binary = 1 << 30
     seen: list[int] = []

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ..errors import NsysanError
-from ..render.files import write_all_or_none
+from ..commands.outputs import write_all_or_none
 from .database import ResultsDatabase
 from .engines import run_all
 from .summary import Fleet, SummaryRow, fleet_view, render_csv, summary_rows

@@ -14,7 +14,7 @@ from ..memory_budget import budget_bytes
 from ..export import files_read_for
 from ..model import Analysis
 from ..pipeline import analyze_report, check_pattern
-from ..render.files import check_output_dir, one_run, refuse_inputs, write_atomic
+from .outputs import check_output_dir, claim_outputs, one_run, write_atomic, write_report
 from ..render.json import render_baseline, render_json, render_json_many
 from ..units import parse_duration
 from ..smi_log import SmiLog, read_smi_logs
@@ -102,8 +102,6 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
     if baseline_out and quick:
         raise NsysanError("--baseline-out needs the full analysis: --quick reads no sites, NVTX ranges or failed "
                           "calls, which compare and check read from a baseline")
-    if baseline_out:
-        refuse_inputs([baseline_out])
     if step_range is not None:
         check_pattern(step_range, "--step-range")
     try:
@@ -112,14 +110,20 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
         raise NsysanError(str(err)) from None
     if json_dir:
         _check_unique_names(reports, "--json-dir writes DIR/<report name>.analysis.json")
-        refuse_inputs(json_dir / f"{report.name}.analysis.json" for report in reports)
+    planned = [(json_dir / f"{report.name}.analysis.json", f"analysis {report}") for report in reports] \
+        if json_dir else []
     if json_path:
-        refuse_inputs([json_path])
+        planned.append((json_path, f"analysis {reports[0]}"))
+    if baseline_out:
+        planned.append((baseline_out, "--baseline-out"))
     if output:
         _check_report_dirs(output, reports)
-        from ..render.html import REPORT_FILES, write_report  # matplotlib and jinja: 0.4 s, paid only for -o
+        from ..render.html import REPORT_FILES  # matplotlib and jinja: 0.4 s, paid only for -o
 
-        refuse_inputs(folder / name for folder in _report_dirs(output, reports) for name in REPORT_FILES)
+        # The JSON in -o's folder and --json hold the same document: both may name one file.
+        planned += [(folder / name, f"analysis {report}" if name == "analysis.json" else f"{name} {report}")
+                    for folder, report in zip(_report_dirs(output, reports), reports) for name in REPORT_FILES]
+    claim_outputs(planned)  # before the analysis: no output is an input, no two outputs name one file
     results: list[Analysis] = []
     failures = 0
     for report in reports:

@@ -49,7 +49,8 @@ def batch(
     """
     from ..batch.engines import DASK_MISSING, default_jobs
     from ..batch.inputs import expand_inputs
-    from ..render.files import check_output_dir
+    from ..export import files_read_for
+    from .outputs import check_output_dir, claim_outputs, one_run
     from ..memory_budget import budget_bytes
     from ..batch.database import parse_tags
 
@@ -72,10 +73,14 @@ def batch(
         raise NsysanError("no reports found in the inputs (.nsys-rep, .qdrep, .sqlite or *.analysis.json)")
     from ..batch.run import run_batch
 
-    with _counter(len(paths), enabled=progress) as count:
-        result = run_batch(paths, output, jobs=jobs or default_jobs(), dask=dask, db_path=db, tags=tag or (),
-                           nsys=str(nsys) if nsys else None, cache_dir=str(cache_dir) if cache_dir else None,
-                           progress=count, max_memory=budget, step_range=step_range)
+    with one_run(path for report in paths for path in files_read_for(report)):
+        # Before the analyses: no output is an input (also through a link in DIR), none named twice.
+        claim_outputs([(output / "summary.csv", "summary.csv"), (output / "summary.html", "summary.html"),
+                       (db if db is not None else output / "nsysan.db", "the database")])
+        with _counter(len(paths), enabled=progress) as count:
+            result = run_batch(paths, output, jobs=jobs or default_jobs(), dask=dask, db_path=db, tags=tag or (),
+                               nsys=str(nsys) if nsys else None, cache_dir=str(cache_dir) if cache_dir else None,
+                               progress=count, max_memory=budget, step_range=step_range)
     with to_stdout():
         _print_summary(result)
     if result.interrupted:

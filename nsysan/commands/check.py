@@ -13,7 +13,8 @@ from ..inputs import load_or_analyze
 from ..gate import Verdict, evaluate_limits
 from ..limits import Limits, load_config, read_config_file
 from ..model import Analysis
-from ..render.files import write_all_or_none
+from ..export import files_read_for
+from .outputs import append_text, claim_outputs, one_run, write_all_or_none, write_atomic
 from .common import out_console, say_error, to_stdout
 
 
@@ -65,11 +66,15 @@ def check(
 
     Example: nsysan check fixtures/torch_leak_v25.sqlite --baseline fixtures/torch_clean_v25.sqlite --max-peak-increase 10%
     """
-    from ..export import files_read_for
-    from ..render.files import one_run
-
-    # No output (the verdicts, the new baseline) may replace the run or its baseline.
-    with one_run([*files_read_for(report), *(files_read_for(baseline) if baseline else [])]):
+    summary = os.environ.get("GITHUB_STEP_SUMMARY") if github_summary else None
+    # No output (the verdicts, the new baseline) may replace the run, its baseline or the config
+    # (through any link), and no two outputs may name one file: said before anything is analyzed.
+    with one_run([*files_read_for(report), *(files_read_for(baseline) if baseline else []),
+                  *([config] if config is not None else [])]):
+        claim_outputs([(path, what) for path, what in ((json_path, "--json"), (junit, "--junit"),
+                                                        (markdown, "--markdown"), (baseline_out, "--baseline-out"),
+                                                        (summary and Path(summary), "$GITHUB_STEP_SUMMARY"))
+                       if path])
         _check(report, baseline, config, nsys, cache_dir, step_range, (json_path, junit, markdown, github_summary),
                baseline_out, dict(per=per, max_peak=max_peak, max_peak_increase=max_peak_increase,
                                   max_never_freed=max_never_freed, max_growth_per_step=max_growth_per_step,
@@ -91,7 +96,6 @@ def _check(report: Path, baseline: Optional[Path], config: Optional[Path], nsys:
         raise
     _write(verdict, *outputs)
     if baseline_out:
-        from ..render.files import write_atomic
         from ..render.json import render_baseline
 
         write_atomic(baseline_out, render_baseline(analysis))
@@ -110,9 +114,9 @@ def _check(report: Path, baseline: Optional[Path], config: Optional[Path], nsys:
 def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsys: Optional[Path],
              cache_dir: Optional[Path], step_range: Optional[str], given: dict) -> tuple[Verdict, Analysis]:
     if config is not None:
-        defaults = read_config_file(config) if config.is_file() else None
+        defaults = read_config_file(config)  # a missing file, a FIFO or a device is said there
         if defaults is None:
-            raise NsysanError(f"--config {config}: no such file, or no [tool.nsysan.check] table in it")
+            raise NsysanError(f"--config {config}: no [tool.nsysan.check] table in it")
     else:
         _, defaults = load_config(Path.cwd())
     limits = Limits.parse(**given, defaults=defaults)
@@ -142,9 +146,5 @@ def _write(verdict: Verdict, json_path: Optional[Path], junit: Optional[Path], m
     if files:
         write_all_or_none(files)
     summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
-    if github_summary and summary_file:
-        try:
-            with open(summary_file, "a", encoding="utf-8") as handle:
-                handle.write(render_markdown(verdict))
-        except OSError as err:
-            raise NsysanError(f"could not write $GITHUB_STEP_SUMMARY ({summary_file}): {err.strerror or err}") from err
+    if github_summary and summary_file:  # a regular file only, never an input: commands/outputs.py
+        append_text(Path(summary_file), render_markdown(verdict), "$GITHUB_STEP_SUMMARY")

@@ -11,7 +11,8 @@ import typer
 from ..compare import compare_analyses
 from ..errors import NsysanError
 from ..inputs import load_or_analyze
-from ..render.files import check_output_dir
+from ..export import files_read_for
+from .outputs import check_output_dir, claim_outputs, one_run, write_comparison
 from ..render.json import dumps
 from .common import out_console, shown, to_stdout
 
@@ -41,16 +42,21 @@ def compare(
         from ..pipeline import check_pattern
 
         check_pattern(step_range, "--step-range")
-    if output:
-        check_output_dir(output)
+    with one_run([*files_read_for(base), *files_read_for(new)]):
+        if output:
+            check_output_dir(output)
+            from ..render.compare_html import COMPARE_FILES
+
+            claim_outputs((output / name, name) for name in COMPARE_FILES)  # no input behind a link there
+        _compare(base, new, format, output, top, nsys, cache_dir, step_range)
+
+
+def _compare(base: Path, new: Path, format: str, output: Optional[Path], top: int, nsys: Optional[Path],
+             cache_dir: Optional[Path], step_range: Optional[str]) -> None:
     before = load_or_analyze(base, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
     after = load_or_analyze(new, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
     comparison = compare_analyses(before, after)
-    page = None
-    if output:
-        from ..render.compare_html import write_comparison
-
-        page = write_comparison(comparison, before, after, output)
+    page = write_comparison(comparison, before, after, output) if output else None
     with to_stdout():
         if format == "json":
             typer.echo(dumps(comparison.to_dict()))

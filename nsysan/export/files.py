@@ -60,6 +60,32 @@ def open_regular(path: Path) -> BinaryIO:
         raise
 
 
+def read_regular(path: Path, what: str, limit: int) -> bytes:
+    """The bytes of a small input (an analysis or baseline JSON, an nvidia-smi log, a config
+    file), opened as the reports are: a regular file only (a FIFO never waits for a writer,
+    /dev/zero is refused before it fills the memory), at most `limit` bytes. `what` names the
+    input in the one line of an NsysanError ("--smi gpu.csv", "base.analysis.json")."""
+    try:
+        with open_regular(Path(path)) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > limit:
+                raise NsysanError(f"{what} is {size:,} bytes, more than the {limit:,} such a file can be; "
+                                  "check that it is the file meant")
+            data = handle.read(limit + 1)  # a file growing while read stops here too
+    except FileNotFoundError:
+        raise NsysanError(f"{what}: no such file; check the path") from None
+    except IsADirectoryError:
+        raise NsysanError(f"{what} is a directory, not a file") from None
+    except OSError as err:
+        if err.errno == errno.EINVAL and err.strerror and err.strerror.startswith("it is "):
+            raise NsysanError(f"{what} is {err.strerror[6:]}; pass the file itself, not a pipe or a device") \
+                from None
+        raise NsysanError(f"{what} could not be read ({err.strerror or err})") from None
+    if len(data) > limit:
+        raise NsysanError(f"{what} grew past {limit:,} bytes while it was read; check that it is the file meant")
+    return data
+
+
 # ---------------------------------------------------------------------------------------------
 # Checking SQLite files
 

@@ -8,13 +8,10 @@ GPU (compare_data.py). Every profile string is autoescaped; the page names the r
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..compare import Comparison
 from ..model import Analysis
 from .compare_data import compare_page_data
 from .compare_plot import comparison_png
-from .files import check_output_dir, write_all_or_none
 from .html import _environment, content_security_policy, page_script, page_style
 from .json import dumps
 
@@ -30,11 +27,9 @@ def render_comparison_html(c: Comparison, base: Analysis, new: Analysis) -> str:
         data=compare_page_data(c, base, new), has_growth=any(d.growth_per_step for d in c.processes))
 
 
-def write_comparison(c: Comparison, base: Analysis, new: Analysis, out_dir: Path) -> Path:
-    """Write compare.png, compare.json and compare.html into `out_dir` (all or none); the page's path."""
-    out_dir = Path(out_dir)
-    check_output_dir(out_dir)
+def comparison_files(c: Comparison, base: Analysis, new: Analysis) -> dict[str, str | bytes]:
+    """compare.png, compare.json and compare.html, by name, in COMPARE_FILES' order (the command
+    writes them, all or none: commands/outputs.py)."""
     files: dict[str, str | bytes] = {"compare.png": comparison_png(c, base, new), "compare.json": dumps(c.to_dict()) + "\n",
                                      "compare.html": render_comparison_html(c, base, new)}
-    write_all_or_none({out_dir / name: files[name] for name in COMPARE_FILES})
-    return out_dir / "compare.html"
+    return {name: files[name] for name in COMPARE_FILES}

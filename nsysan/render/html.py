@@ -24,7 +24,6 @@ from markupsafe import Markup
 from ..errors import printable
 from ..model import SEVERITIES, TRUST_BREAKING, Allocation, AllocationGroup, Analysis
 from ..units import fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_share, fmt_time, fmt_time_in, time_unit
-from .files import check_output_dir, write_all_or_none
 from .json import render_json
 from .page_data import page_data
 
@@ -112,19 +111,13 @@ def page_script() -> Markup:
     return Markup(f"/*! uPlot {UPLOT_VERSION}\n{license_text}*/\n" + code + "\n" + ours)
 
 
-def write_report(analysis: Analysis, out_dir: Path, full_paths: bool = False) -> Path:
-    """Write report.html, timeline.png, sites.png and analysis.json into `out_dir`; return the page's path.
-
-    The four are written all or none (a full disk leaves the last run's report whole); a folder
-    that can't be written is one NsysanError.
-    """
-    out_dir = Path(out_dir)
-    check_output_dir(out_dir)
+def report_files(analysis: Analysis, full_paths: bool = False) -> dict[str, str | bytes]:
+    """report.html, timeline.png, sites.png and analysis.json, by name, in REPORT_FILES' order (the
+    command writes them, all or none: commands/outputs.py)."""
     images = render_images(analysis)
     files: dict[str, str | bytes] = {**images, "analysis.json": render_json(analysis),
                                      "report.html": render_html(analysis, images, full_paths)}
-    write_all_or_none({out_dir / name: files[name] for name in REPORT_FILES})
-    return out_dir / "report.html"
+    return {name: files[name] for name in REPORT_FILES}
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,4 +1,10 @@
-"""Writing outputs: atomically, and with one clear error when the place can't be written."""
+"""The one guard of every output of every command, and the writing itself.
+
+Every file a command writes (analyze's JSON and report folder, check's JSON, JUnit and
+Markdown and the GitHub step summary, compare's folder, batch's summary and database) goes
+through here: no output may replace an input of the run (followed through links, compared by
+inode), two outputs of one run may not name one file, and a file is written atomically with
+one clear error when the place can't be written."""
 
 from __future__ import annotations
 
@@ -9,9 +15,13 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Union
 
 from ..errors import NsysanError
+
+if TYPE_CHECKING:
+    from ..compare import Comparison
+    from ..model import Analysis
 
 # Files no output may replace, by (device, inode): the inputs of this run and what SQLite reads
 # beside them. An inode, not a name: a symlink, a hard link or `./x` vs `x` name the same file.
@@ -46,6 +56,33 @@ def protect_inputs(paths: Iterable[Path]) -> None:
         except (OSError, ValueError):  # not there (yet), or a name the OS can't take
             continue
         _inputs.setdefault((found.st_dev, found.st_ino), str(path))
+
+
+def claim_outputs(outputs: Iterable[tuple[Path, str]]) -> None:
+    """Before anything is computed: refuse an output that is an input of the run (directly, through
+    a symlink or a hard link) and two outputs naming one file. Each output comes with the name of
+    the document it will hold: two names for one document (`analyze --json DIR/analysis.json -o DIR`)
+    are one output written twice, with the same bytes."""
+    seen: dict[object, tuple[Path, str]] = {}
+    for path, document in outputs:
+        path = Path(path)
+        _refuse_if_input(path)
+        key = _identity(path)
+        earlier = seen.get(key)
+        if earlier is not None and earlier[1] != document:
+            raise NsysanError(f"refusing to write {path} ({document}): it is the file of {earlier[1]} too "
+                              f"({earlier[0]}), and one would be lost; give each output its own name")
+        seen.setdefault(key, (path, document))
+
+
+def _identity(path: Path) -> object:
+    """What two names of one file share: its (device, inode) when it exists (hard links, symlinks),
+    else the absolute path with every link resolved (a file yet to be made)."""
+    try:
+        found = os.stat(path)
+        return (found.st_dev, found.st_ino)
+    except (OSError, ValueError):
+        return os.path.realpath(path)
 
 
 def refuse_inputs(targets: Iterable[Path]) -> None:
@@ -85,6 +122,8 @@ def write_all_or_none(files: dict[Path, Union[str, bytes]]) -> None:
     take their names, and renaming needs no space. A full disk or a failure half-way leaves every
     old file in place and no new one, never a page of this run beside the plots of the last.
     """
+    claim_outputs((Path(path), hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data)
+                   .hexdigest()) for path, data in files.items())
     staged: list[tuple[Path, Path, Path, str]] = []  # (temporary file, target, path as given, sha256)
     try:
         for path, data in files.items():
@@ -181,3 +220,58 @@ def check_output_dir(path: Path) -> None:
         raise NsysanError(f"could not write {path}: {ancestor} is not a folder")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise NsysanError(f"could not write {path}: {ancestor} is not writable")
+
+
+def append_text(path: Path, text: str, what: str) -> None:
+    """Append `text` to a regular file (the GitHub step summary), made if missing: never an input,
+    never a FIFO or a device (opened without waiting, its type checked on the open file)."""
+    path = Path(path)
+    _refuse_if_input(path)
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+             | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        reason = "a FIFO (named pipe) nobody reads" if err.errno == errno.ENXIO else (err.strerror or str(err))
+        raise NsysanError(f"could not write {what} ({path}): {reason}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            from ..export import describe_file_type
+
+            raise NsysanError(f"could not write {what} ({path}): it is {describe_file_type(mode)}, not a file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError as err:
+        raise NsysanError(f"could not write {what} ({path}): {err.strerror or err}") from None
+    finally:
+        os.close(fd)
+
+
+def write_folder(out_dir: Path, files: dict[str, Union[str, bytes]]) -> None:
+    """A report folder's files (in the dict's order), all or none, after checking the folder."""
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir)
+    write_all_or_none({out_dir / name: data for name, data in files.items()})
+
+
+def write_report(analysis: "Analysis", out_dir: Path, full_paths: bool = False) -> Path:
+    """Write report.html, timeline.png, sites.png and analysis.json into `out_dir` (all or none: a
+    full disk leaves the last run's report whole); return the page's path."""
+    from ..render.html import report_files  # matplotlib and jinja: 0.4 s, paid only for -o
+
+    check_output_dir(out_dir)
+    write_folder(out_dir, report_files(analysis, full_paths))
+    return Path(out_dir) / "report.html"
+
+
+def write_comparison(c: "Comparison", base: "Analysis", new: "Analysis", out_dir: Path) -> Path:
+    """Write compare.png, compare.json and compare.html into `out_dir` (all or none); the page's path."""
+    from ..render.compare_html import comparison_files
+
+    check_output_dir(out_dir)
+    write_folder(out_dir, comparison_files(c, base, new))
+    return Path(out_dir) / "compare.html"
