@@ -74,8 +74,13 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     """
     from .memory_budget import budget_bytes
     from .pipeline import analyze_report
-    from .smi_log import read_smi_logs
+    from .smi_log import parse_tz, read_smi_logs
 
+    parse_tz(smi_tz)  # refused as --smi-tz is, with or without logs
+    if isinstance(smi, (str, Path)):  # one log: a path, not a sequence of one-letter paths
+        smi = [smi]
+    if isinstance(smi_columns, str):
+        smi_columns = [smi_columns]
     capacity = None
     if what_if_gpu is not None:
         from .analyses.what_if import what_if_bytes
@@ -197,7 +202,7 @@ def check(report: Run, baseline: Optional[Run] = None, *, max_peak: Optional[Siz
                           no_failed_allocations=no_failed_allocations,
                           no_warnings=no_warnings if isinstance(no_warnings, (str, type(None))) else
                           ("all" if no_warnings is True else None) if isinstance(no_warnings, bool) else
-                          ",".join(no_warnings), defaults=defaults, allow_unmeasured=allow_unmeasured)
+                          ",".join(map(str, no_warnings)), defaults=defaults, allow_unmeasured=allow_unmeasured)
     base = _run(baseline, nsys, cache_dir, step_range) if baseline is not None else None
     return evaluate_limits(_run(report, nsys, cache_dir, step_range), base, limits)
 

@@ -9,13 +9,16 @@ Sizes: a number with an optional unit. KiB/MiB/GiB/TiB are binary (1024), kB/MB/
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from .errors import NsysanError
-from .units import fmt_bytes
+from .model import DIAGNOSTIC_CODES
+from .units import fmt_bytes, shown_value
 
 PER = ("process", "gpu", "all")
 # The limit options, as spelled on the command line and in a config table.
@@ -35,13 +38,32 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
-def parse_size(text: str, option: str = "size") -> int:
-    """Bytes of "8GiB", "512 MiB", "1.5G", "900MB", "0"; NsysanError otherwise."""
-    match = _SIZE.match(str(text))
+# The largest size an option takes: what a signed 64-bit integer holds (the JSON documents and
+# nsysan.db store bytes as such), 8 EiB, far beyond any GPU.
+MAX_SIZE_BYTES = (1 << 63) - 1
+MAX_PERCENT = 1_000_000.0  # a peak 10,000 times the baseline's
+
+
+def parse_size(text: object, option: str = "size") -> int:
+    """Bytes of "8GiB", "512 MiB", "1.5G", "900MB", "0" (or an int of bytes), from 0 to 8 EiB;
+    NsysanError otherwise."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return _size_in_range(text, option, shown_value(text))
+    match = _SIZE.match(text) if isinstance(text, str) else None
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _UNITS:
-        raise NsysanError(f"--{option} {text!r} is not a size; write it like 8GiB, 512MiB, 900MB or 0")
-    return int(round(float(match.group(1)) * _UNITS[unit]))
+        raise NsysanError(f"--{option} {shown_value(text)} is not a size; write it like 8GiB, 512MiB, 900MB or 0")
+    # Decimal, not float: 400 digits are a size too large, not an infinity that crashes int()
+    number = int((Decimal(match.group(1)) * _UNITS[unit]).to_integral_value())
+    return _size_in_range(number, option, shown_value(text))
+
+
+def _size_in_range(number: int, option: str, shown: str) -> int:
+    if number < 0:
+        raise NsysanError(f"--{option} {shown} is negative; a size is 0 or more, like 8GiB")
+    if number > MAX_SIZE_BYTES:
+        raise NsysanError(f"--{option} {shown} is larger than 8 EiB, the most a size can be; write it like 8GiB")
+    return number
 
 
 @dataclass(frozen=True)
@@ -55,11 +77,17 @@ class Amount:
     def parse(text: str, option: str) -> "Amount":
         match = _PERCENT.match(str(text))
         if match:
-            return Amount(percent=float(match.group(1)))
+            percent = float(match.group(1))
+            if percent > MAX_PERCENT:
+                raise NsysanError(f"--{option} {shown_value(text)} is more than {MAX_PERCENT:,.0f}%, the most it "
+                                  "can be; write it like 5% or 512MiB")
+            return Amount(percent=percent)
         try:
             return Amount(bytes=parse_size(text, option))
-        except NsysanError:
-            raise NsysanError(f"--{option} {text!r} is neither a size nor a percentage; "
+        except NsysanError as err:
+            if "is not a size" not in err.message:
+                raise  # a size out of range says so
+            raise NsysanError(f"--{option} {shown_value(text)} is neither a size nor a percentage; "
                               "write it like 5% or 512MiB") from None
 
     def __str__(self) -> str:
@@ -111,6 +139,12 @@ class Limits:
         if isinstance(warnings, bool):
             warnings = "all" if warnings else None
         codes = tuple(c.strip() for c in str(warnings).split(",") if c.strip()) if warnings else ()
+        unknown = [c for c in codes if c != "all" and c not in DIAGNOSTIC_CODES]
+        if unknown:
+            near = difflib.get_close_matches(unknown[0], sorted(DIAGNOSTIC_CODES), n=1)
+            hint = f"did you mean {near[0]}? " if near else ""
+            raise NsysanError(f"--no-warnings {shown_value(unknown[0])} is not a diagnostic code; {hint}give codes "
+                              "from docs/analyses.md#diagnostics, comma-separated, or all")
         increase = merged.get("max-peak-increase")
         return Limits(per=per_value, max_peak=size("max-peak"),
                       max_peak_increase=Amount.parse(str(increase), "max-peak-increase") if increase is not None

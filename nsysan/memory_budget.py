@@ -28,9 +28,9 @@ _NO_LIMIT = 1 << 60  # cgroup v1 writes a huge number for "no limit"
 def budget_bytes(value: Union[int, str, None]) -> Optional[int]:
     """`--max-memory` / `max_memory=` as bytes: a size ("4GiB", "900MB", "0") or bytes; None
     (the default budget) stays None. NsysanError (exit 2) for what is not a size."""
-    if value is None or isinstance(value, int):
+    if value is None:
         return value
-    from .limits import parse_size
+    from .limits import parse_size  # a size in range, an int of bytes too (0 to 8 EiB)
 
     return parse_size(value, "max-memory")
 

@@ -23,6 +23,7 @@ from .model import Analysis, Diagnostic, Source
 from .model.capture import path_text
 from .schema import Schema, open_readonly, probe, refuse_missing_tables
 from .smi_log import SmiLog
+from .units import check_duration_ns
 from .snapshot import committed_state
 
 Progress = Callable[[str, float], None]
@@ -46,6 +47,13 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     say = progress or (lambda stage, fraction: None)
     if step_range is not None:
         check_pattern(step_range, "--step-range")
+    if spike_window_ns is not None:  # the API's value, checked as the command line's --spike-window
+        try:
+            check_duration_ns(spike_window_ns, "spike_window_ns")
+        except ValueError as err:
+            raise NsysanError(str(err)) from None
+    if max_memory is not None:
+        max_memory = memory_budget.budget_bytes(max_memory)
     is_report = report.suffix.lower() in (".nsys-rep", ".qdrep")
     share = EXPORT_SHARE if is_report else 0.0
 

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import NsysanError
+from .units import shown_value
 
 # Header names (lower case, unit removed) -> what they hold. Several nvidia-smi spellings mean
 # the same thing: `uuid` in --query-gpu is `gpu_uuid` in --query-compute-apps, and
@@ -141,7 +142,10 @@ def read_smi_log(path: Path, columns: Optional[Sequence[str]] = None, tz: str = 
 
 def parse_tz(spec: str) -> dt.tzinfo:
     """`UTC`, an IANA zone (`Europe/Paris`) or a fixed offset (`+02:00`, `UTC-5`, `-0530`)."""
-    text = (spec or "").strip()
+    if not isinstance(spec, str):  # the API's smi_tz=5: said as the command line says it
+        raise NsysanError(f"--smi-tz {shown_value(spec)} is not a time zone; give an IANA name like Europe/Paris "
+                          "or an offset like +02:00")
+    text = spec.strip()
     if text.upper() in ("UTC", "Z", "GMT"):
         return dt.timezone.utc
     fixed = re.fullmatch(r"(?:UTC|GMT)?\s*([+-])(\d{1,2})(?::?(\d{2}))?", text, re.I)

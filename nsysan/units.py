@@ -128,12 +128,40 @@ def fmt_durations(values: list[Optional[int]]) -> list[str]:
 _DURATION_SUFFIXES = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 
 
-def parse_duration(text: str, option: str = "duration") -> int:
-    """"10ms", "0.5 s", "200us" or "1500ns" as ns; a bare number is ms. Raises ValueError saying what is
-    accepted."""
-    import re
+# The longest window a duration option takes: a day (longer than any capture nsys can make in
+# memory). A duration is at least 1 ns.
+MAX_DURATION_NS = 86_400 * 1_000_000_000
 
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s)?\s*", text or "")
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"{option} {text!r} is not a duration; give one like 10ms, 0.5s or 200us")
-    return int(round(float(match.group(1)) * _DURATION_SUFFIXES[match.group(2) or "ms"]))
+
+def parse_duration(text: str, option: str = "duration") -> int:
+    """"10ms", "0.5 s", "200us" or "1500ns" as ns (1 ns to a day); a bare number is ms. Raises
+    ValueError saying what is accepted."""
+    import re
+    from decimal import Decimal
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s)?\s*", str(text or ""))
+    if not match:
+        raise ValueError(f"{option} {shown_value(text)} is not a duration; give one like 10ms, 0.5s or 200us")
+    # Decimal, not float: 400 digits are a number too large, not an infinity that crashes int()
+    ns = int((Decimal(match.group(1)) * _DURATION_SUFFIXES[match.group(2) or "ms"]).to_integral_value())
+    return check_duration_ns(ns, option, shown_value(text))
+
+
+def check_duration_ns(ns: object, option: str, shown: str = "") -> int:
+    """`ns` when it is a whole number of ns from 1 ns to a day; ValueError saying so otherwise
+    (the command line's --spike-window and the API's spike_window_ns say the same)."""
+    what = f"{option} {shown or shown_value(ns)}"
+    if isinstance(ns, bool) or not isinstance(ns, int):
+        raise ValueError(f"{what} is not a duration; give one like 10ms, 0.5s or 200us")
+    if ns < 1:
+        raise ValueError(f"{what} is not a duration: it must be at least 1 ns; give one like 10ms, 0.5s or 200us")
+    if ns > MAX_DURATION_NS:
+        raise ValueError(f"{what} is longer than a day, the most it can be; give one like 10ms, 0.5s or 200us")
+    return ns
+
+
+def shown_value(value: object, limit: int = 40) -> str:
+    """A value as an error line quotes it: its repr, cut to `limit` characters (a 400-digit
+    number is named, not printed whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 13]}... ({len(text)} chars)"

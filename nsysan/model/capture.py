@@ -33,6 +33,21 @@ class Diagnostic:
     message: str  # one or two sentences a user can act on
 
 
+# Every code a Diagnostic may have (docs/analyses.md#diagnostics lists them, with what raises
+# each; tests/test_hostile3.py checks that the two lists agree). `check --no-warnings` refuses
+# any other: a misspelled code would never match, and the gate would pass what it should stop.
+DIAGNOSTIC_CODES = frozenset({
+    "allocated_before_capture", "allocation_failed", "allocations_without_events", "allocator_oom_suspected",
+    "bad_memory_rows", "bad_time_shift", "cache_flushes", "caching_allocator", "cuda_trace_incomplete",
+    "long_strings", "memory_growth", "memory_kept_unevenly", "near_capacity", "no_backtraces", "no_cuda_trace",
+    "no_memory_events", "no_steps", "not_streamed", "nsys_diagnostic", "nsys_older_than_cuda",
+    "overlapping_allocations", "partial_export", "preallocation", "probe", "python_stacks_not_exported",
+    "python_stacks_unreadable", "quick", "run_cut_short", "sibling_export", "sibling_export_damaged",
+    "sizes_not_collected", "smi_clock_offset", "smi_no_overlap", "smi_no_start_time", "smi_other_gpu",
+    "smi_rows_skipped", "static_memory", "virtual_memory_api", "vmm_without_access",
+})
+
+
 @dataclass(frozen=True)
 class Source:
     """The file the user gave and how it was read."""

@@ -9,7 +9,7 @@ limit broke), then `<system-out>` and `<system-err>`.
 from __future__ import annotations
 
 import datetime
-import html
+import re
 import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING
 
@@ -107,27 +107,46 @@ def render_junit(verdict: Verdict, time: datetime.datetime | None = None) -> str
 
 
 def render_markdown(verdict: Verdict) -> str:
-    """A Markdown summary (a GitHub job summary, a merge-request note). Profile strings are
-    HTML-escaped, since GitHub renders HTML inside Markdown."""
+    """A Markdown summary (a GitHub job summary, a merge-request note). Every string that holds
+    a profile's words (the verdict line with the report's name, a process name, the comparison)
+    is an inline code span: there Markdown makes no link, no autolink (`https://...`, `www.`,
+    `a@b.c`), no image and no HTML, whatever the string holds."""
     icon = {"pass": "✅", "fail": "❌"}.get(verdict.status, "⚠️")
-    lines = [f"### {icon} nsysan check: {_md(verdict_line(verdict))}", ""]
+    lines = [f"### {icon} nsysan check: {_code(verdict_line(verdict))}", ""]
     if verdict.status == "error":
         return "\n".join(lines)
     if verdict.comparison:
-        lines += [f"Compared with the baseline: {_md(verdict.comparison)}", ""]
+        lines += [f"Compared with the baseline: {_code(verdict.comparison)}", ""]
     lines += ["| | limit | where | measured |", "|---|---|---|---|"]
     order = {"broken": 0, "not_measured": 1, "held": 2}
     marks = {"broken": "❌", "not_measured": "⚠️", "held": "✅"}
     for o in sorted(verdict.outcomes, key=lambda o: order[o.status]):
-        lines.append(f"| {marks[o.status]} | `{o.limit}` {_md(o.threshold)} | {_md(o.where)} | {_md(o.message)} |")
+        lines.append(f"| {marks[o.status]} | {_cell(o.limit)} {_cell(o.threshold)} | {_cell(o.where)} | "
+                     f"{_cell(o.message)} |")
     return "\n".join(lines) + "\n"
+
+
+# Characters XML 1.0 cannot carry at all, even as character references: what printable()
+# leaves of them (U+FFFE, U+FFFF; surrogates and controls it escapes already) is escaped too.
+_XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def _x(text: str) -> str:
     """Text for XML 1.0, which has no way to carry control characters: shown as escapes."""
-    return printable(str(text))
+    return _XML_INVALID.sub(lambda m: f"\\u{ord(m.group()):04x}", printable(str(text)))
 
 
-def _md(text: str) -> str:
-    return html.escape(printable(str(text)), quote=False).replace("|", "\\|").replace("`", "\\`") \
-        .replace("*", "\\*").replace("_", "\\_").replace("[", "\\[")
+def _code(text: str) -> str:
+    """`text` as one inline code span: fenced by one backtick more than its longest run of
+    backticks, padded where it starts or ends with one (CommonMark 6.1)."""
+    text = printable(str(text))
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith(("`", " ")) or text.endswith(("`", " ")) or not text else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _cell(text: str) -> str:
+    """A code span in a table cell: a `|` would end the cell even there, so it is escaped
+    (GitHub's table rule, which applies inside code spans too)."""
+    return _code(text).replace("|", "\\|")
