@@ -110,17 +110,18 @@ def read_smi_log(path: Path, columns: Optional[Sequence[str]] = None, tz: str = 
     from .export import read_regular
 
     raw = read_regular(Path(path), f"--smi {name}", MAX_LOG_BYTES)  # never a FIFO or /dev/zero
-    lines = [line for line in raw.decode("utf-8", "replace").splitlines() if line.strip()]
+    # (line number in the file, line): an impossible value is refused naming its line
+    numbered = [(i + 1, line) for i, line in enumerate(raw.decode("utf-8", "replace").splitlines()) if line.strip()]
+    lines = [line for _, line in numbered]
     if not lines:
         raise NsysanError(f"--smi {name} is empty; log with nvidia-smi --query-gpu=timestamp,index,uuid,"
                           "memory.used --format=csv -lms 100 (see docs/cli.md)")
     header = _header_names(lines[0])
     if header is not None:
-        names, body = header, lines[1:]
         header_line = lines[0].strip()
-        body = [line for line in body if line.strip() != header_line]  # appended runs repeat it
+        names, body = header, [(n, line) for n, line in numbered[1:] if line.strip() != header_line]  # appended runs repeat it
     elif columns:
-        names, body = [_normalize(c) for c in columns], lines
+        names, body = [_normalize(c) for c in columns], numbered
     else:
         raise NsysanError(f"--smi {name} has no header line; give its columns in order with --smi-columns "
                           "(the --query-gpu or --query-compute-apps list, e.g. timestamp,index,memory.used)")
@@ -129,7 +130,8 @@ def read_smi_log(path: Path, columns: Optional[Sequence[str]] = None, tz: str = 
     kind = _kind(names, name)
     if not body:
         raise NsysanError(f"--smi {name} has a header but no samples; was nvidia-smi stopped at once?")
-    frame, skipped, example = _parse_rows(body, names, [u.group(1) if u else "" for u in units], kind, zone)
+    frame, skipped, example = _parse_rows(body, names, [u.group(1) if u else "" for u in units], kind, zone,
+                                          f"--smi {name}")
     if frame.empty:
         why = f" (the first: {example!r})" if example else ""
         raise NsysanError(f"--smi {name}: none of its {len(body)} rows could be read as {', '.join(names)}"
@@ -194,14 +196,15 @@ def _kind(names: list[str], name: str) -> str:
                       f"(--query-compute-apps) (its columns: {', '.join(names)})")
 
 
-def _parse_rows(body: list[str], names: list[str], header_units: list[str], kind: str,
-                zone: dt.tzinfo) -> tuple[pd.DataFrame, int, str]:
+def _parse_rows(body: list[tuple[int, str]], names: list[str], header_units: list[str], kind: str,
+                zone: dt.tzinfo, what: str) -> tuple[pd.DataFrame, int, str]:
     width = len(names)
     meaning = [COLUMN_ALIASES.get(n) for n in names]
     name_at = meaning.index("process_name") if "process_name" in meaning else None
     rows: list[list[str]] = []
+    numbers: list[int] = []
     bad: list[str] = []
-    for line in body:
+    for number, line in body:
         fields = [f.strip() for f in line[:MAX_LINE].split(",")]
         if len(fields) > width and name_at is not None:
             # nvidia-smi does not quote: a process name with commas spreads over several fields
@@ -209,6 +212,7 @@ def _parse_rows(body: list[str], names: list[str], header_units: list[str], kind
             fields[name_at:name_at + extra + 1] = [", ".join(fields[name_at:name_at + extra + 1])]
         if len(fields) == width:
             rows.append(fields)
+            numbers.append(number)
         else:
             bad.append(line)
     table = pd.DataFrame(rows, columns=[m or f"_{i}" for i, m in enumerate(meaning)], dtype=object)
@@ -227,6 +231,8 @@ def _parse_rows(body: list[str], names: list[str], header_units: list[str], kind
              else pd.Series(-1.0, index=table.index))
     ok &= index.notna()
     bad.extend(_join(table.loc[~ok]))
+    _refuse_impossible(what, numbers, ok, {"memory.used" if kind == "gpu" else "used_memory": used,
+                                           "memory.total": total}, index, pid)
     keep = ok.to_numpy()
     frame = pd.DataFrame({
         "utc_ns": utc_ns[keep].astype("int64").to_numpy(),
@@ -246,18 +252,54 @@ def _join(rows: pd.DataFrame) -> list[str]:
     return [", ".join(map(str, r)) for r in rows.itertuples(index=False)]  # the few bad rows only
 
 
+# A timestamp that names its zone: ...Z, ...+02:00, ...-0530 (ISO 8601, from a converted log).
+_ZONED = r"(?:[zZ]|[+-]\d{2}:?\d{2})\s*$"
+
+
 def _utc_ns(text: pd.Series, zone: dt.tzinfo) -> pd.Series:
-    """nvidia-smi's local times in `zone` -> ns since the epoch (UTC, Int64); <NA> where unreadable."""
+    """nvidia-smi's local times in `zone`, or ISO 8601 times (in `zone` unless they name their
+    own, which wins) -> ns since the epoch (UTC, Int64); <NA> where unreadable."""
     times = pd.to_datetime(text, format=NVIDIA_SMI_TIME, errors="coerce")
-    missing = times.isna() & text.notna()
-    if missing.any():  # ISO times, from a log someone converted
-        times[missing] = pd.to_datetime(text[missing], format="ISO8601", errors="coerce")
+    zoned = times.isna() & text.str.contains(_ZONED, regex=True).fillna(False).astype(bool)
+    naive_iso = times.isna() & text.notna() & ~zoned
+    if naive_iso.any():  # ISO times without a zone, from a log someone converted
+        times[naive_iso] = pd.to_datetime(text[naive_iso], format="ISO8601", errors="coerce")
     if zone is not dt.timezone.utc and not times.empty:
         # A local time that happens twice (the autumn DST change) or never is not guessed at.
         times = times.dt.tz_localize(zone, ambiguous="NaT", nonexistent="NaT").dt.tz_convert("UTC")
         times = times.dt.tz_localize(None)
     values = pd.Series(times.to_numpy(dtype="datetime64[ns]").view("int64"), index=text.index, dtype="Int64")
-    return values.mask(times.isna())
+    values = values.mask(times.isna())
+    if zoned.any():  # each line in its own zone, whatever --smi-tz says
+        aware = pd.to_datetime(text[zoned], format="ISO8601", utc=True, errors="coerce")
+        utc = pd.Series(aware.dt.tz_localize(None).to_numpy(dtype="datetime64[ns]").view("int64"),
+                        index=aware.index, dtype="Int64")
+        values[zoned] = utc.mask(aware.isna())
+    return values
+
+
+# What no nvidia-smi sample can be: more memory than 1 PiB on one GPU (the largest hold 0.2 TiB),
+# a GPU index past 65,535 or a process id past 2^31 (Linux allows 2^22). A silent wrap to int32
+# or a sample of 9e12 MiB would pass into the overlay as a real value.
+MAX_SAMPLE_BYTES = 1 << 50
+MAX_GPU_INDEX = 65_535
+MAX_PID = (1 << 31) - 1
+
+
+def _refuse_impossible(what: str, numbers: list[int], ok: pd.Series, sizes: dict[str, pd.Series],
+                       index: pd.Series, pid: pd.Series) -> None:
+    """NsysanError naming the first line whose value no nvidia-smi writes."""
+    checks = [(values, values > MAX_SAMPLE_BYTES, f"{name} of {{:,.0f}} bytes is more than 1 PiB, more than any GPU "
+               "holds") for name, values in sizes.items()]
+    checks += [(index, (index > MAX_GPU_INDEX) | (index < -1), "GPU index {:.0f} is not one nvidia-smi writes "
+                "(0 to 65535)"),
+               (pid, (pid > MAX_PID) | (pid < -1), "process id {:.0f} is not one a process can have (up to 2^31-1)")]
+    for values, wrong, message in checks:
+        wrong = (wrong.fillna(False).astype(bool) & ok).to_numpy()
+        if wrong.any():
+            at = int(np.argmax(wrong))
+            raise NsysanError(f"{what} line {numbers[at]}: {message.format(float(values.iloc[at]))}; "
+                              "check the file (was it edited?)")
 
 
 def _sizes(text: pd.Series, header_unit: str) -> pd.Series:
@@ -268,7 +310,7 @@ def _sizes(text: pd.Series, header_unit: str) -> pd.Series:
     default = _UNIT_BYTES.get(header_unit.strip().lower()) or 2**20
     unit = parts[1].fillna("").str.lower().map(lambda u: _UNIT_BYTES.get(u, -1) if u else default)
     scale = unit.where(unit > 0)  # an unknown unit makes the row unreadable
-    return (number * scale).round()
+    return (number.astype(float) * scale).round()  # in floats: 9e12 MiB must not wrap around int64
 
 
 def _uuids(text: pd.Series) -> np.ndarray:

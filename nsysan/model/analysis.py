@@ -110,7 +110,15 @@ class Analysis:
         """
         # Documents written before "scope" existed come from full analyses.
         with_scope = {"scope": "full", **data} if isinstance(data, dict) else data
-        return from_document(cls, with_scope, SCHEMA_ID, "analysis")
+        from ..errors import NsysanError  # lazily: the model stays free of I/O concerns
+
+        if isinstance(data, dict) and data.get("schema") == SCHEMA_ID:
+            missing = next((name for name in REQUIRED_SECTIONS if name not in data), None)
+            if missing is not None:  # in every @1 document since the first: removed, not older
+                raise NsysanError(f"field {missing!r} is missing")
+        analysis = from_document(cls, with_scope, SCHEMA_ID, "analysis")
+        _refuse_negative_sizes(analysis)
+        return analysis
 
     def frame(self, name: str) -> Any:
         """The table `name` as a new pandas DataFrame, or one of the raw frames (`events`,
@@ -233,3 +241,26 @@ class Analysis:
         """
         order = {s: i for i, s in enumerate(SEVERITIES)}
         return sorted(self.diagnostics, key=lambda d: order.get(d.severity, len(order)))
+
+
+# The sections of the first nsysan/analysis@1 document: sections added since read as empty when
+# absent (an older document), these never do.
+REQUIRED_SECTIONS = ("source", "capture", "groups", "peak", "peaks", "never_freed", "never_freed_total", "sites",
+                     "api_calls", "failed_calls", "ranges", "timeline", "diagnostics")
+
+
+def _refuse_negative_sizes(analysis: "Analysis") -> None:
+    """The sizes compare and check read are sums of allocations: a negative one is an edited
+    document (a baseline whose peak is -5 GiB would make any run pass a +10% limit)."""
+    found = [("peak.peak_bytes", analysis.peak.peak_bytes)] if analysis.peak is not None else []
+    found += [(f"peaks[{i}].peak_bytes", p.peak_bytes) for i, p in enumerate(analysis.peaks)]
+    found += [(f"groups[{i}].{name}", getattr(g, name)) for i, g in enumerate(analysis.groups)
+              for name in ("peak_bytes", "end_bytes", "allocated_bytes", "never_freed_bytes")]
+    found += [(f"never_freed[{i}].bytes", a.bytes) for i, a in enumerate(analysis.never_freed)]
+    found += [("never_freed_total", analysis.never_freed_total)]
+    bad = next(((name, value) for name, value in found if value < 0), None)
+    if bad is not None:
+        from ..errors import NsysanError
+
+        raise NsysanError(f"field {bad[0]!r} is negative ({bad[1]}), which no capture measures; the document "
+                          "was edited or damaged, so write it again with nsysan analyze --format json")
