@@ -332,7 +332,7 @@ def hostile_logs(tmp: Path) -> dict[str, tuple[list[str], int, str]]:
     (tmp / "a_dir.csv").mkdir()
     db = str(DB)
     return {
-        "missing": ([db, "--smi", str(tmp / "nope.csv")], 2, "nope.csv could not be read"),
+        "missing": ([db, "--smi", str(tmp / "nope.csv")], 2, "--smi nope.csv: no such file"),
         "directory": ([db, "--smi", str(tmp / "a_dir.csv")], 2, "is a directory"),
         "garbage": ([db, "--smi", str(tmp / "garbage.csv")], 2, "has no header line"),
         "wrong columns": ([db, "--smi", str(tmp / "wrong.csv")], 2, "has neither memory.used"),

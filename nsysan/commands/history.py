@@ -10,7 +10,9 @@ from typing import List, Optional
 import typer
 
 from ..errors import NsysanError
+from ..export import SQLITE_SIDE_FILES
 from .common import out_console, shown, to_stdout
+from .outputs import claim_outputs, one_run, write_atomic
 
 
 def history(
@@ -34,13 +36,20 @@ def history(
     """
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
-    from ..history import load_history
-
     if output is not None:
         _check_output(output, database)
+    with one_run([database, *(Path(f"{database}{tail}") for tail in SQLITE_SIDE_FILES)]):
+        if output is not None:
+            claim_outputs([(output, "the history page")])  # the one guard: never the database, by any link
+        _history(database, order_by, where, format, output)
+
+
+def _history(database: Path, order_by: Optional[str], where: Optional[List[str]], format: str,
+             output: Optional[Path]) -> None:
+    from ..history import load_history
+
     found = load_history(database, order_by=order_by, where=where or ())
     if output is not None:
-        from ..render.files import write_atomic
         from ..render.history import render_history_html
 
         try:
