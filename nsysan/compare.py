@@ -99,6 +99,14 @@ class RangeDelta:
 
 
 @dataclass(frozen=True)
+class CaptureNote:
+    """Why some numbers of the two runs are not compared: the runs were captured differently."""
+
+    code: str  # sizes_missing | stacks_differ | allocators_differ
+    message: str  # one line: which run, what it lacks, what to capture
+
+
+@dataclass(frozen=True)
 class Comparison(Tables):  # Tables: frame("processes") etc. for notebooks
     schema: str  # "nsysan/compare@1"
     base: RunRef
@@ -110,6 +118,10 @@ class Comparison(Tables):  # Tables: frame("processes") etc. for notebooks
     sites: list[SiteDelta]  # largest change of max_live first
     ranges: list[RangeDelta]  # largest growth first
     unchanged_sites: int = 0
+    # Runs captured differently (one without sizes, call stacks, or with another allocator): what
+    # is not compared and why. Their sites are then not compared (`sites` is empty): the same
+    # allocations carry other names on each side, and would read as vanished and appeared.
+    notes: list[CaptureNote] = field(default_factory=list)
 
     def __repr__(self) -> str:
         """One line, for notebooks: the runs and the headline (the tables: `frame()`).
@@ -177,14 +189,18 @@ def compare_analyses(base: Analysis, new: Analysis) -> Comparison:
     deltas: list[ProcessDelta] = []
     for role, b, n in pairs:
         deltas.extend(_process_deltas(role, b, n))
-    sites, unchanged = _site_deltas(base, new)
-    ranges = _range_deltas(base, new)
-    identical = (not sites and not ranges and all(
+    notes = capture_notes(base, new)
+    no_sizes = any(n.code == "sizes_missing" for n in notes)
+    # Without sizes on one side, a site or range would read as grown from 0 B; with call stacks or
+    # an allocator on one side only, the same allocations carry other site names on each side.
+    sites, unchanged = ([], 0) if notes else _site_deltas(base, new)
+    ranges = [] if no_sizes else _range_deltas(base, new)
+    identical = (not notes and not sites and not ranges and all(
         d.base_pid is not None and d.new_pid is not None and not d.peak.changed and not d.end.changed
         and not d.never_freed.changed and not (d.growth_per_step and d.growth_per_step.changed) for d in deltas))
     comparison = Comparison(schema=SCHEMA_ID, base=_ref(base, base_procs), new=_ref(new, new_procs),
                             matched_by=matched_by, identical=identical, headline="", processes=deltas,
-                            sites=sites, ranges=ranges, unchanged_sites=unchanged)
+                            sites=sites, ranges=ranges, unchanged_sites=unchanged, notes=notes)
     return dataclasses.replace(comparison, headline=headline(comparison))
 
 
@@ -213,6 +229,9 @@ def headline(c: Comparison) -> str:
             parts.append(f"new growth of {fmt_bytes(g.after)} per step on {growth.role}")
         else:
             parts.append(f"growth per step {fmt_bytes(g.before)} → {fmt_bytes(g.after)} on {growth.role}")
+    if any(n.code == "sizes_missing" for n in c.notes):
+        return "; ".join(n.message for n in c.notes)  # nothing else is measured on both sides
+    parts += [n.message for n in c.notes]
     only_new = [d.role for d in c.processes if d.base_pid is None]
     only_base = [d.role for d in c.processes if d.new_pid is None]
     if only_new:
@@ -224,6 +243,28 @@ def headline(c: Comparison) -> str:
         what = "top new site" if top.status == "appeared" else "top growing site"
         parts.append(f"{what}: {top.label} ({_signed(top.max_live, percent=False)})")
     return "; ".join(parts)
+
+
+def capture_notes(base: Analysis, new: Analysis) -> list[CaptureNote]:
+    """What the two captures differ in that changes what can be compared."""
+    notes = []
+    runs = (("base", base), ("new", new))
+    without = [f"{a.source.name} ({side})" for side, a in runs if not a.capture.memory_usage_collected]
+    if without and len(without) < 2:
+        notes.append(CaptureNote("sizes_missing", f"{without[0]} was captured without --cuda-memory-usage, so it "
+                                 "has no sizes and no byte of the two runs is compared; capture both with "
+                                 "--cuda-memory-usage=true"))
+    stacks = [f"{a.source.name} ({side})" for side, a in runs if a.capture.backtraces]
+    if len(stacks) == 1:
+        notes.append(CaptureNote("stacks_differ", f"only {stacks[0]} has call stacks, so the runs name their sites "
+                                 "differently and sites are not compared; capture both with the same "
+                                 "--cudabacktrace"))
+    kinds = [sorted({u.allocator for u in a.reserved.allocators}) for _, a in runs]
+    if kinds[0] and kinds[1] and kinds[0] != kinds[1]:
+        notes.append(CaptureNote("allocators_differ", f"the runs use different allocators ({', '.join(kinds[0])} → "
+                                 f"{', '.join(kinds[1])}), so their allocations come from other APIs and sites "
+                                 "are not compared"))
+    return notes
 
 
 def _signed(change: Change, percent: bool = True) -> str:

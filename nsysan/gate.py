@@ -142,6 +142,8 @@ def evaluate_limits(analysis: Analysis, baseline: Optional[Analysis], limits: Li
         if limits.max_growth_per_step is not None:
             outcomes.append(_at_most("max-growth-per-step", unit.where, unit.growth, limits.max_growth_per_step,
                                      "growth per step", unit.growth_gap))
+    if limits.max_peak_increase is not None and limits.per == "gpu" and baseline is not None:
+        outcomes.extend(_lost_gpus(analysis, baseline, str(limits.max_peak_increase)))
     if limits.no_failed_allocations:
         outcomes.extend(_failed_allocations(analysis, limits.per))
     if limits.no_warnings:
@@ -190,7 +192,7 @@ def _units(analysis: Analysis, baseline: Optional[Analysis], rows: list[ProcessD
     if per == "process":
         return [_Unit(where=_process_place(d, names), peak=d.peak.after, never_freed=d.never_freed.after,
                       growth=growth_of(d), base_peak=d.peak.before, growth_gap=gap_of(d)) for d in mine]
-    # Per GPU: all processes on it together; the GPUs of the two runs matched in ascending order.
+    # Per GPU: all processes on it together; the GPUs of the two runs matched by identity.
     # Growth is the sum of its processes', and not measured when one of them is not.
     kept: dict[int, int] = {}
     growth: dict[int, int] = {}
@@ -203,10 +205,11 @@ def _units(analysis: Analysis, baseline: Optional[Analysis], rows: list[ProcessD
                 gaps.setdefault(d.new_gpu, []).append(gap_of(d))
     peaks = _gpu_peaks(analysis)
     base_peaks = _gpu_peaks(baseline) if baseline is not None else {}
-    base_order = sorted(base_peaks)
+    gpus = sorted(set(peaks) | set(kept))
+    same = match_gpus(analysis, baseline, gpus, sorted(base_peaks)) if baseline is not None else {}
     units = []
-    for i, gpu in enumerate(sorted(set(peaks) | set(kept))):
-        base_gpu = base_order[i] if i < len(base_order) else None
+    for gpu in gpus:
+        base_gpu = same.get(gpu)
         units.append(_Unit(where=f"GPU {gpu}", peak=peaks.get(gpu), never_freed=kept.get(gpu, 0),
                            growth=None if gaps.get(gpu) else growth.get(gpu), growth_gap="; ".join(gaps.get(gpu, [])),
                            base_peak=base_peaks.get(base_gpu) if base_gpu is not None else None))
@@ -241,6 +244,38 @@ def _gpu_peaks(analysis: Analysis) -> dict[int, int]:
 # What each size limit measures, as its lines name it.
 _MEASURES = {"max-peak": "peak", "max-peak-increase": "peak increase", "max-never-freed": "never freed",
              "max-growth-per-step": "growth per step"}
+
+
+def match_gpus(analysis: Analysis, baseline: Analysis, gpus: list[int], base_gpus: list[int]) -> dict[int, int]:
+    """Each GPU of this run -> the same GPU of the baseline, by identity, never by position: the
+    same UUID (the same board), else the same id and model (another machine of the same kind).
+    A GPU without its match is not paired with whatever GPU is left."""
+    mine = {g.id: g for g in analysis.capture.gpus}
+    theirs = {g.id: g for g in baseline.capture.gpus}
+    by_uuid = {g.uuid: g.id for g in theirs.values() if g.uuid and g.id in base_gpus}
+    matched: dict[int, int] = {}
+    for gpu in gpus:
+        found = mine.get(gpu)
+        if found is not None and found.uuid and found.uuid in by_uuid:
+            matched[gpu] = by_uuid[found.uuid]
+    for gpu in gpus:
+        if gpu in matched or gpu not in base_gpus or gpu in matched.values():
+            continue
+        a, b = mine.get(gpu), theirs.get(gpu)
+        if (a.name if a else None) == (b.name if b else None):  # both unnamed (a document without GPUs) too
+            matched[gpu] = gpu
+    return matched
+
+
+def _lost_gpus(analysis: Analysis, baseline: Analysis, threshold: str) -> list[Outcome]:
+    """A not-measured line per GPU of the baseline that this run has no match for."""
+    peaks, base_peaks = _gpu_peaks(analysis), _gpu_peaks(baseline)
+    matched = set(match_gpus(analysis, baseline, sorted(peaks), sorted(base_peaks)).values())
+    names = {g.id: g.name for g in baseline.capture.gpus}
+    return [_not_measured("max-peak-increase", f"GPU {gpu} of the baseline", threshold,
+                          f"this run has no GPU {gpu}{f' ({names[gpu]})' if names.get(gpu) else ''} of the "
+                          "baseline: it lost a GPU, or runs on other ones")
+            for gpu in sorted(set(base_peaks) - matched)]
 
 
 def _not_measured(limit: str, where: str, threshold: str, why: str) -> Outcome:

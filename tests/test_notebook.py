@@ -295,12 +295,22 @@ def test_a_document_of_an_older_nsysan_loads():
 
 def test_lists_and_optional_fields_added_later_read_as_empty(known_mem_v25):
     doc = known_mem_v25.to_dict()
-    for key in ("api_calls", "failed_calls", "ranges", "peak"):
+    for key in ("caps", "steps", "growth", "spikes"):  # sections added within @1 after its first documents
         del doc[key]
     del doc["source"]["exported_with"], doc["capture"]["gpus"]
     loaded = Analysis.from_dict(doc)
-    assert loaded.api_calls == [] and loaded.peak is None and loaded.capture.gpus == []
-    assert loaded.frame("ranges").empty
+    assert loaded.caps == [] and loaded.steps == [] and loaded.capture.gpus == []
+    assert loaded.frame("spikes").empty
+
+
+@pytest.mark.parametrize("key", ["groups", "peaks", "failed_calls", "api_calls", "ranges", "peak", "diagnostics"])
+def test_a_section_every_document_has_is_refused_when_missing(known_mem_v25, key):
+    """In every @1 document since the first: absent means cut or edited, and read as empty it would
+    pass a gate (no failed_calls: --no-failed-allocations holds on a run whose allocation failed)."""
+    doc = known_mem_v25.to_dict()
+    del doc[key]
+    with pytest.raises(NsysanError, match=f"^field '{key}' is missing$"):
+        Analysis.from_dict(doc)
 
 
 def _broken(doc: dict, change) -> dict:
