@@ -16,7 +16,7 @@ class Tables:
     >>> import nsysan
     >>> comparison = nsysan.compare("fixtures/torch_clean_v25.sqlite", "fixtures/torch_leak_v25.sqlite")
     >>> comparison.frame_names()
-    ['processes', 'sites', 'ranges']
+    ['processes', 'sites', 'ranges', 'notes']
     >>> int(comparison.frame("processes")["peak_delta"].iloc[0])
     3800039424
     """
