@@ -182,7 +182,7 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
             try:
                 loaded = load_events(conn, schema, say, quick=quick) if not schema_only else None
                 if loaded is not None and not quick and step_range is None:
-                    threads = memory_threads(loaded.calls)
+                    loaded.memory_threads = threads = memory_threads(loaded.calls)
                     loaded.launches, loaded.launch_names = read_launches(
                         conn, schema, iteration_pids(threads, find_step_ranges(loaded.ranges, threads)))
                 runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}

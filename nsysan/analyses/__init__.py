@@ -94,7 +94,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         groups = summarize_groups(events, grouped, gpu_of)
         never_freed, never_freed_total = find_never_freed(events, allocations)
         failed = find_failed_calls(calls, events, ranges)
-        threads = memory_threads(calls)  # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once
+        # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once (or by the pipeline already)
+        threads = loaded.memory_threads if loaded.memory_threads is not None else memory_threads(calls)
         steps, step_notes, phases, spikes = _steps(loaded, grouped, threads, gpu_of, end_ns, step_range,
                                                    spike_window_ns)
         timeline = timeline_later.result()

@@ -278,5 +278,6 @@ def step_diagnostics(series: list[LiveSeries], found: list[StepSeries], has_rang
                                                   "judged")]
     why = ("the capture has no NVTX ranges" if not has_ranges else
            f"no NVTX range repeats at least {MIN_STEPS} times on a thread that allocates GPU memory")
+    why += f", and no kernel sequence repeats {MIN_STEPS} times or more"  # analyses/iterations.py
     return [Diagnostic("info", "no_steps", f"no training steps found ({why}), so memory growth per step is not "
                                            f"judged; {HOW_TO_MARK_STEPS}")]
