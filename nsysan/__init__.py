@@ -16,6 +16,8 @@ frame -> analyses -> `Analysis`. `load_analysis()` reads a JSON document written
 
 from __future__ import annotations
 
+from . import interrupt as _interrupt  # noqa: F401  (first: Ctrl-C while the command starts is one line)
+
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union

@@ -9,9 +9,10 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Optional
+from typing import Any, Optional
 
 import typer
+import typer.main
 
 from .commands import analyze as analyze_command
 from .commands import batch as batch_command
@@ -19,16 +20,25 @@ from .commands import check as check_command
 from .commands import compare as compare_command
 from .commands import history as history_command
 from .commands.common import OutputClosed, say_error
+from .commands.metavars import name_values
 from .errors import NsysanError, one_line
 from .allocator import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+# Help is click's plain layout (rich_markup_mode=None): at 80 columns rich's boxed panels left
+# 20 characters for each option's text. -h is --help.
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
                   help="GPU-memory answers from NVIDIA Nsight Systems reports.")
 app.command("analyze")(analyze_command.analyze)
 app.command("compare")(compare_command.compare)
 app.command("check")(check_command.check)
 app.command("batch")(batch_command.batch)
 app.command("history")(history_command.history)
+
+def command() -> Any:
+    """The click command typer builds from `app`, with one style of metavars in its help."""
+    return name_values(typer.main.get_command(app))
+
 
 _state = {"debug": False}
 INTERRUPTED = 130  # 128 + SIGINT: what shells report after Ctrl-C
@@ -108,7 +118,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     replaced = _stop_on_termination()
     try:
         # standalone_mode=False lets errors reach the handlers below instead of click's own.
-        code = app(args=argv, prog_name="nsysan", standalone_mode=False)
+        code = command().main(args=argv, prog_name="nsysan", standalone_mode=False)
     except _USAGE_ERRORS as err:  # a usage error: wrong option, missing argument
         if hasattr(err, "show"):
             err.show()

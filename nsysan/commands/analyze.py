@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from ..errors import NsysanError
-from ..analyses.what_if import what_if_bytes, with_what_if
 from ..memory_budget import budget_bytes
 from ..export import files_read_for
 from ..model import Analysis
-from ..pipeline import analyze_report, check_pattern
 from .outputs import check_output_dir, claim_outputs, one_run, write_atomic, write_report
 from ..render.json import render_baseline, render_json, render_json_many
 from ..units import parse_duration
-from ..smi_log import SmiLog, read_smi_logs
 from .common import out_console, progress_bar, say_error, shown, to_stdout
+
+if TYPE_CHECKING:
+    from ..smi_log import SmiLog
+
+# The pipeline and the nvidia-smi reader (pandas: most of a start's time) are imported when a command
+# runs, not when the CLI is built: `nsysan --version` and `--help` answer without them.
 
 
 def analyze(
@@ -69,16 +72,20 @@ def analyze(
 ) -> None:
     """Analyze GPU memory: peak per process and GPU, what was live then, never-freed allocations, top sites.
 
-    Example: nsysan analyze fixtures/known_mem_v25.sqlite -o report/
+    Example: nsysan analyze run.nsys-rep -o report/
 
-    With nvidia-smi logs: nsysan analyze fixtures/torch_smi_v25.sqlite --smi fixtures/torch_smi_v25.smi-gpu.csv
+    With nvidia-smi logs: nsysan analyze run.nsys-rep --smi gpu.csv --smi apps.csv
     """
     budget = budget_bytes(max_memory)
+    from ..analyses.what_if import what_if_bytes
+
     capacity = what_if_bytes(what_if_gpu) if what_if_gpu is not None else None
     if smi and len(reports) > 1:
         raise NsysanError("--smi takes one report; lay nvidia-smi logs over one capture at a time")
     if smi_columns and not smi:
         raise NsysanError("--smi-columns names the columns of --smi logs, and none was given")
+    from ..smi_log import read_smi_logs
+
     smi_logs = read_smi_logs(smi, smi_columns or (), smi_tz) if smi else []  # before the long part
     # No output may replace an input, nor another output of this run.
     with one_run([*(path for report in reports for path in files_read_for(report)), *(smi or [])]):
@@ -88,11 +95,14 @@ def analyze(
 
 def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_dir: Optional[Path],
              output: Optional[Path], nsys: Optional[Path], cache_dir: Optional[Path], top: int, quick: bool,
-             progress: bool, smi_logs: List[SmiLog], smi_tz: str, stacks: bool = False,
+             progress: bool, smi_logs: List["SmiLog"], smi_tz: str, stacks: bool = False,
              step_range: Optional[str] = None, full_paths: bool = False,
              spike_window: str = "10ms", max_memory: Optional[int] = None,
              baseline_out: Optional[Path] = None,
              what_if_gpu: Optional[int] = None) -> None:
+    from ..analyses.what_if import with_what_if
+    from ..pipeline import analyze_report, check_pattern
+
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
     if json_path and len(reports) > 1:

@@ -45,7 +45,7 @@ def batch(
 ) -> None:
     """Analyze many reports in parallel and gather them: summary.csv, summary.html (with the fleet view), nsysan.db.
 
-    Example: nsysan batch fixtures/ -o batch-out/ -j 2
+    Example: nsysan batch reports/ -o batch-out/ -j 2
     """
     from ..batch.engines import DASK_MISSING, default_jobs
     from ..batch.inputs import expand_inputs

@@ -64,7 +64,7 @@ def check(
     A limit set in the config is switched off on the command line with the value none:
     --max-peak-increase none.
 
-    Example: nsysan check fixtures/torch_leak_v25.sqlite --baseline fixtures/torch_clean_v25.sqlite --max-peak-increase 10%
+    Example: nsysan check run.nsys-rep --baseline base.analysis.json --max-peak-increase 10%
     """
     summary = os.environ.get("GITHUB_STEP_SUMMARY") if github_summary else None
     # No output (the verdicts, the new baseline) may replace the run, its baseline or the config

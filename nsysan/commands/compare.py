@@ -34,7 +34,7 @@ def compare(
 ) -> None:
     """Compare two runs: peak, end-of-run and never-freed bytes per process and GPU, sites and NVTX ranges.
 
-    Example: nsysan compare fixtures/torch_clean_v25.sqlite fixtures/torch_leak_v25.sqlite
+    Example: nsysan compare base.analysis.json run.nsys-rep
     """
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
