@@ -110,10 +110,13 @@ class _Unit:
     growth_gap: str = ""  # why growth is not measured here, when it is not
 
 
-def evaluate_limits(analysis: Analysis, baseline: Optional[Analysis], limits: Limits) -> Verdict:
+def evaluate_limits(analysis: Analysis, baseline: Optional[Analysis], limits: Limits,
+                    names: tuple[Optional[str], Optional[str]] = (None, None)) -> Verdict:
     """Every limit at every place of `limits.per`; a limit that cannot be measured at a place is an
     outcome `not_measured` (the verdict's status then, unless `limits.allow_unmeasured`);
-    NsysanError when no limit is given or one needs what is not there (a baseline)."""
+    NsysanError when no limit is given or one needs what is not there (a baseline). `names`: the
+    files the run and the baseline were read from (a committed baseline is named by its file, not
+    by the report it was made of), else their analyses' report names."""
     if limits.max_peak_increase is not None and baseline is None:
         raise NsysanError("--max-peak-increase needs a baseline: add --baseline BASE (a report or its analysis.json)")
     if limits.empty:
@@ -154,8 +157,8 @@ def evaluate_limits(analysis: Analysis, baseline: Optional[Analysis], limits: Li
         status = "not_measured"
     else:
         status = "pass"
-    return Verdict(schema=SCHEMA_ID, report=analysis.source.name,
-                   baseline=baseline.source.name if baseline is not None else None, per=limits.per,
+    return Verdict(schema=SCHEMA_ID, report=names[0] or analysis.source.name,
+                   baseline=(names[1] or baseline.source.name) if baseline is not None else None, per=limits.per,
                    ok=status == "pass", outcomes=outcomes,
                    comparison=comparison.headline if baseline is not None else None, status=status,
                    allow_unmeasured=limits.allow_unmeasured)

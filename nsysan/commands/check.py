@@ -129,7 +129,7 @@ def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsy
     analysis = load_or_analyze(report, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
     base = None if baseline is None else load_or_analyze(baseline, nsys=nsys, cache_dir=cache_dir,
                                                          keep_events=False, step_range=step_range)
-    return evaluate_limits(analysis, base, limits), analysis
+    return evaluate_limits(analysis, base, limits, (report.name, baseline.name if baseline else None)), analysis
 
 
 def _write(verdict: Verdict, json_path: Optional[Path], junit: Optional[Path], markdown: Optional[Path],
