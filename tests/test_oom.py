@@ -96,9 +96,9 @@ def test_finished_runs_raise_no_allocator_oom(name):
     assert analysis.oom.cache_flushes == []
 
 
-def _burst_export(tmp_path, then_allocate: bool, close_ranges: bool):
+def _burst_export(tmp_path, then_allocate: bool, close_ranges: bool, nvtx: bool = True):
     """A Python process with a caching allocator's segments (2 MiB, 20 MiB, 64 MiB) that frees
-    three of them in 2 ms, then allocates again or not."""
+    three of them in 2 ms, then allocates again or not (in an NVTX range `step 0`, or none)."""
     sizes = [2 * MiB, 20 * MiB, 64 * MiB, 2 * MiB, 20 * MiB]
     memory = [(1000 + 100 * i, 0x10000000 * (i + 1), size, 0, i + 1) for i, size in enumerate(sizes)]
     calls = [(1000 + 100 * i, 1050 + 100 * i, "cudaMalloc_v3020", i + 1) for i in range(len(sizes))]
@@ -109,7 +109,8 @@ def _burst_export(tmp_path, then_allocate: bool, close_ranges: bool):
         memory.append((8_000_000, 0x90000000, 2 * MiB, 0, 20))
         calls.append((8_000_000, 8_000_050, "cudaMalloc_v3020", 20))
     end = 9_000_000 if close_ranges else None
-    path = make_export(tmp_path / "burst.sqlite", memory=memory, calls=calls, nvtx=[(500, end, "step 0")])
+    path = make_export(tmp_path / "burst.sqlite", memory=memory, calls=calls,
+                       nvtx=[(500, end, "step 0")] if nvtx else None)
     import sqlite3
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE PROCESSES SET name = 'python3'")
@@ -151,3 +152,12 @@ def test_verdicts_show_in_terminal_and_html(real_oom_v25, torch_oom_v25):
     assert "allocator OOM?" in first_screen and "step 5 > hoard" in first_screen
     page = render_html(real_oom_v25)
     assert "Out of memory: what was live" in page and "call #9" in page
+
+
+def test_release_burst_without_nvtx_is_not_an_oom_nor_a_cap(tmp_path):
+    """empty_cache() in a script without NVTX, then the run goes on without allocating: the rule
+    is ranges left open, so no 'allocator OOM?' and no cap made from its live bytes."""
+    analysis = _burst_export(tmp_path, then_allocate=False, close_ranges=True, nvtx=False)
+    assert analysis.oom.allocator_ooms == [] and len(analysis.oom.cache_flushes) == 1
+    assert all(c.source != "allocator_oom" for c in analysis.caps)
+    assert analysis.oom.fatal == [] and not any(d.code == "allocator_oom_suspected" for d in analysis.diagnostics)

@@ -7,6 +7,8 @@ Three ways a run runs out of memory show in a trace:
   cached blocks back to the driver in one burst, then nothing more is allocated and the NVTX
   ranges open at that moment never close;
 - the capture simply ends while the process was working (ranges left open, memory climbing).
+A burst of frees counts as an allocator OOM only when the process's NVTX ranges were left open:
+without NVTX it can't be told from an empty_cache() (the program's log, `--log`, tells).
 A failed call that is retried successfully at once is a probe (PyTorch's expandable segments try
 cuMemCreate with a handle type the system refuses, 800, then again without it), not a failure.
 """
@@ -61,8 +63,10 @@ def find_out_of_memory(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.Dat
             flushes.append(release)
             continue
         opened = open_by_pid.get(release.pid, [])
-        has_nvtx = not ranges.empty and bool((ranges["pid"].to_numpy() == release.pid).any())
-        if opened or not has_nvtx:
+        # Only ranges left open tell a death from an empty_cache() the process went on after: a
+        # process without NVTX that flushed its cache and then ran on without allocating (or
+        # exited cleanly) is not an OOM, and its live bytes are no cap (torch_emptycache_v25).
+        if opened:
             seq = int(np.searchsorted(events["ts_ns"].to_numpy(), release.start_ns, side="left")) - 1
             count, live = _live_set(events, seq, _pair_rows(events, release.pid, release.device), to_allocations)
             allocator_ooms.append(AllocatorOom(release=release, open_ranges=opened, live_count=count,

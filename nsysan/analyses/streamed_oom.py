@@ -172,7 +172,6 @@ class VerdictLooks:
         caching = {pair: kind for pair, kind in self.kinds.items() if kind and kind.startswith("pytorch")}
         self.releases = found.allocators.releases(caching, gpu_of, self._paths)
         self.open_by_pid = _open_ranges(self.ranges, self.duration_ns or OPEN_END_NS)
-        range_pids = set(self.ranges["pid"].unique().tolist()) if not self.ranges.empty else set()
         pairs = [_pair(k) for k in first.pairs]
         self.failure_moments: list[Optional[Moment]] = []
         for i in range(len(found.failing)):
@@ -186,8 +185,7 @@ class VerdictLooks:
             self.failure_moments.append(Moment(int(found.failing["ts_ns"].iat[i]), False, _keys(members)))
         self.release_moments: dict[int, Moment] = {}
         for i, release in enumerate(self.releases):
-            if not release.followed_by_allocation and (self.open_by_pid.get(release.pid) or
-                                                       release.pid not in range_pids):
+            if not release.followed_by_allocation and self.open_by_pid.get(release.pid):  # oom.py's rule
                 self.release_moments[i] = Moment(release.start_ns, True, _keys([(release.pid, release.device)]))
         moments = [m for m in self.failure_moments if m is not None] + list(self.release_moments.values())
         self.second = SecondOom(moments, sites, SecondAllocators(self.calls.api_names, look.peaks, self.blocks))
