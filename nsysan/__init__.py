@@ -48,7 +48,8 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
             smi: Sequence[PathLike] = (),
             smi_columns: Sequence[str] = (), smi_tz: str = "UTC",
             keep_events: Optional[bool] = None, max_memory: Optional[Size] = None,
-            what_if_gpu: Optional[Size] = None) -> Analysis:
+            what_if_gpu: Optional[Size] = None,
+            log: Union[PathLike, Sequence[PathLike]] = ()) -> Analysis:
     """Analyze one report (.nsys-rep, .qdrep or .sqlite) and return its `Analysis`.
 
     `progress(stage, fraction)` is called as the export and the loading go on. `quick` reads the
@@ -65,7 +66,9 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     events would not fit `max_memory` (bytes, or "4GiB"; default: half of what this process may
     use), or of twenty million events or more, is streamed: the same `Analysis`, in bounded
     memory, in two to three times the time. `what_if_gpu` (bytes, or "80GiB") replays the run
-    against a GPU of that size (`analysis.what_if`).
+    against a GPU of that size (`analysis.what_if`). `log` (a path or several) is the program's stderr or
+    log: its out-of-memory errors (PyTorch's "CUDA out of memory", XLA's RESOURCE_EXHAUSTED) are
+    joined with the trace (`analysis.oom.logged`).
 
     >>> import nsysan
     >>> analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite")
@@ -93,7 +96,8 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
                               progress=progress, quick=quick, step_range=step_range,
                               spike_window_ns=spike_window_ns, smi_logs=logs, smi_tz=smi_tz,
                               keep_events=keep_events,
-                              max_memory=budget_bytes(max_memory))
+                              max_memory=budget_bytes(max_memory),
+                              oom_logs=[Path(log)] if isinstance(log, (str, Path)) else [Path(p) for p in log])
     if capacity is not None:
         from .analyses.what_if import with_what_if
 

@@ -7,7 +7,7 @@ a file read.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from .errors import NsysanError
 from .model import Analysis
@@ -33,13 +33,26 @@ def is_analysis_document(path: Path) -> bool:
 def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] = None,
                     cache_dir: Optional[Path] = None, progress: Optional[Progress] = None,
                     keep_events: Optional[bool] = None, max_memory: Optional[int] = None,
-                    content: Optional[str] = None, step_range: Optional[str] = None, **options: Any) -> Analysis:
+                    content: Optional[str] = None, step_range: Optional[str] = None,
+                    oom_logs: Sequence[Path] = (), **options: Any) -> Analysis:
     """The `Analysis` of a report or export, or the one stored in an analysis JSON document
     (`keep_events`, `max_memory`, `step_range` and `options`, any other option of the analysis: see
     pipeline.analyze_report). Without the raw frames (`keep_events` False) an analysis already
     made of the same bytes with the same options is read back from the cache (analysis_cache.py);
     `content`: the input's sha256 when the caller has it already. A document keeps the steps it
-    was analyzed with: NsysanError when they were found by another rule than `step_range`."""
+    was analyzed with: NsysanError when they were found by another rule than `step_range`.
+    `oom_logs`: the program's stderr or logs, whose out-of-memory errors are joined with the
+    analysis however it was got (a document, the cache, or analyzed now: analyses/oom_ends.py
+    works on a finished one)."""
+    if oom_logs:
+        from .analyses.oom_ends import explain_oom
+        from .oom_log import read_oom_logs
+
+        messages = read_oom_logs(oom_logs)  # a bad log fails before any work
+        analysis = load_or_analyze(path, nsys=nsys, cache_dir=cache_dir, progress=progress, keep_events=keep_events,
+                                   max_memory=max_memory, content=content, step_range=step_range,
+                                   **options)
+        return explain_oom(analysis, messages, [Path(p).name for p in oom_logs])
     path = Path(path)
     if path.is_dir():
         raise NsysanError(f"{path} is a folder; give a report (.nsys-rep, .qdrep, .sqlite) or an analysis.json")

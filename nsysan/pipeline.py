@@ -13,6 +13,7 @@ from .analyses import run_analyses
 from .analyses.capture_start import capture_start_diagnostic
 from .analyses.iterations import iteration_pids
 from .analyses.steps import find_step_ranges, memory_threads
+from .analyses.oom_ends import explain_oom
 from .analyses.spikes import DEFAULT_WINDOW_NS
 from .errors import NsysanError
 from .events import LoadedEvents, load_events
@@ -22,6 +23,7 @@ from .events.read_start import read_capture_start
 from .model import Analysis, Diagnostic, Source
 from .model.capture import path_text
 from .schema import Schema, open_readonly, probe, refuse_missing_tables
+from .oom_log import read_oom_logs
 from .smi_log import SmiLog
 from .units import check_duration_ns
 from .snapshot import committed_state
@@ -35,7 +37,8 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                    progress: Optional[Progress] = None, quick: bool = False,
                    smi_logs: Sequence[SmiLog] = (), smi_tz: str = "UTC",
                    step_range: Optional[str] = None, spike_window_ns: Optional[int] = None,
-                   keep_events: Optional[bool] = None, max_memory: Optional[int] = None) -> Analysis:
+                   keep_events: Optional[bool] = None, max_memory: Optional[int] = None,
+                   oom_logs: Sequence[Path] = ()) -> Analysis:
     """Analyze one .nsys-rep / .qdrep / .sqlite file (`quick`: its memory-usage table alone),
     with nvidia-smi logs (read by nsysan.smi_log) laid over its timeline when given;
     `step_range`: a regular expression naming the NVTX ranges that are training steps;
@@ -43,7 +46,10 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     `keep_events`: whether the `Analysis` keeps the raw frames (`events`, `calls`, `nvtx_ranges`);
     None keeps them for exports of fewer than KEEP_EVENTS_BELOW memory events;
     `max_memory`: bytes the analysis may take when it keeps no frames (memory_budget.py; None:
-    half of what this process may use): over it, the events are streamed."""
+    half of what this process may use): over it, the events are streamed; `oom_logs`: the
+    program's stderr or log files, whose out-of-memory errors are joined with the trace
+    (oom_log.py; read before the long part, so a bad one fails at once)."""
+    messages = read_oom_logs(oom_logs) if oom_logs else []
     say = progress or (lambda stage, fraction: None)
     if step_range is not None:
         check_pattern(step_range, "--step-range")
@@ -100,14 +106,16 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                     from_cache=result.from_cache,
                     sibling_export=path_text(result.sqlite_path) if result.from_sibling else None)
     if loaded is None:  # left to be streamed (see _read)
-        return _streamed(report, result.sqlite_path, export.resolve_cache_dir(cache_dir), schema, source, version,
-                         step_range, spike_window_ns or DEFAULT_WINDOW_NS, quick)
+        return explain_oom(_streamed(report, result.sqlite_path, export.resolve_cache_dir(cache_dir), schema, source,
+                                     version, step_range, spike_window_ns or DEFAULT_WINDOW_NS, quick),
+                           messages, [Path(p).name for p in oom_logs])
     if keep_events is None:
         keep_events = len(loaded.events) < KEEP_EVENTS_BELOW
     if not keep_events:
         without_notebook_columns(loaded)
     analysis = run_analyses(loaded, schema, source, report_version=version, step_range=step_range,
                             spike_window_ns=spike_window_ns or DEFAULT_WINDOW_NS)
+    analysis = explain_oom(analysis, messages, [Path(p).name for p in oom_logs])
     if smi_logs:
         from .analyses.smi import add_smi
 

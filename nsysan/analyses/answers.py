@@ -14,7 +14,8 @@ MAX_PEAKS = 4
 MAX_PARTS = 3  # what made a peak: the largest (site, range) pairs named
 
 # Diagnostics that answer "why did it run out of memory" (this module's and the OOM analyses').
-OOM_CODES = ("allocation_failed", "allocator_oom_suspected", "near_capacity", "run_cut_short")
+OOM_CODES = ("oom_logged", "near_capacity", "allocation_failed", "allocator_oom_suspected", "ended_inside",
+             "run_cut_short")
 # ... and reserved memory: the terminal draws both in detail (render/oom.py).
 RESERVED_CODES = ("preallocation", "caching_allocator", "vmm_without_access")
 # (the growth warnings' codes are growth.GROWTH_CODES)
@@ -36,9 +37,9 @@ def gather_answers(headline: Optional[Peak], process_peaks: list[Peak], growth: 
     for g in growth:
         code = GROWTH_CODES.get(g.verdict, f"growth_{g.verdict}")  # a warning's code is its diagnostic's
         answers.append(Answer("growth", "warning" if g.verdict in GROWTH_CODES else "info", code, g.message))
-    for d in diagnostics:
-        if d.code in OOM_CODES:
-            answers.append(Answer("oom", d.severity, d.code, d.message))
+    # the program's own error message first: it says what the trace cannot (the request, the cap)
+    for d in sorted((d for d in diagnostics if d.code in OOM_CODES), key=lambda d: d.code != "oom_logged"):
+        answers.append(Answer("oom", d.severity, d.code, d.message))
     for d in diagnostics:
         if d.code in RESERVED_CODES and d.severity in ("error", "warning"):
             answers.append(Answer("reserved", d.severity, d.code, d.message))

@@ -54,13 +54,16 @@ def default_jobs() -> int:
 
 def run_all(paths: list[Path], on_done: OnDone, *, jobs: int, dask: Optional[str] = None,
             nsys: Optional[str] = None, cache_dir: Optional[str] = None,
-            max_memory: Optional[int] = None, step_range: Optional[str] = None) -> None:
+            max_memory: Optional[int] = None, step_range: Optional[str] = None,
+            logs: Optional[dict] = None) -> None:
     """Analyze every path, calling `on_done(result)` per report in completion order;
     `max_memory`: bytes each analysis may take (None: on this machine, its share of half the
-    memory nsysan may use; on a Dask cluster's worker, half of what that worker may use)."""
+    memory nsysan may use; on a Dask cluster's worker, half of what that worker may use);
+    `logs`: str(path) -> its program's logs (worker.analyze_one)."""
     if not dask and (jobs <= 1 or len(paths) <= 1):
         for path in paths:
-            on_done(analyze_one(str(path), nsys, cache_dir, max_memory=max_memory, step_range=step_range))
+            on_done(analyze_one(str(path), nsys, cache_dir, max_memory=max_memory, step_range=step_range,
+                                logs=logs))
         return
     # Each of `jobs` analyses at once gets its share of this machine's cores (a remote Dask
     # worker has one thread per task: one analysis per thread, its share of its machine).
@@ -74,7 +77,7 @@ def run_all(paths: list[Path], on_done: OnDone, *, jobs: int, dask: Optional[str
         from ..export import resolve_cache_dir
 
         cache_dir = str(resolve_cache_dir())
-    args = (nsys, cache_dir, threads, TUNE_PROCESS if ours else TUNE_TASK, budget, step_range)
+    args = (nsys, cache_dir, threads, TUNE_PROCESS if ours else TUNE_TASK, budget, step_range, logs or {})
     paths = largest_first(paths)
     if ours and os.name == "posix":
         quiet_resource_tracker()

@@ -39,10 +39,12 @@ class BatchResult:
 def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str] = None,
               db_path: Optional[Path] = None, tags: Sequence[str] = (), nsys: Optional[str] = None,
               cache_dir: Optional[str] = None, progress: Optional[Progress] = None,
-              max_memory: Optional[int] = None, step_range: Optional[str] = None) -> BatchResult:
+              max_memory: Optional[int] = None, step_range: Optional[str] = None,
+              logs: Optional[dict] = None) -> BatchResult:
     """Analyze `paths` and write DIR/analyses/*.json, DIR/nsysan.db (or `db_path`),
     DIR/summary.csv and DIR/summary.html (`max_memory`: bytes per analysis, see engines.run_all;
-    `step_range`: the NVTX ranges that are steps, as in analyze).
+    `step_range`: the NVTX ranges that are steps, as in analyze; `logs`: each report's program
+    logs).
     Returns what was done, also after a Ctrl-C."""
     out_dir = Path(out_dir)
     documents = out_dir / "analyses"
@@ -85,7 +87,7 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
     try:
         with interrupts:
             run_all(paths, on_done, jobs=jobs, dask=dask, nsys=nsys, cache_dir=cache_dir,
-                    max_memory=max_memory, step_range=step_range)
+                    max_memory=max_memory, step_range=step_range, logs=logs)
     except KeyboardInterrupt:
         outcome.interrupted = True
     finally:

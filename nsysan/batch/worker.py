@@ -103,20 +103,24 @@ def _env_bytes(name: str, default: int) -> int:
 
 def analyze_some(paths: list[str], nsys: Optional[str] = None, cache_dir: Optional[str] = None,
                  threads: Optional[int] = None, tune: Optional[str] = None,
-                 max_memory: Optional[int] = None, step_range: Optional[str] = None) -> list[dict[str, Any]]:
+                 max_memory: Optional[int] = None, step_range: Optional[str] = None,
+                 logs: Optional[dict] = None) -> list[dict[str, Any]]:
     """analyze_one of each path, one after another: one Dask task for a few small reports, whose
     analyses take about as long as the task's own round trip through the scheduler."""
-    return [analyze_one(path, nsys, cache_dir, threads, tune, max_memory, step_range) for path in paths]
+    return [analyze_one(path, nsys, cache_dir, threads, tune, max_memory, step_range, logs) for path in paths]
 
 
 def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] = None,
                 threads: Optional[int] = None, tune: Optional[str] = None,
-                max_memory: Optional[int] = None, step_range: Optional[str] = None) -> dict[str, Any]:
+                max_memory: Optional[int] = None, step_range: Optional[str] = None,
+                logs: Optional[dict] = None) -> dict[str, Any]:
     """{"path", "ok", "hash", "document" (JSON text) or "error" (one line), "seconds", and for an
     analyzed report "rows" (the summary's) and "tables" (nsysan.db's)}. `tune`: TUNE_PROCESS,
     TUNE_TASK or None (the allocator left as it is); `max_memory`: bytes the analysis may take
     (pipeline.analyze_report; None: its share of what the worker may use); `step_range`: the NVTX
-    ranges that are steps, as in analyze.
+    ranges that are steps, as in analyze;
+    `logs`: report path -> the paths of its program's logs (`batch --log`), whose out-of-memory
+    errors join its trace.
 
     Never raises for a bad report: an NsysanError becomes the row's error. Anything else is a
     bug in nsysan and is reported as such in the row, so one report can't end the batch.
@@ -127,11 +131,12 @@ def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] 
     if tune == TUNE_PROCESS:
         tune_this_process()
     with tuned_while_running() if tune == TUNE_TASK else contextlib.nullcontext():
-        return _analyze(path, nsys, cache_dir, max_memory, step_range)
+        return _analyze(path, nsys, cache_dir, max_memory, step_range,
+                        [Path(p) for p in (logs or {}).get(path, [])])
 
 
 def _analyze(path: str, nsys: Optional[str], cache_dir: Optional[str], max_memory: Optional[int],
-             step_range: Optional[str] = None) -> dict[str, Any]:
+             step_range: Optional[str] = None, logs: Optional[list] = None) -> dict[str, Any]:
     from ..errors import NsysanError, one_line
     from ..inputs import load_or_analyze
     from ..render.json import render_json
@@ -150,7 +155,7 @@ def _analyze(path: str, nsys: Optional[str], cache_dir: Optional[str], max_memor
             raise NsysanError(f"{report.name} could not be read: {err.strerror or err}") from err
         analysis = load_or_analyze(report, nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
                                    keep_events=False, max_memory=max_memory, content=result["hash"],
-                                   step_range=step_range)
+                                   step_range=step_range, oom_logs=logs or [])
         result["document"] = render_json(analysis)
         # The summary's and the database's rows are made here, in parallel, not by the one
         # process that gathers the results.

@@ -67,6 +67,10 @@ def analyze(
                                               help="Replay the run against a GPU of SIZE (80GiB): the first moment "
                                               "and NVTX range that would not fit, and how many steps its growth "
                                               "allows."),
+    log: Optional[List[Path]] = typer.Option(None, "--log", metavar="FILE", show_default=False,
+                                             help="The program's stderr or log: its out-of-memory errors (the "
+                                             "request, the cap, what the allocator held) are joined with the "
+                                             "trace; repeat for several."),
     full_paths: bool = typer.Option(False, "--full-paths", help="Show the report's path in report.html, not only "
                                     "its file name (a page attached to a ticket then tells where it was made)."),
 ) -> None:
@@ -75,6 +79,8 @@ def analyze(
     Example: nsysan analyze run.nsys-rep -o report/
 
     With nvidia-smi logs: nsysan analyze run.nsys-rep --smi gpu.csv --smi apps.csv
+
+    With the program's error message: nsysan analyze run.nsys-rep --log train.stderr.txt
     """
     budget = budget_bytes(max_memory)
     from ..analyses.what_if import what_if_bytes
@@ -84,13 +90,16 @@ def analyze(
         raise NsysanError("--smi takes one report; lay nvidia-smi logs over one capture at a time")
     if smi_columns and not smi:
         raise NsysanError("--smi-columns names the columns of --smi logs, and none was given")
+    if log and len(reports) > 1:
+        raise NsysanError("--log takes one report; join a program's log with one capture at a time")
     from ..smi_log import read_smi_logs
 
     smi_logs = read_smi_logs(smi, smi_columns or (), smi_tz) if smi else []  # before the long part
     # No output may replace an input, nor another output of this run.
-    with one_run([*(path for report in reports for path in files_read_for(report)), *(smi or [])]):
+    with one_run([*(path for report in reports for path in files_read_for(report)), *(smi or []), *(log or [])]):
         _analyze(reports, format, json_path, json_dir, output, nsys, cache_dir, top, quick, progress,
-                 smi_logs, smi_tz, stacks, step_range, full_paths, spike_window, budget, baseline_out, capacity)
+                 smi_logs, smi_tz, stacks, step_range, full_paths, spike_window, budget, baseline_out, capacity,
+                 log or [])
 
 
 def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_dir: Optional[Path],
@@ -99,7 +108,7 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
              step_range: Optional[str] = None, full_paths: bool = False,
              spike_window: str = "10ms", max_memory: Optional[int] = None,
              baseline_out: Optional[Path] = None,
-             what_if_gpu: Optional[int] = None) -> None:
+             what_if_gpu: Optional[int] = None, logs: List[Path] = ()) -> None:
     from ..analyses.what_if import with_what_if
     from ..pipeline import analyze_report, check_pattern
 
@@ -143,7 +152,7 @@ def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_d
                                           smi_logs=smi_logs, smi_tz=smi_tz,
                                           step_range=step_range, spike_window_ns=spike_window_ns,
                                           keep_events=False,  # the outputs never read the raw frames
-                                          max_memory=max_memory)
+                                          max_memory=max_memory, oom_logs=logs)
         except NsysanError as err:
             if len(reports) == 1:
                 raise

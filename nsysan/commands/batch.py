@@ -42,6 +42,10 @@ def batch(
     step_range: Optional[str] = typer.Option(None, "--step-range", metavar="REGEX",
                                              help="NVTX ranges whose name matches this regular expression are the "
                                              "training steps of every report (as in analyze)."),
+    log: Optional[List[Path]] = typer.Option(None, "--log", metavar="FILE", show_default=False,
+                                             help="A program's stderr or log, joined with the report it is named "
+                                             "after (run1.stderr.txt with run1.nsys-rep): its out-of-memory "
+                                             "errors; repeat for several."),
 ) -> None:
     """Analyze many reports in parallel and gather them: summary.csv, summary.html (with the fleet view), nsysan.db.
 
@@ -73,14 +77,16 @@ def batch(
         raise NsysanError("no reports found in the inputs (.nsys-rep, .qdrep, .sqlite or *.analysis.json)")
     from ..batch.run import run_batch
 
-    with one_run(path for report in paths for path in files_read_for(report)):
+    logs = _logs_by_report(paths, log or [])
+    with one_run([*(path for report in paths for path in files_read_for(report)), *(log or [])]):
         # Before the analyses: no output is an input (also through a link in DIR), none named twice.
         claim_outputs([(output / "summary.csv", "summary.csv"), (output / "summary.html", "summary.html"),
                        (db if db is not None else output / "nsysan.db", "the database")])
         with _counter(len(paths), enabled=progress) as count:
             result = run_batch(paths, output, jobs=jobs or default_jobs(), dask=dask, db_path=db, tags=tag or (),
                                nsys=str(nsys) if nsys else None, cache_dir=str(cache_dir) if cache_dir else None,
-                               progress=count, max_memory=budget, step_range=step_range)
+                               progress=count, max_memory=budget, step_range=step_range,
+                               logs=logs)
     with to_stdout():
         _print_summary(result)
     if result.interrupted:
@@ -89,6 +95,32 @@ def batch(
         raise typer.Exit(2)
     if result.failed and fail_on_error:
         raise typer.Exit(1)
+
+
+def _logs_by_report(paths: List[Path], logs: List[Path]) -> dict[str, list[str]]:
+    """Each --log joined with the report it is named after: the log's name starts with the
+    report's (its suffixes off) and a '.', '_' or '-' (run1.stderr.txt, run1_rank0.log for
+    run1.nsys-rep); the longest such name when several fit. A log that fits none is an error."""
+    from ..oom_log import read_oom_logs
+
+    read_oom_logs(logs)  # a log that can't be read fails now, not once per report
+    stems = {str(p): _stem(p.name) for p in paths}
+    joined: dict[str, list[str]] = {}
+    for log in logs:
+        fits = [(len(stem), path) for path, stem in stems.items()
+                if log.name.startswith(stem) and log.name[len(stem):len(stem) + 1] in (".", "_", "-")]
+        if not fits:
+            raise NsysanError(f"--log {log.name} is named after none of the reports; name it after its report "
+                              "(run1.stderr.txt for run1.nsys-rep)")
+        joined.setdefault(max(fits)[1], []).append(str(log))
+    return joined
+
+
+def _stem(name: str) -> str:
+    for suffix in (".analysis.json", ".nsys-rep", ".qdrep", ".sqlite", ".json"):
+        if name.lower().endswith(suffix):
+            return name[:-len(suffix)]
+    return name
 
 
 def _print_summary(result: Any) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -57,6 +57,10 @@ def check(
     step_range: Optional[str] = typer.Option(None, "--step-range", metavar="REGEX",
                                              help="NVTX ranges whose name matches this regular expression are the "
                                              "training steps, in the run and its baseline (as in analyze)."),
+    log: Optional[List[Path]] = typer.Option(None, "--log", metavar="FILE", show_default=False,
+                                             help="The run's stderr or log: its out-of-memory errors are joined "
+                                             "with the trace (a run that died of one shows in the analysis' "
+                                             "oom.fatal); repeat for several."),
 ) -> None:
     """Check a run against memory limits; exit 0 if every limit holds, 1 if one broke, 2 if one could not be
     measured or the input is bad (the --junit, --json and --markdown files say why in every case).
@@ -70,7 +74,7 @@ def check(
     # No output (the verdicts, the new baseline) may replace the run, its baseline or the config
     # (through any link), and no two outputs may name one file: said before anything is analyzed.
     with one_run([*files_read_for(report), *(files_read_for(baseline) if baseline else []),
-                  *([config] if config is not None else [])]):
+                  *([config] if config is not None else []), *(log or [])]):
         claim_outputs([(path, what) for path, what in ((json_path, "--json"), (junit, "--junit"),
                                                         (markdown, "--markdown"), (baseline_out, "--baseline-out"),
                                                         (summary and Path(summary), "$GITHUB_STEP_SUMMARY"))
@@ -79,14 +83,14 @@ def check(
                baseline_out, dict(per=per, max_peak=max_peak, max_peak_increase=max_peak_increase,
                                   max_never_freed=max_never_freed, max_growth_per_step=max_growth_per_step,
                                   no_failed_allocations=no_failed_allocations, no_warnings=no_warnings,
-                                  allow_unmeasured=allow_unmeasured))
+                                  allow_unmeasured=allow_unmeasured), log or [])
 
 
 def _check(report: Path, baseline: Optional[Path], config: Optional[Path], nsys: Optional[Path],
            cache_dir: Optional[Path], step_range: Optional[str], outputs: tuple, baseline_out: Optional[Path],
-           given: dict) -> None:
+           given: dict, logs: List[Path]) -> None:
     try:
-        verdict, analysis = _verdict(report, baseline, config, nsys, cache_dir, step_range, given)
+        verdict, analysis = _verdict(report, baseline, config, nsys, cache_dir, step_range, given, logs)
     except NsysanError as err:
         # The CI page shows the files, not the log: they say why the check could not run.
         try:
@@ -112,7 +116,8 @@ def _check(report: Path, baseline: Optional[Path], config: Optional[Path], nsys:
 
 
 def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsys: Optional[Path],
-             cache_dir: Optional[Path], step_range: Optional[str], given: dict) -> tuple[Verdict, Analysis]:
+             cache_dir: Optional[Path], step_range: Optional[str], given: dict,
+             logs: List[Path]) -> tuple[Verdict, Analysis]:
     if config is not None:
         defaults = read_config_file(config)  # a missing file, a FIFO or a device is said there
         if defaults is None:
@@ -126,7 +131,8 @@ def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsy
         from ..pipeline import check_pattern
 
         check_pattern(step_range, "--step-range")
-    analysis = load_or_analyze(report, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
+    analysis = load_or_analyze(report, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range,
+                               oom_logs=logs)
     base = None if baseline is None else load_or_analyze(baseline, nsys=nsys, cache_dir=cache_dir,
                                                          keep_events=False, step_range=step_range)
     return evaluate_limits(analysis, base, limits, (report.name, baseline.name if baseline else None)), analysis

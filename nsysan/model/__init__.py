@@ -18,16 +18,17 @@ from .analysis import Analysis
 from .capture import DIAGNOSTIC_CODES, GPU_RESIDENT_KINDS, KINDS, SCHEMA_ID, SEVERITIES, TRUST_BREAKING, Capture, Diagnostic, Gpu, Process, Source
 from .memory import (Allocation, AllocationGroup, ApiCallStat, Band, CallSite, FailedCall, Frame, GroupSummary, Holder,
                      NvtxSpan, Peak, RangeStat, Series, Site, Stack, Timeline, TraceEnd)
-from .oom import AllocatorOom, AllocatorUse, CacheRelease, CutShort, OomFailure, OutOfMemory, Preallocation, PoolUse, \
-    Probe, ReservedMemory
+from .oom import AllocatorOom, AllocatorUse, CacheRelease, CutShort, EndedInside, FatalOom, LoggedOom, OomFailure, \
+    OutOfMemory, Preallocation, PoolUse, Probe, ReservedMemory, SizeCount
 from .plain import _from_plain, _Malformed, _to_plain, from_document
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, Step, StepSeries
 from .tables import RAW, Tables
 
 __all__ = ["Allocation", "AllocationGroup", "AllocatorOom", "AllocatorUse", "Analysis", "Answer",
            "ApiCallStat", "Band", "CacheRelease", "CallSite", "Capture", "CutShort", "DIAGNOSTIC_CODES", "Diagnostic",
-           "FailedCall", "Frame", "GPU_RESIDENT_KINDS", "Gpu", "GroupSummary", "Growth", "Holder", "KINDS",
-           "MemoryCap", "NvtxSpan", "OomFailure", "OutOfMemory", "Peak", "Phase", "PoolUse", "Preallocation",
+           "EndedInside",
+           "FailedCall", "FatalOom", "Frame", "GPU_RESIDENT_KINDS", "Gpu", "GroupSummary", "Growth", "Holder", "KINDS",
+           "LoggedOom", "MemoryCap", "NvtxSpan", "OomFailure", "OutOfMemory", "Peak", "Phase", "PoolUse", "Preallocation",
            "Probe", "Process", "RAW", "RangeStat", "ReservedMemory", "SCHEMA_ID", "SEVERITIES", "Series",
-           "Site", "SmiOverlay", "Source", "Spike", "Stack", "Step", "StepSeries", "TRUST_BREAKING", "Tables",
+           "Site", "SizeCount", "SmiOverlay", "Source", "Spike", "Stack", "Step", "StepSeries", "TRUST_BREAKING", "Tables",
            "Timeline", "TraceEnd", "from_document", "_Malformed", "_from_plain", "_to_plain"]

@@ -85,6 +85,70 @@ class CutShort:
 
 
 @dataclass(frozen=True)
+class SizeCount:
+    """`count` live blocks of `bytes` each."""
+
+    bytes: int
+    count: int
+
+
+@dataclass(frozen=True)
+class EndedInside:
+    """A process whose trace ends inside NVTX ranges it never closed, with no failed call and no
+    cache release: what the trace can say when an allocator refused a request by itself (a
+    memory-fraction cap with nothing cached) and the process died of it, or when the capture was
+    simply stopped (see docs/analyses.md)."""
+
+    pid: int
+    device: Optional[int]  # the CUDA device holding most of its memory at the end
+    gpu: Optional[int]
+    open_ranges: list[str]  # NVTX ranges never closed, outermost first; the last is the innermost
+    last_event_ns: int  # its last memory event
+    process_ended: bool  # its memory events stopped well before the capture did (it ended; else the capture was cut)
+    live_bytes: int  # its live GPU-resident bytes at the end (on all its devices)
+    reserved_bytes: Optional[int]  # of them, what its caching allocator held (None: no allocator recognized)
+    blocks: int  # live device allocations at the end
+    block_sizes: list[SizeCount] = field(default_factory=list)  # their sizes, largest first (at most 8 sizes)
+    growth_bytes_per_step: Optional[int] = None  # the growth verdict's rate before the end, when it grew
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class LoggedOom:
+    """An out-of-memory error found in the program's own log (`--log`), joined with the trace.
+    Sizes are as the message prints them (PyTorch: two decimals of MiB or GiB)."""
+
+    log: str  # the log's file name
+    line: int  # where the message starts, counting from 1
+    framework: str  # "pytorch" | "xla"
+    wording: str  # which wording: pytorch_2 ("GPU 0 has a total capacity of"), pytorch_1 ("(GPU 0; ... total
+    # capacity; ..."), xla_bfc ("Allocator (GPU_0_bfc) ran out of memory"), xla
+    pid: Optional[int]  # the process the line names (pid=N), if any
+    matched_pid: Optional[int]  # the trace's process it is joined with
+    matched_by: str  # "pid" | "only_death" (the only process that died) | "only_process" | "" (none)
+    device: Optional[int]  # the CUDA device the message names ("GPU 0": the process's ordinal)
+    request_bytes: Optional[int]  # "Tried to allocate"
+    cap_bytes: Optional[int]  # "N allowed" (set_per_process_memory_fraction), XLA's allocator limit
+    total_bytes: Optional[int]  # the GPU's capacity
+    free_bytes: Optional[int]  # free on the GPU then
+    process_bytes: Optional[int]  # this process's use, non-PyTorch memory included
+    allocated_bytes: Optional[int]  # held by tensors ("allocated by PyTorch", XLA's InUse)
+    reserved_unallocated_bytes: Optional[int]  # cached by the allocator, in no tensor
+    others_bytes: Optional[int]  # held on the GPU by other processes: total - free - this process
+    verdict: str  # over_cap | fragmentation | other_process | gpu_full | unknown
+    trace_reserved_bytes: Optional[int]  # what the trace shows the process's allocator holding then
+    message: str
+
+
+@dataclass(frozen=True)
+class FatalOom:
+    """A process that died of an out-of-memory error its trace shows no failed call for."""
+
+    pid: Optional[int]  # None: a logged error no process of the trace could be matched to
+    found_by: str  # "trace" (its allocator gave up: allocator_ooms), "log" (--log), "trace and log"
+
+
+@dataclass(frozen=True)
 class OutOfMemory:
     """Why a run ran out of memory, and the events that look like it."""
 
@@ -96,6 +160,11 @@ class OutOfMemory:
     # (what PyTorch counts as num_alloc_retries, plus empty_cache calls)
     cache_flushes: list[CacheRelease] = field(default_factory=list)
     cut_short: list[CutShort] = field(default_factory=list)
+    ended_inside: list[EndedInside] = field(default_factory=list)  # cut short inside open ranges, no other sign
+    logged: list[LoggedOom] = field(default_factory=list)  # errors read from --log files
+    # processes that died of out-of-memory with no failed call (`check --no-failed-allocations`
+    # fails on these as on failures): from the trace, the log, or both
+    fatal: list[FatalOom] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,10 @@ def oom_and_reserved(analysis: Analysis, top: int = 5) -> list[Union[Answer, She
     pools, what made the peak), each followed by its live set where it has one."""
     label, parts = analysis.process_label, []  # type: ignore[var-annotated]
     oom = analysis.oom
+    for logged in oom.logged[:3]:
+        parts.append(_line("error", "out of memory", logged.message))
+    if len(oom.logged) > 3:
+        parts.append(_line("info", "more", f"… and {len(oom.logged) - 3} more logged errors (see --format json)"))
     for failure in oom.failures[:3]:
         where = f" in {failure.nvtx_path}" if failure.nvtx_path else ""
         text = (f"{label(failure.pid)}: call #{failure.call_number} of {failure.api} failed "
@@ -48,8 +52,11 @@ def oom_and_reserved(analysis: Analysis, top: int = 5) -> list[Union[Answer, She
         parts.append(_line("warning", "allocator OOM?", text))
         parts.extend(_live_table("Live when the allocator gave up", allocator_oom.live_at_release,
                                  allocator_oom.live_count, release.start_ns, top))
+    for ended in oom.ended_inside:
+        parts.append(_line("warning", "ended inside", ended.message))
+    said = {o.release.pid for o in oom.allocator_ooms} | {e.pid for e in oom.ended_inside}
     for cut in oom.cut_short:
-        if not any(o.release.pid == cut.pid for o in oom.allocator_ooms):
+        if cut.pid not in said:
             why = " > ".join(cut.open_ranges) + " never closed" if cut.open_ranges else "memory still climbing"
             parts.append(_line("warning", "cut short", f"{label(cut.pid)}: the capture ends while it works ({why})"))
     if oom.cache_flushes:
@@ -87,6 +94,9 @@ def oom_and_reserved(analysis: Analysis, top: int = 5) -> list[Union[Answer, She
 
 
 LINES_PER_KIND = 20  # allocator, preallocation and pool lines shown, each
+# The answers (analyses/answers.py) these lines say in full; the terminal prints the others itself.
+DRAWN_CODES = frozenset({"oom_logged", "allocation_failed", "allocator_oom_suspected", "ended_inside",
+                         "run_cut_short", "preallocation", "caching_allocator"})
 
 
 def _line(severity: str, what: str, text: str) -> Answer:

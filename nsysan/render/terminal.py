@@ -13,7 +13,7 @@ from rich.text import Text
 from ..errors import printable
 from ..model import Allocation, Analysis, CallSite, Peak, StepSeries
 from .layout import NAME, NUMBER, WORD, Column, Lines, Parts, Sheet
-from .oom import oom_and_reserved
+from .oom import DRAWN_CODES, oom_and_reserved
 from ..units import fmt_bytes, fmt_duration, fmt_durations, fmt_frame, fmt_share, fmt_time, fmt_times
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -284,7 +284,8 @@ def _failed_table(analysis: Analysis, top: int) -> Sheet:
     return table
 
 
-_TOPIC_LABEL = {"peak": "peak", "growth": "growth", "what-if": "what if", "oom": "out of memory", "trust": "warning"}
+_TOPIC_LABEL = {"peak": "peak", "growth": "growth", "what-if": "what if", "oom": "out of memory",
+                "reserved": "warning", "trust": "warning"}
 AnswerRow = tuple[str, str, str]  # label, severity, text
 
 
@@ -298,7 +299,9 @@ def answers_section(analysis: Analysis) -> list[Union[Lines, Sheet]]:
         from .smi_terminal import smi_answer
 
         items += smi_answer(analysis.smi)
-    items += _answer_rows(analysis, ("trust",))
+    # Every warning on the first screen: the out-of-memory and reserved-memory answers the lines
+    # above do not draw (near capacity, memory never given access), then the others.
+    items += _answer_rows(analysis, ("oom", "reserved", "trust"), skip=DRAWN_CODES)
     if not items:
         return []
     rows = [item for item in items if not isinstance(item, Sheet)]
@@ -319,12 +322,13 @@ def answers_section(analysis: Analysis) -> list[Union[Lines, Sheet]]:
 ANSWER_STYLE = {"error": "bold red", "warning": "yellow", "info": "bold"}
 
 
-def _answer_rows(analysis: Analysis, topics: tuple[str, ...]) -> list[AnswerRow]:
-    """The answers of these topics, one row each (out-of-memory ones are drawn in detail by render/oom.py)."""
+def _answer_rows(analysis: Analysis, topics: tuple[str, ...], skip: frozenset = frozenset()) -> list[AnswerRow]:
+    """The answers of these topics, one row each, but those whose codes are in `skip` (drawn in
+    detail by render/oom.py)."""
     rows: list[AnswerRow] = []
     shown: dict[str, int] = {}
     for v in analysis.answers:
-        if v.topic in topics:
+        if v.topic in topics and v.code not in skip:
             shown[v.topic] = shown.get(v.topic, 0) + 1
             if shown[v.topic] > LIST_ROWS:  # one per process and GPU: thousands in a large capture
                 continue
