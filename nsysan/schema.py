@@ -133,7 +133,10 @@ class Schema:
     schema_version: Optional[str] = None
     export_params: dict[str, str] = field(default_factory=dict)
     memory_usage_requested: Optional[bool] = None
-    backtraces_requested: Optional[bool] = None
+    backtraces_requested: Optional[bool] = None  # --cudabacktrace with memory calls, as recorded
+    python_backtraces_requested: Optional[bool] = None  # --python-backtrace=cuda, as recorded
+    sampling_requested: Optional[bool] = None  # CPU sampling (-s process-tree / system-wide), as recorded
+    memory_backtrace_threshold_ns: Optional[int] = None  # --cudabacktrace=memory:<threshold>, as recorded
     has_backtraces: bool = False
     cuda_driver_version: Optional[str] = None
     duration_ns: Optional[int] = None
@@ -340,19 +343,32 @@ def _read_export_meta(conn: sqlite3.Connection, schema: Schema) -> None:
                 "the shift was not undone, so times are as the export holds them"))
 
 
+# The capture options read (META_DATA_CAPTURE names, 2023.x-2025.x): what advice about how to
+# capture must know, so that it never asks for a flag the capture already used.
+_CAPTURE_FLAGS = {":COLLECT_GPU_MEMORY_USAGE": "memory_usage_requested",
+                  ":COLLECT_MEMORY_BACKTRACES": "backtraces_requested",
+                  ":COLLECT_PYTHON_BACKTRACES": "python_backtraces_requested",
+                  "LINUX_PERF_OPTIONS:COLLECT_IP_BACKTRACE_SAMPLES": "sampling_requested"}
+
+
 def _read_capture_meta(conn: sqlite3.Connection, schema: Schema) -> None:
     # META_DATA_CAPTURE also holds PROCESS_n:ENVIRONMENT_VARIABLE rows (the profiled process's
-    # whole environment, secrets included): only the flags named here are ever looked at.
-    memory_flags, backtrace_flags = [], []
-    for key, value in _name_values(conn, schema, "META_DATA_CAPTURE"):
-        if key.endswith(":COLLECT_GPU_MEMORY_USAGE"):
-            memory_flags.append(value.strip().lower() == "true")
-        elif key.endswith(":COLLECT_MEMORY_BACKTRACES"):
-            backtrace_flags.append(value.strip().lower() == "true")
-    if memory_flags:
-        schema.memory_usage_requested = any(memory_flags)
-    if backtrace_flags:
-        schema.backtraces_requested = any(backtrace_flags)
+    # whole environment, secrets included): they are left out in SQL, so no value of them ever
+    # reaches Python, and only the flags named here are looked at.
+    if not schema.has("META_DATA_CAPTURE", "name", "value"):
+        return
+    found: dict[str, list[bool]] = {}
+    rows = conn.execute("SELECT name, CAST(substr(value, 1, 100) AS TEXT) FROM META_DATA_CAPTURE "
+                        "WHERE name NOT GLOB '*ENVIRONMENT*'").fetchall()
+    for name, value in rows:
+        key, text = _text(name), _text(value).strip().lower()
+        for suffix, attribute in _CAPTURE_FLAGS.items():
+            if key.endswith(suffix):
+                found.setdefault(attribute, []).append(text == "true")
+        if key.endswith(":MEMORY_BACKTRACES_THRESHOLD_NS") and _int(text) is not None:
+            schema.memory_backtrace_threshold_ns = max(schema.memory_backtrace_threshold_ns or 0, _int(text))
+    for attribute, flags in found.items():
+        setattr(schema, attribute, any(flags))
 
 
 # The only environment variables nsysan ever reads: what names a process's place in a

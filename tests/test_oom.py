@@ -161,3 +161,22 @@ def test_release_burst_without_nvtx_is_not_an_oom_nor_a_cap(tmp_path):
     assert analysis.oom.allocator_ooms == [] and len(analysis.oom.cache_flushes) == 1
     assert all(c.source != "allocator_oom" for c in analysis.caps)
     assert analysis.oom.fatal == [] and not any(d.code == "allocator_oom_suspected" for d in analysis.diagnostics)
+
+
+def test_every_warning_is_on_the_first_screen(ddp_leak_v25):
+    """ddp_leak_v25's ranks each made one cuMemCreate never given access (warning
+    vmm_without_access, topic 'reserved'): printed before the tables, as every other warning."""
+    import io
+
+    from rich.console import Console
+
+    from nsysan.render.terminal import render_terminal
+
+    warnings = [a for a in ddp_leak_v25.answers if a.severity in ("warning", "error")]
+    assert any(a.topic == "reserved" and a.code == "vmm_without_access" for a in warnings)
+    console = Console(width=200, record=True, file=io.StringIO())
+    render_terminal(ddp_leak_v25, console)
+    text = console.export_text()
+    first_screen = text[:text.index("Peak GPU memory")]
+    for answer in warnings:
+        assert answer.message[:60] in " ".join(first_screen.split()), answer.code

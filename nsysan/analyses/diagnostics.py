@@ -16,6 +16,26 @@ from .never_freed import NOT_LEAKS
 
 CAPTURE_COMMAND = ("nsys profile -t cuda,nvtx --cuda-memory-usage=true --cudabacktrace=memory:1 "
                    "-s process-tree -o <report> <your program>")
+# The flags of CAPTURE_COMMAND that advice may ask for, with the Schema field recording whether
+# the capture used each (None: not recorded, as before 2023).
+_ADVISED = (("--cuda-memory-usage=true", "memory_usage_requested"),
+            ("--cudabacktrace=memory:1", "backtraces_requested"),
+            ("-s process-tree", "sampling_requested"))
+
+
+def missing_flags(schema: Schema, wanted: tuple[str, ...] = tuple(f for f, _ in _ADVISED)) -> list[str]:
+    """Of the `wanted` flags, those the capture did not use (or did not record using): capture
+    advice never asks for a flag already given."""
+    used = {flag for flag, field in _ADVISED if getattr(schema, field) is True}
+    return [flag for flag in wanted if flag not in used]
+
+
+def capture_advice(schema: Schema) -> str:
+    """'capture again adding: …' with the flags of CAPTURE_COMMAND the capture lacks."""
+    missing = missing_flags(schema)
+    if not schema.has_cuda_trace:
+        missing = ["-t cuda,nvtx"] + missing
+    return f"capture again adding {' '.join(missing)}" if missing else f"capture with: {CAPTURE_COMMAND}"
 # First nsys release line known to trace each CUDA major version (approximate release order).
 _NSYS_FOR_CUDA = {12: (2022, 5), 13: (2025, 3)}
 
@@ -50,7 +70,7 @@ def _collection(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, quick
     if not schema.has_cuda_trace:
         found.append(Diagnostic("warning", "no_cuda_trace",
                                 "the capture holds no CUDA API trace (CUDA tracing was off or failed): "
-                                f"nothing about GPU memory can be said; capture with: {CAPTURE_COMMAND}"))
+                                f"nothing about GPU memory can be said; {capture_advice(schema)}"))
     if not schema.memory_usage_collected:
         if schema.memory_usage_requested:
             found.append(Diagnostic("warning", "no_memory_events",
@@ -60,13 +80,28 @@ def _collection(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, quick
             n_alloc = int((calls["family"] == "alloc").sum()) if not calls.empty else 0
             found.append(Diagnostic("warning", "sizes_not_collected",
                                     "sizes were not collected: the capture did not use --cuda-memory-usage=true, so "
-                                    f"only API calls can be counted ({n_alloc} allocation calls); capture with: "
-                                    f"{CAPTURE_COMMAND}"))
+                                    f"only API calls can be counted ({n_alloc} allocation calls); "
+                                    f"{capture_advice(schema)}"))
     elif not schema.has_backtraces and not events.empty and not quick:
         found.append(Diagnostic("info", "no_backtraces",
                                 "no call stacks were collected, so sites are named by API, NVTX range and thread; "
-                                "add --cudabacktrace=memory:1 -s process-tree to the capture for function names"))
+                                + _backtrace_advice(schema)))
     return found
+
+
+def _backtrace_advice(schema: Schema) -> str:
+    """How to get call stacks, given what the capture already asked for."""
+    missing = missing_flags(schema, ("--cudabacktrace=memory:1", "-s process-tree"))
+    threshold = schema.memory_backtrace_threshold_ns
+    if missing == ["-s process-tree"]:
+        return ("the capture asked for them (--cudabacktrace) with CPU sampling off, and nsys records CUDA call "
+                "stacks only with sampling on: add -s process-tree")
+    if missing:
+        return f"add {' '.join(missing)} to the capture for function names"
+    if threshold is not None and threshold > 1000:
+        return (f"the capture asked for them only for memory calls longer than {threshold / 1000:g} µs "
+                "(--cudabacktrace=memory:<threshold>), and no call was: use --cudabacktrace=memory:1")
+    return "the capture asked for them (--cudabacktrace, sampling on), yet none were recorded"
 
 
 def _version_tuple(version: Optional[str]) -> Optional[tuple[int, int]]:

@@ -248,8 +248,9 @@ def _site_stacks(analysis: Analysis, top: int) -> Group:
         for frame in stack.frames:
             parts.append(_t(f"    {fmt_frame(frame.function, frame.file, frame.line, frame.module)}"))
     if not shown:
-        parts.append(Text("  none: the capture recorded no call stacks (capture with --cudabacktrace=memory:1 "
-                          "-s process-tree, and --python-backtrace=cuda for Python)"))
+        # how to get them, as the no_backtraces diagnostic says (it knows which flags the capture used)
+        advice = next((d.message.split("; ", 1)[-1] for d in analysis.diagnostics if d.code == "no_backtraces"), "")
+        parts.append(Text("  none: the capture recorded no call stacks" + (f" ({printable(advice)})" if advice else "")))
     return Group(*parts)
 
 
