@@ -191,8 +191,9 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
                 loaded = load_events(conn, schema, say, quick=quick) if not schema_only else None
                 if loaded is not None and not quick and step_range is None:
                     loaded.memory_threads = threads = memory_threads(loaded.calls)
+                    loaded.nvtx_steps = find_step_ranges(loaded.ranges, threads)
                     loaded.launches, loaded.launch_names = read_launches(
-                        conn, schema, iteration_pids(threads, find_step_ranges(loaded.ranges, threads)))
+                        conn, schema, iteration_pids(threads, loaded.nvtx_steps))
                 runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}
             except NsysanError as err:  # events.py does not know the report's name; with several, it matters
                 raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err

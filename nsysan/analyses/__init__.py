@@ -167,7 +167,8 @@ def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, gpu_of,
     """The step tables (and why there are none when there are none), the phases and the spikes;
     `threads`: memory_threads() of the calls."""
     series = live_series(loaded.events, grouped)
-    found = find_step_ranges(loaded.ranges, threads, step_range)
+    found = loaded.nvtx_steps if loaded.nvtx_steps is not None and step_range is None else \
+        find_step_ranges(loaded.ranges, threads, step_range)
     iterations = {} if step_range is not None else \
         find_iterations(loaded.launches, loaded.launch_names, iteration_pids(threads, found))
     steps = step_table(loaded.events, series, with_iterations(found, iterations), gpu_of, end_ns,

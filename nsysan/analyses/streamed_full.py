@@ -67,8 +67,9 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     calls.scan()
     ranges, operator_ranges = read_nvtx_ranges(conn, schema)
     thread_names = read_thread_names(conn, schema)
+    nvtx_steps = find_step_ranges(ranges, calls.threads, step_range)
     launches = None if step_range is not None else read_launches(
-        conn, schema, iteration_pids(calls.threads, find_step_ranges(ranges, calls.threads)))
+        conn, schema, iteration_pids(calls.threads, nvtx_steps))
     flow = EventFlow(conn, schema, call_window=CallWindow(calls), order_ahead=ahead)
     looks: dict = {}
     notes: list[Diagnostic] = []
@@ -81,7 +82,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         looks["first"] = FirstCalls(calls)
         looks["rises"] = RangeRises(ranges, calls.threads)  # calls.threads: steps.memory_threads' keys
         looks["range_threads"] = RangeThreads(look, ranges, operator_ranges, max(0, schema.duration_ns or 0, span[1]))
-        looks["steps"] = StepWindows(look, ranges, calls.threads, step_range, launches)
+        looks["steps"] = StepWindows(look, ranges, calls.threads, step_range, launches, nvtx_steps)
         return Each(looks["first"], verdict_looks.first_pass(), looks["rises"], looks["range_threads"],
                     looks["steps"])
 

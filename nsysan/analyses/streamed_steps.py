@@ -33,11 +33,12 @@ class StepWindows:
     steps and of the range instances that can be phases, opened when the series first appears."""
 
     def __init__(self, look: FirstLook, ranges: pd.DataFrame, threads: np.ndarray, step_range: Optional[str],
-                 launches: Optional[tuple[pd.DataFrame, dict]] = None) -> None:
+                 launches: Optional[tuple[pd.DataFrame, dict]] = None, found: Optional[dict] = None) -> None:
         """`launches`: read_launches() of the processes whose NVTX ranges give no steps (none with
-        --step-range), whose steps the kernels then give."""
+        --step-range), whose steps the kernels then give; `found`: find_step_ranges' steps, when
+        already found."""
         self.look, self.ranges = look, ranges
-        found = find_step_ranges(ranges, threads, step_range)
+        found = found if found is not None else find_step_ranges(ranges, threads, step_range)
         self.iterations = find_iterations(*launches, iteration_pids(threads, found)) if launches is not None else {}
         self.found = with_iterations(found, self.iterations)
         self.phase_rows = np.flatnonzero(phase_ranges(ranges, threads)) if not ranges.empty else np.zeros(0, "int64")

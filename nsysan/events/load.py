@@ -59,6 +59,8 @@ class LoadedEvents:
     # steps.memory_threads(calls) when already found (pipeline._read, to choose whose launches to
     # read): 0.2 s at 1e7 calls, not spent twice
     memory_threads: Optional[np.ndarray] = None
+    # and steps.find_step_ranges(ranges, memory_threads) without --step-range: 0.1 s per 10,000 ranges
+    nvtx_steps: Optional[dict] = None
 
 
 def load_events(conn: sqlite3.Connection, schema: Schema, progress: Optional[Progress] = None, *,
