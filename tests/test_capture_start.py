@@ -10,7 +10,7 @@ import json
 import pytest
 
 from conftest import FIXTURES, analysis_of
-from test_bounded_memory import assert_streamed_full_is_whole, chunk_rowids, full_documents
+from test_bounded_memory import assert_streamed_full_is_whole, chunk_rowids, full_documents, quick_documents
 
 MiB = 1 << 20
 OUTSIDE_ALLOCATOR = 2 * (64 * MiB + 128 * 1024 + 1024)  # test_growth.py: cuBLAS's workspaces
@@ -59,3 +59,12 @@ def test_streamed_is_the_whole_frame(name, monkeypatch):
     path = FIXTURES / f"{name}.sqlite"
     whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
     assert_streamed_full_is_whole(whole, streamed)
+
+
+def test_quick_never_calls_the_state_found_a_module_load(monkeypatch):
+    path = FIXTURES / "torch_capture_range_v25.sqlite"
+    whole, streamed = quick_documents(path, chunk_rowids(path), monkeypatch)
+    assert streamed == whole
+    document = json.loads(whole)
+    assert [p["note"] for p in document["peaks"]] == [""]
+    assert "live_at_capture_start" in [d["code"] for d in document["diagnostics"]]
