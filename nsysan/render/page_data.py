@@ -67,6 +67,7 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
             "series": [{"pid": s.pid, "device": s.device, "kind": s.kind, "resident": s.kind in GPU_RESIDENT_KINDS,
                         "label": _series_label(s, key, short), "ts": s.ts_ns, "bytes": s.live_bytes}
                        for s in series],
+            "smi": smi_lines(analysis, key, short),
         }
 
     peaks = [{"pid": p.pid, "panel": p.device if p.gpu is None else p.gpu, "device": p.device,
@@ -95,6 +96,21 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
         "allocations": {"sites": list(sites), "rows": allocations, "total": timeline.allocations_total},
         "steps": step_sets(analysis, short),
     }
+
+
+def smi_lines(analysis: Analysis, panel_key: int, short: dict[int, str]) -> list[dict[str, Any]]:
+    """What nvidia-smi showed on this GPU (`analyze --smi`), drawn over the traced lines: memory.used
+    of the GPU, or one process's used_memory, per log, as sampled (the gap to the traced lines is
+    what the trace does not see)."""
+    if analysis.smi is None:
+        return []
+    lines = []
+    for s in analysis.smi.series:
+        if s.gpu != panel_key or not s.ts_ns:
+            continue
+        what = "memory.used" if s.pid is None else f"{short.get(s.pid, f'process {s.pid}')} used_memory"
+        lines.append({"label": f"nvidia-smi {printable(s.log)}: {what}", "ts": s.ts_ns, "bytes": s.used_bytes})
+    return lines
 
 
 def step_sets(analysis: Analysis, short: dict[int, str]) -> list[dict[str, Any]]:
