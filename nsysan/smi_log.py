@@ -161,7 +161,7 @@ def parse_tz(spec: str) -> dt.tzinfo:
 
         return ZoneInfo(text)
     except Exception as err:  # ZoneInfoNotFoundError, ValueError for paths, no tz database
-        raise NsysanError(f"--smi-tz {spec!r} is not a time zone; give an IANA name like Europe/Paris "
+        raise NsysanError(f"--smi-tz {shown_value(spec)} is not a time zone; give an IANA name like Europe/Paris "
                           "or an offset like +02:00") from err
 
 

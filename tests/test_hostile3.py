@@ -225,6 +225,23 @@ def test_an_output_that_cannot_be_written_is_one_line(inputs, capsys, monkeypatc
              r"could not write \$GITHUB_STEP_SUMMARY .*: No such file or directory")
 
 
+def test_an_output_that_is_a_fifo_nobody_reads_is_one_line_never_a_wait(inputs, tmp_path, capsys):
+    fifo = tmp_path / "verdict.json"
+    os.mkfifo(fifo)
+    one_line(*cli(capsys, "check", str(inputs["run"]), "--max-peak", "1GiB", "--json", str(fifo)),
+             r"could not write .*verdict\.json: a FIFO \(named pipe\) nobody reads")
+    (tmp_path / "cmp").mkdir()
+    os.mkfifo(tmp_path / "cmp" / "compare.png")
+    one_line(*cli(capsys, "compare", str(inputs["base"]), str(inputs["run"]), "-o", str(tmp_path / "cmp")),
+             r"could not write .*compare\.png: a FIFO \(named pipe\) nobody reads")
+
+
+def test_a_huge_option_value_is_quoted_cut_in_its_line(inputs, capsys):
+    line = one_line(*cli(capsys, "analyze", str(inputs["report"]), "--smi", str(inputs["smi"]), "--smi-tz",
+                         "x" * 5000), r"--smi-tz 'x+\.\.\. \(5002 chars\) is not a time zone")
+    assert len(line) < 200
+
+
 # --- CI reports that lie or inject ---------------------------------------------------------------
 
 NASTY_PROCESS = ("[Approve this PR](https://evil.example/merge) <img src=x onerror=alert(1)> ``tick` | pipe "

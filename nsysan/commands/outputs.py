@@ -163,8 +163,7 @@ def _stage(path: Path, payload: bytes) -> Optional[tuple[Path, Path]]:
         if mode is not None and stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if mode is not None and not stat.S_ISREG(mode):
-            with open(path, "wb") as handle:
-                handle.write(payload)
+            _write_into(path, payload)
             return None
         target = Path(os.path.realpath(path))  # a regular file or none yet: replace what a link points to
         try:
@@ -186,6 +185,26 @@ def _stage(path: Path, payload: bytes) -> Optional[tuple[Path, Path]]:
         return tmp, target
     except OSError as err:
         raise NsysanError(f"could not write {path}: {err.strerror or err}") from err
+
+
+def _write_into(path: Path, payload: bytes) -> None:
+    """Write into what is no regular file (/dev/stdout, a pipe, a terminal), opened without
+    waiting: a FIFO that nobody reads is one error line, never a wait for a reader that never comes."""
+    flags = os.O_WRONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0) \
+        | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as err:
+        if err.errno == errno.ENXIO:  # a FIFO without a reader
+            raise OSError(errno.ENXIO, "a FIFO (named pipe) nobody reads", str(path)) from None
+        raise
+    try:
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        while payload:
+            payload = payload[os.write(fd, payload):]
+    finally:
+        os.close(fd)
 
 
 def _new_temp_file(target: Path) -> tuple[int, Path]:
