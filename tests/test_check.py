@@ -254,7 +254,7 @@ def test_junit_json_and_markdown_outputs(tmp_path):
     broken = [o for o in verdict["outcomes"] if not o["ok"]]
     assert [(o["limit"], o["threshold"]) for o in broken] == [("max-peak-increase", "10%")]
     markdown = (tmp_path / "check.md").read_text()
-    assert markdown.startswith("### ❌ nsysan check: `FAIL") and "| ❌ | `max-peak-increase` `10%` |" in markdown
+    assert markdown.startswith("### ❌ nsysan check: FAIL: `1 of 2") and "| ❌ | `max-peak-increase` `10%` |" in markdown
     assert summary.read_text() == "earlier steps\n" + markdown
 
 

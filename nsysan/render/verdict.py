@@ -112,7 +112,8 @@ def render_markdown(verdict: Verdict) -> str:
     is an inline code span: there Markdown makes no link, no autolink (`https://...`, `www.`,
     `a@b.c`), no image and no HTML, whatever the string holds."""
     icon = {"pass": "✅", "fail": "❌"}.get(verdict.status, "⚠️")
-    lines = [f"### {icon} nsysan check: {_code(verdict_line(verdict))}", ""]
+    state, _, rest = verdict_line(verdict).partition(": ")  # PASS, FAIL, ...: our words; the rest names files
+    lines = [f"### {icon} nsysan check: {state}: {_code(rest)}", ""]
     if verdict.status == "error":
         return "\n".join(lines)
     if verdict.comparison:
