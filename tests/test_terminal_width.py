@@ -158,3 +158,11 @@ def test_compare_and_check_read_whole_at_80_100_and_120_columns(base, new):
         assert not re.search(r"(^|  )0(  |$)", text, flags=re.M), "a zero without its unit"
     if (base, new) == ("torch_clean_v25", "torch_leak_v25"):
         assert "+3.5 GiB (+201.9%)" in text  # the peak grew from 1.8 to 5.3 GiB: one percentage format
+
+
+def test_the_never_freed_heading_is_the_models_total():
+    # known_bt_v25 (truth): alloc_weights' 128 MiB, three 4 MiB cache entries, other_kinds' 5 MiB and
+    # 1000 KiB stay allocated; its module statics are not counted
+    analysis = analysis_of("known_bt_v25")
+    assert analysis.never_freed_bytes == 128 * 2**20 + 3 * 4 * 2**20 + 5 * 2**20 + 1000 * 2**10
+    assert "Never freed during the capture: 6 allocations, 146.0 MiB" in text_of(80, analysis)

@@ -189,6 +189,13 @@ class Analysis:
 
         return report_frame(self)
 
+    @property
+    def never_freed_bytes(self) -> int:
+        """Bytes never freed during the capture, all processes and kinds but static memory (module
+        globals, never freed by design): what the never-freed headings say (not in the JSON: the
+        groups' own numbers are)."""
+        return sum(g.never_freed_bytes for g in self.groups if g.kind not in ("static", "managed_static"))
+
     def process_peaks(self, limit: int = 4) -> list[Peak]:
         """Each process's highest peak with allocations live at it, largest first (the headline
         first): the peaks whose live allocations the summaries list.

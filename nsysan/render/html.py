@@ -68,8 +68,7 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
     return env.get_template("report.html.j2").render(
         a=analysis, csp=csp, style=style, script=script, data=page_data(analysis), full_paths=full_paths,
         process_peaks=analysis.process_peaks(LIVE_AT_PEAK_PROCESSES),
-        never_freed_bytes=sum(g.never_freed_bytes for g in analysis.groups
-                              if g.kind not in ("static", "managed_static")),
+        never_freed_bytes=analysis.never_freed_bytes,
         diagnostics=diagnostics, severities=SEVERITIES,
         trust_breaking=[d for d in diagnostics if d.code in TRUST_BREAKING],
         other_warnings=[d for d in warnings if d.code not in TRUST_BREAKING],

@@ -204,7 +204,7 @@ def _allocation_rows(table: Sheet, allocations: Iterable[Allocation]) -> None:
 
 
 def _never_freed_table(analysis: Analysis, top: int) -> Sheet:
-    total = sum(g.never_freed_bytes for g in analysis.groups if g.kind not in ("static", "managed_static"))
+    total = analysis.never_freed_bytes
     count = analysis.never_freed_total
     title = f"Never freed during the capture: {count} allocations, {fmt_bytes(total)}"
     table = Sheet(title, _col("size"), _col("kind", WORD, 3), _col("API", WORD, 1), _col("site", NAME),
