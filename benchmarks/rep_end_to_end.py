@@ -12,7 +12,10 @@ turns `--repeat` times, each command's wall time and CPU time (its process and c
   analyzes);
 - nsysan, export cached: the same with the export already in the cache (a second analysis);
 - nsys stats: `nsys stats --report <cuda api summary> --format csv --output - --force-export true`
-  (it exports the report itself, then runs its SQL report).
+  (it exports the report itself, then runs its SQL report);
+- with `--nsys-ai-python` (an interpreter with nsys-ai installed, see benchmarks/nsysai_memory.py):
+  `nsys export` then nsys-ai's memory profile of that export (it reads no .nsys-rep itself). A
+  report it refuses (nsys-ai needs a kernel table) is recorded with its error, not timed.
 
 Medians and the ratios of nsysan to nsys stats are printed (and written with --json), with the
 load average before and after.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -38,13 +42,13 @@ REPORTS = [ROOT / "fixtures" / "known_mem_v22.nsys-rep",
            ROOT.parent / "shared" / "corpus" / "zasdfgbnm-dumpster__tensoriterator" / "report2.qdrep"]
 
 
-def run(command: list[str], env: dict) -> tuple[float, float]:
-    """(wall s, CPU s of the process and its children)."""
+def run(command: list[str], env: dict) -> tuple[float, float] | None:
+    """(wall s, CPU s of the process and its children), None when the command failed."""
     began = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(process.pid, 0)
     if status:
-        raise SystemExit(f"{' '.join(command)} failed ({status})")
+        return None
     return time.perf_counter() - began, usage.ru_utime + usage.ru_stime
 
 
@@ -53,6 +57,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--nsys", default=shutil.which("nsys"))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--nsys-ai-python", help="python of a venv with nsys-ai installed")
     args = parser.parse_args()
     if not args.nsys:
         raise SystemExit("no nsys found: pass --nsys")
@@ -80,7 +85,13 @@ def main() -> None:
                 f"nsys stats --report {summary}": ([args.nsys, "stats", "--report", summary, "--format", "csv",
                                                     "--output", "-", "--force-export", "true", str(report)], env),
             }
-            times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+            if args.nsys_ai_python:
+                theirs = work / "nsys-ai.sqlite"
+                commands["nsys export + nsys-ai memory profile"] = (["sh", "-c", " ".join(shlex.quote(part) for part in [
+                    args.nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(theirs),
+                    str(report)]) + " && " + " ".join(shlex.quote(part) for part in [
+                    args.nsys_ai_python, str(ROOT / "benchmarks" / "nsysai_memory.py"), str(theirs), "direct"])], env)
+            times: dict[str, list] = {name: [] for name in commands}
             for _ in range(args.repeat):
                 for name, (command, command_env) in commands.items():
                     cold = work / "cold-cache"
@@ -90,11 +101,16 @@ def main() -> None:
             report.with_suffix(".sqlite").unlink(missing_ok=True)
             row = {"report": source.name, "bytes": source.stat().st_size, "tools": {}}
             for name, runs in times.items():
+                if None in runs:
+                    row["tools"][name] = {"failed": True}
+                    continue
                 row["tools"][name] = {"wall_s": round(statistics.median(w for w, _ in runs), 3),
                                       "cpu_s": round(statistics.median(c for _, c in runs), 3),
                                       "runs_wall_s": [round(w, 3) for w, _ in runs]}
             stats = row["tools"][f"nsys stats --report {summary}"]
             for name, tool in row["tools"].items():
+                if tool.get("failed"):
+                    continue
                 tool["wall_vs_nsys_stats"] = round(tool["wall_s"] / stats["wall_s"], 3)
                 tool["cpu_vs_nsys_stats"] = round(tool["cpu_s"] / stats["cpu_s"], 3)
             result["reports"].append(row)
