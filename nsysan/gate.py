@@ -329,47 +329,64 @@ def _increase(unit: _Unit, amount: Amount, baseline: Optional[Analysis]) -> Outc
 
 def _failed_allocations(analysis: Analysis, per: str) -> list[Outcome]:
     """Failed allocation calls, less the probes (a call that fails and is retried at once, as a
-    feature test: analyze says it is not a failure), plus the processes whose allocator gave up
-    without a failing call (PyTorch's OutOfMemoryError under a cap: the trace's allocator OOM)."""
+    feature test: analyze says it is not a failure), plus the processes that died of an
+    out-of-memory error no call shows (`oom.fatal`: PyTorch's allocator giving up under a cap,
+    found in the trace, or the error read from the program's log with --log)."""
     from .apis import family
 
     probes = {(p.pid, p.tid, p.api, p.time_ns) for p in analysis.oom.probes}
     failed = [f for f in analysis.failed_calls if family(f.api) in ("alloc", "vmm", "pool")
               and (f.pid, f.tid, f.api, f.time_ns) not in probes]
-    gave_up = analysis.oom.allocator_ooms
+    deaths = [(f.pid, _death(analysis, f)) for f in analysis.oom.fatal]
     names = {p.pid: p.name for p in analysis.capture.processes}
     if per == "process":
         pids = sorted({p.pid for p in analysis.capture.processes} | {f.pid for f in failed}
-                      | {o.release.pid for o in gave_up})
+                      | {pid for pid, _ in deaths if pid is not None})
         places = [(f"process {pid} {names.get(pid, '')}".rstrip(), [f for f in failed if f.pid == pid],
-                   [o for o in gave_up if o.release.pid == pid], [p for p in analysis.oom.probes if p.pid == pid])
+                   [text for who, text in deaths if who == pid], [p for p in analysis.oom.probes if p.pid == pid])
                   for pid in pids]
+        unmatched = [text for who, text in deaths if who is None]
+        if unmatched or not places:  # a logged error of no process of the trace; a trace of none
+            places.append(("all", [], unmatched, []))
     else:
-        places = [("all", failed, gave_up, analysis.oom.probes)]
+        places = [("all", failed, [text for _, text in deaths], analysis.oom.probes)]
     outcomes = []
-    for where, calls, ooms, skipped in places:
+    for where, calls, died, skipped in places:
         said = []
         if calls:
             first = min(calls, key=lambda f: f.time_ns)
             said.append(f"{len(calls)} failed allocation{'s' if len(calls) > 1 else ''}, the first "
                         f"{first.api} → {first.error}")
-        for oom in ooms[:1]:
-            release = oom.release
-            inside = f" inside {' > '.join(oom.open_ranges)}" if oom.open_ranges else ""
-            said.append(f"out of memory without a failing call: the allocator freed its cache "
-                        f"({fmt_bytes(release.released_bytes)}) at {fmt_time(release.start_ns)} and the process "
-                        f"ended{inside} (torch.OutOfMemoryError)")
+        said.extend(died)
         if not said:
             said.append("no failed allocation")
             if skipped:
                 said.append(f"{len(skipped)} probe{'s' if len(skipped) > 1 else ''} retried at once "
                             f"({skipped[0].api} → {skipped[0].error}) {'is' if len(skipped) == 1 else 'are'} "
                             "not a failure")
-        broke = bool(calls or ooms)
+        broke = bool(calls or died)
         outcomes.append(Outcome(limit="no-failed-allocations", where=where, ok=not broke,
-                                measured=len(calls) + len(ooms), threshold="0",
+                                measured=len(calls) + len(died), threshold="0",
                                 message=f"{'; '.join(said)} ({where})", status=BROKEN if broke else HELD))
     return outcomes
+
+
+def _death(analysis: Analysis, fatal: Any) -> str:
+    """How a process died of out-of-memory with no failed call, in a few words: what the trace
+    shows (the allocator's last release) and what its log says (the request)."""
+    parts = []
+    release = next((o for o in analysis.oom.allocator_ooms if o.release.pid == fatal.pid), None)
+    if "trace" in fatal.found_by and release is not None:
+        inside = f" inside {' > '.join(release.open_ranges)}" if release.open_ranges else ""
+        parts.append(f"the allocator freed its cache ({fmt_bytes(release.release.released_bytes)}) at "
+                     f"{fmt_time(release.release.start_ns)} and the process ended{inside}")
+    elif "trace" in fatal.found_by:
+        parts.append("the trace ends inside ranges it never closed")
+    logged = next((g for g in analysis.oom.logged if g.matched_pid == fatal.pid), None)
+    if "log" in fatal.found_by and logged is not None:
+        asked = f" could not get {fmt_bytes(logged.request_bytes)}" if logged.request_bytes is not None else ""
+        parts.append(f"{logged.log} line {logged.line}:{asked}")
+    return "out of memory without a failing call: " + "; ".join(parts or [fatal.found_by])
 
 
 def _refuse_if_not_streamed(analysis: Analysis, need: str, codes: tuple[str, ...] = (),

@@ -114,10 +114,29 @@ def test_an_allocator_oom_without_a_failed_call_fails(capsys):
     assert code == 1
     assert out.splitlines()[1] == (
         "  broken  no-failed-allocations: out of memory without a failing call: the allocator freed its cache "
-        "(1.1 GiB) at 8.745 s and the process ended inside step 5 > hoard (torch.OutOfMemoryError) "
-        "(process 1872 python3)")
+        "(1.1 GiB) at 8.745 s and the process ended inside step 5 > hoard (process 1872 python3)")
     per_all = evaluate_limits(analysis_of("torch_oom_v25"), None, Limits.parse(per="all", no_failed_allocations=True))
     assert [(o.where, o.status, o.measured) for o in per_all.outcomes] == [("all", "broken", 1)]
+    # with the program's stderr, its request joins the line: "Tried to allocate 1.50 GiB"
+    assert "Tried to allocate 1.50 GiB" in (FIXTURES / "torch_oom_v25.stderr.txt").read_text()
+    code, out, _ = cli(capsys, "check", fixture("torch_oom_v25"), "--no-failed-allocations",
+                       "--log", str(FIXTURES / "torch_oom_v25.stderr.txt"))
+    assert code == 1 and out.splitlines()[1].endswith(
+        "ended inside step 5 > hoard; torch_oom_v25.stderr.txt line 8: could not get 1.5 GiB (process 1872 python3)")
+
+
+def test_an_oom_only_the_log_shows_fails(capsys):
+    # jax_oom_v25: XLA's RESOURCE_EXHAUSTED for 20 GiB (its stderr); the degraded capture has no
+    # memory table and no failed call, so only the log tells
+    assert "RESOURCE_EXHAUSTED" in (FIXTURES / "jax_oom_v25.stderr.txt").read_text()
+    code, out, _ = cli(capsys, "check", fixture("jax_oom_v25"), "--no-failed-allocations")
+    assert code == 0 and out.splitlines() == ["PASS: all 1 limit checks hold (jax_oom_v25.sqlite)",
+                                              "  ok      no-failed-allocations: no failed allocation (all)"]
+    code, out, _ = cli(capsys, "check", fixture("jax_oom_v25"), "--no-failed-allocations",
+                       "--log", str(FIXTURES / "jax_oom_v25.stderr.txt"))
+    assert code == 1 and out.splitlines()[1] == (
+        "  broken  no-failed-allocations: out of memory without a failing call: jax_oom_v25.stderr.txt line 2: "
+        "could not get 20.0 GiB (process 559)")
 
 
 def test_a_probe_is_not_a_failed_allocation(capsys):
