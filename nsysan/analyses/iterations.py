@@ -14,8 +14,11 @@ copy and synchronization by its API) repeats with the step's length as its perio
   ...), else after the synchronization (a loss read back to the host) followed by the longest
   idle time of the host, else before the longest idle time; skipping the copies and
   synchronizations that end the step. The launches from there on that begin the same way
-  (MIN_SIGNATURE launches, or until the beginning is unique within a period) start the steps, in
-  the warm-up as well.
+  (MIN_SIGNATURE launches, or until the beginning is unique within a period: the beginning most
+  steps of the repeating stretch have) start the steps, in the warm-up as well. A step that
+  begins otherwise (its threads' launches swapped) is found by the launches just after its
+  beginning, by a gap of a whole number of periods (within a tenth of one) split evenly, or,
+  before the first and after the last, by a period of launches NEAR_SAME the repeating sequence.
 - A step runs from the end of the call before its first launch to the start of the next step
   (the first no earlier than twice the later steps' lead-in, or a tenth of a step, before its
   first launch: setup may come before it); the last ends with its period's last launch, or is open if the trace stops before that.
@@ -40,6 +43,7 @@ MIN_STEPS = 3
 CANDIDATES = 24  # periods scored, the most frequent distances
 MISMATCH = 50  # a window of one period repeats when at most 1/MISMATCH of it differs
 MIN_SIGNATURE = 8  # launches a step's beginning must match, at least (or the whole period)
+NEAR_SAME = 0.9  # a stretch one period long is a step when this share of it is the repeating sequence
 MAX_SIGNATURE = 256  # and at most: each launch of the signature is one pass over the sequence
 OPTIMIZER = re.compile(r"multi_tensor_apply|adam|sgd|lamb|adagrad|rmsprop|optimizer", re.I)
 OPEN = np.iinfo("int64").max // 2  # the end of a step the trace stops in (read.py's open end)
@@ -97,10 +101,12 @@ def _iterations(codes: np.ndarray, starts: np.ndarray, ends: np.ndarray, kind: n
     if len(starts_at) < MIN_STEPS:
         return None
     n = len(codes)
-    sizes = np.diff(np.append(starts_at, n))
-    reference = codes[first:first + period]
-    same = np.array([size >= period and np.array_equal(codes[s:s + period], reference)
-                     for s, size in zip(starts_at.tolist(), sizes.tolist())])  # one per step
+    sequences = _sequences(codes, starts_at, period)
+    # the repeating sequence is the most common one
+    reference = max(set(sequences) - {b""}, key=sequences.count, default=b"")
+    starts_at = _extended(codes, starts_at, period, np.frombuffer(reference, codes.dtype))
+    sequences = _sequences(codes, starts_at, period)
+    same = np.array([sequence == reference for sequence in sequences])
     last_closed = starts_at[-1] + period <= n
     begin = np.where(starts_at > 0, ends[np.maximum(starts_at - 1, 0)], starts[starts_at])
     begin = np.minimum(begin, starts[starts_at])
@@ -115,10 +121,32 @@ def _iterations(codes: np.ndarray, starts: np.ndarray, ends: np.ndarray, kind: n
     count, exact = len(starts_at), int(same.sum())
     confidence = ("high" if exact >= MIN_STEPS and exact >= 0.8 * count else
                   "medium" if exact >= MIN_STEPS and exact >= 0.5 * count else "low")
-    kernels = int((kind[first:first + period] == KERNEL).sum())
+    kernels = int((kind[first:first + period] == KERNEL).sum())  # the same in every step of the period
     how = (f"steps found from the kernel sequence: {_count(count)} iterations of {_count(kernels)} kernels"
            f", the same in {_count(exact)} of {_count(count)} (confidence {confidence})")
     return Iterations(spans=spans, kernels=kernels, same=exact, confidence=confidence, how=how)
+
+
+def _sequences(codes: np.ndarray, starts_at: np.ndarray, period: int) -> list[bytes]:
+    """Each step's first `period` codes as bytes (b"" for a step shorter than that)."""
+    sizes = np.diff(np.append(starts_at, len(codes)))
+    return [codes[s:s + period].tobytes() if size >= period else b""
+            for s, size in zip(starts_at.tolist(), sizes.tolist())]  # one per step
+
+
+def _extended(codes: np.ndarray, starts_at: np.ndarray, period: int, reference: np.ndarray) -> np.ndarray:
+    """The steps, with those before the first and after the last whose beginning differed (so
+    that no signature found them) but whose launches are the repeating sequence's, at least
+    NEAR_SAME of them in place."""
+    if len(reference) != period:
+        return starts_at
+    found = starts_at.tolist()
+    while found[0] - period >= 0 and np.mean(codes[found[0] - period:found[0]] == reference) >= NEAR_SAME:
+        found.insert(0, found[0] - period)
+    while found[-1] + 2 * period <= len(codes) and \
+            np.mean(codes[found[-1] + period:found[-1] + 2 * period] == reference) >= NEAR_SAME:
+        found.append(found[-1] + period)
+    return np.array(found, "int64")
 
 
 def _period(codes: np.ndarray) -> tuple[Optional[int], tuple[int, int]]:
@@ -197,20 +225,52 @@ def _first_launch(codes: np.ndarray, starts: np.ndarray, ends: np.ndarray, kind:
 
 
 def _step_starts(codes: np.ndarray, first: int, period: int, region: tuple[int, int]) -> np.ndarray:
-    """Where the steps start: the launches that begin like the one at `first`."""
+    """Where the steps start: the launches that begin as most steps of the repeating region do at
+    `first` and whole periods from it (one step's beginning may differ: two threads' launches
+    swapped)."""
     n = len(codes)
     length = min(period, MIN_SIGNATURE)
+    same_place = np.arange(first - (first - region[0]) // period * period, region[1], period)
     while True:
-        hits = np.flatnonzero(_window_hash(codes, length) == _window_hash(codes[first:first + length], length)[0])
-        inside = hits[(hits >= region[0]) & (hits + length <= region[1])]
-        if length >= min(period, MAX_SIGNATURE) or (len(inside) and np.all(np.diff(inside) == period)):
+        hashed = _window_hash(codes, length)
+        hits = _signature_hits(hashed, same_place, 0)
+        if length >= min(period, MAX_SIGNATURE) or _unique(hits, period, region, length):
             break
         length = min(period, MAX_SIGNATURE, length * 2)
+    # the launches just after the beginning find a step whose first launches were swapped, when
+    # they too begin each step once
+    for shift in (length // 2, length) if length < period else ():
+        later = _signature_hits(hashed, same_place, shift)
+        if _unique(later, period, region, length):
+            hits = np.union1d(hits, later)
     kept: list[int] = []
     for hit in hits.tolist():  # one per step, a few thousand
         if not kept or hit - kept[-1] >= max(1, period // 2):
+            # a step whose beginning differs (two threads' launches swapped) leaves a gap of a
+            # whole number of periods: it is split there evenly
+            gap = hit - kept[-1] if kept else 0
+            whole = int(round(gap / period))
+            if whole >= 2 and abs(gap - whole * period) <= period // 10:
+                kept += [kept[-1] + round(gap * j / whole) for j in range(1, whole)]
             kept.append(hit)
     return np.array([h for h in kept if h < n], "int64")
+
+
+def _signature_hits(hashed: np.ndarray, same_place: np.ndarray, shift: int) -> np.ndarray:
+    """Where the window `shift` launches after a step's beginning is the one most steps of the
+    repeating region have there (`hashed`: _window_hash; `same_place`: those steps' beginnings),
+    as the steps' beginnings."""
+    places = same_place[same_place + shift < len(hashed)] + shift
+    values, counts = np.unique(hashed[places], return_counts=True)
+    found = np.flatnonzero(hashed == values[np.argmax(counts)]) - shift
+    return found[found >= 0]
+
+
+def _unique(hits: np.ndarray, period: int, region: tuple[int, int], length: int) -> bool:
+    """Whether the hits inside the repeating region lie whole periods apart (once per step;
+    one may be missing)."""
+    inside = hits[(hits >= region[0]) & (hits + length <= region[1])]
+    return bool(len(inside)) and bool(np.all(np.diff(inside) % period == 0))
 
 
 def _window_hash(codes: np.ndarray, length: int) -> np.ndarray:
