@@ -64,7 +64,7 @@ def test_compare_page_in_chromium(tmp_path, chromium):
     assert "base python3 (2373) stable: 0 B/step" in lines and "new python3 (1644) growing: 735.0 MiB/step" in lines
     # What grew: the leak keeps 3.5 GiB more at its peak (test_compare.py explains the number).
     (row,) = page.values["processes"]
-    assert row[0] == "GPU 0" and row[3] == "+3.5 GiB (+202%)"
+    assert row[0] == "GPU 0" and row[3] == "+3.5 GiB (+201.9%)"
 
 
 def test_compare_page_at_420_px_and_on_paper(tmp_path, chromium):

@@ -23,7 +23,8 @@ from markupsafe import Markup
 
 from ..errors import printable
 from ..model import SEVERITIES, TRUST_BREAKING, Allocation, AllocationGroup, Analysis
-from ..units import fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_share, fmt_time, fmt_time_in, time_unit
+from ..units import (fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_percent, fmt_share, fmt_time, fmt_time_in,
+                     time_unit)
 from .json import render_json
 from .page_data import page_data
 
@@ -126,7 +127,8 @@ def _environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              finalize=_visible)
     env.filters.update(bytes=fmt_bytes, time=fmt_time, duration=fmt_duration, share=fmt_share, mib=fmt_mib,
-                       frame=lambda f: fmt_frame(f.function, f.file, f.line, f.module), time_in=fmt_time_in)
+                       frame=lambda f: fmt_frame(f.function, f.file, f.line, f.module), time_in=fmt_time_in,
+                       change_percent=lambda percent: fmt_percent(percent / 100, signed=True))
     env.globals.update(time_unit=lambda *columns: time_unit(v for column in columns for v in column))
     return env
 
