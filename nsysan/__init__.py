@@ -86,13 +86,21 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
         smi = [smi]
     if isinstance(smi_columns, str):
         smi_columns = [smi_columns]
+    smi = [_path(p, "smi") for p in smi]
+    if any(not isinstance(c, str) for c in smi_columns):
+        raise NsysanError("smi_columns: give the columns as a string (timestamp,index,memory.used) or a list of them")
+    _flag(quick, "quick")
+    if keep_events is not None:
+        _flag(keep_events, "keep_events")
+    if step_range is not None and not isinstance(step_range, str):
+        raise NsysanError(f"--step-range {step_range!r} is not a regular expression; give one as a string")
     capacity = None
     if what_if_gpu is not None:
         from .analyses.what_if import what_if_bytes
 
         capacity = what_if_bytes(what_if_gpu)  # before the long part
     logs = read_smi_logs([Path(p) for p in smi], smi_columns, smi_tz) if smi else []
-    analysis = analyze_report(Path(path), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
+    analysis = analyze_report(_path(path, "path"), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
                               progress=progress, quick=quick, step_range=step_range,
                               spike_window_ns=spike_window_ns, smi_logs=logs, smi_tz=smi_tz,
                               keep_events=keep_events,
@@ -122,7 +130,7 @@ def load_analysis(path: PathLike) -> Analysis:
     """
     from .export import read_regular
 
-    name = Path(path).name
+    name = _path(path, "path").name
     text = read_regular(Path(path), name, MAX_DOCUMENT_BYTES)  # never a FIFO or /dev/zero
     try:
         data = json.loads(text.decode("utf-8"), parse_constant=_refuse_constant)
@@ -158,7 +166,7 @@ def compare(base: Run, new: Run, *, nsys: Optional[PathLike] = None,
     >>> import nsysan
     >>> comparison = nsysan.compare("fixtures/torch_clean_v25.sqlite", "fixtures/torch_leak_v25.sqlite")
     >>> comparison.headline
-    'peak +3.5 GiB (+202%) on GPU 0; new growth of 735.0 MiB per step on GPU 0; top growing site: cudaMalloc in forward [python3] (+1.9 GiB)'
+    'peak +3.5 GiB (+201.9%) on GPU 0; new growth of 735.0 MiB per step on GPU 0; top growing site: cudaMalloc in forward [python3] (+1.9 GiB)'
     >>> sites = comparison.frame("sites")
     >>> sites.loc[sites["status"] == "grew", "label"].tolist()[:2]
     ['cudaMalloc in forward [python3]', 'cudaMalloc in backward [pt_autograd_0]']
@@ -196,9 +204,12 @@ def check(report: Run, baseline: Optional[Run] = None, *, max_peak: Optional[Siz
 
     defaults = None
     if config is not None:
-        defaults = read_config_file(Path(config)) if Path(config).is_file() else None
+        defaults = read_config_file(_path(config, "config"))  # a missing file, a FIFO or a device is said there
         if defaults is None:
-            raise NsysanError(f"config {config}: no such file, or no [tool.nsysan.check] table in it")
+            raise NsysanError(f"config {config}: no [tool.nsysan.check] table in it")
+    if not isinstance(no_warnings, (str, bool, type(None), list, tuple)):
+        raise NsysanError(f"--no-warnings {no_warnings!r}: give diagnostic codes as a string or a list of strings, "
+                          "or all")
 
     def text(size: Optional[Size]) -> Optional[str]:
         return None if size is None else str(size)
@@ -219,5 +230,20 @@ def _run(run: Run, nsys: Optional[PathLike], cache_dir: Optional[PathLike],
         return run
     from .inputs import load_or_analyze
 
-    return load_or_analyze(Path(run), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
+    return load_or_analyze(_path(run, "run"), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
                            step_range=step_range)
+
+
+def _path(value: object, what: str) -> Path:
+    """A path argument of the API as a Path; NsysanError for anything else (None, a number), as
+    the command line can only give paths."""
+    if isinstance(value, (str, Path)) or (hasattr(value, "__fspath__") and not isinstance(value, bytes)):
+        return Path(value)  # type: ignore[arg-type]
+    also = " or an Analysis" if what == "run" else ""
+    raise NsysanError(f"{what} {value!r:.60}: give a path (a str or a pathlib.Path){also}")
+
+
+def _flag(value: object, what: str) -> None:
+    """A yes/no argument of the API: True or False, never a string that is always true ("no")."""
+    if not isinstance(value, bool):
+        raise NsysanError(f"{what}={value!r:.40}: use True or False")

@@ -128,7 +128,7 @@ class Comparison(Tables):  # Tables: frame("processes") etc. for notebooks
 
         >>> import nsysan
         >>> nsysan.compare("fixtures/torch_clean_v25.sqlite", "fixtures/torch_leak_v25.sqlite")
-        <nsysan.Comparison torch_clean_v25.sqlite -> torch_leak_v25.sqlite: peak +3.5 GiB (+202%) on GPU 0; new growth of 735.0 MiB per step on GPU 0; top growing site: cudaMalloc in forward [python3] (+1.9 GiB)>
+        <nsysan.Comparison torch_clean_v25.sqlite -> torch_leak_v25.sqlite: peak +3.5 GiB (+201.9%) on GPU 0; new growth of 735.0 MiB per step on GPU 0; top growing site: cudaMalloc in forward [python3] (+1.9 GiB)>
         """
         text = f"<nsysan.Comparison {self.base.name[:80]} -> {self.new.name[:80]}: {self.headline}"
         return (text if len(text) < 480 else text[:477] + "...") + ">"

@@ -525,6 +525,25 @@ def test_the_api_refuses_what_the_command_refuses_with_the_same_line(inputs, cap
             call()
 
 
+def test_the_api_refuses_a_value_of_the_wrong_type_in_one_line(inputs):
+    run, report = inputs["run"], inputs["report"]
+    refused = {  # was a TypeError, an AttributeError, or (quick="no") silently true
+        lambda: nsysan.analyze(None): r"^path None: give a path \(a str or a pathlib\.Path\)$",
+        lambda: nsysan.load_analysis(5): r"^path 5: give a path",
+        lambda: nsysan.compare(5, run): r"^run 5: give a path \(a str or a pathlib\.Path\) or an Analysis$",
+        lambda: nsysan.analyze(report, smi=[5]): r"^smi 5: give a path",
+        lambda: nsysan.analyze(report, smi=str(inputs["smi"]), smi_columns=[5]): r"^smi_columns: give the columns",
+        lambda: nsysan.analyze(report, step_range=5): r"^--step-range 5 is not a regular expression",
+        lambda: nsysan.analyze(report, quick="no"): r"^quick='no': use True or False$",
+        lambda: nsysan.analyze(report, keep_events=1): r"^keep_events=1: use True or False$",
+        lambda: nsysan.check(run, no_warnings=5): r"^--no-warnings 5: give diagnostic codes as a string",
+        lambda: nsysan.check(run, config=inputs["folder"] / "fifo.toml"): r"fifo\.toml is a FIFO",
+    }
+    for call, pattern in refused.items():
+        with pytest.raises(nsysan.NsysanError, match=pattern):
+            call()
+
+
 def test_a_misspelled_code_never_passes_the_gate_on_a_run_whose_allocation_failed(tmp_path):
     run = document(tmp_path, "real_oom_v25")  # one cudaMalloc failed: diagnostic allocation_failed
     assert nsysan.check(run, no_warnings=["allocation_failed"]).ok is False
