@@ -7,14 +7,13 @@ from typing import Optional
 
 from markupsafe import Markup
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from ..errors import printable
 from ..model.history import METRICS, History, HistoryRun
 from ..units import fmt_bytes
+from .layout import NAME, Column, Sheet, print_headline
 
 RUNS_SHOWN = 30  # the newest runs in the terminal; the JSON and the page hold every run
 
@@ -22,34 +21,28 @@ RUNS_SHOWN = 30  # the newest runs in the terminal; the JSON and the page hold e
 def render_history_terminal(h: History, console: Console) -> None:
     order = "when each report was analyzed" if h.ordered_by == "analyzed_at" else h.ordered_by.replace("tag:", "tag ")
     series = f", {h.series}" if h.series else ""
-    console.print(Text(printable(f"History of {len(h.runs)} run{'s' if len(h.runs) != 1 else ''} in {h.database} "
-                                 f"(ordered by {order}{series})"), style="bold"), soft_wrap=True)
+    print_headline(console, printable(f"History of {len(h.runs)} run{'s' if len(h.runs) != 1 else ''} in "
+                                      f"{h.database} (ordered by {order}{series})"), style="bold")
     if not h.runs:
         console.print("no analyzed report matches; see `nsysan batch --db` and --where", markup=False)
         return
     if h.changes:
         for change in h.changes:
-            console.print(Text(printable("change: " + change.message), style="yellow"), soft_wrap=True)
+            print_headline(console, printable("change: " + change.message), style="yellow")
     else:
         console.print("no change point: every run is within the noise of the runs before it", markup=False,
                       soft_wrap=True)
     console.print(_runs_table(h))
 
 
-def _runs_table(h: History) -> Table:
-    table = Table(title="Runs (oldest first; * marks a change point)", title_justify="left", box=box.SIMPLE_HEAD,
-                  title_style="bold")
-    table.add_column("run", justify="right")
-    table.add_column("tags / report", overflow="fold", ratio=1)
+def _runs_table(h: History) -> Sheet:
+    table = Sheet("Runs (oldest first; * marks a change point)", Column("run"), Column("tags / report", NAME),
+                  *(Column(name) for _, name in METRICS))
     changed = {(c.run, c.metric) for c in h.changes}
-    for metric, name in METRICS:
-        table.add_column(name, justify="right", no_wrap=True)
     runs = h.runs[-RUNS_SHOWN:]
     for run in runs:
-        cells = [str(run.index), Text(printable(run.label))]
-        for metric, _ in METRICS:
-            cells.append(_cell(run, metric, (run.index, metric) in changed))
-        table.add_row(*cells)
+        table.add_row(str(run.index), printable(run.label),
+                      *(_cell(run, metric, (run.index, metric) in changed) for metric, _ in METRICS))
     if len(h.runs) > len(runs):
         table.caption = f"the newest {len(runs)} of {len(h.runs)} runs (every run: --format json)"
     return table
