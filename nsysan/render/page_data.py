@@ -93,9 +93,31 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
                     "label": f"{printable(f.api)} {printable(f.error)}"}
                    for f in analysis.failed_calls if f.pid in home],
         "traceEnds": [{"pid": e.pid, "panel": home.get(e.pid), "t": e.time_ns} for e in timeline.trace_ends],
+        "ooms": oom_marks(analysis, home),
         "allocations": {"sites": list(sites), "rows": allocations, "total": timeline.allocations_total},
         "steps": step_sets(analysis, short),
     }
+
+
+def oom_marks(analysis: Analysis, home: dict[int, int]) -> list[dict[str, Any]]:
+    """Where a process ran out of memory with no failed call to mark (those are the ✕ of `failed`):
+    where its allocator gave up (released its cache and allocated nothing after), or, for an
+    out-of-memory error only the --log shows, its last memory event inside the ranges it never closed."""
+    marks = []
+    for x in analysis.oom.allocator_ooms:
+        r = x.release
+        if r.pid in home:
+            marks.append({"pid": r.pid, "panel": home[r.pid], "t": r.start_ns, "bytes": r.live_before_bytes,
+                          "label": "out of memory: the allocator gave up"
+                                   + (f" in {printable(r.nvtx_path)}" if r.nvtx_path else "")})
+    marked = {m["pid"] for m in marks}
+    logged = {f.pid for f in analysis.oom.fatal if "log" in f.found_by}
+    for e in analysis.oom.ended_inside:
+        if e.pid in logged and e.pid not in marked and e.pid in home:
+            marks.append({"pid": e.pid, "panel": home[e.pid], "t": e.last_event_ns, "bytes": e.live_bytes,
+                          "label": "out of memory (its log)" + (f" in {printable(e.open_ranges[-1])}"
+                                                                if e.open_ranges else "")})
+    return marks
 
 
 def smi_lines(analysis: Analysis, panel_key: int, short: dict[int, str]) -> list[dict[str, Any]]:

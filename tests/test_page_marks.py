@@ -1,5 +1,5 @@
-"""The nvidia-smi logs on the page's interactive timeline (issue 29): the lines nvidia-smi drew
-beside the traced ones, with the values of the log's own samples."""
+"""What the page's interactive timeline draws beside the traced lines (issue 29): nvidia-smi's logs with
+the values of their own samples, and where a process ran out of memory without a failed call."""
 
 from __future__ import annotations
 
@@ -54,3 +54,19 @@ def test_the_interactive_timeline_draws_nvidia_smi(with_smi, tmp_path, chromium)
     assert "nvidia-smi torch_smi_v25.smi-gpu.csv: memory.used" in legend
     assert "nvidia-smi torch_smi_v25.smi-apps.csv: python3 (481) used_memory" in legend
     assert "nvidia-smi torch_smi_v25.smi-gpu.csv: memory.used: " in page.values["readout"]
+
+
+def test_an_oom_without_a_failed_call_is_marked_where_the_allocator_gave_up(tmp_path, chromium):  # noqa: F811
+    """torch_oom_v25: PyTorch raised OutOfMemoryError under its fraction cap without a failed
+    cudaMalloc; the page draws a red line where its allocator released its cache for the last time."""
+    analysis = nsysan.analyze(FIXTURES / "torch_oom_v25.sqlite")
+    (gave_up,) = analysis.oom.allocator_ooms
+    assert page_data(analysis)["ooms"] == [{
+        "pid": 1872, "panel": 0, "t": gave_up.release.start_ns, "bytes": gave_up.release.live_before_bytes,
+        "label": "out of memory: the allocator gave up in step 5 > hoard"}]
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, evaluate={
+        "marks": "Array.from(document.querySelectorAll('#timeline .panel'), p => p.getAttribute('data-oom-marks'))"})
+    assert_quiet_page(page, netlog)
+    assert page.values["marks"] == ["1"]
+    # a run whose failed call is its OOM keeps its ✕ and gets no second mark
+    assert page_data(nsysan.analyze(FIXTURES / "real_oom_v25.sqlite"))["ooms"] == []
