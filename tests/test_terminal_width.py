@@ -91,6 +91,22 @@ def test_every_fixture_reads_whole_at_80_100_and_120_columns(name):
             assert {n for n in numbers if n not in text} == set(), sheet.title
 
 
+@pytest.mark.parametrize("name,options", [("known_bt_v25", {"quick": True}), ("torch_pybt_v25", {"stacks": True})])
+def test_quick_and_stacks_read_whole_too(name, options):
+    quick = options.get("quick", False)
+    analysis = nsysan.analyze(FIXTURES / f"{name}.sqlite", quick=True) if quick else analysis_of(name)
+    for width in WIDTHS:
+        console = Console(width=width, file=io.StringIO(), record=True, color_system=None)
+        render_terminal(analysis, console, stacks=options.get("stacks", False))
+        text = console.export_text()
+        assert_reads_whole(text, width)
+        if quick:  # a quick analysis reads no NVTX ranges: no column of them, not even one of "-"
+            header = text.split("Spikes:")[1].splitlines()[2]
+            assert header.split() == ["process", "peak", "at", "rise", "freed", "after"]
+        else:  # the Python stack of torch_pybt_v25's top site, innermost frame first (truth: torch_train.py:43)
+            assert "main (torch_train.py:43) · process 476 · python stack" in text.replace("\n    ", " ")
+
+
 def test_at_80_columns_names_are_cut_at_words_and_columns_left_out_say_so():
     # torch_leak_v25: site names such as "cudaMalloc in backward [pt_autograd_0]" do not fit 80 columns
     analysis = analysis_of("torch_leak_v25")

@@ -71,7 +71,7 @@ def summary_parts(analysis: Analysis, top: int = 10, stacks: bool = False) -> li
 
 
 # What a quick analysis (the memory-usage table alone) does not know.
-_UNREAD_IN_QUICK = {"NVTX range", "reached by", "API", "site"}
+_UNREAD_IN_QUICK = {"NVTX range", "range", "reached by", "API", "site"}
 
 
 # A name from the profile is cut to this many characters on the terminal (the JSON keeps more).
@@ -244,7 +244,7 @@ def _site_stacks(analysis: Analysis, top: int) -> Group:
         if stack is None:
             continue
         shown += 1
-        parts.append(Text(f"  {printable(s.site.label)} · process {s.pid} · {stack.source} stack", style="bold"))
+        parts.append(Parts([_t(s.site.label), f"process {s.pid}", f"{stack.source} stack"], indent=2, style="bold"))
         for frame in stack.frames:
             parts.append(_t(f"    {fmt_frame(frame.function, frame.file, frame.line, frame.module)}"))
     if not shown:
