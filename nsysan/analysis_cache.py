@@ -62,9 +62,12 @@ def code_digest() -> str:
 
 
 def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes, read in chunks."""
+    """sha256 of a file's bytes, read in chunks; OSError for anything but a regular file (opening
+    a FIFO to read would wait for a writer forever: the analysis then says what the input is)."""
+    from .export.files import open_regular
+
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:
         while chunk := handle.read(_HASH_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()

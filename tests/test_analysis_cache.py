@@ -167,3 +167,14 @@ def test_the_cache_can_be_turned_off(analyses, own_cache_dir, monkeypatch):
     load_or_analyze(CLEAN, keep_events=False)
     load_or_analyze(CLEAN, keep_events=False)
     assert analyses == [CLEAN, CLEAN] and not (own_cache_dir / "analyses").exists()
+
+
+def test_a_fifo_is_refused_in_one_line_not_waited_on(analyses, tmp_path):
+    import os
+
+    from nsysan.errors import NsysanError
+
+    fifo = tmp_path / "run.sqlite"
+    os.mkfifo(fifo)
+    with pytest.raises(NsysanError, match="is a FIFO"):
+        load_or_analyze(fifo, keep_events=False)
