@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import FIXTURES, analysis_of
+from conftest import FIXTURES, analysis_of, cli
 from test_bounded_memory import assert_streamed_full_is_whole, chunk_rowids, full_documents, quick_documents
 
 MiB = 1 << 20
@@ -68,3 +68,14 @@ def test_quick_never_calls_the_state_found_a_module_load(monkeypatch):
     document = json.loads(whole)
     assert [p["note"] for p in document["peaks"]] == [""]
     assert "live_at_capture_start" in [d["code"] for d in document["diagnostics"]]
+
+
+def test_the_terminal_never_says_they_were_allocated_at_0_ms(capsys):
+    code, out, _ = cli(capsys, "analyze", str(FIXTURES / "torch_capture_range_v25.sqlite"))
+    assert code == 0
+    never_freed = out[out.index("Never freed during the capture"):]
+    rows = [line for line in never_freed.splitlines() if " MiB " in line or " KiB " in line][:10]
+    assert len(rows) == 10 and all(line.rstrip().endswith("before capture") for line in rows), rows
+    live = out[out.index("Live at the peak"):out.index("Never freed during the capture")]
+    assert "0 ns" not in live and "unknown" in live
+    assert "module load" not in out

@@ -1,6 +1,6 @@
 """A capture that began while the program ran: what was already live (events/read_start.py), said
 first, so that the blocks nsys lists at time 0 are read as the state the capture found, not as
-allocations made at 0 ms (normalize.LIVE_AT_START names them so in every table)."""
+allocations made at 0 ms (model.LIVE_AT_START names them so in every table)."""
 
 from __future__ import annotations
 

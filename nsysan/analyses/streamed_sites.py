@@ -21,8 +21,8 @@ import pandas as pd
 
 from ..events.nvtx import RangeLookup
 from ..events.stacks import Stacks, _fallback_label, _site, native_stack_table, python_stack_table
-from ..events.normalize import LIVE_AT_START, join_on_call
-from ..model import Site
+from ..events.normalize import join_on_call
+from ..model import LIVE_AT_START, Site
 from .sites import MAX_SITES, call_site
 from .arrays import distinct_rows
 from .streamed import RESIDENT, STATIC, Keyed, pair_key, running_sums
@@ -223,7 +223,7 @@ class SiteSums:
 
     def _api_codes(self, b) -> np.ndarray:
         api = b.calls["api"]
-        none = np.where(b.ts <= 0, len(self.api_names) - 1,  # normalize.LIVE_AT_START
+        none = np.where(b.ts <= 0, len(self.api_names) - 1,  # LIVE_AT_START, as normalize names it
                         np.where(b.kind == self.static, len(self.api_names) - 3, len(self.api_names) - 2))
         return np.where(api >= 0, api, none)
 

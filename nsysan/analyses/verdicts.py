@@ -91,7 +91,7 @@ def with_note(peak: Peak, preallocations: list[Preallocation], module_load_note:
                      f"{'XLA preallocated' if block.framework == 'XLA' else 'reserved'} at {fmt_time(block.time_ns)}:"
                      " the reservation, not the use inside it")
     # at the session's first instant it is no load but the state a late capture found
-    # (normalize.LIVE_AT_START; --quick, which reads no calls, keeps the static's own label)
+    # (model.LIVE_AT_START; --quick, which reads no calls, keeps the static's own label)
     if peak.api == "(module load)" and peak.peak_time_ns > 0:
         parts.append(module_load_note())
     return dataclasses.replace(peak, note="; ".join(p for p in parts if p)) if parts else peak

@@ -9,15 +9,10 @@ import pandas as pd
 
 from ..analyses.arrays import factorize_in_parts, group_order, on_every_core, previous_in_group
 from ..errors import NsysanError
-from ..model import KINDS, Diagnostic
+from ..model import KINDS, LIVE_AT_START, Diagnostic
 from ..reader import PARALLEL_MIN_ROWS
 from ..schema import Schema
 from .columns import EVENT_COLUMNS, categorical_lookup, int_column, ints
-
-# What an event with no API call at the session's first instant is: a block already live when a
-# capture that began while the program ran (--capture-range, --delay) started; nsys writes one
-# allocation row at time 0 for each. Who allocated it, where and when is not in the capture.
-LIVE_AT_START = "(live at capture start)"
 
 
 def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, schema: Schema,

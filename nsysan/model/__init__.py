@@ -15,7 +15,7 @@ from ..smi_model import SmiOverlay
 
 # The model is split by subject; every name stays importable from nsysan.model.
 from .analysis import Analysis
-from .capture import DIAGNOSTIC_CODES, GPU_RESIDENT_KINDS, KINDS, SCHEMA_ID, SEVERITIES, TRUST_BREAKING, Capture, Diagnostic, Gpu, Process, Source
+from .capture import DIAGNOSTIC_CODES, GPU_RESIDENT_KINDS, KINDS, LIVE_AT_START, SCHEMA_ID, SEVERITIES, TRUST_BREAKING, Capture, Diagnostic, Gpu, Process, Source
 from .memory import (Allocation, AllocationGroup, ApiCallStat, Band, CallSite, FailedCall, Frame, GroupSummary, Holder,
                      NvtxSpan, Peak, RangeStat, Series, Site, Stack, Timeline, TraceEnd)
 from .oom import AllocatorOom, AllocatorUse, CacheRelease, CutShort, EndedInside, FatalOom, LoggedOom, OomFailure, \
@@ -27,7 +27,7 @@ from .tables import RAW, Tables
 __all__ = ["Allocation", "AllocationGroup", "AllocatorOom", "AllocatorUse", "Analysis", "Answer",
            "ApiCallStat", "Band", "CacheRelease", "CallSite", "Capture", "CutShort", "DIAGNOSTIC_CODES", "Diagnostic",
            "EndedInside",
-           "FailedCall", "FatalOom", "Frame", "GPU_RESIDENT_KINDS", "Gpu", "GroupSummary", "Growth", "Holder", "KINDS",
+           "FailedCall", "FatalOom", "Frame", "GPU_RESIDENT_KINDS", "Gpu", "GroupSummary", "Growth", "Holder", "KINDS", "LIVE_AT_START",
            "LoggedOom", "MemoryCap", "NvtxSpan", "OomFailure", "OutOfMemory", "Peak", "Phase", "PoolUse", "Preallocation",
            "Probe", "Process", "RAW", "RangeStat", "ReservedMemory", "SCHEMA_ID", "SEVERITIES", "Series",
            "Site", "SizeCount", "SmiOverlay", "Source", "Spike", "Stack", "Step", "StepSeries", "TRUST_BREAKING", "Tables",

@@ -9,6 +9,11 @@ from typing import Optional
 
 SCHEMA_ID = "nsysan/analysis@1"
 
+# The API and site of a block already live when a capture that began while the program ran
+# started (--capture-range, --delay): nsys writes one allocation row at time 0 for each, joined to
+# no call of the capture; who allocated it, where and when is not in the capture.
+LIVE_AT_START = "(live at capture start)"
+
 # The memory kinds of the events frame, in the order they are shown.
 KINDS = ("device", "array", "static", "managed", "managed_static", "pinned", "pageable", "unknown")
 # Kinds that occupy memory on the GPU itself: the "device memory" of a process's peak.
@@ -39,7 +44,7 @@ class Diagnostic:
 DIAGNOSTIC_CODES = frozenset({
     "allocated_before_capture", "allocation_failed", "allocations_without_events", "allocator_oom_suspected",
     "bad_memory_rows", "bad_time_shift", "cache_flushes", "caching_allocator", "cuda_trace_incomplete",
-    "long_strings", "memory_growth", "memory_kept_unevenly", "near_capacity", "no_backtraces", "no_cuda_trace",
+    "live_at_capture_start", "long_strings", "memory_growth", "memory_kept_unevenly", "near_capacity", "no_backtraces", "no_cuda_trace",
     "no_memory_events", "no_steps", "not_streamed", "nsys_diagnostic", "nsys_older_than_cuda",
     "overlapping_allocations", "partial_export", "preallocation", "probe", "python_stacks_not_exported",
     "python_stacks_unreadable", "quick", "run_cut_short", "sibling_export", "sibling_export_damaged",

@@ -11,7 +11,7 @@ from rich.cells import cell_len
 from rich.text import Text
 
 from ..errors import printable
-from ..model import Allocation, Analysis, CallSite, Peak, StepSeries
+from ..model import LIVE_AT_START, Allocation, Analysis, CallSite, Peak, StepSeries
 from .layout import NAME, NUMBER, WORD, Column, Lines, Parts, Sheet
 from .oom import DRAWN_CODES, oom_and_reserved
 from ..units import fmt_bytes, fmt_duration, fmt_durations, fmt_frame, fmt_share, fmt_time, fmt_times
@@ -172,6 +172,8 @@ def _live_at_peak_table(peak: Peak, top: int) -> Sheet:
     table = Sheet(title, _col("size"), _col("kind", WORD, 2), _col("API", WORD, 1), _col("site", NAME),
                   _col("NVTX range", NAME, 3), _col("age"))
     ages = fmt_durations([peak.peak_time_ns - alloc.alloc_time_ns for alloc in shown])
+    # a block live when the capture began is older than the capture: its age is not known
+    ages = ["unknown" if alloc.api == LIVE_AT_START else age for alloc, age in zip(shown, ages)]
     for alloc, age in zip(shown, ages):
         table.add_row(fmt_bytes(alloc.bytes), alloc.kind, _t(alloc.api), _t(alloc.site.label),
                       _t(alloc.nvtx_range or "-"), age)
@@ -199,6 +201,7 @@ def _groups_table(analysis: Analysis, top: int) -> Sheet:
 def _allocation_rows(table: Sheet, allocations: Iterable[Allocation]) -> None:
     allocations = list(allocations)
     for a, at in zip(allocations, fmt_times([a.alloc_time_ns for a in allocations])):
+        at = "before capture" if a.api == LIVE_AT_START else at  # not "0.00 ms": it predates the capture
         table.add_row(fmt_bytes(a.bytes), a.kind, _t(a.api), _t(a.site.label), _t(a.nvtx_range or "-"),
                       str(a.pid), at)
 
