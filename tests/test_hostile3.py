@@ -74,9 +74,9 @@ def inputs(tmp_path: Path) -> dict[str, Path]:
     report.write_bytes((FIXTURES / "known_mem_v25.sqlite").read_bytes())
     smi = folder / "gpu.csv"
     smi.write_bytes((FIXTURES / "torch_smi_v25.smi-gpu.csv").read_bytes())
-    for name in ("fifo.json", "fifo.csv", "fifo.toml", "fifo.md"):
+    for name in ("fifo.json", "fifo.csv", "fifo.toml", "fifo.md", "fifo.sqlite"):
         os.mkfifo(folder / name)
-    for name in ("zero.json", "zero.csv"):
+    for name in ("zero.json", "zero.csv", "zero.nsys-rep", "zero.sqlite"):
         (folder / name).symlink_to("/dev/zero")
     return {"run": run, "base": base, "report": report, "smi": smi, "folder": folder}
 
@@ -95,6 +95,13 @@ SPECIAL = {  # case -> (arguments, environment, the one line)
     "check --baseline /dev/zero": (["check", "{run}", "--baseline", "{folder}/zero.json", "--max-peak", "1GiB"], {},
                                    r"zero\.json is a character device, not a file"),
     "check the run a FIFO": (["check", "{folder}/fifo.json", "--max-peak", "1GiB"], {}, r"fifo\.json is a FIFO"),
+    # Reports by name: the analysis cache hashed them with a plain open() first (a wait, an endless read)
+    "compare BASE a FIFO named .sqlite": (["compare", "{folder}/fifo.sqlite", "{run}"], {},
+                                          r"fifo\.sqlite is a FIFO \(named pipe\), not a file; nsysan reads report"),
+    "check --baseline /dev/zero named .nsys-rep": (["check", "{run}", "--baseline", "{folder}/zero.nsys-rep",
+                                                    "--max-peak", "1GiB"], {}, r"zero\.nsys-rep is a character device"),
+    "check the run /dev/zero named .sqlite": (["check", "{folder}/zero.sqlite", "--max-peak", "1GiB"], {},
+                                              r"zero\.sqlite is a character device, not a file"),
     "check --config a FIFO": (["check", "{run}", "--config", "{folder}/fifo.toml"], {}, r"fifo\.toml is a FIFO"),
     "analyze --smi a FIFO": (["analyze", "{report}", "--smi", "{folder}/fifo.csv"], {},
                              r"--smi fifo\.csv is a FIFO \(named pipe\), not a file"),
