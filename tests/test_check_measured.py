@@ -85,10 +85,15 @@ def test_growth_hidden_by_a_preallocation_is_not_measured(capsys):
         "104.9 GiB and allocates inside it, out of the trace's sight, so growth per step cannot be seen; run with "
         "XLA_PYTHON_CLIENT_PREALLOCATE=false or XLA_PYTHON_CLIENT_ALLOCATOR=platform to see it "
         "(process 607 python3 on GPU 0)")
-    for per in ("gpu", "all"):  # the sum of a GPU's processes is not measured when one of them is not
+    for per in ("process", "gpu", "all"):  # a GPU's sum is not measured when one of its processes is not
         verdict = evaluate_limits(analysis_of("jax_prealloc_v25"), None,
-                                  Limits.parse(per=per, max_growth_per_step="16MiB"))
-        assert [o.status for o in verdict.outcomes] == ["not_measured"]
+                                  Limits.parse(per=per, max_growth_per_step="16MiB", max_never_freed="1GiB",
+                                               max_peak="120GiB"))
+        # the kept gradients are inside the block too: never-freed bytes are not seen either; the
+        # peak, the reservation itself, is
+        assert [(o.limit, o.status) for o in verdict.outcomes] == [
+            ("max-peak", "held"), ("max-never-freed", "not_measured"), ("max-growth-per-step", "not_measured")]
+        assert "XLA preallocated 104.9 GiB" in verdict.outcomes[1].message
 
 
 def test_steps_the_trace_ends_before_say_so(capsys):
@@ -208,3 +213,24 @@ def test_a_bare_number_in_the_config_is_refused(tmp_path, capsys, line, message)
     (tmp_path / "pyproject.toml").write_text("[tool.nsysan.check]\nmax-never-freed = 0\n")  # zero needs no unit
     code, out, _ = cli(capsys, "check", fixture("known_mem_v25"))
     assert code == 1 and "never freed 146.0 MiB is over the limit of 0 B" in out
+
+
+def test_a_check_that_cannot_run_still_writes_its_reports(tmp_path, capsys, monkeypatch):
+    corrupt = tmp_path / "run.sqlite"
+    corrupt.write_bytes((FIXTURES / "known_mem_v25.sqlite").read_bytes()[:3000])
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    files = {name: tmp_path / name for name in ("verdict.json", "junit.xml", "check.md")}
+    code, out, err = cli(capsys, "check", str(corrupt), "--max-peak", "1GiB", "--json", str(files["verdict.json"]),
+                         "--junit", str(files["junit.xml"]), "--markdown", str(files["check.md"]), "--github-summary")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    why = err.removeprefix("nsysan: ").strip()
+    assert "run.sqlite is truncated" in why
+    verdict = json.loads(files["verdict.json"].read_text())
+    assert (verdict["status"], verdict["ok"], verdict["error"], verdict["outcomes"]) == ("error", False, why, [])
+    root = ET.parse(files["junit.xml"]).getroot()
+    assert_junit_schema(root)
+    (error,) = root.iter("error")
+    assert (error.attrib["type"], error.attrib["message"]) == ("input", why)
+    assert summary.read_text() == files["check.md"].read_text()
+    assert files["check.md"].read_text().startswith("### ⚠️ nsysan check: ERROR")
