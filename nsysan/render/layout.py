@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Union
 
 from rich import box
@@ -43,17 +43,13 @@ class Column:
 Cell = Union[str, Text]
 
 
-@dataclass
 class Sheet:
-    """A table fitted to the width it is printed at (see the module's docstring)."""
-
-    title: str
-    columns: list[Column]
-    rows: list[list[Cell]] = field(default_factory=list)
-    caption: str = ""
+    """A table fitted to the width it is printed at (see the module's docstring): a title, its
+    columns, rows of cells (str or rich Text; a name's second line is shown dim), a caption."""
 
     def __init__(self, title: str, *columns: Column, caption: str = "") -> None:
-        self.title, self.columns, self.rows, self.caption = title, list(columns), [], caption
+        self.title, self.columns, self.caption = title, list(columns), caption
+        self.rows: list[list[Cell]] = []
 
     def add_row(self, *cells: Cell) -> None:
         if len(cells) != len(self.columns):
