@@ -8,9 +8,12 @@ import sqlite3
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
+import pandas as pd
+
 from . import export, memory_budget
 from .analyses import run_analyses
 from .analyses.capture_start import capture_start_diagnostic
+from .analyses.hidden import with_unseen_memory
 from .analyses.iterations import iteration_pids
 from .analyses.steps import find_step_ranges, memory_threads
 from .analyses.oom_ends import explain_oom
@@ -18,6 +21,7 @@ from .analyses.spikes import DEFAULT_WINDOW_NS
 from .errors import NsysanError
 from .events import LoadedEvents, load_events
 from .events.read import memory_row_count, memory_rowid_span, read_cuda_activity
+from .events.read_code import read_code_calls
 from .events.read_launches import read_launches
 from .events.read_start import read_capture_start
 from .model import Analysis, Diagnostic, Source
@@ -75,7 +79,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                        else 0 if keep_events is False else KEEP_EVENTS_BELOW)
     budget = max_memory if max_memory is not None or may_stream_from is None else memory_budget.default_budget()
 
-    def read(found: export.ExportResult) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]]]:
+    def read(found: export.ExportResult) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]], Optional[pd.DataFrame]]:
         return _read(report, found.sqlite_path, export.resolve_cache_dir(cache_dir),
                      lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs), may_stream_from,
                      budget, step_range, own_export=found.exported_with is not None)
@@ -84,14 +88,14 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     version = export.report_version(report) if is_report else None
     notes: list[Diagnostic] = []
     try:
-        schema, loaded, activity = read(result)
+        schema, loaded, activity, code_calls = read(result)
     except NsysanError as err:
         if not result.from_sibling:
             raise
         # It passed every identity check yet can't be read: the report itself still can be.
         damaged = result.sqlite_path
         result = export_it(use_sibling=False)
-        schema, loaded, activity = read(result)
+        schema, loaded, activity, code_calls = read(result)
         notes.append(Diagnostic("warning", "sibling_export_damaged",
                                 f"{damaged.name}, the export beside the report, could not be read ({err.message}); "
                                 "the report was exported again and that export analyzed"))
@@ -106,9 +110,9 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                     from_cache=result.from_cache,
                     sibling_export=path_text(result.sqlite_path) if result.from_sibling else None)
     if loaded is None:  # left to be streamed (see _read)
-        return explain_oom(_streamed(report, result.sqlite_path, export.resolve_cache_dir(cache_dir), schema, source,
-                                     version, step_range, spike_window_ns or DEFAULT_WINDOW_NS, quick),
-                           messages, [Path(p).name for p in oom_logs])
+        streamed, code_calls = _streamed(report, result.sqlite_path, export.resolve_cache_dir(cache_dir), schema,
+                                         source, version, step_range, spike_window_ns or DEFAULT_WINDOW_NS, quick)
+        return with_unseen_memory(explain_oom(streamed, messages, [Path(p).name for p in oom_logs]), code_calls)
     if keep_events is None:
         keep_events = len(loaded.events) < KEEP_EVENTS_BELOW
     if not keep_events:
@@ -120,6 +124,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
         from .analyses.smi import add_smi
 
         analysis = add_smi(analysis, list(smi_logs), activity, schema.session_start_utc_ns, smi_tz)
+    analysis = with_unseen_memory(analysis, code_calls)
     if not keep_events:
         analysis = dataclasses.replace(analysis, events=None, calls=None, nvtx_ranges=None)
     return analysis
@@ -160,7 +165,8 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
           activity: bool = False, may_stream_from: Optional[int] = None,
           budget: Optional[int] = None,
           step_range: Optional[str] = None,
-          own_export: bool = False) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]]]:
+          own_export: bool = False) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]],
+                                             Optional[pd.DataFrame]]:
     """The schema and events of the committed state of the export at `sqlite_path`, and with
     `activity` when each process made its first and last CUDA call (for nvidia-smi logs);
     `may_stream_from`: no events (None; they are streamed later, see _streamed) when the memory
@@ -195,27 +201,30 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
                     loaded.launches, loaded.launch_names = read_launches(
                         conn, schema, iteration_pids(threads, loaded.nvtx_steps))
                 runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}
+                code_calls = None if quick or loaded is None else read_code_calls(conn, schema)
             except NsysanError as err:  # events.py does not know the report's name; with several, it matters
                 raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
         except sqlite3.DatabaseError as err:  # a damaged file found half-way through reading it
             raise NsysanError(f"{report.name} could not be read ({err}); the file may be truncated") from err
         finally:
             conn.close()
-    return schema, loaded, runs
+    return schema, loaded, runs, code_calls
 
 
 def _streamed(report: Path, sqlite_path: Path, scratch: Path, schema: Schema, source: Source,
               version: Optional[str], step_range: Optional[str], spike_window_ns: int,
-              quick: bool = True) -> Analysis:
-    """The analysis (`quick` or full) of the export at `sqlite_path`, its events streamed in bounded memory."""
+              quick: bool = True) -> tuple[Analysis, Optional[pd.DataFrame]]:
+    """The analysis (`quick` or full) of the export at `sqlite_path`, its events streamed in bounded
+    memory, and (full) the code-load and graph calls (events/read_code.py)."""
     from .analyses.streamed_full import run_streamed_full
     from .analyses.streamed_run import run_streamed
 
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)
         try:
-            return (run_streamed if quick else run_streamed_full)(conn, schema, source, version, step_range,
-                                                                  spike_window_ns)
+            analysis = (run_streamed if quick else run_streamed_full)(conn, schema, source, version, step_range,
+                                                                      spike_window_ns)
+            return analysis, None if quick else read_code_calls(conn, schema)
         except sqlite3.DatabaseError as err:
             raise NsysanError(f"{report.name}: the export could not be read ({err}); it may be truncated or "
                               "damaged") from err

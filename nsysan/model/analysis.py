@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..smi_model import SmiOverlay
+from .hidden import CudaGraphs, HiddenMemory
 from .capture import SCHEMA_ID, SEVERITIES, Capture, Diagnostic, Source
 from .memory import Allocation, AllocationGroup, ApiCallStat, FailedCall, GroupSummary, Peak, RangeStat, Site, Stack, \
     Timeline
@@ -77,6 +78,10 @@ class Analysis:
     smi: Optional[SmiOverlay] = None
     # `--what-if-gpu SIZE`: the timeline replayed against SIZE; absent from the JSON without it
     what_if: Optional[WhatIf] = None
+    # Contexts, code loads and library memory against nvidia-smi (analyses/hidden.py), and CUDA
+    # graphs with the memory captured into them (analyses/graphs.py); empty with --quick
+    hidden: HiddenMemory = field(default_factory=HiddenMemory)
+    graphs: CudaGraphs = field(default_factory=CudaGraphs)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (`nsysan/analysis@1`) as plain dicts and lists; the raw frames are left out.

@@ -289,7 +289,8 @@ def _failed_table(analysis: Analysis, top: int) -> Sheet:
 
 
 _TOPIC_LABEL = {"peak": "peak", "growth": "growth", "what-if": "what if", "oom": "out of memory",
-                "reserved": "warning", "trust": "warning"}
+                "reserved": "warning", "trust": "warning", "graphs": "CUDA graphs",
+                "unseen": "not traced"}
 AnswerRow = tuple[str, str, str]  # label, severity, text
 
 
@@ -297,12 +298,13 @@ def answers_section(analysis: Analysis) -> list[Union[Lines, Sheet]]:
     """"Answers" and its lines, all labels in one column: peak and growth, out of memory and reserved
     memory with what was live then (render/oom.py), nvidia-smi, then the warnings."""
     items: list[Union[AnswerRow, Sheet]] = []
-    items += _answer_rows(analysis, ("peak", "growth", "what-if"))
+    items += _answer_rows(analysis, ("peak", "growth", "what-if", "graphs"))
     items += oom_and_reserved(analysis)
     if analysis.smi is not None:
         from .smi_terminal import smi_answer
 
         items += smi_answer(analysis.smi)
+    items += _answer_rows(analysis, ("unseen",))
     # Every warning on the first screen: the out-of-memory and reserved-memory answers the lines
     # above do not draw (near capacity, memory never given access), then the others.
     items += _answer_rows(analysis, ("oom", "reserved", "trust"), skip=DRAWN_CODES)
