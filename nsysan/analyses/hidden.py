@@ -95,7 +95,10 @@ def _process(analysis: Analysis, pid: int, rows: pd.DataFrame) -> ProcessCode:
         loads=len(loads), unloads=len(unloads),
         apis={str(k): int(v) for k, v in rows.loc[rows["what"] != "context", "api"].value_counts().sort_index().items()},
         loads_before_steps=before, loads_in_steps=len(loads) - before - after, loads_after_steps=after,
-        steps_with_loads=with_loads, steps=listed, keeps_loading=keeps,
+        steps_with_loads=with_loads, keeps_loading=keeps,
+        # a step list that says something: loads, unloads, statics or nvidia-smi gaps in some step
+        steps=listed if any(s.loads or s.unloads or s.static_bytes or s.smi_gap_bytes is not None
+                            for s in listed) else [],
         static_bytes=sum(g.end_bytes for g in analysis.groups if g.pid == pid and g.kind == "static"),
         libraries=_libraries(analysis, pid), outside_allocator_bytes=sum(outside) if outside else None,
         smi_gap_bytes=median_gap, smi_gap_growth_bytes=(with_gaps[-1] - with_gaps[0]) if len(with_gaps) >= 2 else None,
@@ -104,7 +107,7 @@ def _process(analysis: Analysis, pid: int, rows: pd.DataFrame) -> ProcessCode:
     if not analysis.capture.backtraces and (found.outside_allocator_bytes or 0) >= LIBRARY_BYTES_WORTH_NAMING:
         flags.insert(0, STACK_FLAG)
     found = dataclasses.replace(found, capture_flags="; ".join(flags))
-    return dataclasses.replace(found, message=_sentence(found, analysis))
+    return dataclasses.replace(found, message=_sentence(found, bool(steps)))
 
 
 def _smi_gaps(analysis: Analysis, pid: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
@@ -164,22 +167,22 @@ def _library_of(modules: list[str]) -> Optional[str]:
     return None
 
 
-def _sentence(p: ProcessCode, analysis: Analysis) -> str:
+def _sentence(p: ProcessCode, has_steps: bool) -> str:
     parts = []
     if p.loads or p.unloads:
         kinds = ", ".join(f"{n} {api}" for api, n in sorted(p.apis.items(), key=lambda kv: -kv[1])
                           if api not in ("cuModuleUnload", "cuLibraryUnload"))
-        loads = f"{p.loads} code loads ({kinds})" if p.loads else "no code loads"
+        loads = f"{_count(p.loads, 'code load')} ({kinds})" if p.loads else "no code loads"
         if p.keeps_loading:
             counts = ", ".join(str(s.loads) for s in p.steps[:12]) + (", ..." if len(p.steps) > 12 else "")
             parts.append(f"keeps loading CUDA code step after step: {loads}, {p.loads_in_steps} of them in "
                          f"{p.steps_with_loads} of {len(p.steps)} steps ({counts}), and {p.unloads} unloads; each "
                          "load adds kernel images that nvidia-smi counts and no allocation shows")
-        elif p.steps:
+        elif has_steps:
             parts.append(f"{loads}, {p.loads_before_steps} before the first step, {p.loads_in_steps} in steps, "
-                         f"and {p.unloads} unloads")
+                         f"and {_count(p.unloads, 'unload')}")
         else:
-            parts.append(f"{loads} and {p.unloads} unloads")
+            parts.append(f"{loads} and {_count(p.unloads, 'unload')}")
     for lib in p.libraries[:3]:
         parts.append(f"{lib.library} allocated {fmt_bytes(lib.allocated_bytes)} itself ({lib.allocations} allocations)")
     if p.smi_gap_bytes is not None:
@@ -187,10 +190,14 @@ def _sentence(p: ProcessCode, analysis: Analysis) -> str:
         if p.smi_gap_growth_bytes is not None and p.steps:
             growth = f", {_signed(p.smi_gap_growth_bytes)} from the first step's end to the last's"
         parts.append(f"nvidia-smi shows {fmt_bytes(p.smi_gap_bytes)} more than the traced allocations (median{growth}): "
-                     "the CUDA context and code images, which nsys does not size")
+                     "the CUDA context, code images and the driver's own buffers, which nsys does not size")
     if p.capture_flags:
         parts.append(f"to measure more: {p.capture_flags}")
     return f"{p.process}: " + "; ".join(parts) if parts else ""
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def _signed(value: int) -> str:

@@ -1,0 +1,156 @@
+"""The memory nobody can see and CUDA-graph memory (issue 30, sections 1 and 2), on the real
+captures made for them: fixtures/torch_libloads_v25 (cuDNN loading code step after step, with
+nvidia-smi logs) and fixtures/torch_graphs_v25 (one CUDA graph per request's batch size).
+
+What the captured programs did is in their truth files and fixtures/README.md; the bytes
+captured into graphs are checked against an independent sum of the fixture's memory table over
+the capture windows the API table gives."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from conftest import FIXTURES, analysis_of, cli, truth
+from test_bounded_memory import chunk_rowids, full_documents
+
+import nsysan
+
+MiB = 1 << 20
+LIBLOADS = FIXTURES / "torch_libloads_v25.sqlite"
+LIBLOADS_SMI = [FIXTURES / "torch_libloads_v25.smi-gpu.csv", FIXTURES / "torch_libloads_v25.smi-apps.csv"]
+# fixtures/README.md: the loads (cuLibraryLoadData + cuModuleLoadData) of steps 0-9.
+LOADS_PER_STEP = [26, 5, 13, 3, 8, 7, 3, 3, 5, 3]
+
+
+@pytest.fixture(scope="module")
+def libloads() -> nsysan.Analysis:
+    return nsysan.analyze(LIBLOADS, smi=LIBLOADS_SMI)
+
+
+@pytest.fixture(scope="module")
+def graphs() -> nsysan.Analysis:
+    return analysis_of("torch_graphs_v25")
+
+
+def test_code_loads_per_step_are_the_programs(libloads):
+    (p,) = libloads.hidden.processes
+    assert (p.pid, p.loads, p.unloads) == (1922, 76, 99)
+    assert p.apis == {"cuLibraryLoadData": 72, "cuModuleLoadData": 4, "cuLibraryUnload": 99}
+    assert [s.name for s in p.steps] == [f"step {r['step']}" for r in truth("torch_libloads_v25") if "step" in r]
+    assert [s.loads for s in p.steps] == LOADS_PER_STEP
+    assert (p.loads_before_steps, p.loads_in_steps, p.loads_after_steps, p.steps_with_loads) == (0, 76, 0, 10)
+    assert p.keeps_loading
+    # The module statics the loads brought are the static memory kind's bytes, step by step.
+    assert sum(s.static_bytes for s in p.steps) == p.static_bytes == 899581
+    assert p.steps[0].static_bytes == 227039 and p.steps[3].static_bytes == 0
+
+
+def test_the_gap_against_nvidia_smi_is_the_truths(libloads):
+    """nvidia-smi was 667-675 MiB above PyTorch's reserved bytes at every step (the truth); the
+    process's own log row (apps) leaves out the few MiB the GPU holds in no process."""
+    (p,) = libloads.hidden.processes
+    gpu_gap = next(n for n in libloads.smi.not_in_trace if n.pid is None).median_bytes
+    assert 667 * MiB <= gpu_gap <= 675 * MiB
+    assert p.smi_gap_bytes == p.unexplained_bytes == next(n for n in libloads.smi.not_in_trace if n.pid == 1922).median_bytes
+    assert 655 * MiB <= p.smi_gap_bytes <= 675 * MiB
+    gaps = sorted(s.smi_gap_bytes for s in p.steps)
+    assert len(gaps) == 10 and 650 * MiB <= gaps[5] <= 675 * MiB
+    assert 0 <= p.smi_gap_growth_bytes <= 16 * MiB  # 46 loads after step 0 add little: contexts are most of it
+    # The library workspaces would be named from stacks, which this capture lacks: the flag says so
+    # only when there is something (>= 1 MiB) outside PyTorch's allocator to name.
+    assert p.outside_allocator_bytes == 50696 and p.capture_flags == ""
+
+
+def test_without_smi_logs_the_capture_advice_is_to_log_them():
+    analysis = nsysan.analyze(LIBLOADS)
+    (p,) = analysis.hidden.processes
+    assert p.smi_gap_bytes is None and p.unexplained_bytes is None
+    assert p.capture_flags.startswith("nvidia-smi --query-compute-apps=")
+    assert [a.code for a in analysis.answers if a.topic == "unseen"] == ["code_loads"]  # it keeps loading
+
+
+def test_library_workspaces_are_named_from_native_stacks(torch_pybt_v25):
+    """torch_pybt_v25 has native stacks: cuBLAS's own workspace allocations are found through them."""
+    (p,) = torch_pybt_v25.hidden.processes
+    (lib,) = p.libraries
+    assert (lib.library, lib.allocations, lib.allocated_bytes) == ("cuBLAS", 3, 67240960)
+    assert not p.keeps_loading and [s.loads for s in p.steps] == [27, 0, 0, 0, 0]  # all at the first step
+
+
+def capture_windows_bytes() -> list[int]:
+    """Device bytes allocated minus freed between each cudaStreamBeginCapture's start and the
+    end of the cudaStreamEndCapture after it, straight from the export."""
+    with sqlite3.connect(f"file:{FIXTURES / 'torch_graphs_v25.sqlite'}?mode=ro", uri=True) as conn:
+        def times(like: str, column: str) -> list[int]:
+            return [t for (t,) in conn.execute(
+                f'SELECT r."{column}" FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId '
+                f"WHERE s.value LIKE ? ORDER BY r.start", (like,))]
+        begins, ends = times("cudaStreamBeginCapture%", "start"), times("cudaStreamEndCapture%", "end")
+        assert len(begins) == len(ends) == 8
+        return [conn.execute("SELECT COALESCE(SUM(CASE memoryOperationType WHEN 0 THEN bytes ELSE -bytes END), 0) "
+                             "FROM CUDA_GPU_MEMORY_USAGE_EVENTS WHERE memKind = 2 AND start BETWEEN ? AND ?",
+                             (b, e)).fetchone()[0] for b, e in zip(begins, ends)]
+
+
+def test_graphs_per_request_are_the_programs(graphs):
+    (p,) = graphs.graphs.processes
+    assert (p.pid, p.captures, p.instantiated, p.launches, p.mem_nodes) == (1698, 8, 8, 8, 0)
+    # PyTorch destroys each template graph inside its request; the executable graphs only at exit.
+    assert (p.templates_destroyed, p.exec_destroyed, p.exec_destroyed_at_exit) == (8, 8, 8)
+    requests = [r for r in truth("torch_graphs_v25") if r.get("request", -1) >= 0]
+    assert [s.name for s in p.steps] == [f"request {r['request']}" for r in requests]
+    assert all((s.captured, s.instantiated, s.launches, s.destroyed) == (1, 1, 1, 0) for s in p.steps)
+    assert p.per == "request N" and not p.approximate
+
+
+def test_memory_captured_into_graphs_is_the_exports(graphs):
+    (p,) = graphs.graphs.processes
+    captured = capture_windows_bytes()
+    assert [s.captured_bytes for s in p.steps] == captured
+    assert p.captured_bytes == sum(captured) == 1258291200
+    assert (p.captured_min_bytes, p.captured_max_bytes) == (66 * MiB, 258 * MiB)
+    # What each request kept is the growth of PyTorch's reserved bytes (the truth) after the
+    # first; the graph pools are part of it, never more.
+    requests = [r for r in truth("torch_graphs_v25") if "reserved" in r]
+    reserved_growth = [b["reserved"] - a["reserved"] for a, b in zip(requests, requests[1:])]
+    assert [s.delta_bytes for s in p.steps][1:] == reserved_growth[1:]
+    assert all(0 < s.captured_bytes <= g for s, g in zip(p.steps, reserved_growth))
+
+
+def test_the_graph_answer_is_on_the_first_screen_and_page(graphs, capsys, tmp_path):
+    (answer,) = [a for a in graphs.answers if a.topic == "graphs"]
+    assert (answer.severity, answer.code) == ("warning", "cuda_graphs")
+    assert answer.message == ("process 1698: 8 CUDA graphs instantiated, none destroyed before exit: +66.0 MiB to "
+                              "+258.0 MiB per request captured into them, 1.2 GiB in all (70% of what those requests "
+                              "kept)")
+    code, out, _ = cli(capsys, "analyze", str(FIXTURES / "torch_graphs_v25.sqlite"), "-o", str(tmp_path))
+    answers = out[out.index("Answers"):out.index("Peak GPU memory")]
+    assert code == 0 and "CUDA graphs" in answers and "8 CUDA graphs instantiated" in answers
+    assert 'id="verdict-graphs-1"' in (tmp_path / "report.html").read_text()
+    document = json.loads((tmp_path / "analysis.json").read_text())
+    assert document["graphs"]["processes"][0]["captured_bytes"] == 1258291200
+
+
+def test_the_unseen_answer_with_smi_logs(libloads, capsys):
+    (answer,) = [a for a in libloads.answers if a.topic == "unseen"]
+    assert answer.severity == "warning" and "keeps loading CUDA code step after step" in answer.message
+    assert "(26, 5, 13, 3, 8, 7, 3, 3, 5, 3)" in answer.message
+    code, out, _ = cli(capsys, "analyze", str(LIBLOADS), *[a for log in LIBLOADS_SMI for a in ("--smi", str(log))])
+    assert code == 0 and "not traced" in out[out.index("Answers"):out.index("Peak GPU memory")]
+
+
+@pytest.mark.parametrize("name", ["torch_graphs_v25", "torch_libloads_v25"])
+def test_streamed_analysis_gives_the_same_sections(name, monkeypatch):
+    path = FIXTURES / f"{name}.sqlite"
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert whole["graphs"] == streamed["graphs"] and whole["hidden"] == streamed["hidden"]
+    assert whole["graphs"]["processes"] or whole["hidden"]["processes"]
+
+
+def test_quick_and_old_exports_have_empty_sections(known_mem_v22):
+    quick = nsysan.analyze(FIXTURES / "torch_graphs_v25.sqlite", quick=True)
+    assert quick.graphs.processes == [] and quick.hidden.processes == []
+    # nsys 2022.4: no library loads nor graphs in its API table; the sections are empty, not an error.
+    assert known_mem_v22.graphs.processes == [] and known_mem_v22.hidden.processes == []
