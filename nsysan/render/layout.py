@@ -306,24 +306,25 @@ class Lines:
     column ("peak     5.3 GiB on GPU 0 ..."). The width is the one printed at."""
 
     def __init__(self, rows: Iterable[tuple[Cell, str]] = (), indent: int = 1, gap: int = 1,
-                 style: str = "", label_width: Optional[int] = None) -> None:
+                 style: str = "", label_width: Optional[int] = None, hanging: int = 0) -> None:
+        """`hanging`: how much further in a sentence's following lines start, where there is no label."""
         self.rows = list(rows)
-        self.indent, self.gap, self.style, self.label_width = indent, gap, style, label_width
+        self.indent, self.gap, self.style, self.label_width, self.hanging = indent, gap, style, label_width, hanging
 
     def add(self, label: Cell, text: str) -> None:
         self.rows.append((label, text))
 
     @classmethod
-    def prose(cls, text: str, indent: int = 0, style: str = "") -> "Lines":
+    def prose(cls, text: str, indent: int = 0, style: str = "", hanging: int = 0) -> "Lines":
         """One paragraph, no label (a title, a note)."""
-        return cls([("", text)], indent=indent, gap=0, style=style, label_width=0)
+        return cls([("", text)], indent=indent, gap=0, style=style, label_width=0, hanging=hanging)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
         labels = [lab if isinstance(lab, Text) else Text(str(lab)) for lab, _ in self.rows]
         label_width = self.label_width if self.label_width is not None else \
             max((cell_len(lab.plain) for lab in labels), default=0)
-        text_at = self.indent + label_width + (self.gap if label_width else 0)
+        text_at = self.indent + label_width + (self.gap if label_width else self.hanging)
         room = max(width - text_at, 12)
         out = Text(style=self.style)
         for label, (_, text) in zip(labels, self.rows):
@@ -335,6 +336,8 @@ class Lines:
                         out.append(" " * (label_width - cell_len(label.plain) + self.gap))
                     else:
                         out.append(" " * (label_width + self.gap))
+                elif n:
+                    out.append(" " * self.hanging)
                 out.append(line + "\n")
         out.rstrip()
         yield out

@@ -67,7 +67,7 @@ def render_verdict_terminal(verdict: Verdict, console: "Console") -> None:
             console.print(line, style=style, soft_wrap=True)
         else:
             console.print(Lines([(Text(label.rstrip(), style=label_style), printable(text))], indent=2, gap=2,
-                                style=style, label_width=max(len(label) - 2, 0)))
+                                style=style, label_width=max(len(label) - 2, 0), hanging=2))
 
 
 def render_verdict_json(verdict: Verdict) -> str:
