@@ -63,10 +63,7 @@ def find_out_of_memory(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.Dat
             flushes.append(release)
             continue
         opened = open_by_pid.get(release.pid, [])
-        # Only ranges left open tell a death from an empty_cache() the process went on after: a
-        # process without NVTX that flushed its cache and then ran on without allocating (or
-        # exited cleanly) is not an OOM, and its live bytes are no cap (torch_emptycache_v25).
-        if opened:
+        if gave_up_inside(release, opened):
             seq = int(np.searchsorted(events["ts_ns"].to_numpy(), release.start_ns, side="left")) - 1
             count, live = _live_set(events, seq, _pair_rows(events, release.pid, release.device), to_allocations)
             allocator_ooms.append(AllocatorOom(release=release, open_ranges=opened, live_count=count,
@@ -75,6 +72,16 @@ def find_out_of_memory(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.Dat
             flushes.append(release)
     return OutOfMemory(failures=failures, failed_count=failed_count, probes=probes, allocator_ooms=allocator_ooms, cache_flushes=flushes,
                        cut_short=_cut_short(events, open_by_pid, end_ns, grouped))
+
+
+def gave_up_inside(release: CacheRelease, opened: list[str]) -> bool:
+    """Whether a release with nothing allocated after it is the allocator giving up: the process
+    left NVTX ranges open (`opened`, outermost first), and the release came inside the innermost
+    of them, on the thread that asked. Only ranges left open tell a death from an empty_cache()
+    the process went on after (torch_emptycache_v25, no NVTX: a flush, its live bytes no cap);
+    and an empty_cache() before the range that then failed is a flush too (torch_fraction_oom_v25:
+    48 MiB released, then 'big request' opens and raises with nothing cached)."""
+    return bool(opened) and opened[-1] in release.nvtx_path.split(" > ")
 
 
 # --- failed calls ----------------------------------------------------------------------------

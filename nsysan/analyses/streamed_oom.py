@@ -24,7 +24,8 @@ from ..cuda_errors import OUT_OF_MEMORY, error_name
 from ..events.nvtx import attribute_ranges
 from ..model import AllocatorOom, Diagnostic, OomFailure, OutOfMemory, Probe, ReservedMemory
 from .caps import memory_caps
-from .oom import LIVE_LISTED, MAX_FAILURES, OPEN_END_NS, PROBE_RETRY_NS, _open_ranges
+from .diagnostics import xla_pids
+from .oom import LIVE_LISTED, MAX_FAILURES, OPEN_END_NS, PROBE_RETRY_NS, _open_ranges, gave_up_inside
 from .streamed import RESIDENT, _rows, pair_key
 from .streamed_allocators import FirstAllocators, SecondAllocators, preallocated_blocks
 from .streamed_run import _pair
@@ -165,8 +166,9 @@ class VerdictLooks:
         gpu_of = self.gpu_of
         self.blocks = preallocated_blocks(first.big_blocks, gpu_of, self.total_memory)
         self.kinds = {}
+        xla = xla_pids(self.ranges)  # allocator.allocator_use's rule: XLA's allocator is never PyTorch's
         for s in look.peaks:
-            if s.pid is not None and int(s.members[0]) not in self.blocks:
+            if s.pid is not None and int(s.members[0]) not in self.blocks and s.pid not in xla:
                 self.kinds[(s.pid, s.device)] = found.allocators.recognized(
                     int(s.members[0]), "python" in self.process_names.get(s.pid, "").lower())
         caching = {pair: kind for pair, kind in self.kinds.items() if kind and kind.startswith("pytorch")}
@@ -185,7 +187,7 @@ class VerdictLooks:
             self.failure_moments.append(Moment(int(found.failing["ts_ns"].iat[i]), False, _keys(members)))
         self.release_moments: dict[int, Moment] = {}
         for i, release in enumerate(self.releases):
-            if not release.followed_by_allocation and self.open_by_pid.get(release.pid):  # oom.py's rule
+            if not release.followed_by_allocation and gave_up_inside(release, self.open_by_pid.get(release.pid, [])):
                 self.release_moments[i] = Moment(release.start_ns, True, _keys([(release.pid, release.device)]))
         moments = [m for m in self.failure_moments if m is not None] + list(self.release_moments.values())
         self.second = SecondOom(moments, sites, SecondAllocators(self.calls.api_names, look.peaks, self.blocks))
