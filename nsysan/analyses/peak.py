@@ -83,11 +83,25 @@ def _peak_of(rows: np.ndarray, events: pd.DataFrame, pid: Optional[int], device:
     sizes = events["bytes"].to_numpy()[live_now]
     largest = live_now[np.argsort(-sizes, kind="stable")[:LIVE_AT_PEAK]]
     return Peak(made_of=made_of(events, live_now), pid=pid, device=device, gpu=gpu, peak_bytes=int(live[at]),
-                peak_time_ns=int(events["ts_ns"].iat[seq]), nvtx_range=str(events["nvtx_range"].iat[seq]),
+                peak_time_ns=_reached(seq, int(events["ts_ns"].iat[seq]), reserve_changes,
+                                      bool(events["pool"].iat[seq])),
+                nvtx_range=str(events["nvtx_range"].iat[seq]),
                 api=str(events["api"].iat[seq]), total_memory_bytes=total, live_count=int(len(live_now)),
                 live_at_peak=to_allocations(events.iloc[largest]),
                 pool_reserve_bytes=int(reserve[at]) if reserve is not None else 0,
                 live_groups=to_groups(live_now) if to_groups else [])
+
+
+def _reached(seq: int, ts: int, reserve_changes: Optional[ReserveChanges], is_pool: bool) -> int:
+    """When the level at event row `seq` (at `ts`) was first reached: earlier than the event when
+    it is a pool's allocation and the pool's reserve made the level before it (pools.reached_before;
+    streamed_second.SecondLook._peaks does the same)."""
+    if reserve_changes is None or not is_pool or not len(reserve_changes[0]):
+        return ts
+    at = int(np.searchsorted(reserve_changes[0], seq))
+    if at < len(reserve_changes[0]) and reserve_changes[0][at] == seq and reserve_changes[2][at] >= 0:
+        return int(reserve_changes[2][at])
+    return ts
 
 
 def made_of(events: pd.DataFrame, rows: np.ndarray, limit: int = MADE_OF) -> list[Holder]:

@@ -106,7 +106,8 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     # capture_diagnostics reads the events' processes and API names alone: one row per process
     digest = pd.DataFrame({"pid": np.array(pids, "int32"), "api": pd.Categorical([QUICK_API] * len(pids))})
     diagnostics = list(schema.diagnostics) + notes + capture_diagnostics(
-        schema, digest, empty_calls(), empty_ranges(), {}, groups, peaks, [], report_version, quick=True)
+        schema, digest, empty_calls(), empty_ranges(), {}, groups, peaks, [], report_version, quick=True,
+        pools=pools or [])
     replaces = {"caching_allocator"} if preallocations else set()
     spike_series = sorted(first.spike_series.index.items(), key=lambda kv: _pair(kv[0]))
     step_notes = step_diagnostics(spike_series, [], False, True, step_range)
@@ -325,7 +326,7 @@ def _peak(series: PeakSeries, second: SecondLook, kinds: list[str], total_memory
     api, nvtx = described.peak_event(series) or \
         ("(module load)" if kinds[series.best_kind] == "static" else QUICK_API, "")
     return Peak(made_of=made_of(mini, np.arange(len(mini))), pid=series.pid, device=series.device, gpu=series.gpu,
-                peak_bytes=series.best, peak_time_ns=series.best_ts, nvtx_range=nvtx, api=api,
+                peak_bytes=series.best, peak_time_ns=series.reached_ts, nvtx_range=nvtx, api=api,
                 total_memory_bytes=total_memory(series.gpu), live_count=int(len(live)),
                 live_at_peak=described.allocations(largest, second.free_ts, series),
                 pool_reserve_bytes=series.best_reserve,

@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..events.stream import EventBatch
 from .peak import LIVE_AT_PEAK
+from .pools import reached_before
 from .streamed import HIGH, LOW, RESIDENT, SPIKE_KINDS, STATIC, FirstLook, _rows, group_key, pair_key, running_sums
 from .timeline import MAX_POINTS
 
@@ -37,12 +38,26 @@ class PeakSeries:
     best_ts: int = 0
     best_kind: int = 0
     best_reserve: int = 0
+    reached_ts: int = 0  # when the best level was first reached: best_ts, or a pool's creation before it
     live_set: pd.DataFrame = field(default_factory=pd.DataFrame)
     # the last allocation not of module statics, and the statics' bytes since (peak notes)
     own_ts: Optional[int] = None
     statics_since: int = 0
     note_own_ts: Optional[int] = None
     note_statics: int = 0
+
+
+def _reached(at: int, attached: list, increment: int, ts: int) -> int:
+    """peak._reached for the row `at` of a batch's series: the earliest of the pool changes
+    attached to it (`attached`: (rows, times, bytes) per member) by which its level was reached."""
+    parts = [(times[rows == at], amounts[rows == at]) for rows, times, amounts in attached]
+    when = np.concatenate([w for w, _ in parts]) if parts else np.zeros(0, "int64")
+    amount = np.concatenate([a for _, a in parts]) if parts else np.zeros(0, "int64")
+    if not len(when):
+        return ts
+    reached = reached_before(np.zeros(len(when), "int64"), when.astype("int64"), amount.astype("int64"),
+                             np.array([increment], "int64"), np.array([ts], "int64"))[0]
+    return int(reached) if reached >= 0 else ts
 
 
 @dataclass
@@ -167,6 +182,7 @@ class SecondLook:
             if not len(rows):
                 continue
             added = np.zeros(len(rows), "int64")
+            attached = []  # (index in rows, time, bytes) of each change taken
             for member in peak.members.tolist():  # the pools' reserve changes at the next event
                 if member not in self.changes:
                     continue
@@ -178,6 +194,7 @@ class SecondLook:
                 upto = int(np.searchsorted(change_ts, ts[-1], side="right"))
                 at = np.searchsorted(ts, change_ts[used:upto], side="left")
                 np.add.at(added, mine[at], change_bytes[used:upto])
+                attached.append((mine[at], change_ts[used:upto], change_bytes[used:upto]))
                 self.changes[member] = (change_ts, change_bytes, upto)
             reserve = peak.reserve + np.cumsum(added)
             live = peak.live + np.cumsum(b.delta[rows]) + reserve
@@ -185,6 +202,8 @@ class SecondLook:
             at = int(np.argmax(live))
             if live[at] > peak.best:
                 peak.best, peak.best_seq, peak.best_ts = int(live[at]), int(b.seq[rows[at]]), int(b.ts[rows[at]])
+                peak.reached_ts = _reached(at, attached, int(added[at] + b.delta[rows[at]]), peak.best_ts) \
+                    if b.pool[rows[at]] else peak.best_ts
                 peak.best_kind, peak.best_reserve = int(b.kind[rows[at]]), int(reserve[at])
                 peak.live_set = self._live_at(b, peak.best_seq, peak.members)
                 owns = np.flatnonzero(own[:at + 1])
