@@ -113,7 +113,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns)
         diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
             schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version,
-            quick=loaded.quick)
+            quick=loaded.quick, pools=pools)
         sites = _here_unless_started(sites_later, site_work)
         api_calls = _here_unless_started(api_calls_later, api_call_work)
     peaks = verdicts.peaks

@@ -86,9 +86,10 @@ def recognize(size: np.ndarray, mapped: np.ndarray, outside: np.ndarray, is_pyth
 
 def allocator_use(events: pd.DataFrame, peaks: list[Peak], gpu_of: GpuOf, process_names: dict[int, str],
                   preallocations: list[Preallocation], label: Callable[[int], str],
-                  grouped: Groups) -> list[AllocatorUse]:
+                  grouped: Groups, xla: frozenset = frozenset()) -> list[AllocatorUse]:
     """Inside/outside the framework allocator, at each process's peak and at the end;
-    `grouped`: the events' (process, device, kind) groups (timeline.group_events)."""
+    `grouped`: the events' (process, device, kind) groups (timeline.group_events); `xla`: the
+    processes that ran XLA (diagnostics.xla_pids), whose allocator is never called PyTorch's."""
     if events.empty:
         return []
     op_codes, in_pool, api_codes = events["op"].cat.codes.to_numpy(), events["pool"].to_numpy(), \
@@ -105,6 +106,8 @@ def allocator_use(events: pd.DataFrame, peaks: list[Peak], gpu_of: GpuOf, proces
             block = prealloc_rows[(pid, device)]
             outside = ~((events["ts_ns"].to_numpy()[mine] == block.time_ns) & (size == block.bytes))
             kind = "xla_preallocation" if block.framework == "XLA" else "preallocation"
+        elif pid in xla:  # XLA's allocator without its preallocation: not PyTorch's, whatever its sizes
+            continue
         else:
             outside = outside_allocator(events, mine)
             is_python = "python" in process_names.get(pid, "").lower()

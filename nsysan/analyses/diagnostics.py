@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
-from ..model import Diagnostic, FailedCall, GroupSummary, Peak
+from ..model import Diagnostic, FailedCall, GroupSummary, Peak, PoolUse
 from ..events.read import TRACE_GOES_ON
 from ..schema import Schema
 from ..units import fmt_bytes, fmt_percent
@@ -43,9 +43,10 @@ _NSYS_FOR_CUDA = {12: (2022, 5), 13: (2025, 3)}
 def capture_diagnostics(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame,
                         last_cuda_call_ns: dict[int, int], groups: list[GroupSummary], peaks: list[Peak],
                         failed: list[FailedCall], report_version: Optional[str],
-                        quick: bool = False, counted: Optional[dict[str, int]] = None) -> list[Diagnostic]:
+                        quick: bool = False, counted: Optional[dict[str, int]] = None,
+                        pools: Sequence[PoolUse] = ()) -> list[Diagnostic]:
     """`counted`: what the frames would tell, counted by a flow of batches instead (streamed_full.py):
-    "vmm_events", "calls_without_events"."""
+    "vmm_events", "calls_without_events"; `pools`: the stream-ordered memory pools (pools.pool_uses)."""
     found: list[Diagnostic] = []
     counted = counted or {}
     found += _collection(schema, events, calls, quick)
@@ -53,7 +54,7 @@ def capture_diagnostics(schema: Schema, events: pd.DataFrame, calls: pd.DataFram
     found += _orphan_frees(groups)
     found += _allocations_without_events(schema, events, calls, counted.get("calls_without_events"))
     found += _static_memory(groups)
-    found += _caching_allocator(schema, events, groups)
+    found += _caching_allocator(schema, events, groups, ranges, pools)
     found += _vmm(events, counted.get("vmm_events"))
     found += _capacity(peaks)
     found += _failures(failed)
@@ -173,13 +174,39 @@ def _static_memory(groups: list[GroupSummary]) -> list[Diagnostic]:
                        "are never freed by design and are reported apart, not as leaks")]
 
 
-def _caching_allocator(schema: Schema, events: pd.DataFrame, groups: list[GroupSummary]) -> list[Diagnostic]:
-    names = " ".join(schema.process_names.get(int(p), "") for p in pd.unique(events["pid"].to_numpy())) \
-        if not events.empty else ""
+def xla_pids(ranges: pd.DataFrame) -> set[int]:
+    """Processes that ran XLA (JAX, TensorFlow): XLA names its NVTX ranges Xla* (XlaModule:…,
+    XlaCompile:…), PyTorch never does. Such a process is never described as PyTorch."""
+    if ranges.empty:
+        return set()
+    names = ranges["name"].astype(str)
+    return set(pd.unique(ranges["pid"].to_numpy()[names.str.startswith("Xla").to_numpy()]).tolist())
+
+
+def _caching_allocator(schema: Schema, events: pd.DataFrame, groups: list[GroupSummary],
+                       ranges: Optional[pd.DataFrame] = None, pools: Sequence[PoolUse] = ()) -> list[Diagnostic]:
+    pids = pd.unique(events["pid"].to_numpy()).tolist() if not events.empty else []
+    names = " ".join(schema.process_names.get(int(p), "") for p in pids)
     python = re.search(r"python|torchrun|pt_main_thread", names, re.I) is not None
     open_device = sum(g.never_freed_count for g in groups if g.kind == "device")
     if not (python and open_device):
         return []
+    xla = xla_pids(ranges) if ranges is not None else set()
+    if xla & set(pids):
+        return [Diagnostic("info", "caching_allocator",
+                           "this looks like a JAX (XLA) process (its NVTX ranges are XLA's): XLA's allocator keeps "
+                           "the device memory it got for reuse until the process ends, so 'never freed' means "
+                           "'still held at the end', not necessarily a leak; look at how live bytes grow from "
+                           "step to step")]
+    used = [p for p in pools if p.peak_used_bytes]
+    if used:
+        held = sum(p.end_reserved_bytes for p in used)
+        return [Diagnostic("info", "caching_allocator",
+                           "this Python process allocates from a stream-ordered memory pool (cudaMallocAsync, as "
+                           "PyTorch's backend:cudaMallocAsync does), not from cudaMalloc segments: the pool keeps "
+                           f"what it reserved until it is trimmed, and {fmt_bytes(held)} was still reserved at the "
+                           "end of the run; 'never freed' means 'still held at the end', not necessarily a leak; "
+                           "look at how live bytes grow from step to step")]
     return [Diagnostic("info", "caching_allocator",
                        "this looks like a Python (PyTorch) process: its caching allocator keeps the segments it "
                        "got from cudaMalloc until empty_cache(), so 'never freed' means 'still reserved at the "
@@ -196,7 +223,7 @@ def _vmm(events: pd.DataFrame, count: Optional[int] = None) -> list[Diagnostic]:
         return []
     return [Diagnostic("info", "virtual_memory_api",
                        f"{count} events come from the driver's virtual-memory API (cuMemCreate/cuMemMap, "
-                       "as used by PyTorch expandable segments and NCCL): nsys records them when access is set "
+                       "as used by PyTorch expandable segments, NCCL and XLA): nsys records them when access is set "
                        "(cuMemSetAccess) and unmapped (cuMemUnmap); memory created but never mapped is not seen")]
 
 

@@ -124,7 +124,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     diagnostics = list(schema.diagnostics) + list(flow.diagnostics) + notes + capture_diagnostics(
         schema, digest, pd.DataFrame({"family": pd.Series(dtype=object)}), ranges, last_calls, quick.groups,
         quick.peaks, failed, report_version,
-        counted={"vmm_events": found.vmm_events, "calls_without_events": flow.call_window.calls_without_events})
+        counted={"vmm_events": found.vmm_events, "calls_without_events": flow.call_window.calls_without_events},
+        pools=quick.reserved.pools)
     diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics \
         + step_notes + growth_diagnostics(growth) + ([not_streamed_note()] if NOT_STREAMED else [])
     analysis = dataclasses.replace(

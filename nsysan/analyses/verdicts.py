@@ -15,6 +15,7 @@ from ..model import GPU_RESIDENT_KINDS, Diagnostic, GroupSummary, MemoryCap, Out
 from ..units import fmt_bytes, fmt_duration, fmt_time
 from .allocator import allocator_use, find_preallocations, is_value
 from .caps import memory_caps
+from .diagnostics import xla_pids
 from .oom import find_out_of_memory
 from .timeline import Groups
 
@@ -42,7 +43,7 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
     the events' (process, device, kind) groups (timeline.group_events)."""
     preallocations = find_preallocations(events, ranges, gpu_of, total_memory, label)
     allocators = [] if quick else allocator_use(events, peaks, gpu_of, process_names, preallocations, label,
-                                                grouped)
+                                                grouped, frozenset(xla_pids(ranges)))
     caching = {(u.pid, u.device): u.allocator for u in allocators if u.allocator.startswith("pytorch")}
     oom = find_out_of_memory(events, calls, ranges, gpu_of, total_memory, to_allocations, caching, end_ns,
                              duration_ns, grouped)

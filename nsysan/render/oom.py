@@ -80,9 +80,12 @@ def oom_and_reserved(analysis: Analysis, top: int = 5) -> list[Union[Answer, She
     for pool in used_pools[:LINES_PER_KIND]:
         counted = "its reserve counts in the peak"
         trims = f", trimmed {pool.trims} time{'s' if pool.trims != 1 else ''}" if pool.trims else ""
+        end = ("destroyed before the end" if pool.destroyed_ns is not None
+               else f"{fmt_bytes(pool.end_reserved_bytes)} still reserved at the end of the run"
+               if pool.end_reserved_bytes else "nothing left reserved at the end")
         parts.append(_line("info", "pool", f"{label(pool.pid)}: a memory pool on GPU {pool.gpu} reserved up to "
                                            f"{fmt_bytes(pool.peak_reserved_bytes)} while handing out at most "
-                                           f"{fmt_bytes(pool.peak_used_bytes)}{trims}; {counted}"))
+                                           f"{fmt_bytes(pool.peak_used_bytes)}{trims}; {end}; {counted}"))
     hidden = sum(max(0, len(items) - LINES_PER_KIND) for items in
                  (analysis.reserved.allocators, analysis.reserved.preallocations, used_pools))
     if hidden:  # one per process and GPU: thousands in a large capture
