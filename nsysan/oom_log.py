@@ -66,10 +66,16 @@ _XLA_REQUEST = [
                            r"(\d+(?:\.\d+)?)\s*([KMGT]?i?B)(?: \(rounded to (\d+)\))?")),
     ("xla", re.compile(r"Failed to allocate request for [\d.]+\s*[KMGT]?i?B \((\d+)B\) on device ordinal (\d+)")),
     ("xla", re.compile(r"Out of memory while trying to allocate (\d+) bytes")),
+    ("xla", re.compile(r"Out of memory while trying to allocate (\d+(?:\.\d+)?)\s*([KMGT]i?B)"
+                       r"(?: with allocator \w+)?(?: on device (\d+))?")),
     ("xla", re.compile(r"Out of memory allocating (\d+) bytes")),
     ("xla", re.compile(r"(?:Failed to|Could not) allocate (\d+) bytes")),
 ]
 _XLA_STATS = {"limit": re.compile(r"\bLimit:\s+(\d+)\b"), "in_use": re.compile(r"\bInUse:\s+(\d+)\b")}
+# XLA's scheduler names the device's memory limit (what its allocator may use: the
+# XLA_PYTHON_CLIENT_MEM_FRACTION share) when a program's buffers exceed it: "… exceeds the base
+# limit (7505707008)" (jax_oom_v25). Used as the cap when the BFC statistics are not printed.
+_XLA_BASE_LIMIT = re.compile(r"exceeds the base limit \((\d+)\)")
 _PID = re.compile(r"\bpid[=: ]\s*(\d+)\b", re.I)
 
 
@@ -147,7 +153,11 @@ def _scan(name: str, lines: Iterator[str]) -> list[OomMessage]:
     found: list[OomMessage] = []
     window: list[str] = []  # the lines after an XLA message's first, where its numbers may follow
     pending: Optional[OomMessage] = None
+    base_limit: Optional[int] = None  # XLA's device memory limit, when its scheduler said it
     for number, line in enumerate(lines, 1):
+        limit = _XLA_BASE_LIMIT.search(line) if "base limit" in line else None
+        if limit is not None:
+            base_limit = int(limit.group(1))
         if pending is not None:
             window.append(line)
             if len(window) >= WINDOW_LINES or sum(map(len, window)) > WINDOW_CHARS:
@@ -163,6 +173,7 @@ def _scan(name: str, lines: Iterator[str]) -> list[OomMessage]:
                 found[-1].device = found[-1].device if found[-1].device is not None else xla.device
                 found[-1].pid = found[-1].pid if found[-1].pid is not None else xla.pid
             elif xla is not None:
+                xla.cap_bytes = base_limit
                 if pending is not None:
                     _xla_stats(pending, window)
                 pending, window = xla, []
@@ -233,6 +244,9 @@ def _xla(name: str, number: int, line: str) -> Optional[OomMessage]:
         if wording == "xla_bfc":
             message.device = int(match.group(1))
             message.request_bytes = int(match.group(4)) if match.group(4) else _bytes(match.group(2), match.group(3))
+        elif pattern.groups == 3:  # a size with its unit, then the device
+            message.request_bytes = _bytes(match.group(1), match.group(2))
+            message.device = int(match.group(3)) if match.group(3) else None
         else:
             message.request_bytes = int(match.group(1))
             if match.lastindex and match.lastindex >= 2:

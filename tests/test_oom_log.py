@@ -349,3 +349,66 @@ def test_the_log_of_a_process_that_ended_inside_makes_it_fatal(tmp_path):
     assert (m.matched_by, m.verdict, m.trace_reserved_bytes) == ("only_death", "over_cap", 598 * MiB)
     assert "when it ended inside 'big request'" in m.message
     assert [f.found_by for f in analysis.oom.fatal] == ["log"]
+
+
+# --- the wave-3 captures of issue 26 ----------------------------------------------------------------
+
+def test_fraction_oom_with_nothing_cached_ended_inside_big_request():
+    """torch_fraction_oom_v25: a 2 GiB request inside 'big request' refused under a 2.80 GiB cap
+    with nothing cached: no call failed, nothing was released (its empty_cache() came before the
+    range and is a flush), and the trace just stops inside the range."""
+    analysis = analysis_of("torch_fraction_oom_v25")
+    before = next(r for r in truth("torch_fraction_oom_v25") if r.get("event") == "before_big_request")
+    assert analysis.oom.failures == [] and analysis.oom.allocator_ooms == [] and len(analysis.oom.cache_flushes) == 1
+    (ended,) = analysis.oom.ended_inside
+    assert ended.open_ranges == ["big request"] and ended.process_ended
+    # what the caching allocator held then is PyTorch's reserved (num_device_alloc segments)
+    assert ended.reserved_bytes == before["reserved"]
+    assert sum(s.bytes * s.count for s in ended.block_sizes) <= ended.live_bytes
+    assert [(s.bytes, s.count) for s in ended.block_sizes][0] == (400 * MiB, 3)  # the three steps' 400 MiB
+    assert ended.message.startswith(f"process {ended.pid} ended inside 'big request' without closing it")
+    assert "if this was an out-of-memory error, its message gives the request and the cap" in ended.message
+    assert [a.code for a in analysis.answers if a.topic == "oom"] == ["ended_inside"]
+    assert analysis.oom.fatal == [] and all(c.source == "gpu_total" for c in analysis.caps)
+
+
+def test_fraction_oom_joined_with_its_stderr():
+    analysis = nsysan.analyze(FIXTURES / "torch_fraction_oom_v25.sqlite",
+                              log=FIXTURES / "torch_fraction_oom_v25.stderr.txt")
+    before = next(r for r in truth("torch_fraction_oom_v25") if r.get("event") == "before_big_request")
+    (m,) = analysis.oom.logged
+    assert m.request_bytes == before["request_bytes"] == 2 * GiB
+    assert abs(m.cap_bytes - before["cap_bytes"]) < 0.005 * GiB  # "2.80 GiB allowed", two decimals
+    assert abs(m.allocated_bytes - before["allocated"]) < 0.005 * GiB
+    assert (m.verdict, m.matched_by, m.trace_reserved_bytes) == ("over_cap", "only_death", before["reserved"])
+    assert "when it ended inside 'big request'" in m.message
+    (ended,) = analysis.oom.ended_inside
+    assert "Its logged error says what it asked for and the cap" in ended.message
+    assert [(f.pid, f.found_by) for f in analysis.oom.fatal] == [(ended.pid, "log")]
+
+
+def test_empty_cache_without_nvtx_goes_on_and_is_no_oom():
+    """torch_emptycache_v25: no NVTX, empty_cache() after step 3 (36 segments released), then on."""
+    analysis = analysis_of("torch_emptycache_v25")
+    oom = analysis.oom
+    assert oom.allocator_ooms == [] and oom.ended_inside == [] and oom.fatal == [] and oom.failures == []
+    assert len(oom.cache_flushes) == 1 and oom.cache_flushes[0].followed_by_allocation
+    assert {c.source for c in analysis.caps} == {"gpu_total"}  # no cap invented from its live bytes
+    assert not any(a.topic == "oom" for a in analysis.answers)
+
+
+def test_jax_oom_joined_with_its_resource_exhausted_error():
+    """jax_oom_v25: XLA refused 20 GiB inside its 7,505,707,008-byte limit; the capture lost its
+    memory table (nsys importer errors), so the log says what the trace cannot."""
+    records = truth("jax_oom_v25")
+    request = next(r["request_bytes"] for r in records if r.get("event") == "before_big_array")
+    limit = next(r["bytes_limit"] for r in records if "bytes_limit" in r)
+    analysis = nsysan.analyze(FIXTURES / "jax_oom_v25.sqlite", log=FIXTURES / "jax_oom_v25.stderr.txt")
+    (m,) = analysis.oom.logged  # the BFC warning and the RESOURCE_EXHAUSTED exception are one error
+    assert (m.framework, m.request_bytes, m.cap_bytes, m.device) == ("xla", request, limit, 0)
+    assert m.verdict == "over_cap" and m.matched_pid is not None
+    assert "XLA's allocator" in m.message and "PyTorch" not in m.message
+    (ended,) = analysis.oom.ended_inside
+    assert "the capture has no sizes" in ended.message and "0 B live" not in ended.message
+    text = " ".join(a.message for a in analysis.answers) + " ".join(d.message for d in analysis.diagnostics)
+    assert "PyTorch's caching allocator" not in text and "(PyTorch) process" not in text

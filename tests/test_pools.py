@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
 from builders import GLOBAL_PID, make_export
 from conftest import FIXTURES, truth
 
 import nsysan
+from nsysan import pipeline
 
 MiB = 1 << 20
 POOL = 0x7F0000000000
@@ -90,3 +93,44 @@ def test_pool_without_recorded_size_changes_no_peak(tmp_path):
     analysis = nsysan.analyze(path)
     assert analysis.reserved.pools[0].peak_reserved_bytes == 0
     assert analysis.peak.peak_bytes == 108 * MiB and analysis.peak.pool_reserve_bytes == 0
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_peak_made_by_a_pool_created_inside_cudamallocasync_is_timed_at_the_creation(tmp_path, monkeypatch, streamed):
+    """The pool is created (reserve 32 MiB) at 2001 ns, inside the cudaMallocAsync of 2000-2010; the
+    allocation's own event comes at 2005. Without the 120 MiB block the peak (100 + 32 MiB) was
+    reached at the creation: the level did not move at 2005 (8 MiB handed out of the reserve)."""
+    path = _pool_export(tmp_path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM CUDA_GPU_MEMORY_USAGE_EVENTS WHERE bytes = ?", (120 * MiB,))
+    if streamed:
+        from test_bounded_memory import streaming_from
+
+        streaming_from(1, monkeypatch)
+    analysis = pipeline.analyze_report(path, keep_events=not streamed)
+    assert analysis.peak.peak_bytes == 132 * MiB and analysis.peak.peak_time_ns == 2001
+
+
+def test_pytorch_cudamallocasync_backend_is_a_pool_with_its_end_reserve():
+    """torch_async_v25: PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync. The pool's reserve after
+    the last step is PyTorch's reserved (truth: 3,489,660,928 B from step 1 on)."""
+    from conftest import analysis_of
+
+    analysis = analysis_of("torch_async_v25")
+    reserved = [r["reserved"] for r in truth("torch_async_v25") if r.get("step", -1) >= 0]
+    (pool,) = [p for p in analysis.reserved.pools if p.peak_used_bytes]
+    assert pool.end_reserved_bytes == pool.peak_reserved_bytes == reserved[-1] == 3_489_660_928
+    assert analysis.reserved.allocators == []  # not PyTorch's caching allocator's segments
+    note = next(d.message for d in analysis.diagnostics if d.code == "caching_allocator")
+    assert "stream-ordered memory pool" in note and "3.2 GiB was still reserved at the end of the run" in note
+    assert "segments it got from cudaMalloc" not in note
+    import io
+
+    from rich.console import Console
+
+    from nsysan.render.terminal import render_terminal
+
+    console = Console(width=200, record=True, file=io.StringIO())
+    render_terminal(analysis, console)
+    first = " ".join(console.export_text().split("Peak GPU memory")[0].split())
+    assert "a memory pool on GPU 0 reserved up to 3.2 GiB" in first and "3.2 GiB still reserved at the end" in first

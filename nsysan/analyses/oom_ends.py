@@ -37,10 +37,9 @@ def explain_oom(analysis: Analysis, messages: Sequence[OomMessage] = (), logs: S
     """The analysis with `oom.ended_inside`, `oom.logged` (the errors of the logs named `logs`,
     read into `messages`) and `oom.fatal` filled, their caps, diagnostics and answers."""
     oom = analysis.oom
-    ended = ended_inside(analysis)
-    oom = dataclasses.replace(oom, ended_inside=ended)
-    logged = join_logged(dataclasses.replace(analysis, oom=oom), messages)
-    oom = dataclasses.replace(oom, logged=logged)
+    logged = join_logged(analysis, messages)
+    ended = ended_inside(analysis, {m.matched_pid for m in logged})
+    oom = dataclasses.replace(oom, ended_inside=ended, logged=logged)
     oom = dataclasses.replace(oom, fatal=fatal(oom))
     diagnostics = _diagnostics(analysis, ended, logged, messages, logs)
     # Worked again on a finished analysis (an analysis.json given to check with --log), it
@@ -61,9 +60,10 @@ def explain_oom(analysis: Analysis, messages: Sequence[OomMessage] = (), logs: S
 
 # --- the trace alone ---------------------------------------------------------------------------
 
-def ended_inside(analysis: Analysis) -> list[EndedInside]:
+def ended_inside(analysis: Analysis, logged_pids: set = frozenset()) -> list[EndedInside]:
     """Processes cut short inside NVTX ranges they never closed, with no failed out-of-memory
-    call and no allocator that gave up (those say more)."""
+    call and no allocator that gave up (those say more); `logged_pids`: those a logged error
+    was joined with (their message says the rest)."""
     oom = analysis.oom
     said = {o.release.pid for o in oom.allocator_ooms} | {f.pid for f in oom.failures}
     found = []
@@ -75,14 +75,15 @@ def ended_inside(analysis: Analysis) -> list[EndedInside]:
         blocks = sum(g.never_freed_count for g in analysis.groups
                      if g.pid == cut.pid and g.device == device and g.kind == "device")
         growth = next((g for g in analysis.growth if g.pid == cut.pid and g.device == device), None)
-        ended = analysis.timeline.end_ns - cut.last_event_ns > NEAR_END_NS
+        sized = analysis.capture.memory_usage_collected  # without sizes, no memory event tells when it ended
+        ended = sized and analysis.timeline.end_ns - cut.last_event_ns > NEAR_END_NS
         item = EndedInside(
             pid=cut.pid, device=device, gpu=gpu, open_ranges=list(cut.open_ranges), last_event_ns=cut.last_event_ns,
             process_ended=ended, live_bytes=cut.end_live_bytes,
             reserved_bytes=use.inside_end_bytes if use is not None and not use.allocator.endswith("preallocation")
             else None, blocks=blocks, block_sizes=_block_sizes(analysis, cut.pid, device),
             growth_bytes_per_step=growth.bytes_per_step if growth is not None and growth.verdict == "growing" else None)
-        found.append(dataclasses.replace(item, message=_ended_message(analysis, item, growth)))
+        found.append(dataclasses.replace(item, message=_ended_message(analysis, item, growth, cut.pid in logged_pids)))
     return found
 
 
@@ -120,10 +121,15 @@ def _sizes_text(sizes: list[SizeCount], blocks: int) -> str:
     return named + (f" and {rest:,} smaller" if rest > 0 and named else "")
 
 
-def _ended_message(analysis: Analysis, item: EndedInside, growth) -> str:
+def _ended_message(analysis: Analysis, item: EndedInside, growth, logged: bool) -> str:
     who = analysis.process_label(item.pid)
     where = item.open_ranges[-1]
     path = f" ({' > '.join(item.open_ranges)})" if len(item.open_ranges) > 1 else ""
+    tail = ("Its logged error says what it asked for and the cap" if logged else
+            f"{ASK_THE_LOG[0].upper()}{ASK_THE_LOG[1:]}")
+    if not analysis.capture.memory_usage_collected:
+        return (f"{who}'s trace ends inside '{where}'{path}, never closed; the capture has no sizes, so what it "
+                f"held then is unknown. {tail}")
     head = (f"{who} ended inside '{where}'{path} without closing it" if item.process_ended
             else f"the capture ended while {who} was inside '{where}'{path}")
     text = f"{head}: its last memory event at {fmt_time(item.last_event_ns)}, {fmt_bytes(item.live_bytes)} live"
@@ -136,7 +142,7 @@ def _ended_message(analysis: Analysis, item: EndedInside, growth) -> str:
     if item.growth_bytes_per_step is not None and growth is not None:
         text += (f"; before it, it grew {fmt_bytes(item.growth_bytes_per_step)} per step (steps "
                  f"{growth.first_step}-{growth.last_step})")
-    return text + f". {ASK_THE_LOG[0].upper()}{ASK_THE_LOG[1:]}"
+    return text + f". {tail}"
 
 
 # --- the log joined with the trace -------------------------------------------------------------
@@ -144,10 +150,10 @@ def _ended_message(analysis: Analysis, item: EndedInside, growth) -> str:
 def join_logged(analysis: Analysis, messages: Sequence[OomMessage]) -> list[LoggedOom]:
     """Each logged error with its process, the trace's side of it and its verdict."""
     pids = {p.pid for p in analysis.capture.processes}
-    memory_pids = sorted({g.pid for g in analysis.groups if g.kind in GPU_RESIDENT_KINDS})
+    memory_pids = sorted({g.pid for g in analysis.groups if g.kind in GPU_RESIDENT_KINDS}
+                         or {p.pid for p in analysis.capture.processes})  # without sizes: the processes
     oom = analysis.oom
-    died = sorted({o.release.pid for o in oom.allocator_ooms} | {e.pid for e in oom.ended_inside}
-                  | {c.pid for c in oom.cut_short if c.open_ranges})
+    died = sorted({o.release.pid for o in oom.allocator_ooms} | {c.pid for c in oom.cut_short if c.open_ranges})
     found = []
     for m in messages:
         if m.pid is not None and m.pid in pids:
@@ -244,7 +250,7 @@ def _logged_message(analysis: Analysis, m: LoggedOom, cap_from_trace: bool) -> s
     text += ". " + _verdict_sentence(m, held, cap_from_trace)
     if m.trace_reserved_bytes is not None and m.matched_pid is not None:
         text += f". The trace shows its allocator holding {exact_bytes(m.trace_reserved_bytes)}"
-        ended = next((e for e in analysis.oom.ended_inside if e.pid == m.matched_pid), None)
+        ended = next((c for c in analysis.oom.cut_short if c.pid == m.matched_pid and c.open_ranges), None)
         gave_up = next((o for o in analysis.oom.allocator_ooms if o.release.pid == m.matched_pid), None)
         if gave_up is not None:
             text += (f" after it freed its cache at {fmt_time(gave_up.release.start_ns)}"
@@ -268,10 +274,12 @@ def _verdict_sentence(m: LoggedOom, held: Optional[int], cap_from_trace: bool) -
     if m.verdict == "over_cap":
         what = ("its preallocated pool (XLA_PYTHON_CLIENT_MEM_FRACTION)" if m.framework == "xla"
                 else "allowed (set_per_process_memory_fraction)")
-        if cap_from_trace:
-            what = "preallocated at start (the trace's block; XLA_PYTHON_CLIENT_MEM_FRACTION sets it)"
-        return (f"Over the cap: {exact_bytes(held)} held + {exact_bytes(request)} asked = "
-                f"{exact_bytes((held or 0) + (request or 0))}, more than the {exact_bytes(m.cap_bytes)} {what}; "
+        if m.framework == "xla":
+            what = ("its allocator may use (the block the trace shows it preallocated)" if cap_from_trace else
+                    "its allocator may use (XLA's memory limit, the XLA_PYTHON_CLIENT_MEM_FRACTION share)")
+        asked = (f"{exact_bytes(held)} held + {exact_bytes(request)} asked = {exact_bytes(held + (request or 0))}"
+                 if held is not None else f"{exact_bytes(request)} asked")
+        return (f"Over the cap: {asked}, more than the {exact_bytes(m.cap_bytes)} {what}; "
                 "the request was refused without asking the driver")
     if m.verdict == "other_process":
         return (f"Another process: the GPU had {exact_bytes(m.free_bytes)} free of {exact_bytes(m.total_bytes)}, "
