@@ -164,3 +164,17 @@ def test_a_step_whose_first_launches_are_swapped_is_still_a_step():
     again = find_iterations(launches.assign(token=tokens), names, [626])[626]
     assert again.spans["start_ns"].tolist() == found.spans["start_ns"].tolist()
     assert (again.same, again.confidence) == (5, "medium")
+
+
+def test_phases_of_kernel_steps_are_the_nvtx_phases(bare):
+    # the autograd thread's launches tell the backward pass apart, the optimizer's kernels what follows
+    def costs(analysis, family):
+        return {p.path.split(" > ")[-1]: (p.instances, p.start_live_median_bytes, p.rise_median_bytes,
+                                          p.rise_max_bytes, p.net_median_bytes, p.net_min_bytes, p.net_max_bytes)
+                for p in analysis.phases if p.path.startswith(f"{family} > ")}
+
+    inferred = costs(bare["torch_leak_v25"], "iteration N")
+    assert set(inferred) == {"forward", "backward", "optimizer"}
+    assert inferred == costs(analysis_of("torch_leak_v25"), "step N")
+    # an evaluation launches from one thread: no phase can be told apart
+    assert not [p for p in analysis_of("torch_nonvtx_leak_v25").phases if " > " in p.path]

@@ -29,6 +29,7 @@ from .ranks import assign_ranks
 from .ranges import range_stats
 from .sites import rank_sites
 from .stacks import referenced_stacks
+from .iteration_phases import with_iteration_phases
 from .iterations import find_iterations, iteration_pids, with_iterations
 from .steps import find_step_ranges, listed, live_series, memory_threads, step_diagnostics, step_table
 from .growth import growth_diagnostics, judge_all
@@ -173,7 +174,8 @@ def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, gpu_of,
         find_iterations(loaded.launches, loaded.launch_names, iteration_pids(threads, found))
     steps = step_table(loaded.events, series, with_iterations(found, iterations), gpu_of, end_ns,
                        "step-range" if step_range is not None else "nvtx", loaded.last_cuda_call_ns, iterations)
-    phases = phase_costs(series, loaded.ranges, threads, steps, gpu_of, end_ns)
+    phases = phase_costs(series, with_iteration_phases(loaded.ranges, [it.phases for it in iterations.values()]),
+                         threads, steps, gpu_of, end_ns)
     spikes = find_spikes(loaded.events, series, innermost_ranges(loaded.ranges, threads, end_ns), gpu_of,
                          spike_window_ns)
     return steps, step_diagnostics(series, steps, not loaded.ranges.empty, loaded.quick, step_range), phases, spikes

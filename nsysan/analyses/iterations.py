@@ -30,6 +30,7 @@ Everything is numpy over integer codes: a million launches take well under a sec
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -37,7 +38,9 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from ..events.columns import empty_ranges
 from ..events.read_launches import KERNEL, SYNC
+from .iteration_phases import iteration_phases
 
 MIN_STEPS = 3
 CANDIDATES = 24  # periods scored, the most frequent distances
@@ -59,6 +62,7 @@ class Iterations:
     same: int  # steps that are the repeating sequence exactly
     confidence: str  # high | medium | low
     how: str  # the sentence that says how they were found
+    phases: pd.DataFrame = dataclasses.field(default_factory=empty_ranges)  # iteration_phases' ranges
 
 
 def iteration_pids(threads: np.ndarray, found: dict) -> list[int]:
@@ -83,20 +87,22 @@ def find_iterations(launches: pd.DataFrame, names: dict[int, str], pids: list[in
         mine = launches[pid_column == pid]
         if len(mine) < 2 * MIN_STEPS:
             continue
-        got = _iterations(pd.factorize(mine["token"])[0].astype("int64"), mine["ts_ns"].to_numpy(),
-                          mine["end_ns"].to_numpy(), mine["kind"].to_numpy(),
-                          np.array([bool(OPTIMIZER.search(names.get(t, ""))) for t in pd.unique(mine["token"])]))
+        codes = pd.factorize(mine["token"])[0].astype("int64")
+        optimizer = np.array([bool(OPTIMIZER.search(names.get(t, ""))) for t in pd.unique(mine["token"])])[codes]
+        got = _iterations(codes, mine["ts_ns"].to_numpy(), mine["end_ns"].to_numpy(), mine["kind"].to_numpy(),
+                          optimizer)
         if got is not None:
-            found[int(pid)] = got
+            found[int(pid)] = dataclasses.replace(got, phases=iteration_phases(
+                int(pid), got.spans, mine, optimizer & (mine["kind"].to_numpy() == KERNEL)))
     return found
 
 
 def _iterations(codes: np.ndarray, starts: np.ndarray, ends: np.ndarray, kind: np.ndarray,
-                optimizer_code: np.ndarray) -> Optional[Iterations]:
+                optimizer: np.ndarray) -> Optional[Iterations]:
     period, region = _period(codes)
     if period is None:
         return None
-    first = _first_launch(codes, starts, ends, kind, optimizer_code[codes], period, region)
+    first = _first_launch(codes, starts, ends, kind, optimizer, period, region)
     starts_at = _step_starts(codes, first, period, region)
     if len(starts_at) < MIN_STEPS:
         return None

@@ -63,10 +63,12 @@ def phase_costs(series: list[LiveSeries], ranges: pd.DataFrame, memory_threads: 
 
 
 def phase_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray) -> np.ndarray:
-    """Which ranges can be phases: those on a thread that makes memory calls, never left open
-    (OPEN_END; the capture's end closes no phase either, which phase_costs checks)."""
+    """Which ranges can be phases: those on a thread that makes memory calls (any thread of a
+    process that makes none: a capture begun after warm-up, steps.find_step_ranges), never left
+    open (OPEN_END; the capture's end closes no phase either, which phase_costs checks)."""
     keys = thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy())
-    return (ranges["end_ns"].to_numpy() < OPEN_END) & np.isin(keys, memory_threads)
+    return (ranges["end_ns"].to_numpy() < OPEN_END) & (
+        np.isin(keys, memory_threads) | ~np.isin(ranges["pid"].to_numpy(), memory_threads >> 24))
 
 
 def phases_of(pid: int, device: int, gpu, paths: np.ndarray, starts: np.ndarray, start_live: np.ndarray,

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import StepSeries
+from .iteration_phases import with_iteration_phases
 from .iterations import find_iterations, iteration_pids, with_iterations
 from .phases import phase_ranges, phases_of, range_paths, ranked
 from .steps import OPEN_END, STEP_KINDS, find_step_ranges, holders_by_step, step_series, step_spans
@@ -37,10 +38,12 @@ class StepWindows:
         """`launches`: read_launches() of the processes whose NVTX ranges give no steps (none with
         --step-range), whose steps the kernels then give; `found`: find_step_ranges' steps, when
         already found."""
-        self.look, self.ranges = look, ranges
+        self.look = look
         found = found if found is not None else find_step_ranges(ranges, threads, step_range)
         self.iterations = find_iterations(*launches, iteration_pids(threads, found)) if launches is not None else {}
         self.found = with_iterations(found, self.iterations)
+        # the phases' ranges: the NVTX ranges and those of the kernel steps' phases
+        self.ranges = ranges = with_iteration_phases(ranges, [it.phases for it in self.iterations.values()])
         self.phase_rows = np.flatnonzero(phase_ranges(ranges, threads)) if not ranges.empty else np.zeros(0, "int64")
         self.phase_pid = ranges["pid"].to_numpy()[self.phase_rows] if len(self.phase_rows) else np.zeros(0, "int64")
         self.windows = Windows()

@@ -30,11 +30,11 @@ LAUNCH_APIS = frozenset({
 # kind of each row: a kernel launch, a synchronization (the host waits for the GPU: a step's end
 # when it reads its loss), or a copy
 KERNEL, SYNC, COPY = 0, 1, 2
-LAUNCH_COLUMNS = ["pid", "ts_ns", "end_ns", "token", "kind"]  # token: StringIds id of the kernel or API name
+LAUNCH_COLUMNS = ["pid", "tid", "ts_ns", "end_ns", "token", "kind"]  # token: StringIds id of the kernel or API name
 
 
 def empty_launches() -> pd.DataFrame:
-    return pd.DataFrame({"pid": pd.Series(dtype="int32"), "ts_ns": pd.Series(dtype="int64"),
+    return pd.DataFrame({"pid": pd.Series(dtype="int32"), "tid": pd.Series(dtype="int32"), "ts_ns": pd.Series(dtype="int64"),
                          "end_ns": pd.Series(dtype="int64"), "token": pd.Series(dtype="int64"),
                          "kind": pd.Series(dtype="int8")})
 
@@ -84,7 +84,8 @@ def read_launches(conn: sqlite3.Connection, schema: Schema, pids: list[int]) -> 
         named = (at >= 0) & (kind == KERNEL)
         token[named] = kernels["short_name"].to_numpy("int64")[at[named]]
     start = rows["start"].to_numpy("int64") - schema.time_offset_ns
-    launches = pd.DataFrame({"pid": pid, "ts_ns": start,
+    launches = pd.DataFrame({"pid": pid, "tid": (rows["global_tid"].to_numpy("int64") & 0xFFFFFF).astype("int32"),
+                             "ts_ns": start,
                              "end_ns": np.maximum(rows["end"].to_numpy("int64") - schema.time_offset_ns, start),
                              "token": token, "kind": kind})
     launches = launches.sort_values(["pid", "ts_ns"], kind="stable", ignore_index=True)
