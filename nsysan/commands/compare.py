@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Optional
@@ -56,6 +57,10 @@ def _compare(base: Path, new: Path, format: str, output: Optional[Path], top: in
     before = load_or_analyze(base, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
     after = load_or_analyze(new, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
     comparison = compare_analyses(before, after)
+    # Each run named by the file given: a committed baseline by its own name, not by the report it
+    # was made of ("memory-baseline.json → new-baseline.json", not "run.sqlite → run.sqlite").
+    comparison = dataclasses.replace(comparison, base=dataclasses.replace(comparison.base, name=base.name),
+                                     new=dataclasses.replace(comparison.new, name=new.name))
     page = write_comparison(comparison, before, after, output) if output else None
     with to_stdout():
         if format == "json":
