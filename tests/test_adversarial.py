@@ -69,3 +69,121 @@ def test_a_row_moved_far_changes_nothing_and_costs_nothing(case, tmp_path, monke
         low = conn.execute(f"SELECT min(rowid) FROM {table}").fetchone()[0]
         assert len(chunk_grid(conn, table, low, to, 1 << 18)) <= rows // (1 << 18) + 2
     assert seconds < 60  # both analyses; minutes before (a few seconds on an idle machine)
+
+
+# --- adversarial row kinds: one answer on both paths ---------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from builders import PID, make_export  # noqa: E402
+from nsysan.events import stream, stream_calls  # noqa: E402
+
+# Row kinds nsys never writes, each with whether normalize must leave the row out (a bad row).
+# "stamped early": an allocation's free (or any row) stamped before rows written ahead of it;
+# "address 0": every such row at one address, so allocations overlap; device -1 is kept as a
+# device of its own (never merged with device 0), 70000 and 2^40 do not fit a device id.
+ROW_KINDS = {
+    "normal": None, "negative size": True, "size over 1 PiB": True, "text size": True, "size 0": False,
+    "stamped early": False, "stamped at 0": False, "address 0": False, "device -1": False,
+    "device 70000": True, "device 2^40": True, "start 2^63-1": True, "start -2^63": True,
+    "start 2^62": True, "text start": True, "same time as the last": False,
+}
+
+
+def adversarial_rows(kinds: list[str], frees: list[bool]) -> tuple[list[tuple], list[tuple], int]:
+    """Memory rows (and their API calls) of allocations and frees, each altered by its kind;
+    returns them and how many are bad rows."""
+    memory, calls, live, bad = [], [], [], 0
+    t = 1000
+    for i, (kind, free) in enumerate(zip(kinds, frees)):
+        t += 0 if kind == "same time as the last" else 1000
+        corr = 10 + i
+        if free and live:
+            address, size = live.pop(0)
+            op = 1
+        else:
+            address, size, op = 0x100000 * (i + 1), (i % 4 + 1) << 20, 0
+            live.append((address, size))
+        row = [t, address, size, op, corr, 2, PID, 0]
+        field, value = {"negative size": (2, -size), "size over 1 PiB": (2, 2**50 + 1), "text size": (2, "big"),
+                        "size 0": (2, 0), "stamped early": (0, max(t - 5000, 1)), "stamped at 0": (0, 0),
+                        "address 0": (1, 0), "device -1": (7, -1), "device 70000": (7, 70000),
+                        "device 2^40": (7, 2**40), "start 2^63-1": (0, 2**63 - 1), "start -2^63": (0, -2**63),
+                        "start 2^62": (0, 2**62), "text start": (0, "soon")}.get(kind, (None, None))
+        if field is not None:
+            row[field] = value
+        bad += bool(ROW_KINDS[kind])
+        memory.append(tuple(row))
+        calls.append((t, t + 5, "cudaFree_v3020" if op else "cudaMalloc_v3020", corr))
+    return memory, calls, bad
+
+
+def both_paths(path: Path, quick: bool, chunk: int) -> tuple[dict, dict]:
+    """The document of `path` from the whole frame, and streamed in batches of `chunk` rowids."""
+    whole = json.loads(render_json(pipeline.analyze_report(path, keep_events=True, quick=quick)))
+    saved = pipeline.STREAM_QUICK_FROM_ROWS, stream.CHUNK_ROWIDS, stream_calls.CALL_CHUNK_ROWIDS
+    pipeline.STREAM_QUICK_FROM_ROWS, stream.CHUNK_ROWIDS, stream_calls.CALL_CHUNK_ROWIDS = 1, chunk, chunk
+    try:
+        streamed = json.loads(render_json(pipeline.analyze_report(path, keep_events=False, quick=quick)))
+    finally:
+        pipeline.STREAM_QUICK_FROM_ROWS, stream.CHUNK_ROWIDS, stream_calls.CALL_CHUNK_ROWIDS = saved
+    return whole, streamed
+
+
+def assert_one_answer(whole: dict, streamed: dict, bad: int) -> None:
+    assert without_source(streamed) == without_source(whole)
+    for peak in whole["peaks"]:  # "live at the peak" holds what was allocated by then, and not yet freed
+        for allocation in peak["live_at_peak"]:
+            assert allocation["alloc_time_ns"] <= peak["peak_time_ns"]
+    said = [d["message"] for d in whole["diagnostics"] if d["code"] == "bad_memory_rows"
+            and "missing or impossible values" in d["message"]]
+    assert said == ([f"{bad} memory events had missing or impossible values (unknown operation, size below 0 or "
+                     "above 1 PiB, NULL time or address, time beyond ±2^61 ns, device id beyond 32767) and were "
+                     "left out"] if bad else [])
+
+
+@pytest.mark.slow  # 25 tables, each analyzed 2 ways: about 5 CPU s
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(st.sampled_from(sorted(ROW_KINDS)), min_size=1, max_size=24),
+       frees=st.lists(st.booleans(), min_size=24, max_size=24), chunk=st.sampled_from([1, 2, 3, 7]),
+       quick=st.booleans())
+def test_adversarial_rows_give_one_answer_on_both_paths(kinds, frees, chunk, quick, tmp_path_factory):
+    """Hypothesis over the row kinds (not only over shuffles): the whole frame and the streamed
+    batches give one document, name the bad rows alike, and list at a peak nothing made after it."""
+    memory, calls, bad = adversarial_rows(kinds, frees)
+    path = make_export(tmp_path_factory.mktemp("rows") / "rows.sqlite", memory=memory, calls=calls)
+    whole, streamed = both_paths(path, quick, chunk)
+    assert_one_answer(whole, streamed, bad)
+
+
+NAMED = {
+    # every memory row bad: the streamed path crashed (exit 3) where the whole frame says so
+    "every row bad": (["negative size", "text start", "device 70000", "start 2^63-1"], [False] * 4, 4),
+    # an allocation at an address another takes later, made after the peak, was listed at it
+    "address 0 after the peak": (["normal", "normal", "normal", "normal", "address 0", "address 0", "normal",
+                                  "address 0"], [False, False, False, True, True, False, True, False], 0),
+    # |-2^63| wraps to -2^63 in int64: the row was kept, and overflowed the streamed timeline
+    "start -2^63": (["normal", "start -2^63", "normal", "normal"], [False, False, True, False], 1),
+    # device -1 was listed as device 65535 by the whole frame, -1 by the streamed path
+    "device -1": (["normal", "device -1", "normal"], [False, False, True], 0),
+    # a trailing row without a usable start, after rows out of time order, was never read when streamed
+    "text start last, rows out of order": (["normal", "start -2^63", "normal", "text start"],
+                                           [False, False, False, False], 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NAMED))
+@pytest.mark.parametrize("quick", [True, False], ids=["quick", "full"])
+def test_named_adversarial_tables(case, quick, tmp_path):
+    kinds, frees, bad = NAMED[case]
+    memory, calls, counted = adversarial_rows(kinds, frees)
+    assert counted == bad
+    whole, streamed = both_paths(make_export(tmp_path / "rows.sqlite", memory=memory, calls=calls), quick, 2)
+    assert_one_answer(whole, streamed, bad)
+    if case == "device -1":
+        assert whole["capture"]["processes"][0]["devices"] == [-1, 0]
+        assert sorted(g["device"] for g in whole["groups"]) == [-1, 0]  # its own group, never merged into 0
+    if case == "every row bad":
+        assert whole["peaks"] == [] and whole["never_freed"] == []

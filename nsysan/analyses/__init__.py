@@ -216,7 +216,9 @@ def _capture(schema: Schema, events: pd.DataFrame, thread_pairs: np.ndarray, ran
     device_pairs = distinct_pairs(events["pid"].to_numpy(), events["device"].to_numpy(), 16, 0xFFFF)
     devices: dict[int, list[int]] = {}
     for pair in device_pairs.tolist():
-        devices.setdefault(pair >> 16, []).append(pair & 0xFFFF)
+        device = pair & 0xFFFF
+        # the device is packed as 16 bits: device -1 (left in the events, not merged) comes back as 65535
+        devices.setdefault(pair >> 16, []).append(device - 0x10000 if device & 0x8000 else device)
     threads: dict[int, int] = {}
     for pair in thread_pairs.tolist():
         threads[pair >> 24] = threads.get(pair >> 24, 0) + 1

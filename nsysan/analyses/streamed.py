@@ -125,7 +125,8 @@ class FirstLook:
     moved: float = 0.0
     last_moving_ts: Optional[int] = None
     allocations: int = 0
-    largest: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # with its columns from the start: when every memory row is bad, no batch ever comes to add any
+    largest: pd.DataFrame = field(default_factory=lambda: no_rows())
     closed: list = field(default_factory=list)  # allocations never to be freed, largest kept
     closed_groups: list = field(default_factory=list)
     big_blocks: list = field(default_factory=list)
@@ -291,6 +292,12 @@ def _running_min_per_cell(values: np.ndarray, cell: np.ndarray, starts: np.ndarr
     for a, z in zip(starts.tolist(), np.append(starts[1:], len(cell)).tolist()):  # one per cell
         low[a:z] = np.minimum.accumulate(values[a:z])
     return low
+
+
+def no_rows() -> pd.DataFrame:
+    """_rows of no row: the columns, empty."""
+    return pd.DataFrame({c: np.zeros(0, "uint64" if c == "address" else "int64")
+                         for c in ("seq", "ts", "pid", "device", "kind", "address", "bytes")})
 
 
 def _rows(b: EventBatch, rows: np.ndarray) -> pd.DataFrame:

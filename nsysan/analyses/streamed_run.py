@@ -30,7 +30,7 @@ from .allocator import find_preallocations
 from .sites import call_site
 from .spikes import MAX_PARTS, TOP, _distinct
 from .steps import step_diagnostics
-from .streamed import FirstLook, pair_key
+from .streamed import FirstLook, no_rows, pair_key
 from .streamed_second import PeakSeries, SecondLook, SpikeWatch
 from .streamed_pools import PoolSeries, PoolSums
 from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
@@ -85,7 +85,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     def label(pid: int) -> str:
         return labels.get(pid) or f"process {pid}"
 
-    blocks = described.frame(pd.concat(first.big_blocks, ignore_index=True) if first.big_blocks else _no_rows())
+    blocks = described.frame(pd.concat(first.big_blocks, ignore_index=True) if first.big_blocks else no_rows())
     preallocations = find_preallocations(blocks, described.ranges, gpu_of, total_memory, label)
     oom = OutOfMemory(failures=[], failed_count=0, probes=[], allocator_ooms=[], cache_flushes=[],
                       cut_short=_cut_short(first, second, end_ns))
@@ -180,16 +180,11 @@ def _pair(key: int) -> tuple[int, int]:
     return key >> 16, (key & 0xFFFF) - 0x10000 if key & 0x8000 else key & 0xFFFF
 
 
-def _no_rows() -> pd.DataFrame:
-    return pd.DataFrame({c: np.zeros(0, "uint64" if c == "address" else "int64")
-                         for c in ("seq", "ts", "pid", "device", "kind", "address", "bytes")})
-
-
 def _mini(rows: pd.DataFrame, kinds: list[str]) -> pd.DataFrame:
     """Allocation rows as a small events frame (EVENT_COLUMNS of a quick load), for the analyses
     that look at a few rows only (allocation groups, what made a peak, big blocks)."""
     if rows.empty:
-        rows = _no_rows()
+        rows = no_rows()
     n = len(rows)
     blank = pd.Categorical.from_codes(np.zeros(n, "int8"), categories=[""])
     kind = rows["kind"].to_numpy().astype("int64")
@@ -313,7 +308,7 @@ def _group_summaries(first: FirstLook, final: pd.DataFrame, kinds: list[str], gp
 def _never_freed(first: FirstLook, final: pd.DataFrame, kinds: list[str]) -> pd.DataFrame:
     """Every allocation never freed (static memory excluded), largest first (never_freed_rows)."""
     leaks = final[~final["kind"].isin([kinds.index(k) for k in ("static", "managed_static")]).to_numpy()] \
-        if not final.empty else _no_rows()
+        if not final.empty else no_rows()
     frame = pd.concat(first.closed_groups + [leaks], ignore_index=True)
     return frame.sort_values(["bytes", "ts", "seq"], ascending=[False, True, True], kind="stable",
                              ignore_index=True)

@@ -230,7 +230,10 @@ class SecondLook:
                           ([pd.DataFrame(b.closed)] if len(b.closed.get("seq", [])) else []) + [_rows(b, allocs)],
                           ignore_index=True)
         freed = b.partner_seq[(b.partner_seq >= 0) & (b.seq <= seq)]
-        keep = ~frame["seq"].isin(freed).to_numpy() & frame["kind"].isin(RESIDENT).to_numpy() \
+        # this batch's closed allocations (never to be freed: another allocation took their
+        # address) include those made after `seq`, which were not live at it
+        keep = (frame["seq"].to_numpy() <= seq) & ~frame["seq"].isin(freed).to_numpy() \
+            & frame["kind"].isin(RESIDENT).to_numpy() \
             & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members)
         return frame[keep].drop_duplicates("seq").sort_values("seq", ignore_index=True)
 

@@ -55,7 +55,7 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
     if schema.time_offset_ns:  # |shift| < 2^62 (schema.py): clipped at ±2^62, the difference can't wrap
         bad |= np.abs(np.clip(ts, -2**62, 2**62) - schema.time_offset_ns) > 2**61
     else:
-        bad |= np.abs(ts) > 2**61
+        bad |= (ts > 2**61) | (ts < -2**61)  # not np.abs: |-2^63| wraps to -2^63
     bad |= (device < -1) | (device > np.iinfo("int16").max)
     device = np.clip(device, -1, np.iinfo("int16").max).astype("int16")  # only left-out rows change
     address, address_bad = take("address")

@@ -237,25 +237,29 @@ def memory_sorted_runs(conn: sqlite3.Connection, chunk_rowids: int, most: int) -
     """The memory table as rowid ranges whose rows are in time order (`start` never decreasing),
     read a chunk of (rowid, start) at a time; None when there are more than `most` of them."""
     runs: list[tuple[int, int]] = []
-    run_start, last_rowid, last_start = None, None, None
+    run_start, last_rowid, last_start, first_rowid = None, None, None, None
     for chunk in read_chunks(conn, MEMORY_TABLE, "rowid, start", ["rowid", "start"], chunk_rowids):
         if chunk.empty:
             continue
         rowid = int_column(chunk, "rowid")
+        # The runs cover every row, those without a start too (first and last included): a row
+        # left out of them would never be read, nor counted among the bad rows.
+        first_rowid = int(rowid[0]) if first_rowid is None else first_rowid
+        last_rowid = int(rowid[-1])
         start = ints(chunk, "start")
         known = ~start.isna().to_numpy()  # a NULL start is a bad row: it breaks no order
         rowid, start = rowid[known], start.to_numpy(dtype="int64", na_value=0)[known]
         if not len(rowid):
             continue
         if run_start is None:
-            run_start = int(rowid[0])
+            run_start = first_rowid
         previous = np.concatenate([[last_start if last_start is not None else start[0]], start[:-1]])
         for at in np.flatnonzero(start < previous).tolist():  # a new run begins
             runs.append((run_start, int(rowid[at]) - 1))
             run_start = int(rowid[at])
             if len(runs) >= most:
                 return None
-        last_rowid, last_start = int(rowid[-1]), int(start[-1])
+        last_start = int(start[-1])
     if run_start is not None:
         runs.append((run_start, last_rowid))
     return runs

@@ -337,7 +337,7 @@ class EventFlow:
         if schema.time_offset_ns:
             bad |= np.abs(np.clip(ts, -2**62, 2**62) - schema.time_offset_ns) > 2**61
         else:
-            bad |= np.abs(ts) > 2**61
+            bad |= (ts > 2**61) | (ts < -2**61)  # not np.abs: |-2^63| wraps to -2^63
         bad |= (device < -1) | (device > np.iinfo("int16").max)
         kind_id, kind_null = _ints_and_nulls(raw, "mem_kind")
         correlation, correlation_null = _ints_and_nulls(raw, "correlation_id")
