@@ -77,6 +77,11 @@ _XLA_STATS = {"limit": re.compile(r"\bLimit:\s+(\d+)\b"), "in_use": re.compile(r
 # limit (7505707008)" (jax_oom_v25). Used as the cap when the BFC statistics are not printed.
 _XLA_BASE_LIMIT = re.compile(r"exceeds the base limit \((\d+)\)")
 _PID = re.compile(r"\bpid[=: ]\s*(\d+)\b", re.I)
+# glog's prefix (XLA, TensorFlow): "W1201 21:21:45.914516     559 bfc_allocator.cc:598]", the
+# number being the thread's id, the process's own for its main thread
+_GLOG_THREAD = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+(\d+) ")
+# torchrun's prefix of each line of a rank ("[rank1]: torch.OutOfMemoryError: ...")
+_RANK = re.compile(r"\[rank(\d+)\]")
 
 
 @dataclass
@@ -88,6 +93,8 @@ class OomMessage:
     framework: str  # pytorch | xla
     wording: str  # pytorch_2 | pytorch_1 | xla_bfc | xla
     pid: Optional[int] = None
+    thread: Optional[int] = None  # glog's thread id on the line (the pid when it is the main thread)
+    rank: Optional[int] = None  # torchrun's [rankN] prefix
     device: Optional[int] = None
     request_bytes: Optional[int] = None
     cap_bytes: Optional[int] = None
@@ -165,7 +172,7 @@ def _scan(name: str, lines: Iterator[str]) -> list[OomMessage]:
                 pending, window = None, []
         torch = _TORCH.search(line)
         if torch is not None and len(found) < MAX_MESSAGES:
-            found.append(_pytorch(name, number, line[torch.start():], _pid(line)))
+            found.append(_where(_pytorch(name, number, line[torch.start():], _pid(line)), line))
             continue
         if _XLA.search(line) and "not a failure" not in line and len(found) < MAX_MESSAGES:
             xla = _xla(name, number, line)
@@ -174,6 +181,7 @@ def _scan(name: str, lines: Iterator[str]) -> list[OomMessage]:
                 found[-1].pid = found[-1].pid if found[-1].pid is not None else xla.pid
             elif xla is not None:
                 xla.cap_bytes = base_limit
+                _where(xla, line)
                 if pending is not None:
                     _xla_stats(pending, window)
                 pending, window = xla, []
@@ -197,6 +205,14 @@ def _bytes(value: str, unit: str) -> int:
 def _size(pattern: re.Pattern, text: str, group: int = 1) -> Optional[int]:
     match = pattern.search(text)
     return _bytes(match.group(group), match.group(group + 1)) if match else None
+
+
+def _where(message: OomMessage, line: str) -> OomMessage:
+    """The message with the thread and rank its line names."""
+    thread, rank = _GLOG_THREAD.match(line), _RANK.search(line)
+    message.thread = int(thread.group(1)) if thread else None
+    message.rank = int(rank.group(1)) if rank else None
+    return message
 
 
 def _pid(line: str) -> Optional[int]:

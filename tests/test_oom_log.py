@@ -406,9 +406,21 @@ def test_jax_oom_joined_with_its_resource_exhausted_error():
     analysis = nsysan.analyze(FIXTURES / "jax_oom_v25.sqlite", log=FIXTURES / "jax_oom_v25.stderr.txt")
     (m,) = analysis.oom.logged  # the BFC warning and the RESOURCE_EXHAUSTED exception are one error
     assert (m.framework, m.request_bytes, m.cap_bytes, m.device) == ("xla", request, limit, 0)
-    assert m.verdict == "over_cap" and m.matched_pid is not None
+    # glog's thread id on the BFC line is the main thread's: the process's pid
+    assert m.verdict == "over_cap" and (m.matched_pid, m.matched_by) == (analysis.oom.cut_short[0].pid, "pid")
     assert "XLA's allocator" in m.message and "PyTorch" not in m.message
     (ended,) = analysis.oom.ended_inside
     assert "the capture has no sizes" in ended.message and "0 B live" not in ended.message
     text = " ".join(a.message for a in analysis.answers) + " ".join(d.message for d in analysis.diagnostics)
     assert "PyTorch's caching allocator" not in text and "(PyTorch) process" not in text
+
+
+def test_a_ranks_error_joins_that_rank(tmp_path):
+    """torchrun prefixes each line of a rank with [rankN]: on ddp_leak_v25 rank 1 is process 2147."""
+    log = tmp_path / "train.log"
+    log.write_text("[rank0]: step 7 done\n[rank1]: " + WORDINGS["pytorch_2_other"] + "\n")
+    analysis = nsysan.analyze(FIXTURES / "ddp_leak_v25.sqlite", log=log)
+    (m,) = analysis.oom.logged
+    rank1 = next(p.pid for p in analysis.capture.processes if p.rank == 1)
+    assert (m.matched_pid, m.matched_by) == (rank1, "rank") == (2147, "rank")
+    assert m.message.startswith("train.log line 2: PyTorch's caching allocator of rank 1")

@@ -149,15 +149,23 @@ def _ended_message(analysis: Analysis, item: EndedInside, growth, logged: bool) 
 
 def join_logged(analysis: Analysis, messages: Sequence[OomMessage]) -> list[LoggedOom]:
     """Each logged error with its process, the trace's side of it and its verdict."""
-    pids = {p.pid for p in analysis.capture.processes}
+    oom = analysis.oom
+    # the trace's processes: those with memory calls, and any the OOM verdicts name (a capture
+    # without a memory table lists none, yet its ranges show who was cut short)
+    pids = ({p.pid for p in analysis.capture.processes} | {c.pid for c in oom.cut_short}
+            | {o.release.pid for o in oom.allocator_ooms} | {f.pid for f in oom.failures})
     memory_pids = sorted({g.pid for g in analysis.groups if g.kind in GPU_RESIDENT_KINDS}
                          or {p.pid for p in analysis.capture.processes})  # without sizes: the processes
-    oom = analysis.oom
     died = sorted({o.release.pid for o in oom.allocator_ooms} | {c.pid for c in oom.cut_short if c.open_ranges})
     found = []
+    ranks = {p.rank: p.pid for p in analysis.capture.processes if p.rank is not None}
     for m in messages:
         if m.pid is not None and m.pid in pids:
             pid, how = m.pid, "pid"
+        elif m.thread is not None and m.thread in pids:  # glog's thread id: the main thread's is the pid
+            pid, how = m.thread, "pid"
+        elif m.rank is not None and m.rank in ranks:
+            pid, how = ranks[m.rank], "rank"
         elif len(died) == 1:
             pid, how = died[0], "only_death"
         elif len(memory_pids) == 1:
@@ -234,7 +242,7 @@ def exact_bytes(n: Optional[int]) -> str:
 
 def _logged_message(analysis: Analysis, m: LoggedOom, cap_from_trace: bool) -> str:
     who = analysis.process_label(m.matched_pid) if m.matched_pid is not None else "a process of the log"
-    how = {"pid": "", "only_death": " (the only process that died)",
+    how = {"pid": "", "rank": " (its rank, from the line's [rankN])", "only_death": " (the only process that died)",
            "only_process": " (the only process in the trace)", "": " (no process of the trace could be matched)"}
     name = "PyTorch's caching allocator" if m.framework == "pytorch" else "XLA's allocator"
     gpu = f" on GPU {m.device}" if m.device is not None else ""
