@@ -166,8 +166,11 @@ def evaluate_limits(analysis: Analysis, baseline: Optional[Analysis], limits: Li
 
 
 def _no_sizes(analysis: Analysis) -> Optional[str]:
-    """Why a run has no bytes to measure (captured without --cuda-memory-usage), or None."""
-    note = next((d for d in analysis.diagnostics if d.code == "sizes_not_collected"), None)
+    """Why a run has no bytes to measure (captured without --cuda-memory-usage, or with it and no
+    memory event recorded), or None."""
+    note = next((d for d in analysis.diagnostics if d.code in ("sizes_not_collected", "no_memory_events")), None)
+    if note is None and not analysis.capture.memory_usage_collected:
+        return f"{analysis.source.name} has no memory table (allocation sizes were not collected)"
     return f"{analysis.source.name}: {note.message}" if note is not None else None
 
 

@@ -50,6 +50,11 @@ def test_a_capture_without_sizes_is_not_measured(tmp_path, capsys):
     assert (suite.attrib["tests"], suite.attrib["failures"], suite.attrib["errors"]) == ("3", "0", "2")
     errors = [c.find("error") for c in suite.iter("testcase") if c.find("error") is not None]
     assert {e.attrib["type"] for e in errors} == {"not_measured"}
+    # jax_oom_v25: --cuda-memory-usage was on, but nsys's importer failed part-way: no memory table
+    code, out, _ = cli(capsys, "check", fixture("jax_oom_v25"), "--max-peak", "1GiB")
+    assert code == 2 and out.splitlines()[1] == (
+        "  not measured  max-peak: peak not measured: jax_oom_v25.sqlite: --cuda-memory-usage was on, but no memory "
+        "events were recorded (no allocation was traced, or the process ended before nsys flushed them) (all)")
     # allowed: the limit that was measured decides
     code, out, _ = cli(capsys, "check", fixture("known_plain_v25"), "--max-peak", "1GiB", "--no-failed-allocations",
                        "--allow-unmeasured")
