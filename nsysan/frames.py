@@ -43,7 +43,11 @@ RENAMED = {("timeline", "series"): "timeline",
            # a table inside another's rows: (the enclosing table's name, the list's field)
            ("smi_someone_else", "processes"): "smi_other_processes",
            # "sites" is the analysis's own table; a spike's sites are its makers
-           ("spikes", "sites"): "spike_sites"}
+           ("spikes", "sites"): "spike_sites",
+           # the memory nobody can see and CUDA graphs, per process (capture.processes is "processes")
+           ("hidden", "processes"): "hidden", ("hidden", "steps"): "hidden_steps",
+           ("hidden", "libraries"): "hidden_libraries", ("graphs", "processes"): "graphs",
+           ("graphs", "steps"): "graph_steps"}
 # The frames read from the export, kept on the Analysis (never serialized).
 RAW_FRAMES = ("events", "calls", "nvtx_ranges")
 _STRINGS = pd.Series(["text"])

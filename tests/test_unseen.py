@@ -154,3 +154,11 @@ def test_quick_and_old_exports_have_empty_sections(known_mem_v22):
     assert quick.graphs.processes == [] and quick.hidden.processes == []
     # nsys 2022.4: no library loads nor graphs in its API table; the sections are empty, not an error.
     assert known_mem_v22.graphs.processes == [] and known_mem_v22.hidden.processes == []
+
+
+def test_notebook_tables(graphs, libloads):
+    steps = graphs.frame("graph_steps")
+    assert steps["captured_bytes"].tolist() == capture_windows_bytes()
+    assert steps["process_graphs_pid"].unique().tolist() == [1698]
+    assert libloads.frame("hidden_steps")["loads"].tolist() == LOADS_PER_STEP
+    assert libloads.frame("hidden")["unloads"].tolist() == [99]
