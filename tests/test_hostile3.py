@@ -593,6 +593,15 @@ def test_compare_says_what_differs_in_the_captures_instead_of_vanished_and_appea
     assert said in out.splitlines()[0]  # the first line of the terminal says it
 
 
+def test_the_compare_page_says_what_is_not_compared(tmp_path, capsys):
+    plain, mem = document(tmp_path, "known_plain_v25"), document(tmp_path, "known_mem_v25")
+    code, out, err = cli(capsys, "compare", str(plain), str(mem), "-o", str(tmp_path / "page"))
+    assert code == 0, err
+    page = (tmp_path / "page" / "compare.html").read_text()
+    assert 'id="note-sizes_missing"' in page and "was captured without --cuda-memory-usage" in page
+    assert json.loads((tmp_path / "page" / "compare.json").read_text())["notes"][0]["code"] == "sizes_missing"
+
+
 def test_compare_of_captures_made_alike_has_no_note(tmp_path, capsys):
     comparison = nsysan.compare(analysis_of("torch_clean_v25"), analysis_of("torch_leak_v25"))
     assert comparison.notes == [] and any(s.status == "grew" for s in comparison.sites)
