@@ -259,7 +259,10 @@ def capture_notes(base: Analysis, new: Analysis) -> list[CaptureNote]:
         notes.append(CaptureNote("stacks_differ", f"only {stacks[0]} has call stacks, so the runs name their sites "
                                  "differently and sites are not compared; capture both with the same "
                                  "--cudabacktrace"))
-    kinds = [sorted({u.allocator for u in a.reserved.allocators}) for _, a in runs]
+    # A framework's allocator (pytorch_caching, pytorch_expandable, xla_preallocation), and a
+    # stream-ordered pool: PyTorch's cudaMallocAsync backend shows only as the pool it uses.
+    kinds = [sorted({u.allocator for u in a.reserved.allocators} | ({"cudaMallocAsync pool"} if a.reserved.pools
+                                                                      else set())) for _, a in runs]
     if kinds[0] and kinds[1] and kinds[0] != kinds[1]:
         notes.append(CaptureNote("allocators_differ", f"the runs use different allocators ({', '.join(kinds[0])} → "
                                  f"{', '.join(kinds[1])}), so their allocations come from other APIs and sites "

@@ -572,6 +572,8 @@ def test_one_smi_log_as_a_str_is_one_log(capsys):
     ("known_mem_v25", "known_bt_v25", "stacks_differ", "only known_bt_v25.sqlite (new) has call stacks"),
     ("torch_clean_v25", "torch_expandable_v25", "allocators_differ",
      "the runs use different allocators (pytorch_caching → pytorch_expandable)"),
+    ("torch_nonvtx_leak_v25", "torch_async_v25", "allocators_differ",  # PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+     "the runs use different allocators (pytorch_caching → cudaMallocAsync pool)"),
 ])
 def test_compare_says_what_differs_in_the_captures_instead_of_vanished_and_appeared(base, new, code, said,
                                                                                        tmp_path, capsys):
