@@ -42,7 +42,7 @@ class Diagnostic:
 # each; tests/test_hostile3.py checks that the two lists agree). `check --no-warnings` refuses
 # any other: a misspelled code would never match, and the gate would pass what it should stop.
 DIAGNOSTIC_CODES = frozenset({
-    "allocated_before_capture", "allocation_failed", "allocations_without_events", "allocator_oom_suspected",
+    "allocated_before_capture", "allocation_failed", "ended_inside", "oom_log_empty", "oom_logged", "allocations_without_events", "allocator_oom_suspected",
     "bad_memory_rows", "bad_time_shift", "cache_flushes", "caching_allocator", "cuda_trace_incomplete",
     "live_at_capture_start", "long_strings", "memory_growth", "memory_kept_unevenly", "near_capacity", "no_backtraces", "no_cuda_trace",
     "no_memory_events", "no_steps", "not_streamed", "nsys_diagnostic", "nsys_older_than_cuda",
