@@ -149,19 +149,28 @@ def read_oom_log(path: Path) -> list[OomMessage]:
         raise NsysanError(f"--log {name} could not be read ({err.strerror or err})") from None
 
 
-def _lines(handle) -> Iterator[str]:
-    for raw in handle:
-        text = raw[:MAX_LINE].decode("utf-8", "replace")
-        # a progress bar redraws with \r: each redraw is a line of its own
-        yield from text.rstrip("\r\n").split("\r") if "\r" in text.rstrip("\r\n") else (text.rstrip("\r\n"),)
+def _lines(handle) -> Iterator[tuple[int, str]]:
+    """(line number from 1, text) of the file's lines; a line longer than MAX_LINE comes in pieces
+    of one number (readline with a limit: a file without newlines is never read whole), and a
+    progress bar's \r redraws as pieces too."""
+    number = 1
+    while True:
+        raw = handle.readline(MAX_LINE)
+        if not raw:
+            return
+        text = raw.decode("utf-8", "replace").rstrip("\r\n")
+        for piece in text.split("\r"):
+            yield number, piece
+        if raw.endswith(b"\n"):
+            number += 1
 
 
-def _scan(name: str, lines: Iterator[str]) -> list[OomMessage]:
+def _scan(name: str, lines: Iterator[tuple[int, str]]) -> list[OomMessage]:
     found: list[OomMessage] = []
     window: list[str] = []  # the lines after an XLA message's first, where its numbers may follow
     pending: Optional[OomMessage] = None
     base_limit: Optional[int] = None  # XLA's device memory limit, when its scheduler said it
-    for number, line in enumerate(lines, 1):
+    for number, line in lines:
         limit = _XLA_BASE_LIMIT.search(line) if "base limit" in line else None
         if limit is not None:
             base_limit = int(limit.group(1))

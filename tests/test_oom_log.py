@@ -367,6 +367,13 @@ def test_fraction_oom_with_nothing_cached_ended_inside_big_request():
     assert sum(s.bytes * s.count for s in ended.block_sizes) <= ended.live_bytes
     assert [(s.bytes, s.count) for s in ended.block_sizes][0] == (400 * MiB, 3)  # the three steps' 400 MiB
     assert ended.message.startswith(f"process {ended.pid} ended inside 'big request' without closing it")
+    # the growth before it: steps 0-2, each keeping 400 MiB; after step 2 the caching allocator
+    # held the truth's reserved (the rest is cuBLAS's workspace, outside it)
+    steps = [r for r in truth("torch_fraction_oom_v25") if "step" in r]
+    (series,) = analysis.steps
+    (use,) = analysis.reserved.allocators
+    assert series.steps[-1].end_live_bytes - use.outside_end_bytes == steps[-1]["reserved"]
+    assert "before it, steps 0-2 took it from" in ended.message
     assert "if this was an out-of-memory error, its message gives the request and the cap" in ended.message
     assert [a.code for a in analysis.answers if a.topic == "oom"] == ["ended_inside"]
     assert analysis.oom.fatal == [] and all(c.source == "gpu_total" for c in analysis.caps)
@@ -424,3 +431,13 @@ def test_a_ranks_error_joins_that_rank(tmp_path):
     rank1 = next(p.pid for p in analysis.capture.processes if p.rank == 1)
     assert (m.matched_pid, m.matched_by) == (rank1, "rank") == (2147, "rank")
     assert m.message.startswith("train.log line 2: PyTorch's caching allocator of rank 1")
+
+
+def test_a_log_without_newlines_is_read_in_pieces(tmp_path):
+    """20 MiB without a newline, then the error: read MAX_LINE bytes at a time, the error found."""
+    path = tmp_path / "one-line.log"
+    with open(path, "wb") as handle:
+        handle.write(b"x" * (20 << 20) + b"\n")
+        handle.write(LOG.read_bytes())
+    (m,) = read_oom_log(path)
+    assert m.request_bytes == 1536 * MiB and m.line == 1 + logged_numbers()["line"]

@@ -142,7 +142,24 @@ def _ended_message(analysis: Analysis, item: EndedInside, growth, logged: bool) 
     if item.growth_bytes_per_step is not None and growth is not None:
         text += (f"; before it, it grew {fmt_bytes(item.growth_bytes_per_step)} per step (steps "
                  f"{growth.first_step}-{growth.last_step})")
+    else:
+        text += _steps_before(analysis, item)
     return text + f". {tail}"
+
+
+def _steps_before(analysis: Analysis, item: EndedInside) -> str:
+    """What its closed steps did before it ended, when no growth verdict says it (too few steps
+    to judge, or not growing): '; before it, steps 0-2 took it from A to B (+C)'."""
+    series = next((s for s in analysis.steps if s.pid == item.pid and s.device == item.device), None)
+    closed = [step for step in series.steps if step.closed] if series is not None else []
+    if not closed:
+        return ""
+    first, last = closed[0], closed[-1]
+    change = last.end_live_bytes - first.start_live_bytes
+    which = f"step {first.number}" if first is last else f"steps {first.number}-{last.number}"
+    sign = "+" if change >= 0 else ""
+    return (f"; before it, {which} took it from {fmt_bytes(first.start_live_bytes)} to "
+            f"{fmt_bytes(last.end_live_bytes)} ({sign}{fmt_bytes(change)})")
 
 
 # --- the log joined with the trace -------------------------------------------------------------
