@@ -7,16 +7,19 @@ allocations with freed = 0.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import re
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, ROOT, analysis_of, truth
 
+from nsysan.cli import main
 from nsysan.errors import NsysanError
 from nsysan.gate import evaluate_limits
 from nsysan.limits import Amount, Limits, parse_size
@@ -31,8 +34,26 @@ LEAK_GROWTH = [r for r in truth("torch_leak_v25") if "step" in r][-1]["peak_rese
 
 
 def run(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nsysan", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300, env=env)
+    """`nsysan ARGS` in this process, in `cwd` and with `env`, as a CompletedProcess: a subprocess
+    proves nothing more here and costs a Python start and an import each."""
+    out, err = io.StringIO(), io.StringIO()
+    saved_cwd, saved_env = os.getcwd(), dict(os.environ)
+    try:
+        os.chdir(cwd)
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(list(args))
+                code = 0
+            except SystemExit as done:
+                code = done.code
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def fixture(name: str) -> str:
@@ -235,7 +256,7 @@ classname="c" time="0"><failure type="x" message="m">m</failure></testcase><syst
 def test_junit_json_and_markdown_outputs(tmp_path):
     summary = tmp_path / "step-summary.md"
     summary.write_text("earlier steps\n")
-    env = dict(__import__("os").environ, GITHUB_STEP_SUMMARY=str(summary))
+    env = dict(os.environ, GITHUB_STEP_SUMMARY=str(summary))
     result = run("check", fixture("torch_leak_v25"), "--baseline", fixture("torch_clean_v25"),
                  "--max-peak-increase", "10%", "--max-peak", "8GiB", "--junit", str(tmp_path / "junit.xml"),
                  "--json", str(tmp_path / "verdict.json"), "--markdown", str(tmp_path / "check.md"),

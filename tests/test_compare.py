@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, ROOT, analysis_of, truth
+from test_check import run as run_in_process
 
 from nsysan.compare import Comparison, compare_analyses
 from nsysan.model import Analysis
 from nsysan.units import fmt_bytes
 
 
-def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nsysan", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+def run(*args: str) -> subprocess.CompletedProcess:
+    """`nsysan ARGS` in this process, from the project's root (test_check.run)."""
+    return run_in_process(*args, cwd=ROOT)
 
 
 def reserved_peak(name: str) -> int:
