@@ -23,7 +23,7 @@ from rich.text import Text
 
 NUMBER, WORD, NAME = "number", "word", "name"
 # Names are first cut to this many cells before a column is left out; below it a name says too little.
-COMFORTABLE_NAME = 20
+COMFORTABLE_NAME = 24
 # A name's first word longer than this is cut inside the word rather than widen its column further.
 LONGEST_WORD = 30
 ELLIPSIS = "…"
