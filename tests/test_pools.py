@@ -134,3 +134,14 @@ def test_pytorch_cudamallocasync_backend_is_a_pool_with_its_end_reserve():
     render_terminal(analysis, console)
     first = " ".join(console.export_text().split("Peak GPU memory")[0].split())
     assert "a memory pool on GPU 0 reserved up to 3.2 GiB" in first and "3.2 GiB still reserved at the end" in first
+
+
+def test_the_page_says_the_async_backends_pool_kept_its_reserve():
+    from conftest import analysis_of
+
+    from nsysan.render.html import render_html
+
+    page = render_html(analysis_of("torch_async_v25"))
+    verdict = page[page.index('id="verdict-never-freed"'):].split("</li>")[0]
+    assert "Its memory pool on GPU 0 (cudaMallocAsync) still held 3.2 GiB reserved at the end" in verdict
+    assert "empty_cache" not in verdict

@@ -74,6 +74,7 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
         trust_breaking=[d for d in diagnostics if d.code in TRUST_BREAKING],
         other_warnings=[d for d in warnings if d.code not in TRUST_BREAKING],
         caching=any(d.code == "caching_allocator" for d in diagnostics), allocator_names=ALLOCATOR_NAMES,
+        used_pools=[p for p in analysis.reserved.pools if p.peak_used_bytes and p.end_reserved_bytes][:3],
         ranges_in_time_order=sorted(analysis.ranges, key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0)),
         process_names={p.pid: p.name for p in analysis.capture.processes},
         gpus={g.id: g for g in analysis.capture.gpus}, stacks={s.id: s for s in analysis.stacks})
