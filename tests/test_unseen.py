@@ -128,7 +128,11 @@ def test_the_graph_answer_is_on_the_first_screen_and_page(graphs, capsys, tmp_pa
     code, out, _ = cli(capsys, "analyze", str(FIXTURES / "torch_graphs_v25.sqlite"), "-o", str(tmp_path))
     answers = out[out.index("Answers"):out.index("Peak GPU memory")]
     assert code == 0 and "CUDA graphs" in answers and "8 CUDA graphs instantiated" in answers
-    assert 'id="verdict-graphs-1"' in (tmp_path / "report.html").read_text()
+    page = (tmp_path / "report.html").read_text()
+    assert 'id="verdict-graphs-1"' in page and 'id="cuda-graphs"' in page
+    # the page's table of requests: request 7 captured 258.0 MiB and kept 328.0 MiB
+    assert '<td class="text">request 7</td><td class="num">1</td><td class="num">1</td><td class="num">0</td>' \
+           '<td class="num">1</td><td class="num" data-sort="270532608">258.0 MiB</td>' in page
     document = json.loads((tmp_path / "analysis.json").read_text())
     assert document["graphs"]["processes"][0]["captured_bytes"] == 1258291200
 
