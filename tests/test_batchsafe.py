@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, analysis_of
+from test_html import chromium  # noqa: F401 (the fixture)
 from test_documents import cli
 
 from nsysan.batch import database as batch_database
@@ -502,3 +503,50 @@ def test_a_report_and_its_export_in_one_folder_are_one_capture(tmp_path, capsys)
     assert code == 0, err
     assert list(_summary(tmp_path / "out")) == [str(folder / "known_mem_v25.sqlite")]
     assert out.startswith("analyzed 1 of 1 reports")
+
+
+# --- summary.html ------------------------------------------------------------------------------------
+
+
+def test_warnings_are_on_the_process_rows_they_concern(tmp_path, capsys):
+    """ddp_leak_v25: rank 1 grows 64 MiB per step (its truth), so memory_growth is on rank 1's row
+    only; each rank's vmm_without_access names that rank, so each row has its own."""
+    folder = tmp_path / "ddp"
+    folder.mkdir()
+    (folder / "ddp.analysis.json").write_text(render_json(analysis_of("ddp_leak_v25")))
+    code, _, err = cli(capsys, "batch", str(folder), "-o", str(tmp_path / "out"), "-j", "1", "--no-progress")
+    assert code == 0, err
+    rows = {r["process"]: r["warnings"] for r in _summary_rows(tmp_path / "out")}
+    assert rows == {"rank 0": "vmm_without_access", "rank 1": "memory_growth,vmm_without_access"}
+    page = (tmp_path / "out" / "summary.html").read_text()
+    assert '<td class="codes">memory_growth, vmm_without_access</td>' in page  # wraps between codes only
+
+
+def _summary_rows(out: Path) -> list[dict]:
+    import csv
+
+    with open(out / "summary.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+# each cell's text and how many lines it takes (a range's rectangles: one per line box)
+COLUMN_PROBE = """Array.from(document.querySelectorAll('#summary th, #summary td:not(.wrap):not(.codes)'),
+  c => { const r = document.createRange(); r.selectNodeContents(c);
+         return [c.textContent, new Set(Array.from(r.getClientRects(), x => Math.round(x.top))).size]; })"""
+
+
+def test_summary_columns_are_as_wide_as_their_content(tmp_path, capsys, chromium):
+    """A long report path used to squeeze the other columns to a letter or two ("pro/ces/s",
+    "1.2/GiB"): at 800 px every header, name and number cell is one line."""
+    from browser import open_page
+
+    folder = tmp_path / ("a-long-folder-name-" * 6)
+    folder.mkdir()
+    (folder / "ddp_leak_with_a_long_report_name.analysis.json").write_text(render_json(analysis_of("ddp_leak_v25")))
+    assert cli(capsys, "batch", str(folder), "-o", str(tmp_path / "out"), "-j", "1", "--no-progress")[0] == 0
+    page, _ = open_page(tmp_path / "out" / "summary.html", width=800, height=600, evaluate={"cells": COLUMN_PROBE})
+    cells = page.values["cells"]
+    assert [c for c, _ in cells[:10]] == ["report", "status", "process", "GPU", "peak", "at end", "never freed",
+                                         "growth / step", "failed allocs", "warnings"]
+    assert "rank 1" in [c for c, _ in cells] and "64.0 MiB" in [c for c, _ in cells]  # rank 1's growth per step
+    assert all(lines == 1 for text, lines in cells if text), cells

@@ -20,7 +20,7 @@ import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..compare import process_rows
 from ..model import Analysis
@@ -62,6 +62,7 @@ def summary_rows(result: dict[str, Any], analysis: Optional[Analysis]) -> list[S
     if analysis is None:
         return [SummaryRow(status="failed", error=result.get("error") or "", **base)]
     warnings = ",".join(sorted({d.code for d in analysis.diagnostics if d.severity in ("warning", "error")}))
+    of_process = process_warnings(analysis)
     procs = {p.pid: p for p in analysis.capture.processes}
     failed: dict[int, int] = {}
     for call in analysis.failed_calls:
@@ -73,10 +74,29 @@ def summary_rows(result: dict[str, Any], analysis: Optional[Analysis]) -> list[S
                                rank=proc.rank if proc else None, gpu=row.gpu, device=row.device,
                                peak_bytes=row.peak_bytes, end_bytes=row.end_bytes,
                                never_freed_bytes=row.never_freed_bytes, growth_per_step_bytes=row.growth_per_step,
-                               failed_allocations=failed.get(row.pid, 0), warnings=warnings, **base))
+                               failed_allocations=failed.get(row.pid, 0), warnings=of_process(row.pid), **base))
     if not rows:  # no GPU memory seen (sizes not collected, nothing allocated): the report still gets its row
         rows.append(SummaryRow(status="ok", warnings=warnings, failed_allocations=len(analysis.failed_calls), **base))
     return rows
+
+
+def process_warnings(analysis: Analysis) -> Callable[[Optional[int]], str]:
+    """pid -> the codes (comma-separated) of the warnings that concern that process: those whose
+    message names it ("rank 1: ...", "rank 1 (process 2147) on GPU 1 grows ..."), and those that
+    name none of the report's processes (the capture's own). A leak of rank 1 is then on rank 1's
+    row, not on every rank's."""
+    warnings = [d for d in analysis.diagnostics if d.severity in ("warning", "error")]
+    names = {p.pid: [analysis.process_label(p.pid), f"process {p.pid}"] for p in analysis.capture.processes}
+
+    def names_in(message: str) -> set[int]:
+        return {pid for pid, labels in names.items()
+                if any(re.search(rf"(?<![\w-]){re.escape(label)}(?![\w-])", message) for label in labels if label)}
+
+    named = [(d.code, names_in(d.message)) for d in warnings]
+
+    def of(pid: Optional[int]) -> str:
+        return ",".join(sorted({code for code, pids in named if not pids or pid in pids}))
+    return of
 
 
 def render_csv(rows: list[SummaryRow]) -> str:

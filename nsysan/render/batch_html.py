@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 def render_summary_html(batch: "BatchResult") -> str:
     env = _environment()
-    style = env.get_template("compare.css.j2").render()
+    # what the page's <style> holds (both includes), for its hash in the CSP
+    style = env.get_template("compare.css.j2").render() + env.get_template("batch.css.j2").render()
     script = env.get_template("batch.js.j2").render()
     csp = "; ".join(["default-src 'none'", f"style-src '{_sha256(style)}'", f"script-src '{_sha256(script)}'",
                      "base-uri 'none'", "form-action 'none'"])
