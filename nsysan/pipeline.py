@@ -12,6 +12,7 @@ import pandas as pd
 
 from . import export, memory_budget
 from .analyses import run_analyses
+from .analyses.verdict_line import with_verdict
 from .analyses.capture_start import capture_start_diagnostic
 from .analyses.hidden import with_unseen_memory
 from .analyses.iterations import iteration_pids
@@ -112,7 +113,8 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     if loaded is None:  # left to be streamed (see _read)
         streamed, code_calls = _streamed(report, result.sqlite_path, export.resolve_cache_dir(cache_dir), schema,
                                          source, version, step_range, spike_window_ns or DEFAULT_WINDOW_NS, quick)
-        return with_unseen_memory(explain_oom(streamed, messages, [Path(p).name for p in oom_logs]), code_calls)
+        return with_verdict(with_unseen_memory(explain_oom(streamed, messages, [Path(p).name for p in oom_logs]),
+                                               code_calls))
     if keep_events is None:
         keep_events = len(loaded.events) < KEEP_EVENTS_BELOW
     if not keep_events:
@@ -127,7 +129,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     analysis = with_unseen_memory(analysis, code_calls)
     if not keep_events:
         analysis = dataclasses.replace(analysis, events=None, calls=None, nvtx_ranges=None)
-    return analysis
+    return with_verdict(analysis)  # last: it reads the OOM join and every verdict
 
 
 # An analysis streams its events (when it may) from this many rows of the memory table on, and

@@ -90,7 +90,7 @@ def test_the_python_api_takes_it_too():
     analysis = nsysan.analyze("fixtures/known_mem_v25.sqlite", what_if_gpu="1GiB")
     codes = [(a.topic, a.code) for a in analysis.answers]
     # right after the peak and growth answers, before the others
-    assert analysis.what_if.gpus[0].fits and codes[:3] == [("peak", "peak"), ("growth", "memory_kept_unevenly"),
-                                                          ("what-if", "what_if_gpu")]
+    assert analysis.what_if.gpus[0].fits and codes[:4] == [("verdict", "uneven"), ("peak", "peak"),
+                                                          ("growth", "memory_kept_unevenly"), ("what-if", "what_if_gpu")]
     with pytest.raises(nsysan.NsysanError, match="--what-if-gpu"):
         nsysan.analyze("fixtures/known_mem_v25.sqlite", what_if_gpu=0)

@@ -1,0 +1,45 @@
+"""The verdict in one line (issue 29, "the answer on top"): the first answer, the page's headline
+and the terminal's first line say what happened, not the largest number. Each fixture's verdict
+follows from what fixtures/README.md says of the program that made it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import analysis_of, cli
+
+# fixture -> (kind, the sentence's start)
+EXPECTED = {
+    "torch_leak_v25": ("growing", "grows 735.0 MiB per step from cudaMalloc in backward [pt_autograd_0]; full at "
+                                  "step ~193"),
+    "ddp_leak_v25": ("growing", "rank 1 grows 64.0 MiB per step"),
+    "torch_oom_v25": ("out_of_memory", "ran out of memory in 'step 5 > hoard': the allocator gave up with 5.5 GiB live"),
+    "real_oom_v25": ("out_of_memory", "ran out of memory: cudaMalloc failed in 'fill' with 128.0 GiB live on GPU 0 "
+                                      "of 139.8 GiB"),
+    "jax_prealloc_v25": ("preallocated", "XLA preallocated 104.9 GiB (75% of the GPU): the real use is not visible"),
+    "known_mem_v25": ("uneven", "keeps memory in some steps, not every step: 12.0 MiB over steps 1-8"),
+    "known_plain_v25": ("no_sizes", "sizes were not collected"),
+    "torch_clean_v25": ("healthy", "healthy: grew during steps 0-2 (+1.7 GiB), flat since step 2"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_first_answer_is_the_verdict(name):
+    kind, start = EXPECTED[name]
+    first = analysis_of(name).answers[0]
+    assert (first.topic, first.code) == ("verdict", kind)
+    assert first.message.startswith(start), first.message
+    assert first.severity == {"out_of_memory": "error", "healthy": "info", "peak": "info"}.get(kind, "warning")
+
+
+def test_a_healthy_run_never_reads_as_a_leak():
+    """The clean PyTorch run keeps 1.8 GiB of cache to the end: its verdict is healthy, with the peak."""
+    first = analysis_of("torch_clean_v25").answers[0]
+    assert first.message.endswith("; peak 1.8 GiB (1.3% of the GPU)") and "never freed" not in first.message
+
+
+def test_the_terminal_opens_its_answers_with_the_verdict(capsys):
+    code, out, _ = cli(capsys, "analyze", "fixtures/real_oom_v25.sqlite")
+    lines = out.splitlines()
+    assert code == 0 and re.match(r" verdict +ran out of memory: cudaMalloc failed in 'fill'", lines[lines.index("Answers") + 1])
