@@ -43,3 +43,15 @@ def test_the_terminal_opens_its_answers_with_the_verdict(capsys):
     code, out, _ = cli(capsys, "analyze", "fixtures/real_oom_v25.sqlite")
     lines = out.splitlines()
     assert code == 0 and re.match(r" verdict +ran out of memory: cudaMalloc failed in 'fill'", lines[lines.index("Answers") + 1])
+
+
+@pytest.mark.parametrize("name,expected", [("torch_clean_v25", "info"), ("torch_leak_v25", "bad")])
+def test_a_healthy_runs_cache_is_never_a_red_never_freed_line(name, expected):
+    """On the page: the clean run's 1.8 GiB still reserved at exit is PyTorch's cache, drawn as
+    information; the leaking run's never-freed blocks stay red."""
+    from nsysan.render.html import render_html
+
+    page = render_html(analysis_of(name))
+    line = re.search(r'<li class="(\w+)" id="verdict-never-freed">', page)
+    assert line and line.group(1) == expected
+    assert f'id="headline-verdict">{analysis_of(name).answers[0].message}<' in page
