@@ -18,6 +18,7 @@ read (a truncated last line, `[N/A]` values) are skipped and counted for a diagn
 
 from __future__ import annotations
 
+import codecs
 import datetime as dt
 import re
 from dataclasses import dataclass
@@ -111,7 +112,7 @@ def read_smi_log(path: Path, columns: Optional[Sequence[str]] = None, tz: str = 
 
     raw = read_regular(Path(path), f"--smi {name}", MAX_LOG_BYTES)  # never a FIFO or /dev/zero
     # (line number in the file, line): an impossible value is refused naming its line
-    numbered = [(i + 1, line) for i, line in enumerate(raw.decode("utf-8", "replace").splitlines()) if line.strip()]
+    numbered = [(i + 1, line) for i, line in enumerate(_text(raw).splitlines()) if line.strip()]
     lines = [line for _, line in numbered]
     if not lines:
         raise NsysanError(f"--smi {name} is empty; log with nvidia-smi --query-gpu=timestamp,index,uuid,"
@@ -140,6 +141,15 @@ def read_smi_log(path: Path, columns: Optional[Sequence[str]] = None, tz: str = 
     offset = first.astimezone(zone).utcoffset() or dt.timedelta(0)
     return SmiLog(name=name, kind=kind, columns=names, samples=frame, tz=tz,
                   utc_offset_ns=int(offset.total_seconds()) * 10**9, skipped_rows=skipped, skipped_example=example)
+
+
+def _text(raw: bytes) -> str:
+    """A log's text: UTF-8, or UTF-16 when it starts with its byte-order mark (Windows PowerShell's
+    `nvidia-smi ... > gpu.csv` writes UTF-16LE); a UTF-8 byte-order mark (Excel, PowerShell 7's
+    utf8BOM) is dropped. Undecodable bytes become U+FFFD: their rows are skipped and counted."""
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return raw.decode("utf-16", "replace")
+    return raw.decode("utf-8-sig", "replace")
 
 
 def parse_tz(spec: str) -> dt.tzinfo:

@@ -411,6 +411,20 @@ def test_iso_timestamps_with_a_zone_are_read_in_their_zone(zone, hours, tmp_path
     assert logs[0]["aligned"] is True and logs[0]["best_offset_ns"] == -2631910  # as the original log's
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-8-sig"])
+def test_a_log_written_by_windows_powershell_or_excel_is_read(encoding, tmp_path):
+    """Windows PowerShell's `nvidia-smi ... > gpu.csv` writes UTF-16LE with a byte-order mark and
+    CRLF; Excel and PowerShell 7 (utf8BOM) put a UTF-8 byte-order mark ahead of the header."""
+    from nsysan.smi_log import read_smi_log
+
+    log = tmp_path / "gpu.csv"
+    log.write_bytes(GPU_LOG.read_text().replace("\n", "\r\n").encode(encoding))
+    read = read_smi_log(log).samples
+    assert read.equals(read_smi_log(GPU_LOG).samples) and len(read) == 183
+    analysis = nsysan.analyze(FIXTURES / "torch_smi_v25.sqlite", smi=log)
+    assert analysis.smi.logs[0].aligned and analysis.smi.logs[0].best_offset_ns == -2631910
+
+
 SMI_VALUES = {  # case -> (log, line number (1 = header), column index, value, the one line)
     "9e12 MiB used": (GPU_LOG, 6, 3, " 9000000000000 MiB",
                       r"line 6: memory\.used of 9,437,184,000,000,000,000 bytes is more than 1 PiB"),
