@@ -102,7 +102,7 @@ class RangeDelta:
 class CaptureNote:
     """Why some numbers of the two runs are not compared: the runs were captured differently."""
 
-    code: str  # sizes_missing | stacks_differ | allocators_differ
+    code: str  # sizes_missing | quick_analysis | stacks_differ | allocators_differ
     message: str  # one line: which run, what it lacks, what to capture
 
 
@@ -190,7 +190,7 @@ def compare_analyses(base: Analysis, new: Analysis) -> Comparison:
     for role, b, n in pairs:
         deltas.extend(_process_deltas(role, b, n))
     notes = capture_notes(base, new)
-    no_sizes = any(n.code == "sizes_missing" for n in notes)
+    no_sizes = any(n.code in ("sizes_missing", "quick_analysis") for n in notes)  # nor ranges, then
     # Without sizes on one side, a site or range would read as grown from 0 B; with call stacks or
     # an allocator on one side only, the same allocations carry other site names on each side.
     sites, unchanged = ([], 0) if notes else _site_deltas(base, new)
@@ -254,6 +254,10 @@ def capture_notes(base: Analysis, new: Analysis) -> list[CaptureNote]:
         notes.append(CaptureNote("sizes_missing", f"{without[0]} was captured without --cuda-memory-usage, so it "
                                  "has no sizes and no byte of the two runs is compared; capture both with "
                                  "--cuda-memory-usage=true"))
+    quick = [f"{a.source.name} ({side})" for side, a in runs if a.scope == "quick"]
+    if len(quick) == 1:
+        notes.append(CaptureNote("quick_analysis", f"{quick[0]} is a --quick analysis, which reads no sites or NVTX "
+                                 "ranges, so they are not compared; analyze both runs without --quick"))
     stacks = [f"{a.source.name} ({side})" for side, a in runs if a.capture.backtraces]
     if len(stacks) == 1:
         notes.append(CaptureNote("stacks_differ", f"only {stacks[0]} has call stacks, so the runs name their sites "

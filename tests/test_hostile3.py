@@ -609,6 +609,17 @@ def test_compare_says_what_differs_in_the_captures_instead_of_vanished_and_appea
     assert said in out.splitlines()[0]  # the first line of the terminal says it
 
 
+def test_compare_of_a_quick_analysis_with_a_full_one_compares_no_site(tmp_path, capsys):
+    quick = tmp_path / "quick.analysis.json"
+    quick.write_text(render_json(nsysan.analyze(FIXTURES / "known_mem_v25.sqlite", quick=True)))
+    full = document(tmp_path, "known_mem_v25")
+    code, out, err = cli(capsys, "compare", str(quick), str(full), "--format", "json")
+    doc = json.loads(out)
+    # was: "same peak; top new site: cudaMalloc in burst [known] (+512.0 MiB)", every site "appeared"
+    assert [n["code"] for n in doc["notes"]] == ["quick_analysis"] and doc["sites"] == [] and doc["ranges"] == []
+    assert doc["headline"].startswith("same peak; known_mem_v25.sqlite (base) is a --quick analysis")
+
+
 def test_the_compare_page_says_what_is_not_compared(tmp_path, capsys):
     plain, mem = document(tmp_path, "known_plain_v25"), document(tmp_path, "known_mem_v25")
     code, out, err = cli(capsys, "compare", str(plain), str(mem), "-o", str(tmp_path / "page"))
