@@ -32,7 +32,7 @@ def analyze(
     json_dir: Optional[Path] = typer.Option(None, "--json-dir", help="Write <report>.analysis.json per input here."),
     baseline_out: Optional[Path] = typer.Option(None, "--baseline-out", metavar="FILE",
                                                 help="Write the run as a baseline to commit: only what check and "
-                                                "compare read, a few kB (no timeline)."),
+                                                "compare read, tens of kB (no timeline)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report here: report.html, "
                                           "timeline.png, sites.png, analysis.json (DIR/<report name>/ per input "
                                           "when there are several)."),

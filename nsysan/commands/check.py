@@ -49,7 +49,7 @@ def check(
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Write a Markdown summary here."),
     baseline_out: Optional[Path] = typer.Option(None, "--baseline-out", metavar="FILE",
                                                 help="Also write the checked run as a baseline (what check and "
-                                                "compare read, a few kB): the refresh to review and commit."),
+                                                "compare read, tens of kB): the refresh to review and commit."),
     github_summary: bool = typer.Option(False, "--github-summary", help="Append the Markdown summary to "
                                         "$GITHUB_STEP_SUMMARY when it is set."),
     nsys: Optional[Path] = typer.Option(None, "--nsys", help="nsys binary (or its folder) used to export reports."),

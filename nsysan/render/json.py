@@ -67,7 +67,8 @@ def render_baseline(analysis: Analysis) -> str:
     """The run as a baseline to commit: the analysis document with only what `check` and
     `compare` read (peaks, per-kind totals, sites, NVTX ranges, steps and growth, failed calls,
     out-of-memory verdicts, diagnostics), without the timeline, the live sets, the call stacks
-    and the other lists a report page draws; scope "baseline". A few kB, keys sorted, indented:
+    and the other lists a report page draws; scope "baseline". About a tenth of the whole document
+    (19 kB of 333 kB for torch_clean_v25), keys sorted, indented:
     a refreshed baseline reads as a diff of the numbers that moved."""
     from dataclasses import replace
 
