@@ -182,3 +182,18 @@ def test_the_never_freed_heading_is_the_models_total():
     analysis = analysis_of("known_bt_v25")
     assert analysis.never_freed_bytes == 128 * 2**20 + 3 * 4 * 2**20 + 5 * 2**20 + 1000 * 2**10
     assert "Never freed during the capture: 6 allocations, 146.0 MiB" in text_of(80, analysis)
+
+
+def test_names_from_a_profile_stay_inert_in_every_part_of_the_layout():
+    # a console that reads markup and :emoji: codes (as a library user's may): a Sheet's title,
+    # cells and caption, labelled lines and parts print them as they are
+    from nsysan.render.layout import Column, Lines, Parts
+
+    hostile = "[reverse]step:fire: 0[/]"
+    sheet = Sheet(f"Title {hostile}", Column("name", NAME), Column("size"), caption=hostile)
+    sheet.add_row(hostile, "1.0 MiB")
+    console = Console(width=80, file=io.StringIO(), record=True, color_system=None, markup=True, emoji=True)
+    for part in (sheet, Lines([(hostile, hostile)]), Parts([hostile, hostile])):
+        console.print(part)
+    text = console.export_text()
+    assert text.count(hostile) == 7 and "\U0001f525" not in text  # title, cell, caption, label, line, 2 parts

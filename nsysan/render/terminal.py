@@ -140,7 +140,8 @@ def _capture_panel(analysis: Analysis) -> Panel:
     # Each line's names are cut already; a line is cut too (versions come from the export).
     body = Group(*(Parts(line, hanging=0) if isinstance(line, list)
                    else Lines.prose(printable(_short(line, 2 * DISPLAY_CHARS))) for line in lines))
-    return Panel(body, title=_t(f"nsysan · {src.name}{exported}"), title_align="left", box=box.ROUNDED)
+    # Text, not str: rich reads a str title as markup and :emoji: codes
+    return Panel(body, title=Text(_t(f"nsysan · {src.name}{exported}")), title_align="left", box=box.ROUNDED)
 
 
 def _col(header: str, kind: str = NUMBER, drop: int = 0) -> Column:
@@ -249,7 +250,7 @@ def _site_stacks(analysis: Analysis, top: int) -> Group:
         shown += 1
         parts.append(Parts([_t(s.site.label), f"process {s.pid}", f"{stack.source} stack"], indent=2, style="bold"))
         for frame in stack.frames:
-            parts.append(_t(f"    {fmt_frame(frame.function, frame.file, frame.line, frame.module)}"))
+            parts.append(Text(_t(f"    {fmt_frame(frame.function, frame.file, frame.line, frame.module)}")))
     if not shown:
         # how to get them, as the no_backtraces diagnostic says (it knows which flags the capture used)
         advice = next((d.message.split("; ", 1)[-1] for d in analysis.diagnostics if d.code == "no_backtraces"), "")
