@@ -166,3 +166,21 @@ def test_notebook_tables(graphs, libloads):
     assert steps["process_graphs_pid"].unique().tolist() == [1698]
     assert libloads.frame("hidden_steps")["loads"].tolist() == LOADS_PER_STEP
     assert libloads.frame("hidden")["unloads"].tolist() == [99]
+
+
+def test_damaged_graph_calls_are_left_out_not_a_traceback(tmp_path, capsys):
+    """Text where nsys writes a start or an end (a damaged export): those calls are left out, or
+    end where they start; the rest of the section stands."""
+    import shutil
+
+    damaged = tmp_path / "damaged.sqlite"
+    shutil.copy(FIXTURES / "torch_graphs_v25.sqlite", damaged)
+    with sqlite3.connect(damaged) as conn:
+        conn.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = 'x' WHERE nameId IN "
+                     "(SELECT id FROM StringIds WHERE value LIKE 'cudaGraphInstantiate%')")
+        conn.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET \"end\" = 'y' WHERE nameId IN "
+                     "(SELECT id FROM StringIds WHERE value LIKE 'cudaStreamEndCapture%')")
+    code, out, err = cli(capsys, "analyze", str(damaged), "--format", "json")
+    assert code == 0, err
+    (p,) = json.loads(out)["graphs"]["processes"]
+    assert (p["captures"], p["instantiated"], p["launches"]) == (8, 0, 8)

@@ -16,6 +16,7 @@ import pandas as pd
 from .. import apis
 from ..reader import read_table
 from ..schema import Schema
+from .columns import ints
 
 # Context creation: cuInit and the calls that create a context (the runtime creates its primary
 # context inside the first call that needs it, which nsys does not show apart).
@@ -66,13 +67,19 @@ def read_code_calls(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
     end = '"end"' if schema.has(table, "end") else "start"
     raw = read_table(conn, table, f"start, {end}, globalTid, nameId", ["start", "end", "global_tid", "name_id"],
                      where=f"nameId IN ({','.join(str(i) for i in sorted(ids))})")
+    # A damaged export's text or out-of-range numbers become NULLs (columns.ints); a call without
+    # a start is left out.
+    start = ints(raw, "start")
+    raw = raw[start.notna().to_numpy()]
     if raw.empty:
         return empty_code_calls()
-    tid = pd.to_numeric(raw["global_tid"], errors="coerce").fillna(0).astype("int64").to_numpy()
+    start = ints(raw, "start").to_numpy("int64")
+    end = ints(raw, "end").to_numpy("int64", na_value=0)
+    end = np.where(ints(raw, "end").isna().to_numpy(), start, np.maximum(end, start))
+    tid = ints(raw, "global_tid").to_numpy("int64", na_value=0)
     api = raw["name_id"].map(ids).astype(object)
     calls = pd.DataFrame({
-        "ts_ns": raw["start"].astype("int64").to_numpy() - schema.time_offset_ns,
-        "end_ns": raw["end"].fillna(raw["start"]).astype("int64").to_numpy() - schema.time_offset_ns,
+        "ts_ns": start - schema.time_offset_ns, "end_ns": end - schema.time_offset_ns,
         "pid": (tid >> 24) & 0xFFFFFF, "tid": tid & 0xFFFFFF, "api": api.to_numpy(),
         "what": api.map(WHAT).to_numpy(),
     })
