@@ -110,13 +110,20 @@ def reached_before(slot: np.ndarray, when: np.ndarray, amount: np.ndarray, incre
     creation, while the allocation's event comes at the end of the call, 8.6 ms later on
     known_mem_v25: the peak it makes was reached at the creation."""
     reached = np.full(len(increment), -1, "int64")
+    if not len(slot):
+        return reached
+    # one pass over every change (a pool-heavy capture has one per pool event): sorted by row then
+    # time, each row's running sum is the overall one less what came before the row's first
     order = np.lexsort((when, slot))
-    for i in np.unique(slot).tolist():  # the rows with changes: a few per pool event
-        mine = order[slot[order] == i]
-        prefix = np.cumsum(amount[mine])
-        hit = np.flatnonzero((prefix >= increment[i]) & (when[mine] < row_ts[i]))
-        if len(hit) and increment[i] > 0:
-            reached[i] = int(when[mine][hit[0]])
+    rows, when, amount = slot[order], when[order], amount[order]
+    running = np.cumsum(amount)
+    first = np.r_[True, rows[1:] != rows[:-1]]
+    before = (running - amount)[first]  # the running sum before each row's first change
+    prefix = running - before[np.cumsum(first) - 1]
+    hit = np.flatnonzero((prefix >= increment[rows]) & (when < row_ts[rows]) & (increment[rows] > 0))
+    if len(hit):
+        hit_rows, at = np.unique(rows[hit], return_index=True)  # each row's earliest change that did
+        reached[hit_rows] = when[hit[at]]
     return reached
 
 
