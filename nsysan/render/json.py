@@ -72,6 +72,8 @@ def render_baseline(analysis: Analysis) -> str:
     a refreshed baseline reads as a diff of the numbers that moved."""
     from dataclasses import replace
 
+    from ..model.hidden import CudaGraphs, HiddenMemory
+
     timeline = analysis.timeline
     # Each series keeps its first point: compare matches processes by name in the order they
     # started, which is all it reads of the timeline.
@@ -81,7 +83,7 @@ def render_baseline(analysis: Analysis) -> str:
         analysis, scope=BASELINE_SCOPE,
         peak=_bare_peak(analysis.peak) if analysis.peak is not None else None,
         peaks=[_bare_peak(p) for p in analysis.peaks], never_freed=[], api_calls=[], stacks=[], answers=[],
-        never_freed_groups=[], phases=[], spikes=[], smi=None,
+        never_freed_groups=[], phases=[], spikes=[], smi=None, hidden=HiddenMemory(), graphs=CudaGraphs(),
         timeline=replace(timeline, series=series, bands=[], spans=[], allocations=[]),
         oom=replace(oom, failures=[replace(f, live_at_failure=[]) for f in oom.failures],
                     allocator_ooms=[replace(o, live_at_release=[]) for o in oom.allocator_ooms]),
