@@ -441,3 +441,18 @@ def test_a_log_without_newlines_is_read_in_pieces(tmp_path):
         handle.write(LOG.read_bytes())
     (m,) = read_oom_log(path)
     assert m.request_bytes == 1536 * MiB and m.line == 1 + logged_numbers()["line"]
+
+
+def test_a_document_joined_later_is_the_report_joined_now(tmp_path):
+    """check and batch join a committed analysis.json with the log: the same document as
+    analyzing the report with the log (the verdict line and every other answer kept in place)."""
+    from nsysan.inputs import load_or_analyze
+    from nsysan.render.json import render_json
+
+    path = tmp_path / "run.analysis.json"
+    path.write_text(render_json(analysis_of("torch_fraction_oom_v25")))
+    stderr = FIXTURES / "torch_fraction_oom_v25.stderr.txt"
+    later = load_or_analyze(path, oom_logs=[stderr])
+    now = nsysan.analyze(FIXTURES / "torch_fraction_oom_v25.sqlite", log=stderr)
+    assert render_json(later) == render_json(now)
+    assert [a.code for a in now.answers if a.topic == "oom"] == ["oom_logged", "ended_inside"]

@@ -53,9 +53,20 @@ def explain_oom(analysis: Analysis, messages: Sequence[OomMessage] = (), logs: S
         return dataclasses.replace(analysis, oom=oom)
     analysis = dataclasses.replace(analysis, oom=oom, caps=caps, diagnostics=diagnostics)
     labels = {p.pid: p.label for p in analysis.capture.processes if p.label}
-    answers = gather_answers(analysis.peak, analysis.process_peaks(), analysis.growth, diagnostics,
-                             analysis.scope == "quick", labels)
-    return dataclasses.replace(analysis, answers=answers)
+    fresh = [a for a in gather_answers(analysis.peak, analysis.process_peaks(), analysis.growth, diagnostics,
+                                       analysis.scope == "quick", labels) if a.topic == "oom"]
+    # Only the out-of-memory answers change: those other post-passes added (the verdict line, the
+    # code loads, nvidia-smi, what-if) stay where they are when a finished analysis is joined.
+    answers = list(analysis.answers)
+    at = next((i for i, a in enumerate(answers) if a.topic == "oom"),
+              next((i for i, a in enumerate(answers) if a.topic in ("reserved", "trust")), len(answers)))
+    answers = [a for a in answers[:at] if a.topic != "oom"] + fresh + [a for a in answers[at:] if a.topic != "oom"]
+    analysis = dataclasses.replace(analysis, answers=answers)
+    if any(a.topic == "verdict" for a in answers):  # made before the join: it reads the logged error too
+        from .verdict_line import with_verdict
+
+        analysis = with_verdict(analysis)
+    return analysis
 
 
 # --- the trace alone ---------------------------------------------------------------------------
