@@ -178,3 +178,18 @@ def test_phases_of_kernel_steps_are_the_nvtx_phases(bare):
     assert inferred == costs(analysis_of("torch_leak_v25"), "step N")
     # an evaluation launches from one thread: no phase can be told apart
     assert not [p for p in analysis_of("torch_nonvtx_leak_v25").phases if " > " in p.path]
+
+
+def test_library_ranges_of_a_script_without_nvtx_are_not_its_steps(tmp_path):
+    # `nsys -t cuda,nvtx` of a script that marks nothing still records CCCL's cub:: ranges, one
+    # of each per step on the autograd thread: they are no steps, the kernels give them
+    out = tmp_path / "torch_leak_cccl_only.sqlite"
+    with sqlite3.connect(FIXTURES / "torch_leak_v25.sqlite") as source, sqlite3.connect(out) as copy:
+        source.backup(copy)
+        copy.execute("DELETE FROM NVTX_EVENTS WHERE domainId = 0")  # the script's own ranges
+        assert copy.execute("SELECT count(*) FROM NVTX_EVENTS WHERE eventType = 59").fetchone()[0] == 18
+    analysis = nsysan.analyze(out)
+    series, = analysis.steps
+    assert (series.found_by, len(series.steps)) == ("kernels", 6)
+    growth, = analysis.growth
+    assert (growth.verdict, growth.bytes_per_step) == ("growing", 735 * MiB)

@@ -4,8 +4,9 @@ A step is an instance of the NVTX range a program repeats around its loop body (
 "iteration 12", "ProfilerStep#7", "train_step"). Per process, the steps are the ranges on a
 thread that calls memory APIs whose name, with its numbers blanked out, repeats at least
 MIN_STEPS times at one nesting depth; a name that says step/iteration/epoch/batch wins, then
-the main thread, then the outermost depth, then the most instances. `--step-range REGEX` names
-them instead. Steps are time windows on the whole process: PyTorch's backward pass allocates
+the main thread, then the outermost depth, then the most instances; libraries' own ranges
+(LIBRARY_RANGES) and unnamed ones are never steps by repetition. `--step-range REGEX` names them
+instead. Steps are time windows on the whole process: PyTorch's backward pass allocates
 from its autograd thread, inside the main thread's step.
 """
 
@@ -27,6 +28,10 @@ from .timeline import Groups
 MIN_STEPS = 3
 STEP_KINDS = ("device", "array")  # allocated by the program; module statics are loaded by the driver
 STEP_WORDS = re.compile(r"step|iter|epoch|batch", re.I)
+# Ranges that libraries mark themselves, in every step of a script that marks none (nsys -t nvtx
+# records them): CCCL's "cub::DeviceRadixSort", NCCL's "ncclAllReduce", XLA's "XlaModule:#...#",
+# "Thunk:#...#"; C++-qualified or '#'-tagged names are a library's, not a loop's.
+LIBRARY_RANGES = r"::|#|^(?:nccl|Xla|Thunk|GpuMetrics|cudnn|cublas|cutlass|thrust|cub)"
 MAX_HOLDERS = 3  # per step
 MAX_LISTED = 200  # steps listed per series in the model
 OPEN_END = np.iinfo("int64").max // 4  # an end beyond this is "never closed" (see events.py)
@@ -88,6 +93,9 @@ def find_step_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray,
     else:
         family = candidates["name"].str.replace(r"\d+", "N", regex=True)
         least = MIN_STEPS
+        # libraries' own ranges repeat every step too, but are not the loop: left to --step-range
+        library = family.str.contains(LIBRARY_RANGES, regex=True).to_numpy() | (family == "").to_numpy()
+        candidates, family = candidates[~library], family[~library]
     if candidates.empty:
         return {}
     counted = candidates.assign(family=family).groupby(["pid", "tid", "depth", "family"], sort=False).size()
