@@ -466,6 +466,8 @@ OPTIONS = {  # case -> (arguments after the input, the one line)
                                   r"--max-peak-increase '9EiB' is neither a size nor a percentage"),
     "--max-memory of 400 digits": (["analyze", "{report}", "--max-memory", BIG], r"--max-memory .* larger than 8 EiB"),
     "--max-memory for batch": (["batch", "{run}", "-o", "{folder}/b", "--max-memory", BIG], r"larger than 8 EiB"),
+    "--jobs of 400 digits": (["batch", "{run}", "-o", "{folder}/b", "-j", BIG],  # --dask local: that many workers
+                             r"--jobs 9{20}\.\.\. is more than the 1024 analyses at once this machine can run"),
     "--spike-window of 400 digits": (["analyze", "{report}", "--spike-window", BIG + "ms"],
                                      r"--spike-window .* is longer than a day, the most it can be"),
     "--spike-window 0.1ns": (["analyze", "{report}", "--spike-window", "0.1ns"],

@@ -12,6 +12,7 @@ from ..errors import NsysanError, printable
 from .common import err_console, out_console, to_stdout
 
 INTERRUPTED = 130
+MAX_JOBS = 1024  # analyses at once on one machine: processes, each with its own interpreter
 
 
 def batch(
@@ -59,6 +60,9 @@ def batch(
     from ..batch.database import parse_tags
 
     budget = budget_bytes(max_memory)
+    if jobs is not None and jobs > MAX_JOBS:  # `--dask local` would start that many worker processes
+        raise NsysanError(f"--jobs {str(jobs)[:20]}{'...' if len(str(jobs)) > 20 else ''} is more than the "
+                          f"{MAX_JOBS} analyses at once this machine can run; give at most its number of cores")
     parse_tags(tag or ())  # a bad tag stops the batch before any analysis
     if step_range is not None:
         from ..pipeline import check_pattern
