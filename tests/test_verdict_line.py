@@ -55,3 +55,29 @@ def test_a_healthy_runs_cache_is_never_a_red_never_freed_line(name, expected):
     line = re.search(r'<li class="(\w+)" id="verdict-never-freed">', page)
     assert line and line.group(1) == expected
     assert f'id="headline-verdict">{analysis_of(name).answers[0].message}<' in page
+
+
+@pytest.mark.parametrize("name", ["ddp_leak_v25", "known_mem_v22", "torch_oom_v25"])
+def test_every_warning_the_terminal_answers_with_is_in_the_pages_first_box(name):
+    """The page's warnings box (on its first screen, above the timeline) lists each warning the
+    terminal prints among its answers that no verdict line draws: ddp_leak_v25's two
+    vmm_without_access, known_mem_v22's cuda_trace_incomplete, ..."""
+    import html as html_module
+
+    from nsysan.render.html import first_screen_warnings, render_html
+
+    analysis = analysis_of(name)
+    page = render_html(analysis)
+    shown = first_screen_warnings(analysis)
+    if name == "torch_oom_v25":  # its warnings are all out-of-memory verdict lines: no box
+        assert shown == [] and 'id="warnings"' not in page
+        return
+    box = page[page.index('<div class="warnings" id="warnings">'):page.index('<section id="timeline">')]
+    assert shown and len(shown) == box.count("<li class=")
+    for answer in shown:
+        assert html_module.escape(answer.message, quote=False) in box or answer.message in html_module.unescape(box)
+    codes = [a.code for a in shown]
+    if name == "ddp_leak_v25":
+        assert codes == ["vmm_without_access", "vmm_without_access"]
+    if name == "known_mem_v22":
+        assert "cuda_trace_incomplete" in codes

@@ -73,6 +73,7 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
         diagnostics=diagnostics, severities=SEVERITIES,
         trust_breaking=[d for d in diagnostics if d.code in TRUST_BREAKING],
         other_warnings=[d for d in warnings if d.code not in TRUST_BREAKING],
+        first_screen_warnings=first_screen_warnings(analysis), first_screen_limit=FIRST_SCREEN_WARNINGS,
         caching=any(d.code == "caching_allocator" for d in diagnostics), allocator_names=ALLOCATOR_NAMES,
         used_pools=[p for p in analysis.reserved.pools if p.peak_used_bytes and p.end_reserved_bytes][:3],
         ranges_in_time_order=sorted(analysis.ranges, key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0)),
@@ -119,6 +120,19 @@ def report_files(analysis: Analysis, full_paths: bool = False) -> dict[str, str 
     files: dict[str, str | bytes] = {**images, "analysis.json": render_json(analysis),
                                      "report.html": render_html(analysis, images, full_paths)}
     return {name: files[name] for name in REPORT_FILES}
+
+
+# Warnings the page's verdict lines draw themselves (the allocator's cache, XLA's preallocation).
+_DRAWN_AS_VERDICTS = ("caching_allocator", "preallocation")
+FIRST_SCREEN_WARNINGS = 8
+
+
+def first_screen_warnings(analysis: Analysis) -> list:
+    """The warnings the terminal prints among its answers that no verdict line of the page shows
+    (the answers of topics trust and reserved), those about the numbers themselves first."""
+    found = [v for v in analysis.answers if v.topic in ("trust", "reserved") and v.severity in ("error", "warning")
+             and v.code not in _DRAWN_AS_VERDICTS]
+    return sorted(found, key=lambda v: (v.code not in TRUST_BREAKING, v.severity != "error"))
 
 
 @functools.lru_cache(maxsize=1)
