@@ -224,6 +224,25 @@ def test_no_output_of_any_command_reaches_an_input_or_another_output(case, input
     assert (sorted(p.name for p in out.iterdir()) if out.exists() else []) == listing  # nothing written
 
 
+@pytest.mark.parametrize("command", [["analyze", "{report}", "--format", "json"], ["check", "{run}", "--max-peak", "1GiB"],
+                                     ["compare", "{base}", "{run}"]])
+def test_stdout_appended_onto_an_input_is_refused(command, inputs):
+    """`nsysan analyze run.sqlite --format json >> run.sqlite`: the shell opened the input as stdout.
+    A subprocess, since only a real descriptor 1 can be the input."""
+    import subprocess
+    import sys
+
+    args = [a.format(**inputs) for a in command]
+    target = Path(args[1])
+    before = sha256(target)
+    with open(target, "ab") as out:
+        result = subprocess.run([sys.executable, "-m", "nsysan", *args], stdout=out, stderr=subprocess.PIPE,
+                                text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"refusing to write to stdout: it is the input {target} (sent there by the shell's >>)" in result.stderr
+    assert sha256(target) == before
+
+
 def test_an_output_that_cannot_be_written_is_one_line(inputs, capsys, monkeypatch):
     one_line(*cli(capsys, "check", str(inputs["run"]), "--max-peak", "1GiB", "--json",
                   str(inputs["report"] / "verdict.json")), r"could not write .*verdict\.json: Not a directory")

@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import os
 import secrets
 import stat
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Union
 
@@ -39,13 +41,28 @@ def one_run(inputs: Iterable[Path]) -> Iterator[None]:
     global _written
     saved = dict(_inputs), _written
     _written = {}
-    protect_inputs(inputs)
     try:
+        protect_inputs(inputs)
+        _refuse_stdout_onto_an_input()
         yield
     finally:
         _inputs.clear()
         _inputs.update(saved[0])
         _written = saved[1]
+
+
+def _refuse_stdout_onto_an_input() -> None:
+    """`nsysan analyze run.sqlite --format json >> run.sqlite`: the shell opened the input as
+    stdout, and what is printed would be appended to it. (With `>` the shell has emptied it before
+    nsysan starts; the input then reads as empty.)"""
+    try:
+        found = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no descriptor (captured)
+        return
+    source = _inputs.get((found.st_dev, found.st_ino)) if stat.S_ISREG(found.st_mode) else None
+    if source is not None:
+        raise NsysanError(f"refusing to write to stdout: it is the input {source} (sent there by the shell's >>), "
+                          "which nsysan never writes into; send stdout to another file")
 
 
 def protect_inputs(paths: Iterable[Path]) -> None:
