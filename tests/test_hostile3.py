@@ -243,6 +243,20 @@ def test_stdout_appended_onto_an_input_is_refused(command, inputs):
     assert sha256(target) == before
 
 
+def test_a_link_planted_as_a_batch_documents_temporary_file_is_never_written_through(inputs, tmp_path, capsys):
+    """batch writes DIR/analyses/<name>-<content hash>.analysis.json through `.<that name>.tmp`:
+    both names follow from the input's bytes, so a link can be planted there beforehand."""
+    run = inputs["run"]
+    name = f"{run.name}-{sha256(run)[:12]}.analysis.json"
+    (tmp_path / "out" / "analyses").mkdir(parents=True)
+    (tmp_path / "out" / "analyses" / f".{name}.tmp").symlink_to(inputs["base"])
+    before = hashes(inputs)
+    code, out, err = cli(capsys, "batch", str(run), "-o", str(tmp_path / "out"), "-j", "1", "--no-progress")
+    assert code == 0, err
+    assert hashes(inputs) == before  # the baseline the link pointed to is untouched
+    assert json.loads((tmp_path / "out" / "analyses" / name).read_text())["schema"] == "nsysan/analysis@1"
+
+
 def test_an_output_that_cannot_be_written_is_one_line(inputs, capsys, monkeypatch):
     one_line(*cli(capsys, "check", str(inputs["run"]), "--max-peak", "1GiB", "--json",
                   str(inputs["report"] / "verdict.json")), r"could not write .*verdict\.json: Not a directory")

@@ -125,6 +125,9 @@ def _write(path: Path, text: str) -> None:
     running the batch again."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
+        # A leftover (or a link planted there) is removed, never written through: a link would
+        # send the document into whatever it points to, an input of this batch included.
+        tmp.unlink(missing_ok=True)
         tmp.write_bytes(text.encode("utf-8"))
         os.replace(tmp, path)
     except OSError as err:
