@@ -65,3 +65,15 @@ def test_stacks_asked_above_a_threshold_names_the_threshold(tmp_path):
 def test_stacks_asked_in_full_and_none_recorded_asks_for_nothing(tmp_path):
     text = advice(_without_stacks(tmp_path))
     assert "yet none were recorded" in text and "add " not in text
+
+
+def test_the_capture_says_which_flags_it_used():
+    """Capture.flags_used, from META_DATA_CAPTURE: what every piece of advice reads."""
+    assert analysis_of("known_bt_v25").capture.flags_used == [
+        "--cuda-memory-usage=true", "--cudabacktrace=memory", "-s process-tree"]
+    assert analysis_of("torch_pybt_v25").capture.flags_used == [
+        "--cuda-memory-usage=true", "--cudabacktrace=memory", "-s process-tree", "--python-backtrace=cuda"]
+    assert analysis_of("known_mem_v22").capture.flags_used is None  # 2022.4 records no capture options
+    for name in ("known_bt_v25", "known_mem_v25", "known_plain_v25"):
+        for flag, used in used_flags(FIXTURES / f"{name}.sqlite").items():
+            assert (flag.split("=")[0] in " ".join(analysis_of(name).capture.flags_used or [])) == used, (name, flag)

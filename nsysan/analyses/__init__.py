@@ -21,7 +21,7 @@ from .arrays import distinct_pairs
 from .bounds import cut_long_strings
 from .calls import api_call_stats, find_failed_calls
 from .explore import allocation_groups, early_trace_ends, focus_window, largest_allocations, nvtx_spans
-from .diagnostics import capture_diagnostics
+from .diagnostics import capture_diagnostics, flags_used
 from .never_freed import find_never_freed, never_freed_rows, summarize_groups
 from .peak import find_peaks, headline
 from .pools import pool_uses, reserve_adjustment
@@ -230,4 +230,4 @@ def _capture(schema: Schema, events: pd.DataFrame, thread_pairs: np.ndarray, ran
         duration_ns=schema.duration_ns, memory_usage_collected=schema.memory_usage_collected,
         memory_usage_requested=schema.memory_usage_requested, backtraces=schema.has_backtraces,
         nvtx=not ranges.empty or schema.has_nvtx_table, cuda_driver_version=schema.cuda_driver_version,
-        gpus=list(schema.gpus), processes=processes)
+        gpus=list(schema.gpus), processes=processes, flags_used=flags_used(schema))

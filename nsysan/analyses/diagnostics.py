@@ -16,18 +16,32 @@ from .never_freed import NOT_LEAKS
 
 CAPTURE_COMMAND = ("nsys profile -t cuda,nvtx --cuda-memory-usage=true --cudabacktrace=memory:1 "
                    "-s process-tree -o <report> <your program>")
-# The flags of CAPTURE_COMMAND that advice may ask for, with the Schema field recording whether
-# the capture used each (None: not recorded, as before 2023).
-_ADVISED = (("--cuda-memory-usage=true", "memory_usage_requested"),
-            ("--cudabacktrace=memory:1", "backtraces_requested"),
-            ("-s process-tree", "sampling_requested"))
+# The flags advice may ask for, the name Capture.flags_used gives each, and the Schema field
+# recording whether the capture used it (None: not recorded, as before 2023).
+_ADVISED = (("--cuda-memory-usage=true", "--cuda-memory-usage=true", "memory_usage_requested"),
+            ("--cudabacktrace=memory:1", "--cudabacktrace=memory", "backtraces_requested"),
+            ("-s process-tree", "-s process-tree", "sampling_requested"),
+            ("--python-backtrace=cuda", "--python-backtrace=cuda", "python_backtraces_requested"))
+STACK_FLAGS = ("--cudabacktrace=memory:1", "-s process-tree")
 
 
-def missing_flags(schema: Schema, wanted: tuple[str, ...] = tuple(f for f, _ in _ADVISED)) -> list[str]:
-    """Of the `wanted` flags, those the capture did not use (or did not record using): capture
-    advice never asks for a flag already given."""
-    used = {flag for flag, field in _ADVISED if getattr(schema, field) is True}
-    return [flag for flag in wanted if flag not in used]
+def flags_used(schema: Schema) -> Optional[list[str]]:
+    """Capture.flags_used: the advised flags the capture recorded using; None when it recorded none."""
+    if all(getattr(schema, field) is None for _, _, field in _ADVISED):
+        return None
+    return [name for _, name, field in _ADVISED if getattr(schema, field) is True]
+
+
+def advice_flags(used: Optional[list[str]], wanted: tuple[str, ...]) -> list[str]:
+    """Of the `wanted` flags, those the capture did not use (`used`: Capture.flags_used): capture
+    advice never asks for a flag already given. Every renderer and analysis that advises asks here."""
+    given = {flag for flag, name, _ in _ADVISED if name in (used or [])}
+    return [flag for flag in wanted if flag not in given]
+
+
+def missing_flags(schema: Schema, wanted: tuple[str, ...] = tuple(f for f, _, _ in _ADVISED[:3])) -> list[str]:
+    """advice_flags of the capture behind `schema`."""
+    return advice_flags(flags_used(schema), wanted)
 
 
 def capture_advice(schema: Schema) -> str:
@@ -92,7 +106,7 @@ def _collection(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, quick
 
 def _backtrace_advice(schema: Schema) -> str:
     """How to get call stacks, given what the capture already asked for."""
-    missing = missing_flags(schema, ("--cudabacktrace=memory:1", "-s process-tree"))
+    missing = missing_flags(schema, STACK_FLAGS)
     threshold = schema.memory_backtrace_threshold_ns
     if missing == ["-s process-tree"]:
         return ("the capture asked for them (--cudabacktrace) with CPU sampling off, and nsys records CUDA call "

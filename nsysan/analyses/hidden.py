@@ -26,6 +26,7 @@ import pandas as pd
 from ..model import Analysis, Answer
 from ..model.hidden import HiddenMemory, LibraryMemory, ProcessCode, StepLoads
 from ..units import fmt_bytes
+from .diagnostics import STACK_FLAGS, advice_flags
 from .graphs import cuda_graphs, graph_severity, live_at, step_list
 
 # Native modules of the CUDA libraries that allocate their own workspaces and buffers.
@@ -34,7 +35,6 @@ LIBRARIES = (("cuBLASLt", r"libcublasLt"), ("cuBLAS", r"libcublas"), ("cuDNN", r
              ("cuRAND", r"libcurand"), ("TensorRT", r"libnvinfer"))
 SMI_FLAG = ("nvidia-smi --query-compute-apps=timestamp,gpu_uuid,pid,used_memory --format=csv -lms 100 "
             "beside the capture, then --smi LOG")
-STACK_FLAG = "--cudabacktrace=memory:1 -s process-tree"
 # Memory outside a framework's allocator from which the stacks that would name its library are worth a new capture.
 LIBRARY_BYTES_WORTH_NAMING = 1 << 20
 
@@ -104,8 +104,10 @@ def _process(analysis: Analysis, pid: int, rows: pd.DataFrame) -> ProcessCode:
         smi_gap_bytes=median_gap, smi_gap_growth_bytes=(with_gaps[-1] - with_gaps[0]) if len(with_gaps) >= 2 else None,
         unexplained_bytes=median_gap)
     flags = [] if analysis.smi is not None else [SMI_FLAG]
-    if not analysis.capture.backtraces and (found.outside_allocator_bytes or 0) >= LIBRARY_BYTES_WORTH_NAMING:
-        flags.insert(0, STACK_FLAG)
+    stack_flags = advice_flags(analysis.capture.flags_used, STACK_FLAGS)  # never a flag the capture used
+    if not analysis.capture.backtraces and stack_flags and \
+            (found.outside_allocator_bytes or 0) >= LIBRARY_BYTES_WORTH_NAMING:
+        flags.insert(0, " ".join(stack_flags))
     found = dataclasses.replace(found, capture_flags="; ".join(flags))
     return dataclasses.replace(found, message=_sentence(found, bool(steps)))
 

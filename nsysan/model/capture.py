@@ -117,3 +117,6 @@ class Capture:
     cuda_driver_version: Optional[str]
     gpus: list[Gpu] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list)
+    # the nsys flags nsysan's advice names that the capture recorded using (--cuda-memory-usage=true,
+    # --cudabacktrace=memory, -s process-tree, --python-backtrace=cuda); None: not recorded (before 2023)
+    flags_used: Optional[list[str]] = None
