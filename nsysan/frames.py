@@ -46,7 +46,7 @@ RENAMED = {("timeline", "series"): "timeline",
            ("spikes", "sites"): "spike_sites",
            # the memory nobody can see and CUDA graphs, per process (capture.processes is "processes")
            ("hidden", "processes"): "hidden", ("hidden", "steps"): "hidden_steps",
-           ("hidden", "libraries"): "hidden_libraries", ("graphs", "processes"): "graphs",
+           ("hidden", "libraries"): "hidden_libraries", ("hidden", "contexts"): "hidden_contexts", ("graphs", "processes"): "graphs",
            ("graphs", "steps"): "graph_steps"}
 # The frames read from the export, kept on the Analysis (never serialized).
 RAW_FRAMES = ("events", "calls", "nvtx_ranges")

@@ -8,8 +8,6 @@ import sqlite3
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-import pandas as pd
-
 from . import export, memory_budget
 from .analyses import run_analyses
 from .analyses.verdict_line import with_verdict
@@ -22,7 +20,7 @@ from .analyses.spikes import DEFAULT_WINDOW_NS
 from .errors import NsysanError
 from .events import LoadedEvents, load_events
 from .events.read import memory_row_count, memory_rowid_span, read_cuda_activity
-from .events.read_code import read_code_calls
+from .events.read_code import CodeTrace, read_code_trace
 from .events.read_launches import read_launches
 from .events.read_start import read_capture_start
 from .model import Analysis, Diagnostic, Source
@@ -80,7 +78,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                        else 0 if keep_events is False else KEEP_EVENTS_BELOW)
     budget = max_memory if max_memory is not None or may_stream_from is None else memory_budget.default_budget()
 
-    def read(found: export.ExportResult) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]], Optional[pd.DataFrame]]:
+    def read(found: export.ExportResult) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]], Optional[CodeTrace]]:
         return _read(report, found.sqlite_path, export.resolve_cache_dir(cache_dir),
                      lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs), may_stream_from,
                      budget, step_range, own_export=found.exported_with is not None)
@@ -168,7 +166,7 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
           budget: Optional[int] = None,
           step_range: Optional[str] = None,
           own_export: bool = False) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]],
-                                             Optional[pd.DataFrame]]:
+                                             Optional[CodeTrace]]:
     """The schema and events of the committed state of the export at `sqlite_path`, and with
     `activity` when each process made its first and last CUDA call (for nvidia-smi logs);
     `may_stream_from`: no events (None; they are streamed later, see _streamed) when the memory
@@ -203,7 +201,7 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
                     loaded.launches, loaded.launch_names = read_launches(
                         conn, schema, iteration_pids(threads, loaded.nvtx_steps))
                 runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}
-                code_calls = None if quick or loaded is None else read_code_calls(conn, schema)
+                code_calls = None if quick or loaded is None else read_code_trace(conn, schema)
             except NsysanError as err:  # events.py does not know the report's name; with several, it matters
                 raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
         except sqlite3.DatabaseError as err:  # a damaged file found half-way through reading it
@@ -215,7 +213,7 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
 
 def _streamed(report: Path, sqlite_path: Path, scratch: Path, schema: Schema, source: Source,
               version: Optional[str], step_range: Optional[str], spike_window_ns: int,
-              quick: bool = True) -> tuple[Analysis, Optional[pd.DataFrame]]:
+              quick: bool = True) -> tuple[Analysis, Optional[CodeTrace]]:
     """The analysis (`quick` or full) of the export at `sqlite_path`, its events streamed in bounded
     memory, and (full) the code-load and graph calls (events/read_code.py)."""
     from .analyses.streamed_full import run_streamed_full
@@ -226,7 +224,7 @@ def _streamed(report: Path, sqlite_path: Path, scratch: Path, schema: Schema, so
         try:
             analysis = (run_streamed if quick else run_streamed_full)(conn, schema, source, version, step_range,
                                                                       spike_window_ns)
-            return analysis, None if quick else read_code_calls(conn, schema)
+            return analysis, None if quick else read_code_trace(conn, schema)
         except sqlite3.DatabaseError as err:
             raise NsysanError(f"{report.name}: the export could not be read ({err}); it may be truncated or "
                               "damaged") from err

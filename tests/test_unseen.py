@@ -184,3 +184,38 @@ def test_damaged_graph_calls_are_left_out_not_a_traceback(tmp_path, capsys):
     assert code == 0, err
     (p,) = json.loads(out)["graphs"]["processes"]
     assert (p["captures"], p["instantiated"], p["launches"]) == (8, 0, 8)
+
+
+def test_a_context_on_a_device_without_allocations_is_named(tmp_path):
+    """ddp_leak_v25's ranks each hold one context, on their own GPU; a copy in which rank 1 (pid
+    2147) also holds one on device 0, where it allocates nothing (a stray call on the default
+    device), gets the warning."""
+    import shutil
+
+    plain = analysis_of("ddp_leak_v25")
+    assert [(p.pid, [(c.device, c.gpu, c.allocates) for c in p.contexts]) for p in plain.hidden.processes] == \
+        [(2146, [(0, 0, True)]), (2147, [(1, 1, True)])]
+    assert [a for a in plain.answers if a.topic == "unseen"] == []
+    stray = tmp_path / "stray.sqlite"
+    shutil.copy(FIXTURES / "ddp_leak_v25.sqlite", stray)
+    with sqlite3.connect(stray) as conn:
+        conn.execute("INSERT INTO TARGET_INFO_CUDA_CONTEXT_INFO (nullStreamId, hwId, vmId, processId, deviceId, "
+                     "contextId, parentContextId, isGreenContext) VALUES (7, 0, 1, 2147, 0, 2, 0, 0)")
+    analysis = nsysan.analyze(stray)
+    rank1 = next(p for p in analysis.hidden.processes if p.pid == 2147)
+    assert [(c.device, c.allocates) for c in rank1.contexts] == [(0, False), (1, True)]
+    (answer,) = [a for a in analysis.answers if a.topic == "unseen"]
+    assert answer.severity == "warning" and answer.message.startswith(
+        "rank 1: has a CUDA context on device 0 without allocating there")
+
+
+def test_old_exports_have_no_context_table(known_mem_v22):
+    assert known_mem_v22.hidden.processes == []
+
+
+def test_without_sizes_a_context_is_not_judged(known_plain_v25):
+    """known_plain_v25 was captured without --cuda-memory-usage: no memory event says where it
+    allocated, so its context is neither idle nor used, and no answer is made of it."""
+    (p,) = known_plain_v25.hidden.processes
+    assert [(c.device, c.allocates) for c in p.contexts] == [(0, None)]
+    assert [a for a in known_plain_v25.answers if a.topic == "unseen"] == []

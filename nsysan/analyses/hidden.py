@@ -23,8 +23,9 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from ..events.read_code import CodeTrace
 from ..model import Analysis, Answer
-from ..model.hidden import HiddenMemory, LibraryMemory, ProcessCode, StepLoads
+from ..model.hidden import HiddenMemory, LibraryMemory, ProcessCode, ProcessContext, StepLoads
 from ..units import fmt_bytes
 from .diagnostics import STACK_FLAGS, advice_flags
 from .graphs import cuda_graphs, graph_severity, live_at, step_list
@@ -39,32 +40,46 @@ SMI_FLAG = ("nvidia-smi --query-compute-apps=timestamp,gpu_uuid,pid,used_memory 
 LIBRARY_BYTES_WORTH_NAMING = 1 << 20
 
 
-def with_unseen_memory(analysis: Analysis, code_calls: Optional[pd.DataFrame]) -> Analysis:
+def with_unseen_memory(analysis: Analysis, trace: Optional[CodeTrace]) -> Analysis:
     """The analysis with its `hidden` and `graphs` sections and their answers, made from the finished
-    analysis and the code-load and graph calls (events/read_code.py): pipeline.py calls it the same
-    way after the whole-frame and the streamed analyses. None (--quick): both stay empty."""
-    if code_calls is None or code_calls.empty:
+    analysis and the contexts, code-load and graph calls (events/read_code.py): pipeline.py calls it
+    the same way after the whole-frame and the streamed analyses. None (--quick): both stay empty."""
+    if trace is None or (trace.calls.empty and not trace.contexts):
         return analysis
-    hidden, graphs = hidden_memory(analysis, code_calls), cuda_graphs(analysis, code_calls)
+    hidden, graphs = hidden_memory(analysis, trace), cuda_graphs(analysis, trace.calls)
     answers = list(analysis.answers)
     after = max((i + 1 for i, a in enumerate(answers) if a.topic in ("peak", "growth", "what-if")), default=0)
     graph_answers = [Answer("graphs", graph_severity(p), "cuda_graphs", p.message) for p in graphs.processes
                      if p.captured_bytes]
     answers[after:after] = graph_answers
     after = max((i + 1 for i, a in enumerate(answers) if a.topic != "trust"), default=0)
-    answers[after:after] = [Answer("unseen", "warning" if p.keeps_loading else "info", "code_loads", p.message)
-                            for p in hidden.processes if p.keeps_loading or p.smi_gap_bytes is not None]
+    answers[after:after] = [Answer("unseen", "warning" if p.keeps_loading or _idle(p) else "info",
+                                   "code_loads", p.message) for p in hidden.processes if _answers(p)]
     return dataclasses.replace(analysis, hidden=hidden, graphs=graphs, answers=answers)
 
 
-def hidden_memory(analysis: Analysis, calls: pd.DataFrame) -> HiddenMemory:
+def hidden_memory(analysis: Analysis, trace: CodeTrace) -> HiddenMemory:
+    calls = trace.calls
     code = calls[calls["what"].isin(("context", "load", "unload"))]
-    processes = [_process(analysis, int(pid), rows) for pid, rows in code.groupby("pid", sort=True)]
-    message = "; ".join(p.message for p in processes if p.keeps_loading or p.smi_gap_bytes)
+    by_pid = dict(tuple(code.groupby("pid", sort=True)))
+    pids = sorted({int(p) for p in by_pid} | set(trace.contexts))
+    processes = [_process(analysis, pid, by_pid.get(pid, code.iloc[:0]), trace.contexts.get(pid, []))
+                 for pid in pids]
+    message = "; ".join(p.message for p in processes if _answers(p))
     return HiddenMemory(processes=processes, message=message)
 
 
-def _process(analysis: Analysis, pid: int, rows: pd.DataFrame) -> ProcessCode:
+def _answers(p: ProcessCode) -> bool:
+    """Whether the process's sentence is an answer: it keeps loading, holds idle contexts, or was measured."""
+    return p.keeps_loading or _idle(p) != [] or p.smi_gap_bytes is not None
+
+
+def _idle(p: ProcessCode) -> list[int]:
+    """The devices the process holds a context on without allocating there."""
+    return [c.device for c in p.contexts if c.allocates is False]
+
+
+def _process(analysis: Analysis, pid: int, rows: pd.DataFrame, contexts: list[int]) -> ProcessCode:
     loads, unloads = rows[rows["what"] == "load"], rows[rows["what"] == "unload"]
     context = rows.loc[rows["what"] == "context", "ts_ns"]
     steps = step_list(analysis, pid)
@@ -86,12 +101,18 @@ def _process(analysis: Analysis, pid: int, rows: pd.DataFrame) -> ProcessCode:
     with_loads = sum(1 for s in listed if s.loads)
     keeps = len(later) >= 2 and sum(1 for s in later if s.loads) * 2 > len(later)
     gpus = sorted({g.gpu for g in analysis.groups if g.pid == pid and g.gpu is not None})
+    # Module statics are loaded on every context's device: only what the program allocated counts.
+    used = {g.device for g in analysis.groups if g.pid == pid and g.kind in ("device", "array", "managed")}
+    gpu_of = {g.device: g.gpu for g in analysis.groups if g.pid == pid}
+    sized = analysis.capture.memory_usage_collected
     outside = [a.outside_at_peak_bytes for a in analysis.reserved.allocators if a.pid == pid]
     median_gap = _median_gap(analysis, pid, gpus)
     with_gaps = [s.smi_gap_bytes for s in listed if s.smi_gap_bytes is not None]
     found = ProcessCode(
-        pid=pid, process=analysis.process_label(pid), gpus=gpus,
+        pid=pid, process=analysis.process_label(pid),
         context_ns=int(context.iloc[0]) if len(context) else None,
+        contexts=[ProcessContext(device=d, gpu=gpu_of.get(d), allocates=(d in used) if sized else None)
+                  for d in contexts],
         loads=len(loads), unloads=len(unloads),
         apis={str(k): int(v) for k, v in rows.loc[rows["what"] != "context", "api"].value_counts().sort_index().items()},
         loads_before_steps=before, loads_in_steps=len(loads) - before - after, loads_after_steps=after,
@@ -171,6 +192,11 @@ def _library_of(modules: list[str]) -> Optional[str]:
 
 def _sentence(p: ProcessCode, has_steps: bool) -> str:
     parts = []
+    if _idle(p):
+        idle = ", ".join(str(d) for d in _idle(p))
+        parts.append(f"has a CUDA context on device{'s' if len(_idle(p)) > 1 else ''} {idle} without "
+                     "allocating there: each context holds hundreds of MiB that nvidia-smi counts (a stray "
+                     "torch.cuda call or tensor on the default device; set CUDA_VISIBLE_DEVICES per process)")
     if p.loads or p.unloads:
         kinds = ", ".join(f"{n} {api}" for api, n in sorted(p.apis.items(), key=lambda kv: -kv[1])
                           if api not in ("cuModuleUnload", "cuLibraryUnload"))

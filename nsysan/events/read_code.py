@@ -9,6 +9,7 @@ and no export before CUDA 10 has graph calls), the API table is not scanned at a
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -41,6 +42,34 @@ WHAT = {**{a: "context" for a in CONTEXT_APIS}, **{a: "load" for a in LOAD_APIS}
         **{a: "exec_destroy" for a in EXEC_DESTROY_APIS}, **{a: "graph_destroy" for a in GRAPH_DESTROY_APIS},
         **{a: "launch" for a in LAUNCH_APIS}, **{a: "mem_node" for a in MEM_NODE_APIS}}
 CODE_CALL_COLUMNS = ["ts_ns", "end_ns", "pid", "tid", "api", "what"]
+
+
+@dataclass
+class CodeTrace:
+    """The calls named in WHAT (`calls`, see read_code_calls) and the CUDA devices each process
+    has a context on (`contexts`: pid -> devices, from TARGET_INFO_CUDA_CONTEXT_INFO; {} when the
+    export lacks it, as before nsys 2023)."""
+
+    calls: pd.DataFrame
+    contexts: dict[int, list[int]] = field(default_factory=dict)
+
+
+def read_code_trace(conn: sqlite3.Connection, schema: Schema) -> CodeTrace:
+    return CodeTrace(read_code_calls(conn, schema), read_contexts(conn, schema))
+
+
+def read_contexts(conn: sqlite3.Connection, schema: Schema) -> dict[int, list[int]]:
+    """pid -> the CUDA devices it has a context on (green contexts, which share their parent's
+    memory, left out)."""
+    table = "TARGET_INFO_CUDA_CONTEXT_INFO"
+    if not schema.has(table, "processId", "deviceId"):
+        return {}
+    green = "isGreenContext" if schema.has(table, "isGreenContext") else "0"
+    found: dict[int, set[int]] = {}
+    for pid, device, is_green in conn.execute(f"SELECT processId, deviceId, {green} FROM {table}"):
+        if isinstance(pid, int) and isinstance(device, int) and not is_green:
+            found.setdefault(pid, set()).add(device)
+    return {pid: sorted(devices) for pid, devices in sorted(found.items())}
 
 
 def empty_code_calls() -> pd.DataFrame:

@@ -35,13 +35,24 @@ class LibraryMemory:
 
 
 @dataclass(frozen=True)
+class ProcessContext:
+    """A CUDA context of one process (TARGET_INFO_CUDA_CONTEXT_INFO; green contexts left out)."""
+
+    device: int  # CUDA device
+    gpu: Optional[int]  # capture GPU id, when known
+    # it allocated device, array or managed memory there; False: the context alone costs memory; None:
+    # sizes were not collected, so it cannot be told
+    allocates: Optional[bool]
+
+
+@dataclass(frozen=True)
 class ProcessCode:
     """What one process loaded onto its GPUs besides its allocations."""
 
     pid: int
     process: str  # "rank 1" or "process 2147"
-    gpus: list[int] = field(default_factory=list)  # capture GPU ids it used
-    context_ns: Optional[int] = None  # its first cuInit / context creation call (else its first CUDA call)
+    context_ns: Optional[int] = None  # its first cuInit / context creation call; None when the trace has none
+    contexts: list[ProcessContext] = field(default_factory=list)  # per device; [] before nsys 2023
     loads: int = 0  # cuModuleLoad* + cuLibraryLoad* calls
     unloads: int = 0
     apis: dict[str, int] = field(default_factory=dict)  # calls per API name
