@@ -1,0 +1,46 @@
+"""The report page holds the steps table the terminal prints (issue 29): each step's live bytes at
+its end, change, peak, allocated and kept, with who keeps them and the growth verdict above."""
+
+from __future__ import annotations
+
+import html
+import re
+
+from conftest import analysis_of
+
+from nsysan.render.html import render_html
+from nsysan.units import fmt_bytes
+
+
+def rows_of(page: str, table_id: str) -> list[list[str]]:
+    table = page[page.index(f'id="{table_id}"'):]
+    table = table[:table.index("</table>")]
+    return [[html.unescape(re.sub(r"<[^>]+>", "", cell)).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table.split("<tbody>")[1], re.S)]
+
+
+def test_the_leaks_steps_are_on_the_page_with_the_verdict():
+    analysis = analysis_of("torch_leak_v25")
+    page = render_html(analysis)
+    (series,) = analysis.steps
+    rows = rows_of(page, "steps-table-1")
+    assert [r[0] for r in rows] == [f"step {i}" for i in range(6)]
+    for row, step in zip(rows, series.steps):
+        assert row[2:7] == [fmt_bytes(step.end_live_bytes), ("+" if step.delta_bytes > 0 else "") + fmt_bytes(step.delta_bytes),
+                            fmt_bytes(step.peak_live_bytes), fmt_bytes(step.allocated_bytes), fmt_bytes(step.kept_bytes)]
+    assert rows[5][2:4] == ["5.3 GiB", "+730.0 MiB"]  # the staircase's last step
+    assert "cudaMalloc in backward [pt_autograd_0] (386.0 MiB)" in rows[5][7]
+    verdict = re.search(r'id="steps-verdict-1">(.*?)</p>', page).group(1)
+    assert html.unescape(verdict) == analysis.growth[0].message
+
+
+def test_each_rank_has_its_table():
+    page = render_html(analysis_of("ddp_leak_v25"))
+    assert 'id="steps-table-1"' in page and 'id="steps-table-2"' in page and 'href="#steps"' in page
+    rank_1 = rows_of(page, "steps-table-2")
+    assert [r[3] for r in rank_1[2:]] == ["+64.0 MiB"] * 6
+
+
+def test_no_steps_no_section():
+    page = render_html(analysis_of("real_oom_v25"))
+    assert 'id="steps"' not in page and 'href="#steps"' not in page
