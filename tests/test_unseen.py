@@ -119,6 +119,14 @@ def test_memory_captured_into_graphs_is_the_exports(graphs):
     assert all(0 < s.captured_bytes <= g for s, g in zip(p.steps, reserved_growth))
 
 
+def test_the_verdict_says_how_much_of_the_growth_is_in_graphs(graphs):
+    (p,) = graphs.graphs.processes
+    assert round(100 * p.captured_bytes / p.steps_kept_bytes) == 70
+    (verdict,) = [a for a in graphs.answers if a.topic == "verdict"]
+    assert verdict.code == "growing"
+    assert verdict.message.endswith("; 70% of it captured into 8 CUDA graphs, none destroyed")
+
+
 def test_the_graph_answer_is_on_the_first_screen_and_page(graphs, capsys, tmp_path):
     (answer,) = [a for a in graphs.answers if a.topic == "graphs"]
     assert (answer.severity, answer.code) == ("warning", "cuda_graphs")

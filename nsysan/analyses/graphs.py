@@ -127,13 +127,14 @@ def _with_message(p: ProcessGraphs) -> ProcessGraphs:
                   else f"{about}+{fmt_bytes(p.captured_min_bytes)} to +{fmt_bytes(p.captured_max_bytes)}")
         memory = f": {spread} per {unit} captured into them, {fmt_bytes(p.captured_bytes)} in all"
         if p.steps_kept_bytes:
-            memory += f" ({_share(p.captured_bytes, p.steps_kept_bytes)} of what those {unit}s kept)"
+            memory += f" ({share_text(p.captured_bytes, p.steps_kept_bytes)} of what those {unit}s kept)"
     else:
         memory = ": no memory was allocated while a capture was open"
     return dataclasses.replace(p, message=f"{p.process}: {graphs} instantiated, {fate}{memory}")
 
 
-def _share(part: int, whole: int) -> str:
+def share_text(part: int, whole: int) -> str:
+    """`part` of `whole` in words: "all", "70%", or "more than all" when there is no whole."""
     if whole <= 0:
         return "more than all"
     share = part / whole

@@ -17,6 +17,7 @@ from typing import Optional
 
 from ..model import Analysis, Answer
 from ..units import fmt_bytes, fmt_share, fmt_time
+from .graphs import share_text
 
 HEADLINE_CODE = "verdict"
 
@@ -41,7 +42,8 @@ def verdict_of(a: Analysis) -> tuple[str, str, str]:
         g = growing[0]
         where = f" from {g.holders[0].site}" if g.holders else ""
         full = f"; full at step ~{g.capacity_step}" if g.capacity_step is not None else ""
-        return "warning", "growing", f"{who(g.pid)}grows {fmt_bytes(g.bytes_per_step)} per step{where}{full}"
+        return ("warning", "growing",
+                f"{who(g.pid)}grows {fmt_bytes(g.bytes_per_step)} per step{where}{full}{_in_graphs(a, g.pid)}")
     for p in a.reserved.preallocations:
         if p.framework == "XLA" or any(g.verdict == "preallocated" for g in a.growth):
             share = f" ({p.share_of_gpu:.0%} of the GPU)" if p.share_of_gpu else ""
@@ -68,6 +70,16 @@ def verdict_of(a: Analysis) -> tuple[str, str, str]:
     if not a.capture.memory_usage_collected:
         return "warning", "no_sizes", "sizes were not collected: capture with --cuda-memory-usage=true"
     return "info", "peak", "no GPU memory was allocated"
+
+
+def _in_graphs(a: Analysis, pid: int) -> str:
+    """How much of what the process's steps kept was captured into CUDA graphs (analyses/graphs.py)."""
+    for p in a.graphs.processes:
+        if p.pid == pid and p.captured_bytes and p.steps_kept_bytes and p.steps_kept_bytes > 0:
+            part = share_text(min(p.captured_bytes, p.steps_kept_bytes), p.steps_kept_bytes)
+            fate = ", none destroyed" if p.exec_destroyed == p.exec_destroyed_at_exit else ""
+            return f"; {part} of it captured into {p.instantiated} CUDA graphs{fate}"
+    return ""
 
 
 def _peak_tail(a: Analysis) -> str:
