@@ -184,6 +184,7 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
             started = read_capture_start(conn, schema)  # on schema's diagnostics: every path says it
             if started is not None:
                 schema.diagnostics.append(capture_start_diagnostic(started))
+                schema.capture_start_pids = started.pids
             rows = memory_rowid_span(conn, schema) if may_stream_from is not None else -1
 
             def too_many(rows: int) -> bool:
@@ -199,7 +200,7 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
                     loaded.memory_threads = threads = memory_threads(loaded.calls)
                     loaded.nvtx_steps = find_step_ranges(loaded.ranges, threads)
                     loaded.launches, loaded.launch_names = read_launches(
-                        conn, schema, iteration_pids(threads, loaded.nvtx_steps))
+                        conn, schema, iteration_pids(threads, loaded.nvtx_steps, schema.capture_start_pids))
                 runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}
                 code_calls = None if quick or loaded is None else read_code_trace(conn, schema)
             except NsysanError as err:  # events.py does not know the report's name; with several, it matters

@@ -152,6 +152,9 @@ class Schema:
     rank_environment: dict[int, dict[str, str]] = field(default_factory=dict)
     launched_pids: dict[int, int] = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    # processes with blocks live when a capture begun while they ran started (events/read_start.py):
+    # their steps may have no memory call at all, yet be found from their kernels
+    capture_start_pids: tuple[int, ...] = ()
 
     def has(self, table: str, *columns: str) -> bool:
         cols = self.tables.get(table)

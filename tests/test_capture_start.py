@@ -6,6 +6,7 @@ allocated are steps."""
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import pytest
 
@@ -79,3 +80,18 @@ def test_the_terminal_never_says_they_were_allocated_at_0_ms(capsys):
     live = out[out.index("Live at the peak"):out.index("Never freed during the capture")]
     assert "0 ns" not in live and "unknown" in live
     assert "module load" not in out
+
+
+def test_a_late_capture_without_nvtx_gets_its_steps_from_the_kernels(tmp_path, monkeypatch):
+    # no memory call in the whole capture, and no NVTX: the kernels still repeat every step
+    path = tmp_path / "capture_range_nonvtx.sqlite"
+    with sqlite3.connect(FIXTURES / "torch_capture_range_v25.sqlite") as source, sqlite3.connect(path) as copy:
+        source.backup(copy)
+        copy.execute("DELETE FROM NVTX_EVENTS")
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert_streamed_full_is_whole(whole, streamed)
+    series, = whole["steps"]
+    assert (series["found_by"], len(series["steps"])) == ("kernels", 5)
+    growth, = whole["growth"]
+    assert growth["message"].startswith("process 630 on GPU 0 is flat: nothing allocated or freed in steps 0-4; "
+                                        "steps found from the kernel sequence: 5 iterations")

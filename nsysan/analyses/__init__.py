@@ -30,7 +30,7 @@ from .ranges import range_stats
 from .sites import rank_sites
 from .stacks import referenced_stacks
 from .iteration_phases import with_iteration_phases
-from .iterations import find_iterations, iteration_pids, with_iterations
+from .iterations import find_iterations, with_iterations
 from .steps import find_step_ranges, listed, live_series, memory_threads, step_diagnostics, step_table
 from .growth import growth_diagnostics, judge_all
 from .phases import innermost_ranges, phase_costs
@@ -171,7 +171,7 @@ def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, gpu_of,
     found = loaded.nvtx_steps if loaded.nvtx_steps is not None and step_range is None else \
         find_step_ranges(loaded.ranges, threads, step_range)
     iterations = {} if step_range is not None else \
-        find_iterations(loaded.launches, loaded.launch_names, iteration_pids(threads, found))
+        find_iterations(loaded.launches, loaded.launch_names, sorted(set(loaded.launches["pid"].tolist()) - set(found)))
     steps = step_table(loaded.events, series, with_iterations(found, iterations), gpu_of, end_ns,
                        "step-range" if step_range is not None else "nvtx", loaded.last_cuda_call_ns, iterations)
     phases = phase_costs(series, with_iteration_phases(loaded.ranges, [it.phases for it in iterations.values()]),

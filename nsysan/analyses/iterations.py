@@ -65,10 +65,11 @@ class Iterations:
     phases: pd.DataFrame = dataclasses.field(default_factory=empty_ranges)  # iteration_phases' ranges
 
 
-def iteration_pids(threads: np.ndarray, found: dict) -> list[int]:
-    """The processes with memory calls (`threads`: steps.memory_threads keys) whose NVTX ranges
-    give no steps (`found`: find_step_ranges' result): those whose launches are read."""
-    return sorted(set((threads >> 24).tolist()) - set(found))
+def iteration_pids(threads: np.ndarray, found: dict, also: tuple[int, ...] = ()) -> list[int]:
+    """The processes with memory calls (`threads`: steps.memory_threads keys), or with blocks live
+    when a late capture began (`also`: their steps may call nothing), whose NVTX ranges give no
+    steps (`found`: find_step_ranges' result): those whose launches are read."""
+    return sorted((set((threads >> 24).tolist()) | set(also)) - set(found))
 
 
 def with_iterations(found: dict[int, tuple[str, pd.DataFrame]], iterations: dict[int, Iterations]) -> \

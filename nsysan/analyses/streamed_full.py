@@ -69,7 +69,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     thread_names = read_thread_names(conn, schema)
     nvtx_steps = find_step_ranges(ranges, calls.threads, step_range)
     launches = None if step_range is not None else read_launches(
-        conn, schema, iteration_pids(calls.threads, nvtx_steps))
+        conn, schema, iteration_pids(calls.threads, nvtx_steps, schema.capture_start_pids))
     flow = EventFlow(conn, schema, call_window=CallWindow(calls), order_ahead=ahead)
     looks: dict = {}
     notes: list[Diagnostic] = []

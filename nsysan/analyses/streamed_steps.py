@@ -22,7 +22,7 @@ import pandas as pd
 
 from ..model import StepSeries
 from .iteration_phases import with_iteration_phases
-from .iterations import find_iterations, iteration_pids, with_iterations
+from .iterations import find_iterations, with_iterations
 from .phases import phase_ranges, phases_of, range_paths, ranked
 from .steps import OPEN_END, STEP_KINDS, find_step_ranges, holders_by_step, step_series, step_spans
 from .streamed import FirstLook
@@ -40,7 +40,9 @@ class StepWindows:
         already found."""
         self.look = look
         found = found if found is not None else find_step_ranges(ranges, threads, step_range)
-        self.iterations = find_iterations(*launches, iteration_pids(threads, found)) if launches is not None else {}
+        # the processes whose launches were read (read_launches reads only those it is asked for)
+        pids = sorted(set(launches[0]["pid"].tolist())) if launches is not None else []
+        self.iterations = find_iterations(*launches, [p for p in pids if p not in found]) if launches is not None else {}
         self.found = with_iterations(found, self.iterations)
         # the phases' ranges: the NVTX ranges and those of the kernel steps' phases
         self.ranges = ranges = with_iteration_phases(ranges, [it.phases for it in self.iterations.values()])

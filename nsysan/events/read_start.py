@@ -25,12 +25,13 @@ class CaptureStart:
     by_kind: dict[str, tuple[int, int]] = field(default_factory=dict)  # kind -> (blocks, bytes)
     profiler_start: Optional[tuple[str, int]] = None  # (API, ns) of the first cudaProfilerStart, if any
     delay_ms: int = 0  # nsys profile --delay (META_DATA_CAPTURE START_DELAY_MS)
+    pids: tuple[int, ...] = ()  # the processes those blocks belong to
 
 
 def read_capture_start(conn: sqlite3.Connection, schema: Schema) -> Optional[CaptureStart]:
     """The blocks already live at the capture's start, or None when the memory table begins later."""
     table = "CUDA_GPU_MEMORY_USAGE_EVENTS"
-    if not schema.has(table, "start", "bytes", "memKind", "memoryOperationType"):
+    if not schema.has(table, "start", "bytes", "memKind", "memoryOperationType", "globalPid"):
         return None
     at_start = f"start <= {int(schema.time_offset_ns)}"
     first = conn.execute(f"SELECT count(*) FROM (SELECT start FROM {table} ORDER BY rowid LIMIT {FIRST_ROWS}) "
@@ -39,16 +40,20 @@ def read_capture_start(conn: sqlite3.Connection, schema: Schema) -> Optional[Cap
         return None
     allocs = ",".join(str(i) for i, name in schema.mem_ops.items() if name == "alloc") or "0"
     by_kind: dict[str, tuple[int, int]] = {}
-    for kind, count, size in conn.execute(f"SELECT memKind, count(*), sum(bytes) FROM {table} WHERE {at_start} "
-                                          f"AND memoryOperationType IN ({allocs}) GROUP BY 1"):
+    pids: set[int] = set()
+    for kind, pid, count, size in conn.execute(
+            f"SELECT memKind, (globalPid >> 24) & 16777215, count(*), sum(bytes) FROM {table} WHERE {at_start} "
+            f"AND memoryOperationType IN ({allocs}) GROUP BY 1, 2"):
         name = schema.mem_kinds.get(kind, "unknown") if isinstance(kind, int) else "unknown"
         old = by_kind.get(name, (0, 0))
         by_kind[name] = (old[0] + int(count), old[1] + max(int(size or 0), 0))
+        if isinstance(pid, int):
+            pids.add(pid)
     if not by_kind:
         return None
     return CaptureStart(blocks=sum(c for c, _ in by_kind.values()), bytes=sum(b for _, b in by_kind.values()),
                         by_kind=by_kind, profiler_start=_profiler_start(conn, schema),
-                        delay_ms=_delay_ms(conn, schema))
+                        delay_ms=_delay_ms(conn, schema), pids=tuple(sorted(pids)))
 
 
 def _profiler_start(conn: sqlite3.Connection, schema: Schema) -> Optional[tuple[str, int]]:
