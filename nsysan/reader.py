@@ -183,7 +183,11 @@ def chunk_grid(conn: sqlite3.Connection, table: str, low: int, high: int, step: 
         chunks.append((start, end))
         if end >= high:
             break
-        (following,) = conn.execute(f"SELECT min(rowid) FROM {table} WHERE rowid > ?", (end,)).fetchone()
+        try:
+            (following,) = conn.execute(f"SELECT min(rowid) FROM {table} WHERE rowid > ?", (end,)).fetchone()
+        except sqlite3.Error:  # a damaged page: the rest in plain steps, whose reads meet it and say so
+            chunks += [(a, min(a + step, high + 1) - 1) for a in range(end + 1, high + 1, step)]
+            break
         if not isinstance(following, int) or following > high:
             break
         start = following

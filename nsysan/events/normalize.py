@@ -46,27 +46,17 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
     for enum_id, name in schema.mem_ops.items():
         op_code[op_id == enum_id] = 0 if name == "alloc" else 1
     del op_id
-    # Sizes beyond 1 PiB or below zero are not real allocations (damaged or hostile exports);
-    # they would also overflow the running sums. Times beyond ±2^61 ns (73 years), before or after
-    # the export's time shift, would wrap the sort key below; device ids beyond the frame's int16
-    # would be merged into one device.
+    # Rows nsys never writes (damaged or hostile exports) are left out: bad_row_reasons says why.
     device, _ = take("device")
-    bad = ts_bad | pid_bad | size_bad | op_bad | (op_code < 0) | (size < 0) | (size > 2**50)
-    if schema.time_offset_ns:  # |shift| < 2^62 (schema.py): clipped at ±2^62, the difference can't wrap
-        bad |= np.abs(np.clip(ts, -2**62, 2**62) - schema.time_offset_ns) > 2**61
-    else:
-        bad |= (ts > 2**61) | (ts < -2**61)  # not np.abs: |-2^63| wraps to -2^63
-    bad |= (device < -1) | (device > np.iinfo("int16").max)
-    device = np.clip(device, -1, np.iinfo("int16").max).astype("int16")  # only left-out rows change
     address, address_bad = take("address")
-    bad |= address_bad
+    reason = bad_row_reasons(ts, ts_bad | pid_bad | size_bad | op_bad | address_bad, op_code, size, device,
+                             schema.time_offset_ns)
+    bad = reason >= 0
+    device = np.clip(device, -1, np.iinfo("int16").max).astype("int16")  # only left-out rows change
     del ts_bad, pid_bad, size_bad, op_bad, address_bad
     if bad.any():
-        diagnostics.append(Diagnostic(
-            "warning", "bad_memory_rows",
-            f"{int(bad.sum())} memory events had missing or impossible values (unknown operation, "
-            "size below 0 or above 1 PiB, NULL time or address, time beyond ±2^61 ns, device id beyond "
-            "32767) and were left out"))
+        diagnostics.append(Diagnostic("warning", "bad_memory_rows",
+                                      bad_rows_message(np.bincount(reason[bad], minlength=len(BAD_ROW_REASONS)))))
     _check_sums_fit(size, bad, op_code)
     # Canonical order: time, then frees before allocs (a peak is never overstated by a free and
     # an alloc recorded at the same ns, and a block freed and handed out again in the same ns
@@ -302,6 +292,38 @@ def join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
 # Every byte count (live, allocated, never freed, per group, range or site) is a sum of sizes
 # of allocations; int64 holds 8 EiB. 4 EiB is far beyond any machine and keeps every sum exact.
 MAX_TOTAL_BYTES = 2**62
+
+
+# Why a memory row is left out, in the order a row is charged to the first that applies.
+BAD_ROW_REASONS = ("a missing or unreadable time, process, address, size or operation (NULL, text, REAL)",
+                   "an unknown operation", "a size below 0 or above 1 PiB", "a time beyond ±2^61 ns",
+                   "a device id below -1 or above 32767")
+
+
+def bad_row_reasons(ts: np.ndarray, unreadable: np.ndarray, op_code: np.ndarray, size: np.ndarray,
+                    device: np.ndarray, time_offset_ns: int) -> np.ndarray:
+    """Per memory row, the index in BAD_ROW_REASONS of why it is left out, or -1 for a good row
+    (the streamed path asks the same of each chunk). Sizes beyond 1 PiB or below zero are not
+    real allocations and would overflow the running sums; times beyond ±2^61 ns (73 years),
+    before or after the export's time shift, would wrap the sort key; device ids beyond the
+    frame's int16 would be merged into one device."""
+    if time_offset_ns:  # |shift| < 2^62 (schema.py): clipped at ±2^62, the difference can't wrap
+        far = np.abs(np.clip(ts, -2**62, 2**62) - time_offset_ns) > 2**61
+    else:
+        far = (ts > 2**61) | (ts < -2**61)  # not np.abs: |-2^63| wraps to -2^63
+    checks = [unreadable, op_code < 0, (size < 0) | (size > 2**50), far,
+              (device < -1) | (device > np.iinfo("int16").max)]
+    reason = np.full(len(ts), -1, "int8")
+    for index in reversed(range(len(checks))):  # the first reason that applies wins
+        reason[checks[index]] = index
+    return reason
+
+
+def bad_rows_message(counts: np.ndarray) -> str:
+    """bad_memory_rows' message from the rows left out for each of BAD_ROW_REASONS."""
+    said = [f"{int(n)} with {why}" for n, why in zip(counts, BAD_ROW_REASONS) if n]
+    return (f"{int(counts.sum())} memory events had missing or impossible values and were left out: "
+            + "; ".join(said))
 
 
 def _check_sums_fit(size: np.ndarray, bad: np.ndarray, op_code: np.ndarray) -> None:

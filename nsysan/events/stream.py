@@ -35,7 +35,8 @@ from ..errors import NsysanError
 from ..model import KINDS, Diagnostic
 from ..reader import release_memory
 from ..schema import Schema
-from .normalize import MAX_TOTAL_BYTES, _ints_and_nulls, tied_to_a_neighbour
+from .normalize import BAD_ROW_REASONS, MAX_TOTAL_BYTES, _ints_and_nulls, bad_row_reasons, bad_rows_message, \
+    tied_to_a_neighbour
 from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs
 from .read_order import memory_chunks_look_unordered
 from .read_pools import usable_times
@@ -228,6 +229,7 @@ class EventFlow:
     def _batches(self) -> Iterator[EventBatch]:
         self.live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in _LIVE}
         self.events, self._bad, self._copies, self._overlapping, self._allocated = 0, 0, 0, 0, 0.0
+        self._bad_reasons = np.zeros(len(BAD_ROW_REASONS), "int64")
         self._emitted_key: Optional[int] = None
         if self.call_window is not None:
             self.call_window.restart()
@@ -333,12 +335,10 @@ class EventFlow:
             op[op_id == enum_id] = 0 if name == "alloc" else 1
         device, _ = _ints_and_nulls(raw, "device")
         address, address_bad = _ints_and_nulls(raw, "address")
-        bad = ts_bad | pid_bad | size_bad | op_bad | address_bad | (op < 0) | (size < 0) | (size > 2**50)
-        if schema.time_offset_ns:
-            bad |= np.abs(np.clip(ts, -2**62, 2**62) - schema.time_offset_ns) > 2**61
-        else:
-            bad |= (ts > 2**61) | (ts < -2**61)  # not np.abs: |-2^63| wraps to -2^63
-        bad |= (device < -1) | (device > np.iinfo("int16").max)
+        reason = bad_row_reasons(ts, ts_bad | pid_bad | size_bad | op_bad | address_bad, op, size, device,
+                                 schema.time_offset_ns)
+        bad = reason >= 0
+        self._bad_reasons += np.bincount(reason[bad], minlength=len(BAD_ROW_REASONS))
         kind_id, kind_null = _ints_and_nulls(raw, "mem_kind")
         correlation, correlation_null = _ints_and_nulls(raw, "correlation_id")
         pool, _ = _ints_and_nulls(raw, "pool_address")
@@ -463,11 +463,7 @@ class EventFlow:
                               "the report again")
         notes = []
         if self._bad:
-            notes.append(Diagnostic(
-                "warning", "bad_memory_rows",
-                f"{self._bad} memory events had missing or impossible values (unknown operation, "
-                "size below 0 or above 1 PiB, NULL time or address, time beyond ±2^61 ns, device id beyond "
-                "32767) and were left out"))
+            notes.append(Diagnostic("warning", "bad_memory_rows", bad_rows_message(self._bad_reasons)))
         if self._copies:
             notes.append(Diagnostic(
                 "warning", "bad_memory_rows",
