@@ -14,7 +14,7 @@ from test_bounded_memory import chunk_rowids, shuffled_copy
 from nsysan import analyze
 from nsysan.events import nvtx, stream, stream_calls
 from nsysan.events.nvtx import RangeLookup
-from nsysan.events.read import _nested, read_nvtx_ranges
+from nsysan.events.read_nvtx import _nested, read_nvtx_ranges
 from nsysan.events.stream import EventFlow
 from nsysan.events.stream_calls import CallWindow, MemoryCalls
 from nsysan.schema import probe

@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from ..events.nvtx import attribute_ranges
-from ..events.read import last_cuda_calls, read_calls, read_nvtx_ranges, read_thread_names
+from ..events.read import last_cuda_calls, read_calls, read_thread_names
+from ..events.read_nvtx import read_nvtx_ranges
 from ..events.read_launches import read_launches
 from ..events import stream
 from ..events.read_order import order_ahead

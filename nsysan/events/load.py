@@ -21,7 +21,8 @@ from ..schema import Schema
 from .columns import EVENT_COLUMNS, empty_calls, empty_chains, empty_ranges, empty_sites
 from .normalize import normalize
 from .nvtx import attribute_operators, attribute_ranges
-from .read import last_cuda_calls, read_calls, read_memory_events, read_memory_events_alone, read_nvtx_ranges, \
+from .read_nvtx import read_nvtx_ranges
+from .read import last_cuda_calls, read_calls, read_memory_events, read_memory_events_alone, \
     read_thread_names
 from .read_launches import empty_launches
 from .read_pools import empty_pool_events, empty_pool_usage, pool_usage, read_pool_events

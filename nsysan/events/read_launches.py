@@ -1,7 +1,7 @@
 """The launch sequence of a process: its kernel launches (named by the kernel they launched),
 copies and synchronizations in host time order, the trace's own record of what a program does
 again and again when it runs a loop (analyses/iterations.py finds its steps from it when no NVTX
-range marks them). With `read.py`, `read_pools.py` and `schema.py`, the only code that names nsys
+range marks them). With the other `events/read*.py` modules and `schema.py`, the only code that names nsys
 tables and columns.
 
 A launch's row in the API table (`CUPTI_ACTIVITY_KIND_RUNTIME`) has the host time and thread but

@@ -1,7 +1,7 @@
 """What was live when the capture began: a capture that starts while the program runs
 (`--capture-range=cudaProfilerApi` or `nvtx`, `--delay`) opens its memory table with one
 allocation row at time 0 for every block already live (nsys's snapshot of the state; no call of
-the capture made them), and what started it. With `read.py`, `read_pools.py`,
+the capture made them), and what started it. With the other `events/read*.py` modules
 `read_launches.py` and `schema.py`, the only code that names nsys tables and columns.
 """
 
