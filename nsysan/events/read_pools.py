@@ -1,7 +1,7 @@
 """The memory-pool queries (`cudaMallocAsync` and other stream-ordered allocators): the pool rows
 among the memory table's rows (`localMemoryPoolAddress`, `localMemoryPoolSize`) and the pools'
-creations, trims and destructions (`CUDA_GPU_MEMORY_POOL_EVENTS`). With `read.py` and `schema.py`,
-the only code that names nsys tables and columns.
+creations, trims and destructions (`CUDA_GPU_MEMORY_POOL_EVENTS`). With the other
+`events/read*.py` modules and `schema.py`, the only code that names nsys tables and columns.
 """
 
 from __future__ import annotations

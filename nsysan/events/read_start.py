@@ -1,8 +1,8 @@
 """What was live when the capture began: a capture that starts while the program runs
 (`--capture-range=cudaProfilerApi` or `nvtx`, `--delay`) opens its memory table with one
 allocation row at time 0 for every block already live (nsys's snapshot of the state; no call of
-the capture made them), and what started it. With the other `events/read*.py` modules
-`read_launches.py` and `schema.py`, the only code that names nsys tables and columns.
+the capture made them), and what started it. With the other `events/read*.py` modules and
+`schema.py`, the only code that names nsys tables and columns.
 """
 
 from __future__ import annotations
