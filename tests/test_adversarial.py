@@ -190,3 +190,25 @@ def test_named_adversarial_tables(case, quick, tmp_path):
         assert sorted(g["device"] for g in whole["groups"]) == [-1, 0]  # its own group, never merged into 0
     if case == "every row bad":
         assert whole["peaks"] == [] and whole["never_freed"] == []
+
+
+@pytest.mark.parametrize("case", sorted(NAMED))
+def test_named_tables_through_the_command_line_and_the_api(case, tmp_path, capsys):
+    """The same tables through `nsysan analyze` (in this process) with and without
+    `--max-memory 0` (streamed) and through `nsysan.analyze` (whole frame, and streamed with
+    keep_events=False, max_memory=0): exit 0 and one document four ways."""
+    import nsysan
+    from test_documents import cli
+
+    kinds, frees, _ = NAMED[case]
+    memory, calls, bad = adversarial_rows(kinds, frees)
+    path = make_export(tmp_path / "rows.sqlite", memory=memory, calls=calls)
+    documents = []
+    for more in ([], ["--max-memory", "0"]):
+        code, out, err = cli(capsys, "analyze", str(path), "--format", "json", *more)
+        assert code == 0 and "Traceback" not in err, err
+        documents.append(without_source(json.loads(out)))
+    documents.append(without_source(json.loads(render_json(nsysan.analyze(path)))))
+    documents.append(without_source(json.loads(render_json(nsysan.analyze(path, keep_events=False, max_memory=0)))))
+    assert all(document == documents[0] for document in documents[1:])
+    assert_one_answer(documents[0], documents[1], bad)
