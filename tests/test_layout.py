@@ -1,5 +1,6 @@
-"""The shape of the code that the brief promises: only schema.py and events/read.py (with its
-memory-pool half, events/read_pools.py) name nsys tables."""
+"""The shape of the code that the brief promises: only schema.py and the readers of events/
+(read.py and its read_*.py siblings: the pools, launches, capture start, code loads and graphs)
+name nsys tables."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import nsysan
 
 PACKAGE = Path(nsysan.__file__).parent
-ALLOWED = {PACKAGE / "schema.py", PACKAGE / "events" / "read.py", PACKAGE / "events" / "read_pools.py"}
+ALLOWED = {PACKAGE / "schema.py", *(PACKAGE / "events").glob("read*.py")}
 # Every nsys table prefix nsysan reads or checks for (see ../shared/docs/nsys-schema.md)
 TABLE = re.compile(r"\b(CUPTI_ACTIVITY_\w+|CUDA_GPU_MEMORY_\w+|CUDA_CALLCHAINS|NVTX_EVENTS|NVTX_PAYLOAD\w*|"
                    r"StringIds|ThreadNames|TARGET_INFO_\w+|META_DATA_\w+|EXPORT_META_DATA|ENUM_[A-Z_]+|"
