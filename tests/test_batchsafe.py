@@ -337,11 +337,16 @@ MOMENTS = {
 # foreground group gets it), "batch" a CI runner's signal to the command alone. Dask's take 7-10 s
 # on 2 busy cores (a LocalCluster's start and stop), so they are marked slow.
 _DASK = pytest.mark.slow
+# SIGHUP: the terminal closed; SIGKILL: nothing of the batch runs, the kernel ends its fork
+# servers and workers (PR_SET_PDEATHSIG) and SQLite's journal keeps nsysan.db whole.
 STOPS = [("pool", "SIGINT", m, "batch") for m in MOMENTS] + [("pool", "SIGINT", "workers running", "group"),
-                                                             ("pool", "SIGTERM", "writing the database", "batch")] + \
+                                                             ("pool", "SIGTERM", "writing the database", "batch"),
+                                                             ("pool", "SIGHUP", "writing the database", "batch"),
+                                                             ("pool", "SIGKILL", "workers running", "batch")] + \
         [pytest.param("dask", "SIGINT", m, "batch", marks=_DASK) for m in MOMENTS] + \
         [pytest.param("dask", "SIGINT", "workers running", "group", marks=_DASK),
-         pytest.param("dask", "SIGTERM", "workers running", "batch", marks=_DASK)]
+         pytest.param("dask", "SIGTERM", "workers running", "batch", marks=_DASK),
+         pytest.param("dask", "SIGKILL", "workers running", "batch", marks=_DASK)]
 
 
 @pytest.mark.parametrize("engine,signame,moment,to", STOPS)
@@ -371,7 +376,7 @@ def test_a_stopped_batch_leaves_no_process_and_a_database_a_rerun_completes(engi
         else:
             proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=30)
-        time.sleep(0.2)
+        time.sleep(0.5 if signame == "SIGKILL" else 0.2)  # the kernel's SIGKILLs down the tree
         left = _session_processes(proc.pid)
     finally:
         for process in _session_processes(proc.pid):  # never leave one behind, whatever failed
@@ -382,7 +387,8 @@ def test_a_stopped_batch_leaves_no_process_and_a_database_a_rerun_completes(engi
     assert not left, [p.cmdline() for p in left]
     assert "Traceback" not in stderr and "Warning" not in stderr, stderr
     if proc.returncode != 0:  # a batch that finished before the signal came is fine too
-        expected = {"SIGINT": (130, "nsysan: interrupted"), "SIGTERM": (143, "nsysan: stopped by SIGTERM")}
+        expected = {"SIGINT": (130, "nsysan: interrupted"), "SIGTERM": (143, "nsysan: stopped by SIGTERM"),
+                    "SIGHUP": (129, "nsysan: stopped by SIGHUP"), "SIGKILL": (-9, "")}
         assert (proc.returncode, stderr.strip()) == expected[signame], stderr
     db = out / "nsysan.db"
     if db.exists():
