@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Callable, Optional
 
@@ -18,6 +19,7 @@ import pandas as pd
 
 from ..events.read import TRACE_GOES_ON
 from ..model import Allocation, AllocationGroup, Band, NvtxSpan, TraceEnd
+from ..model.memory import range_family, site_in_family
 from .arrays import category_codes, distinct_rows
 from .sites import call_site
 
@@ -191,8 +193,10 @@ def early_trace_ends(ranges: pd.DataFrame, last_cuda_call_ns: dict[int, int]) ->
 
 def allocation_groups(events: pd.DataFrame, rows: np.ndarray, site_table: dict[str, dict],
                       limit: int = MAX_GROUPS) -> list[AllocationGroup]:
-    """Alloc events `rows` grouped by (process, device, kind, site, NVTX range): count, total bytes,
-    smallest and largest, first and last allocation time; largest total first."""
+    """Alloc events `rows` grouped by (process, device, kind, site, NVTX range), ranges that differ
+    only in their numbers as one family ("step N": one leak of every step is one row): count, total
+    bytes, smallest and largest, first and last allocation time; largest total first. Families are
+    formed over every row before the cap, so a row's numbers are exact however many steps there are."""
     if len(rows) == 0:
         return []
     # A groupby over numpy arrays: a peak's live allocations are grouped for each of thousands of
@@ -200,7 +204,12 @@ def allocation_groups(events: pd.DataFrame, rows: np.ndarray, site_table: dict[s
     columns = [events["pid"].to_numpy()[rows], events["device"].to_numpy()[rows], category_codes(events["kind"])[rows],
                category_codes(events["site"])[rows], category_codes(events["nvtx_range"])[rows]]
     size, ts = events["bytes"].to_numpy()[rows].astype("int64"), events["ts_ns"].to_numpy()[rows]
-    group, firsts = distinct_rows(*columns)  # numbered in order of first appearance, as groupby(sort=False)
+    kinds, sites, names = (events[c].cat.categories for c in ("kind", "site", "nvtx_range"))
+    pair, pair_rows = distinct_rows(columns[3], columns[4])  # each (site, range) once: few, even at 1e7 rows
+    family_names: dict[tuple[str, str], int] = {}
+    family_codes = np.array([family_names.setdefault(_family_of(sites, names, int(columns[3][r]), int(columns[4][r])),
+                                                     len(family_names)) for r in pair_rows.tolist()], "int64")
+    group, firsts = distinct_rows(*columns[:3], family_codes[pair])  # numbered in order of first appearance
     n = len(firsts)
     count = np.bincount(group, minlength=n)
     total = np.zeros(n, "int64")
@@ -211,13 +220,28 @@ def allocation_groups(events: pd.DataFrame, rows: np.ndarray, site_table: dict[s
     first, last = np.full(n, np.iinfo("int64").max), np.full(n, np.iinfo("int64").min)
     np.minimum.at(first, group, ts)
     np.maximum.at(last, group, ts)
+    # how many (site, range) pairs each group joins
+    members = np.bincount(group[distinct_rows(group, pair)[1]], minlength=n)
     # largest total first, then most allocations, then earliest; ties in order of first appearance
     chosen = np.lexsort((np.arange(n), first, -count, -total))[:limit]
     pid, device, kind, site, nvtx = (column[firsts] for column in columns)
-    kinds, sites, names = (events[c].cat.categories for c in ("kind", "site", "nvtx_range"))
-    return [AllocationGroup(pid=int(pid[g]), device=int(device[g]), kind=str(kinds[kind[g]]),
-                            site=call_site(str(sites[site[g]]) if site[g] >= 0 else "", site_table),
-                            nvtx_range=str(names[nvtx[g]]) if nvtx[g] >= 0 else "", count=int(count[g]),
-                            total_bytes=int(total[g]), min_bytes=int(smallest[g]), max_bytes=int(largest[g]),
-                            first_alloc_ns=int(first[g]), last_alloc_ns=int(last[g]))
-            for g in chosen.tolist()]  # capped list
+    groups = []
+    for g in chosen.tolist():  # capped list
+        label = str(sites[site[g]]) if site[g] >= 0 else ""
+        name = str(names[nvtx[g]]) if nvtx[g] >= 0 else ""
+        where = call_site(label, site_table)
+        if members[g] > 1:
+            where = dataclasses.replace(where, label=site_in_family(label, name))
+            name = range_family(name)
+        groups.append(AllocationGroup(pid=int(pid[g]), device=int(device[g]), kind=str(kinds[kind[g]]), site=where,
+                                      nvtx_range=name, count=int(count[g]), total_bytes=int(total[g]),
+                                      min_bytes=int(smallest[g]), max_bytes=int(largest[g]),
+                                      first_alloc_ns=int(first[g]), last_alloc_ns=int(last[g]),
+                                      members=int(members[g])))
+    return groups
+
+
+def _family_of(sites: pd.Index, names: pd.Index, site: int, nvtx: int) -> tuple[str, str]:
+    label = str(sites[site]) if site >= 0 else ""
+    name = str(names[nvtx]) if nvtx >= 0 else ""
+    return site_in_family(label, name), range_family(name)

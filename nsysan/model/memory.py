@@ -3,8 +3,23 @@ API calls, NVTX ranges, and the downsampled timeline drawn from them."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional
+
+_NUMBERS = re.compile(r"\d+")
+
+
+def range_family(name: str) -> str:
+    """The family of an NVTX range: its numbers as N ("step 3" and "step 4" are "step N"), so that
+    what every step keeps is one row, not one per step."""
+    return _NUMBERS.sub("N", name)
+
+
+def site_in_family(label: str, nvtx_range: str) -> str:
+    """A site's label with its NVTX range (a site without a stack names it: "cudaMalloc in step 3
+    [python]") written as the range's family; a site from a stack is unchanged."""
+    return label.replace(nvtx_range, range_family(nvtx_range)) if nvtx_range else label
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,18 @@ class AllocationGroup:
     max_bytes: int
     first_alloc_ns: int  # when the first of them was allocated
     last_alloc_ns: int  # when the last of them was allocated
+    # How many (site, NVTX range) pairs the row joins: ranges that differ only in their numbers
+    # ("step 3", "step 4") are one family, shown as "step N" (in the site too) when it joins several.
+    members: int = 1
+
+    def holds(self, allocation: "Allocation") -> bool:
+        """Whether `allocation` is one of this group's (the page lists them under their row)."""
+        if (allocation.pid, allocation.device, allocation.kind) != (self.pid, self.device, self.kind):
+            return False
+        if self.members == 1:
+            return (allocation.site.label, allocation.nvtx_range) == (self.site.label, self.nvtx_range)
+        return (range_family(allocation.nvtx_range) == self.nvtx_range
+                and site_in_family(allocation.site.label, allocation.nvtx_range) == self.site.label)
 
 
 @dataclass(frozen=True)

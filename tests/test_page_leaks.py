@@ -1,0 +1,71 @@
+"""One leak is one row (issue 29): never-freed (and live-at-the-peak) blocks of one site in ranges that
+differ only in their numbers ("step 3", "step 4") are one family, "step N", counted over every block
+before the list is capped; the page's never-freed table and its verdict line show that row."""
+
+from __future__ import annotations
+
+import re
+
+from browser import open_page
+from conftest import analysis_of
+from test_html import assert_quiet_page, chromium  # noqa: F401  (the fixture)
+
+from nsysan.commands.outputs import write_report
+
+MiB = 1 << 20
+RANK_1 = 2147  # ddp_leak_v25: rank 1 (GPU 1) leaks 64 MiB per step (fixtures/README.md)
+
+
+def test_rank_1s_leak_of_every_step_is_one_group_at_the_top():
+    analysis = analysis_of("ddp_leak_v25")
+    top = analysis.never_freed_groups[0]
+    assert (top.pid, top.kind, top.site.label, top.nvtx_range) == (
+        RANK_1, "device", "cudaMalloc in step N [pt_autograd_1]", "step N")
+    # its blocks, counted from the never-freed list itself (all 44 are listed)
+    assert analysis.never_freed_total == len(analysis.never_freed) == 44
+    mine = [a for a in analysis.never_freed if a.pid == RANK_1 and re.fullmatch(r"step \d+", a.nvtx_range)
+            and a.site.label == f"cudaMalloc in {a.nvtx_range} [pt_autograd_1]"]
+    assert [a for a in analysis.never_freed if top.holds(a)] == mine
+    assert top.count == len(mine) == 13 and top.total_bytes == sum(a.bytes for a in mine) == 704_775_168
+    assert top.members == len({a.nvtx_range for a in mine}) == 8  # steps 0-7
+    # the leak itself: one 64 MiB block kept in each of steps 1-7
+    assert sorted(a.nvtx_range for a in mine if a.bytes == 64 * MiB and a.nvtx_range != "step 0") == \
+        [f"step {i}" for i in range(1, 8)]
+    # every never-freed byte is in exactly one group; rank 0 keeps step 0 only, so its rows stay as they are
+    assert sum(g.total_bytes for g in analysis.never_freed_groups) == analysis.never_freed_bytes
+    assert all(g.members == 1 and "N" not in g.nvtx_range for g in analysis.never_freed_groups if g.pid != RANK_1)
+    # at the peak the same blocks are one row too
+    (peak,) = [p for p in analysis.peaks if p.pid == RANK_1]
+    assert peak.live_groups[0].site.label == top.site.label and peak.live_groups[0].members == 8
+
+
+def test_a_site_from_a_stack_keeps_its_label_and_its_steps_join():
+    analysis = analysis_of("known_bt_v25")  # alloc_cache_entry keeps one 4 MiB block in steps 2, 5 and 8
+    labels = [(g.site.label, g.nvtx_range, g.count, g.total_bytes, g.members) for g in analysis.never_freed_groups]
+    assert labels == [("alloc_weights (known)", "setup", 1, 128 * MiB, 1),
+                      ("alloc_cache_entry (known)", "step N", 3, 12 * MiB, 3),
+                      ("other_kinds (known)", "other kinds", 2, 5242880 + 1024000, 1)]
+    cache = analysis.never_freed_groups[1]
+    assert sorted(a.nvtx_range for a in analysis.never_freed if cache.holds(a)) == ["step 2", "step 5", "step 8"]
+
+
+def test_the_page_shows_the_leak_as_its_first_row_and_names_it(tmp_path, chromium):
+    analysis = analysis_of("ddp_leak_v25")
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
+                             evaluate={
+        "rows": "Array.from(document.querySelectorAll('#never-freed-table tr.group'),"
+                " r => Array.from(r.cells, c => c.textContent.replace(/^[+\u2212]/, '').trim()))",
+        "members": "Array.from(document.querySelectorAll('#never-freed-table tr.members')[0].querySelectorAll('table.members > tbody > tr'),"
+                   " r => Array.from(r.cells, c => c.textContent.trim()))",
+        "verdict": "document.getElementById('never-freed-top').textContent"})
+    assert_quiet_page(page, netlog)
+    rows = page.values["rows"]
+    assert len(rows) == len(analysis.never_freed_groups) == 8  # 16 before, rank 1's 8 steps on 8 rows
+    assert rows[0][:8] == ["672.1 MiB", "13", "1.0 KiB – 64.0 MiB", "device", "cudaMalloc in step N [pt_autograd_1]",
+                           "step N (8 ranges)", "2147", "1"]
+    # opened, the row lists its 13 blocks with the range each was allocated in
+    members = page.values["members"]
+    assert len(members) == 13 and {m[2] for m in members} == {f"step {i}" for i in range(8)}
+    assert [m[2] for m in members if m[0] == "64.0 MiB"].count("step 0") == 3  # the rest: one per step 1-7
+    assert page.values["verdict"] == ("cudaMalloc in step N [pt_autograd_1] of rank 1 "
+                                      "(13 × up to 64.0 MiB, 672.1 MiB, from 8 ranges)")
