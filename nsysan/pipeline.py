@@ -12,6 +12,7 @@ from . import export, memory_budget
 from .analyses import run_analyses
 from .analyses.verdict_line import with_verdict
 from .analyses.capture_start import capture_start_diagnostic
+from .analyses.diagnostics import rerun_command
 from .analyses.hidden import with_unseen_memory
 from .analyses.iterations import iteration_pids
 from .analyses.steps import find_step_ranges, memory_threads
@@ -183,7 +184,7 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
                 refuse_missing_tables(schema, sqlite_path.name)
             started = read_capture_start(conn, schema)  # on schema's diagnostics: every path says it
             if started is not None:
-                schema.diagnostics.append(capture_start_diagnostic(started))
+                schema.diagnostics.append(capture_start_diagnostic(started, rerun_command(schema)))
                 schema.capture_start_pids = started.pids
             rows = memory_rowid_span(conn, schema) if may_stream_from is not None else -1
 

@@ -137,6 +137,11 @@ class Schema:
     python_backtraces_requested: Optional[bool] = None  # --python-backtrace=cuda, as recorded
     sampling_requested: Optional[bool] = None  # CPU sampling (-s process-tree / system-wide), as recorded
     memory_backtrace_threshold_ns: Optional[int] = None  # --cudabacktrace=memory:<threshold>, as recorded
+    # The program nsys launched (PROCESS_0:COMMAND and its ARGUMENT_n, never its environment) and
+    # the traces the capture asked for (CAPTURE_EVENT_TYPE: Cuda, NvtxEvents, OSRuntime, ...):
+    # what "capture again with" advice rebuilds the user's own command line from
+    profiled_command: tuple[str, ...] = ()
+    captured_event_types: tuple[str, ...] = ()
     has_backtraces: bool = False
     cuda_driver_version: Optional[str] = None
     duration_ns: Optional[int] = None
@@ -372,6 +377,27 @@ def _read_capture_meta(conn: sqlite3.Connection, schema: Schema) -> None:
             schema.memory_backtrace_threshold_ns = max(schema.memory_backtrace_threshold_ns or 0, _int(text))
     for attribute, flags in found.items():
         setattr(schema, attribute, any(flags))
+    schema.captured_event_types = tuple(dict.fromkeys(_text(value) for name, value in rows
+                                                      if _text(name) == "CAPTURE_EVENT_TYPE"))
+    schema.profiled_command = _profiled_command(conn)
+
+
+# A command line shown in advice: at most this many arguments of at most this many characters
+COMMAND_ARGUMENTS, COMMAND_ARGUMENT_CHARS = 40, 300
+
+
+def _profiled_command(conn: sqlite3.Connection) -> tuple[str, ...]:
+    """PROCESS_0's command and arguments as nsys recorded them, in order (empty when not recorded)."""
+    rows = conn.execute("SELECT name, CAST(substr(value, 1, ?) AS TEXT) FROM META_DATA_CAPTURE "
+                        "WHERE name = 'PROCESS_0:COMMAND' OR name GLOB 'PROCESS_0:ARGUMENT_[0-9]*'",
+                        (COMMAND_ARGUMENT_CHARS,)).fetchall()
+    parts = {}
+    for name, value in rows:
+        key = _text(name)
+        position = -1 if key.endswith(":COMMAND") else _int(key.rsplit("_", 1)[-1])
+        if position is not None and position < COMMAND_ARGUMENTS:
+            parts[position] = _text(value)
+    return tuple(parts[k] for k in sorted(parts)) if -1 in parts else ()
 
 
 # The only environment variables nsysan ever reads: what names a process's place in a

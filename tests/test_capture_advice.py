@@ -15,7 +15,9 @@ ADVICE_CODES = ("no_backtraces", "sizes_not_collected", "no_cuda_trace")
 
 
 def advice(analysis) -> str:
-    return " ".join(d.message for d in analysis.diagnostics if d.code in ADVICE_CODES)
+    """What the advice asks for, without the whole `nsys profile` line it ends with (that line is
+    the capture's own command with its flags kept: tests/test_rerun_line.py)."""
+    return " ".join(d.message.split(": nsys profile ")[0] for d in analysis.diagnostics if d.code in ADVICE_CODES)
 
 
 def used_flags(path) -> dict:

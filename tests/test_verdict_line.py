@@ -81,3 +81,19 @@ def test_every_warning_the_terminal_answers_with_is_in_the_pages_first_box(name)
         assert codes == ["vmm_without_access", "vmm_without_access"]
     if name == "known_mem_v22":
         assert "cuda_trace_incomplete" in codes
+
+
+def test_an_oom_the_trace_cannot_show_reads_from_the_log():
+    """torch_fraction_oom_v25: PyTorch refused 2 GiB under a 2.8 GiB fraction cap with nothing
+    cached, so no call failed and nothing was released: the trace alone can only say where the
+    process ended; its stderr (fixtures/torch_fraction_oom_v25.stderr.txt) gives the request and cap."""
+    import nsysan
+    from conftest import FIXTURES
+
+    alone = analysis_of("torch_fraction_oom_v25").answers[0]
+    assert (alone.code, alone.severity) == ("ended_inside", "warning")
+    assert alone.message.startswith("ended inside 'big request' without closing it, with 1.4 GiB live")
+    logged = nsysan.analyze(FIXTURES / "torch_fraction_oom_v25.sqlite",
+                            log=[FIXTURES / "torch_fraction_oom_v25.stderr.txt"]).answers[0]
+    assert (logged.code, logged.message) == ("out_of_memory", "ran out of memory in 'big request' asking for 2.0 GiB "
+                                                              "under a 2.8 GiB cap")

@@ -11,9 +11,10 @@ from ..units import fmt_bytes, fmt_time
 _KIND_NAMES = {"static": "module statics", "device": "device blocks"}
 
 
-def capture_start_diagnostic(state: CaptureStart) -> Diagnostic:
+def capture_start_diagnostic(state: CaptureStart, rerun: str = "") -> Diagnostic:
     """"3.5 GiB in 1,292 blocks were already live when the capture began (capture range from
-    cuProfilerStart at 16.27 ms): ..." (warning `live_at_capture_start`)."""
+    cuProfilerStart at 16.27 ms): ..." (warning `live_at_capture_start`); `rerun`: the nsys line
+    that captures from the start (diagnostics.rerun_command), said last."""
     if state.profiler_start is not None:
         why = f"capture range from {state.profiler_start[0]} at {fmt_time(state.profiler_start[1])}"
     elif state.delay_ms:
@@ -25,4 +26,6 @@ def capture_start_diagnostic(state: CaptureStart) -> Diagnostic:
     return Diagnostic("warning", "live_at_capture_start",
                       f"{fmt_bytes(state.bytes)} in {state.blocks:,} blocks were already live when the capture began "
                       f"({why}): {parts}; who allocated them, where, when and in which NVTX range is not in the "
-                      "capture, so they are listed as '(live at capture start)', not as allocations made at 0 ms")
+                      "capture, so they are listed as '(live at capture start)', not as allocations made at 0 ms"
+                      + (f"; to see them, capture from the start, without the capture range or delay: {rerun}"
+                         if rerun else ""))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Optional, Sequence
 
 import numpy as np
@@ -45,11 +46,30 @@ def missing_flags(schema: Schema, wanted: tuple[str, ...] = tuple(f for f, _, _ 
 
 
 def capture_advice(schema: Schema) -> str:
-    """'capture again adding: …' with the flags of CAPTURE_COMMAND the capture lacks."""
+    """'capture again adding …: nsys profile …' with the flags of CAPTURE_COMMAND the capture
+    lacks, then the whole line to run, built from the capture's own (rerun_command)."""
     missing = missing_flags(schema)
     if not schema.has_cuda_trace:
         missing = ["-t cuda,nvtx"] + missing
-    return f"capture again adding {' '.join(missing)}" if missing else f"capture with: {CAPTURE_COMMAND}"
+    line = rerun_command(schema)
+    return f"capture again adding {' '.join(missing)}: {line}" if missing else f"capture with: {line}"
+
+
+# CAPTURE_EVENT_TYPE -> the `-t` name that asked for it
+_TRACES = {"Cuda": "cuda", "NvtxEvents": "nvtx", "OSRuntime": "osrt", "Cudnn": "cudnn", "Cublas": "cublas",
+           "Cusparse": "cusparse", "Mpi": "mpi", "Ucx": "ucx", "OpenGL": "opengl", "Vulkan": "vulkan",
+           "Oshmem": "oshmem", "Openacc": "openacc", "Openmp": "openmp"}
+
+
+def rerun_command(schema: Schema, flags: tuple[str, ...] = tuple(f for f, _, _ in _ADVISED[:3])) -> str:
+    """The `nsys profile` line to run instead (issue 30, section 7): the capture's own traces
+    (CAPTURE_EVENT_TYPE; cuda and nvtx always) and program (PROCESS_0:COMMAND and its arguments,
+    never its environment), with `flags` (the memory capture: sizes and memory-call stacks); what
+    got in the way (a capture range, a delay) is left out. `<your program>` when not recorded."""
+    traces = list(dict.fromkeys(["cuda", "nvtx"] + [_TRACES[t] for t in schema.captured_event_types
+                                                    if t in _TRACES]))
+    program = shlex.join(schema.profiled_command) if schema.profiled_command else "<your program>"
+    return " ".join(["nsys profile", f"-t {','.join(traces)}", *flags, "-o <report>", program])
 # First nsys release line known to trace each CUDA major version (approximate release order).
 _NSYS_FOR_CUDA = {12: (2022, 5), 13: (2025, 3)}
 
@@ -108,14 +128,15 @@ def _backtrace_advice(schema: Schema) -> str:
     """How to get call stacks, given what the capture already asked for."""
     missing = missing_flags(schema, STACK_FLAGS)
     threshold = schema.memory_backtrace_threshold_ns
+    line = rerun_command(schema)
     if missing == ["-s process-tree"]:
         return ("the capture asked for them (--cudabacktrace) with CPU sampling off, and nsys records CUDA call "
-                "stacks only with sampling on: add -s process-tree")
+                f"stacks only with sampling on: add -s process-tree: {line}")
     if missing:
-        return f"add {' '.join(missing)} to the capture for function names"
+        return f"add {' '.join(missing)} to the capture for function names: {line}"
     if threshold is not None and threshold > 1000:
         return (f"the capture asked for them only for memory calls longer than {threshold / 1000:g} µs "
-                "(--cudabacktrace=memory:<threshold>), and no call was: use --cudabacktrace=memory:1")
+                f"(--cudabacktrace=memory:<threshold>), and no call was: use --cudabacktrace=memory:1: {line}")
     return "the capture asked for them (--cudabacktrace, sampling on), yet none were recorded"
 
 
@@ -137,7 +158,7 @@ def _incomplete_trace(schema: Schema, last_cuda_call_ns: dict[int, int], ranges:
             found.append(Diagnostic("warning", "nsys_older_than_cuda",
                                     f"the capture was made with Nsight Systems {capture_version}, older than the "
                                     f"CUDA {schema.cuda_driver_version} driver it traced; such captures often miss "
-                                    "CUDA events: profile again with a current nsys"))
+                                    f"CUDA events: profile again with a current nsys: {rerun_command(schema)}"))
     if ranges.empty:
         return found
     finite = ranges[ranges["end_ns"] < np.iinfo("int64").max // 4]
@@ -149,7 +170,8 @@ def _incomplete_trace(schema: Schema, last_cuda_call_ns: dict[int, int], ranges:
             found.append(Diagnostic("warning", "cuda_trace_incomplete",
                                     f"process {pid}: the CUDA trace stops at {last / 1e6:.1f} ms, yet {len(later)} "
                                     f"NVTX ranges ({names}, ...) follow for another {gap_ms:.1f} ms; the CUDA trace "
-                                    "looks incomplete, so the numbers cover only its beginning"))
+                                    "looks incomplete, so the numbers cover only its beginning; capture again with "
+                                    f"a current nsys: {rerun_command(schema)}"))
     return found
 
 

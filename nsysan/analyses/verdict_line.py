@@ -3,6 +3,7 @@ of the largest number. Built from the finished analysis (both paths, and the --l
 order, the first that applies:
 
 1. out of memory: a failed call, the allocator giving up, or an error only the --log shows;
+   else a process that ended inside NVTX ranges it never closed (what the trace alone can say);
 2. growth every step (the fastest-growing process), with where it fills the GPU;
 3. a preallocation (XLA) that hides the real use;
 4. memory kept in some steps only;
@@ -30,13 +31,17 @@ def with_verdict(analysis: Analysis) -> Analysis:
 
 
 def verdict_of(a: Analysis) -> tuple[str, str, str]:
-    """(severity, kind, sentence): kind is out_of_memory, growing, preallocated, uneven, healthy,
-    peak or no_sizes."""
+    """(severity, kind, sentence): kind is out_of_memory, ended_inside, growing, preallocated,
+    uneven, healthy, peak or no_sizes."""
     several = len({p.pid for p in a.capture.processes if p.devices}) > 1
     who = (lambda pid: f"{a.process_label(pid)} " if several and pid is not None else "")
     oom = _out_of_memory(a, who)
     if oom:
         return "error", "out_of_memory", oom
+    for e in a.oom.ended_inside:  # no failed call, no release: what the trace alone can say
+        if e.open_ranges:
+            return ("warning", "ended_inside", f"{who(e.pid)}ended inside '{' > '.join(e.open_ranges)}' without closing "
+                    f"it, with {fmt_bytes(e.live_bytes)} live: if it ran out of memory, --log with its error says so")
     growing = sorted((g for g in a.growth if g.verdict == "growing"), key=lambda g: -g.bytes_per_step)
     if growing:
         g = growing[0]
