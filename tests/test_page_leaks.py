@@ -69,3 +69,28 @@ def test_the_page_shows_the_leak_as_its_first_row_and_names_it(tmp_path, chromiu
     assert [m[2] for m in members if m[0] == "64.0 MiB"].count("step 0") == 3  # the rest: one per step 1-7
     assert page.values["verdict"] == ("cudaMalloc in step N [pt_autograd_1] of rank 1 "
                                       "(13 × up to 64.0 MiB, 672.1 MiB, from 8 ranges)")
+
+
+def test_operator_ranges_are_a_level_of_their_own(tmp_path, chromium):
+    # torch_ops_v25: every ATen op an NVTX range (--pytorch=autograd-nvtx); before, the one NVTX table
+    # listed forward and aten::addmm for the same blocks: 9.2 GiB allocated against a 4.6 GiB peak
+    analysis = analysis_of("torch_ops_v25")
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
+                             evaluate={table: f"Array.from(document.querySelectorAll('#{table} tbody tr'),"
+                                              " r => Array.from(r.cells, c => [c.textContent.trim(), c.dataset.v]))"
+                                       for table in ("ranges-table", "operators-table")}
+                             | {"idle": "document.getElementById('operators-idle').textContent"})
+    assert_quiet_page(page, netlog)
+    user, operators = page.values["ranges-table"], page.values["operators-table"]
+    assert {r[1][0] for r in user} >= {"setup", "forward", "backward", "optimizer"}
+    assert not any(r[1][0].startswith("aten::") for r in user)
+    allocated = sum(g.allocated_bytes for g in analysis.groups)  # every allocation once
+    user_bytes = sum(int(r[5][1]) for r in user)
+    assert user_bytes == sum(r.allocated_bytes for r in analysis.ranges if not r.operator) <= allocated
+    assert user_bytes < 1.01 * analysis.peak.peak_bytes  # nothing freed in this capture: counted once
+    assert operators[0][0][0] == "aten::addmm" and operators[0][4][0] == "1.2 GiB"
+    assert sum(int(r[4][1]) for r in operators) <= allocated
+    # the operators that allocated nothing are named, not listed
+    idle = [r for r in analysis.ranges if r.operator and not r.allocations]
+    assert len(operators) + len(idle) == sum(r.operator for r in analysis.ranges)
+    assert page.values["idle"].startswith(f"{len(idle)} other operators (aten::as_strided, ")

@@ -76,7 +76,9 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
         first_screen_warnings=first_screen_warnings(analysis), first_screen_limit=FIRST_SCREEN_WARNINGS,
         caching=any(d.code == "caching_allocator" for d in diagnostics), allocator_names=ALLOCATOR_NAMES,
         used_pools=[p for p in analysis.reserved.pools if p.peak_used_bytes and p.end_reserved_bytes][:3],
-        ranges_in_time_order=sorted(analysis.ranges, key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0)),
+        ranges_in_time_order=sorted((r for r in analysis.ranges if not r.operator),
+                                    key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0)),
+        operators=[r for r in analysis.ranges if r.operator],
         process_names={p.pid: p.name for p in analysis.capture.processes},
         gpus={g.id: g for g in analysis.capture.gpus}, stacks={s.id: s for s in analysis.stacks})
 
