@@ -12,6 +12,8 @@ up to MAX_POINTS events; beyond it, the bytes are its points' and marked approxi
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
@@ -110,8 +112,6 @@ def _family(analysis: Analysis, pid: int) -> str:
 
 
 def _with_message(p: ProcessGraphs) -> ProcessGraphs:
-    import dataclasses
-
     graphs = "1 CUDA graph" if p.instantiated == 1 else f"{p.instantiated} CUDA graphs"
     alive = p.instantiated - (p.exec_destroyed - p.exec_destroyed_at_exit)
     if not p.exec_destroyed:
@@ -120,7 +120,8 @@ def _with_message(p: ProcessGraphs) -> ProcessGraphs:
         fate = "none destroyed before exit" if p.exec_destroyed_at_exit else "none destroyed"
     else:
         fate = f"{p.exec_destroyed - p.exec_destroyed_at_exit} destroyed before exit"
-    unit = p.per.replace(" N", "").strip() if p.per != "capture" else "capture"
+    # "request N" -> "request"; a --step-range pattern or kernel-found steps are "step"s
+    unit = "capture" if p.per == "capture" else p.per[:-2] if p.per.endswith(" N") and p.per[:-2].strip() else "step"
     about = "about " if p.approximate else ""
     if p.captured_bytes:
         spread = (f"{about}+{fmt_bytes(p.captured_min_bytes)}" if p.captured_min_bytes == p.captured_max_bytes
