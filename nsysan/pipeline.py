@@ -207,7 +207,9 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
             except NsysanError as err:  # events.py does not know the report's name; with several, it matters
                 raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
         except sqlite3.DatabaseError as err:  # a damaged file found half-way through reading it
-            raise NsysanError(f"{report.name} could not be read ({err}); the file may be truncated") from err
+            # worded as events/load.py words it: where the damage is found first depends on the reads
+            raise NsysanError(f"{report.name}: the export could not be read ({err}); it may be truncated or "
+                              "damaged") from err
         finally:
             conn.close()
     return schema, loaded, runs, code_calls
