@@ -54,6 +54,13 @@ def test_compare_page_in_chromium(tmp_path, chromium):
     assert start < left < right < end and seen["dragged_picture"] != seen["picture"]
     assert seen["wheeled"][1] - seen["wheeled"][0] > right - left
     assert seen["reset"] == seen["opened"] and seen["whole"] == [data["start"] / 1e9, data["end"] / 1e9]
+    # A click at the end lists what was live by run, process and site: the leak's 124 blocks (84 from
+    # forward, 24 from backward, ...) of the new run, among the largest allocations both runs carry.
+    listed = {(r[3], r[6]): int(r[1]) for r in seen["listed"]}
+    carried = [a for a in new.timeline.allocations if a.free_time_ns is None]
+    assert listed[("new python3 (1644)", "cudaMalloc in forward [python3]")] == \
+        sum(a.site.label == "cudaMalloc in forward [python3]" for a in carried)
+    assert all(site != "-" for _, site in listed)
     assert page.values["legend"] == ["base · device", "base · static", "base · pinned", "new · device", "new · static"]
     # The step chart of both runs: each run's bytes at its steps' ends follow its own truth
     # (PyTorch's reserved bytes per step), with each run's verdict line.

@@ -11,6 +11,7 @@ from conftest import analysis_of
 from test_html import assert_quiet_page, chromium  # noqa: F401  (the fixture)
 
 from nsysan.commands.outputs import write_report
+from nsysan.units import fmt_bytes
 
 MiB = 1 << 20
 RANK_1 = 2147  # ddp_leak_v25: rank 1 (GPU 1) leaks 64 MiB per step (fixtures/README.md)
@@ -94,3 +95,57 @@ def test_operator_ranges_are_a_level_of_their_own(tmp_path, chromium):
     idle = [r for r in analysis.ranges if r.operator and not r.allocations]
     assert len(operators) + len(idle) == sum(r.operator for r in analysis.ranges)
     assert page.values["idle"].startswith(f"{len(idle)} other operators (aten::as_strided, ")
+
+
+CLICK_AT_END = """(async () => {
+  const tl = window.nsysanTimelines[0], box = document.querySelector('#timeline-main .live-list');
+  tl.list(JSON.parse(document.getElementById('nsysan-data').textContent).end / 1e9);
+  const out = {title: box.querySelector('h3').textContent,
+               note: (box.querySelector('p.note') || {textContent: null}).textContent,
+               rows: Array.from(box.querySelectorAll('tbody tr'), r => Array.from(r.cells, c => c.textContent))};
+  box.querySelector('button.close').click();
+  out.after_close = box.textContent;
+  return out;
+})()"""
+
+
+def clicked_at_the_end(name, tmp_path):
+    analysis = analysis_of(name)
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
+                             evaluate={"clicked": CLICK_AT_END})
+    assert_quiet_page(page, netlog)
+    return analysis, page.values["clicked"]
+
+
+def expected_rows(analysis):
+    """The never-freed groups, counted over the allocations the page carries (timeline.allocations)."""
+    carried = [a for a in analysis.timeline.allocations if a.free_time_ns is None]
+    rows = []
+    for g in analysis.never_freed_groups:
+        mine = [a for a in carried if g.holds(a)]
+        if mine:
+            rows.append((sum(a.bytes for a in mine), len(mine), g.pid, g.site.label))
+    assert sum(n for _, n, _, _ in rows) == len(carried)  # every carried block is in one group
+    return sorted(rows, key=lambda r: -r[0])
+
+
+def test_the_click_list_groups_by_site_and_says_what_it_counts_over(tmp_path, chromium):
+    analysis, clicked = clicked_at_the_end("ddp_leak_v25", tmp_path)
+    # 300 of the capture's 4248 allocations are carried, 30 of them live at the end
+    assert (len(analysis.timeline.allocations), analysis.timeline.allocations_total) == (300, 4248)
+    assert clicked["note"] == ("Counted over the 300 largest allocations of the capture (of 4248), those the page "
+                               "carries: smaller blocks live then are not in this list.")
+    rows = [(r[0], int(r[1]), int(r[3]), r[6]) for r in clicked["rows"]]
+    assert rows == [(fmt_bytes(b), n, pid, site) for b, n, pid, site in expected_rows(analysis)]
+    assert clicked["title"] == f"Live at 15.634 s: 30 allocations from {len(rows)} sites"
+    leak = next(r for r in clicked["rows"] if r[6] == "cudaMalloc in step N [pt_autograd_1]")
+    assert leak[3] == str(RANK_1) and leak[7].endswith(" ranges)")  # one row for every step's block
+    assert clicked["after_close"] == ""  # the close button empties the list
+
+
+def test_the_click_list_of_every_allocation_is_the_never_freed_table(tmp_path, chromium):
+    analysis, clicked = clicked_at_the_end("known_bt_v25", tmp_path)  # 29 allocations, all carried
+    assert clicked["note"] is None
+    assert [(r[0], r[1], r[6]) for r in clicked["rows"]] == [
+        (fmt_bytes(g.total_bytes), str(g.count), g.site.label) for g in analysis.never_freed_groups]
+    assert clicked["rows"][1][6:8] == ["alloc_cache_entry (known)", "step 2, step 5, step 8 (3 ranges)"]

@@ -16,7 +16,7 @@ from ..compare import Comparison, ProcessDelta
 from ..errors import printable
 from ..model import GPU_RESIDENT_KINDS, KINDS, Analysis
 from ..units import fmt_bytes
-from .page_data import process_names, step_sets
+from .page_data import process_names, site_columns, step_sets
 
 # Base in grey, new in red, as in compare.png.
 RUN_COLORS = {"base": "#7f7f7f", "new": "#d62728"}
@@ -88,7 +88,7 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
                  for e in run.timeline.trace_ends if where(e.pid) is not None]
         allocations += [[short.get(f"{side}:{a.pid}", f"{side} {a.pid}"), a.device, a.kind, a.bytes, a.alloc_time_ns - origin,
                          None if a.free_time_ns is None else a.free_time_ns - origin, printable(a.nvtx_range),
-                         sites.setdefault(printable(a.site.label), len(sites))]
+                         *site_columns(a, sites)]
                         for a in run.timeline.allocations]
     allocations.sort(key=lambda r: -r[3])
 

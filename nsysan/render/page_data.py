@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..errors import printable
-from ..model import GPU_RESIDENT_KINDS, KINDS, Analysis, Series
+from ..model import GPU_RESIDENT_KINDS, KINDS, Allocation, Analysis, Series
+from ..model.memory import site_in_family
 from ..units import fmt_bytes
 
 
@@ -77,8 +78,7 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
              for p in analysis.peaks if p.pid is not None and p.peak_bytes > 0]
     sites: dict[str, int] = {}
     allocations = [[a.pid, a.device, a.kind, a.bytes, a.alloc_time_ns, a.free_time_ns, printable(a.nvtx_range),
-                    sites.setdefault(printable(a.site.label), len(sites))]
-                   for a in timeline.allocations]
+                    *site_columns(a, sites)] for a in timeline.allocations]
     return {
         "start": timeline.start_ns, "end": timeline.end_ns,
         "focus": _focus(timeline.focus_start_ns, timeline.focus_end_ns),
@@ -97,6 +97,14 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
         "allocations": {"sites": list(sites), "rows": allocations, "total": timeline.allocations_total},
         "steps": step_sets(analysis, short),
     }
+
+
+def site_columns(a: Allocation, sites: dict[str, int]) -> list[int]:
+    """An allocation's site and its site as a family (a site named by its range: "cudaMalloc in step
+    N [python]"), as indexes into the page's `sites` (added there when new): the click list joins the
+    blocks one site kept in every step on one row."""
+    return [sites.setdefault(printable(a.site.label), len(sites)),
+            sites.setdefault(printable(site_in_family(a.site.label, a.nvtx_range)), len(sites))]
 
 
 def oom_marks(analysis: Analysis, home: dict[int, int]) -> list[dict[str, Any]]:
