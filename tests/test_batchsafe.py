@@ -244,6 +244,31 @@ def test_two_batches_appending_to_one_new_database_at_once_both_land(tmp_path):
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 
+@pytest.mark.slow  # two commands' start-up: 3-5 s
+def test_two_batch_commands_appending_to_one_new_database_at_once(many_documents, documents, tmp_path):
+    """The same as two real `nsysan batch` processes started together, each with its own folder
+    of documents, both appending to one --db that does not exist yet."""
+    import sys
+
+    from conftest import ROOT
+
+    db = tmp_path / "history.db"
+    procs = [subprocess.Popen([sys.executable, "-m", "nsysan", "batch", str(folder), "-o", str(tmp_path / f"out{i}"),
+                               "--db", str(db), "-j", "1", "--no-progress", "--tag", f"run{i}"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
+             for i, folder in enumerate((many_documents, documents))]
+    results = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], results
+    with sqlite3.connect(db) as conn:
+        # run00.analysis.json has the bytes of known_mem_v25.analysis.json: one report (keyed by
+        # content), tagged by whichever batch wrote it last; 12 + 2 - 1 reports in all
+        assert conn.execute("select count(*), count(distinct report_hash) from reports").fetchone() == (13, 13)
+        tags = dict(conn.execute("select tag, count(*) from reports group by tag").fetchall())
+        assert tags in ({"run0": 12, "run1": 1}, {"run0": 11, "run1": 2})
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
 def test_a_batch_that_failed_leaves_a_database_the_next_one_uses(documents, tmp_path, capsys, monkeypatch):
     """An unreachable Dask scheduler stops the batch after nsysan.db was opened: the next batch
     into the same folder must not call it "not an nsysan database"."""
