@@ -33,7 +33,9 @@ def read_capture_start(conn: sqlite3.Connection, schema: Schema) -> Optional[Cap
     table = "CUDA_GPU_MEMORY_USAGE_EVENTS"
     if not schema.has(table, "start", "bytes", "memKind", "memoryOperationType", "globalPid"):
         return None
-    at_start = f"start <= {int(schema.time_offset_ns)}"
+    # exactly the session's first instant: a row stamped before it is a bad row (left out, with
+    # its own diagnostic), not part of nsys's snapshot
+    at_start = f"start = {int(schema.time_offset_ns)}"
     first = conn.execute(f"SELECT count(*) FROM (SELECT start FROM {table} ORDER BY rowid LIMIT {FIRST_ROWS}) "
                          f"WHERE {at_start}").fetchone()[0]
     if not first:
