@@ -34,9 +34,10 @@ _KEYS = {"groups": ("report_hash", "pid", "device", "kind"), "steps": ("report_h
 
 
 # How long a write waits for another process's lock (a second batch appending to the same --db,
-# a reader's checkpoint) before the batch stops with a clear line. Each report is one short
-# transaction, so two batches appending at once take turns well inside it.
-LOCK_TIMEOUT_S = 30.0
+# a `sqlite3` shell's open transaction) before the batch stops with a clear line: SQLite's own
+# default. Each report is one short transaction (milliseconds, a few thousand rows at most), so two
+# batches appending at once take turns well inside it.
+LOCK_TIMEOUT_S = 5.0
 _PRIMARY_KEYS = {"reports": ("report_hash",), **_KEYS}
 
 
