@@ -11,7 +11,7 @@ from conftest import analysis_of
 from test_html import assert_quiet_page, chromium  # noqa: F401  (the fixture)
 
 from nsysan.commands.outputs import write_report
-from nsysan.units import fmt_bytes
+from nsysan.units import fmt_bytes, fmt_time
 
 MiB = 1 << 20
 RANK_1 = 2147  # ddp_leak_v25: rank 1 (GPU 1) leaks 64 MiB per step (fixtures/README.md)
@@ -137,7 +137,8 @@ def test_the_click_list_groups_by_site_and_says_what_it_counts_over(tmp_path, ch
                                "carries: smaller blocks live then are not in this list.")
     rows = [(r[0], int(r[1]), int(r[3]), r[6]) for r in clicked["rows"]]
     assert rows == [(fmt_bytes(b), n, pid, site) for b, n, pid, site in expected_rows(analysis)]
-    assert clicked["title"] == f"Live at 15.634 s: 30 allocations from {len(rows)} sites"
+    # the capture ends at 15634381655 ns; the opening view (0.1 s) asks for 5 decimals
+    assert clicked["title"] == f"Live at 15.63438 s: 30 allocations from {len(rows)} sites"
     leak = next(r for r in clicked["rows"] if r[6] == "cudaMalloc in step N [pt_autograd_1]")
     assert leak[3] == str(RANK_1) and leak[7].endswith(" ranges)")  # one row for every step's block
     assert clicked["after_close"] == ""  # the close button empties the list
@@ -149,3 +150,34 @@ def test_the_click_list_of_every_allocation_is_the_never_freed_table(tmp_path, c
     assert [(r[0], r[1], r[6]) for r in clicked["rows"]] == [
         (fmt_bytes(g.total_bytes), str(g.count), g.site.label) for g in analysis.never_freed_groups]
     assert clicked["rows"][1][6:8] == ["alloc_cache_entry (known)", "step 2, step 5, step 8 (3 ranges)"]
+
+
+ONE_CURSOR = """(async () => {
+  const tl = window.nsysanTimelines[0], u = tl.plots[0], peak = %d / 1e9;
+  const frame = () => new Promise(done => requestAnimationFrame(() => setTimeout(done, 20)));
+  u.setCursor({left: u.valToPos(peak, 'x'), top: 10}); tl.show(peak); tl.list(peak); await frame();
+  const box = u.root.closest('.timeline');
+  return {axis: u.axes[0]._values, view: tl.view(),
+          legend: box.querySelector('.u-legend .u-series:first-child .u-value').textContent,
+          readout: box.querySelector('.readout b').textContent,
+          listed: box.querySelector('.live-list h3').textContent};
+})()"""
+
+
+def test_axis_readout_legend_click_list_and_tables_tell_one_time_in_one_unit(tmp_path, chromium):
+    # torch_ops_v25's steps run from 9.3 s: the tables write seconds; the readout used to say
+    # "9921.24 ms" for the peak at 9.921 s
+    analysis = analysis_of("torch_ops_v25")
+    t = analysis.peak.peak_time_ns
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
+                             evaluate={"cursor": ONE_CURSOR % t,
+                                       "peak_at": "document.querySelector('#peaks-table tbody td:nth-child(4)').textContent"})
+    assert_quiet_page(page, netlog)
+    seen = page.values["cursor"]
+    assert 1 <= seen["view"][0] < seen["view"][1] < 10  # a view of a few steps, all between 1 and 10 s
+    table = page.values["peak_at"]
+    assert table == fmt_time(t) and table.endswith(" s")
+    shown = [seen["legend"], seen["readout"], seen["listed"].split("Live at ")[1].split(":")[0]]
+    assert all(text.endswith(" s") and abs(float(text[:-2]) - t / 1e9) < 5e-4 for text in shown), shown
+    assert seen["readout"] == "9.9212 s"  # the 128 ms opening view: one more decimal (docs/report.md)
+    assert seen["axis"] and all(label.endswith(" s") for label in seen["axis"] if label)
