@@ -517,11 +517,14 @@ def pdf_text(pdf: bytes, tmp_path: Path) -> str:
 
 
 def test_printed_report_repeats_table_headers_with_their_text(tmp_path, chromium):
-    # 120 never-freed groups: the table runs over several A4 pages, and each page's copy of the
-    # header must carry its text (a <button> inside a <th> printed blank in repeated headers).
+    # 120 never-freed groups, each site 80 words long: the 25 rows a long table prints run over
+    # several A4 pages, and each page's copy of the header must carry its text (a <button> inside
+    # a <th> printed blank in repeated headers).
     base = make_analysis()
     group = base.never_freed_groups[0]
-    groups = [dataclasses.replace(group, nvtx_range=f"step {i}", total_bytes=(200 - i) * MiB) for i in range(120)]
+    groups = [dataclasses.replace(group, nvtx_range=f"step {i}", total_bytes=(200 - i) * MiB,
+                                  site=dataclasses.replace(group.site, label=" ".join(["frame"] * 80) + f" site {i}"))
+              for i in range(120)]
     page_path = write_report(dataclasses.replace(base, never_freed_groups=groups), tmp_path / "report")
     page, netlog = open_page(page_path, width=1400, height=900, screenshot=False, pdf=True)
     assert_quiet_page(page, netlog)
@@ -529,7 +532,9 @@ def test_printed_report_repeats_table_headers_with_their_text(tmp_path, chromium
     pages = text.count("\f")
     header = re.compile(r"total\s+count\s+sizes\s+kind\s+site\s+NVTX range\s+process\s+device\s+allocated \(ms\)")
     assert pages >= 3 and len(header.findall(text)) >= 3  # the first page of the table and its repeats
-    assert "step 119" in text and "filter" not in text  # all rows, no controls
+    # the first 25 rows in the order shown, and a line that says so; no controls
+    assert "step 24" in text and "step 25" not in text and "filter" not in text
+    assert re.search(r"Printed:\s+the\s+first\s+25\s+of\s+120\s+rows", text)
     assert "Where memory moves" not in text and "Whole capture" not in text
 
 

@@ -1,14 +1,18 @@
-"""The page at 420 px (issue 29): tables keep whole words, a site name wraps between words and never
-letter by letter, and the numbers stay in their own columns (the table scrolls in its box)."""
+"""The page on any screen and on paper (issue 29): at 420 px tables keep whole words, a site name wraps
+between words and never letter by letter, and the table scrolls in its box; printed, a long table
+prints its first rows and says how many it leaves out."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from browser import open_page
 from conftest import analysis_of
-from test_html import assert_quiet_page, chromium  # noqa: F401  (the fixture)
+from test_html import assert_quiet_page, chromium, pdf_text  # noqa: F401  (the fixture)
 
 from nsysan.commands.outputs import write_report
+from nsysan.units import fmt_time_in
 
 # Every shown cell against its longest word, measured in the font of the element holding it:
 # [table, word, word px, cell's content px] for each cell narrower than its longest word.
@@ -47,3 +51,21 @@ def test_no_cell_is_narrower_than_its_longest_word(name, width, tmp_path, chromi
     assert page.values["cells"] > 50 and page.values["narrow"] == []
     # the tables scroll in their own box: the page itself never does
     assert page.values["page"][0] <= page.values["page"][1] == width
+
+
+def test_a_long_table_prints_its_top_rows_and_says_how_many_more(tmp_path, chromium):
+    # jax_prealloc_v25: 200 NVTX ranges (XLA's passes); printed whole, the page was 28 A4 pages
+    analysis = analysis_of("jax_prealloc_v25")
+    assert len(analysis.ranges) == 200
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
+                             pdf=True, evaluate={"shown": "document.querySelectorAll('#ranges-table tbody tr').length",
+                                                 "note": "getComputedStyle(document.querySelector('.print-only')).display"})
+    assert_quiet_page(page, netlog)
+    assert page.values["shown"] == 200 and page.values["note"] == "none"  # on screen: every row, no note
+    text = pdf_text(page.pdf, tmp_path)
+    assert text.count("\f") <= 10
+    assert re.search(r"Printed:\s+the\s+first\s+25\s+of\s+200\s+rows", text)
+    # the table's first 25 rows, in its order (first opened first): their "first at" times, one a row
+    section = text[text.index("first at (s)"):text.index("Printed:")]
+    starts = sorted(r.first_start_ns for r in analysis.ranges)[:25]
+    assert re.findall(r"^\s*(\d+\.\d{3} s)\s", section, re.M) == [fmt_time_in(t, "s") for t in starts]
