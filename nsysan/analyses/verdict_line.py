@@ -63,10 +63,9 @@ def verdict_of(a: Analysis) -> tuple[str, str, str]:
     if judged and all(g.verdict == "stable" for g in judged):
         warmed = [g.message[g.message.index("grew during "):].split(";")[0] for g in judged
                   if "grew during " in g.message]  # growth.py's "grew during steps 0-3 (+5.8 GiB), flat since step 3"
-        if len(judged) == 1 and warmed:
-            return "info", "healthy", f"healthy: {warmed[0]}" + _peak_tail(a)
         since = max(g.first_step for g in judged)
-        return "info", "healthy", f"healthy: stable since step {since}" + _peak_tail(a)
+        said = warmed[0] if len(judged) == 1 and warmed else f"stable since step {since}"
+        return "info", "healthy", f"healthy: {said}" + _peak_tail(a) + _cache_caveat(a)
     if a.peak is not None:
         where = f"GPU {a.peak.gpu}" if a.peak.gpu is not None else f"CUDA device {a.peak.device}"
         inside = f" in '{a.peak.nvtx_range}'" if a.peak.nvtx_range else ""
@@ -85,6 +84,21 @@ def _in_graphs(a: Analysis, pid: int) -> str:
             fate = ", none destroyed" if p.exec_destroyed == p.exec_destroyed_at_exit else ""
             return f"; {part} of it captured into {p.instantiated} CUDA graphs{fate}"
     return ""
+
+
+_CACHES = {"pytorch_caching": "PyTorch's caching allocator", "pytorch_expandable": "PyTorch's caching allocator"}
+
+
+def _cache_caveat(a: Analysis) -> str:
+    """A caching allocator hands its reserve out again without a CUDA call: tensors that pile up
+    inside it (a leak smaller than its free blocks) are not in the trace. Flat is flat as far as
+    the driver sees."""
+    held = [u for u in a.reserved.allocators if u.allocator in _CACHES]
+    if not held:
+        return ""
+    reserved = max(held, key=lambda u: u.inside_end_bytes)
+    return (f"; {_CACHES[reserved.allocator]} holds {fmt_bytes(reserved.inside_end_bytes)} reserved, and what "
+            "tensors use inside it is not in the trace")
 
 
 def _peak_tail(a: Analysis) -> str:
