@@ -12,7 +12,7 @@ from conftest import analysis_of
 from test_html import assert_quiet_page, chromium, pdf_text  # noqa: F401  (the fixture)
 
 from nsysan.commands.outputs import write_report
-from nsysan.units import fmt_time_in
+from nsysan.units import fmt_frame, fmt_time_in
 
 # Every shown cell against its longest word, measured in the font of the element holding it:
 # [table, word, word px, cell's content px] for each cell narrower than its longest word.
@@ -69,3 +69,25 @@ def test_a_long_table_prints_its_top_rows_and_says_how_many_more(tmp_path, chrom
     section = text[text.index("first at (s)"):text.index("Printed:")]
     starts = sorted(r.first_start_ns for r in analysis.ranges)[:25]
     assert re.findall(r"^\s*(\d+\.\d{3} s)\s", section, re.M) == [fmt_time_in(t, "s") for t in starts]
+
+
+def test_the_call_stacks_of_the_top_sites_print(tmp_path, chromium):
+    # known_bt_v25 (--cudabacktrace): each site opens to its stack on screen; on paper the top rows'
+    # stacks print, innermost frame first
+    analysis = analysis_of("known_bt_v25")
+    stacks = {s.id: s for s in analysis.stacks}
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
+                             pdf=True, evaluate={"open": "document.querySelectorAll('details[open]').length"})
+    assert_quiet_page(page, netlog)
+    assert page.values["open"] == 0  # closed on screen
+    text = pdf_text(page.pdf, tmp_path)
+    squashed = re.sub(r"\s+", "", text[text.index("Allocation sites"):])  # paper breaks long names anywhere
+    printed = 0
+    for site in [s.site for s in analysis.sites[:10] if s.site.stack_id is not None]:
+        # its named frames, innermost first (cudaMalloc, alloc_workspace, train_step, main), after its row
+        at = squashed.index(site.label.split()[0])  # its row (the layout puts the label's words apart)
+        for frame in [f for f in stacks[site.stack_id].frames if not f.function.startswith("0x")][:4]:
+            want = re.sub(r"\s+", "", fmt_frame(frame.function, frame.file, frame.line, frame.module))
+            at = squashed.index(want, at)
+        printed += 1
+    assert printed >= 3
