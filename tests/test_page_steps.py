@@ -44,3 +44,26 @@ def test_each_rank_has_its_table():
 def test_no_steps_no_section():
     page = render_html(analysis_of("real_oom_v25"))
     assert 'id="steps"' not in page and 'href="#steps"' not in page
+
+
+def test_what_each_phase_costs_and_the_spikes_are_on_the_page():
+    analysis = analysis_of("torch_leak_v25")
+    page = render_html(analysis)
+    assert 'href="#phases"' in page and 'href="#spikes"' in page
+    phases = rows_of(page, "phases-table")
+    assert [r[1] for r in phases] == [p.path for p in analysis.phases]
+    # every step keeps its phases' bytes: step N rises 741 MiB at the median, forward and backward under it
+    assert phases[0] == ["1644", "step N", "6", "2.8 GiB", "741.0 MiB", "1.4 GiB", "+741.0 MiB",
+                         "+728.0 MiB … +1.4 GiB"]
+    assert phases[2][1:7] == ["step N > backward", "6", "3.1 GiB", "386.0 MiB", "456.1 MiB", "+386.0 MiB"]
+    spikes = rows_of(page, "spikes-table")
+    assert len(spikes) == len(analysis.spikes) == 5
+    assert [int(r[2].replace("+", "").split()[0].split(".")[0]) for r in spikes] == \
+        sorted((s.rise_bytes >> 20 for s in analysis.spikes), reverse=True)
+    assert spikes[0][:6] == ["1644", "9.767 s", "+968.1 MiB", "98.0 MiB", "1.0 GiB", "step 0 > forward"]
+    assert spikes[0][6] == "cudaMalloc in forward [python3] (968.1 MiB)"
+
+
+def test_a_capture_without_phases_has_no_such_sections():
+    page = render_html(analysis_of("known_plain_v25"))  # no sizes: no phases, no spikes
+    assert 'id="phases"' not in page and 'id="spikes"' not in page

@@ -146,7 +146,8 @@ def _environment() -> jinja2.Environment:
     env.filters.update(bytes=fmt_bytes, time=fmt_time, duration=fmt_duration, share=fmt_share, mib=fmt_mib,
                        frame=lambda f: fmt_frame(f.function, f.file, f.line, f.module), time_in=fmt_time_in,
                        change_percent=lambda percent: fmt_percent(percent / 100, signed=True),
-                       held_by=lambda allocations, group: [a for a in allocations if group.holds(a)])
+                       held_by=lambda allocations, group: [a for a in allocations if group.holds(a)],
+                       signed_bytes=lambda n: ("+" if n > 0 else "") + fmt_bytes(n))
     env.globals.update(time_unit=lambda *columns: time_unit(v for column in columns for v in column))
     return env
 
