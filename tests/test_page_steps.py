@@ -67,3 +67,17 @@ def test_what_each_phase_costs_and_the_spikes_are_on_the_page():
 def test_a_capture_without_phases_has_no_such_sections():
     page = render_html(analysis_of("known_plain_v25"))  # no sizes: no phases, no spikes
     assert 'id="phases"' not in page and 'id="spikes"' not in page
+
+
+def test_the_nvtx_table_says_where_a_steps_bytes_are():
+    # torch_ops_v25: "step 1" allocates nothing outside forward/backward/optimizer, so its own NVTX
+    # row is 0 B; the steps table has what the step allocated, its phases included
+    analysis = analysis_of("torch_ops_v25")
+    page = render_html(analysis)
+    step_1 = next(r for r in rows_of(page, "ranges-table") if r[1] == "step 1")
+    assert step_1[5] == "0 B"
+    (series,) = analysis.steps
+    assert next(s for s in series.steps if s.name == "step 1").allocated_bytes > 0
+    note = html.unescape(re.sub(r"<[^>]+>", "", page[page.index('id="ranges-table"'):].split('<p class="note">')[1]))
+    assert "So a step's row counts only what was allocated in it outside its phases (often 0 B)" in note
+    assert "is in the steps table, and each phase across the steps in what each phase costs." in note
