@@ -37,14 +37,18 @@ def test_compare_page_in_chromium(tmp_path, chromium):
     html = path.read_text(encoding="utf-8")
     assert str(path.parent) not in html and "/fixtures/" not in html  # file names, never paths
     data = page.values["data"]
-    # One panel (GPU 0 of each run), both runs in it, aligned on their first step: the new run's
-    # "step 0" band starts at 0 on the shared axis, and so do both runs' first steps.
+    # One panel (GPU 0 of each run), both runs in it, aligned on their first step: both first steps
+    # sit at the longer of the runs' times before their first step, and the axis starts at 0 with
+    # the earlier capture start: nothing is drawn at a negative time (the axis started at -9.5 s).
     (panel,) = data["panels"]
     assert {s["pid"] for s in panel["series"]} == {"base:2373", "new:1644"}
-    assert next(b for b in data["bands"] if b["name"] == "step 0")["s"] == 0
     assert data["alignedOnSteps"] is True
-    first_step = {run: a.steps[0].steps[0].start_ns for run, a in (("base", base), ("new", new))}
-    assert data["start"] == min(base.timeline.start_ns - first_step["base"], new.timeline.start_ns - first_step["new"])
+    lead = max(a.steps[0].steps[0].start_ns - a.timeline.start_ns for a in (base, new))
+    assert data["alignedAt"] == lead and data["start"] == 0
+    assert next(b for b in data["bands"] if b["name"] == "step 0")["s"] == lead
+    assert min(min(s["ts"]) for s in panel["series"]) >= 0 and min(b["s"] for b in data["bands"]) >= 0
+    assert min(row[4] for row in data["allocations"]["rows"]) >= 0
+    assert "each run moved so that their first steps line up at 9.535 s" in html
     # Hover names both runs' processes; drag and wheel zoom; double-click returns; "Whole capture".
     seen = page.values["interact"]
     assert seen["hovered"].startswith("at ") and "base: python3 (process 2373)" in seen["hovered"]
@@ -92,7 +96,7 @@ def test_compare_page_at_420_px_and_on_paper(tmp_path, chromium):
 
 def test_runs_without_steps_on_both_sides_start_at_their_first_memory_event():
     # real_oom_v25 has no steps: both runs are placed from their first memory event, so each
-    # run's earliest series point is at 0 on the shared axis.
+    # run's earliest series point is at one time on the shared axis, which starts at 0.
     from nsysan.render.compare_data import compare_page_data
 
     base, new = analysis_of("torch_leak_v25"), analysis_of("real_oom_v25")
@@ -101,6 +105,7 @@ def test_runs_without_steps_on_both_sides_start_at_their_first_memory_event():
     assert data["alignedOnSteps"] is False
     (panel,) = data["panels"]
     for run in ("base", "new"):
-        assert min(s["ts"][0] for s in panel["series"] if s["pid"].startswith(run + ":")) == 0
+        assert min(s["ts"][0] for s in panel["series"] if s["pid"].startswith(run + ":")) == data["alignedAt"]
+    assert data["start"] == 0 and data["alignedAt"] > 0
     # The step chart shows the one run that has steps.
     assert [line["label"] for line in data["steps"]] == ["base python3 (1644)"]

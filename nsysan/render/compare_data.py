@@ -3,7 +3,8 @@ process and GPU, in the shape report.js.j2 reads (see page_data.py).
 
 Nothing is computed but the placing: each run's times are moved by its own origin (the start of
 its first step when both runs have steps, else its first memory event), so step 0 of one run
-sits over step 0 of the other. Every value is the runs' own. A series' `pid` is a key naming its
+sits over step 0 of the other, at the time the longer lead before an origin takes (the axis starts
+at 0, never below). Every value is the runs' own. A series' `pid` is a key naming its
 run ("base:2373", "new:1644"): the page's script groups the hover readout, the NVTX path and the
 colours by it, and two runs may share a pid.
 """
@@ -38,7 +39,11 @@ def aligned_on_steps(base: Analysis, new: Analysis) -> bool:
 def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str, Any]:
     """Timeline panels (one per matched process and GPU, both runs in each) and step lines of both runs."""
     on_steps = aligned_on_steps(base, new)
-    runs = {"base": (base, run_origin(base, on_steps)), "new": (new, run_origin(new, on_steps))}
+    origins = {"base": run_origin(base, on_steps), "new": run_origin(new, on_steps)}
+    # Both origins at `lead`, the longer of the runs' times before theirs: the axis starts at 0 with
+    # the earlier capture start, never at a negative time, and the origins still line up.
+    lead = max(0, *(origins[side] - run.timeline.start_ns for side, run in (("base", base), ("new", new))))
+    runs = {"base": (base, origins["base"] - lead), "new": (new, origins["new"] - lead)}
     names: dict[str, str] = {}
     short: dict[str, str] = {}
     for side, (run, _origin) in runs.items():
@@ -107,7 +112,7 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
         "failed": failed, "traceEnds": ends,
         "allocations": {"sites": list(sites), "rows": allocations,
                         "total": base.timeline.allocations_total + new.timeline.allocations_total},
-        "steps": step_lines, "alignedOnSteps": on_steps,
+        "steps": step_lines, "alignedOnSteps": on_steps, "alignedAt": lead,
     }
 
 
