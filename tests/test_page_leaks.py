@@ -102,7 +102,13 @@ CLICK_AT_END = """(async () => {
   tl.list(JSON.parse(document.getElementById('nsysan-data').textContent).end / 1e9);
   const out = {title: box.querySelector('h3').textContent,
                note: (box.querySelector('p.note') || {textContent: null}).textContent,
-               rows: Array.from(box.querySelectorAll('tbody tr'), r => Array.from(r.cells, c => c.textContent))};
+               rows: Array.from(box.querySelectorAll('table.live > tbody > tr'),  // a site's label, not its stack
+                                r => Array.from(r.cells, c => (c.querySelector(':scope > details > summary') || c).textContent))};
+  out.stacks = Array.from(box.querySelectorAll('tbody tr td:nth-child(7) > details'), d => ({
+    site: d.querySelector(':scope > summary').textContent,
+    frames: Array.from(d.querySelectorAll(':scope > ol.stack > li'), li => li.textContent),
+    folded: (d.querySelector(':scope > details.inner > summary') || {textContent: null}).textContent,
+    inner: Array.from(d.querySelectorAll(':scope > details.inner li'), li => li.textContent)}));
   box.querySelector('button.close').click();
   out.after_close = box.textContent;
   return out;
@@ -150,6 +156,14 @@ def test_the_click_list_of_every_allocation_is_the_never_freed_table(tmp_path, c
     assert [(r[0], r[1], r[6]) for r in clicked["rows"]] == [
         (fmt_bytes(g.total_bytes), str(g.count), g.site.label) for g in analysis.never_freed_groups]
     assert clicked["rows"][1][6:8] == ["alloc_cache_entry (known)", "step 2, step 5, step 8 (3 ranges)"]
+    # each site opens to its call stack, the user's frames first (fixtures/workloads/known_allocs.cu:
+    # main calls train_step, which calls alloc_cache_entry), what it called (cudaMalloc, the driver,
+    # the profiler) folded behind one line
+    stack = next(s for s in clicked["stacks"] if s["site"] == "alloc_cache_entry (known)")
+    assert stack["frames"][:3] == ["alloc_cache_entry (known)", "train_step (known)", "main (known)"]
+    assert stack["folded"] == "5 frames below it: what it called (framework, allocator, driver, profiler)"
+    assert stack["inner"][-1] == "cudaMalloc (known)" and "libcupti.so" in stack["inner"][0]
+    assert {s["site"] for s in clicked["stacks"]} == {r[6] for r in clicked["rows"] if r[6] != "cudaMallocAsync in async pool [known]"}
 
 
 ONE_CURSOR = """(async () => {

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..errors import printable
-from ..model import GPU_RESIDENT_KINDS, KINDS, Allocation, Analysis, Series
+from ..model import GPU_RESIDENT_KINDS, KINDS, Allocation, Analysis, CallSite, Series, Stack
 from ..model.memory import site_in_family
-from ..units import fmt_bytes
+from ..units import fmt_bytes, fmt_frame
 
 
 def series_by_gpu(analysis: Analysis) -> dict[int, list[Series]]:
@@ -77,8 +77,14 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
                        + (f" · {printable(p.nvtx_range)}" if p.nvtx_range else "")}
              for p in analysis.peaks if p.pid is not None and p.peak_bytes > 0]
     sites: dict[str, int] = {}
+    stacks = {s.id: s for s in analysis.stacks}
+    stack_sites: dict[int, CallSite] = {}  # stack id -> the first site naming it, in the order listed
+    for a in timeline.allocations:
+        if a.site.stack_id in stacks:
+            stack_sites.setdefault(a.site.stack_id, a.site)
+    shown = {stack_id: n for n, stack_id in enumerate(stack_sites)}
     allocations = [[a.pid, a.device, a.kind, a.bytes, a.alloc_time_ns, a.free_time_ns, printable(a.nvtx_range),
-                    *site_columns(a, sites)] for a in timeline.allocations]
+                    *site_columns(a, sites), shown.get(a.site.stack_id, -1)] for a in timeline.allocations]
     return {
         "start": timeline.start_ns, "end": timeline.end_ns,
         "focus": _focus(timeline.focus_start_ns, timeline.focus_end_ns),
@@ -94,7 +100,8 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
                    for f in analysis.failed_calls if f.pid in home],
         "traceEnds": [{"pid": e.pid, "panel": home.get(e.pid), "t": e.time_ns} for e in timeline.trace_ends],
         "ooms": oom_marks(analysis, home),
-        "allocations": {"sites": list(sites), "rows": allocations, "total": timeline.allocations_total},
+        "allocations": {"sites": list(sites), "rows": allocations, "total": timeline.allocations_total,
+                        "stacks": [site_stack(stacks[i], site) for i, site in stack_sites.items()]},
         "steps": step_sets(analysis, short),
     }
 
@@ -105,6 +112,19 @@ def site_columns(a: Allocation, sites: dict[str, int]) -> list[int]:
     blocks one site kept in every step on one row."""
     return [sites.setdefault(printable(a.site.label), len(sites)),
             sites.setdefault(printable(site_in_family(a.site.label, a.nvtx_range)), len(sites))]
+
+
+STACK_FRAMES = 16
+
+
+def site_stack(stack: Stack, site: CallSite) -> dict[str, list[str]]:
+    """A site's call stack for the click list, the user's frames first: from the frame the site
+    names outward, then the frames inside it (the profiler, the driver, the allocator, the
+    framework), which the list folds behind one line; at most STACK_FRAMES of each."""
+    at = next((i for i, f in enumerate(stack.frames) if site.function and f.function == site.function
+               and (not site.file or f.file == site.file) and (site.line is None or f.line == site.line)), 0)
+    shown = [printable(fmt_frame(f.function, f.file, f.line, f.module)) for f in stack.frames]
+    return {"frames": shown[at:][:STACK_FRAMES], "inner": shown[:at][-STACK_FRAMES:]}
 
 
 def oom_marks(analysis: Analysis, home: dict[int, int]) -> list[dict[str, Any]]:
