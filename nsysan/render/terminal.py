@@ -52,6 +52,8 @@ def summary_parts(analysis: Analysis, top: int = 10, stacks: bool = False) -> li
                 tables.append(_site_stacks(analysis, top))
         if analysis.ranges:
             tables.append(_ranges_table(analysis, top))
+            if any(r.operator for r in analysis.ranges):
+                tables.append(_ranges_table(analysis, top, operators=True))
     if analysis.api_calls and (not analysis.capture.memory_usage_collected or not analysis.groups):
         tables.append(_calls_table(analysis, top))
     if analysis.failed_calls:
@@ -258,10 +260,15 @@ def _site_stacks(analysis: Analysis, top: int) -> Group:
     return Group(*parts)
 
 
-def _ranges_table(analysis: Analysis, top: int) -> Sheet:
-    table = Sheet("NVTX ranges (innermost range of each allocation)", _col("range", NAME), _col("instances", drop=1),
+def _ranges_table(analysis: Analysis, top: int, operators: bool = False) -> Sheet:
+    """The user's NVTX ranges, or (`operators`) PyTorch's operator ranges (`--pytorch=autograd-nvtx`),
+    a level of their own: an allocation inside `forward > aten::addmm` counts in each table once,
+    never twice in one."""
+    title = ("PyTorch operator ranges (innermost operator of each allocation)" if operators
+             else "NVTX ranges (innermost range of each allocation)")
+    table = Sheet(title, _col("operator" if operators else "range", NAME), _col("instances", drop=1),
                   _col("allocated"), _col("freed", drop=2), _col("still live at end"), _col("max live while open"))
-    for r in analysis.ranges[:top]:
+    for r in [r for r in analysis.ranges if r.operator == operators][:top]:
         table.add_row(_t(r.name or "(none)"), str(r.instances), fmt_bytes(r.allocated_bytes), fmt_bytes(r.freed_bytes),
                       fmt_bytes(r.still_live_bytes), fmt_bytes(r.max_live_bytes))
     return table
