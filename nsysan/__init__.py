@@ -159,7 +159,7 @@ def compare(base: Run, new: Run, *, nsys: Optional[PathLike] = None,
 
     Each run is a report, an export, an analysis JSON or an `Analysis` already at hand
     (`step_range`: the NVTX ranges that are steps in the reports, as in `analyze`). The
-    `Comparison` has the fields of the `nsysan/compare@1` document (docs/ci.md) and the tables
+    `Comparison` has the fields of the `nsysan/compare@1` document (docs/json.md) and the tables
     `processes`, `sites` and `ranges` as DataFrames (`frame(name)`), a before/after pair spread
     into `<what>_before`, `<what>_after`, `<what>_delta` (bytes) and `<what>_percent` columns.
 
