@@ -38,12 +38,14 @@ def test_the_first_moment_over_the_size_is_the_events_own(torch_leak_v25):
     assert (gpu.first_over_ns, gpu.over_bytes, gpu.peak_bytes) == first_over(torch_leak_v25, 0, 4 * GiB)
     assert (gpu.pid, gpu.nvtx_path) == (1644, "step 4 > forward")
     assert gpu.peak_bytes == torch_leak_v25.peak.peak_bytes
-    # the leak's 735 MiB per step: 4 GiB is used up by step 5, the last judged one
+    # the leak's 735 MiB per step: 4 GiB is used up by the end of step 4, the first that ended above it
     (growth,) = found.growth
-    assert (growth.bytes_per_step, growth.steps_allowed, growth.at_step) == (735 * (1 << 20), 0, 5)
+    ends = [s.end_live_bytes for s in torch_leak_v25.steps[0].steps]
+    assert ends[3] <= 4 * GiB < ends[4]
+    assert (growth.bytes_per_step, growth.steps_allowed, growth.at_step) == (735 * (1 << 20), 0, 4)
     assert found.message == ("on a 4.0 GiB GPU: GPU 0 would not fit: over it by 17.1 MiB at 10.093 s by process 1644 "
                              "in 'step 4 > forward' (its peak: 5.3 GiB); with process 1644's growth of 735.0 MiB per "
-                             "step, 4.0 GiB is already used up by step 5")
+                             "step, 4.0 GiB is used up by the end of step 4")
 
 
 def test_each_gpu_of_a_two_rank_job(ddp_leak_v25):

@@ -35,11 +35,17 @@ def what_if_gpu(analysis: Analysis, capacity_bytes: int) -> WhatIf:
     for (gpu, device), series in sorted(by_gpu.items(), key=lambda kv: (kv[0][0] is None, kv[0])):
         gpus.append(_replay(analysis, gpu, series[0].device if device == -1 else device, series, capacity_bytes))
     growth = []
+    series = {(s.pid, s.device): s for s in analysis.steps}
     for g in analysis.growth:
         if g.verdict == "growing" and g.bytes_per_step > 0 and g.last_step is not None:
             left = max(int(np.ceil((capacity_bytes - g.end_live_bytes) / g.bytes_per_step)), 0)
+            at_step = g.last_step + left
+            if not left:  # already over it inside the capture: the first step that ended above it
+                steps = series.get((g.pid, g.device))
+                over = [s.number for s in (steps.steps if steps else []) if s.end_live_bytes > capacity_bytes]
+                at_step = over[0] if over else at_step
             growth.append(WhatIfGrowth(pid=g.pid, device=g.device, process=g.process, bytes_per_step=g.bytes_per_step,
-                                       end_live_bytes=g.end_live_bytes, steps_allowed=left, at_step=g.last_step + left))
+                                       end_live_bytes=g.end_live_bytes, steps_allowed=left, at_step=at_step))
     found = WhatIf(capacity_bytes=capacity_bytes, gpus=gpus, growth=growth, approximate=approximate)
     return dataclasses.replace(found, message=_sentence(found, analysis))
 
@@ -91,7 +97,7 @@ def _sentence(w: WhatIf, analysis: Analysis) -> str:
     for g in w.growth:
         grows = f"with {g.process}'s growth of {fmt_bytes(g.bytes_per_step)} per step"
         parts.append(f"{grows}, {size} allows {g.steps_allowed} more steps (to step ~{g.at_step})" if g.steps_allowed
-                     else f"{grows}, {size} is already used up by step {g.at_step}")
+                     else f"{grows}, {size} is used up by the end of step {g.at_step}")
     return f"on a {size} GPU: " + "; ".join(parts) if parts else f"on a {size} GPU: no memory events to replay"
 
 
