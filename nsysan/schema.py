@@ -48,6 +48,7 @@ EXPORTED_TABLES = (
     "CUDA_GPU_MEMORY_USAGE_EVENTS", "CUDA_GPU_MEMORY_POOL_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME",
     "CUDA_CALLCHAINS", "NVTX_EVENTS", "NVTX_PAYLOAD_SCHEMAS", "NVTX_PAYLOAD_SCHEMA_ENTRIES",
     "CUPTI_ACTIVITY_KIND_KERNEL",  # the launch sequence of steps without NVTX (events/read_launches.py)
+    "TARGET_INFO_CUDA_CONTEXT_INFO",  # which GPUs each process holds a context on (events/read_code.py)
 )
 # What an export asked for them holds whatever the capture was (every report has strings and
 # export metadata, 2023.4 on): without them, nsys did not take the list as meant.
