@@ -77,7 +77,9 @@ def ints(frame: pd.DataFrame, column: str) -> pd.Series:
     if numbers.dtype.kind in "iu" or str(numbers.dtype) in ("Int64", "UInt64"):
         return numbers.astype("Int64")
     floats = numbers.astype("Float64").to_numpy(dtype="float64", na_value=np.nan)
-    finite = np.isfinite(floats)
+    # A fraction is no value nsys writes (1.5 bytes, a time between two ns): unreadable, as text
+    # is, not truncated into a number that looks real
+    finite = np.isfinite(floats) & (np.floor(floats) == floats)
     out = pd.array(np.where(finite, np.clip(floats, -2.0**62, 2.0**62), 0).astype("int64"), dtype="Int64")
     out[~finite] = pd.NA
     return pd.Series(out, index=values.index)
