@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -145,6 +146,8 @@ class _HeldInterrupts:
         self.holding = False
         self.pending: list[int] = []
         self.previous: dict[int, Any] = {}
+        self.raised: Optional[int] = None  # the signal last acted on
+        self.unraisable_hook: Any = None
 
     def __enter__(self) -> "_HeldInterrupts":
         if threading.current_thread() is threading.main_thread():
@@ -155,11 +158,25 @@ class _HeldInterrupts:
                 current = signal.getsignal(signum)
                 if signum == signal.SIGINT or callable(current):
                     self.previous[signum] = signal.signal(signum, self._on_signal)
+            self.unraisable_hook, sys.unraisablehook = sys.unraisablehook, self._swallowed
         return self
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+        if self.unraisable_hook is not None:
+            sys.unraisablehook = self.unraisable_hook
+
+    def _swallowed(self, unraisable: Any) -> None:
+        """A signal that arrived while Python ran a finalizer or a weakref callback (Dask's and
+        the pool's objects are collected while the batch stops) raised where nothing can catch
+        it: Python would print 'Exception ignored ... Traceback' and go on. It is sent again a
+        moment later instead, to stop the batch where it can."""
+        if isinstance(unraisable.exc_value, BaseException) and not isinstance(unraisable.exc_value, Exception) \
+                and self.raised is not None:
+            threading.Timer(0.01, os.kill, (os.getpid(), self.raised)).start()
+            return
+        self.unraisable_hook(unraisable)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self.holding:
@@ -168,6 +185,7 @@ class _HeldInterrupts:
             self._act(signum, frame)
 
     def _act(self, signum: int, frame: object) -> None:
+        self.raised = signum
         handler = self.previous.get(signum)
         if signum != signal.SIGINT and callable(handler):
             handler(signum, frame)  # the command's: raises to stop the batch
