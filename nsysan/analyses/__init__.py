@@ -28,7 +28,7 @@ from .pools import pool_uses, reserve_adjustment
 from .ranks import assign_ranks
 from .ranges import range_stats
 from .sites import rank_sites
-from .stacks import referenced_stacks
+from .stacks import referenced_stacks, stack_bytes
 from .iteration_phases import with_iteration_phases
 from .iterations import find_iterations, with_iterations
 from .steps import find_step_ranges, listed, live_series, memory_threads, step_diagnostics, step_table
@@ -118,6 +118,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         sites = _here_unless_started(sites_later, site_work)
         api_calls = _here_unless_started(api_calls_later, api_call_work)
     peaks = verdicts.peaks
+    leaked = events.index.get_indexer(never_freed_rows(events).index) if not events.empty else None
     growth = judge_all(steps, capture.processes, verdicts.caps)
     steps = [listed(s) for s in steps]  # after judging: the verdict sees every step
     diagnostics = ([d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics
@@ -143,7 +144,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         reserved=verdicts.reserved,
         steps=steps,
         growth=growth,
-        never_freed_groups=groups_of(events.index.get_indexer(never_freed_rows(events).index)) if not events.empty else [],
+        never_freed_groups=groups_of(leaked) if not events.empty else [],
+        never_freed_stacks=stack_bytes(events, leaked) if not events.empty else [],
         phases=phases,
         spikes=spikes,
         events=events,

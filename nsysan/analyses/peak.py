@@ -10,6 +10,7 @@ import pandas as pd
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
 from .arrays import category_codes, distinct_pairs
 from .pools import ReserveChanges, reserve_at
+from .stacks import stack_bytes
 
 LIVE_AT_PEAK = 20  # allocations listed per peak (largest first); live_count has them all
 MADE_OF = 5  # (site, range) pairs listed per peak
@@ -89,7 +90,7 @@ def _peak_of(rows: np.ndarray, events: pd.DataFrame, pid: Optional[int], device:
                 api=str(events["api"].iat[seq]), total_memory_bytes=total, live_count=int(len(live_now)),
                 live_at_peak=to_allocations(events.iloc[largest]),
                 pool_reserve_bytes=int(reserve[at]) if reserve is not None else 0,
-                live_groups=to_groups(live_now) if to_groups else [])
+                live_groups=to_groups(live_now) if to_groups else [], live_stacks=stack_bytes(events, live_now))
 
 
 def _reached(seq: int, ts: int, reserve_changes: Optional[ReserveChanges], is_pool: bool) -> int:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterator
 
-from ..model import Analysis, Stack
+import numpy as np
+import pandas as pd
+
+from ..model import Analysis, Stack, StackBytes
+from .arrays import category_codes, distinct_rows
+
+# Leaves of a flame graph: a Python capture's peak holds a few dozen stacks; a cap keeps a capture
+# with thousands (every line of a model's build) to a page of this many, the rest shown as "other".
+MAX_STACK_BYTES = 500
 
 
 def referenced_stacks(stacks: list[Stack], analysis: Analysis) -> list[Stack]:
@@ -35,3 +43,25 @@ def _stack_ids(value: Any) -> Iterator[int]:
         if value and (dataclasses.is_dataclass(value[0]) or isinstance(value[0], (list, tuple))):
             for item in value:
                 yield from _stack_ids(item)
+
+
+def stack_bytes(events: pd.DataFrame, rows: np.ndarray, limit: int = MAX_STACK_BYTES) -> list[StackBytes]:
+    """Alloc events `rows` summed by process, device, kind, call stack and site: bytes and count,
+    largest first (ties in the order of their labels, so that the whole-frame and the streamed
+    analyses, whose category codes differ, list them alike); at most `limit`."""
+    if len(rows) == 0:
+        return []
+    kinds, sites = events["kind"].cat.categories, events["site"].cat.categories
+    columns = [events["pid"].to_numpy()[rows], events["device"].to_numpy()[rows],
+               category_codes(events["kind"])[rows], category_codes(events["site"])[rows],
+               events["stack"].to_numpy()[rows]]
+    group, firsts = distinct_rows(*columns)
+    total = np.zeros(len(firsts), "int64")
+    np.add.at(total, group, events["bytes"].to_numpy()[rows].astype("int64"))
+    count = np.bincount(group, minlength=len(firsts))
+    found = [StackBytes(pid=int(pid), device=int(device), kind=str(kinds[kind]),
+                        site=str(sites[site]) if site >= 0 else "", stack_id=int(stack) if stack >= 0 else None,
+                        bytes=int(total[g]), count=int(count[g]))
+             for g, (pid, device, kind, site, stack) in enumerate(zip(*(c[firsts].tolist() for c in columns)))]
+    found.sort(key=lambda s: (-s.bytes, s.pid, s.device, s.kind, s.site, -1 if s.stack_id is None else s.stack_id))
+    return found[:limit]

@@ -209,6 +209,7 @@ class Described:
         present = set(labels)
         mini["site"] = pd.Categorical(labels, categories=[label for label in order if label in present])
         mini["nvtx_range"] = pd.Categorical(info["nvtx_range"].to_numpy())
+        mini["stack"] = info["stack"].to_numpy().astype("int32")
         return mini
 
     def range_rises(self, key: int, end_ns: int) -> list:

@@ -29,6 +29,7 @@ from .ranks import assign_ranks
 from .allocator import find_preallocations
 from .sites import call_site
 from .spikes import MAX_PARTS, TOP, _distinct
+from .stacks import stack_bytes
 from .steps import step_diagnostics
 from .streamed import FirstLook, no_rows, pair_key
 from .streamed_second import PeakSeries, SecondLook, SpikeWatch
@@ -95,6 +96,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
              for p, s in zip(peaks, [s for s in second.peaks if s.best_seq >= 0])]
     leaks = _never_freed(first, final, kinds)
     never_freed = described.allocations(leaks.head(500), {})
+    leaked = described.frame(leaks)
     timeline = Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=[
         Series(int(key >> 24), int(((key >> 8) & 0xFFFF) - 1), kinds[key & 0xFF], *second.series(code))
         for key, code in sorted(first.groups.index.items())], bands=[])
@@ -117,8 +119,8 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
         peaks=peaks, never_freed=never_freed, never_freed_total=int(len(leaks)), sites=[], api_calls=[],
         failed_calls=[], ranges=[], timeline=timeline, diagnostics=diagnostics, caps=caps, oom=oom,
         reserved=ReservedMemory(allocators=[], preallocations=preallocations, pools=pools or []), steps=[],
-        growth=[], never_freed_groups=allocation_groups(described.frame(leaks), np.arange(len(leaks)),
-                                                        described.site_table),
+        growth=[], never_freed_groups=allocation_groups(leaked, np.arange(len(leaks)), described.site_table),
+        never_freed_stacks=stack_bytes(leaked, np.arange(len(leaks))),
         phases=[], spikes=_spikes(first, second, gpu_of), events=None, calls=None, nvtx_ranges=None)
     answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, True,
                              {pid: name for pid, name in labels.items() if name})
@@ -325,7 +327,8 @@ def _peak(series: PeakSeries, second: SecondLook, kinds: list[str], total_memory
                 total_memory_bytes=total_memory(series.gpu), live_count=int(len(live)),
                 live_at_peak=described.allocations(largest, second.free_ts, series),
                 pool_reserve_bytes=series.best_reserve,
-                live_groups=allocation_groups(mini, np.arange(len(mini)), described.site_table))
+                live_groups=allocation_groups(mini, np.arange(len(mini)), described.site_table),
+                live_stacks=stack_bytes(mini, np.arange(len(mini))))
 
 
 def _module_load_note(series: PeakSeries, own_api: Optional[str] = None) -> str:

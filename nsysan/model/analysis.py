@@ -10,7 +10,7 @@ from ..smi_model import SmiOverlay
 from .hidden import CudaGraphs, HiddenMemory
 from .capture import SCHEMA_ID, SEVERITIES, Capture, Diagnostic, Source
 from .memory import Allocation, AllocationGroup, ApiCallStat, FailedCall, GroupSummary, Peak, RangeStat, Site, Stack, \
-    Timeline
+    StackBytes, Timeline
 from .oom import OutOfMemory, ReservedMemory
 from .plain import _to_plain, from_document
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, StepSeries, WhatIf
@@ -70,6 +70,8 @@ class Analysis:
     never_freed_groups: list[AllocationGroup] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)  # per range path, the largest rises first
     spikes: list[Spike] = field(default_factory=list)  # per process and device, the largest first
+    # Every never-freed allocation by call stack, largest first (capped): the never-freed flame graph
+    never_freed_stacks: list[StackBytes] = field(default_factory=list)
     # The frames read from the export (pandas DataFrames), for notebooks; never serialized.
     events: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # see nsysan.events
     calls: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # memory API calls

@@ -134,6 +134,20 @@ class GroupSummary:
 
 
 @dataclass(frozen=True)
+class StackBytes:
+    """Allocations of one process, device and kind made from one call stack (or, without a stack,
+    at one call site), summed: a leaf of the page's flame graph of what was live."""
+
+    pid: int
+    device: int
+    kind: str
+    site: str  # the call site's label, as in `CallSite.label`
+    stack_id: Optional[int]  # the allocations' own call stack (Analysis.stacks), None without one
+    bytes: int
+    count: int
+
+
+@dataclass(frozen=True)
 class Peak:
     """Highest live GPU-resident bytes (device + array + static) and what made it up.
 
@@ -158,6 +172,8 @@ class Peak:
     made_of: list["Holder"] = field(default_factory=list)  # live at the peak by site and range, largest first, capped
     # Every allocation live at the peak, grouped by site and NVTX range, largest total first (capped)
     live_groups: list[AllocationGroup] = field(default_factory=list)
+    # Every allocation live at the peak by call stack, largest first (capped): what the flame graph draws
+    live_stacks: list[StackBytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

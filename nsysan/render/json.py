@@ -83,7 +83,7 @@ def render_baseline(analysis: Analysis) -> str:
         analysis, scope=BASELINE_SCOPE,
         peak=_bare_peak(analysis.peak) if analysis.peak is not None else None,
         peaks=[_bare_peak(p) for p in analysis.peaks], never_freed=[], api_calls=[], stacks=[], answers=[],
-        never_freed_groups=[], phases=[], spikes=[], smi=None, hidden=HiddenMemory(), graphs=CudaGraphs(),
+        never_freed_groups=[], never_freed_stacks=[], phases=[], spikes=[], smi=None, hidden=HiddenMemory(), graphs=CudaGraphs(),
         timeline=replace(timeline, series=series, bands=[], spans=[], allocations=[]),
         oom=replace(oom, failures=[replace(f, live_at_failure=[]) for f in oom.failures],
                     allocator_ooms=[replace(o, live_at_release=[]) for o in oom.allocator_ooms]),
@@ -94,4 +94,4 @@ def render_baseline(analysis: Analysis) -> str:
 def _bare_peak(peak: Any) -> Any:
     from dataclasses import replace
 
-    return replace(peak, live_at_peak=[], made_of=[], live_groups=[])
+    return replace(peak, live_at_peak=[], made_of=[], live_groups=[], live_stacks=[])
