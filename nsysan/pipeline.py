@@ -6,7 +6,7 @@ import dataclasses
 import re
 import sqlite3
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from . import export, memory_budget
 from .analyses import run_analyses
@@ -26,11 +26,15 @@ from .events.read_launches import read_launches
 from .events.read_start import read_capture_start
 from .model import Analysis, Diagnostic, Source
 from .model.capture import path_text
-from .schema import Schema, open_readonly, probe, refuse_missing_tables
+from .schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES, LAUNCH_TABLES, Schema, open_readonly, probe, \
+    refuse_missing_tables
 from .oom_log import read_oom_logs
 from .smi_log import SmiLog
 from .units import check_duration_ns
 from .snapshot import committed_state
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Progress = Callable[[str, float], None]
 # Share of the progress bar taken by the export, when there is one.
@@ -67,9 +71,10 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     is_report = report.suffix.lower() in (".nsys-rep", ".qdrep")
     share = EXPORT_SHARE if is_report else 0.0
 
-    def export_it(use_sibling: bool = True) -> export.ExportResult:
-        return export.ensure_sqlite(report, nsys=nsys, cache_dir=cache_dir, use_sibling=use_sibling,
-                                    progress=lambda f: say("exporting with nsys", f * share))
+    def export_it(use_sibling: bool = True, tables: Sequence[str] = FIRST_EXPORT_TABLES,
+                  stage: str = "exporting with nsys") -> export.ExportResult:
+        return export.ensure_sqlite(report, nsys=nsys, cache_dir=cache_dir, use_sibling=use_sibling, tables=tables,
+                                    progress=lambda f: say(stage, f * share))
 
     # An analysis that keeps no frames (the command line's; a notebook's by default from
     # KEEP_EVENTS_BELOW events on) of a large export streams the events in bounded memory
@@ -79,23 +84,25 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                        else 0 if keep_events is False else KEEP_EVENTS_BELOW)
     budget = max_memory if max_memory is not None or may_stream_from is None else memory_budget.default_budget()
 
-    def read(found: export.ExportResult) -> tuple[Schema, LoadedEvents, dict[int, tuple[int, int]], Optional[CodeTrace]]:
+    def read(found: export.ExportResult) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]],
+                                                  Optional[CodeTrace], list[int]]:
         return _read(report, found.sqlite_path, export.resolve_cache_dir(cache_dir),
                      lambda stage, f: say(stage, share + f * (1 - share)), quick, bool(smi_logs), may_stream_from,
-                     budget, step_range, own_export=found.exported_with is not None)
+                     budget, step_range, own_export=found.exported_with is not None,
+                     launches_held=not export.lacks_tables(found, LAUNCH_TABLES))
 
     result = export_it()
     version = export.report_version(report) if is_report else None
     notes: list[Diagnostic] = []
     try:
-        schema, loaded, activity, code_calls = read(result)
+        schema, loaded, activity, code_calls, launch_pids = read(result)
     except NsysanError as err:
         if not result.from_sibling:
             raise
         # It passed every identity check yet can't be read: the report itself still can be.
         damaged = result.sqlite_path
         result = export_it(use_sibling=False)
-        schema, loaded, activity, code_calls = read(result)
+        schema, loaded, activity, code_calls, launch_pids = read(result)
         notes.append(Diagnostic("warning", "sibling_export_damaged",
                                 f"{damaged.name}, the export beside the report, could not be read ({err.message}); "
                                 "the report was exported again and that export analyzed"))
@@ -104,6 +111,18 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                                 f"read {result.sqlite_path.name}, the export of {report.name} found beside it "
                                 "(it records this report as its input and the same capture start); delete it "
                                 "to have nsysan export the report itself"))
+    if launch_pids or (loaded is None and not quick and step_range is None
+                       and export.lacks_tables(result, LAUNCH_TABLES)):
+        # A process whose NVTX ranges give no steps: they come from its kernel launches, named only
+        # in the kernel table, which the cached export was made without; nsys adds it to the entry.
+        # (Streamed, whose processes those are is known only while streaming: added before, and the
+        # grown export probed again, which streams on its own schema.)
+        result = export_it(use_sibling=False, tables=EXPORTED_TABLES, stage="exporting the kernels with nsys")
+        if loaded is not None:
+            loaded.launches, loaded.launch_names = _read_launches(report, result.sqlite_path,
+                                                                  export.resolve_cache_dir(cache_dir), launch_pids)
+        else:
+            schema, loaded, activity, code_calls, launch_pids = read(result)
     schema.diagnostics.extend(notes)
     source = Source(path=path_text(report), name=path_text(report.name), format=_format(report),
                     size_bytes=report.stat().st_size, exported_with=result.exported_with,
@@ -166,8 +185,9 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
           activity: bool = False, may_stream_from: Optional[int] = None,
           budget: Optional[int] = None,
           step_range: Optional[str] = None,
-          own_export: bool = False) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]],
-                                             Optional[CodeTrace]]:
+          own_export: bool = False,
+          launches_held: bool = True) -> tuple[Schema, Optional[LoadedEvents], dict[int, tuple[int, int]],
+                                               Optional[CodeTrace], list[int]]:
     """The schema and events of the committed state of the export at `sqlite_path`, and with
     `activity` when each process made its first and last CUDA call (for nvidia-smi logs);
     `may_stream_from`: no events (None; they are streamed later, see _streamed) when the memory
@@ -175,7 +195,10 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
     whole frame would not fit `budget` bytes. Without `step_range`, the launch sequences of the
     processes whose NVTX ranges give no steps are read too (analyses/iterations.py).
     `own_export`: made by nsysan's export cache, which knows what it holds; any other export
-    made with `--tables` must hold every table nsysan reads."""
+    made with `--tables` must hold every table nsysan reads. Without `launches_held` (a cached
+    export made without schema.LAUNCH_TABLES) the launches are not read: the processes whose
+    launches are wanted come back last (empty: none), for the caller to read them from an export
+    that holds those tables."""
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)
         try:
@@ -197,11 +220,14 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
             schema_only = too_many(rows) and too_many(memory_row_count(conn, schema))
             try:
                 loaded = load_events(conn, schema, say, quick=quick) if not schema_only else None
+                launch_pids: list[int] = []
                 if loaded is not None and not quick and step_range is None:
                     loaded.memory_threads = threads = memory_threads(loaded.calls)
                     loaded.nvtx_steps = find_step_ranges(loaded.ranges, threads)
-                    loaded.launches, loaded.launch_names = read_launches(
-                        conn, schema, iteration_pids(threads, loaded.nvtx_steps, schema.capture_start_pids))
+                    launch_pids = iteration_pids(threads, loaded.nvtx_steps, schema.capture_start_pids)
+                    if launches_held:
+                        loaded.launches, loaded.launch_names = read_launches(conn, schema, launch_pids)
+                        launch_pids = []
                 runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}
                 code_calls = None if quick or loaded is None else read_code_trace(conn, schema)
             except NsysanError as err:  # events.py does not know the report's name; with several, it matters
@@ -212,7 +238,21 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
                               "damaged") from err
         finally:
             conn.close()
-    return schema, loaded, runs, code_calls
+    return schema, loaded, runs, code_calls, launch_pids
+
+
+def _read_launches(report: Path, sqlite_path: Path, scratch: Path, pids: list[int]) -> tuple[pd.DataFrame, dict[int, str]]:
+    """read_launches of `pids` from the export at `sqlite_path`, on that export's own schema (its
+    times and the tables it holds)."""
+    with committed_state(sqlite_path, scratch) as readable:
+        conn = open_readonly(readable, name=sqlite_path.name)
+        try:
+            return read_launches(conn, probe(conn, report.name), pids)
+        except sqlite3.DatabaseError as err:
+            raise NsysanError(f"{report.name}: the export could not be read ({err}); it may be truncated or "
+                              "damaged") from err
+        finally:
+            conn.close()
 
 
 def _streamed(report: Path, sqlite_path: Path, scratch: Path, schema: Schema, source: Source,

@@ -10,6 +10,7 @@ import json
 import shlex
 import shutil
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from nsysan import export
 from nsysan.cli import main
 from nsysan.errors import NsysanError
 from nsysan.export import ensure_sqlite, recorded_tables
-from nsysan.schema import EXPORTED_TABLES
+from nsysan.schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES, LAUNCH_TABLES
 
 from conftest import FIXTURES, analysis_of
 from test_export import HELP_2022, HELP_2025, V22, V22_SQLITE, V25_SQLITE, copy_alone, fake_nsys
@@ -63,6 +64,91 @@ def test_an_nsys_with_tables_exports_exactly_the_tables_nsysan_reads(tmp_path):
     assert analysis.peak.peak_bytes == V25_PEAK and analysis.source.from_cache
     assert "partial_export" not in {d.code for d in analysis.diagnostics}
     assert len(exports(log)) == 1
+
+
+# --- The kernel table, exported only for steps found from the kernels ---------------------------
+
+def tables_nsys(directory: Path, log: Path, written: Path) -> Path:
+    """A fake nsys 2025.3 that logs each export's arguments and writes `written` (a real 2025.3
+    export) as nsys does with --tables: only the tables named in it, the others dropped."""
+    directory.mkdir(parents=True, exist_ok=True)
+    keep_named = directory / "keep_named.py"
+    keep_named.write_text(
+        "import shutil, sqlite3, sys\n"
+        "source, out, args = sys.argv[1], sys.argv[2], sys.argv[3:]\n"
+        "shutil.copyfile(source, out)\n"
+        "if '--tables' in args:\n"
+        "    keep = set(args[args.index('--tables') + 1].split(','))\n"
+        "    conn = sqlite3.connect(out)\n"
+        "    for (name,) in conn.execute(\"SELECT name FROM sqlite_master WHERE type = 'table'\").fetchall():\n"
+        "        if name not in keep:\n"
+        "            conn.execute(f'DROP TABLE \"{name}\"')\n"
+        "    conn.commit()\n"
+        "    conn.close()\n")
+    return recording_nsys(directory, log, body=f"{shlex.quote(sys.executable)} {shlex.quote(str(keep_named))} "
+                                               f"{shlex.quote(str(written))} \"$out\" \"$@\" || exit 1\nexit 0")
+
+
+def whole_and_lazy(tmp_path: Path, fixture: str, **options) -> tuple[dict, dict, list[list[str]]]:
+    """The document of one report analyzed twice: from an export of every table (an nsys without
+    --tables) and as nsysan exports it with --tables, with the arguments of the second's exports."""
+    written = FIXTURES / f"{fixture}.sqlite"
+    report = copy_alone(V25, tmp_path / "in")  # stands for the report that `written` is the export of
+    every = recording_nsys(tmp_path / "old", tmp_path / "old.log", version="2022.4.2.1", export_help=HELP_2022,
+                           body=f"cp {shlex.quote(str(written))} \"$out\"; exit 0")
+    whole = nsysan.analyze(report, nsys=every, cache_dir=tmp_path / "whole", **options)
+    log = tmp_path / "log"
+    lazy = nsysan.analyze(report, nsys=tables_nsys(tmp_path / "bin", log, written), cache_dir=tmp_path / "lazy",
+                          **options)
+    # the same document but for which nsys made the export
+    assert whole.source.exported_with == "2022.4.2.1" and lazy.source.exported_with == "2025.3.2.0"
+    same_source = {"source": {**lazy.to_dict()["source"], "exported_with": "2022.4.2.1"}}
+    return whole.to_dict(), {**lazy.to_dict(), **same_source}, exports(log)
+
+
+def test_steps_from_nvtx_export_no_kernel_table(tmp_path):
+    """torch_leak_v25: its one process marks its steps with NVTX, so its launch sequence is not
+    read and the kernel table (1,938 kernels) is never exported; the document is the one of an
+    export of every table."""
+    whole, lazy, args = whole_and_lazy(tmp_path, "torch_leak_v25")
+    assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES)]
+    assert LAUNCH_TABLES == ("CUPTI_ACTIVITY_KIND_KERNEL",) and set(FIRST_EXPORT_TABLES) == set(EXPORTED_TABLES) - {
+        "CUPTI_ACTIVITY_KIND_KERNEL"}
+    assert [(s["found_by"], len(s["steps"])) for s in lazy["steps"]] == [("nvtx", 6)]
+    assert lazy == whole
+
+
+def test_steps_from_kernels_export_the_kernel_table_after(tmp_path):
+    """torch_nonvtx_warmup_v25: no NVTX, so its steps come from its launches named by their
+    kernels; the first export shows that, and the kernel table is exported after, into the same
+    cache entry, before the launches are read. Read without it (the launches named by their API),
+    the steps, their phases and the hidden memory would differ."""
+    whole, lazy, args = whole_and_lazy(tmp_path, "torch_nonvtx_warmup_v25")
+    assert [(s["found_by"], len(s["steps"])) for s in lazy["steps"]] == [("kernels", 10)]
+    assert lazy == whole
+    assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES), [*FIRST_EXPORT_TABLES, *LAUNCH_TABLES]]
+    assert lazy["source"]["from_cache"] is False
+    # the entry now holds the kernel table: analyzed again, nothing is exported
+    again = nsysan.analyze(copy_alone(V25, tmp_path / "in"), nsys=tmp_path / "bin" / "nsys",
+                           cache_dir=tmp_path / "lazy")
+    assert again.source.from_cache and len(exports(tmp_path / "log")) == 2
+
+
+def test_steps_from_kernels_streamed_export_the_kernel_table_first(tmp_path):
+    """Streamed, the processes without NVTX steps are known only while streaming: the kernel table
+    is added before, and the document is the whole frame's."""
+    whole, lazy, args = whole_and_lazy(tmp_path, "torch_nonvtx_warmup_v25", keep_events=False, max_memory=0)
+    assert lazy == whole and [(s["found_by"], len(s["steps"])) for s in lazy["steps"]] == [("kernels", 10)]
+    assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES), [*FIRST_EXPORT_TABLES, *LAUNCH_TABLES]]
+
+
+def test_quick_and_step_range_export_no_kernel_table(tmp_path):
+    """--quick reads no launches, nor does --step-range (it names the steps): one export each."""
+    for options in ({"quick": True}, {"step_range": "^step"}):
+        whole, lazy, args = whole_and_lazy(tmp_path / str(len(options)) / next(iter(options)), "torch_nonvtx_leak_v25",
+                                           **options)
+        assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES)]
+        assert lazy == whole
 
 
 def test_an_nsys_without_tables_exports_every_table(tmp_path):
@@ -109,7 +195,8 @@ def test_an_export_whose_own_record_lacks_a_table_is_exported_again(tmp_path):
     assert recorded_tables(entry) == ("CUDA_GPU_MEMORY_USAGE_EVENTS", "StringIds")
     analysis = nsysan.analyze(report, nsys=nsys, cache_dir=tmp_path / "cache")
     assert len(exports(log)) == 2 and not analysis.source.from_cache
-    assert set(tables_argument(exports(log)[1])) == {*EXPORTED_TABLES, "CUDA_GPU_MEMORY_USAGE_EVENTS", "StringIds"}
+    # what an analysis asks first (known_mem_v25's steps come from NVTX: no kernel table)
+    assert set(tables_argument(exports(log)[1])) == {*FIRST_EXPORT_TABLES, "CUDA_GPU_MEMORY_USAGE_EVENTS", "StringIds"}
     assert analysis.peak.peak_bytes == V25_PEAK
 
 

@@ -122,7 +122,9 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
     if _input_kind(report) == "sqlite":
         return ExportResult(report, exported_with=None, from_cache=False)
     sibling = _matching_sibling(report) if use_sibling else None
-    if sibling is not None and not tables_missing(recorded_tables(sibling), tables):
+    # A sibling is read as a user's own export is, which must hold every table nsysan reads
+    # (schema.refuse_missing_tables): only the cache knows how to add a table later.
+    if sibling is not None and not tables_missing(recorded_tables(sibling), (*tables, *EXPORTED_TABLES)):
         return ExportResult(sibling, exported_with=None, from_cache=False, from_sibling=True)
 
     nsys_path = find_nsys(nsys, report=report)
@@ -194,6 +196,13 @@ def recorded_tables(export_path: Path) -> tuple[str, ...] | None:
             return tables_requested(export_parameters(conn))
     except sqlite3.DatabaseError:
         return ()  # unreadable: it holds nothing to count on
+
+
+def lacks_tables(result: ExportResult, tables: Sequence[str]) -> bool:
+    """Whether `result` is an export of nsysan's cache made without some of `tables`, which
+    ensure_sqlite adds when asked. Any other export (a user's, a sibling) holds every table nsysan
+    reads or is refused (schema.refuse_missing_tables)."""
+    return result.exported_with is not None and bool(tables_missing(recorded_tables(result.sqlite_path), tables))
 
 
 def _covers(entry: Path, tables: Sequence[str]) -> bool:
