@@ -139,12 +139,20 @@ def test_the_click_list_groups_by_site_and_says_what_it_counts_over(tmp_path, ch
     analysis, clicked = clicked_at_the_end("ddp_leak_v25", tmp_path)
     # 300 of the capture's 4248 allocations are carried, 30 of them live at the end
     assert (len(analysis.timeline.allocations), analysis.timeline.allocations_total) == (300, 4248)
-    assert clicked["note"] == ("Counted over the 300 largest allocations of the capture (of 4248), those the page "
-                               "carries: smaller blocks live then are not in this list.")
-    rows = [(r[0], int(r[1]), int(r[3]), r[6]) for r in clicked["rows"]]
+    assert clicked["note"].startswith("Counted over everything live then: the allocations the page carries (the 300 "
+                                      "largest of the capture's 4248) by site, and for each process and kind one \"other\" row")
+    listed = [r for r in clicked["rows"] if not r[6].startswith("other: ")]
+    rows = [(r[0], int(r[1]), int(r[3]), r[6]) for r in listed]
     assert rows == [(fmt_bytes(b), n, pid, site) for b, n, pid, site in expected_rows(analysis)]
+    # what the lines hold at the end beyond the carried blocks: one "other" row per process, device and kind
+    carried = [a for a in analysis.timeline.allocations if a.free_time_ns is None]
+    rest = {(s.pid, s.device, s.kind): s.live_bytes[-1] - sum(a.bytes for a in carried if (a.pid, a.device, a.kind)
+                                                              == (s.pid, s.device, s.kind)) for s in analysis.timeline.series}
+    assert {(int(r[3]), int(r[4]), r[5]): r[0] for r in clicked["rows"] if r[6].startswith("other: ")} == \
+        {key: fmt_bytes(b) for key, b in rest.items() if b > 0}
     # the capture ends at 15634381655 ns; the opening view (0.1 s) asks for 5 decimals
-    assert clicked["title"] == f"Live at 15.63438 s: 30 allocations from {len(rows)} sites"
+    total = sum(s.live_bytes[-1] for s in analysis.timeline.series)
+    assert clicked["title"] == f"Live at 15.63438 s: {fmt_bytes(total)} from {len(rows)} sites and the rest"
     leak = next(r for r in clicked["rows"] if r[6] == "cudaMalloc in step N [pt_autograd_1]")
     assert leak[3] == str(RANK_1) and leak[7].endswith(" ranges)")  # one row for every step's block
     assert clicked["after_close"] == ""  # the close button empties the list
@@ -161,7 +169,7 @@ def test_the_click_list_of_every_allocation_is_the_never_freed_table(tmp_path, c
     # the profiler) folded behind one line
     stack = next(s for s in clicked["stacks"] if s["site"] == "alloc_cache_entry (known)")
     assert stack["frames"][:3] == ["alloc_cache_entry (known)", "train_step (known)", "main (known)"]
-    assert stack["folded"] == "5 frames below it: what it called (framework, allocator, driver, profiler)"
+    assert stack["folded"] == "+ 5 frames inside it (framework, allocator, CUDA driver, profiler)"
     assert stack["inner"][-1] == "cudaMalloc (known)" and "libcupti.so" in stack["inner"][0]
     assert {s["site"] for s in clicked["stacks"]} == {r[6] for r in clicked["rows"] if r[6] != "cudaMallocAsync in async pool [known]"}
 

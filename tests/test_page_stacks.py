@@ -38,3 +38,190 @@ def test_every_block_live_at_the_peak_counts_not_only_the_listed_ones():
     assert sum(s.bytes for s in analysis.never_freed_stacks) == analysis.never_freed_bytes == 4_915_988_480
     sizes = [s.bytes for s in peak.live_stacks]
     assert sizes == sorted(sizes, reverse=True)
+
+
+# -- the page (headless Chromium) ----------------------------------------------------------------
+
+import bisect  # noqa: E402
+
+from browser import open_page  # noqa: E402
+from test_html import assert_quiet_page, chromium  # noqa: E402,F401  (the fixture)
+
+from nsysan.commands.outputs import write_report  # noqa: E402
+from nsysan.model import GPU_RESIDENT_KINDS  # noqa: E402
+from nsysan.units import fmt_bytes, fmt_frame, fmt_time  # noqa: E402
+
+FLAME = """(() => {
+  const g = document.querySelector('#flame-main .flame-graph');
+  const boxes = Array.from(g.querySelectorAll('.box'), b => ({depth: +b.dataset.depth, bytes: +b.dataset.bytes,
+                                                              text: b.textContent, other: b.classList.contains('other')}));
+  return {mode: g.dataset.mode, root: +g.dataset.rootBytes, title: document.querySelector('#flame-main .flame-title').textContent,
+          boxes: boxes};
+})()"""
+# the timeline's live bytes (what its lines draw) of one process and device's GPU-resident kinds at `t`
+TIMELINE_LIVE = """((pid, device, t) => {
+  const data = JSON.parse(document.getElementById('nsysan-data').textContent);
+  let live = 0;
+  data.panels.forEach(p => p.series.forEach(s => {
+    if (s.pid !== pid || s.device !== device || !s.resident) return;
+    let j = -1; s.ts.forEach((x, i) => { if (x <= t) j = i; });
+    live += j < 0 ? 0 : s.bytes[j];
+  }));
+  return live;
+})"""
+
+
+def live_on_lines(analysis, t, resident_only=True):
+    """What the model's timeline series hold at `t` (each carried forward), all processes."""
+    total = 0
+    for s in analysis.timeline.series:
+        if resident_only and s.kind not in GPU_RESIDENT_KINDS:
+            continue
+        j = bisect.bisect_right(s.ts_ns, t) - 1
+        total += s.live_bytes[j] if j >= 0 else 0
+    return total
+
+
+def test_the_flame_graph_of_the_peak_sums_to_the_peak_and_the_timeline(tmp_path, chromium):
+    analysis = analysis_of("torch_pybt_v25")
+    peak = analysis.peak
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
+                             evaluate={"flame": FLAME,
+                                       "timeline": f"{TIMELINE_LIVE}({peak.pid}, {peak.device}, {peak.peak_time_ns})"})
+    assert_quiet_page(page, netlog)
+    flame = page.values["flame"]
+    assert flame["mode"] == "peak"
+    # the root's bytes == the timeline's live bytes at the peak == the model's peak
+    assert flame["root"] == page.values["timeline"] == peak.peak_bytes == 4_916_874_581
+    assert flame["title"] == f"python3 (476)'s peak, at 14.5037 s: {fmt_bytes(peak.peak_bytes)}"
+    top = [b for b in flame["boxes"] if b["depth"] == 1]
+    assert sum(b["bytes"] for b in top) == peak.peak_bytes  # nothing left out: no box is too small at the first level
+    # the model has every stack (26, under its cap): no "other" box; the smallest are one "+ N smaller" per row
+    assert not any(b["text"].startswith("other") for b in flame["boxes"])
+    (small,) = [b for b in top if b["other"]]
+    assert small["text"].startswith("+ ") and small["bytes"] < 0.002 * 3 * peak.peak_bytes
+    # the user's line that allocated most, its bytes summed over its stacks from the model
+    line_43 = sum(s.bytes for s in peak.live_stacks if s.stack_id is not None
+                  and any(f.function == "main" and f.line == 43 for f in next(x for x in analysis.stacks
+                                                                               if x.id == s.stack_id).frames))
+    (box,) = [b for b in flame["boxes"] if b["text"].startswith("main (torch_train.py:43)")]
+    assert box["bytes"] == line_43 and box["depth"] == 2 and box["text"].endswith(fmt_bytes(line_43))
+
+
+CLICK = """(async () => {
+  const tl = window.nsysanTimelines[0], box = document.querySelector('#timeline-main .live-list');
+  tl.list(%f, %d, %f);
+  const out = {title: box.querySelector('h3').textContent, total: +box.dataset.liveBytes,
+               notes: Array.from(box.querySelectorAll('p.note'), p => p.textContent),
+               rows: Array.from(box.querySelectorAll('table.live > tbody > tr'), r => ({
+                 other: r.classList.contains('other'),
+                 cells: Array.from(r.cells, c => (c.querySelector(':scope > details > summary') || c).textContent)}))};
+  out.flame = %s;
+  return out;
+})()"""
+
+
+def clicked(analysis, tmp_path, t_ns, tolerance_s=0.0, hover=None):
+    evaluate = {"clicked": CLICK % (t_ns / 1e9, analysis.peak.gpu, tolerance_s, FLAME)}
+    if hover:
+        evaluate["hover"] = hover
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
+                             evaluate=evaluate)
+    assert_quiet_page(page, netlog)
+    return page.values
+
+
+def test_a_click_at_the_peak_lists_every_allocation_live_then(tmp_path, chromium):
+    # before, the list counted over the 300 largest allocations of the capture: 300 of the 1,365
+    analysis = analysis_of("torch_pybt_v25")
+    peak = analysis.peak
+    values = clicked(analysis, tmp_path, peak.peak_time_ns + 1_000, tolerance_s=1e-5)  # within 5 px of it
+    seen = values["clicked"]
+    assert seen["total"] == peak.peak_bytes
+    assert seen["notes"] == [f"At python3 (476)'s peak: all 1365 allocations live then ({fmt_bytes(peak.peak_bytes)}), "
+                             "by site and NVTX range."]
+    counts = [int(r["cells"][1]) for r in seen["rows"] if not r["other"]]
+    groups = peak.live_groups
+    assert sum(g.count for g in groups) == peak.live_count == 1365  # every live block is in a group (under the cap)
+    assert len(seen["rows"]) == min(50, len(groups)) and counts == [g.count for g in groups][:50]
+    assert seen["rows"][0]["cells"][:3] == [fmt_bytes(groups[0].total_bytes), str(groups[0].count),
+                                            f"{fmt_bytes(groups[0].min_bytes)} – {fmt_bytes(groups[0].max_bytes)}"]
+    assert seen["flame"]["mode"] == "peak" and seen["flame"]["root"] == peak.peak_bytes
+
+
+def test_a_click_elsewhere_counts_the_carried_allocations_and_the_rest_as_other(tmp_path, chromium):
+    analysis = analysis_of("torch_pybt_v25")
+    t = analysis.peak.peak_time_ns - 50_000_000  # in step 3, 50 ms before the peak
+    live_listed = [a for a in analysis.timeline.allocations
+                   if a.alloc_time_ns <= t and (a.free_time_ns is None or a.free_time_ns > t)]
+    resident = live_on_lines(analysis, t)
+    listed_resident = sum(a.bytes for a in live_listed if a.kind in GPU_RESIDENT_KINDS)
+    assert 0 < listed_resident < resident  # the page carries some of it, not all
+    seen = clicked(analysis, tmp_path, t)["clicked"]
+    # the list: every byte the lines show then, the carried allocations by site and one "other" row per kind
+    assert seen["total"] == live_on_lines(analysis, t, resident_only=False)
+    others = [r["cells"] for r in seen["rows"] if r["other"]]
+    by_kind = {}
+    for s in analysis.timeline.series:
+        j = bisect.bisect_right(s.ts_ns, t) - 1
+        rest = (s.live_bytes[j] if j >= 0 else 0) - sum(a.bytes for a in live_listed if a.kind == s.kind)
+        if rest > 0:
+            by_kind[s.kind] = rest
+    assert {c[5]: c[0] for c in others} == {kind: fmt_bytes(b) for kind, b in by_kind.items()}
+    assert sum(int(r["cells"][1]) for r in seen["rows"] if not r["other"]) == len(live_listed)
+    assert "the 300 largest of the capture's 1365" in seen["notes"][0]
+    # the flame graph: the carried allocations by stack, and the rest in one box; it sums to the lines
+    flame = seen["flame"]
+    assert flame["mode"] == "moment" and flame["root"] == resident
+    top = [b for b in flame["boxes"] if b["depth"] == 1]
+    assert sum(b["bytes"] for b in top) == resident
+    (other,) = [b for b in top if b["text"].startswith("other")]
+    assert other["bytes"] == resident - listed_resident
+
+
+HOVER = """(() => {
+  const tip = () => document.querySelector('.stack-tip');
+  const read = () => ({hidden: tip().hidden, title: tip().querySelector('b').textContent,
+                       lines: Array.from(tip().querySelectorAll(':scope > div:not(.folded)'), d => d.textContent),
+                       frames: Array.from(tip().querySelectorAll('ol.stack li'), l => l.textContent),
+                       folded: (tip().querySelector('.folded') || {textContent: null}).textContent});
+  const over = el => { const r = el.getBoundingClientRect();
+    el.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + 3, clientY: r.top + 3, bubbles: true})); };
+  over(Array.from(document.querySelectorAll('#flame-main .flame-graph .box'))
+       .find(b => b.textContent.startsWith('main (torch_train.py:43)')));
+  const out = {flame: read()};
+  over(document.querySelector('#timeline-main .live-list table.live > tbody > tr'));
+  out.row = read();
+  document.querySelector('#timeline-main .live-list table.live > tbody > tr').dispatchEvent(new MouseEvent('mouseleave'));
+  out.after = tip().hidden;
+  return out;
+})()"""
+
+
+def test_hovering_shows_the_call_stack_user_frames_first_size_range_and_age(tmp_path, chromium):
+    analysis = analysis_of("torch_pybt_v25")
+    peak = analysis.peak
+    hover = clicked(analysis, tmp_path, peak.peak_time_ns, tolerance_s=1e-5, hover=HOVER)["hover"]
+    # a flame graph leaf: main (torch_train.py:43), every block of it live at the peak
+    mine = [s for s in peak.live_stacks if s.site == "main (torch_train.py:43)"]
+    stacks = {s.id: s for s in analysis.stacks}
+    largest = stacks[max(mine, key=lambda s: s.bytes).stack_id].frames
+    at = next(i for i, f in enumerate(largest) if f.function == "main" and f.line == 43)
+    seen = hover["flame"]
+    assert not seen["hidden"] and seen["title"] == "main (torch_train.py:43)"
+    assert seen["lines"][0] == f"{fmt_bytes(sum(s.bytes for s in mine))} · {sum(s.count for s in mine)} allocations · device"
+    # the user's frames first (the line that allocated, then its callers), then one line for the rest
+    assert seen["frames"] == ["main (torch_train.py:43)", "<module> (torch_train.py:72)"]
+    assert seen["folded"].startswith(f"+ {at} frames inside it (framework, allocator, CUDA driver, profiler): ")
+    innermost = largest[0]
+    assert seen["folded"].endswith(fmt_frame(innermost.function, innermost.file, innermost.line, innermost.module))
+    # a row of the click list at the peak: its group's size, range and age at the peak
+    group = peak.live_groups[0]
+    row = hover["row"]
+    assert row["title"] == group.site.label
+    assert row["lines"][0] == (f"{fmt_bytes(group.total_bytes)} · {group.count} allocations · "
+                               f"{fmt_bytes(group.min_bytes)} – {fmt_bytes(group.max_bytes)} · {group.kind}")
+    assert f"NVTX range: {group.nvtx_range}" in row["lines"]
+    assert f"age: {fmt_time(peak.peak_time_ns - group.first_alloc_ns)} (the oldest), allocated at " \
+           f"{fmt_time(group.first_alloc_ns)}" in row["lines"]
+    assert row["frames"][0] == group.site.label and hover["after"] is True

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..errors import printable
-from ..model import GPU_RESIDENT_KINDS, KINDS, Allocation, Analysis, CallSite, Series, Stack
+from ..model import GPU_RESIDENT_KINDS, KINDS, Allocation, AllocationGroup, Analysis, CallSite, Series, Stack, \
+    StackBytes
 from ..model.memory import site_in_family
 from ..units import fmt_bytes, fmt_frame
 
@@ -77,14 +78,12 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
                        + (f" · {printable(p.nvtx_range)}" if p.nvtx_range else "")}
              for p in analysis.peaks if p.pid is not None and p.peak_bytes > 0]
     sites: dict[str, int] = {}
-    stacks = {s.id: s for s in analysis.stacks}
-    stack_sites: dict[int, CallSite] = {}  # stack id -> the first site naming it, in the order listed
-    for a in timeline.allocations:
-        if a.site.stack_id in stacks:
-            stack_sites.setdefault(a.site.stack_id, a.site)
-    shown = {stack_id: n for n, stack_id in enumerate(stack_sites)}
+    stacks = PageStacks(analysis)
     allocations = [[a.pid, a.device, a.kind, a.bytes, a.alloc_time_ns, a.free_time_ns, printable(a.nvtx_range),
-                    *site_columns(a, sites), shown.get(a.site.stack_id, -1)] for a in timeline.allocations]
+                    *site_columns(a, sites), stacks.index(a.stack_id if a.stack_id is not None else a.site.stack_id,
+                                                          a.site)]
+                   for a in timeline.allocations]
+    live_sets = moments(analysis, home, sites, stacks)
     return {
         "start": timeline.start_ns, "end": timeline.end_ns,
         "focus": _focus(timeline.focus_start_ns, timeline.focus_end_ns),
@@ -100,8 +99,8 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
                    for f in analysis.failed_calls if f.pid in home],
         "traceEnds": [{"pid": e.pid, "panel": home.get(e.pid), "t": e.time_ns} for e in timeline.trace_ends],
         "ooms": oom_marks(analysis, home),
-        "allocations": {"sites": list(sites), "rows": allocations, "total": timeline.allocations_total,
-                        "stacks": [site_stack(stacks[i], site) for i, site in stack_sites.items()]},
+        "allocations": {"sites": list(sites), "rows": allocations, "total": timeline.allocations_total},
+        **live_sets, "stacks": stacks.shown,
         "steps": step_sets(analysis, short),
     }
 
@@ -125,6 +124,65 @@ def site_stack(stack: Stack, site: CallSite) -> dict[str, list[str]]:
                and (not site.file or f.file == site.file) and (site.line is None or f.line == site.line)), 0)
     shown = [printable(fmt_frame(f.function, f.file, f.line, f.module)) for f in stack.frames]
     return {"frames": shown[at:][:STACK_FRAMES], "inner": shown[:at][-STACK_FRAMES:]}
+
+
+class PageStacks:
+    """The call stacks the page shows, each once (site_stack's split), by index: allocations,
+    the flame graphs' leaves and the click list's groups refer to them by number."""
+
+    def __init__(self, analysis: Analysis) -> None:
+        self.stacks = {s.id: s for s in analysis.stacks}
+        # A site by its label, for the flame graphs' leaves (StackBytes names its site by label):
+        # where the user's frames end in a stack
+        self.sites: dict[str, CallSite] = {}
+        for a in [*analysis.timeline.allocations, *analysis.never_freed,
+                  *(a for p in analysis.peaks for a in p.live_at_peak)]:
+            self.sites.setdefault(a.site.label, a.site)
+        for group in [*analysis.never_freed_groups, *(g for p in analysis.peaks for g in p.live_groups)]:
+            self.sites.setdefault(group.site.label, group.site)
+        for site in analysis.sites:
+            self.sites.setdefault(site.site.label, site.site)
+        self.shown: list[dict[str, list[str]]] = []
+        self._numbers: dict[tuple[int, str], int] = {}
+
+    def index(self, stack_id: Optional[int], site: Optional[CallSite]) -> int:
+        """The page's number of this stack split at `site`'s frame; -1 without a stack."""
+        if stack_id is None or stack_id not in self.stacks:
+            return -1
+        key = (stack_id, site.label if site else "")
+        if key not in self._numbers:
+            self._numbers[key] = len(self.shown)
+            self.shown.append(site_stack(self.stacks[stack_id], site or CallSite(label="")))
+        return self._numbers[key]
+
+    def of_label(self, stack_id: Optional[int], label: str) -> int:
+        return self.index(stack_id, self.sites.get(label, CallSite(label=label)))
+
+
+# Processes whose peak the page carries whole (flame graph and click list): the headline's first
+MOMENT_PEAKS = 8
+
+
+def moments(analysis: Analysis, home: dict[int, int], sites: dict[str, int], stacks: PageStacks) -> dict[str, Any]:
+    """What was live at each process's peak, whole (every block, by call stack and by group: the
+    model's `live_stacks` and `live_groups`), and what was never freed by call stack: the flame
+    graphs and the click list at a peak. At other moments the page has its listed allocations."""
+    def leaves(found: list[StackBytes]) -> list[list[Any]]:
+        return [[s.pid, s.device, s.kind, sites.setdefault(printable(s.site), len(sites)),
+                 stacks.of_label(s.stack_id, s.site), s.bytes, s.count] for s in found]
+
+    def groups(found: list[AllocationGroup]) -> list[list[Any]]:
+        return [[g.pid, g.device, g.kind, sites.setdefault(printable(g.site.label), len(sites)),
+                 printable(g.nvtx_range), g.count, g.total_bytes, g.min_bytes, g.max_bytes, g.first_alloc_ns,
+                 stacks.index(g.site.stack_id, g.site), g.members] for g in found]
+
+    peaks = [{"pid": p.pid, "device": p.device, "panel": home.get(p.pid), "t": p.peak_time_ns, "bytes": p.peak_bytes,
+              "reserve": p.pool_reserve_bytes, "count": p.live_count, "leaves": leaves(p.live_stacks),
+              "groups": groups(p.live_groups)}
+             for p in analysis.process_peaks(MOMENT_PEAKS) if p.live_stacks and p.pid in home]
+    return {"livePeaks": peaks,
+            "neverFreed": {"bytes": analysis.never_freed_bytes, "count": analysis.never_freed_total,
+                           "leaves": leaves(analysis.never_freed_stacks)}}
 
 
 def oom_marks(analysis: Analysis, home: dict[int, int]) -> list[dict[str, Any]]:
