@@ -281,7 +281,7 @@ FULL_FIXTURES = ["known_mem_v22", "known_bt_v25", "real_oom_v25", "torch_leak_v2
 STREAMED_FULL = ("capture", "groups", "sites", "api_calls", "failed_calls", "never_freed", "never_freed_total",
                  "reserved.pools", "reserved.preallocations", "timeline.allocations", "timeline.allocations_total", "never_freed_groups",
                  "timeline.series", "timeline.start_ns", "timeline.end_ns", "peaks", "oom", "reserved", "caps", "spikes",
-                 "ranges", "timeline.bands", "timeline.spans", "timeline.trace_ends", "timeline.focus_start_ns",
+                 "ranges", "range_families", "timeline.bands", "timeline.spans", "timeline.operator_spans", "timeline.trace_ends", "timeline.focus_start_ns",
                  "timeline.focus_end_ns", "steps", "growth", "phases")
 
 

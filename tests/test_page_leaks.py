@@ -86,7 +86,7 @@ def test_operator_ranges_are_a_level_of_their_own(tmp_path, chromium):
     assert {r[1][0] for r in user} >= {"setup", "forward", "backward", "optimizer"}
     assert not any(r[1][0].startswith("aten::") for r in user)
     allocated = sum(g.allocated_bytes for g in analysis.groups)  # every allocation once
-    user_bytes = sum(int(r[5][1]) for r in user)
+    user_bytes = sum(int(r[6][1]) for r in user)  # "of it directly": each allocation once, its innermost range
     assert user_bytes == sum(r.allocated_bytes for r in analysis.ranges if not r.operator) <= allocated
     assert user_bytes < 1.01 * analysis.peak.peak_bytes  # nothing freed in this capture: counted once
     assert operators[0][0][0] == "aten::addmm" and operators[0][4][0] == "1.2 GiB"

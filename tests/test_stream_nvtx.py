@@ -34,7 +34,7 @@ def streamed_ranges(path, chunk: int, monkeypatch) -> tuple[list[str], list[str]
         ranges, _ = read_nvtx_ranges(conn, schema)
         lookup = RangeLookup(ranges)  # sorted once, for every batch
         names = np.append(ranges["name"].to_numpy(dtype=object), "")
-        paths = np.append(nvtx._range_paths(ranges), "") if len(ranges) else np.array([""], object)
+        paths = np.append(nvtx.range_paths(ranges), "") if len(ranges) else np.array([""], object)
 
         class Ranges:  # a flow that restarts (rows out of time order) makes a new one
             def __init__(self) -> None:

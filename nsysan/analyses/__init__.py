@@ -20,7 +20,8 @@ from .allocations import to_allocations
 from .arrays import distinct_pairs
 from .bounds import cut_long_strings
 from .calls import api_call_stats, find_failed_calls
-from .explore import allocation_groups, early_trace_ends, focus_window, largest_allocations, nvtx_spans
+from .explore import allocation_groups, early_trace_ends, focus_window, largest_allocations, nvtx_spans, \
+    operator_spans
 from .diagnostics import capture_diagnostics, flags_used
 from .never_freed import find_never_freed, never_freed_rows, summarize_groups
 from .peak import find_peaks, headline
@@ -109,9 +110,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
                                  schema.duration_ns, grouped, quick=loaded.quick, pools=pools)
         # Whichever core is free takes what is left of the second core's queue, the last queued first.
-        range_table = _here_unless_started(ranges_later, range_work)
+        range_table, range_families = _here_unless_started(ranges_later, range_work)
         del grouped, range_work  # the order of 1e7 events into groups, 80 MB
-        timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns)
+        timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns, loaded.operator_ranges)
         diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
             schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version,
             quick=loaded.quick, pools=pools)
@@ -137,6 +138,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         api_calls=api_calls,
         failed_calls=failed,
         ranges=range_table,
+        range_families=range_families,
         timeline=timeline,
         diagnostics=diagnostics,
         caps=verdicts.caps,
@@ -188,14 +190,15 @@ def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:
     return dataclasses.replace(capture, processes=processes)
 
 
-def _explorable(timeline, events: pd.DataFrame, ranges: pd.DataFrame, allocations, last_cuda_call_ns):
+def _explorable(timeline, events: pd.DataFrame, ranges: pd.DataFrame, allocations, last_cuda_call_ns,
+                operator_ranges: pd.DataFrame):
     """The timeline with what a page needs to explore it (analyses/explore.py)."""
     trace_ends = early_trace_ends(ranges, last_cuda_call_ns)
     focus_start, focus_end = focus_window(events, timeline.bands, trace_ends)
     listed, total = largest_allocations(events, allocations)
     return dataclasses.replace(timeline, focus_start_ns=focus_start, focus_end_ns=focus_end,
                                spans=nvtx_spans(ranges, events), allocations=listed, allocations_total=total,
-                               trace_ends=trace_ends)
+                               trace_ends=trace_ends, operator_spans=operator_spans(operator_ranges, events))
 
 
 def _capture_span(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,

@@ -24,6 +24,7 @@ from .arrays import category_codes, distinct_rows
 from .sites import call_site
 
 MAX_SPANS = 2000
+MAX_OPERATOR_SPANS = 2000
 MAX_INTERVALS = 300
 MAX_GROUPS = 100
 # The focus starts once this share of all memory movement (sum of |delta bytes|) has happened: a
@@ -141,7 +142,21 @@ def nvtx_spans(ranges: pd.DataFrame, events: pd.DataFrame, limit: int = MAX_SPAN
     `limit` when there are more."""
     if ranges.empty:
         return []
-    mine = ranges[(ranges["tid"] == ranges["pid"]).to_numpy()]
+    return _spans(ranges[(ranges["tid"] == ranges["pid"]).to_numpy()], events, limit)
+
+
+def operator_spans(operators: pd.DataFrame, events: pd.DataFrame, limit: int = MAX_OPERATOR_SPANS) -> list[NvtxSpan]:
+    """PyTorch's operator ranges on every thread (an autograd thread runs the backward pass's), at
+    their depth among operators, in time order; the longest `limit` when there are more: the page
+    draws a span once it is a pixel wide, so the longest are the ones a zoom shows first."""
+    if operators.empty:
+        return []
+    return _spans(operators, events, limit)
+
+
+def _spans(mine: pd.DataFrame, events: pd.DataFrame, limit: int) -> list[NvtxSpan]:
+    """The ranges of the processes with events (all, without events), ends of ranges left open
+    at their start, the longest `limit`, in time order."""
     if not events.empty:
         mine = mine[mine["pid"].isin(pd.unique(events["pid"].to_numpy())).to_numpy()]  # a hash pass, not a sort
     ends = mine["end_ns"].to_numpy()

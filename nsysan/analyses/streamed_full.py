@@ -41,7 +41,7 @@ from .stacks import referenced_stacks
 from .iterations import iteration_pids
 from .steps import find_step_ranges, listed, step_diagnostics
 from .streamed import RESIDENT
-from .explore import early_trace_ends, nvtx_spans, step_bands, step_span
+from .explore import early_trace_ends, nvtx_spans, operator_spans, step_bands, step_span
 from .streamed_oom import VerdictLooks
 from .streamed_spikes import RangeRises, SpikeParts
 from .streamed_ranges import RangeSums, RangeThreads, streamed_range_stats
@@ -129,26 +129,28 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         pools=quick.reserved.pools)
     diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics \
         + step_notes + growth_diagnostics(growth) + ([not_streamed_note()] if NOT_STREAMED else [])
+    range_table, range_families = streamed_range_stats(ranges, operator_ranges, quick.timeline.end_ns,
+                                                       looks["range_threads"], looks["range_sums"])
     analysis = dataclasses.replace(
         quick, scope="full", capture=capture, sites=ranked, api_calls=calls.stats, failed_calls=failed,
         diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved,
         spikes=looks["spikes"].spikes(gpu_of, lambda pid, tid, ts: _nvtx_path(pid, tid, ts, ranges)),
-        ranges=streamed_range_stats(ranges, operator_ranges, quick.timeline.end_ns, looks["range_threads"],
-                                    looks["range_sums"]),
-        timeline=_explorable(quick.timeline, looks, ranges, last_calls), steps=steps, growth=growth, phases=phases)
+        ranges=range_table, range_families=range_families,
+        timeline=_explorable(quick.timeline, looks, ranges, operator_ranges, last_calls), steps=steps, growth=growth, phases=phases)
     answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, False,
                              {pid: label for pid, label in labels.items() if label})
     analysis = dataclasses.replace(analysis, answers=answers)
     return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(sites.registry.stacks, analysis)))
 
 
-def _explorable(timeline, looks: dict, ranges: pd.DataFrame, last_calls: dict):
+def _explorable(timeline, looks: dict, ranges: pd.DataFrame, operator_ranges: pd.DataFrame, last_calls: dict):
     """analyses._explorable's NVTX parts: the bands, spans, trace ends and focus."""
     trace_ends = early_trace_ends(ranges, last_calls)
     look = looks["look"]
     focus = _focus(look.first, look, looks["bands"], trace_ends, looks["range_sums"].moved_between)
     return dataclasses.replace(timeline, bands=looks["bands"], trace_ends=trace_ends, focus_start_ns=focus[0],
-                               focus_end_ns=focus[1], spans=nvtx_spans(ranges, looks["range_threads"].threads()))
+                               focus_end_ns=focus[1], spans=nvtx_spans(ranges, looks["range_threads"].threads()),
+                               operator_spans=operator_spans(operator_ranges, looks["range_threads"].threads()))
 
 
 def not_streamed_note() -> Diagnostic:

@@ -21,9 +21,9 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..events.nvtx import thread_key
-from ..model import RangeStat
-from .ranges import ranked_ranges, range_spans
+from ..events.nvtx import range_paths, thread_key
+from ..model import RangeFamily, RangeStat
+from .ranges import nested_sums, ranked_ranges, range_spans
 from .streamed import FirstLook
 from .streamed_sites import SiteSums
 from .streamed_windows import Windows
@@ -97,6 +97,11 @@ class RangeSums:
         names = ranges["name"].to_numpy(dtype=object) if not ranges.empty else np.zeros(0, object)
         self.user_code, self.user_names = pd.factorize(np.append(names, ""))
         self.user = np.zeros((len(MOVED), len(self.user_names)), "int64")
+        # range row -> code of its NVTX path (events.nvtx.range_paths; row -1: ""), for nested_sums
+        self.ranges = ranges
+        self.path_code, self.path_names = pd.factorize(np.append(range_paths(ranges) if not ranges.empty
+                                                                 else np.zeros(0, object), ""))
+        self.path = np.zeros((2, len(self.path_names)), "int64")  # allocations, bytes allocated per path
         self.operator = np.zeros((len(MOVED), len(sites.operator_names)), "int64")
         self.open_strings = {"nvtx_range": {}, "operator": {}}  # SiteSums string code -> bytes never freed
         self.steps = steps
@@ -116,6 +121,9 @@ class RangeSums:
             np.add.at(table[0], code[allocs], 1)
             np.add.at(table[1], code[allocs], b.bytes[allocs])
             np.add.at(table[2], code[frees], b.bytes[frees])
+        path = self.path_code[nvtx[allocs]]
+        np.add.at(self.path[0], path, 1)
+        np.add.at(self.path[1], path, b.bytes[allocs])
         closed = b.closed.get("seq", np.zeros(0, "int64"))
         if len(closed):  # never to be freed: still live at the end, for the whole frame
             self._never_freed({c: known[c][np.searchsorted(known["seq"], closed)] for c in self.open_strings},
@@ -145,6 +153,12 @@ class RangeSums:
             return user
         moved = pd.concat([user, operator.drop(index="", errors="ignore")])
         return moved.groupby(level=0, sort=False).sum()
+
+    def nested(self) -> pd.DataFrame:
+        """ranges.nested_sums from the allocations summed per NVTX path."""
+        by_path = pd.DataFrame({"allocations": self.path[0], "allocated": self.path[1]},
+                               index=pd.Index(self.path_names, dtype=object))
+        return nested_sums(by_path, self.ranges)
 
     def moved_between(self, start: int, end: int) -> float:
         """The movement of the events from the steps' `start` to their `end`, both included."""
@@ -178,9 +192,10 @@ class RangeSums:
 
 
 def streamed_range_stats(ranges: pd.DataFrame, operator_ranges: pd.DataFrame, end_ns: int, threads: RangeThreads,
-                         sums: RangeSums) -> list[RangeStat]:
+                         sums: RangeSums) -> tuple[list[RangeStat], list[RangeFamily]]:
     """range_stats from the passes' sums. Sizes are always known here: an export without the
     memory-usage table has no events to stream, so there are no allocation calls to count."""
     if ranges.empty and operator_ranges.empty:
-        return []
-    return ranked_ranges(range_spans(ranges, operator_ranges, end_ns), threads.max_live(), sums.moved_inside(), None)
+        return [], []
+    return ranked_ranges(range_spans(ranges, operator_ranges, end_ns), threads.max_live(), sums.moved_inside(), None,
+                         nested=sums.nested())

@@ -29,7 +29,7 @@ def attribute_ranges(points: pd.DataFrame, ranges: pd.DataFrame) -> tuple[pd.Cat
     index = innermost_range_rows(points["pid"].to_numpy(), points["tid"].to_numpy(), points["ts_ns"].to_numpy(),
                                  ranges)
     return _as_categorical(ranges["name"].to_numpy(dtype=object), index), \
-        _as_categorical(_range_paths(ranges), index)
+        _as_categorical(range_paths(ranges), index)
 
 
 def innermost_range_rows(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, ranges: pd.DataFrame) -> np.ndarray:
@@ -197,7 +197,8 @@ def parents(ranges: pd.DataFrame, order: np.ndarray, keys: np.ndarray, depth: np
     return parent
 
 
-def _range_paths(ranges: pd.DataFrame) -> np.ndarray:
+def range_paths(ranges: pd.DataFrame) -> np.ndarray:
+    """Each range's path: the names of the ranges enclosing it and its own, outermost first, joined by " > "."""
     parent = ranges["parent"].to_numpy()
     names = ranges["name"].to_numpy(dtype=object)
     paths = names.copy()

@@ -17,7 +17,7 @@ from ..smi_model import SmiOverlay
 from .analysis import Analysis
 from .capture import DIAGNOSTIC_CODES, GPU_RESIDENT_KINDS, KINDS, LIVE_AT_START, SCHEMA_ID, SEVERITIES, TRUST_BREAKING, Capture, Diagnostic, Gpu, Process, Source
 from .memory import (Allocation, AllocationGroup, ApiCallStat, Band, CallSite, FailedCall, Frame, GroupSummary, Holder,
-                     NvtxSpan, Peak, RangeStat, Series, Site, Stack, StackBytes, Timeline, TraceEnd)
+                     NvtxSpan, Peak, RangeFamily, RangeStat, Series, Site, Stack, StackBytes, Timeline, TraceEnd)
 from .oom import AllocatorOom, AllocatorUse, CacheRelease, CutShort, EndedInside, FatalOom, LoggedOom, OomFailure, \
     OutOfMemory, Preallocation, PoolUse, Probe, ReservedMemory, SizeCount
 from .plain import _from_plain, _Malformed, _to_plain, from_document
@@ -29,6 +29,6 @@ __all__ = ["Allocation", "AllocationGroup", "AllocatorOom", "AllocatorUse", "Ana
            "EndedInside",
            "FailedCall", "FatalOom", "Frame", "GPU_RESIDENT_KINDS", "Gpu", "GroupSummary", "Growth", "Holder", "KINDS", "LIVE_AT_START",
            "LoggedOom", "MemoryCap", "NvtxSpan", "OomFailure", "OutOfMemory", "Peak", "Phase", "PoolUse", "Preallocation",
-           "Probe", "Process", "RAW", "RangeStat", "ReservedMemory", "SCHEMA_ID", "SEVERITIES", "Series",
+           "Probe", "Process", "RAW", "RangeFamily", "RangeStat", "ReservedMemory", "SCHEMA_ID", "SEVERITIES", "Series",
            "Site", "SizeCount", "SmiOverlay", "Source", "Spike", "Stack", "StackBytes", "Step", "StepSeries", "TRUST_BREAKING", "Tables",
            "Timeline", "TraceEnd", "from_document", "_Malformed", "_from_plain", "_to_plain"]

@@ -9,8 +9,8 @@ from typing import Any, Optional
 from ..smi_model import SmiOverlay
 from .hidden import CudaGraphs, HiddenMemory
 from .capture import SCHEMA_ID, SEVERITIES, Capture, Diagnostic, Source
-from .memory import Allocation, AllocationGroup, ApiCallStat, FailedCall, GroupSummary, Peak, RangeStat, Site, Stack, \
-    StackBytes, Timeline
+from .memory import Allocation, AllocationGroup, ApiCallStat, FailedCall, GroupSummary, Peak, RangeFamily, RangeStat, Site, \
+    Stack, StackBytes, Timeline
 from .oom import OutOfMemory, ReservedMemory
 from .plain import _to_plain, from_document
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, StepSeries, WhatIf
@@ -84,6 +84,8 @@ class Analysis:
     # graphs with the memory captured into them (analyses/graphs.py); empty with --quick
     hidden: HiddenMemory = field(default_factory=HiddenMemory)
     graphs: CudaGraphs = field(default_factory=CudaGraphs)
+    # User NVTX ranges that differ only in their numbers ("step N"), one per family of 2+ names
+    range_families: list[RangeFamily] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (`nsysan/analysis@1`) as plain dicts and lists; the raw frames are left out.

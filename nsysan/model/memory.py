@@ -234,6 +234,32 @@ class RangeStat:
     # Memory allocation calls made inside it (innermost), counted from the API trace when sizes
     # were not collected; None when sizes are known (then `allocations` says it)
     alloc_calls: Optional[int] = None
+    # Allocated inside it or inside a range nested in it (a step's phases): a step whose phases
+    # allocate everything has allocated_bytes 0 and this the step's bytes. Equal to the innermost
+    # counts for an operator range and for a range with nothing nested; 0 in older documents
+    nested_allocations: int = 0
+    nested_allocated_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class RangeFamily:
+    """User NVTX ranges whose names differ only in their numbers ("step 0" ... "step 9"), summed over
+    every name of the family (before `Analysis.ranges` is capped): what the page shows as one row."""
+
+    name: str  # the family, numbers as N: "step N"
+    first: str  # its names that opened first and last: "step 0", "step 9"
+    last: str
+    names: int  # distinct names in it
+    instances: int
+    total_time_ns: int
+    allocations: int
+    allocated_bytes: int  # innermost, as RangeStat.allocated_bytes
+    freed_bytes: int
+    still_live_bytes: int
+    max_live_bytes: int  # the highest of its names'
+    nested_allocations: int  # RangeStat.nested_*, summed: nested ranges included
+    nested_allocated_bytes: int
+    first_start_ns: int
 
 @dataclass(frozen=True)
 class Holder:
@@ -303,3 +329,6 @@ class Timeline:
     allocations: list[Allocation] = field(default_factory=list)
     allocations_total: int = 0  # how many allocations there were in all
     trace_ends: list[TraceEnd] = field(default_factory=list)
+    # PyTorch's operator ranges (--pytorch=autograd-nvtx) of the processes, every thread, at their
+    # depth among operators (1 = outermost operator): the page's deepest tracks (capped, the longest)
+    operator_spans: list[NvtxSpan] = field(default_factory=list)

@@ -22,7 +22,8 @@ import jinja2
 from markupsafe import Markup
 
 from ..errors import printable
-from ..model import SEVERITIES, TRUST_BREAKING, Allocation, AllocationGroup, Analysis
+from ..model import SEVERITIES, TRUST_BREAKING, Allocation, AllocationGroup, Analysis, RangeFamily, RangeStat
+from ..model.memory import range_family
 from ..units import (fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_percent, fmt_share, fmt_time, fmt_time_in,
                      time_unit)
 from .json import render_json
@@ -76,11 +77,21 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
         first_screen_warnings=first_screen_warnings(analysis), first_screen_limit=FIRST_SCREEN_WARNINGS,
         caching=any(d.code == "caching_allocator" for d in diagnostics), allocator_names=ALLOCATOR_NAMES,
         used_pools=[p for p in analysis.reserved.pools if p.peak_used_bytes and p.end_reserved_bytes][:3],
-        ranges_in_time_order=sorted((r for r in analysis.ranges if not r.operator),
-                                    key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0)),
+        ranges_in_time_order=range_rows(analysis),
         operators=[r for r in analysis.ranges if r.operator],
         process_names={p.pid: p.name for p in analysis.capture.processes},
         gpus={g.id: g for g in analysis.capture.gpus}, stacks={s.id: s for s in analysis.stacks})
+
+
+def range_rows(analysis: Analysis) -> list[RangeStat | RangeFamily]:
+    """The page's NVTX table: the user's ranges in the order they first opened, those of a family
+    ("step 0" ... "step 9") as the family's one row (Analysis.range_families, summed by the model).
+    Without sizes there is nothing summed to show: every range keeps its row."""
+    families = {f.name: f for f in analysis.range_families} if analysis.capture.memory_usage_collected else {}
+    rows: list[RangeStat | RangeFamily] = [r for r in analysis.ranges if not r.operator and (
+        range_family(r.name) == r.name or range_family(r.name) not in families)]
+    rows += families.values()
+    return sorted(rows, key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0))
 
 
 def content_security_policy(style: str, script: str) -> str:
