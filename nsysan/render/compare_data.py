@@ -4,14 +4,17 @@ process and GPU, in the shape report.js.j2 reads (see page_data.py).
 Nothing is computed but the placing: each run's times are moved by its own origin (the start of
 its first step when both runs have steps, else its first memory event), so step 0 of one run
 sits over step 0 of the other, at the time the longer lead before an origin takes (the axis starts
-at 0, never below). Every value is the runs' own. A series' `pid` is a key naming its
+at 0, never below). With steps, the new run's clock is then stretched between its step starts to
+the base run's (step_anchors), so that every step both runs have starts at one x, not only the
+first. Every value is the runs' own. A series' `pid` is a key naming its
 run ("base:2373", "new:1644"): the page's script groups the hover readout, the NVTX path and the
 colours by it, and two runs may share a pid.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from bisect import bisect_right
+from typing import Any, Callable, Optional
 
 from ..compare import Comparison, ProcessDelta
 from ..errors import printable
@@ -36,17 +39,61 @@ def aligned_on_steps(base: Analysis, new: Analysis) -> bool:
     return all(any(s.steps for s in run.steps) for run in (base, new))
 
 
+def _step_times(run: Analysis) -> dict[int, tuple[int, int]]:
+    """(start, end) of each step of the run's process and device with the most steps, by number."""
+    series = max((s for s in run.steps if s.steps), key=lambda s: len(s.steps))
+    return {step.number: (step.start_ns, step.end_ns) for step in series.steps}
+
+
+def step_anchors(base: Analysis, new: Analysis) -> list[tuple[int, int]]:
+    """(new run's time, base run's time) of the start of each step number both runs have, and of
+    the end of the last: the points where the new run's clock is pinned to the base's. Steps that
+    would run the clock backwards (numbers out of time order) are left out."""
+    b, n = _step_times(base), _step_times(new)
+    common = sorted(set(b) & set(n), key=lambda k: (n[k][0], k))
+    pairs = [(n[k][0], b[k][0]) for k in common]
+    if common:
+        pairs.append((n[common[-1]][1], b[common[-1]][1]))
+    anchors: list[tuple[int, int]] = []
+    for new_t, base_t in pairs:
+        if not anchors or (new_t > anchors[-1][0] and base_t > anchors[-1][1]):
+            anchors.append((new_t, base_t))
+    return anchors
+
+
+def stretched(anchors: list[tuple[int, int]]) -> Callable[[int], int]:
+    """The new run's time on the base run's clock: linear between two anchors, moved by the first
+    (before it) or the last (after it)."""
+    at = [a[0] for a in anchors]
+
+    def clock(t: int) -> int:
+        i = bisect_right(at, t) - 1
+        if i < 0:
+            return t - anchors[0][0] + anchors[0][1]
+        if i >= len(anchors) - 1:
+            return t - anchors[-1][0] + anchors[-1][1]
+        (n0, b0), (n1, b1) = anchors[i], anchors[i + 1]
+        return b0 + round((t - n0) * (b1 - b0) / (n1 - n0))
+    return clock
+
+
 def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str, Any]:
     """Timeline panels (one per matched process and GPU, both runs in each) and step lines of both runs."""
     on_steps = aligned_on_steps(base, new)
-    origins = {"base": run_origin(base, on_steps), "new": run_origin(new, on_steps)}
+    anchors = step_anchors(base, new) if on_steps else []
+    origins = {"base": anchors[0][1], "new": anchors[0][0]} if anchors else \
+        {"base": run_origin(base, on_steps), "new": run_origin(new, on_steps)}
     # Both origins at `lead`, the longer of the runs' times before theirs: the axis starts at 0 with
     # the earlier capture start, never at a negative time, and the origins still line up.
     lead = max(0, *(origins[side] - run.timeline.start_ns for side, run in (("base", base), ("new", new))))
-    runs = {"base": (base, origins["base"] - lead), "new": (new, origins["new"] - lead)}
+    shift = {side: origins[side] - lead for side in origins}
+    clock = stretched(anchors) if anchors else None
+    runs: dict[str, tuple[Analysis, Callable[[int], int]]] = {
+        "base": (base, lambda t: t - shift["base"]),
+        "new": (new, (lambda t: clock(t) - shift["base"]) if clock else (lambda t: t - shift["new"]))}
     names: dict[str, str] = {}
     short: dict[str, str] = {}
-    for side, (run, _origin) in runs.items():
+    for side, (run, _clock) in runs.items():
         run_short, run_long = process_names(run)
         names.update({f"{side}:{pid}": f"{side}: {label}" for pid, label in run_long.items()})
         short.update({f"{side}:{pid}": f"{side} {label}" for pid, label in run_short.items()})
@@ -58,7 +105,7 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
     for index, row in enumerate(rows):
         series = []
         for side, pid, gpu in (("base", row.base_pid, row.base_gpu), ("new", row.new_pid, row.new_gpu)):
-            run, origin = runs[side]
+            run, page_time = runs[side]
             if pid is None:
                 continue
             key = f"{side}:{pid}"
@@ -69,40 +116,40 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
                             key=lambda s: (s.device, kind_order.get(s.kind, len(KINDS)))):
                 series.append({"pid": key, "device": s.device, "kind": s.kind, "resident": s.kind in GPU_RESIDENT_KINDS,
                                "label": f"{side} · {s.kind}", "color": RUN_COLORS[side],
-                               "ts": [t - origin for t in s.ts_ns], "bytes": s.live_bytes})
+                               "ts": [page_time(t) for t in s.ts_ns], "bytes": s.live_bytes})
             for p in run.peaks:
                 if p.pid == pid and p.device in devices and p.peak_bytes > 0:
                     peaks.append({"pid": key, "panel": index, "device": p.device, "bytes": p.peak_bytes,
-                                  "t": p.peak_time_ns - origin, "label": f"{side} peak {fmt_bytes(p.peak_bytes)}"})
+                                  "t": page_time(p.peak_time_ns), "label": f"{side} peak {fmt_bytes(p.peak_bytes)}"})
         panels.append({"gpu": index, "title": _title(row), "capacity": None, "series": series})
 
-    for side, (run, origin) in runs.items():
+    for side, (run, page_time) in runs.items():
         def where(pid: int) -> Optional[int]:
             return home.get(f"{side}:{pid}")
 
         # The new run's NVTX bands only: one strip of labels per panel stays readable.
         if side == "new":
             bands += [{"pid": f"new:{b.pid}", "panel": where(b.pid), "name": printable(b.name),
-                       "s": b.start_ns - origin, "e": b.end_ns - origin} for b in run.timeline.bands if where(b.pid) is not None]
-        spans += [[f"{side}:{s.pid}", printable(s.name), s.start_ns - origin, s.end_ns - origin, s.depth]
+                       "s": page_time(b.start_ns), "e": page_time(b.end_ns)} for b in run.timeline.bands if where(b.pid) is not None]
+        spans += [[f"{side}:{s.pid}", printable(s.name), page_time(s.start_ns), page_time(s.end_ns), s.depth]
                   for s in run.timeline.spans]
-        failed += [{"pid": f"{side}:{f.pid}", "panel": where(f.pid), "t": f.time_ns - origin, "bytes": f.live_bytes,
+        failed += [{"pid": f"{side}:{f.pid}", "panel": where(f.pid), "t": page_time(f.time_ns), "bytes": f.live_bytes,
                     "label": f"{side} {printable(f.api)} {printable(f.error)}"}
                    for f in run.failed_calls if where(f.pid) is not None]
-        ends += [{"pid": f"{side}:{e.pid}", "panel": where(e.pid), "t": e.time_ns - origin}
+        ends += [{"pid": f"{side}:{e.pid}", "panel": where(e.pid), "t": page_time(e.time_ns)}
                  for e in run.timeline.trace_ends if where(e.pid) is not None]
-        allocations += [[short.get(f"{side}:{a.pid}", f"{side} {a.pid}"), a.device, a.kind, a.bytes, a.alloc_time_ns - origin,
-                         None if a.free_time_ns is None else a.free_time_ns - origin, printable(a.nvtx_range),
+        allocations += [[f"{side}:{a.pid}", a.device, a.kind, a.bytes, page_time(a.alloc_time_ns),
+                         None if a.free_time_ns is None else page_time(a.free_time_ns), printable(a.nvtx_range),
                          *site_columns(a, sites)]
                         for a in run.timeline.allocations]
     allocations.sort(key=lambda r: -r[3])
 
     starts = [s["ts"][0] for p in panels for s in p["series"]]
-    start = min([base.timeline.start_ns - runs["base"][1], new.timeline.start_ns - runs["new"][1]])
-    end = max([base.timeline.end_ns - runs["base"][1], new.timeline.end_ns - runs["new"][1]])
+    start = min(page_time(run.timeline.start_ns) for run, page_time in runs.values())
+    end = max(page_time(run.timeline.end_ns) for run, page_time in runs.values())
     focus = [_focus_edge(runs, min, "focus_start_ns"), _focus_edge(runs, max, "focus_end_ns")]
     step_lines = []
-    for side, (run, _origin) in runs.items():
+    for side, (run, _clock) in runs.items():
         run_short, _ = process_names(run)
         for line in step_sets(run, run_short):
             step_lines.append({**line, "label": f"{side} {line['label']}", "color": RUN_COLORS[side]})
@@ -113,6 +160,7 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
         "allocations": {"sites": list(sites), "rows": allocations,
                         "total": base.timeline.allocations_total + new.timeline.allocations_total},
         "steps": step_lines, "alignedOnSteps": on_steps, "alignedAt": lead,
+        "alignedSteps": max(0, len(anchors) - 1),  # step starts pinned to the base run's
     }
 
 
@@ -126,5 +174,6 @@ def _title(row: ProcessDelta) -> str:
 
 
 def _focus_edge(runs: dict, pick, field: str) -> Optional[int]:
-    edges = [getattr(run.timeline, field) - origin for run, origin in runs.values() if getattr(run.timeline, field) is not None]
+    edges = [page_time(getattr(run.timeline, field)) for run, page_time in runs.values()
+             if getattr(run.timeline, field) is not None]
     return pick(edges) if edges else None
