@@ -235,4 +235,5 @@ def _capture(schema: Schema, events: pd.DataFrame, thread_pairs: np.ndarray, ran
         duration_ns=schema.duration_ns, memory_usage_collected=schema.memory_usage_collected,
         memory_usage_requested=schema.memory_usage_requested, backtraces=schema.has_backtraces,
         nvtx=not ranges.empty or schema.has_nvtx_table, cuda_driver_version=schema.cuda_driver_version,
-        gpus=list(schema.gpus), processes=processes, flags_used=flags_used(schema))
+        gpus=list(schema.gpus), processes=processes, flags_used=flags_used(schema),
+        session_start_utc_ns=schema.session_start_utc_ns)

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from ..model import Diagnostic, Growth, Holder, MemoryCap, Process, StepSeries
+from ..model import Diagnostic, Growth, Holder, MemoryCap, Process, Step, StepSeries
 from ..units import fmt_bytes, fmt_duration
 
 MIB = 1 << 20
@@ -65,23 +65,39 @@ def judge_all(steps: list[StepSeries], processes: list[Process], caps: list[Memo
 
 
 def mark_departures(steps: list[StepSeries], growth: list[Growth]) -> list[Growth]:
-    """Which process started it, where several have steps (the ranks of one job): align their
-    steps by number, leave each one's first step out (warm-up), and find the first step at which
-    one process added more than its growth threshold above the most that any other added at that
-    step; only a process whose own verdict is growing or uneven is named (a one-off bump of a
-    stable process is not a departure). The earliest such step wins; at one step, the largest excess."""
+    """Which process started it, where several have steps (the ranks of one job): the first
+    departure (first_departure) among the processes whose own verdict is growing or uneven (a
+    one-off bump of a stable process is not a departure), marked on its verdict."""
     if len({s.pid for s in steps}) < 2:
         return growth
-    deltas = {}
-    for series in steps:
-        usable = [s for s in series.steps if s.closed and s.traced][1:]
-        if usable:
-            deltas[(series.pid, series.device)] = {s.number: (s.delta_bytes, _threshold(s.start_live_bytes))
-                                                   for s in usable}
-    if len({pid for pid, _ in deltas}) < 2:
-        return growth
-    common = sorted(set.intersection(*(set(d) for d in deltas.values())))
+    deltas = {(series.pid, series.device): step_deltas(series.steps) for series in steps}
     candidates = {(g.pid, g.device) for g in growth if g.verdict in GROWTH_CODES}
+    found = first_departure(deltas, candidates)
+    if found is None:
+        return growth
+    number, key, mine, others = found
+    return [dataclasses.replace(g, departure_step=number, departure_bytes=mine, others_bytes=others)
+            if (g.pid, g.device) == key else g for g in growth]
+
+
+def step_deltas(steps: list[Step]) -> dict[int, tuple[int, int]]:
+    """step number -> (its delta, its growth threshold), of the judged steps: closed, traced, and
+    not the first (warm-up)."""
+    usable = [s for s in steps if s.closed and s.traced][1:]
+    return {s.number: (s.delta_bytes, _threshold(s.start_live_bytes)) for s in usable}
+
+
+def first_departure(deltas: dict[Any, dict[int, tuple[int, int]]],
+                    candidates: set) -> Optional[tuple[int, Any, int, int]]:
+    """(step, key, its delta, the most any other added then) of the first departure: the steps of
+    every (who, device) key aligned by number, the first step at which a candidate added more than
+    its growth threshold above the most that any other `who` added at that step. The earliest such
+    step wins; at one step, the largest excess. Shared by one report's processes (mark_departures)
+    and the reports of one job, one per rank (batch/departure.py)."""
+    deltas = {key: d for key, d in deltas.items() if d}
+    if len({who for who, _ in deltas}) < 2:
+        return None
+    common = sorted(set.intersection(*(set(d) for d in deltas.values())))
     for number in common:
         excess = []
         for key in candidates & set(deltas):
@@ -91,9 +107,8 @@ def mark_departures(steps: list[StepSeries], growth: list[Growth]) -> list[Growt
                 excess.append((mine - others, key, mine, others))
         if excess:
             _, key, mine, others = max(excess)
-            return [dataclasses.replace(g, departure_step=number, departure_bytes=mine, others_bytes=others)
-                    if (g.pid, g.device) == key else g for g in growth]
-    return growth
+            return number, key, mine, others
+    return None
 
 
 def _inside_preallocation(growth: Growth, cap: MemoryCap) -> Growth:

@@ -18,7 +18,7 @@ from ..errors import NsysanError
 from ..commands.outputs import write_all_or_none
 from .database import ResultsDatabase
 from .engines import run_all
-from .summary import Fleet, SummaryRow, fleet_view, render_csv, summary_rows
+from .summary import Fleet, SummaryRow, fleet_view, render_csv, render_fleets_json, summary_rows
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -43,7 +43,7 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
               max_memory: Optional[int] = None, step_range: Optional[str] = None,
               logs: Optional[dict] = None) -> BatchResult:
     """Analyze `paths` and write DIR/analyses/*.json, DIR/nsysan.db (or `db_path`),
-    DIR/summary.csv and DIR/summary.html (`max_memory`: bytes per analysis, see engines.run_all;
+    DIR/summary.csv, DIR/summary.html and DIR/fleets.json (`max_memory`: bytes per analysis, see engines.run_all;
     `step_range`: the NVTX ranges that are steps, as in analyze; `logs`: each report's program
     logs).
     Returns what was done, also after a Ctrl-C."""
@@ -59,6 +59,7 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
         raise NsysanError(f"could not write {documents}: {err.strerror or err}") from err
     order = {str(p): i for i, p in enumerate(paths)}
     by_report: dict[str, list[SummaryRow]] = {}
+    steps: dict[str, list[dict[str, Any]]] = {}
     outcome = BatchResult(reports=len(paths), out_dir=out_dir, db_path=db_path,
                           engine=_engine_name(jobs, dask, len(paths)))
     started = time.perf_counter()
@@ -76,6 +77,7 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
             _write(documents / document_file, result["document"])
             outcome.analyzed += 1
             rows = [SummaryRow(**row) for row in result["rows"]]
+            steps[result["path"]] = result.get("steps", [])
         else:
             outcome.failed += 1
             rows = summary_rows(result, None)
@@ -97,11 +99,12 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
     outcome.seconds = time.perf_counter() - started
     outcome.rows = [row for path in sorted(by_report, key=lambda p: order.get(p, len(order)))
                     for row in by_report[path]]
-    outcome.fleets = fleet_view(outcome.rows)
+    outcome.fleets = fleet_view(outcome.rows, steps)
     from ..render.batch_html import render_summary_html
 
     write_all_or_none({out_dir / "summary.csv": render_csv(outcome.rows),
-                       out_dir / "summary.html": render_summary_html(outcome)})
+                       out_dir / "summary.html": render_summary_html(outcome),
+                       out_dir / "fleets.json": render_fleets_json(outcome.fleets)})
     return outcome
 
 

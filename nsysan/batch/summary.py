@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..compare import process_rows
+from .departure import Departure, find_departure
 from ..model import Analysis
 from ..units import fmt_bytes
 
@@ -134,6 +135,9 @@ class Fleet:
     median_peak_bytes: float
     highest_peak_bytes: int
     outliers: list[Outlier] = field(default_factory=list)
+    # the first rank whose growth per step departed from the others' (batch/departure.py); None:
+    # none did, or the reports' steps were not sent (summary rows read back without them)
+    departure: Optional[Departure] = None
 
     @property
     def line(self) -> str:
@@ -142,8 +146,15 @@ class Fleet:
                 f"{fmt_bytes(self.highest_peak_bytes)} (lowest / median / highest)")
 
 
-def fleet_view(rows: list[SummaryRow]) -> list[Fleet]:
-    """The fleets found in the rows, each with its highest rank, spread and outliers."""
+def fleet_view(rows: list[SummaryRow], steps: Optional[dict[str, list[dict[str, Any]]]] = None) -> list[Fleet]:
+    """The fleets found in the rows, each with its highest rank, spread, outliers and, given each
+    report's `steps` (departure.rank_steps, by report), the rank that departed first.
+
+    A report holding two ranks or more is a fleet of its own. Reports of one rank each are the
+    ranks of one job when they lie in one folder and either are named like rank3.nsys-rep (the rank
+    in the name, or from RANK in the capture's environment when the name has another number) or
+    name no rank but recorded RANK in their environment (`nsys profile -o prof_%q{RANK}`)."""
+    steps = steps or {}
     fleets: dict[str, list[tuple[str, int, SummaryRow]]] = {}
     ok = [r for r in rows if r.status == "ok" and r.peak_bytes is not None]
     by_report: dict[str, list[SummaryRow]] = {}
@@ -154,14 +165,35 @@ def fleet_view(rows: list[SummaryRow]) -> list[Fleet]:
         if len({r.rank for r in ranked}) >= 2:
             fleets[report] = [(f"rank {r.rank}", r.rank, r) for r in _one_per_rank(ranked)]  # type: ignore[misc]
             continue
-        match = _RANK_IN_NAME.search(Path(report).name)
-        if match and len(members) >= 1:
-            job = str(Path(report).parent / _RANK_IN_NAME.sub("rank*", Path(report).name))
-            top = max(members, key=lambda r: r.peak_bytes or 0)
-            fleets.setdefault(job, []).append((f"rank {int(match.group(1))} ({Path(report).name})",
-                                               int(match.group(1)), top))
-    return [_fleet(name, sorted(members, key=lambda m: m[1])) for name, members in fleets.items()
-            if len(members) >= 2]
+        path = Path(report)
+        match = _RANK_IN_NAME.search(path.name)
+        top = max(members, key=lambda r: r.peak_bytes or 0)
+        if ranked:  # the one rank the capture's environment names
+            rank = ranked[0].rank
+        elif match:
+            rank = int(match.group(1))
+        else:
+            continue
+        job = str(path.parent / (_RANK_IN_NAME.sub("rank*", path.name) if match else "*"))
+        fleets.setdefault(job, []).append((f"rank {rank} ({path.name})", rank, top))  # type: ignore[arg-type]
+    found = []
+    for name, members in fleets.items():
+        if len({m[1] for m in members}) < 2:
+            continue
+        members = sorted(members, key=lambda m: m[1])
+        inside = name in by_report  # the ranks of one report
+        departure = find_departure([(where, rank, row.report, _of_rank(steps.get(row.report, []), rank, inside))
+                                    for where, rank, row in members], one_report=inside)
+        found.append(_fleet(name, members, departure))
+    return found
+
+
+def _of_rank(series: list[dict[str, Any]], rank: int, inside: bool) -> list[dict[str, Any]]:
+    """The steps of `rank` among a report's: by the rank of the process inside a multi-rank
+    report; in a report of one rank, its processes with steps (the rank may come from the name)."""
+    if inside:
+        return [s for s in series if s["rank"] == rank]
+    return [s for s in series if s["rank"] in (rank, None)] or series
 
 
 def _one_per_rank(rows: list[SummaryRow]) -> list[SummaryRow]:
@@ -174,7 +206,7 @@ def _one_per_rank(rows: list[SummaryRow]) -> list[SummaryRow]:
     return list(best.values())
 
 
-def _fleet(name: str, members: list[tuple[str, int, SummaryRow]]) -> Fleet:
+def _fleet(name: str, members: list[tuple[str, int, SummaryRow]], departure: Optional[Departure] = None) -> Fleet:
     peaks = [m[2].peak_bytes or 0 for m in members]
     top = max(members, key=lambda m: m[2].peak_bytes or 0)
     outliers = []
@@ -183,7 +215,18 @@ def _fleet(name: str, members: list[tuple[str, int, SummaryRow]]) -> Fleet:
         outliers.extend(_outliers(name, values, metric, what))
     return Fleet(name=name, ranks=len(members), highest=f"{top[0]}: {fmt_bytes(top[2].peak_bytes)}",
                  lowest_peak_bytes=min(peaks), median_peak_bytes=statistics.median(peaks),
-                 highest_peak_bytes=max(peaks), outliers=outliers)
+                 highest_peak_bytes=max(peaks), outliers=outliers, departure=departure)
+
+
+FLEETS_SCHEMA = "nsysan/fleets@1"
+
+
+def render_fleets_json(fleets: list[Fleet]) -> str:
+    """fleets.json of a batch (docs/json.md, "nsysan/fleets@1"): the fleet view as data."""
+    import json
+
+    return json.dumps({"schema": FLEETS_SCHEMA, "fleets": [dict(asdict(f), line=f.line) for f in fleets]},
+                      indent=2, sort_keys=True, ensure_ascii=True) + "\n"
 
 
 def _outliers(fleet: str, values: list[tuple[str, int]], metric: str, what: str) -> list[Outlier]:

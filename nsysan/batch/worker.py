@@ -115,7 +115,8 @@ def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] 
                 max_memory: Optional[int] = None, step_range: Optional[str] = None,
                 logs: Optional[dict] = None) -> dict[str, Any]:
     """{"path", "ok", "hash", "document" (JSON text) or "error" (one line), "seconds", and for an
-    analyzed report "rows" (the summary's) and "tables" (nsysan.db's)}. `tune`: TUNE_PROCESS,
+    analyzed report "rows" (the summary's), "tables" (nsysan.db's) and "steps" (the fleet view's,
+    departure.rank_steps)}. `tune`: TUNE_PROCESS,
     TUNE_TASK or None (the allocator left as it is); `max_memory`: bytes the analysis may take
     (pipeline.analyze_report; None: its share of what the worker may use); `step_range`: the NVTX
     ranges that are steps, as in analyze;
@@ -141,6 +142,7 @@ def _analyze(path: str, nsys: Optional[str], cache_dir: Optional[str], max_memor
     from ..inputs import load_or_analyze
     from ..analysis_cache import document_of
     from .database import database_rows, report_key
+    from .departure import rank_steps
     from .summary import summary_rows
 
     started = time.perf_counter()
@@ -161,6 +163,7 @@ def _analyze(path: str, nsys: Optional[str], cache_dir: Optional[str], max_memor
         # process that gathers the results.
         result["rows"] = [dataclasses.asdict(row) for row in summary_rows(result, analysis)]
         result["tables"] = database_rows(report_key(result), analysis, report.name)
+        result["steps"] = rank_steps(analysis)  # the fleet view's: which rank departed first
         result["ok"] = True
     except NsysanError as err:
         result["error"] = err.message

@@ -18,8 +18,8 @@ MAX_JOBS = 1024  # analyses at once on one machine: processes, each with its own
 def batch(
     inputs: List[str] = typer.Argument(..., help="Reports, exports or analysis.json files; folders (searched "
                                        "recursively), globs, or @list.txt (one path a line).", show_default=False),
-    output: Path = typer.Option(..., "--output", "-o", help="Write summary.csv, summary.html, analyses/*.json "
-                                "and nsysan.db here.", show_default=False),
+    output: Path = typer.Option(..., "--output", "-o", help="Write summary.csv, summary.html, fleets.json, "
+                                "analyses/*.json and nsysan.db here.", show_default=False),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Analyses at once on this machine "
                                        "(default: its cores)."),
     dask: Optional[str] = typer.Option(None, "--dask", help="Run on Dask: 'local' starts a LocalCluster of -j "
@@ -85,6 +85,7 @@ def batch(
     with one_run([*(path for report in paths for path in files_read_for(report)), *(log or [])]):
         # Before the analyses: no output is an input (also through a link in DIR), none named twice.
         claim_outputs([(output / "summary.csv", "summary.csv"), (output / "summary.html", "summary.html"),
+                       (output / "fleets.json", "fleets.json"),
                        (db if db is not None else output / "nsysan.db", "the database")])
         with _counter(len(paths), enabled=progress) as count:
             result = run_batch(paths, output, jobs=jobs or default_jobs(), dask=dask, db_path=db, tags=tag or (),
@@ -146,9 +147,12 @@ def _print_summary(result: Any) -> None:
                                 f"of {top.report}"), markup=False, soft_wrap=True)
     for fleet in result.fleets:
         console.print(printable(f"  fleet   {fleet.line}"), markup=False, soft_wrap=True)
+        if fleet.departure is not None:
+            console.print(printable(f"  first   {fleet.departure.line}"), markup=False, soft_wrap=True)
         for outlier in fleet.outliers:
             console.print(printable(f"  outlier {outlier.line}"), markup=False, soft_wrap=True)
-    console.print(printable(f"Results: {result.out_dir}/summary.html, summary.csv, analyses/, database {result.db_path}"),
+    console.print(printable(f"Results: {result.out_dir}/summary.html, summary.csv, fleets.json, analyses/, "
+                            f"database {result.db_path}"),
                   markup=False, soft_wrap=True)
 
 

@@ -120,3 +120,6 @@ class Capture:
     # the nsys flags nsysan's advice names that the capture recorded using (--cuda-memory-usage=true,
     # --cudabacktrace=memory, -s process-tree, --python-backtrace=cuda); None: not recorded (before 2023)
     flags_used: Optional[list[str]] = None
+    # when the capture's time 0 was (TARGET_INFO_SESSION_START_TIME), UTC epoch ns: reports of one
+    # job, one per rank, are put on one clock with it (batch's fleet view); None: not recorded
+    session_start_utc_ns: Optional[int] = None
