@@ -225,3 +225,55 @@ def test_hovering_shows_the_call_stack_user_frames_first_size_range_and_age(tmp_
     assert f"age: {fmt_time(peak.peak_time_ns - group.first_alloc_ns)} (the oldest), allocated at " \
            f"{fmt_time(group.first_alloc_ns)}" in row["lines"]
     assert row["frames"][0] == group.site.label and hover["after"] is True
+
+
+def test_hovering_a_moment_names_the_block_allocated_there_with_its_stack(tmp_path, chromium):
+    # known_bt_v25: alloc_workspace's 512 MiB block in `burst` (the truth file), called from main
+    analysis = analysis_of("known_bt_v25")
+    block = max(analysis.timeline.allocations, key=lambda a: a.bytes)
+    assert block.bytes == 512 * MiB and block.site.label == "alloc_workspace (known)"
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
+                             evaluate={"readout": f"""(() => {{ window.nsysanTimelines[0].show({block.alloc_time_ns / 1e9});
+        const r = document.querySelector('#timeline-main .readout');
+        return [r.querySelector('.made').textContent, r.querySelector('.stack-line').textContent]; }})()"""})
+    assert_quiet_page(page, netlog)
+    made, stack_line = page.values["readout"]
+    name = next(p.name for p in analysis.capture.processes if p.pid == block.pid)  # "/tmp/known"
+    assert made == (f"allocated here: 512.0 MiB device by {name} ({block.pid}), at alloc_workspace (known) in burst · "
+                    f"freed {fmt_time(block.free_time_ns - block.alloc_time_ns)} later")
+    frames = next(s for s in analysis.stacks if s.id == block.stack_id).frames
+    at = next(i for i, f in enumerate(frames) if f.function == "alloc_workspace")
+    shown = [fmt_frame(f.function, f.file, f.line, f.module) for f in frames]
+    assert stack_line == " ← ".join(shown[at:]) + f" · + {at} frames inside it (framework, allocator, CUDA driver, profiler)"
+    assert stack_line.startswith("alloc_workspace (known) ← main (known)")
+
+
+def test_the_never_freed_flame_graph_and_a_time_range(tmp_path, chromium):
+    analysis = analysis_of("known_bt_v25")
+    (train,) = [b for b in analysis.timeline.bands if b.name == "train"]
+    script = f"""(() => {{
+      const flame = document.getElementById('flame-main'), out = {{}};
+      flame.querySelector('button[data-mode="never"]').click();
+      out.never = {FLAME};
+      const box = flame.querySelector('input.ranged');
+      box.checked = true; box.dispatchEvent(new Event('change'));
+      out.whole = {FLAME};
+      window.nsysanTimelines[0].setView([{train.start_ns / 1e9}, {train.end_ns / 1e9}]);  // the flame graph follows
+      out.ranged = {FLAME};
+      return out;
+    }})()"""
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
+                             evaluate={"flame": script})
+    assert_quiet_page(page, netlog)
+    never, ranged = page.values["flame"]["never"], page.values["flame"]["ranged"]
+    # every never-freed block (static memory aside): 128 MiB of weights, three 4 MiB cache entries,
+    # the other kinds' 5 MiB and 1000 KiB
+    assert never["mode"] == "never" and never["root"] == analysis.never_freed_bytes == 153_067_520
+    assert sum(b["bytes"] for b in never["boxes"] if b["depth"] == 1) == never["root"]
+    leaves = {b["text"].rsplit(" · ", 1)[0]: b["bytes"] for b in never["boxes"] if b["text"].startswith("alloc_")}
+    assert leaves == {"alloc_weights (known)": 128 * MiB, "alloc_cache_entry (known)": 3 * 4 * MiB}
+    # the opening view holds every never-freed block the page carries (all 29 allocations are carried)
+    assert page.values["flame"]["whole"]["root"] == never["root"]
+    # in `train` (steps 0-9) only the cache entries of steps 2, 5 and 8 were allocated and kept
+    assert ranged["root"] == 3 * 4 * MiB and "allocated in the visible range" in ranged["title"]
+    assert [b["text"] for b in ranged["boxes"] if b["text"].startswith("alloc_")] == ["alloc_cache_entry (known) · 12.0 MiB"]
