@@ -145,6 +145,11 @@ class Schema:
     python_backtraces_requested: Optional[bool] = None  # --python-backtrace=cuda, as recorded
     sampling_requested: Optional[bool] = None  # CPU sampling (-s process-tree / system-wide), as recorded
     memory_backtrace_threshold_ns: Optional[int] = None  # --cudabacktrace=memory:<threshold>, as recorded
+    # --cudabacktrace=all: stacks of kernel, synchronization and other calls too, as recorded
+    all_backtraces_requested: Optional[bool] = None
+    # --pytorch=autograd-nvtx or autograd-shapes-nvtx, as the trace shows it (nsys records no option
+    # for it): PyTorch's operator ranges among the first NVTX ranges; "" when none
+    pytorch_nvtx: str = ""
     # The program nsys launched (PROCESS_0:COMMAND and its ARGUMENT_n, never its environment) and
     # the traces the capture asked for (CAPTURE_EVENT_TYPE: Cuda, NvtxEvents, OSRuntime, ...):
     # what "capture again with" advice rebuilds the user's own command line from
@@ -385,9 +390,35 @@ def _read_capture_meta(conn: sqlite3.Connection, schema: Schema) -> None:
             schema.memory_backtrace_threshold_ns = max(schema.memory_backtrace_threshold_ns or 0, _int(text))
     for attribute, flags in found.items():
         setattr(schema, attribute, any(flags))
+    kinds = [[_text(value).strip().lower() == "true" for name, value in rows if _text(name).endswith(suffix)]
+             for suffix in _OTHER_BACKTRACES]
+    if all(kinds):
+        schema.all_backtraces_requested = all(any(flags) for flags in kinds) and bool(schema.backtraces_requested)
+    schema.pytorch_nvtx = _pytorch_nvtx(conn, schema)
     schema.captured_event_types = tuple(dict.fromkeys(_text(value) for name, value in rows
                                                       if _text(name) == "CAPTURE_EVENT_TYPE"))
     schema.profiled_command = _profiled_command(conn)
+
+
+_OTHER_BACKTRACES = (":COLLECT_KERNEL_BACKTRACES", ":COLLECT_SYNCHRONOIZATION_BACKTRACES", ":COLLECT_OTHER_BACKTRACES")
+# PyTorch's operator ranges (--pytorch) are looked for among this many first push/pop NVTX ranges:
+# a bounded read on any capture; with the option on, operators (model.to(), the first forward)
+# outnumber the user's ranges from the start.
+PYTORCH_PROBE_RANGES = 1000
+
+
+def _pytorch_nvtx(conn: sqlite3.Connection, schema: Schema) -> str:
+    """`--pytorch=` value the trace shows: "autograd-shapes-nvtx" when operator ranges carry
+    `sizes = `, "autograd-nvtx" without; "" when the first ranges hold no operator."""
+    if not schema.has("NVTX_EVENTS", "text", "eventType"):
+        return ""
+    texts = [_text(t) for (t,) in conn.execute(
+        "SELECT CAST(substr(text, 1, 200) AS TEXT) FROM (SELECT text FROM NVTX_EVENTS WHERE eventType = 59 "
+        "AND text IS NOT NULL LIMIT ?)", (PYTORCH_PROBE_RANGES,))]
+    operators = [t for t in texts if ", seq = " in t or ", op_id = " in t]
+    if not operators:
+        return ""
+    return "autograd-shapes-nvtx" if any(", sizes = " in t for t in operators) else "autograd-nvtx"
 
 
 # A command line shown in advice: at most this many arguments of at most this many characters

@@ -60,3 +60,48 @@ def test_no_environment_value_reaches_the_line():
     with sqlite3.connect(f"file:{FIXTURES / 'torch_ranks_v25'}.sqlite?mode=ro", uri=True) as conn:
         values = [v for (v,) in conn.execute("SELECT value FROM META_DATA_CAPTURE WHERE name GLOB '*ENVIRONMENT*'")]
     assert all(str(v) not in line for v in values if v and len(str(v)) > 3)
+
+
+def test_nvtx_not_traced_says_so_and_ends_with_the_line_that_traces_it():
+    # torch_cudaonly_v25 was captured with `-t cuda --cuda-memory-usage=true -s none`: its steps
+    # are found from the kernels, and the advice adds nvtx (and the stack flags it lacked), never
+    # the memory flag it used
+    schema = schema_of("torch_cudaonly_v25")
+    assert schema.captured_event_types == ("Cuda",)
+    analysis = analysis_of("torch_cudaonly_v25")
+    (said,) = [d.message for d in analysis.diagnostics if d.code == "nvtx_not_traced"]
+    assert said.endswith(f"-o <report> {' '.join(recorded_command('torch_cudaonly_v25'))}")
+    assert "capture again adding nvtx to -t (and --cudabacktrace=memory:1 -s process-tree): nsys profile -t cuda,nvtx " \
+        in said
+    assert "--cuda-memory-usage=true:" not in said and "adding --cuda-memory-usage" not in said
+    # it is among the answers, beside the growth found from the kernel sequence
+    answers = {a.code: a.message for a in analysis.answers}
+    assert answers["nvtx_not_traced"] == said and "steps found from the kernel sequence" in answers["memory_growth"]
+    # a capture that traced NVTX is not told
+    assert not [d for d in analysis_of("torch_leak_v25").diagnostics if d.code == "nvtx_not_traced"]
+
+
+def test_the_line_keeps_the_captures_own_options():
+    # --pytorch=autograd-shapes-nvtx (torch_ops_v25: nsys records no option, the operator ranges
+    # carry `sizes = `), --python-backtrace=cuda (torch_pybt_v25, torch_rank1_v25: recorded),
+    # --cudabacktrace=all (known_bt_v25: stacks of every kind recorded), each once
+    ops = [d.message for d in analysis_of("torch_ops_v25").diagnostics if d.code == "no_backtraces"][0]
+    assert ops.endswith("-s process-tree --pytorch=autograd-shapes-nvtx -o <report> python3 "
+                        "/home/user/workloads/torch_train.py --leak --steps 5")
+    for name in ("torch_pybt_v25", "torch_rank1_v25"):
+        line = rerun_command(schema_of(name))
+        assert line.count("--python-backtrace=cuda") == 1 and "--pytorch" not in line, line
+    bt = rerun_command(schema_of("known_bt_v25"))
+    assert "--cudabacktrace=all:1" in bt and "memory:1" not in bt
+    assert schema_of("torch_leak_v25").pytorch_nvtx == "" and "--python-backtrace" not in rerun_command(
+        schema_of("torch_leak_v25"))
+
+
+def test_a_capture_range_is_never_in_the_line():
+    # torch_capture_range_v25 used --capture-range=cudaProfilerApi --capture-range-end=stop: the line
+    # that captures from the start leaves both out, keeping the program and its warm-up argument
+    (said,) = [d.message for d in analysis_of("torch_capture_range_v25").diagnostics
+               if d.code == "live_at_capture_start"]
+    line = said[said.index("nsys profile"):]
+    assert "--capture-range" not in line and "-c " not in line and line.endswith("--profiler-warmup 3 --steps 5")
+    assert "capture range from cuProfilerStart" in said

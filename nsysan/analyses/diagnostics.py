@@ -64,12 +64,29 @@ _TRACES = {"Cuda": "cuda", "NvtxEvents": "nvtx", "OSRuntime": "osrt", "Cudnn": "
 def rerun_command(schema: Schema, flags: tuple[str, ...] = tuple(f for f, _, _ in _ADVISED[:3])) -> str:
     """The `nsys profile` line to run instead (issue 30, section 7): the capture's own traces
     (CAPTURE_EVENT_TYPE; cuda and nvtx always) and program (PROCESS_0:COMMAND and its arguments,
-    never its environment), with `flags` (the memory capture: sizes and memory-call stacks); what
-    got in the way (a capture range, a delay) is left out. `<your program>` when not recorded."""
+    never its environment), with `flags` (the memory capture: sizes and memory-call stacks) and the
+    capture's own options that shape what is seen (kept_options); what got in the way (a capture
+    range, a delay) is left out. `<your program>` when not recorded."""
     traces = list(dict.fromkeys(["cuda", "nvtx"] + [_TRACES[t] for t in schema.captured_event_types
                                                     if t in _TRACES]))
     program = shlex.join(schema.profiled_command) if schema.profiled_command else "<your program>"
-    return " ".join(["nsys profile", f"-t {','.join(traces)}", *flags, "-o <report>", program])
+    if schema.all_backtraces_requested:  # the capture's stacks of every kind, kept (at threshold 1)
+        flags = tuple("--cudabacktrace=all:1" if f == "--cudabacktrace=memory:1" else f for f in flags)
+    return " ".join(["nsys profile", f"-t {','.join(traces)}", *flags, *kept_options(schema), "-o <report>", program])
+
+
+def kept_options(schema: Schema) -> list[str]:
+    """The options of the capture that the line to run keeps: Python call stacks
+    (--python-backtrace=cuda, as recorded) and PyTorch's operator ranges (--pytorch=..., as the
+    trace shows them)."""
+    kept = []
+    if schema.python_backtraces_requested:
+        kept.append("--python-backtrace=cuda")
+    if schema.pytorch_nvtx:
+        kept.append(f"--pytorch={schema.pytorch_nvtx}")
+    return kept
+
+
 # First nsys release line known to trace each CUDA major version (approximate release order).
 _NSYS_FOR_CUDA = {12: (2022, 5), 13: (2025, 3)}
 
@@ -106,6 +123,12 @@ def _collection(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, quick
         found.append(Diagnostic("warning", "no_cuda_trace",
                                 "the capture holds no CUDA API trace (CUDA tracing was off or failed): "
                                 f"nothing about GPU memory can be said; {capture_advice(schema)}"))
+    if schema.captured_event_types and "NvtxEvents" not in schema.captured_event_types and schema.has_cuda_trace:
+        found.append(Diagnostic("warning", "nvtx_not_traced",
+                                "NVTX was not traced (the capture's -t lacks nvtx): steps and phases can only be "
+                                "found from the kernel sequence, and the program's own ranges are not in the "
+                                f"capture; capture again adding nvtx to -t{_and(missing_flags(schema))}: "
+                                f"{rerun_command(schema)}"))
     if not schema.memory_usage_collected:
         if schema.memory_usage_requested:
             found.append(Diagnostic("warning", "no_memory_events",
@@ -122,6 +145,10 @@ def _collection(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, quick
                                 "no call stacks were collected, so sites are named by API, NVTX range and thread; "
                                 + _backtrace_advice(schema)))
     return found
+
+
+def _and(flags: list[str]) -> str:
+    return f" (and {' '.join(flags)})" if flags else ""
 
 
 def _backtrace_advice(schema: Schema) -> str:

@@ -45,7 +45,7 @@ DIAGNOSTIC_CODES = frozenset({
     "allocated_before_capture", "allocation_failed", "ended_inside", "oom_log_empty", "oom_logged", "allocations_without_events", "allocator_oom_suspected",
     "bad_memory_rows", "bad_time_shift", "cache_flushes", "caching_allocator", "cuda_trace_incomplete",
     "live_at_capture_start", "long_strings", "memory_growth", "memory_kept_unevenly", "near_capacity", "no_backtraces", "no_cuda_trace",
-    "no_memory_events", "no_steps", "not_streamed", "nsys_diagnostic", "nsys_older_than_cuda",
+    "no_memory_events", "no_steps", "not_streamed", "nvtx_not_traced", "nsys_diagnostic", "nsys_older_than_cuda",
     "overlapping_allocations", "partial_export", "preallocation", "probe", "python_stacks_not_exported",
     "python_stacks_unreadable", "quick", "run_cut_short", "sibling_export", "sibling_export_damaged",
     "sizes_not_collected", "smi_clock_offset", "smi_no_overlap", "smi_no_start_time", "smi_other_gpu",
