@@ -55,3 +55,127 @@ def test_a_family_sums_every_name_and_matches_the_steps_table(tmp_path, chromium
     # "train" holds the steps: 0 B of its own, all of theirs
     train = rows["train"]
     assert train[6][1] == "0" and int(train[5][1]) == int(step[5][1])
+
+
+# -- the explorer: tracks, the y axis, keys, drag and touch ----------------------------------------
+TICK = "await new Promise(r => setTimeout(r, 30));"  # uPlot applies scales and hooks a moment later
+
+
+def explore(analysis, tmp_path, script: str, width: int = 1400):
+    """Open the page and run `script` (an async function body; `t` is the main timeline, `u` its
+    first plot, `tr` that plot's tracks) in Chromium; return what it returns."""
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=width, height=900, screenshot=False,
+                             evaluate={"out": "(async () => { const t = window.nsysanTimelines[0], u = t.plots[0],"
+                                              f" tr = t.nav.tracks[0]; {TICK} {script} }})()"})
+    assert_quiet_page(page, netlog)
+    return page.values["out"]
+
+
+def live_max(analysis, lo_ns: float, hi_ns: float) -> int:
+    """The most any line of the panel reaches from lo to hi: each series holds its value from its
+    last point at or before lo (step lines) and every point inside."""
+    top = 0
+    for s in analysis.timeline.series:
+        before = [b for t, b in zip(s.ts_ns, s.live_bytes) if t <= lo_ns]
+        inside = [b for t, b in zip(s.ts_ns, s.live_bytes) if lo_ns < t <= hi_ns]
+        top = max([top] + before[-1:] + inside)
+    return top
+
+
+def test_zoom_rescales_the_y_axis_to_the_visible_lines(tmp_path, chromium):
+    analysis = analysis_of("torch_ops_v25")
+    forward = [s for s in analysis.timeline.spans if s.name == "forward"][2]  # step 2's, 11 ms
+    lo, hi = forward.start_ns / 1e9, forward.end_ns / 1e9
+    out = explore(analysis, tmp_path, f"""
+        const opening = u.scales.y.max, label = u.axes[1].label;
+        t.setView([{lo}, {hi}]); {TICK}
+        const zoomed = u.scales.y.max;
+        t.nav.reset(); {TICK}
+        return [opening, zoomed, u.scales.y.max, label];""")
+    opening, zoomed, reset, label = out
+    assert label == "live (GiB)"
+    top = live_max(analysis, forward.start_ns, forward.end_ns)
+    assert 2 << 30 < top < analysis.peak.peak_bytes / 1.5  # step 2's forward: 2.6 GiB of the 4.6 GiB peak
+    assert abs(zoomed / 1.22 * (1 << 30) - top) < 1  # the axis reaches the highest visible value, 22% headroom
+    assert opening > zoomed and reset == opening  # Home brings the whole axis back (peak callouts, GPU line)
+
+
+def test_keys_pan_and_zoom_the_time_axis(tmp_path, chromium):
+    analysis = analysis_of("torch_ops_v25")
+    out = explore(analysis, tmp_path, f"""
+        const panels = document.querySelector('#timeline-main .panels'), views = [t.view()];
+        const key = k => panels.dispatchEvent(new KeyboardEvent('keydown', {{key: k, bubbles: true, cancelable: true}}));
+        for (const k of ['+', 'ArrowRight', 'ArrowLeft', 'ArrowLeft', '-', 'Home']) {{ key(k); {TICK} views.push(t.view()); }}
+        return [views, panels.tabIndex, panels.getAttribute('aria-label')];""")
+    views, tab, label = out
+    start, zoomed, right, back, left, out_again, home = views
+    assert tab == 0 and "arrow keys pan" in label
+    assert (start[0], start[1]) == (analysis.timeline.focus_start_ns / 1e9, analysis.timeline.focus_end_ns / 1e9)
+    width = start[1] - start[0]
+    middle = (start[0] + start[1]) / 2
+    assert abs((zoomed[1] - zoomed[0]) - 0.75 * width) < 1e-9 and abs((zoomed[0] + zoomed[1]) / 2 - middle) < 1e-9
+    step = 0.2 * (zoomed[1] - zoomed[0])
+    assert abs(right[0] - (zoomed[0] + step)) < 1e-9 and abs((right[1] - right[0]) - (zoomed[1] - zoomed[0])) < 1e-9
+    assert abs(back[0] - zoomed[0]) < 1e-9 and abs(left[0] - (zoomed[0] - step)) < 1e-9
+    assert abs((out_again[1] - out_again[0]) - (left[1] - left[0]) / 0.75) < 1e-9
+    assert home == start
+
+
+def test_touch_drags_pan_and_two_fingers_pinch_the_chart(tmp_path, chromium):
+    analysis = analysis_of("torch_ops_v25")
+    out = explore(analysis, tmp_path, f"""
+        const over = u.over, box = over.getBoundingClientRect(), y = box.top + box.height / 2;
+        const touch = (type, id, x) => over.dispatchEvent(new PointerEvent(type, {{pointerId: id, pointerType: 'touch',
+            isPrimary: id === 1, clientX: x, clientY: y, bubbles: true, cancelable: true}}));
+        const start = t.view();
+        touch('pointerdown', 1, box.left + 500); touch('pointermove', 1, box.left + 400); touch('pointerup', 1, box.left + 400);
+        {TICK} const dragged = t.view();
+        // two fingers 100 px apart around x = 300 spread to 200 px: half as wide, the time under them kept
+        touch('pointerdown', 1, box.left + 250); touch('pointerdown', 2, box.left + 350);
+        touch('pointermove', 1, box.left + 200); touch('pointermove', 2, box.left + 400);
+        touch('pointerup', 1, box.left + 200); touch('pointerup', 2, box.left + 400);
+        {TICK} const pinched = t.view();
+        return [start, dragged, pinched, box.width, getComputedStyle(over).touchAction,
+                getComputedStyle(tr.canvas).touchAction];""")
+    start, dragged, pinched, width, action, track_action = out
+    assert action == track_action == "pan-y"  # a finger sideways moves the chart; up and down, the page; no page zoom
+    w = start[1] - start[0]
+    assert abs(dragged[0] - (start[0] + 100 / width * w)) < 1e-9 and abs((dragged[1] - dragged[0]) - w) < 1e-9
+    assert abs((pinched[1] - pinched[0]) - w / 2) < 1e-9
+    at = dragged[0] + 300 / width * w  # the time under the fingers' midpoint stays under it
+    assert abs(pinched[0] + 300 / width * (w / 2) - at) < 1e-9
+
+
+def drawn_by_hand(analysis, view: list, per_second: float) -> set:
+    """The ranges a track draws in this view: inside it and TRACK_MIN_PX (2) pixels wide or more."""
+    wide = lambda s: s.end_ns / 1e9 > view[0] and s.start_ns / 1e9 < view[1] \
+        and (s.end_ns - s.start_ns) / 1e9 * per_second >= 2
+    return {(False, s.depth, s.name, s.start_ns) for s in analysis.timeline.spans if wide(s)} | \
+        {(True, s.depth, s.name, s.start_ns) for s in analysis.timeline.operator_spans if wide(s)}
+
+
+def test_nested_tracks_appear_as_you_zoom_in(tmp_path, chromium):
+    # torch_ops_v25 (--pytorch=autograd-nvtx): steps > forward/backward/optimizer, and 2000 operator ranges
+    analysis = analysis_of("torch_ops_v25")
+    forward = [s for s in analysis.timeline.spans if s.name == "forward"][2]
+    out = explore(analysis, tmp_path, f"""
+        const seen = () => [t.view(), tr.shown, tr.drawn.map(d => [d[1], d[2], d[3], d[4]]), tr.pxPerSecond,
+                            tr.canvas.height > 0 && !tr.canvas.hidden];
+        t.setView([{analysis.timeline.start_ns / 1e9}, {analysis.timeline.end_ns / 1e9}], 'all'); {TICK}
+        const whole = seen();
+        t.setView([{forward.start_ns / 1e9}, {forward.end_ns / 1e9}]); {TICK}
+        return [whole, seen()];""")
+    for view, shown, drawn, per_second, visible in out:
+        assert visible
+        drawn = {tuple(d) for d in drawn}
+        assert drawn == drawn_by_hand(analysis, view, per_second)
+        assert sorted({(d[0], d[1]) for d in drawn}) == sorted((op, depth) for pid, op, depth in shown)
+    (_, whole_rows, whole_drawn, _, _), (_, zoomed_rows, zoomed_drawn, _, _) = out
+    # the whole capture: steps and their phases, and the few operators of 30 ms or more
+    assert [r[1:] for r in whole_rows][:2] == [[False, 1], [False, 2]]
+    assert {d[2] for d in whole_drawn if not d[0]} >= {"setup", "step 0", "forward", "backward"}
+    assert not [d for d in whole_drawn if d[0] and forward.start_ns <= d[3] < forward.end_ns]
+    # step 2's forward (11 ms): its operators, four deep, aten::addmm among them
+    assert [r[1:] for r in zoomed_rows] == [[False, 1], [False, 2], [True, 1], [True, 2], [True, 3], [True, 4]]
+    inside = {d[2] for d in zoomed_drawn if d[0] and forward.start_ns <= d[3] < forward.end_ns}
+    assert {"aten::linear", "aten::addmm"} <= inside

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..errors import printable
-from ..model import GPU_RESIDENT_KINDS, KINDS, Allocation, AllocationGroup, Analysis, CallSite, Series, Stack, \
+from ..model import GPU_RESIDENT_KINDS, KINDS, Allocation, AllocationGroup, Analysis, CallSite, NvtxSpan, Series, Stack, \
     StackBytes
 from ..model.memory import site_in_family
 from ..units import fmt_bytes, fmt_frame
@@ -94,6 +94,7 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
         "bands": [{"pid": b.pid, "panel": home[b.pid], "name": printable(b.name), "s": b.start_ns, "e": b.end_ns}
                   for b in timeline.bands if b.pid in home],
         "spans": [[s.pid, printable(s.name), s.start_ns, s.end_ns, s.depth] for s in timeline.spans],
+        "operators": operator_rows(timeline.operator_spans),
         "failed": [{"pid": f.pid, "panel": home[f.pid], "t": f.time_ns, "bytes": f.live_bytes,
                     "label": f"{printable(f.api)} {printable(f.error)}"}
                    for f in analysis.failed_calls if f.pid in home],
@@ -103,6 +104,14 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
         **live_sets, "stacks": stacks.shown,
         "steps": step_sets(analysis, short),
     }
+
+
+def operator_rows(spans: list[NvtxSpan]) -> dict[str, list]:
+    """The operator ranges for the page's deepest tracks: a few operator names repeat thousands of
+    times, so each row names its operator by index into `names` ([pid, name, start, end, depth])."""
+    names: dict[str, int] = {}
+    rows = [[s.pid, names.setdefault(printable(s.name), len(names)), s.start_ns, s.end_ns, s.depth] for s in spans]
+    return {"names": list(names), "rows": rows}
 
 
 def site_columns(a: Allocation, sites: dict[str, int]) -> list[int]:
