@@ -150,6 +150,7 @@ class Schema:
     # --pytorch=autograd-nvtx or autograd-shapes-nvtx, as the trace shows it (nsys records no option
     # for it): PyTorch's operator ranges among the first NVTX ranges; "" when none
     pytorch_nvtx: str = ""
+    cuda_flush_ms: Optional[int] = None  # --cuda-flush-interval, as recorded (PROCESS_n:CUDA_FLUSH_PERIOD)
     # The program nsys launched (PROCESS_0:COMMAND and its ARGUMENT_n, never its environment) and
     # the traces the capture asked for (CAPTURE_EVENT_TYPE: Cuda, NvtxEvents, OSRuntime, ...):
     # what "capture again with" advice rebuilds the user's own command line from
@@ -386,6 +387,8 @@ def _read_capture_meta(conn: sqlite3.Connection, schema: Schema) -> None:
         for suffix, attribute in _CAPTURE_FLAGS.items():
             if key.endswith(suffix):
                 found.setdefault(attribute, []).append(text == "true")
+        if key.endswith(":CUDA_FLUSH_PERIOD") and _int(text) is not None:
+            schema.cuda_flush_ms = max(schema.cuda_flush_ms or 0, _int(text))
         if key.endswith(":MEMORY_BACKTRACES_THRESHOLD_NS") and _int(text) is not None:
             schema.memory_backtrace_threshold_ns = max(schema.memory_backtrace_threshold_ns or 0, _int(text))
     for attribute, flags in found.items():

@@ -7,6 +7,8 @@ import sqlite3
 
 from conftest import FIXTURES, analysis_of
 
+import nsysan
+
 from nsysan.analyses.diagnostics import rerun_command
 from nsysan.schema import open_readonly, probe
 
@@ -105,3 +107,38 @@ def test_a_capture_range_is_never_in_the_line():
     line = said[said.index("nsys profile"):]
     assert "--capture-range" not in line and "-c " not in line and line.endswith("--profiler-warmup 3 --steps 5")
     assert "capture range from cuProfilerStart" in said
+
+
+def test_a_run_cut_short_ends_with_the_line_that_keeps_a_crashs_last_events(tmp_path):
+    # torch_fraction_oom_v25 ended inside 'big request', torch_oom_v25 was cut short inside
+    # 'step 5 > hoard', jax_oom_v25's CUDA trace stops while its NVTX ranges go on: each may have
+    # crashed, and the captures wrote their CUDA buffers only when full (CUDA_FLUSH_PERIOD 0)
+    for name, code in [("torch_fraction_oom_v25", "ended_inside"), ("torch_oom_v25", "run_cut_short"),
+                       ("jax_oom_v25", "cuda_trace_incomplete")]:
+        analysis = analysis_of(name)
+        line = analysis.capture.crash_rerun_command
+        assert line.startswith("nsys profile -t cuda,nvtx ") and "--cuda-flush-interval=100 -o <report> " in line
+        assert line.endswith(" ".join(recorded_command(name))), line
+        (said,) = [d.message for d in analysis.diagnostics if d.code == code]
+        assert said.endswith(line) and said.count("nsys profile") == 1, said
+        if code != "cuda_trace_incomplete":
+            assert [a.message for a in analysis.answers if a.code == code and a.topic == "oom"] == [said]
+            assert "nsys profile" not in next(a.message for a in analysis.answers if a.topic == "verdict")
+    ended = analysis_of("torch_fraction_oom_v25")
+    assert ended.oom.ended_inside[0].message.endswith(ended.capture.crash_rerun_command)
+    # a capture that already wrote its buffers at an interval is not asked for it again
+    copy = tmp_path / "flushed.sqlite"
+    with sqlite3.connect(FIXTURES / "torch_fraction_oom_v25.sqlite") as src, sqlite3.connect(copy) as dst:
+        src.backup(dst)
+        dst.execute("UPDATE META_DATA_CAPTURE SET value = '500' WHERE name = 'PROCESS_0:CUDA_FLUSH_PERIOD'")
+    line = nsysan.analyze(copy).capture.crash_rerun_command
+    assert "--cuda-flush-interval" not in line and line.endswith("workloads/torch_fraction_oom.py --fraction 0.02")
+
+
+def test_joining_again_says_the_line_once():
+    # a finished analysis joined again (check --log on an analysis.json) keeps one line
+    from nsysan.analyses.oom_ends import explain_oom
+
+    analysis = analysis_of("torch_oom_v25")
+    again = explain_oom(explain_oom(analysis))
+    assert [d.message for d in again.diagnostics] == [d.message for d in analysis.diagnostics]

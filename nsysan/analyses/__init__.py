@@ -22,7 +22,7 @@ from .bounds import cut_long_strings
 from .calls import api_call_stats, find_failed_calls
 from .explore import allocation_groups, early_trace_ends, focus_window, largest_allocations, nvtx_spans, \
     operator_spans
-from .diagnostics import capture_diagnostics, flags_used
+from .diagnostics import capture_diagnostics, crash_rerun_command, flags_used
 from .never_freed import find_never_freed, never_freed_rows, summarize_groups
 from .peak import find_peaks, headline
 from .pools import pool_uses, reserve_adjustment
@@ -236,4 +236,4 @@ def _capture(schema: Schema, events: pd.DataFrame, thread_pairs: np.ndarray, ran
         memory_usage_requested=schema.memory_usage_requested, backtraces=schema.has_backtraces,
         nvtx=not ranges.empty or schema.has_nvtx_table, cuda_driver_version=schema.cuda_driver_version,
         gpus=list(schema.gpus), processes=processes, flags_used=flags_used(schema),
-        session_start_utc_ns=schema.session_start_utc_ns)
+        session_start_utc_ns=schema.session_start_utc_ns, crash_rerun_command=crash_rerun_command(schema))

@@ -61,7 +61,19 @@ _TRACES = {"Cuda": "cuda", "NvtxEvents": "nvtx", "OSRuntime": "osrt", "Cudnn": "
            "Oshmem": "oshmem", "Openacc": "openacc", "Openmp": "openmp"}
 
 
-def rerun_command(schema: Schema, flags: tuple[str, ...] = tuple(f for f, _, _ in _ADVISED[:3])) -> str:
+# nsys writes the CUDA trace in buffers; a process that crashes loses the last ones unless they are
+# written at an interval (nsys profile --cuda-flush-interval, in ms; 0 by default: when full)
+FLUSH_FLAG = "--cuda-flush-interval=100"
+
+
+def crash_rerun_command(schema: Schema) -> str:
+    """The line to run instead after a run that may have crashed: rerun_command, with the CUDA
+    buffers written every 100 ms unless the capture already wrote them at an interval."""
+    return rerun_command(schema, crash=True)
+
+
+def rerun_command(schema: Schema, flags: tuple[str, ...] = tuple(f for f, _, _ in _ADVISED[:3]),
+                  crash: bool = False) -> str:
     """The `nsys profile` line to run instead (issue 30, section 7): the capture's own traces
     (CAPTURE_EVENT_TYPE; cuda and nvtx always) and program (PROCESS_0:COMMAND and its arguments,
     never its environment), with `flags` (the memory capture: sizes and memory-call stacks) and the
@@ -72,6 +84,8 @@ def rerun_command(schema: Schema, flags: tuple[str, ...] = tuple(f for f, _, _ i
     program = shlex.join(schema.profiled_command) if schema.profiled_command else "<your program>"
     if schema.all_backtraces_requested:  # the capture's stacks of every kind, kept (at threshold 1)
         flags = tuple("--cudabacktrace=all:1" if f == "--cudabacktrace=memory:1" else f for f in flags)
+    if crash and not schema.cuda_flush_ms:
+        flags = (*flags, FLUSH_FLAG)
     return " ".join(["nsys profile", f"-t {','.join(traces)}", *flags, *kept_options(schema), "-o <report>", program])
 
 
@@ -197,8 +211,9 @@ def _incomplete_trace(schema: Schema, last_cuda_call_ns: dict[int, int], ranges:
             found.append(Diagnostic("warning", "cuda_trace_incomplete",
                                     f"process {pid}: the CUDA trace stops at {last / 1e6:.1f} ms, yet {len(later)} "
                                     f"NVTX ranges ({names}, ...) follow for another {gap_ms:.1f} ms; the CUDA trace "
-                                    "looks incomplete, so the numbers cover only its beginning; capture again with "
-                                    f"a current nsys: {rerun_command(schema)}"))
+                                    "looks incomplete, so the numbers cover only its beginning (a crash before nsys "
+                                    "wrote its buffers, or an nsys too old for the driver); capture again with a "
+                                    f"current nsys, writing the buffers every 100 ms: {crash_rerun_command(schema)}"))
     return found
 
 

@@ -18,7 +18,7 @@ so it needs no twin:
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ..model import GPU_RESIDENT_KINDS, Analysis, Diagnostic, EndedInside, FatalOom, LoggedOom, MemoryCap, \
     OutOfMemory, SizeCount
@@ -50,11 +50,13 @@ def explain_oom(analysis: Analysis, messages: Sequence[OomMessage] = (), logs: S
                   note=f"the cap the program's error message gives ({m.log} line {m.line})")
         for m in logged if m.matched_pid is not None and m.cap_bytes and m.device is not None]
     if not ended and not logged and not messages and not logs:
-        return dataclasses.replace(analysis, oom=oom)
+        return dataclasses.replace(analysis, oom=oom, diagnostics=diagnostics,
+                                   answers=[_after_crash(analysis, a) for a in analysis.answers])
     analysis = dataclasses.replace(analysis, oom=oom, caps=caps, diagnostics=diagnostics)
     labels = {p.pid: p.label for p in analysis.capture.processes if p.label}
     fresh = [a for a in gather_answers(analysis.peak, analysis.process_peaks(), analysis.growth, diagnostics,
                                        analysis.scope == "quick", labels) if a.topic == "oom"]
+    fresh = [_after_crash(analysis, a) for a in fresh]
     # Only the out-of-memory answers change: those other post-passes added (the verdict line, the
     # code loads, nvidia-smi, what-if) stay where they are when a finished analysis is joined.
     answers = list(analysis.answers)
@@ -94,7 +96,8 @@ def ended_inside(analysis: Analysis, logged_pids: set = frozenset()) -> list[End
             reserved_bytes=use.inside_end_bytes if use is not None and not use.allocator.endswith("preallocation")
             else None, blocks=blocks, block_sizes=_block_sizes(analysis, cut.pid, device),
             growth_bytes_per_step=growth.bytes_per_step if growth is not None and growth.verdict == "growing" else None)
-        found.append(dataclasses.replace(item, message=_ended_message(analysis, item, growth, cut.pid in logged_pids)))
+        found.append(dataclasses.replace(item, message=_crash_advice(
+            analysis, _ended_message(analysis, item, growth, cut.pid in logged_pids))))
     return found
 
 
@@ -341,13 +344,31 @@ def fatal(oom: OutOfMemory) -> list[FatalOom]:
     return found
 
 
+def _after_crash(analysis: Analysis, said: Any) -> Any:
+    """A run cut short (a Diagnostic or an Answer) may have crashed: the line that keeps the last
+    CUDA events then, said last."""
+    if said.code not in ("run_cut_short", "ended_inside") or getattr(said, "topic", "") == "verdict":
+        return said  # the verdict is one short line
+    return dataclasses.replace(said, message=_crash_advice(analysis, said.message))
+
+
+def _crash_advice(analysis: Analysis, message: str) -> str:
+    """`message` ending with the line to capture again after a crash (once: a finished analysis
+    may be joined again)."""
+    line = analysis.capture.crash_rerun_command
+    if not line or message.endswith(line):
+        return message
+    return (f"{message.rstrip('.')}; if it crashed, nsys may have lost the CUDA events it had not yet written: "
+            f"capture again with: {line}")
+
+
 def _diagnostics(analysis: Analysis, ended: list[EndedInside], logged: list[LoggedOom],
                  messages: Sequence[OomMessage], logs: Sequence[str]) -> list[Diagnostic]:
     # A process that ended inside its ranges is said in full: its "cut short" line goes.
     cut = tuple(f"{analysis.process_label(e.pid)} was cut short" for e in ended)
-    found = [d for d in analysis.diagnostics if d.code not in OWN_CODES
+    found = [_after_crash(analysis, d) for d in analysis.diagnostics if d.code not in OWN_CODES
              and not (d.code == "run_cut_short" and d.message.startswith(cut))]
-    found += [Diagnostic("warning", "ended_inside", e.message) for e in ended]
+    found += [_after_crash(analysis, Diagnostic("warning", "ended_inside", e.message)) for e in ended]
     found += [Diagnostic("warning", "oom_logged", m.message) for m in logged]
     read = {m.log for m in messages}
     for name in logs:

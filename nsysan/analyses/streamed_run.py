@@ -21,7 +21,7 @@ from ..units import fmt_bytes, fmt_time
 from .answers import gather_answers
 from .bounds import cut_long_strings
 from .caps import memory_caps
-from .diagnostics import capture_diagnostics, flags_used
+from .diagnostics import capture_diagnostics, crash_rerun_command, flags_used
 from .explore import allocation_groups, focus_from_movement
 from .oom import CLIMBING_TAIL, NEAR_END_NS
 from .peak import LIVE_AT_PEAK, headline, made_of
@@ -375,4 +375,4 @@ def _capture(schema: Schema, first: FirstLook, report_version: Optional[str]) ->
         memory_usage_requested=schema.memory_usage_requested, backtraces=schema.has_backtraces,
         nvtx=schema.has_nvtx_table, cuda_driver_version=schema.cuda_driver_version,
         gpus=list(schema.gpus), processes=processes, flags_used=flags_used(schema),
-        session_start_utc_ns=schema.session_start_utc_ns)
+        session_start_utc_ns=schema.session_start_utc_ns, crash_rerun_command=crash_rerun_command(schema))

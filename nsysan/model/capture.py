@@ -123,3 +123,7 @@ class Capture:
     # when the capture's time 0 was (TARGET_INFO_SESSION_START_TIME), UTC epoch ns: reports of one
     # job, one per rank, are put on one clock with it (batch's fleet view); None: not recorded
     session_start_utc_ns: Optional[int] = None
+    # the `nsys profile` line to run instead after a run that may have crashed (the capture's own
+    # program and traces, the memory flags, CUDA buffers written every 100 ms unless the capture
+    # already wrote them at an interval): what answers about a run cut short end with; "": none
+    crash_rerun_command: str = ""
