@@ -47,7 +47,9 @@ RENAMED = {("timeline", "series"): "timeline",
            # the memory nobody can see and CUDA graphs, per process (capture.processes is "processes")
            ("hidden", "processes"): "hidden", ("hidden", "steps"): "hidden_steps",
            ("hidden", "libraries"): "hidden_libraries", ("hidden", "contexts"): "hidden_contexts", ("graphs", "processes"): "graphs",
-           ("graphs", "steps"): "graph_steps"}
+           ("graphs", "steps"): "graph_steps",
+           # what the bytes are at each step (byte_classes: per process and device)
+           ("byte_classes", "steps"): "byte_class_steps"}
 # The frames read from the export, kept on the Analysis (never serialized).
 RAW_FRAMES = ("events", "calls", "nvtx_ranges")
 _STRINGS = pd.Series(["text"])

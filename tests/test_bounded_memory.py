@@ -282,7 +282,7 @@ STREAMED_FULL = ("capture", "groups", "sites", "api_calls", "failed_calls", "nev
                  "reserved.pools", "reserved.preallocations", "timeline.allocations", "timeline.allocations_total", "never_freed_groups",
                  "timeline.series", "timeline.start_ns", "timeline.end_ns", "peaks", "oom", "reserved", "caps", "spikes",
                  "ranges", "range_families", "timeline.bands", "timeline.spans", "timeline.operator_spans", "timeline.trace_ends", "timeline.focus_start_ns",
-                 "timeline.focus_end_ns", "steps", "growth", "phases")
+                 "timeline.focus_end_ns", "steps", "growth", "phases", "byte_classes")
 
 
 def full_documents(path: Path, chunk: int, monkeypatch) -> tuple[dict, dict]:

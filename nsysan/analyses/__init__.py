@@ -30,6 +30,8 @@ from .ranks import assign_ranks
 from .ranges import range_stats
 from .sites import rank_sites
 from .stacks import referenced_stacks, stack_bytes
+from .allocator import is_value, outside_allocator
+from .byte_classes import Heights, Lifetimes, byte_classes, step_phases
 from .iteration_phases import with_iteration_phases
 from .iterations import find_iterations, with_iterations
 from .steps import find_step_ranges, listed, live_series, memory_threads, step_diagnostics, step_table
@@ -98,8 +100,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         failed = find_failed_calls(calls, events, ranges)
         # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once (or by the pipeline already)
         threads = loaded.memory_threads if loaded.memory_threads is not None else memory_threads(calls)
-        steps, step_notes, phases, spikes = _steps(loaded, grouped, threads, gpu_of, end_ns, step_range,
-                                                   spike_window_ns)
+        steps, step_notes, phases, spikes, lifetimes = _steps(loaded, grouped, threads, gpu_of, end_ns, step_range,
+                                                              spike_window_ns)
         timeline = timeline_later.result()
         grouped = grouped.without_live()  # the running sums are read by nothing after the steps and timeline
         peaks = peaks_later.result()
@@ -150,12 +152,13 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         never_freed_stacks=stack_bytes(events, leaked) if not events.empty else [],
         phases=phases,
         spikes=spikes,
+        byte_classes=byte_classes(lifetimes, verdicts.reserved, growth, gpu_of),
         events=events,
         calls=calls,
         nvtx_ranges=ranges,
     )
     answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, loaded.quick,
-                             {pid: label for pid, label in labels.items() if label})
+                             {pid: label for pid, label in labels.items() if label}, analysis.byte_classes)
     # The stacks last: every stack_id of the finished model (groups, timeline, OOM lists) is kept.
     analysis = dataclasses.replace(analysis, answers=answers)
     return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(loaded.stacks, analysis)))
@@ -168,9 +171,9 @@ def _here_unless_started(later: Future, work: Callable[[], T]) -> T:
 
 
 def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, gpu_of, end_ns: int,
-           step_range: Optional[str], spike_window_ns: int) -> tuple[list, list, list, list]:
-    """The step tables (and why there are none when there are none), the phases and the spikes;
-    `threads`: memory_threads() of the calls."""
+           step_range: Optional[str], spike_window_ns: int) -> tuple[list, list, list, list, Optional[Lifetimes]]:
+    """The step tables (and why there are none when there are none), the phases, the spikes and
+    the allocations' lifetimes across the phases (byte_classes); `threads`: memory_threads() of the calls."""
     series = live_series(loaded.events, grouped)
     found = loaded.nvtx_steps if loaded.nvtx_steps is not None and step_range is None else \
         find_step_ranges(loaded.ranges, threads, step_range)
@@ -178,11 +181,41 @@ def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, gpu_of,
         find_iterations(loaded.launches, loaded.launch_names, sorted(set(loaded.launches["pid"].tolist()) - set(found)))
     steps = step_table(loaded.events, series, with_iterations(found, iterations), gpu_of, end_ns,
                        "step-range" if step_range is not None else "nvtx", loaded.last_cuda_call_ns, iterations)
-    phases = phase_costs(series, with_iteration_phases(loaded.ranges, [it.phases for it in iterations.values()]),
-                         threads, steps, gpu_of, end_ns)
+    phase_ranges = with_iteration_phases(loaded.ranges, [it.phases for it in iterations.values()])
+    phases = phase_costs(series, phase_ranges, threads, steps, gpu_of, end_ns)
+    lifetimes = _lifetimes(loaded.events, series, step_phases(with_iterations(found, iterations), phase_ranges))
     spikes = find_spikes(loaded.events, series, innermost_ranges(loaded.ranges, threads, end_ns), gpu_of,
                          spike_window_ns)
-    return steps, step_diagnostics(series, steps, not loaded.ranges.empty, loaded.quick, step_range), phases, spikes
+    return steps, step_diagnostics(series, steps, not loaded.ranges.empty, loaded.quick, step_range), phases, spikes, \
+        lifetimes
+
+
+def _lifetimes(events: pd.DataFrame, series: list, phases: dict) -> Optional[Lifetimes]:
+    """byte_classes' two reducers fed the whole frame at once: each series' heights, then its
+    allocations with their frees (the partner rows)."""
+    series = [s for s in series if s.pid in phases]
+    if not series:
+        return None
+    heights = Heights(phases)
+    for s in series:
+        heights.add(s.pid, s.device, s.rows.astype("int64"), s.ts, s.live)
+    lifetimes = Lifetimes(heights)
+    is_alloc = events["op"].cat.codes.to_numpy() == events["op"].cat.categories.get_loc("alloc")
+    partner, ts, size = events["partner"].to_numpy(), events["ts_ns"].to_numpy(), events["bytes"].to_numpy()
+    device_kind, pool = is_value(events["kind"], "device"), events["pool"].to_numpy()
+    for s in series:
+        rows = s.rows[is_alloc[s.rows]]
+        # allocator_use's rows: the device allocations outside pools, in time order
+        judged = rows[device_kind[rows] & ~pool[rows]]
+        outside = np.isin(rows, judged[outside_allocator(events, judged)])
+        freed = partner[rows] >= 0
+        f_seq = np.where(freed, partner[rows], HIGH_SEQ)
+        f_ts = np.where(freed, ts[np.maximum(partner[rows], 0)], HIGH_SEQ)
+        lifetimes.add(s.pid, s.device, rows.astype("int64"), ts[rows], f_seq, f_ts, size[rows].astype("int64"), outside)
+    return lifetimes
+
+
+HIGH_SEQ = np.iinfo("int64").max
 
 
 def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:

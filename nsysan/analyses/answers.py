@@ -23,9 +23,9 @@ RESERVED_CODES = ("preallocation", "caching_allocator", "vmm_without_access")
 
 def gather_answers(headline: Optional[Peak], process_peaks: list[Peak], growth: list[Growth],
                     diagnostics: list[Diagnostic], quick: bool = False,
-                    labels: Optional[dict[int, str]] = None) -> list[Answer]:
-    """Peaks (the headline first), growth verdicts, OOM findings, then every other warning or error.
-    `labels`: pid -> how outputs name the process ("rank 1")."""
+                    labels: Optional[dict[int, str]] = None, byte_classes: Optional[list] = None) -> list[Answer]:
+    """Peaks (the headline first), growth verdicts, what the bytes are, OOM findings, then every
+    other warning or error. `labels`: pid -> how outputs name the process ("rank 1")."""
     labels = labels or {}
     answers = [Answer("peak", "info", "peak", peak_sentence(p, quick, labels.get(p.pid, "")))
                 for p in process_peaks[:MAX_PEAKS]]
@@ -37,6 +37,13 @@ def gather_answers(headline: Optional[Peak], process_peaks: list[Peak], growth: 
     for g in growth:
         code = GROWTH_CODES.get(g.verdict, f"growth_{g.verdict}")  # a warning's code is its diagnostic's
         answers.append(Answer("growth", "warning" if g.verdict in GROWTH_CODES else "info", code, g.message))
+    # what the bytes are (analyses/byte_classes.py), where a rule names some of them (not a late
+    # capture whose every block was live when it began)
+    named = [b for b in byte_classes or [] if b.peak.live_bytes > b.peak.other_bytes + b.peak.cache_bytes]
+    several = len(named) > 1
+    for b in named[:MAX_PEAKS]:
+        who = f"{labels.get(b.pid) or f'process {b.pid}'} on device {b.device}: " if several else ""
+        answers.append(Answer("bytes", "info", "byte_classes", who + b.message))
     # the program's own error message first: it says what the trace cannot (the request, the cap)
     for d in sorted((d for d in diagnostics if d.code in OOM_CODES), key=lambda d: d.code != "oom_logged"):
         answers.append(Answer("oom", d.severity, d.code, d.message))

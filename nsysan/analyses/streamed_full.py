@@ -49,6 +49,8 @@ from .streamed_run import _cut_short, _focus, _mini, gpus, run_streamed
 from .streamed_sites import SiteSums
 from .timeline import top_level_bands
 from .streamed_steps import StepWindows, kept_allocations
+from .streamed_byte_classes import FirstHeights, SecondLifetimes
+from .byte_classes import byte_classes
 
 # The sections (and parts of sections) the streamed full analysis leaves out, as the diagnostic names them:
 # none now (the mechanism stays for an analysis added to the whole frame before its stream).
@@ -84,8 +86,9 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         looks["rises"] = RangeRises(ranges, calls.threads)  # calls.threads: steps.memory_threads' keys
         looks["range_threads"] = RangeThreads(look, ranges, operator_ranges, max(0, schema.duration_ns or 0, span[1]))
         looks["steps"] = StepWindows(look, ranges, calls.threads, step_range, launches, nvtx_steps)
+        looks["heights"] = FirstHeights(look, looks["steps"].found, looks["steps"].ranges)
         return Each(looks["first"], verdict_looks.first_pass(), looks["rises"], looks["range_threads"],
-                    looks["steps"])
+                    looks["steps"], looks["heights"])
 
     def second(look) -> SiteSums:
         found = looks["first"]
@@ -99,6 +102,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         looks["look"] = look
         verdict_looks.second_pass(look, looks["second"])  # fed by SiteSums, as its watchers
         looks["spikes"] = SpikeParts(look, looks["second"])
+        looks["lifetimes"] = SecondLifetimes(looks["heights"].heights, calls.api_names)
+        looks["second"].watchers.append(looks["lifetimes"])
         return looks["second"]  # which feeds the verdicts', spikes' and ranges' consumers, its watchers
 
     described = Described(looks, flow, ranges)
@@ -136,9 +141,10 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved,
         spikes=looks["spikes"].spikes(gpu_of, lambda pid, tid, ts: _nvtx_path(pid, tid, ts, ranges)),
         ranges=range_table, range_families=range_families,
-        timeline=_explorable(quick.timeline, looks, ranges, operator_ranges, last_calls), steps=steps, growth=growth, phases=phases)
+        timeline=_explorable(quick.timeline, looks, ranges, operator_ranges, last_calls), steps=steps, growth=growth, phases=phases,
+        byte_classes=byte_classes(looks["lifetimes"].finish(flow.live), verdicts.reserved, growth, gpu_of))
     answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, False,
-                             {pid: label for pid, label in labels.items() if label})
+                             {pid: label for pid, label in labels.items() if label}, analysis.byte_classes)
     analysis = dataclasses.replace(analysis, answers=answers)
     return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(sites.registry.stacks, analysis)))
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..smi_model import SmiOverlay
+from .bytes import ByteClasses
 from .hidden import CudaGraphs, HiddenMemory
 from .capture import SCHEMA_ID, SEVERITIES, Capture, Diagnostic, Source
 from .memory import Allocation, AllocationGroup, ApiCallStat, FailedCall, GroupSummary, Peak, RangeFamily, RangeStat, Site, \
@@ -72,6 +73,9 @@ class Analysis:
     spikes: list[Spike] = field(default_factory=list)  # per process and device, the largest first
     # Every never-freed allocation by call stack, largest first (capped): the never-freed flame graph
     never_freed_stacks: list[StackBytes] = field(default_factory=list)
+    # What the bytes are (weights, activations, ...) at the peak and per step, per process and
+    # device with forward/backward phases (analyses/byte_classes.py)
+    byte_classes: list[ByteClasses] = field(default_factory=list)
     # The frames read from the export (pandas DataFrames), for notebooks; never serialized.
     events: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # see nsysan.events
     calls: Any = field(default=None, compare=False, repr=False, metadata=RAW)  # memory API calls

@@ -122,7 +122,9 @@ def page_script() -> Markup:
     # the license's own text (MIT asks for the notice in every copy).
     _banner, code = uplot.split("\n", 1) if uplot.startswith("/*!") else ("", uplot)
     license_text = (VENDOR / "uPlot.LICENSE").read_text(encoding="utf-8").replace("*/", "* /")
-    ours = _environment().get_template("report.js.j2").render()
+    # what the bytes are (report_bytes.js.j2): a file of its own beside the explorer's script
+    ours = _environment().get_template("report.js.j2").render() + "\n" + \
+        _environment().get_template("report_bytes.js.j2").render()
     return Markup(f"/*! uPlot {UPLOT_VERSION}\n{license_text}*/\n" + code + "\n" + ours)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..errors import printable
+from ..model.bytes import BYTE_CLASSES
 from ..model import GPU_RESIDENT_KINDS, KINDS, Allocation, AllocationGroup, Analysis, CallSite, NvtxSpan, Series, Stack, \
     StackBytes
 from ..model.memory import site_in_family
@@ -103,6 +104,7 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
         "allocations": {"sites": list(sites), "rows": allocations, "total": timeline.allocations_total},
         **live_sets, "stacks": stacks.shown,
         "steps": step_sets(analysis, short),
+        "byteClasses": byte_class_sets(analysis, short),
     }
 
 
@@ -253,6 +255,20 @@ def step_sets(analysis: Analysis, short: dict[int, str]) -> list[dict[str, Any]]
             "growth": {"first": g.first_step, "last": g.last_step, "per_step": g.bytes_per_step, "end": g.end_live_bytes,
                        "verdict": g.verdict, "text": f"{g.verdict}: {fmt_bytes(g.bytes_per_step)}/step"} if judged else None,
         })
+    return sets
+
+
+def byte_class_sets(analysis: Analysis, short: dict[int, str]) -> list[dict[str, Any]]:
+    """The stacked area of what the bytes are (analysis.byte_classes), one per (process, device):
+    each step's classes at its highest point, in BYTE_CLASSES' order, bottom up."""
+    sets = []
+    for b in analysis.byte_classes:
+        if not b.steps:
+            continue
+        sets.append({"pid": b.pid, "device": b.device, "label": short.get(b.pid, f"process {b.pid}"),
+                     "level": printable(b.label), "classes": list(BYTE_CLASSES),
+                     "steps": [[printable(s.label), [getattr(s, f"{c}_bytes") for c in BYTE_CLASSES]] for s in b.steps],
+                     "count": b.step_count, "peak": printable(b.message)})
     return sets
 
 

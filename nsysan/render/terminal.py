@@ -296,7 +296,7 @@ def _failed_table(analysis: Analysis, top: int) -> Sheet:
     return table
 
 
-_TOPIC_LABEL = {"verdict": "verdict", "peak": "peak", "growth": "growth", "what-if": "what if", "oom": "out of memory",
+_TOPIC_LABEL = {"verdict": "verdict", "peak": "peak", "growth": "growth", "bytes": "bytes", "what-if": "what if", "oom": "out of memory",
                 "reserved": "warning", "trust": "warning", "graphs": "CUDA graphs",
                 "unseen": "not traced"}
 AnswerRow = tuple[str, str, str]  # label, severity, text
@@ -306,7 +306,7 @@ def answers_section(analysis: Analysis) -> list[Union[Lines, Sheet]]:
     """"Answers" and its lines, all labels in one column: peak and growth, out of memory and reserved
     memory with what was live then (render/oom.py), nvidia-smi, then the warnings."""
     items: list[Union[AnswerRow, Sheet]] = []
-    items += _answer_rows(analysis, ("verdict", "peak", "growth", "what-if", "graphs"))
+    items += _answer_rows(analysis, ("verdict", "peak", "growth", "bytes", "what-if", "graphs"))
     items += oom_and_reserved(analysis)
     if analysis.smi is not None:
         from .smi_terminal import smi_answer
