@@ -276,7 +276,9 @@ FULL_FIXTURES = ["known_mem_v22", "known_bt_v25", "real_oom_v25", "torch_leak_v2
                  "torch_ops_v25", "torch_expandable_v25", "ddp_leak_v25", "jax_prealloc_v25", "torch_oom_v25",
                  # issue 26: an OOM inside an unclosed range after an empty_cache(), PyTorch's
                  # cudaMallocAsync backend (its pool's peak and reserve)
-                 "torch_fraction_oom_v25", "torch_async_v25"]
+                 "torch_fraction_oom_v25", "torch_async_v25",
+                 # issue 30: what the bytes are, exact (no caching allocator) and segment-level
+                 "torch_bytes_exact_v25", "torch_bytes_cached_v25"]
 # What the streamed full analysis computes as the whole frame does: these parts of the document.
 STREAMED_FULL = ("capture", "groups", "sites", "api_calls", "failed_calls", "never_freed", "never_freed_total",
                  "reserved.pools", "reserved.preallocations", "timeline.allocations", "timeline.allocations_total", "never_freed_groups",

@@ -32,7 +32,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from ..model.bytes import BYTE_CLASSES, ByteClasses, BytesAt
+from ..model.bytes import BYTE_CLASSES, MADE, ByteClasses, BytesAt
 from ..units import fmt_bytes
 from .steps import MAX_LISTED, OPEN_END
 
@@ -103,10 +103,11 @@ def step_phases(found: dict, ranges: pd.DataFrame) -> dict[int, StepPhases]:
     return result
 
 
-def classify(p: StepPhases, a_ts: np.ndarray, f_ts: np.ndarray, outside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def classify(p: StepPhases, a_ts: np.ndarray, f_ts: np.ndarray, outside: np.ndarray) -> tuple[np.ndarray, ...]:
     """Each allocation's class (exact rules, segment-level rules) from its alloc and free times
     (HIGH: never freed in the capture) and whether it is outside a caching allocator
-    (allocator.outside_allocator: a library's block); see the module's docstring."""
+    (allocator.outside_allocator: a library's block); see the module's docstring. Also each one's
+    step (-1: made outside every step)."""
     last = len(p.start) - 1
     ak, ap = p.phase_of(a_ts)
     freed = f_ts < HIGH
@@ -130,7 +131,7 @@ def classify(p: StepPhases, a_ts: np.ndarray, f_ts: np.ndarray, outside: np.ndar
     segment[kept & outside] = WORKSPACES
     early = a_ts <= 0  # live when a late capture began (capture_start.py): made who knows where
     exact[early], segment[early] = OTHER, OTHER
-    return exact, segment
+    return exact, segment, np.where(np.isin(ap, (BEFORE, BETWEEN, AFTER)) | early, -1, ak)
 
 
 @dataclass
@@ -203,10 +204,12 @@ def _window_highs(ts: np.ndarray, live: np.ndarray, start: np.ndarray, end: np.n
 @dataclass
 class Lifetimes:
     """Second reducer: each allocation's bytes, classed by both rules, added to the moments of
-    `heights` it is live at (alloc seq <= moment < free seq), as difference arrays per class."""
+    `heights` it is live at (alloc seq <= moment < free seq), as difference arrays per class, and
+    to the step that made it."""
 
     heights: Heights
     sums: dict = field(default_factory=dict)  # (pid, device) -> (exact, segment): int64 [N_CLASSES, moments + 1]
+    made: dict = field(default_factory=dict)  # (pid, device) -> (exact, segment): int64 [N_CLASSES, steps]
     moments: dict = field(default_factory=dict)
 
     def add(self, pid: int, device: int, a_seq: np.ndarray, a_ts: np.ndarray, f_seq: np.ndarray, f_ts: np.ndarray,
@@ -220,6 +223,15 @@ class Lifetimes:
             self.moments[key] = self.heights.queries(key)
             n = len(self.moments[key][0])
             self.sums[key] = (np.zeros((N_CLASSES, n + 1), "int64"), np.zeros((N_CLASSES, n + 1), "int64"))
+            steps = len(self.heights.phases[pid].start)
+            self.made[key] = (np.zeros((N_CLASSES, steps), "int64"), np.zeros((N_CLASSES, steps), "int64"))
+        exact, segment, step = classify(self.heights.phases[pid], a_ts, f_ts, outside)
+        weight = size.astype("float64")  # sums below 2**53 bytes: exact in float64
+        inside = step >= 0
+        for made, classes in zip(self.made[key], (exact, segment)):
+            # bincount, not np.add.at: millions of allocations at 1e7 events
+            made += np.bincount(classes[inside].astype("int64") * made.shape[1] + step[inside], weight[inside],
+                                made.size).astype("int64").reshape(made.shape)
         moments = self.moments[key][0]
         order = np.argsort(moments, kind="stable")
         sorted_moments = moments[order]
@@ -229,14 +241,11 @@ class Lifetimes:
         live = lo < hi
         if not live.any():
             return
-        exact, segment = classify(self.heights.phases[pid], a_ts[live], f_ts[live], outside[live])
         width = len(moments) + 1
-        weight = size[live].astype("float64")  # sums below 2**53 bytes: exact in float64
         for sums, classes in zip(self.sums[key], (exact, segment)):
-            # bincount, not np.add.at: millions of allocations at 1e7 events
-            index = classes.astype("int64") * width
-            sums += (np.bincount(index + lo[live], weight, sums.size)
-                     - np.bincount(index + hi[live], weight, sums.size)).astype("int64").reshape(sums.shape)
+            index = classes[live].astype("int64") * width
+            sums += (np.bincount(index + lo[live], weight[live], sums.size)
+                     - np.bincount(index + hi[live], weight[live], sums.size)).astype("int64").reshape(sums.shape)
 
     def at_moments(self, key: tuple, level: str) -> np.ndarray:
         """[N_CLASSES, moments] bytes live at each moment of `key`, in the moments' own order."""
@@ -274,8 +283,9 @@ def byte_classes(lifetimes: Optional[Lifetimes], reserved, growth: list,
             values[CACHE, idle] += values[ACTIVATIONS, idle]
             values[ACTIVATIONS, idle] = 0
         values[:, moments < 0] = 0
-        at = [_bytes_at("peak" if k < 0 else p.names[k], int(t), values[:, i]) for i, (k, t) in
-              enumerate(zip(steps.tolist(), times.tolist()))]
+        made = lifetimes.made[key][0 if level == "exact" else 1]
+        at = [_bytes_at("peak" if k < 0 else p.names[k], int(t), values[:, i], made[:, k] if k >= 0 else None)
+              for i, (k, t) in enumerate(zip(steps.tolist(), times.tolist()))]
         listed = at[1:] if len(at) - 1 <= MAX_LISTED else at[1:1 + MAX_LISTED // 2] + at[-(MAX_LISTED // 2):]
         label = SEGMENT_LABEL if level == "segment-level" else POOL_LABEL if key in pooled else EXACT_LABEL
         found.append(ByteClasses(pid=pid, device=device, gpu=gpu_of(pid, device), level=level, label=label,
@@ -284,8 +294,10 @@ def byte_classes(lifetimes: Optional[Lifetimes], reserved, growth: list,
     return found
 
 
-def _bytes_at(label: str, time_ns: int, values: np.ndarray) -> BytesAt:
+def _bytes_at(label: str, time_ns: int, values: np.ndarray, made: Optional[np.ndarray]) -> BytesAt:
     parts = {f"{name}_bytes": int(v) for name, v in zip(BYTE_CLASSES, values.tolist())}
+    if made is not None:  # a step: what it allocated, by class
+        parts.update({f"made_{name}_bytes": int(v) for name, v in zip(BYTE_CLASSES, made.tolist()) if name in MADE})
     return BytesAt(label=label, time_ns=time_ns, live_bytes=int(values.sum()), **parts)
 
 

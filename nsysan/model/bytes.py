@@ -9,6 +9,8 @@ from typing import Optional
 
 # The classes in the order they stack (the page draws them bottom up); every live byte is in one.
 BYTE_CLASSES = ("weights", "activations", "gradients", "optimizer_state", "workspaces", "cache", "other")
+# The classes a step makes (weights are made before the steps; the cache is no allocation)
+MADE = ("activations", "gradients", "optimizer_state", "workspaces", "other")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,13 @@ class BytesAt:
     workspaces_bytes: int
     cache_bytes: int  # reserved by a caching allocator and holding no tensor (segment-level only; 0 when exact)
     other_bytes: int  # temporaries of one phase, and blocks no rule names (kept from a later step: growth)
+    # a step's only: the bytes of every allocation it made, by the class of each, freed or not
+    # (0 for the peak); at segment level, the segments it made
+    made_activations_bytes: int = 0
+    made_gradients_bytes: int = 0
+    made_optimizer_state_bytes: int = 0
+    made_workspaces_bytes: int = 0
+    made_other_bytes: int = 0
 
 
 @dataclass(frozen=True)
