@@ -120,9 +120,11 @@ def test_page_of_a_hand_built_model():
     assert '<div class="value" id="headline-peak">768.0 MiB</div>' in html
     cells = tables(html)
     # One group per (site, NVTX range): total, count, sizes, kind, site, range, process, device, when.
-    # A site opens to its whole stack, innermost frame first (the cell's text is the label, then
-    # the frames), in the sites table and in the grouped tables alike.
-    weights = "alloc_weights (train)" + "cudaMalloc (libcudart.so.13)alloc_weights (train)main (train)"
+    # A site opens to its stack, the user's frames first (the cell's text is the label, then the
+    # frames from the site's outward, then one line for the frames inside it, which opens to them),
+    # in the sites table and in the grouped tables alike.
+    weights = "alloc_weights (train)" + "alloc_weights (train)main (train)" \
+        + "+ 1 frame inside it (framework, allocator, CUDA driver, profiler)cudaMalloc (libcudart.so.13)"
     assert cells["never-freed-table"] == [["256.0 MiB", "1", "256.0 MiB", "device", weights, "setup",
                                            "100", "0", "1.00 ms"]]
     # Live at the peak: largest first.

@@ -77,7 +77,8 @@ def test_a_long_table_prints_its_top_rows_and_says_how_many_more(tmp_path, chrom
 
 def test_the_call_stacks_of_the_top_sites_print(tmp_path, chromium):
     # known_bt_v25 (--cudabacktrace): each site opens to its stack on screen; on paper the top rows'
-    # stacks print, innermost frame first
+    # stacks print, the user's frames first (from the site's frame outward: alloc_workspace,
+    # train_step, main), the frames inside it (cudaMalloc, the driver, the profiler) as one line
     analysis = analysis_of("known_bt_v25")
     stacks = {s.id: s for s in analysis.stacks}
     page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
@@ -88,10 +89,15 @@ def test_the_call_stacks_of_the_top_sites_print(tmp_path, chromium):
     squashed = re.sub(r"\s+", "", text[text.index("Allocation sites"):])  # paper breaks long names anywhere
     printed = 0
     for site in [s.site for s in analysis.sites[:10] if s.site.stack_id is not None]:
-        # its named frames, innermost first (cudaMalloc, alloc_workspace, train_step, main), after its row
-        at = squashed.index(site.label.split()[0])  # its row (the layout puts the label's words apart)
-        for frame in [f for f in stacks[site.stack_id].frames if not f.function.startswith("0x")][:4]:
-            want = re.sub(r"\s+", "", fmt_frame(frame.function, frame.file, frame.line, frame.module))
-            at = squashed.index(want, at)
+        frames = stacks[site.stack_id].frames
+        at = next(i for i, f in enumerate(frames) if f.function == site.function)
+        row = squashed.index(site.label.split()[0])  # its row (the layout puts the label's words apart)
+        where = row
+        for frame in frames[at:at + 3]:  # the site's frame and its callers, in that order
+            where = squashed.index(re.sub(r"\s+", "", fmt_frame(frame.function, frame.file, frame.line, frame.module)),
+                                   where)
+        folded = squashed.index(f"+{at}framesinsideit(framework,allocator,CUDAdriver,profiler)", row)
+        assert where < folded
+        assert "cudaMalloc(known)" not in squashed[row:folded]  # the frames inside it are not printed one by one
         printed += 1
     assert printed >= 3

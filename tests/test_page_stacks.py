@@ -5,6 +5,7 @@ that shows an allocation's call stack, user frames first."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import analysis_of, truth
 
 MiB = 1 << 20
@@ -45,7 +46,7 @@ def test_every_block_live_at_the_peak_counts_not_only_the_listed_ones():
 import bisect  # noqa: E402
 
 from browser import open_page  # noqa: E402
-from test_html import assert_quiet_page, chromium  # noqa: E402,F401  (the fixture)
+from test_html import assert_quiet_page, chromium, pdf_text  # noqa: E402,F401  (the fixture)
 
 from nsysan.commands.outputs import write_report  # noqa: E402
 from nsysan.model import GPU_RESIDENT_KINDS  # noqa: E402
@@ -277,3 +278,29 @@ def test_the_never_freed_flame_graph_and_a_time_range(tmp_path, chromium):
     # in `train` (steps 0-9) only the cache entries of steps 2, 5 and 8 were allocated and kept
     assert ranged["root"] == 3 * 4 * MiB and "allocated in the visible range" in ranged["title"]
     assert [b["text"] for b in ranged["boxes"] if b["text"].startswith("alloc_")] == ["alloc_cache_entry (known) · 12.0 MiB"]
+
+
+HEADINGS = "Array.from(document.querySelectorAll('h2, h3'), h => h.textContent.replace(/\\s+/g, ' ').trim())"
+
+
+@pytest.mark.parametrize("name", ["torch_leak_v25", "torch_oom_v25", "torch_pybt_v25"])
+def test_printed_headings_keep_with_what_they_head(name, tmp_path, chromium):
+    # No printed page ends with a heading whose table or text is on the next one: torch_leak_v25's
+    # "process 1644 on GPU 0: step N" ended page 2 and torch_oom_v25's "Process 1872 on device 0:
+    # 5.5 GiB at 8.729 s, in hoard (1314 allocations)" page 3, with only h2 kept with what follows
+    analysis = analysis_of(name)
+    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
+                             pdf=True, evaluate={"headings": HEADINGS})
+    assert_quiet_page(page, netlog)
+    text = pdf_text(page.pdf, tmp_path)
+    pages = [p for p in text.split("\f") if p.strip()]
+    assert len(pages) >= 5
+    headings = [h for h in page.values["headings"] if len(h) > 8]
+    assert "What was live at the peak" in headings
+    for number, body in enumerate(pages, 1):
+        last = " ".join(body.split()[-6:])  # the page's last words
+        ended = [h for h in headings if " ".join(h.split()[-6:]) == last]
+        assert not ended, f"page {number} ends with the heading {ended[0]!r}"
+    if analysis.stacks:  # the flame graph prints (at the peak), under its heading
+        assert "Bytes by call stack" in headings
+        assert f"python3 (476)'s peak, at 14.5037 s: {fmt_bytes(analysis.peak.peak_bytes)}" in text

@@ -27,7 +27,7 @@ from ..model.memory import range_family
 from ..units import (fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_percent, fmt_share, fmt_time, fmt_time_in,
                      time_unit)
 from .json import render_json
-from .page_data import page_data
+from .page_data import page_data, site_stack
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 VENDOR = Path(__file__).resolve().parent / "vendor"
@@ -160,7 +160,7 @@ def _environment() -> jinja2.Environment:
                        frame=lambda f: fmt_frame(f.function, f.file, f.line, f.module), time_in=fmt_time_in,
                        change_percent=lambda percent: fmt_percent(percent / 100, signed=True),
                        held_by=lambda allocations, group: [a for a in allocations if group.holds(a)],
-                       signed_bytes=lambda n: ("+" if n > 0 else "") + fmt_bytes(n))
+                       signed_bytes=lambda n: ("+" if n > 0 else "") + fmt_bytes(n), split_at=site_stack)
     env.globals.update(time_unit=lambda *columns: time_unit(v for column in columns for v in column))
     return env
 
