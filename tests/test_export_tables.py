@@ -106,6 +106,7 @@ def whole_and_lazy(tmp_path: Path, fixture: str, **options) -> tuple[dict, dict,
     return whole.to_dict(), {**lazy.to_dict(), **same_source}, exports(log)
 
 
+@pytest.mark.slow  # analyses each report twice (4-7 s on the loaded 2 cores)
 def test_steps_from_nvtx_export_no_kernel_table(tmp_path):
     """torch_leak_v25: its one process marks its steps with NVTX, so its launch sequence is not
     read and the kernel table (1,938 kernels) is never exported; the document is the one of an
@@ -118,6 +119,7 @@ def test_steps_from_nvtx_export_no_kernel_table(tmp_path):
     assert lazy == whole
 
 
+@pytest.mark.slow  # analyses each report twice (4-7 s on the loaded 2 cores)
 def test_steps_from_kernels_export_the_kernel_table_after(tmp_path):
     """torch_nonvtx_warmup_v25: no NVTX, so its steps come from its launches named by their
     kernels; the first export shows that, and the kernel table is exported after, into the same
@@ -134,6 +136,7 @@ def test_steps_from_kernels_export_the_kernel_table_after(tmp_path):
     assert again.source.from_cache and len(exports(tmp_path / "log")) == 2
 
 
+@pytest.mark.slow  # analyses each report twice (4-7 s on the loaded 2 cores)
 def test_steps_from_kernels_streamed_export_the_kernel_table_first(tmp_path):
     """Streamed, the processes without NVTX steps are known only while streaming: the kernel table
     is added before, and the document is the whole frame's."""
@@ -142,6 +145,7 @@ def test_steps_from_kernels_streamed_export_the_kernel_table_first(tmp_path):
     assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES), [*FIRST_EXPORT_TABLES, *LAUNCH_TABLES]]
 
 
+@pytest.mark.slow  # analyses each report twice (4-7 s on the loaded 2 cores)
 def test_quick_and_step_range_export_no_kernel_table(tmp_path):
     """--quick reads no launches, nor does --step-range (it names the steps): one export each."""
     for options in ({"quick": True}, {"step_range": "^step"}):
