@@ -154,11 +154,13 @@ class Chromium:
     # -- pages -------------------------------------------------------------------------------
 
     def load(self, path: Path, width: int = 1400, height: int = 2000, evaluate: Optional[dict[str, str]] = None,
-             screenshot: bool = True, settle_s: float = 0.3, pdf: bool = False) -> Page:
+             screenshot: bool = True, settle_s: float = 0.3, pdf: bool = False, javascript: bool = True) -> Page:
         """Open a local file in a new tab, wait for its load event, and record what happened.
 
         `evaluate` maps names to JavaScript expressions run after the load (values by value), in
-        order, before the screenshot; `pdf` prints the page to A4 (as the print dialog would).
+        order, before the screenshot; `pdf` prints the page to A4 (as the print dialog would);
+        `javascript` False opens it as a browser with JavaScript switched off would (`evaluate`
+        still runs: it comes from the debugger, not the page).
         """
         url = Path(path).resolve().as_uri()
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -167,6 +169,8 @@ class Chromium:
             self.call(f"{domain}.enable", session=session)
         self.call("Emulation.setDeviceMetricsOverride",
                   {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, session)
+        if not javascript:
+            self.call("Emulation.setScriptExecutionDisabled", {"value": True}, session)
         self._events = [e for e in self._events if e.get("sessionId") != session]
         self.call("Page.navigate", {"url": url}, session)
         self._wait_for("Page.loadEventFired", session)

@@ -4,9 +4,15 @@ keyboard, drag and touch navigation, and the PNG timeline that stands in without
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
+import pytest
 from browser import open_page
 from conftest import analysis_of
-from test_html import assert_quiet_page, chromium  # noqa: F401  (the fixture)
+from PIL import Image
+from test_html import assert_quiet_page, chromium, pdf_text  # noqa: F401  (the fixture)
 
 from nsysan.commands.outputs import write_report
 from nsysan.units import fmt_bytes
@@ -179,3 +185,42 @@ def test_nested_tracks_appear_as_you_zoom_in(tmp_path, chromium):
     assert [r[1:] for r in zoomed_rows] == [[False, 1], [False, 2], [True, 1], [True, 2], [True, 3], [True, 4]]
     inside = {d[2] for d in zoomed_drawn if d[0] and forward.start_ns <= d[3] < forward.end_ns}
     assert {"aten::linear", "aten::addmm"} <= inside
+
+
+# -- without JavaScript ------------------------------------------------------------------------------
+def pdf_images(pdf: bytes, tmp_path) -> list[tuple[int, int]]:
+    """(width, height) of each image in a PDF (poppler's pdfimages, installed with pdftotext)."""
+    if not shutil.which("pdfimages"):
+        if os.environ.get("NSYSAN_REQUIRE_BROWSER") == "1":
+            pytest.fail("NSYSAN_REQUIRE_BROWSER=1 but pdfimages is not installed (apt-get install poppler-utils)")
+        pytest.skip("pdfimages is not installed (apt-get install poppler-utils)")
+    (tmp_path / "page.pdf").write_bytes(pdf)
+    listed = subprocess.run(["pdfimages", "-list", str(tmp_path / "page.pdf")], capture_output=True, text=True,
+                            check=True).stdout.splitlines()[2:]  # below its two heading lines
+    return [(int(line.split()[3]), int(line.split()[4])) for line in listed if line.split()[2] == "image"]
+
+
+PICTURE = ("(() => { const img = document.querySelector('#timeline-main img.timeline-picture');"
+           " return img && [img.naturalWidth, img.naturalHeight, img.getBoundingClientRect().width,"
+           " document.querySelectorAll('#timeline-main canvas').length, img.src.length]; })()")
+
+
+def test_without_javascript_the_png_timeline_stands_in_on_screen_and_on_paper(tmp_path, chromium):
+    analysis = analysis_of("ddp_leak_v25")
+    path = write_report(analysis, tmp_path / "report")
+    png = Image.open(path.parent / "timeline.png")
+    page, netlog = open_page(path, width=1400, height=900, javascript=False, pdf=True, evaluate={"picture": PICTURE})
+    assert page.remote_requests == [] and netlog == [] and page.errors == []
+    width, height, shown, canvases, uri = page.values["picture"]
+    # timeline.png at half its 2400 px, no chart drawn
+    assert png.size == (2400, height * 2) and width == 1200 and canvases == 0
+    assert 600 < shown <= 1200  # in the page's column
+    # palette-reduced: the page carries it in fewer bytes than the file next to it
+    assert uri < 1 / 3 * (path.parent / "timeline.png").stat().st_size
+    text = pdf_text(page.pdf, tmp_path)
+    assert "the same lines as a picture" not in text  # the note stays on screen; the picture prints
+    assert (width, height) in pdf_images(page.pdf, tmp_path)
+    # with JavaScript on, the chart is drawn and the picture never loads
+    page, netlog = open_page(path, width=1400, height=900, screenshot=False, evaluate={"picture": PICTURE})
+    assert_quiet_page(page, netlog)
+    assert page.values["picture"] is None and "timeline.png" in page.dom

@@ -53,8 +53,8 @@ def render_images(analysis: Analysis) -> dict[str, bytes]:
 
 def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None, full_paths: bool = False) -> str:
     """The whole page as one string (UTF-8 HTML). It shows the report's file name, not the path it
-    was read from (`full_paths` brings the path back). `images` is accepted for callers that drew
-    the PNGs already; the page draws its own plots and embeds none."""
+    was read from (`full_paths` brings the path back). `images`: the PNGs, when drawn already; the
+    page draws its own plots and embeds timeline.png only to stand in where JavaScript is off."""
     env = _environment()
     style, script = page_style(), page_script()
     csp = content_security_policy(style, script)
@@ -69,6 +69,7 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
             for p in analysis.peaks])
     return env.get_template("report.html.j2").render(
         a=analysis, csp=csp, style=style, script=script, data=page_data(analysis), full_paths=full_paths,
+        timeline_image=timeline_stand_in(images),
         process_peaks=analysis.process_peaks(LIVE_AT_PEAK_PROCESSES),
         never_freed_bytes=analysis.never_freed_bytes,
         diagnostics=diagnostics, severities=SEVERITIES,
@@ -81,6 +82,17 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
         operators=[r for r in analysis.ranges if r.operator],
         process_names={p.pid: p.name for p in analysis.capture.processes},
         gpus={g.id: g for g in analysis.capture.gpus}, stacks={s.id: s for s in analysis.stacks})
+
+
+def timeline_stand_in(images: Optional[Mapping[str, bytes]]) -> Optional[str]:
+    """timeline.png as a data: URI (palette-reduced: png.stand_in_png) for the page to show where
+    JavaScript is off; None when the PNGs were not drawn (render_html alone draws none: matplotlib
+    takes seconds to import)."""
+    if not images or "timeline.png" not in images:
+        return None
+    from .png import stand_in_png
+
+    return "data:image/png;base64," + base64.b64encode(stand_in_png(images["timeline.png"])).decode("ascii")
 
 
 def range_rows(analysis: Analysis) -> list[RangeStat | RangeFamily]:

@@ -143,6 +143,23 @@ def figure_png(fig: Figure, dpi: int = DPI) -> bytes:
     return buffer.getvalue()
 
 
+STAND_IN_COLORS = 64
+STAND_IN_WIDTH = 1200  # px: a page column is narrower; the file next to the page keeps every pixel
+
+
+def stand_in_png(png: bytes) -> bytes:
+    """A PNG as a page embeds it where JavaScript is off: at most STAND_IN_WIDTH wide, in a palette
+    of STAND_IN_COLORS (a plot's few colours and their antialiasing): a fifth of the bytes or less."""
+    from PIL import Image  # matplotlib's own dependency
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    if image.width > STAND_IN_WIDTH:
+        image = image.resize((STAND_IN_WIDTH, round(image.height * STAND_IN_WIDTH / image.width)), Image.Resampling.LANCZOS)
+    buffer = io.BytesIO()
+    image.quantize(colors=STAND_IN_COLORS, method=Image.Quantize.MEDIANCUT).save(buffer, format="png", optimize=True)
+    return buffer.getvalue()
+
+
 # -- timeline parts ----------------------------------------------------------------------------
 
 
