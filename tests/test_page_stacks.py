@@ -59,6 +59,14 @@ FLAME = """(() => {
   return {mode: g.dataset.mode, root: +g.dataset.rootBytes, title: document.querySelector('#flame-main .flame-title').textContent,
           boxes: boxes};
 })()"""
+ZOOM_INTO = """(() => {
+  const g = document.querySelector('#flame-main .flame-graph');
+  Array.from(g.querySelectorAll('.box')).find(b => b.textContent.startsWith(BOX)).click();
+  const out = FLAME;
+  out.widths = Array.from(g.querySelectorAll('.box'), b => [b.classList.contains('caller') ? 'caller' : '', +b.dataset.depth,
+                                                            b.style.width]);
+  return out;
+})()""".replace("FLAME", FLAME)
 # the timeline's live bytes (what its lines draw) of one process and device's GPU-resident kinds at `t`
 TIMELINE_LIVE = """((pid, device, t) => {
   const data = JSON.parse(document.getElementById('nsysan-data').textContent);
@@ -88,7 +96,8 @@ def test_the_flame_graph_of_the_peak_sums_to_the_peak_and_the_timeline(tmp_path,
     peak = analysis.peak
     page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
                              evaluate={"flame": FLAME,
-                                       "timeline": f"{TIMELINE_LIVE}({peak.pid}, {peak.device}, {peak.peak_time_ns})"})
+                                       "timeline": f"{TIMELINE_LIVE}({peak.pid}, {peak.device}, {peak.peak_time_ns})",
+                                       "zoomed": ZOOM_INTO.replace("BOX", "'<module> (torch_train.py:72)'")})
     assert_quiet_page(page, netlog)
     flame = page.values["flame"]
     assert flame["mode"] == "peak"
@@ -107,6 +116,13 @@ def test_the_flame_graph_of_the_peak_sums_to_the_peak_and_the_timeline(tmp_path,
                                                                                if x.id == s.stack_id).frames))
     (box,) = [b for b in flame["boxes"] if b["text"].startswith("main (torch_train.py:43)")]
     assert box["bytes"] == line_43 and box["depth"] == 2 and box["text"].endswith(fmt_bytes(line_43))
+    # a click on a box zooms into it: its caller (the top box) above it, full width; it full width
+    # too, and the rows under it add up to it
+    module = next(b for b in top if b["text"].startswith("<module> (torch_train.py:72)"))
+    zoomed = page.values["zoomed"]
+    assert zoomed["widths"][:2] == [["caller", 0, "100%"], ["", 1, "100%"]]
+    assert [b["bytes"] for b in zoomed["boxes"][:2]] == [peak.peak_bytes, module["bytes"]]
+    assert sum(b["bytes"] for b in zoomed["boxes"] if b["depth"] == 2) == module["bytes"]
 
 
 CLICK = """(async () => {
