@@ -6,6 +6,7 @@ step from step 3 on, inside 'backward', at torch_rank_reports.py's LEAK line).""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 
 from conftest import FIXTURES, analysis_of, cli, truth
@@ -13,6 +14,7 @@ from conftest import FIXTURES, analysis_of, cli, truth
 from nsysan.render.json import render_json
 
 MiB = 1 << 20
+ROOT = FIXTURES.parent
 WORKLOAD = FIXTURES / "workloads" / "torch_rank_reports.py"
 
 
@@ -118,3 +120,17 @@ def test_the_recorded_rank_wins_over_the_file_name(capsys, tmp_path):
     fleets = json.loads((out / "fleets.json").read_text())["fleets"]
     # both copies say RANK=0 in their environment: one rank, no fleet, and so no departure
     assert fleets == [] and "  first" not in stdout
+
+
+def test_the_database_aligns_the_ranks_steps_on_one_clock(capsys, tmp_path):
+    """docs/batch.md's fourth query: the reports' steps with their rank, on the UTC clock."""
+    out, _ = _batch(capsys, tmp_path, FIXTURES / "torch_rank0_v25.sqlite", FIXTURES / "torch_rank1_v25.sqlite")
+    clock = re.findall(r"```sql\n(.*?)```", (ROOT / "docs" / "batch.md").read_text(), flags=re.S)[3]
+    with sqlite3.connect(out / "nsysan.db") as conn:
+        rows = conn.execute(clock).fetchall()
+    at_3 = [r for r in rows if r[0] == 3]
+    departure = json.loads((out / "fleets.json").read_text())["fleets"][0]["departure"]
+    # step 3: rank 1 first, +64 MiB, starting when the fleet view says; rank 0 added nothing
+    assert [(r[1], r[2], r[3]) for r in at_3] == [(1, "torch_rank1_v25.sqlite", 64 * MiB), (0, "torch_rank0_v25.sqlite", 0)]
+    assert at_3[0][4] == departure["step_start_utc_ns"]
+    assert abs(at_3[0][4] - at_3[1][4]) == departure["step_spread_ns"]

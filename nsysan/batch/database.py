@@ -281,6 +281,7 @@ def _check_integers(name: str, rows: list[dict[str, Any]]) -> None:
 def _report_facts(a: Analysis) -> dict[str, Any]:
     return {"source_name": a.source.name, "format": a.source.format, "size_bytes": a.source.size_bytes,
             "scope": a.scope, "nsys_version": a.capture.nsys_version, "duration_ns": a.capture.duration_ns,
+            "session_start_utc_ns": a.capture.session_start_utc_ns,
             "memory_usage_collected": a.capture.memory_usage_collected, "backtraces": a.capture.backtraces,
             "peak_bytes": a.peak.peak_bytes if a.peak else None, "peak_pid": a.peak.pid if a.peak else None,
             "peak_gpu": a.peak.gpu if a.peak else None,
@@ -333,10 +334,11 @@ def _step_rows(key: str, a: Analysis) -> list[dict[str, Any]]:
     """Per step of each process and device, when the analysis found steps: the step's numbers
     (its `kept` holders are in the JSON document, not here)."""
     rows = []
+    ranks = {p.pid: p.rank for p in a.capture.processes}
     for series in getattr(a, "steps", None) or []:
         for step in series.steps:
             row = {"report_hash": key, "pid": series.pid, "device": series.device, "gpu": series.gpu,
-                   "process": a.process_label(series.pid), "step": step.number}
+                   "process": a.process_label(series.pid), "rank": ranks.get(series.pid), "step": step.number}
             row.update({k: v for k, v in vars(step).items()
                         if k != "number" and (v is None or isinstance(v, (bool, int, float, str)))})
             rows.append(row)
