@@ -148,7 +148,7 @@ class Schema:
     # --cudabacktrace=all: stacks of kernel, synchronization and other calls too, as recorded
     all_backtraces_requested: Optional[bool] = None
     # --pytorch=autograd-nvtx or autograd-shapes-nvtx, as the trace shows it (nsys records no option
-    # for it): PyTorch's operator ranges among the first NVTX ranges; "" when none
+    # for it): PyTorch's operator ranges among the first NVTX rows; "" when none
     pytorch_nvtx: str = ""
     cuda_flush_ms: Optional[int] = None  # --cuda-flush-interval, as recorded (PROCESS_n:CUDA_FLUSH_PERIOD)
     # The program nsys launched (PROCESS_0:COMMAND and its ARGUMENT_n, never its environment) and
@@ -404,20 +404,20 @@ def _read_capture_meta(conn: sqlite3.Connection, schema: Schema) -> None:
 
 
 _OTHER_BACKTRACES = (":COLLECT_KERNEL_BACKTRACES", ":COLLECT_SYNCHRONOIZATION_BACKTRACES", ":COLLECT_OTHER_BACKTRACES")
-# PyTorch's operator ranges (--pytorch) are looked for among this many first push/pop NVTX ranges:
-# a bounded read on any capture; with the option on, operators (model.to(), the first forward)
-# outnumber the user's ranges from the start.
-PYTORCH_PROBE_RANGES = 1000
+# PyTorch's operator ranges (--pytorch) are looked for among this many first NVTX rows: a bounded
+# read on any capture (a plain LIMIT, no filter that could scan the table); with the option on,
+# operators (model.to(), the first forward) outnumber the user's ranges from the start.
+PYTORCH_PROBE_ROWS = 5000
 
 
 def _pytorch_nvtx(conn: sqlite3.Connection, schema: Schema) -> str:
     """`--pytorch=` value the trace shows: "autograd-shapes-nvtx" when operator ranges carry
-    `sizes = `, "autograd-nvtx" without; "" when the first ranges hold no operator."""
-    if not schema.has("NVTX_EVENTS", "text", "eventType"):
+    `sizes = `, "autograd-nvtx" without; "" when the first NVTX rows hold no operator."""
+    if not schema.has("NVTX_EVENTS", "text"):
         return ""
     texts = [_text(t) for (t,) in conn.execute(
-        "SELECT CAST(substr(text, 1, 200) AS TEXT) FROM (SELECT text FROM NVTX_EVENTS WHERE eventType = 59 "
-        "AND text IS NOT NULL LIMIT ?)", (PYTORCH_PROBE_RANGES,))]
+        "SELECT CAST(substr(text, 1, 200) AS TEXT) FROM (SELECT text FROM NVTX_EVENTS LIMIT ?)",
+        (PYTORCH_PROBE_ROWS,)) if t is not None]
     operators = [t for t in texts if ", seq = " in t or ", op_id = " in t]
     if not operators:
         return ""
