@@ -23,7 +23,8 @@ from conftest import FIXTURES
 from test_sites import python_lines_by_hand
 
 from nsysan import analyze, cli, pipeline, reader
-from nsysan.analyses import arrays, calls, pools
+from nsysan.analyses import calls, pools
+from nsysan.events import arrays
 from nsysan.events import normalize, nvtx, read, stream, stream_calls
 from nsysan.gate import evaluate_limits
 from nsysan.limits import Limits

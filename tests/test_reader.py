@@ -105,7 +105,7 @@ def test_previous_in_group_is_the_last_row_of_the_same_code(codes, groups):
 @given(st.lists(st.integers(0, 2**63 - 1) | st.sampled_from([0, 1, 2**48]), max_size=80))
 def test_factorize_in_parts_numbers_equal_values_alike(values):
     usual = reader.PARALLEL_MIN_ROWS
-    import nsysan.analyses.arrays as arrays
+    import nsysan.events.arrays as arrays
     arrays.PARALLEL_MIN_ROWS = 1  # split even the smallest input
     try:
         array = np.array(values, dtype="uint64")

@@ -9,15 +9,16 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Callable, Optional, TypeVar
+from typing import Callable, Optional, TypeVar
 
 import numpy as np
 import pandas as pd
 
+from ..events import LoadedEvents
+from ..events.arrays import distinct_pairs
 from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Process, Source
 from ..schema import Schema
 from .allocations import to_allocations
-from .arrays import distinct_pairs
 from .bounds import cut_long_strings
 from .calls import api_call_stats, find_failed_calls
 from .explore import allocation_groups, early_trace_ends, focus_window, largest_allocations, nvtx_spans, \
@@ -42,8 +43,6 @@ from .answers import gather_answers
 from .timeline import Groups, build_timeline, group_events
 from .verdicts import find_verdicts
 
-if TYPE_CHECKING:  # events imports this package's array helpers: no import cycle at run time
-    from ..events import LoadedEvents
 
 __all__ = ["run_analyses"]
 

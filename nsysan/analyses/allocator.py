@@ -18,9 +18,9 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from ..events.arrays import previous_in_group
 from ..model import AllocatorUse, Peak, Preallocation
 from ..units import fmt_bytes, fmt_percent, fmt_time
-from .arrays import previous_in_group
 from .timeline import Groups
 
 MiB = 1 << 20

@@ -17,10 +17,10 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from ..events.arrays import category_codes, distinct_rows
 from ..events.read import TRACE_GOES_ON
 from ..model import Allocation, AllocationGroup, Band, NvtxSpan, TraceEnd
 from ..model.memory import range_family, site_in_family
-from .arrays import category_codes, distinct_rows
 from .sites import call_site
 
 MAX_SPANS = 2000

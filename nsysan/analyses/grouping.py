@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .arrays import group_order
+from ..events.arrays import group_order
 
 
 # Up to this many groups, per-group work on slices is cheaper than an array of n built for it.

@@ -12,8 +12,8 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 import pandas as pd
 
+from ..events.arrays import distinct_pairs
 from ..model import GPU_RESIDENT_KINDS
-from .arrays import distinct_pairs
 
 
 @dataclass(frozen=True)

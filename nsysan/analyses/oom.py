@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 
 from ..cuda_errors import OUT_OF_MEMORY, error_name
+from ..events.arrays import distinct_pairs
 from ..events.nvtx import attribute_ranges
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocatorOom, CacheRelease, CutShort, OomFailure, OutOfMemory, \
     Probe
 from .allocator import category_code
-from .arrays import distinct_pairs
 from .timeline import Groups
 
 # "retried at once": the same API succeeds on the thread within 10 ms after the failed call

@@ -7,8 +7,8 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from ..events.arrays import category_codes, distinct_pairs
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
-from .arrays import category_codes, distinct_pairs
 from .pools import ReserveChanges, reserve_at
 from .stacks import stack_bytes
 

@@ -15,8 +15,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from ..events.arrays import category_codes
 from ..model import Spike
-from .arrays import category_codes
 from .peak import made_of
 from .steps import LiveSeries, range_max
 

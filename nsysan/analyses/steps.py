@@ -20,9 +20,9 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from ..events.arrays import distinct_pairs
 from ..events.nvtx import thread_key
 from ..model import Diagnostic, Holder, Step, StepSeries
-from .arrays import distinct_pairs
 from .timeline import Groups
 
 MIN_STEPS = 3

@@ -18,9 +18,9 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
+from ..events.arrays import group_order
 from ..events.stream import EventBatch
 from ..model import GPU_RESIDENT_KINDS, KINDS
-from .arrays import group_order
 from .explore import MAX_INTERVALS
 from .never_freed import MAX_LISTED, NOT_LEAKS
 from .spikes import CANDIDATES

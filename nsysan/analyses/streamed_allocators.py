@@ -18,10 +18,10 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from ..events.arrays import previous_in_group
 from ..model import KINDS, AllocatorUse, CacheRelease, Preallocation
 from .allocator import LARGE_SEGMENT, LIBRARY_BURST_NS, PREALLOCATION_SHARE, SEGMENT_ALIGN, SMALL_SEGMENT, \
     VMM_MAP_API, _message
-from .arrays import previous_in_group
 from .oom import BURST_GAP_NS, BURST_MIN_BLOCKS, MAX_RELEASES, _RELEASE_API
 from .streamed import pair_key
 

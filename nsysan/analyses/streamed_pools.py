@@ -17,10 +17,10 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from ..events.arrays import distinct_rows
 from ..events.stream import EventBatch
 from ..model import PoolUse
 from . import pools as pool_rules
-from .arrays import distinct_rows
 from .streamed import HIGH, LOW, pair_key, running_sums
 
 OPERATIONS = {"created": 1, "destroyed": 2, "trimmed": 3}  # 0: a pool allocation or free

@@ -19,12 +19,12 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from ..events.arrays import distinct_rows
 from ..events.nvtx import RangeLookup
 from ..events.stacks import Stacks, _fallback_label, _site, native_stack_table, python_stack_table
 from ..events.normalize import join_on_call
 from ..model import LIVE_AT_START, Site
 from .sites import MAX_SITES, call_site
-from .arrays import distinct_rows
 from .streamed import RESIDENT, STATIC, Keyed, pair_key, running_sums
 
 ALLOCATION_INFO = ("seq", "site", "tid", "api", "nvtx_range", "stack", "operator")

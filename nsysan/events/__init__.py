@@ -11,7 +11,7 @@ from .load import QUICK_API, LoadedEvents, Progress, load_events
 from .nvtx import attribute_ranges
 from .read import TRACE_GOES_ON
 from .frames import short_function
-from ..analyses.arrays import factorize_in_parts, group_order, previous_in_group
+from .arrays import factorize_in_parts, group_order, previous_in_group
 
 __all__ = ["CALL_COLUMNS", "EVENT_COLUMNS", "SITE_COLUMNS", "QUICK_API", "TRACE_GOES_ON", "LoadedEvents", "Progress",
            "attribute_ranges", "categorical_lookup", "factorize_in_parts", "group_order", "load_events",

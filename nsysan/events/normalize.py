@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..analyses.arrays import factorize_in_parts, group_order, on_every_core, previous_in_group
+from .arrays import factorize_in_parts, group_order, on_every_core, previous_in_group
 from ..errors import NsysanError
 from ..model import KINDS, LIVE_AT_START, Diagnostic
 from ..reader import PARALLEL_MIN_ROWS

@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..analyses.arrays import on_every_core
+from .arrays import on_every_core
 
 
 MAX_NVTX_DEPTH = 64

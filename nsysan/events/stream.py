@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Optional, TypeVar
 import numpy as np
 import pandas as pd
 
-from ..analyses.arrays import previous_in_group
+from .arrays import previous_in_group
 from ..errors import NsysanError
 from ..model import KINDS, Diagnostic
 from ..reader import release_memory

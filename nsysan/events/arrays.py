@@ -1,6 +1,6 @@
 """Linear-time helpers over integer codes for 1e7-row arrays: numbering, ordering, previous row.
 
-The events are normalized with them and the analyses group with them (see grouping.py).
+The events are normalized with them and the analyses group with them (see analyses/grouping.py).
 """
 
 from __future__ import annotations
