@@ -3,7 +3,7 @@
 `Limits.parse(max_peak="8GiB", max_peak_increase="5%")` raises NsysanError (exit 2) on a
 malformed value; gate.evaluate_limits checks a run against them.
 
-Sizes: a number with an optional unit. KiB/MiB/GiB/TiB are binary (1024), kB/MB/GB/TB decimal
+Sizes (units.parse_size): a number with an optional unit. KiB/MiB/GiB/TiB are binary (1024), kB/MB/GB/TB decimal
 (1000), and the short K/M/G/T are binary, as in Docker and `ulimit`. "0" is zero bytes.
 """
 
@@ -12,13 +12,12 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from .errors import NsysanError
 from .model import DIAGNOSTIC_CODES
-from .units import fmt_bytes, shown_value
+from .units import fmt_bytes, parse_size, shown_value
 
 PER = ("process", "gpu", "all")
 # The limit options, as spelled on the command line and in a config table.
@@ -31,39 +30,10 @@ OFF = "none"
 
 MAX_CONFIG_BYTES = 4 << 20  # a pyproject.toml is kilobytes
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
-# The largest size an option takes: what a signed 64-bit integer holds (the JSON documents and
-# nsysan.db store bytes as such), 8 EiB, far beyond any GPU.
-MAX_SIZE_BYTES = (1 << 63) - 1
 MAX_PERCENT = 1_000_000.0  # a peak 10,000 times the baseline's
-
-
-def parse_size(text: object, option: str = "size") -> int:
-    """Bytes of "8GiB", "512 MiB", "1.5G", "900MB", "0" (or an int of bytes), from 0 to 8 EiB;
-    NsysanError otherwise."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return _size_in_range(text, option, shown_value(text))
-    match = _SIZE.match(text) if isinstance(text, str) else None
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS:
-        raise NsysanError(f"--{option} {shown_value(text)} is not a size; write it like 8GiB, 512MiB, 900MB or 0")
-    # Decimal, not float: 400 digits are a size too large, not an infinity that crashes int()
-    number = int((Decimal(match.group(1)) * _UNITS[unit]).to_integral_value())
-    return _size_in_range(number, option, shown_value(text))
-
-
-def _size_in_range(number: int, option: str, shown: str) -> int:
-    if number < 0:
-        raise NsysanError(f"--{option} {shown} is negative; a size is 0 or more, like 8GiB")
-    if number > MAX_SIZE_BYTES:
-        raise NsysanError(f"--{option} {shown} is larger than 8 EiB, the most a size can be; write it like 8GiB")
-    return number
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,13 @@
-"""The one place sizes and times are formatted for people."""
+"""The one place sizes and times are formatted for people, and read from them (--max-peak 8GiB,
+--spike-window 10ms)."""
 
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Iterable, Optional
+
+from .errors import NsysanError
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -125,6 +129,40 @@ def fmt_durations(values: list[Optional[int]]) -> list[str]:
     return ["n/a" if v is None else f"{v} ns" for v in values]
 
 
+# Sizes: a number with an optional unit. KiB/MiB/GiB/TiB are binary (1024), kB/MB/GB/TB decimal
+# (1000), and the short K/M/G/T are binary, as in Docker and `ulimit`. "0" is zero bytes.
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+# The largest size an option takes: what a signed 64-bit integer holds (the JSON documents and
+# nsysan.db store bytes as such), 8 EiB, far beyond any GPU.
+MAX_SIZE_BYTES = (1 << 63) - 1
+
+
+def parse_size(text: object, option: str = "size") -> int:
+    """Bytes of "8GiB", "512 MiB", "1.5G", "900MB", "0" (or an int of bytes), from 0 to 8 EiB;
+    NsysanError otherwise."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return _size_in_range(text, option, shown_value(text))
+    match = _SIZE.match(text) if isinstance(text, str) else None
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _SIZE_UNITS:
+        raise NsysanError(f"--{option} {shown_value(text)} is not a size; write it like 8GiB, 512MiB, 900MB or 0")
+    # Decimal, not float: 400 digits are a size too large, not an infinity that crashes int()
+    number = int((Decimal(match.group(1)) * _SIZE_UNITS[unit]).to_integral_value())
+    return _size_in_range(number, option, shown_value(text))
+
+
+def _size_in_range(number: int, option: str, shown: str) -> int:
+    if number < 0:
+        raise NsysanError(f"--{option} {shown} is negative; a size is 0 or more, like 8GiB")
+    if number > MAX_SIZE_BYTES:
+        raise NsysanError(f"--{option} {shown} is larger than 8 EiB, the most a size can be; write it like 8GiB")
+    return number
+
+
 _DURATION_SUFFIXES = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 
 
@@ -136,9 +174,6 @@ MAX_DURATION_NS = 86_400 * 1_000_000_000
 def parse_duration(text: str, option: str = "duration") -> int:
     """"10ms", "0.5 s", "200us" or "1500ns" as ns (1 ns to a day); a bare number is ms. Raises
     ValueError saying what is accepted."""
-    import re
-    from decimal import Decimal
-
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s)?\s*", str(text or ""))
     if not match:
         raise ValueError(f"{option} {shown_value(text)} is not a duration; give one like 10ms, 0.5s or 200us")

@@ -22,7 +22,8 @@ from conftest import FIXTURES, ROOT, analysis_of, truth
 from nsysan.cli import main
 from nsysan.errors import NsysanError
 from nsysan.gate import evaluate_limits
-from nsysan.limits import Amount, Limits, parse_size
+from nsysan.limits import Amount, Limits
+from nsysan.units import parse_size
 from nsysan.units import fmt_bytes
 
 MiB = 1 << 20
