@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from . import interrupt as _interrupt  # noqa: F401  (first: Ctrl-C while the command starts is one line)
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from . import compare as _compare_module  # noqa: F401  (see compare() below)
 from .errors import NsysanError
+from .inputs import as_path as _path
+from .inputs import load_analysis  # the function and its docs live with what compare and check read
 from .model import SCHEMA_ID, Analysis
 
 if TYPE_CHECKING:
@@ -34,9 +35,6 @@ __all__ = ["analyze", "load_analysis", "compare", "check", "Analysis", "NsysanEr
 __version__ = "0.1.0"
 
 PathLike = Union[str, Path]
-# An analysis document of 5,000 processes is 20 MB; this is far beyond any real one, and short of
-# what json would need gigabytes of memory to read.
-MAX_DOCUMENT_BYTES = 512 << 20
 Run = Union[str, Path, Analysis]  # a report, an export, an analysis JSON, or an Analysis
 Size = Union[str, int]  # "8GiB", "512MiB", or bytes
 Progress = Callable[[str, float], None]
@@ -111,43 +109,6 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
 
         analysis = with_what_if(analysis, capacity)
     return analysis
-
-
-def load_analysis(path: PathLike) -> Analysis:
-    """Read an analysis JSON document (schema nsysan/analysis@1) back into an `Analysis`.
-
-    Documents written by older nsysan versions load (fields added since read as empty); a
-    malformed one raises NsysanError naming the file and the field. The raw frames (`events`,
-    `calls`, `nvtx_ranges`) are not in the JSON and are None.
-
-    >>> import nsysan
-    >>> analysis = nsysan.load_analysis("tests/golden/known_mem_v25.analysis.json")
-    >>> analysis.peak.peak_bytes, len(analysis.frame("never_freed")), analysis.events is None
-    (952107008, 6, True)
-    >>> nsysan.load_analysis("pyproject.toml")
-    Traceback (most recent call last):
-    nsysan.errors.NsysanError: pyproject.toml could not be read as an analysis JSON (Expecting value: ...)
-    """
-    from .export import read_regular
-
-    name = _path(path, "path").name
-    text = read_regular(Path(path), name, MAX_DOCUMENT_BYTES)  # never a FIFO or /dev/zero
-    try:
-        data = json.loads(text.decode("utf-8"), parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise NsysanError(f"{name} could not be read as an analysis JSON ({err})") from err
-    except RecursionError:  # json's decoder recurses once per nesting level: '[[[[...'
-        raise NsysanError(f"{name} could not be read as an analysis JSON (nested too deeply)") from None
-    try:
-        return Analysis.from_dict(data)
-    except NsysanError as err:
-        raise NsysanError(f"{name}: {err.message}", err.exit_code) from None
-
-
-def _refuse_constant(name: str) -> float:
-    """NaN and ±Infinity are not JSON: Python reads them, but a number that is one would be
-    written back into every document and database built from this one, which strict readers refuse."""
-    raise json.JSONDecodeError(f"{name} is not a JSON number", name, 0)
 
 
 # The module nsysan.compare is imported above, before this function takes its name on the
@@ -232,15 +193,6 @@ def _run(run: Run, nsys: Optional[PathLike], cache_dir: Optional[PathLike],
 
     return load_or_analyze(_path(run, "run"), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
                            step_range=step_range)
-
-
-def _path(value: object, what: str) -> Path:
-    """A path argument of the API as a Path; NsysanError for anything else (None, a number), as
-    the command line can only give paths."""
-    if isinstance(value, (str, Path)) or (hasattr(value, "__fspath__") and not isinstance(value, bytes)):
-        return Path(value)  # type: ignore[arg-type]
-    also = " or an Analysis" if what == "run" else ""
-    raise NsysanError(f"{what} {value!r:.60}: give a path (a str or a pathlib.Path){also}")
 
 
 def _flag(value: object, what: str) -> None:

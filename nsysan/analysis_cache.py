@@ -7,7 +7,7 @@ again (a CI job that checks a run and then compares it analyzes it once).
 What goes into the key:
 - the input's content (sha256), never its name: the same report copied elsewhere is reused, and
   the document read back names the path given this time;
-- nsysan itself: its version and a digest of its own source files, so that any change of the
+- nsysan itself: a digest of its own source files (its version among them), so that any change of the
   code (a new release, or an edit of an editable install) misses every older entry;
 - every option the analysis was asked for (`options`, the keyword arguments handed on to
   pipeline.analyze_report), whatever they are: an option added later is in the key without
@@ -48,12 +48,10 @@ _HASH_CHUNK = 1 << 20
 
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """nsysan's version and a digest of its own .py files: an analysis made by other code is
-    never reused, also when the version string stayed the same."""
-    from . import __version__
-
+    """A digest of nsysan's own .py files: an analysis made by other code is never reused, also
+    when the version string stayed the same (the version is in __init__.py, one of the files)."""
     package = Path(__file__).resolve().parent
-    digest = hashlib.sha256(__version__.encode())
+    digest = hashlib.sha256()
     for source in sorted(package.rglob("*.py")):
         digest.update(str(source.relative_to(package)).encode() + b"\0")
         with contextlib.suppress(OSError):
@@ -137,7 +135,7 @@ def entry_path(cache_dir: Optional[Path], key: str) -> Path:
 def read_entry(entry: Path, given: Path) -> Optional[Analysis]:
     """The analysis kept at `entry`, naming `given` as its input; None when there is none or it
     can't be read (it is then made again)."""
-    from . import load_analysis
+    from .inputs import load_analysis
 
     if not entry.is_file():
         return None
