@@ -40,6 +40,18 @@ Size = Union[str, int]  # "8GiB", "512MiB", or bytes
 Progress = Callable[[str, float], None]
 
 
+def _repr_html_(analysis: Analysis) -> str:
+    """The report page (as `nsysan analyze -o` writes it) in a sandboxed frame sized for a
+    notebook cell: self-contained, nothing is fetched from the network. The model imports no
+    renderer, so the package, which knows both, gives `Analysis` its notebook view."""
+    from .render.notebook import report_frame
+
+    return report_frame(analysis)
+
+
+Analysis._repr_html_ = _repr_html_  # type: ignore[attr-defined]
+
+
 def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
             progress: Optional[Progress] = None, quick: bool = False, step_range: Optional[str] = None,
             spike_window_ns: Optional[int] = None,

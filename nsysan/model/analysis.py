@@ -195,13 +195,6 @@ class Analysis:
         parts.append(" diagnostics: " + (", ".join(f"{n} {s}" for s, n in counts.items() if n) or "none") + ">")
         return "".join(parts)
 
-    def _repr_html_(self) -> str:
-        """The report page (as `nsysan analyze -o` writes it) in a sandboxed frame sized for a
-        notebook cell: self-contained, nothing is fetched from the network."""
-        from ..render.notebook import report_frame
-
-        return report_frame(self)
-
     @property
     def never_freed_bytes(self) -> int:
         """Bytes never freed during the capture, all processes and kinds but static memory (module
