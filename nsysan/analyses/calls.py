@@ -8,11 +8,9 @@ import pandas as pd
 from .. import apis
 from ..events.nvtx import attribute_ranges
 from ..model import ApiCallStat, FailedCall
+from ..model.memory import MAX_FAILED_CALLS
 from .grouping import Segments
 from .peak import resident_rows
-
-MAX_FAILED = 1000
-
 
 # Calls summed at a time: a chunk's durations and masks stay small beside the calls frame.
 CALL_CHUNK = 1 << 20
@@ -34,7 +32,7 @@ def api_call_stats(calls: pd.DataFrame) -> list[ApiCallStat]:
 
 class CallStatSums:
     """api_call_stats' sums, chunk after chunk of calls in the calls frame's order (also a flow of
-    chunks read from the export: analyses/streamed_full.py)."""
+    chunks read from the export: analyses/streamed_full.py hands it each chunk MemoryCalls.scan reads)."""
 
     def __init__(self, api_names: list[str], families: list[str]) -> None:
         self.api_names, self.families = api_names, families
@@ -81,11 +79,11 @@ def find_failed_calls(calls: pd.DataFrame, events: pd.DataFrame, ranges: pd.Data
 
 
 def failed_call_rows(calls: pd.DataFrame) -> pd.DataFrame:
-    """The calls find_failed_calls lists: the first MAX_FAILED that returned an error (not
+    """The calls find_failed_calls lists: the first MAX_FAILED_CALLS that returned an error (not
     counting the informational calls)."""
     if calls.empty:
         return calls
-    return calls[((calls["return_value"] != 0) & (calls["family"] != "info")).to_numpy()].head(MAX_FAILED)
+    return calls[((calls["return_value"] != 0) & (calls["family"] != "info")).to_numpy()].head(MAX_FAILED_CALLS)
 
 
 def failed_call_list(failed: pd.DataFrame, live: np.ndarray, ranges: pd.DataFrame) -> list[FailedCall]:

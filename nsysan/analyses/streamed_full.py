@@ -33,7 +33,7 @@ from ..model import Allocation, Analysis, Diagnostic, Process, Source
 from ..schema import Schema
 from .answers import gather_answers
 from .bounds import cut_long_strings
-from .calls import failed_call_list
+from .calls import CallStatSums, failed_call_list
 from .diagnostics import VMM_EVENT_APIS, capture_diagnostics
 from .growth import growth_diagnostics, judge_all
 from .ranks import assign_ranks
@@ -67,7 +67,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     now, left empty)."""
     ahead = order_ahead(conn, stream.CHUNK_ROWIDS, stream.MOST_RUNS)  # meanwhile, on a second thread
     calls = MemoryCalls(conn, schema)
-    calls.scan()
+    api_calls = CallStatSums(calls.api_names, calls.families)
+    calls.scan(lambda real, family: api_calls.add(real["api"], family, real["ts"], real["end"], real["return_value"]))
     ranges, operator_ranges = read_nvtx_ranges(conn, schema)
     thread_names = read_thread_names(conn, schema)
     nvtx_steps = find_step_ranges(ranges, calls.threads, step_range)
@@ -137,7 +138,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     range_table, range_families = streamed_range_stats(ranges, operator_ranges, quick.timeline.end_ns,
                                                        looks["range_threads"], looks["range_sums"])
     analysis = dataclasses.replace(
-        quick, scope="full", capture=capture, sites=ranked, api_calls=calls.stats, failed_calls=failed,
+        quick, scope="full", capture=capture, sites=ranked, api_calls=api_calls.stats(), failed_calls=failed,
         diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved,
         spikes=looks["spikes"].spikes(gpu_of, lambda pid, tid, ts: _nvtx_path(pid, tid, ts, ranges)),
         ranges=range_table, range_families=range_families,

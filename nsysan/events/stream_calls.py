@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import pandas as pd
 
 from .. import apis
-from ..analyses.calls import MAX_FAILED, CallStatSums
 from ..cuda_errors import OUT_OF_MEMORY
+from ..model.memory import MAX_FAILED_CALLS
 from ..schema import Schema
 from .normalize import join_on_call
 from .read import _call_columns, memory_call_chunks, memory_call_names, memory_call_ranges
@@ -40,8 +40,8 @@ _WHOLE = (0, -1)  # the rowids of a table read as one chunk
 
 @dataclass
 class MemoryCalls:
-    """The export's memory API calls, read in chunks: what one scan sums (API call stats, the
-    failed calls, threads, spans) and each chunk's earliest start, for CallWindow."""
+    """The export's memory API calls, read in chunks: what one scan sums (the failed calls,
+    threads, spans) and each chunk's earliest start, for CallWindow."""
 
     conn: sqlite3.Connection
     schema: Schema
@@ -51,7 +51,6 @@ class MemoryCalls:
     first_starts: list[int] = field(default_factory=list)  # per chunk; _FAR without rows
     threads: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))  # pid << 24 | tid, first seen first
     failed: pd.DataFrame = field(default_factory=pd.DataFrame)  # calls.failed_call_rows of every call
-    stats: list = field(default_factory=list)  # calls.api_call_stats of every call
     first_ts: Optional[int] = None  # earliest start and latest finite end of a call
     last_end: Optional[int] = None
     last_end_by_pid: dict = field(default_factory=dict)
@@ -74,9 +73,10 @@ class MemoryCalls:
     def __bool__(self) -> bool:
         return len(self._ids) > 0
 
-    def scan(self) -> None:
-        """One pass over the calls: the sums, and the chunks CallWindow reads."""
-        sums = CallStatSums(self.api_names, self.families)
+    def scan(self, each_chunk: Optional[Callable[[dict, np.ndarray], None]] = None) -> None:
+        """One pass over the calls: the sums, and the chunks CallWindow reads. `each_chunk(calls,
+        family codes)` sees every chunk of real calls, for an analysis that sums them as they are
+        read (the API call stats: analyses/calls.py's CallStatSums)."""
         failed: list[pd.DataFrame] = []
         found = 0
         info = self.families.index("info") if "info" in self.families else -1
@@ -92,13 +92,14 @@ class MemoryCalls:
                 continue
             self.count += n
             family = self.family_code[real["api"]]
-            sums.add(real["api"], family, real["ts"], real["end"], real["return_value"])
+            if each_chunk is not None:
+                each_chunk(real, family)
             self.threads = pd.unique(np.concatenate([self.threads, real["pid"].astype("int64") << 24
                                                      | (real["tid"].astype("int64") & 0xFFFFFF)]))
             refused = (real["return_value"] != 0) & (family != info)
             self.out_of_memory += int((refused & (real["return_value"] == OUT_OF_MEMORY)).sum())
-            if found < MAX_FAILED:
-                rows = np.flatnonzero(refused)[:MAX_FAILED - found]
+            if found < MAX_FAILED_CALLS:
+                rows = np.flatnonzero(refused)[:MAX_FAILED_CALLS - found]
                 found += len(rows)
                 failed.append(pd.DataFrame({
                     "ts_ns": real["ts"][rows], "pid": real["pid"][rows], "tid": real["tid"][rows],
@@ -116,7 +117,6 @@ class MemoryCalls:
             for pid, end in zip(ends.index.tolist(), ends.tolist()):
                 self.last_end_by_pid[pid] = max(self.last_end_by_pid.get(pid, end), end)
             self.successful_allocations += int(((family == alloc) & (real["return_value"] == 0)).sum())
-        self.stats = sums.stats()
         self.failed = pd.concat(failed, ignore_index=True) if failed else pd.DataFrame()
 
     def read(self, chunks: Optional[list[int]] = None) -> Iterator[tuple[tuple[int, int], dict, dict]]:

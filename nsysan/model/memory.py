@@ -203,6 +203,10 @@ class ApiCallStat:
     max_time_ns: int
 
 
+# An analysis lists at most this many failed calls, the first ones (docs/json.md's failed_calls).
+MAX_FAILED_CALLS = 1000
+
+
 @dataclass(frozen=True)
 class FailedCall:
     """A memory API call that returned an error (for example cudaErrorMemoryAllocation)."""
