@@ -28,7 +28,7 @@ from .inputs import load_analysis  # the function and its docs live with what co
 from .model import SCHEMA_ID, Analysis
 
 if TYPE_CHECKING:
-    from .compare import Comparison
+    from .model import Comparison
     from .gate import Verdict
 
 __all__ = ["analyze", "load_analysis", "compare", "check", "Analysis", "NsysanError", "SCHEMA_ID"]

@@ -12,10 +12,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .compare import MEASURED_GROWTH, ProcessDelta, compare_analyses
+from .compare import MEASURED_GROWTH, compare_analyses
 from .errors import NsysanError
 from .limits import Amount, Limits
-from .model import Analysis, Tables
+from .model import Analysis, ProcessDelta, Tables
 from .units import fmt_bytes, fmt_bytes_apart, fmt_percent_apart, fmt_time
 
 SCHEMA_ID = "nsysan/check@1"

@@ -13,7 +13,8 @@ import pytest
 from conftest import FIXTURES, ROOT, cli
 
 import nsysan
-from nsysan.compare import Comparison, compare_analyses
+from nsysan.compare import compare_analyses
+from nsysan.model import Comparison
 from nsysan.errors import NsysanError
 
 GOOD_TEXT = (ROOT / "tests" / "golden" / "known_mem_v25.analysis.json").read_text()

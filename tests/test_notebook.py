@@ -372,7 +372,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_compare_mirrors_the_command():
-    from nsysan.compare import Comparison
+    from nsysan.model import Comparison
 
     comparison = nsysan.compare(ROOT / CLEAN, analysis_of("torch_leak_v25"))  # a path and an Analysis
     result = _cli("compare", CLEAN, LEAK, "--format", "json")

@@ -17,7 +17,7 @@ import nsysan
 from nsysan.compare import compare_analyses
 from nsysan.gate import evaluate_limits
 from nsysan.limits import Limits
-from nsysan.render.comparison import render_comparison_terminal
+from nsysan.render.compare_terminal import render_comparison_terminal
 from nsysan.render.layout import ELLIPSIS, NAME, Sheet, cut_name, fitted, plan_columns, plain, wrap
 from nsysan.render.terminal import render_terminal, summary_parts
 from nsysan.render.verdict import render_verdict_terminal

@@ -19,7 +19,7 @@ import pandas as pd
 from ..events.arrays import distinct_pairs
 from ..model import GPU_RESIDENT_KINDS, Analysis, Diagnostic, Gpu
 from ..smi_log import SmiLog
-from ..smi_model import (MissedBySampling, NotInTrace, OtherProcess, SmiLogInfo, SmiOverlay, SmiSeries,
+from ..model.smi import (MissedBySampling, NotInTrace, OtherProcess, SmiLogInfo, SmiOverlay, SmiSeries,
                          SomeoneElse)
 from .live_steps import LiveSteps, live_steps
 from .smi_clock import SECOND, TOLERANCE_NS, Rise, best_offset, first_rise, fit_at, rise_fits

@@ -67,7 +67,7 @@ def _compare(base: Path, new: Path, format: str, output: Optional[Path], top: in
             typer.echo(dumps(comparison.to_dict()))
             sys.stdout.flush()
             return
-        from ..render.comparison import render_comparison_terminal
+        from ..render.compare_terminal import render_comparison_terminal
 
         render_comparison_terminal(comparison, out_console(), top=top)
         if page:

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Union
 from ..errors import NsysanError
 
 if TYPE_CHECKING:
-    from ..compare import Comparison
-    from ..model import Analysis
+    from ..model import Analysis, Comparison
 
 # Files no output may replace, by (device, inode): the inputs of this run and what SQLite reads
 # beside them. An inode, not a name: a symlink, a hard link or `./x` vs `x` name the same file.

@@ -11,10 +11,12 @@ means `@2`.
 
 from __future__ import annotations
 
-from ..smi_model import SmiOverlay
+from .smi import SmiOverlay
 
 # The model is split by subject; every name stays importable from nsysan.model.
 from .analysis import Analysis
+from .comparison import COMPARE_SCHEMA_ID, CaptureNote, Change, Comparison, ProcessDelta, ProcessRow, RangeDelta, \
+    RunRef, SiteDelta
 from .capture import DIAGNOSTIC_CODES, GPU_RESIDENT_KINDS, KINDS, LIVE_AT_START, SCHEMA_ID, SEVERITIES, TRUST_BREAKING, Capture, Diagnostic, Gpu, Process, Source
 from .memory import (Allocation, AllocationGroup, ApiCallStat, Band, CallSite, FailedCall, Frame, GroupSummary, Holder,
                      NvtxSpan, Peak, RangeFamily, RangeStat, Series, Site, Stack, StackBytes, Timeline, TraceEnd)
@@ -25,10 +27,12 @@ from .steps import Answer, Growth, MemoryCap, Phase, Spike, Step, StepSeries
 from .tables import RAW, Tables
 
 __all__ = ["Allocation", "AllocationGroup", "AllocatorOom", "AllocatorUse", "Analysis", "Answer",
-           "ApiCallStat", "Band", "CacheRelease", "CallSite", "Capture", "CutShort", "DIAGNOSTIC_CODES", "Diagnostic",
+           "ApiCallStat", "Band", "COMPARE_SCHEMA_ID", "CacheRelease", "CallSite", "Capture", "CaptureNote", "Change",
+           "Comparison", "CutShort", "DIAGNOSTIC_CODES", "Diagnostic",
            "EndedInside",
            "FailedCall", "FatalOom", "Frame", "GPU_RESIDENT_KINDS", "Gpu", "GroupSummary", "Growth", "Holder", "KINDS", "LIVE_AT_START",
            "LoggedOom", "MemoryCap", "NvtxSpan", "OomFailure", "OutOfMemory", "Peak", "Phase", "PoolUse", "Preallocation",
-           "Probe", "Process", "RAW", "RangeFamily", "RangeStat", "ReservedMemory", "SCHEMA_ID", "SEVERITIES", "Series",
-           "Site", "SizeCount", "SmiOverlay", "Source", "Spike", "Stack", "StackBytes", "Step", "StepSeries", "TRUST_BREAKING", "Tables",
+           "Probe", "Process", "ProcessDelta", "ProcessRow", "RAW", "RangeDelta", "RangeFamily", "RangeStat",
+           "ReservedMemory", "RunRef", "SCHEMA_ID", "SEVERITIES", "Series", "Site", "SiteDelta", "SizeCount",
+           "SmiOverlay", "Source", "Spike", "Stack", "StackBytes", "Step", "StepSeries", "TRUST_BREAKING", "Tables",
            "Timeline", "TraceEnd", "from_document", "_Malformed", "_from_plain", "_to_plain"]

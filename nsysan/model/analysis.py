@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..smi_model import SmiOverlay
+from .smi import SmiOverlay
 from .bytes import ByteClasses
 from .hidden import CudaGraphs, HiddenMemory
 from .capture import SCHEMA_ID, SEVERITIES, Capture, Diagnostic, Source

@@ -16,7 +16,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any, Callable, Optional
 
-from ..compare import Comparison, ProcessDelta
+from ..model.comparison import Comparison, ProcessDelta
 from ..errors import printable
 from ..model import GPU_RESIDENT_KINDS, KINDS, Analysis
 from ..units import fmt_bytes

@@ -8,7 +8,7 @@ GPU (compare_data.py). Every profile string is autoescaped; the page names the r
 
 from __future__ import annotations
 
-from ..compare import Comparison
+from ..model.comparison import Comparison
 from ..model import Analysis
 from .compare_data import compare_page_data
 from .compare_plot import comparison_png

@@ -15,7 +15,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..compare import Comparison
+from ..model.comparison import Comparison
 from ..errors import printable
 from ..model import GPU_RESIDENT_KINDS, Analysis
 from ..units import fmt_bytes

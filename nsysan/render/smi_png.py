@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..smi_model import SmiOverlay, SmiSeries
+from ..model.smi import SmiOverlay, SmiSeries
 
 _MARKERS = ("o", "s", "^", "D")
 _COLORS = ("#7f7f7f", "#bcbd22", "#17becf", "#8c564b")

@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.text import Text
 
 from ..errors import printable
-from ..smi_model import MissedBySampling, SmiLogInfo, SmiOverlay, SomeoneElse
+from ..model.smi import MissedBySampling, SmiLogInfo, SmiOverlay, SomeoneElse
 from ..units import SECOND, fmt_duration, fmt_mib, fmt_time
 from .layout import Lines
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 from rich.console import Console
 
-from ..compare import Change, Comparison
+from ..model.comparison import Change, Comparison
 from ..errors import printable
 from ..units import fmt_bytes, fmt_percent
 from .layout import NAME, NUMBER, WORD, Column, Sheet, print_headline

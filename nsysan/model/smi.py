@@ -1,6 +1,6 @@
 """The model's nvidia-smi section: what nvidia-smi logs saw against the trace (`Analysis.smi`).
 
-Kept apart from model.py, which imports it, so that the section reads alone. Same conventions:
+Kept apart from analysis.py, which imports it, so that the section reads alone. Same conventions:
 frozen dataclasses, sizes in bytes, times in ns from the capture's session start (the trace
 clock), `None` for "not known". `docs/json.md` documents every field.
 """
