@@ -29,7 +29,7 @@ from .model import SCHEMA_ID, Analysis
 
 if TYPE_CHECKING:
     from .model import Comparison
-    from .gate import Verdict
+    from .model import Verdict
 
 __all__ = ["analyze", "load_analysis", "compare", "check", "Analysis", "NsysanError", "SCHEMA_ID"]
 __version__ = "0.1.0"

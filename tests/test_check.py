@@ -281,8 +281,8 @@ def test_junit_json_and_markdown_outputs(tmp_path):
 
 
 def test_a_profile_string_cannot_break_the_junit_or_markdown(tmp_path):
-    from nsysan.gate import Outcome, Verdict
-    from nsysan.render.verdict import render_junit, render_markdown
+    from nsysan.model import Outcome, Verdict
+    from nsysan.render.check_verdict import render_junit, render_markdown
 
     nasty = "<b>x</b> | `y` \x1b[31m ]]> & \"q\""
     verdict = Verdict(schema="nsysan/check@1", report=nasty, baseline=None, per="process", ok=False,

@@ -328,7 +328,7 @@ def test_a_process_name_can_not_break_junit_or_make_links_in_markdown(tmp_path, 
     _assert_inert_markdown(markdown)
     assert summary.read_text() == markdown
     # The Python API's verdict renders the same way
-    from nsysan.render.verdict import render_junit, render_markdown
+    from nsysan.render.check_verdict import render_junit, render_markdown
 
     verdict = nsysan.check(run, max_peak="1GiB")
     ET.fromstring(render_junit(verdict))

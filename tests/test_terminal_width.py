@@ -20,7 +20,7 @@ from nsysan.limits import Limits
 from nsysan.render.compare_terminal import render_comparison_terminal
 from nsysan.render.layout import ELLIPSIS, NAME, Sheet, cut_name, fitted, plan_columns, plain, wrap
 from nsysan.render.terminal import render_terminal, summary_parts
-from nsysan.render.verdict import render_verdict_terminal
+from nsysan.render.check_verdict import render_verdict_terminal
 
 WIDTHS = (80, 100, 120)
 EVERY_FIXTURE = sorted(path.stem for path in FIXTURES.glob("*.sqlite"))

@@ -10,9 +10,9 @@ import typer
 
 from ..errors import NsysanError
 from ..inputs import load_or_analyze
-from ..gate import Verdict, evaluate_limits
+from ..gate import evaluate_limits
 from ..limits import Limits, load_config, read_config_file
-from ..model import Analysis
+from ..model import Analysis, Verdict
 from ..export import files_read_for
 from .outputs import append_text, claim_outputs, one_run, write_all_or_none, write_atomic
 from .common import out_console, say_error, to_stdout
@@ -103,7 +103,7 @@ def _check(report: Path, baseline: Optional[Path], config: Optional[Path], nsys:
         from ..render.json import render_baseline
 
         write_atomic(baseline_out, render_baseline(analysis))
-    from ..render.verdict import render_verdict_terminal
+    from ..render.check_verdict import render_verdict_terminal
 
     with to_stdout():
         render_verdict_terminal(verdict, out_console())
@@ -140,7 +140,7 @@ def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsy
 
 def _write(verdict: Verdict, json_path: Optional[Path], junit: Optional[Path], markdown: Optional[Path],
            github_summary: bool) -> None:
-    from ..render.verdict import render_junit, render_markdown, render_verdict_json
+    from ..render.check_verdict import render_junit, render_markdown, render_verdict_json
 
     files: dict[Path, str] = {}
     if json_path:

@@ -15,6 +15,7 @@ from .smi import SmiOverlay
 
 # The model is split by subject; every name stays importable from nsysan.model.
 from .analysis import Analysis
+from .check import CHECK_SCHEMA_ID, EXIT_CODES, Outcome, Verdict
 from .comparison import COMPARE_SCHEMA_ID, CaptureNote, Change, Comparison, ProcessDelta, ProcessRow, RangeDelta, \
     RunRef, SiteDelta
 from .capture import DIAGNOSTIC_CODES, GPU_RESIDENT_KINDS, KINDS, LIVE_AT_START, SCHEMA_ID, SEVERITIES, TRUST_BREAKING, Capture, Diagnostic, Gpu, Process, Source
@@ -26,13 +27,13 @@ from .plain import _from_plain, _Malformed, _to_plain, from_document
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, Step, StepSeries
 from .tables import RAW, Tables
 
-__all__ = ["Allocation", "AllocationGroup", "AllocatorOom", "AllocatorUse", "Analysis", "Answer",
-           "ApiCallStat", "Band", "COMPARE_SCHEMA_ID", "CacheRelease", "CallSite", "Capture", "CaptureNote", "Change",
-           "Comparison", "CutShort", "DIAGNOSTIC_CODES", "Diagnostic",
-           "EndedInside",
-           "FailedCall", "FatalOom", "Frame", "GPU_RESIDENT_KINDS", "Gpu", "GroupSummary", "Growth", "Holder", "KINDS", "LIVE_AT_START",
-           "LoggedOom", "MemoryCap", "NvtxSpan", "OomFailure", "OutOfMemory", "Peak", "Phase", "PoolUse", "Preallocation",
-           "Probe", "Process", "ProcessDelta", "ProcessRow", "RAW", "RangeDelta", "RangeFamily", "RangeStat",
-           "ReservedMemory", "RunRef", "SCHEMA_ID", "SEVERITIES", "Series", "Site", "SiteDelta", "SizeCount",
-           "SmiOverlay", "Source", "Spike", "Stack", "StackBytes", "Step", "StepSeries", "TRUST_BREAKING", "Tables",
-           "Timeline", "TraceEnd", "from_document", "_Malformed", "_from_plain", "_to_plain"]
+__all__ = ["Allocation", "AllocationGroup", "AllocatorOom", "AllocatorUse", "Analysis", "Answer", "ApiCallStat",
+           "Band", "CHECK_SCHEMA_ID", "COMPARE_SCHEMA_ID", "CacheRelease", "CallSite", "Capture", "CaptureNote",
+           "Change", "Comparison", "CutShort", "DIAGNOSTIC_CODES", "Diagnostic", "EXIT_CODES", "EndedInside",
+           "FailedCall", "FatalOom", "Frame", "GPU_RESIDENT_KINDS", "Gpu", "GroupSummary", "Growth", "Holder",
+           "KINDS", "LIVE_AT_START", "LoggedOom", "MemoryCap", "NvtxSpan", "OomFailure", "OutOfMemory", "Outcome",
+           "Peak", "Phase", "PoolUse", "Preallocation", "Probe", "Process", "ProcessDelta", "ProcessRow", "RAW",
+           "RangeDelta", "RangeFamily", "RangeStat", "ReservedMemory", "RunRef", "SCHEMA_ID", "SEVERITIES", "Series",
+           "Site", "SiteDelta", "SizeCount", "SmiOverlay", "Source", "Spike", "Stack", "StackBytes", "Step",
+           "StepSeries", "TRUST_BREAKING", "Tables", "Timeline", "TraceEnd", "Verdict", "from_document", "_Malformed",
+           "_from_plain", "_to_plain"]

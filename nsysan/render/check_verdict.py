@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING
 
 from ..errors import printable
-from ..gate import Verdict
+from ..model.check import Verdict
 from .json import dumps
 
 if TYPE_CHECKING:
