@@ -373,9 +373,8 @@ def test_the_queries_of_the_docs(tmp_path):
 
 
 def test_summary_page_escapes_what_reports_carry():
-    from nsysan.batch.run import BatchResult
-    from nsysan.batch.summary import SummaryRow
-    from nsysan.render.batch_html import render_summary_html
+    from nsysan.model.batch import BatchResult, SummaryRow
+    from nsysan.render.batch_summary import render_summary_html
 
     nasty = "<script>alert(1)</script>"
     batch = BatchResult(reports=1, failed=1, engine="this process", out_dir=Path("out"), db_path=Path("out/nsysan.db"),
@@ -396,6 +395,6 @@ def test_db_never_writes_into_another_database(tmp_path):
 
 def test_the_summary_page_does_not_import_matplotlib():
     # matplotlib's import is 1-2 s of every batch on a small machine, and the summary has no plots.
-    code = ("import sys, nsysan.batch, nsysan.render.batch_html; "
+    code = ("import sys, nsysan.batch, nsysan.render.batch_summary; "
             "sys.exit('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

@@ -15,11 +15,11 @@ spread between them.
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..analyses.growth import GROWTH_CODES, first_departure, step_deltas
 from ..model import Analysis
+from ..model.batch import Departure
 from ..units import fmt_bytes, fmt_duration
 
 MAX_SITES = 3
@@ -46,25 +46,6 @@ def rank_steps(analysis: Analysis) -> list[dict[str, Any]]:
 
 def _site(site: str, nvtx_range: str) -> str:
     return f"{site} in '{nvtx_range}'" if nvtx_range else site
-
-
-@dataclass(frozen=True)
-class Departure:
-    """The first rank whose growth per step departed from the other ranks', across reports."""
-
-    rank: int
-    report: str  # the report of that rank, as given
-    where: str  # "rank 1 (torch_rank1_v25.sqlite)"
-    step: int  # the number of the first step at which it departed
-    step_bytes: int  # what it added in that step
-    others_bytes: int  # the most any other rank added in that step
-    bytes_per_step: int  # its growth verdict's median per step
-    verdict: str  # its growth verdict (growing | uneven)
-    sites: list[str] = field(default_factory=list)  # where its growth stays: "site in 'range'", largest first
-    step_start_utc_ns: Optional[int] = None  # when that step began on that rank, UTC epoch ns
-    step_spread_ns: Optional[int] = None  # how far apart that step began on the ranks (session starts + step starts)
-    ranks_compared: int = 0
-    line: str = ""
 
 
 def find_departure(members: list[tuple[str, int, str, list[dict[str, Any]]]],

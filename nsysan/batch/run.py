@@ -1,6 +1,6 @@
 """One batch: analyze every report (engines), keep each result as it arrives (analyses/*.json and
-nsysan.db), then write the summary (summary.csv, summary.html). A Ctrl-C stops the analyses and
-still writes the summary of what was done."""
+nsysan.db), then gather the summary rows and the fleet view, which the command writes (summary.csv,
+summary.html, fleets.json). A Ctrl-C stops the analyses and still returns what was done."""
 
 from __future__ import annotations
 
@@ -10,31 +10,16 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ..errors import NsysanError
-from ..commands.outputs import write_all_or_none
 from .database import ResultsDatabase
 from .engines import run_all
-from .summary import Fleet, SummaryRow, fleet_view, render_csv, render_fleets_json, summary_rows
+from ..model.batch import BatchResult, SummaryRow
+from .summary import fleet_view, summary_rows
 
 Progress = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class BatchResult:
-    reports: int  # how many were to be analyzed
-    analyzed: int = 0
-    failed: int = 0
-    interrupted: bool = False
-    seconds: float = 0.0
-    engine: str = ""
-    rows: list[SummaryRow] = field(default_factory=list)
-    fleets: list[Fleet] = field(default_factory=list)
-    out_dir: Optional[Path] = None
-    db_path: Optional[Path] = None
 
 
 def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str] = None,
@@ -42,8 +27,9 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
               cache_dir: Optional[str] = None, progress: Optional[Progress] = None,
               max_memory: Optional[int] = None, step_range: Optional[str] = None,
               logs: Optional[dict] = None) -> BatchResult:
-    """Analyze `paths` and write DIR/analyses/*.json, DIR/nsysan.db (or `db_path`),
-    DIR/summary.csv, DIR/summary.html and DIR/fleets.json (`max_memory`: bytes per analysis, see engines.run_all;
+    """Analyze `paths` and write DIR/analyses/*.json and DIR/nsysan.db (or `db_path`); the command
+    writes DIR/summary.csv, DIR/summary.html and DIR/fleets.json from the result (`max_memory`:
+    bytes per analysis, see engines.run_all;
     `step_range`: the NVTX ranges that are steps, as in analyze; `logs`: each report's program
     logs).
     Returns what was done, also after a Ctrl-C."""
@@ -100,11 +86,6 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
     outcome.rows = [row for path in sorted(by_report, key=lambda p: order.get(p, len(order)))
                     for row in by_report[path]]
     outcome.fleets = fleet_view(outcome.rows, steps)
-    from ..render.batch_html import render_summary_html
-
-    write_all_or_none({out_dir / "summary.csv": render_csv(outcome.rows),
-                       out_dir / "summary.html": render_summary_html(outcome),
-                       out_dir / "fleets.json": render_fleets_json(outcome.fleets)})
     return outcome
 
 

@@ -14,47 +14,21 @@ ranks can't say which one is odd), the highest peak and the spread still are.
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 import statistics
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..compare import process_rows
-from .departure import Departure, find_departure
+from .departure import find_departure
 from ..model import Analysis
+from ..model.batch import Departure, Fleet, Outlier, SummaryRow
 from ..units import fmt_bytes
 
 MAD_SCORE = 3.5
 MAD_FLOOR_BYTES = 1 << 20
 MAD_FLOOR_SHARE = 0.05
 _RANK_IN_NAME = re.compile(r"rank[_\-.]?(\d+)", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class SummaryRow:
-    """One report x process/GPU of the batch (or one failed report)."""
-
-    report: str  # the path as given
-    report_hash: Optional[str]  # SHA-256 of the file; None when it could not be read
-    status: str  # ok | failed
-    error: str = ""
-    process: str = ""  # "rank 1", "process 2147"
-    pid: Optional[int] = None
-    rank: Optional[int] = None
-    gpu: Optional[int] = None
-    device: Optional[int] = None
-    peak_bytes: Optional[int] = None
-    end_bytes: Optional[int] = None
-    never_freed_bytes: Optional[int] = None
-    growth_per_step_bytes: Optional[int] = None
-    failed_allocations: Optional[int] = None
-    warnings: str = ""  # codes of the report's warning and error diagnostics, comma-separated
-
-
-COLUMNS = [f for f in SummaryRow.__dataclass_fields__]
 
 
 def summary_rows(result: dict[str, Any], analysis: Optional[Analysis]) -> list[SummaryRow]:
@@ -98,52 +72,6 @@ def process_warnings(analysis: Analysis) -> Callable[[Optional[int]], str]:
     def of(pid: Optional[int]) -> str:
         return ",".join(sorted({code for code, pids in named if not pids or pid in pids}))
     return of
-
-
-def render_csv(rows: list[SummaryRow]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: ("" if v is None else _csv_safe(v)) for k, v in asdict(row).items()})
-    return out.getvalue()
-
-
-def _csv_safe(value: Any) -> Any:
-    """A profile's string that a spreadsheet would run as a formula (=, +, -, @) gets a quote."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value
-    return value
-
-
-@dataclass(frozen=True)
-class Outlier:
-    where: str  # "rank 3 (job/rank3.sqlite)"
-    metric: str  # growth_per_step_bytes | never_freed_bytes
-    value: int
-    median: float
-    score: Optional[float]  # the modified z-score; None when the MAD was 0
-    line: str
-
-
-@dataclass(frozen=True)
-class Fleet:
-    name: str  # the report (ranks inside it) or the folder of rank-named reports
-    ranks: int
-    highest: str  # "rank 1: 1.6 GiB"
-    lowest_peak_bytes: int
-    median_peak_bytes: float
-    highest_peak_bytes: int
-    outliers: list[Outlier] = field(default_factory=list)
-    # the first rank whose growth per step departed from the others' (batch/departure.py); None:
-    # none did, or the reports' steps were not sent (summary rows read back without them)
-    departure: Optional[Departure] = None
-
-    @property
-    def line(self) -> str:
-        return (f"{self.name}: {self.ranks} ranks, highest peak {self.highest}; peaks "
-                f"{fmt_bytes(self.lowest_peak_bytes)} / {fmt_bytes(int(self.median_peak_bytes))} / "
-                f"{fmt_bytes(self.highest_peak_bytes)} (lowest / median / highest)")
 
 
 def fleet_view(rows: list[SummaryRow], steps: Optional[dict[str, list[dict[str, Any]]]] = None) -> list[Fleet]:
@@ -216,17 +144,6 @@ def _fleet(name: str, members: list[tuple[str, int, SummaryRow]], departure: Opt
     return Fleet(name=name, ranks=len(members), highest=f"{top[0]}: {fmt_bytes(top[2].peak_bytes)}",
                  lowest_peak_bytes=min(peaks), median_peak_bytes=statistics.median(peaks),
                  highest_peak_bytes=max(peaks), outliers=outliers, departure=departure)
-
-
-FLEETS_SCHEMA = "nsysan/fleets@1"
-
-
-def render_fleets_json(fleets: list[Fleet]) -> str:
-    """fleets.json of a batch (docs/json.md, "nsysan/fleets@1"): the fleet view as data."""
-    import json
-
-    return json.dumps({"schema": FLEETS_SCHEMA, "fleets": [dict(asdict(f), line=f.line) for f in fleets]},
-                      indent=2, sort_keys=True, ensure_ascii=True) + "\n"
 
 
 def _outliers(fleet: str, values: list[tuple[str, int]], metric: str, what: str) -> list[Outlier]:

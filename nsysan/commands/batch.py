@@ -55,7 +55,7 @@ def batch(
     from ..batch.engines import DASK_MISSING, default_jobs
     from ..batch.inputs import expand_inputs
     from ..export import files_read_for
-    from .outputs import check_output_dir, claim_outputs, one_run
+    from .outputs import check_output_dir, claim_outputs, one_run, write_all_or_none
     from ..memory_budget import budget_bytes
     from ..batch.database import parse_tags
 
@@ -92,6 +92,11 @@ def batch(
                                nsys=str(nsys) if nsys else None, cache_dir=str(cache_dir) if cache_dir else None,
                                progress=count, max_memory=budget, step_range=step_range,
                                logs=logs)
+        from ..render.batch_summary import render_csv, render_fleets_json, render_summary_html
+
+        write_all_or_none({output / "summary.csv": render_csv(result.rows),
+                           output / "summary.html": render_summary_html(result),
+                           output / "fleets.json": render_fleets_json(result.fleets)})
     with to_stdout():
         _print_summary(result)
     if result.interrupted:
