@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from . import compare as _compare_module  # noqa: F401  (see compare() below)
 from .errors import NsysanError
-from .inputs import as_path as _path
-from .inputs import load_analysis  # the function and its docs live with what compare and check read
+from .analysis_document import as_path as _path
+from .analysis_document import load_analysis
 from .model import SCHEMA_ID, Analysis
 
 if TYPE_CHECKING:

@@ -135,7 +135,7 @@ def entry_path(cache_dir: Optional[Path], key: str) -> Path:
 def read_entry(entry: Path, given: Path) -> Optional[Analysis]:
     """The analysis kept at `entry`, naming `given` as its input; None when there is none or it
     can't be read (it is then made again)."""
-    from .inputs import load_analysis
+    from .analysis_document import load_analysis
 
     if not entry.is_file():
         return None
