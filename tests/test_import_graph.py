@@ -18,10 +18,11 @@ only the model and the base (render reads the model, docs/json.md's documents, a
   the model is the vocabulary every producer writes and every consumer reads, so it sits low and
   imports nothing but the base.
 - sources: reading files: the export (nsys), the schema probe, the query reader, the snapshot of a
-  live SQLite file, nvidia-smi logs, the program's own OOM log.
+  live SQLite file, nvidia-smi logs, the program's own OOM log, analysis JSON documents.
 - events: the memory events, API calls, NVTX ranges and stacks decoded from the sources, and the
   numpy helpers they are decoded with.
-- engine: runs analyses over batches of events (the streamed runner today).
+- engine: runs analyses over batches of events, knowing none of them, and decides how much
+  memory that may take.
 - analyses: each question answered from the events, into the model.
 - render: terminal, JSON, HTML, PNG views of the model.
 - app: what consumes or produces whole Analysis objects, in this order: the limits/compare/check
@@ -44,9 +45,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "nsysan.interrupt")),
     ("model", ("nsysan.model", "nsysan.smi_model", "nsysan.frames")),
     ("sources", ("nsysan.export", "nsysan.schema", "nsysan.reader", "nsysan.snapshot", "nsysan.smi_log",
-                 "nsysan.oom_log")),
+                 "nsysan.oom_log", "nsysan.analysis_document")),
     ("events", ("nsysan.events",)),
-    ("engine", ("nsysan.analyses.streamed", "nsysan.analyses.streamed_run", "nsysan.memory_budget")),
+    ("engine", ("nsysan.engine", "nsysan.memory_budget")),
     ("analyses", ("nsysan.analyses",)),
     ("render", ("nsysan.render",)),
     ("judge", ("nsysan.limits", "nsysan.compare", "nsysan.gate", "nsysan.history")),
