@@ -84,7 +84,8 @@ def _known(name: str) -> str:
 
 
 def imports() -> list[tuple[str, str, int]]:
-    """(importer, imported, line) for every import of an nsysan module by another, anywhere in it."""
+    """(importer, imported, line) for every import of an nsysan module by another, anywhere in it.
+    An import of a module that does not exist is kept in MISSING."""
     edges = []
     for name, (path, is_package) in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
@@ -101,6 +102,8 @@ def imports() -> list[tuple[str, str, int]]:
                            for alias in node.names]
             else:
                 continue
+            MISSING.extend(f"{name}:{node.lineno} imports {t}" for t in targets
+                           if t.split(".")[0] == "nsysan" and t not in MODULES)
             edges += [(name, _known(t), node.lineno) for t in targets
                       if t.split(".")[0] == "nsysan" and _known(t) != name]
     return edges
@@ -162,6 +165,7 @@ def _circles(edges: set[tuple[str, str]]) -> list[list[str]]:
     return found
 
 
+MISSING: list[str] = []
 EDGES = imports()
 
 
@@ -171,6 +175,12 @@ def test_the_graph_is_read():
     assert ("nsysan.pipeline", "nsysan.schema") in found  # at module level
     assert len(MODULES) > 100 and len(found) > 500
     assert all(layer_of(m) for m in MODULES)
+
+
+def test_every_import_names_a_module():
+    """A module moved or renamed leaves no import of its old name behind (each would otherwise be
+    read as an import of the package above it)."""
+    assert not MISSING
 
 
 def test_no_import_against_the_flow():

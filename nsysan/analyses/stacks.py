@@ -8,8 +8,8 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd
 
+from ..events.arrays import category_codes, distinct_rows
 from ..model import Analysis, Stack, StackBytes
-from .arrays import category_codes, distinct_rows
 
 # Leaves of a flame graph: a Python capture's peak holds a few dozen stacks; a cap keeps a capture
 # with thousands (every line of a model's build) to a page of this many, the rest shown as "other".
