@@ -185,7 +185,7 @@ class Analysis:
             where = f"process {self.peak.pid}, device {self.peak.device}, at {fmt_time(self.peak.peak_time_ns)}"
             in_range = f" in {self.peak.nvtx_range[:40]!r}" if self.peak.nvtx_range else ""
             parts.append(f" peak {fmt_bytes(self.peak.peak_bytes)} ({where}{in_range});")
-        leaked = sum(a.bytes for a in self.never_freed) if self.never_freed_total == len(self.never_freed) else None
+        leaked = self.never_freed_bytes  # what the headings say, also when not every allocation is listed
         parts.append(f" never freed {self.never_freed_total}" + (f" ({fmt_bytes(leaked)})" if leaked else "") + ";")
         parts.append(f" failed calls {len(self.failed_calls)};")
         if self.oom.failed_count or self.oom.allocator_ooms:
@@ -201,6 +201,30 @@ class Analysis:
         globals, never freed by design): what the never-freed headings say (not in the JSON: the
         groups' own numbers are)."""
         return sum(g.never_freed_bytes for g in self.groups if g.kind not in ("static", "managed_static"))
+
+    def peak_bytes_by_process(self) -> dict[int, int]:
+        """Each process's highest peak in bytes, on any of its devices: how the outputs order
+        processes.
+
+        >>> import nsysan
+        >>> nsysan.analyze("fixtures/ddp_leak_v25.sqlite").peak_bytes_by_process()
+        {2146: 1125002330, 2147: 1745094656}
+        """
+        best: dict[int, int] = {}
+        for peak in self.peaks:
+            if peak.pid is not None:
+                best[peak.pid] = max(best.get(peak.pid, 0), peak.peak_bytes)
+        return best
+
+    def devices_on_gpu(self, pid: int, gpu: Optional[int]) -> set[int]:
+        """The CUDA devices (as `pid` numbered them) by which process `pid` used GPU `gpu` of the
+        capture; a device whose GPU is not known counts as the GPU of its own number.
+
+        >>> import nsysan
+        >>> nsysan.analyze("fixtures/ddp_leak_v25.sqlite").devices_on_gpu(2147, 1)
+        {1}
+        """
+        return {g.device for g in self.groups if g.pid == pid and (g.gpu == gpu or (g.gpu is None and g.device == gpu))}
 
     def process_peaks(self, limit: int = 4) -> list[Peak]:
         """Each process's highest peak with allocations live at it, largest first (the headline

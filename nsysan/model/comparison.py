@@ -121,6 +121,12 @@ class Comparison(Tables):  # Tables: frame("processes") etc. for notebooks
         text = f"<nsysan.Comparison {self.base.name[:80]} -> {self.new.name[:80]}: {self.headline}"
         return (text if len(text) < 480 else text[:477] + "...") + ">"
 
+    @property
+    def with_memory(self) -> list[ProcessDelta]:
+        """The matched processes that held memory in either run: the panels compare.png and
+        compare.html draw, in the order of `processes`."""
+        return [d for d in self.processes if d.peak.before or d.peak.after]
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -98,7 +98,7 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
         names.update({f"{side}:{pid}": f"{side}: {label}" for pid, label in run_long.items()})
         short.update({f"{side}:{pid}": f"{side} {label}" for pid, label in run_short.items()})
 
-    rows = [d for d in c.processes if d.peak.before or d.peak.after]
+    rows = c.with_memory
     panels, peaks, bands, spans, failed, ends, allocations = [], [], [], [], [], [], []
     sites: dict[str, int] = {}
     home: dict[str, int] = {}
@@ -110,7 +110,7 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
                 continue
             key = f"{side}:{pid}"
             home.setdefault(key, index)
-            devices = _devices(run, pid, gpu)
+            devices = run.devices_on_gpu(pid, gpu)
             kind_order = {k: i for i, k in enumerate(KINDS)}
             for s in sorted((s for s in run.timeline.series if s.pid == pid and s.device in devices and s.ts_ns),
                             key=lambda s: (s.device, kind_order.get(s.kind, len(KINDS)))):
@@ -162,11 +162,6 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
         "steps": step_lines, "alignedOnSteps": on_steps, "alignedAt": lead,
         "alignedSteps": max(0, len(anchors) - 1),  # step starts pinned to the base run's
     }
-
-
-def _devices(run: Analysis, pid: int, gpu: Optional[int]) -> set[int]:
-    """The CUDA devices of `pid` that are GPU `gpu` (or that ordinal, when the capture names no GPU)."""
-    return {g.device for g in run.groups if g.pid == pid and (g.gpu == gpu or (g.gpu is None and g.device == gpu))}
 
 
 def _title(row: ProcessDelta) -> str:

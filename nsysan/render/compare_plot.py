@@ -30,7 +30,7 @@ _BASE_COLOR, _NEW_COLOR = "#7f7f7f", "#d62728"
 def plot_comparison(c: Comparison, base: Analysis, new: Analysis, limit: int = 8) -> Figure:
     """One panel per matched (process, GPU), base in grey, new in red; x in seconds from each
     run's origin, y in the largest binary unit the panel reaches."""
-    rows = [d for d in c.processes if d.peak.before or d.peak.after][:limit]
+    rows = c.with_memory[:limit]
     with matplotlib.rc_context():
         matplotlib.rcdefaults()
         if not rows:
@@ -73,7 +73,7 @@ def _curve(run: Analysis, pid: Optional[int], gpu: Optional[int]):
     """(times ns, live GPU-resident bytes, the first step's start or 0) of one process on one GPU."""
     if pid is None:
         return None
-    devices = {g.device for g in run.groups if g.pid == pid and (g.gpu == gpu or (g.gpu is None and g.device == gpu))}
+    devices = run.devices_on_gpu(pid, gpu)
     series = [s for s in run.timeline.series
               if s.pid == pid and s.device in devices and s.kind in GPU_RESIDENT_KINDS and s.ts_ns]
     if not series:

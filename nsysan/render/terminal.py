@@ -116,10 +116,7 @@ def _capture_panel(analysis: Analysis) -> Panel:
              "memory usage: " + ("collected" if cap.memory_usage_collected else "NOT collected"),
              "backtraces: " + ("yes" if cap.backtraces else "no"), "NVTX: " + ("yes" if cap.nvtx else "no")]
     lines.append([printable(f) for f in facts if f])  # wrapped between the facts, not inside one
-    peak_of: dict[int, int] = {}
-    for peak in analysis.peaks:
-        if peak.pid is not None:
-            peak_of[peak.pid] = max(peak_of.get(peak.pid, 0), peak.peak_bytes)
+    peak_of = analysis.peak_bytes_by_process()
     gpus, more_gpus = _largest(cap.gpus, lambda g: g.total_memory_bytes or 0, LIST_ROWS)
     for gpu in gpus:
         lines.append(f"GPU {gpu.id}: {_short(gpu.name)}, {fmt_bytes(gpu.total_memory_bytes)}")
