@@ -227,6 +227,8 @@ def test_hovering_shows_the_call_stack_user_frames_first_size_range_and_age(tmp_
     seen = hover["flame"]
     assert not seen["hidden"] and seen["title"] == "main (torch_train.py:43)"
     assert seen["lines"][0] == f"{fmt_bytes(sum(s.bytes for s in mine))} · {sum(s.count for s in mine)} allocations · device"
+    oldest = min(s.first_alloc_ns for s in mine)  # its age at the peak: from its oldest block
+    assert f"age: {fmt_time(peak.peak_time_ns - oldest)} (the oldest), allocated at {fmt_time(oldest)}" in seen["lines"]
     # the user's frames first (the line that allocated, then its callers), then one line for the rest
     assert seen["frames"] == ["main (torch_train.py:43)", "<module> (torch_train.py:72)"]
     assert seen["folded"].startswith(f"+ {at} frames inside it (framework, allocator, CUDA driver, profiler): ")

@@ -46,8 +46,8 @@ def _stack_ids(value: Any) -> Iterator[int]:
 
 
 def stack_bytes(events: pd.DataFrame, rows: np.ndarray, limit: int = MAX_STACK_BYTES) -> list[StackBytes]:
-    """Alloc events `rows` summed by process, device, kind, call stack and site: bytes and count,
-    largest first (ties in the order of their labels, so that the whole-frame and the streamed
+    """Alloc events `rows` summed by process, device, kind, call stack and site: bytes, count and
+    the oldest one's allocation time, largest first (ties in the order of their labels, so that the whole-frame and the streamed
     analyses, whose category codes differ, list them alike); at most `limit`."""
     if len(rows) == 0:
         return []
@@ -59,9 +59,11 @@ def stack_bytes(events: pd.DataFrame, rows: np.ndarray, limit: int = MAX_STACK_B
     total = np.zeros(len(firsts), "int64")
     np.add.at(total, group, events["bytes"].to_numpy()[rows].astype("int64"))
     count = np.bincount(group, minlength=len(firsts))
+    oldest = np.full(len(firsts), np.iinfo("int64").max)
+    np.minimum.at(oldest, group, events["ts_ns"].to_numpy()[rows].astype("int64"))
     found = [StackBytes(pid=int(pid), device=int(device), kind=str(kinds[kind]),
                         site=str(sites[site]) if site >= 0 else "", stack_id=int(stack) if stack >= 0 else None,
-                        bytes=int(total[g]), count=int(count[g]))
+                        bytes=int(total[g]), count=int(count[g]), first_alloc_ns=int(oldest[g]))
              for g, (pid, device, kind, site, stack) in enumerate(zip(*(c[firsts].tolist() for c in columns)))]
     found.sort(key=lambda s: (-s.bytes, s.pid, s.device, s.kind, s.site, -1 if s.stack_id is None else s.stack_id))
     return found[:limit]

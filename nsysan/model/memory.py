@@ -145,6 +145,7 @@ class StackBytes:
     stack_id: Optional[int]  # the allocations' own call stack (Analysis.stacks), None without one
     bytes: int
     count: int
+    first_alloc_ns: Optional[int] = None  # when the oldest of them was allocated (None in older documents)
 
 
 @dataclass(frozen=True)

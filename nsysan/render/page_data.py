@@ -180,7 +180,7 @@ def moments(analysis: Analysis, home: dict[int, int], sites: dict[str, int], sta
     graphs and the click list at a peak. At other moments the page has its listed allocations."""
     def leaves(found: list[StackBytes]) -> list[list[Any]]:
         return [[s.pid, s.device, s.kind, sites.setdefault(printable(s.site), len(sites)),
-                 stacks.of_label(s.stack_id, s.site), s.bytes, s.count] for s in found]
+                 stacks.of_label(s.stack_id, s.site), s.bytes, s.count, s.first_alloc_ns] for s in found]
 
     def groups(found: list[AllocationGroup]) -> list[list[Any]]:
         return [[g.pid, g.device, g.kind, sites.setdefault(printable(g.site.label), len(sites)),
