@@ -47,8 +47,9 @@ def _stack_ids(value: Any) -> Iterator[int]:
 
 def stack_bytes(events: pd.DataFrame, rows: np.ndarray, limit: int = MAX_STACK_BYTES) -> list[StackBytes]:
     """Alloc events `rows` summed by process, device, kind, call stack and site: bytes, count and
-    the oldest one's allocation time, largest first (ties in the order of their labels, so that the whole-frame and the streamed
-    analyses, whose category codes differ, list them alike); at most `limit`."""
+    the oldest one's allocation time, largest first (ties in the order of their labels, so that the
+    whole-frame and the streamed analyses, whose category codes differ, list them alike); at most
+    `limit`."""
     if len(rows) == 0:
         return []
     kinds, sites = events["kind"].cat.categories, events["site"].cat.categories
