@@ -47,30 +47,6 @@ def test_code_loads_per_step_are_the_programs(libloads):
     assert p.steps[0].static_bytes == 227039 and p.steps[3].static_bytes == 0
 
 
-def test_loads_are_named_by_the_kernel_that_ran_after_each(libloads):
-    """A load from memory names no file: each load is named by the first kernel of its process that
-    started after it ended. Recounted here with plain SQL over the fixture's API and kernel tables."""
-    (p,) = libloads.hidden.processes
-    with sqlite3.connect(f"file:{LIBLOADS}?mode=ro", uri=True) as conn:
-        rows = conn.execute(
-            "SELECT (SELECT s2.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s2 ON s2.id = k.shortName "
-            "        WHERE (k.globalPid >> 24) = (r.globalTid >> 24) AND k.start > r.\"end\" "
-            "        AND k.start <= r.\"end\" + 1000000000 ORDER BY k.start LIMIT 1) "
-            "FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId "
-            "WHERE s.value IN ('cuLibraryLoadData', 'cuModuleLoadData')").fetchall()
-    counts: dict = {}
-    for (name,) in rows:
-        if name:
-            counts[name] = counts.get(name, 0) + 1
-    assert len(rows) == p.loads_in_steps == 76
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
-    assert list(p.kernels_after_loads.items()) == top
-    assert top[0] == ("nchwToNhwcKernel", 36)  # cuDNN's layout kernel, before each new convolution
-    (answer,) = [a.message for a in libloads.answers if a.code == "code_loads"]
-    assert "the kernels that ran first after them (what they brought: a load from memory names no file): " \
-           "nchwToNhwcKernel (36), vectorized_elementwise_kernel (3), Kernel (2)" in answer
-
-
 def test_the_gap_against_nvidia_smi_is_the_truths(libloads):
     """nvidia-smi was 667-675 MiB above PyTorch's reserved bytes at every step (the truth); the
     process's own log row (apps) leaves out the few MiB the GPU holds in no process."""

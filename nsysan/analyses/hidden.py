@@ -117,7 +117,6 @@ def _process(analysis: Analysis, pid: int, rows: pd.DataFrame, contexts: list[in
         apis={str(k): int(v) for k, v in rows.loc[rows["what"] != "context", "api"].value_counts().sort_index().items()},
         loads_before_steps=before, loads_in_steps=len(loads) - before - after, loads_after_steps=after,
         steps_with_loads=with_loads, keeps_loading=keeps,
-        kernels_after_loads=_kernels_after(loads if not steps else loads[(load_ts >= first) & (load_ts < last)]),
         # a step list that says something: loads, unloads, statics or nvidia-smi gaps in some step
         steps=listed if any(s.loads or s.unloads or s.static_bytes or s.smi_gap_bytes is not None
                             for s in listed) else [],
@@ -132,29 +131,6 @@ def _process(analysis: Analysis, pid: int, rows: pd.DataFrame, contexts: list[in
         flags.insert(0, " ".join(stack_flags))
     found = dataclasses.replace(found, capture_flags="; ".join(flags))
     return dataclasses.replace(found, message=_sentence(found, bool(steps)))
-
-
-MAX_KERNELS = 5
-
-
-def _kernels_after(loads: pd.DataFrame) -> dict[str, int]:
-    """Loads by the kernel that ran first after each (read_code.kernels_after_loads), most first."""
-    if "kernel" not in loads:
-        return {}
-    named = loads.loc[loads["kernel"] != "", "kernel"]
-    counts = sorted(named.value_counts().items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_KERNELS]
-    return {str(name): int(n) for name, n in counts}
-
-
-def _kernel_names(kernels: dict[str, int]) -> str:
-    """"nchwToNhwcKernel (36), sm80_xmma_fprop_… (cuDNN) (2)": long names cut, a library named
-    when the kernel's name carries it."""
-    parts = []
-    for name, n in list(kernels.items())[:3]:
-        library = next((lib for lib, pattern in LIBRARIES if pattern[3:].lower() in name.lower()), "")
-        shown = name if len(name) <= 40 else name[:39] + "…"
-        parts.append(f"{shown}{f' ({library})' if library else ''} ({n})")
-    return ", ".join(parts)
 
 
 def _smi_gaps(analysis: Analysis, pid: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
@@ -227,11 +203,9 @@ def _sentence(p: ProcessCode, has_steps: bool) -> str:
         loads = f"{_count(p.loads, 'code load')} ({kinds})" if p.loads else "no code loads"
         if p.keeps_loading:
             counts = ", ".join(str(s.loads) for s in p.steps[:12]) + (", ..." if len(p.steps) > 12 else "")
-            named = (f"; the kernels that ran first after them (what they brought: a load from memory names no "
-                     f"file): {_kernel_names(p.kernels_after_loads)}") if p.kernels_after_loads else ""
             parts.append(f"keeps loading CUDA code step after step: {loads}, {p.loads_in_steps} of them in "
-                         f"{p.steps_with_loads} of {len(p.steps)} steps ({counts}), and {p.unloads} unloads{named}; "
-                         "each load adds kernel images that nvidia-smi counts and no allocation shows")
+                         f"{p.steps_with_loads} of {len(p.steps)} steps ({counts}), and {p.unloads} unloads; each "
+                         "load adds kernel images that nvidia-smi counts and no allocation shows")
         elif has_steps:
             parts.append(f"{loads}, {p.loads_before_steps} before the first step, {p.loads_in_steps} in steps, "
                          f"and {_count(p.unloads, 'unload')}")

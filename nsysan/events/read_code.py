@@ -41,9 +41,7 @@ WHAT = {**{a: "context" for a in CONTEXT_APIS}, **{a: "load" for a in LOAD_APIS}
         **{a: "capture_end" for a in CAPTURE_END_APIS}, **{a: "instantiate" for a in INSTANTIATE_APIS},
         **{a: "exec_destroy" for a in EXEC_DESTROY_APIS}, **{a: "graph_destroy" for a in GRAPH_DESTROY_APIS},
         **{a: "launch" for a in LAUNCH_APIS}, **{a: "mem_node" for a in MEM_NODE_APIS}}
-CODE_CALL_COLUMNS = ["ts_ns", "end_ns", "pid", "tid", "api", "what", "kernel"]
-# A load is named by the first kernel of its process that ran within this long after it.
-KERNEL_AFTER_LOAD_NS = 1_000_000_000
+CODE_CALL_COLUMNS = ["ts_ns", "end_ns", "pid", "tid", "api", "what"]
 
 
 @dataclass
@@ -77,7 +75,7 @@ def read_contexts(conn: sqlite3.Connection, schema: Schema) -> dict[int, list[in
 def empty_code_calls() -> pd.DataFrame:
     return pd.DataFrame({"ts_ns": np.zeros(0, "int64"), "end_ns": np.zeros(0, "int64"),
                          "pid": np.zeros(0, "int64"), "tid": np.zeros(0, "int64"),
-                         "api": np.zeros(0, object), "what": np.zeros(0, object), "kernel": np.zeros(0, object)})
+                         "api": np.zeros(0, object), "what": np.zeros(0, object)})
 
 
 def read_code_calls(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
@@ -114,55 +112,4 @@ def read_code_calls(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
         "pid": (tid >> 24) & 0xFFFFFF, "tid": tid & 0xFFFFFF, "api": api.to_numpy(),
         "what": api.map(WHAT).to_numpy(),
     })
-    calls = calls.sort_values("ts_ns", kind="stable").reset_index(drop=True)
-    calls["kernel"] = kernels_after_loads(conn, schema, calls)
-    return calls
-
-
-def kernels_after_loads(conn: sqlite3.Connection, schema: Schema, calls: pd.DataFrame) -> np.ndarray:
-    """For each load call, the short name of the first kernel of its process that started after
-    the call ended (within KERNEL_AFTER_LOAD_NS); "" for other calls and loads with none.
-
-    A load from memory (cuLibraryLoadData, cuModuleLoadData) names no file, and no stack names
-    its library unless --cudabacktrace covered it: the code it brought is what runs next (with
-    lazy loading, a library's kernels load just before their first launch). One read of the
-    kernel table between the first load and a second after the last, only when there are loads."""
-    names = np.full(len(calls), "", dtype=object)
-    is_load = (calls["what"] == "load").to_numpy()
-    table = "CUPTI_ACTIVITY_KIND_KERNEL"
-    if not is_load.any() or not (schema.has(table, "start", "globalPid", "shortName")
-                                 and schema.has("StringIds", "id", "value")):
-        return names
-    loads = calls[is_load]
-    low = int(loads["end_ns"].min()) + schema.time_offset_ns
-    high = int(loads["end_ns"].max()) + schema.time_offset_ns + KERNEL_AFTER_LOAD_NS
-    # A plain query: the kernels of this window are far fewer than the rows read_table's threads pay off on.
-    rows = conn.execute(f"SELECT start, globalPid, shortName FROM {table} WHERE start >= ? AND start <= ? "
-                        "AND typeof(start) = 'integer' AND typeof(globalPid) = 'integer' "
-                        "AND typeof(shortName) = 'integer'", (low, high)).fetchall()
-    if not rows:
-        return names
-    found = np.array(rows, dtype="int64").reshape(-1, 3)
-    kernel_ts = found[:, 0] - schema.time_offset_ns
-    kernel_pid = (found[:, 1] >> 24) & 0xFFFFFF
-    order = np.lexsort((kernel_ts, kernel_pid))
-    kernel_ts, kernel_pid, kernel_name = kernel_ts[order], kernel_pid[order], found[order, 2]
-    load_rows = np.flatnonzero(is_load)
-    load_pid = calls["pid"].to_numpy("int64")[load_rows]
-    load_end = calls["end_ns"].to_numpy("int64")[load_rows]
-    chosen: dict[int, int] = {}  # row of the load -> the kernel's name id
-    for pid in np.unique(load_pid):
-        lo, hi = np.searchsorted(kernel_pid, [pid, pid + 1])
-        ts = kernel_ts[lo:hi]
-        mine = load_pid == pid
-        at = np.searchsorted(ts, load_end[mine], side="right")
-        for row, i, end in zip(load_rows[mine], at, load_end[mine]):
-            if i < len(ts) and ts[i] - end <= KERNEL_AFTER_LOAD_NS:
-                chosen[int(row)] = int(kernel_name[lo + i])
-    if chosen:
-        ids = sorted({i for i in chosen.values() if i >= 0})
-        text = dict(conn.execute(f"SELECT id, CAST(substr(value, 1, 200) AS TEXT) FROM StringIds "
-                                 f"WHERE id IN ({','.join(map(str, ids))})").fetchall()) if ids else {}
-        for row, name_id in chosen.items():
-            names[row] = str(text.get(name_id, "") or "")
-    return names
+    return calls.sort_values("ts_ns", kind="stable").reset_index(drop=True)

@@ -62,9 +62,6 @@ class ProcessCode:
     steps_with_loads: int = 0  # steps (of those listed) in which code was loaded
     steps: list[StepLoads] = field(default_factory=list)  # the process's listed steps, in time order
     keeps_loading: bool = False  # code loaded in more than half of the steps after the first
-    # the loads in steps (all of them without steps) by the kernel that ran first after each (its
-    # short name, the code it brought: a load from memory names no file), most loads first, at most 5
-    kernels_after_loads: dict[str, int] = field(default_factory=dict)
     static_bytes: int = 0  # module statics live at the end (static memory kind)
     libraries: list[LibraryMemory] = field(default_factory=list)  # largest first; [] without stacks
     outside_allocator_bytes: Optional[int] = None  # live device bytes outside a framework allocator at its peak
