@@ -47,6 +47,18 @@ def test_code_loads_per_step_are_the_programs(libloads):
     assert p.steps[0].static_bytes == 227039 and p.steps[3].static_bytes == 0
 
 
+def test_loads_from_memory_are_said_to_be_unnamed(libloads):
+    """cuLibraryLoadData / cuModuleLoadData take an image in memory: no file to name, and nsys puts no
+    call stack on them (known_bt_v25, captured with --cudabacktrace=all:1, has none on its load)."""
+    with sqlite3.connect(f"file:{FIXTURES / 'known_bt_v25.sqlite'}?mode=ro", uri=True) as conn:
+        stacks = conn.execute("SELECT count(r.callchainId) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s "
+                              "ON s.id = r.nameId WHERE s.value GLOB 'cu*Load*'").fetchone()[0]
+    assert stacks == 0
+    (answer,) = [a.message for a in libloads.answers if a.code == "code_loads"]
+    assert "and 99 unloads; the trace names none of them (images loaded from memory: nsys records no file, and no " \
+           "call stack on a load, even with --cudabacktrace=all); each load adds" in answer
+
+
 def test_the_gap_against_nvidia_smi_is_the_truths(libloads):
     """nvidia-smi was 667-675 MiB above PyTorch's reserved bytes at every step (the truth); the
     process's own log row (apps) leaves out the few MiB the GPU holds in no process."""

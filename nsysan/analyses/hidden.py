@@ -34,6 +34,10 @@ from .graphs import cuda_graphs, graph_severity, live_at, step_list
 LIBRARIES = (("cuBLASLt", r"libcublasLt"), ("cuBLAS", r"libcublas"), ("cuDNN", r"libcudnn"), ("NCCL", r"libnccl"),
              ("cuFFT", r"libcufft"), ("cuSPARSE", r"libcusparse"), ("cuSOLVER", r"libcusolver"),
              ("cuRAND", r"libcurand"), ("TensorRT", r"libnvinfer"))
+# Loads of an image from memory, and unloads: calls whose file nsys cannot name (known_bt_v25,
+# captured with --cudabacktrace=all:1, has no call stack on its cuLibraryLoadData either).
+FROM_MEMORY = frozenset({"cuLibraryLoadData", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary",
+                         "cuModuleUnload", "cuLibraryUnload"})
 SMI_FLAG = ("nvidia-smi --query-compute-apps=timestamp,gpu_uuid,pid,used_memory --format=csv -lms 100 "
             "beside the capture, then --smi LOG")
 # Memory outside a framework's allocator from which the stacks that would name its library are worth a new capture.
@@ -203,9 +207,11 @@ def _sentence(p: ProcessCode, has_steps: bool) -> str:
         loads = f"{_count(p.loads, 'code load')} ({kinds})" if p.loads else "no code loads"
         if p.keeps_loading:
             counts = ", ".join(str(s.loads) for s in p.steps[:12]) + (", ..." if len(p.steps) > 12 else "")
+            unnamed = ("; the trace names none of them (images loaded from memory: nsys records no file, and no "
+                       "call stack on a load, even with --cudabacktrace=all)") if set(p.apis) <= FROM_MEMORY else ""
             parts.append(f"keeps loading CUDA code step after step: {loads}, {p.loads_in_steps} of them in "
-                         f"{p.steps_with_loads} of {len(p.steps)} steps ({counts}), and {p.unloads} unloads; each "
-                         "load adds kernel images that nvidia-smi counts and no allocation shows")
+                         f"{p.steps_with_loads} of {len(p.steps)} steps ({counts}), and {p.unloads} unloads{unnamed}; "
+                         "each load adds kernel images that nvidia-smi counts and no allocation shows")
         elif has_steps:
             parts.append(f"{loads}, {p.loads_before_steps} before the first step, {p.loads_in_steps} in steps, "
                          f"and {_count(p.unloads, 'unload')}")
