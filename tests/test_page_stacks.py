@@ -91,40 +91,6 @@ def live_on_lines(analysis, t, resident_only=True):
     return total
 
 
-def test_the_flame_graph_of_the_peak_sums_to_the_peak_and_the_timeline(tmp_path, chromium):
-    analysis = analysis_of("torch_pybt_v25")
-    peak = analysis.peak
-    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
-                             evaluate={"flame": FLAME,
-                                       "timeline": f"{TIMELINE_LIVE}({peak.pid}, {peak.device}, {peak.peak_time_ns})",
-                                       "zoomed": ZOOM_INTO.replace("BOX", "'<module> (torch_train.py:72)'")})
-    assert_quiet_page(page, netlog)
-    flame = page.values["flame"]
-    assert flame["mode"] == "peak"
-    # the root's bytes == the timeline's live bytes at the peak == the model's peak
-    assert flame["root"] == page.values["timeline"] == peak.peak_bytes == 4_916_874_581
-    assert flame["title"] == f"python3 (476)'s peak, at 14.5037 s: {fmt_bytes(peak.peak_bytes)}"
-    top = [b for b in flame["boxes"] if b["depth"] == 1]
-    assert sum(b["bytes"] for b in top) == peak.peak_bytes  # nothing left out: no box is too small at the first level
-    # the model has every stack (26, under its cap): no "other" box; the smallest are one "+ N smaller" per row
-    assert not any(b["text"].startswith("other") for b in flame["boxes"])
-    (small,) = [b for b in top if b["other"]]
-    assert small["text"].startswith("+ ") and small["bytes"] < 0.002 * 3 * peak.peak_bytes
-    # the user's line that allocated most, its bytes summed over its stacks from the model
-    line_43 = sum(s.bytes for s in peak.live_stacks if s.stack_id is not None
-                  and any(f.function == "main" and f.line == 43 for f in next(x for x in analysis.stacks
-                                                                               if x.id == s.stack_id).frames))
-    (box,) = [b for b in flame["boxes"] if b["text"].startswith("main (torch_train.py:43)")]
-    assert box["bytes"] == line_43 and box["depth"] == 2 and box["text"].endswith(fmt_bytes(line_43))
-    # a click on a box zooms into it: its caller (the top box) above it, full width; it full width
-    # too, and the rows under it add up to it
-    module = next(b for b in top if b["text"].startswith("<module> (torch_train.py:72)"))
-    zoomed = page.values["zoomed"]
-    assert zoomed["widths"][:2] == [["caller", 0, "100%"], ["", 1, "100%"]]
-    assert [b["bytes"] for b in zoomed["boxes"][:2]] == [peak.peak_bytes, module["bytes"]]
-    assert sum(b["bytes"] for b in zoomed["boxes"] if b["depth"] == 2) == module["bytes"]
-
-
 CLICK = """(async () => {
   const tl = window.nsysanTimelines[0], box = document.querySelector('#timeline-main .live-list');
   tl.list(%f, %d, %f);
@@ -136,64 +102,6 @@ CLICK = """(async () => {
   out.flame = %s;
   return out;
 })()"""
-
-
-def clicked(analysis, tmp_path, t_ns, tolerance_s=0.0, hover=None):
-    evaluate = {"clicked": CLICK % (t_ns / 1e9, analysis.peak.gpu, tolerance_s, FLAME)}
-    if hover:
-        evaluate["hover"] = hover
-    page, netlog = open_page(write_report(analysis, tmp_path / "report"), width=1400, height=900, screenshot=False,
-                             evaluate=evaluate)
-    assert_quiet_page(page, netlog)
-    return page.values
-
-
-def test_a_click_at_the_peak_lists_every_allocation_live_then(tmp_path, chromium):
-    # before, the list counted over the 300 largest allocations of the capture: 300 of the 1,365
-    analysis = analysis_of("torch_pybt_v25")
-    peak = analysis.peak
-    values = clicked(analysis, tmp_path, peak.peak_time_ns + 1_000, tolerance_s=1e-5)  # within 5 px of it
-    seen = values["clicked"]
-    assert seen["total"] == peak.peak_bytes
-    assert seen["notes"] == [f"At python3 (476)'s peak: all 1365 allocations live then ({fmt_bytes(peak.peak_bytes)}), "
-                             "by site and NVTX range."]
-    counts = [int(r["cells"][1]) for r in seen["rows"] if not r["other"]]
-    groups = peak.live_groups
-    assert sum(g.count for g in groups) == peak.live_count == 1365  # every live block is in a group (under the cap)
-    assert len(seen["rows"]) == min(50, len(groups)) and counts == [g.count for g in groups][:50]
-    assert seen["rows"][0]["cells"][:3] == [fmt_bytes(groups[0].total_bytes), str(groups[0].count),
-                                            f"{fmt_bytes(groups[0].min_bytes)} – {fmt_bytes(groups[0].max_bytes)}"]
-    assert seen["flame"]["mode"] == "peak" and seen["flame"]["root"] == peak.peak_bytes
-
-
-def test_a_click_elsewhere_counts_the_carried_allocations_and_the_rest_as_other(tmp_path, chromium):
-    analysis = analysis_of("torch_pybt_v25")
-    t = analysis.peak.peak_time_ns - 50_000_000  # in step 3, 50 ms before the peak
-    live_listed = [a for a in analysis.timeline.allocations
-                   if a.alloc_time_ns <= t and (a.free_time_ns is None or a.free_time_ns > t)]
-    resident = live_on_lines(analysis, t)
-    listed_resident = sum(a.bytes for a in live_listed if a.kind in GPU_RESIDENT_KINDS)
-    assert 0 < listed_resident < resident  # the page carries some of it, not all
-    seen = clicked(analysis, tmp_path, t)["clicked"]
-    # the list: every byte the lines show then, the carried allocations by site and one "other" row per kind
-    assert seen["total"] == live_on_lines(analysis, t, resident_only=False)
-    others = [r["cells"] for r in seen["rows"] if r["other"]]
-    by_kind = {}
-    for s in analysis.timeline.series:
-        j = bisect.bisect_right(s.ts_ns, t) - 1
-        rest = (s.live_bytes[j] if j >= 0 else 0) - sum(a.bytes for a in live_listed if a.kind == s.kind)
-        if rest > 0:
-            by_kind[s.kind] = rest
-    assert {c[5]: c[0] for c in others} == {kind: fmt_bytes(b) for kind, b in by_kind.items()}
-    assert sum(int(r["cells"][1]) for r in seen["rows"] if not r["other"]) == len(live_listed)
-    assert "the 300 largest of the capture's 1365" in seen["notes"][0]
-    # the flame graph: the carried allocations by stack, and the rest in one box; it sums to the lines
-    flame = seen["flame"]
-    assert flame["mode"] == "moment" and flame["root"] == resident
-    top = [b for b in flame["boxes"] if b["depth"] == 1]
-    assert sum(b["bytes"] for b in top) == resident
-    (other,) = [b for b in top if b["text"].startswith("other")]
-    assert other["bytes"] == resident - listed_resident
 
 
 HOVER = """(() => {
@@ -215,10 +123,108 @@ HOVER = """(() => {
 })()"""
 
 
-def test_hovering_shows_the_call_stack_user_frames_first_size_range_and_age(tmp_path, chromium):
+@pytest.fixture(scope="module")
+def pybt(chromium, tmp_path_factory):
+    """torch_pybt_v25's page, loaded once, and what it showed, in this order: the flame graph as it
+    opens, the timeline's live bytes at the peak, a click on the flame graph's <module> box, a click
+    on the timeline at the peak (1 µs after, within 5 px), the pointer over a flame graph box and a
+    click list row, a click 50 ms before the peak."""
     analysis = analysis_of("torch_pybt_v25")
     peak = analysis.peak
-    hover = clicked(analysis, tmp_path, peak.peak_time_ns, tolerance_s=1e-5, hover=HOVER)["hover"]
+    page, netlog = open_page(write_report(analysis, tmp_path_factory.mktemp("pybt") / "report"), width=1400,
+                             height=900, screenshot=False, evaluate={
+        "flame": FLAME, "timeline": f"{TIMELINE_LIVE}({peak.pid}, {peak.device}, {peak.peak_time_ns})",
+        "zoomed": ZOOM_INTO.replace("BOX", "'<module> (torch_train.py:72)'"),
+        "at_peak": CLICK % ((peak.peak_time_ns + 1_000) / 1e9, peak.gpu, 1e-5, FLAME), "hover": HOVER,
+        "elsewhere": CLICK % (elsewhere(analysis) / 1e9, peak.gpu, 0.0, FLAME)})
+    assert_quiet_page(page, netlog)
+    return analysis, page.values
+
+
+def elsewhere(analysis):
+    return analysis.peak.peak_time_ns - 50_000_000  # in step 3, 50 ms before the peak
+
+
+def test_the_flame_graph_of_the_peak_sums_to_the_peak_and_the_timeline(pybt):
+    analysis, values = pybt
+    peak = analysis.peak
+    flame = values["flame"]
+    assert flame["mode"] == "peak"
+    # the root's bytes == the timeline's live bytes at the peak == the model's peak
+    assert flame["root"] == values["timeline"] == peak.peak_bytes == 4_916_874_581
+    assert flame["title"] == f"python3 (476)'s peak, at 14.5037 s: {fmt_bytes(peak.peak_bytes)}"
+    top = [b for b in flame["boxes"] if b["depth"] == 1]
+    assert sum(b["bytes"] for b in top) == peak.peak_bytes  # nothing left out: no box is too small at the first level
+    # the model has every stack (26, under its cap): no "other" box; the smallest are one "+ N smaller" per row
+    assert not any(b["text"].startswith("other") for b in flame["boxes"])
+    (small,) = [b for b in top if b["other"]]
+    assert small["text"].startswith("+ ") and small["bytes"] < 0.002 * 3 * peak.peak_bytes
+    # the user's line that allocated most, its bytes summed over its stacks from the model
+    line_43 = sum(s.bytes for s in peak.live_stacks if s.stack_id is not None
+                  and any(f.function == "main" and f.line == 43 for f in next(x for x in analysis.stacks
+                                                                               if x.id == s.stack_id).frames))
+    (box,) = [b for b in flame["boxes"] if b["text"].startswith("main (torch_train.py:43)")]
+    assert box["bytes"] == line_43 and box["depth"] == 2 and box["text"].endswith(fmt_bytes(line_43))
+    # a click on a box zooms into it: its caller (the top box) above it, full width; it full width
+    # too, and the rows under it add up to it
+    module = next(b for b in top if b["text"].startswith("<module> (torch_train.py:72)"))
+    zoomed = values["zoomed"]
+    assert zoomed["widths"][:2] == [["caller", 0, "100%"], ["", 1, "100%"]]
+    assert [b["bytes"] for b in zoomed["boxes"][:2]] == [peak.peak_bytes, module["bytes"]]
+    assert sum(b["bytes"] for b in zoomed["boxes"] if b["depth"] == 2) == module["bytes"]
+
+
+def test_a_click_at_the_peak_lists_every_allocation_live_then(pybt):
+    # before, the list counted over the 300 largest allocations of the capture: 300 of the 1,365
+    analysis, values = pybt
+    peak = analysis.peak
+    seen = values["at_peak"]
+    assert seen["total"] == peak.peak_bytes
+    assert seen["notes"] == [f"At python3 (476)'s peak: all 1365 allocations live then ({fmt_bytes(peak.peak_bytes)}), "
+                             "by site and NVTX range."]
+    counts = [int(r["cells"][1]) for r in seen["rows"] if not r["other"]]
+    groups = peak.live_groups
+    assert sum(g.count for g in groups) == peak.live_count == 1365  # every live block is in a group (under the cap)
+    assert len(seen["rows"]) == min(50, len(groups)) and counts == [g.count for g in groups][:50]
+    assert seen["rows"][0]["cells"][:3] == [fmt_bytes(groups[0].total_bytes), str(groups[0].count),
+                                            f"{fmt_bytes(groups[0].min_bytes)} – {fmt_bytes(groups[0].max_bytes)}"]
+    assert seen["flame"]["mode"] == "peak" and seen["flame"]["root"] == peak.peak_bytes
+
+
+def test_a_click_elsewhere_counts_the_carried_allocations_and_the_rest_as_other(pybt):
+    analysis, values = pybt
+    t = elsewhere(analysis)
+    live_listed = [a for a in analysis.timeline.allocations
+                   if a.alloc_time_ns <= t and (a.free_time_ns is None or a.free_time_ns > t)]
+    resident = live_on_lines(analysis, t)
+    listed_resident = sum(a.bytes for a in live_listed if a.kind in GPU_RESIDENT_KINDS)
+    assert 0 < listed_resident < resident  # the page carries some of it, not all
+    seen = values["elsewhere"]
+    # the list: every byte the lines show then, the carried allocations by site and one "other" row per kind
+    assert seen["total"] == live_on_lines(analysis, t, resident_only=False)
+    others = [r["cells"] for r in seen["rows"] if r["other"]]
+    by_kind = {}
+    for s in analysis.timeline.series:
+        j = bisect.bisect_right(s.ts_ns, t) - 1
+        rest = (s.live_bytes[j] if j >= 0 else 0) - sum(a.bytes for a in live_listed if a.kind == s.kind)
+        if rest > 0:
+            by_kind[s.kind] = rest
+    assert {c[5]: c[0] for c in others} == {kind: fmt_bytes(b) for kind, b in by_kind.items()}
+    assert sum(int(r["cells"][1]) for r in seen["rows"] if not r["other"]) == len(live_listed)
+    assert "the 300 largest of the capture's 1365" in seen["notes"][0]
+    # the flame graph: the carried allocations by stack, and the rest in one box; it sums to the lines
+    flame = seen["flame"]
+    assert flame["mode"] == "moment" and flame["root"] == resident
+    top = [b for b in flame["boxes"] if b["depth"] == 1]
+    assert sum(b["bytes"] for b in top) == resident
+    (other,) = [b for b in top if b["text"].startswith("other")]
+    assert other["bytes"] == resident - listed_resident
+
+
+def test_hovering_shows_the_call_stack_user_frames_first_size_range_and_age(pybt):
+    analysis, values = pybt
+    peak = analysis.peak
+    hover = values["hover"]
     # a flame graph leaf: main (torch_train.py:43), every block of it live at the peak
     mine = [s for s in peak.live_stacks if s.site == "main (torch_train.py:43)"]
     stacks = {s.id: s for s in analysis.stacks}
