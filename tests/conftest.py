@@ -163,6 +163,7 @@ SLOW_TESTS = frozenset({
     "test_rank_reports.py::test_batch_names_the_rank_report_step_and_site_that_departed",
     "test_rank_reports.py::test_ranks_inside_one_report_depart_as_analyze_says",
     "test_rank_reports.py::test_the_database_aligns_the_ranks_steps_on_one_clock",
+    "test_rank_reports.py::test_a_rank_found_twice_names_no_departure",
     "test_batch.py::test_one_row_per_readable_report_and_one_failed_row_per_bad_one",
     "test_batch.py::test_the_queries_of_the_docs",
     "test_batchsafe.py::test_a_stopped_batch_leaves_no_process_and_a_database_a_rerun_completes",

@@ -134,3 +134,15 @@ def test_the_database_aligns_the_ranks_steps_on_one_clock(capsys, tmp_path):
     assert [(r[1], r[2], r[3]) for r in at_3] == [(1, "torch_rank1_v25.sqlite", 64 * MiB), (0, "torch_rank0_v25.sqlite", 0)]
     assert at_3[0][4] == departure["step_start_utc_ns"]
     assert abs(at_3[0][4] - at_3[1][4]) == departure["step_spread_ns"]
+
+
+def test_a_rank_found_twice_names_no_departure(capsys, tmp_path):
+    """Two runs of one job in one folder (rank 1's report copied under another name): which
+    report belongs with which is unknown, so no rank is said to depart."""
+    job = tmp_path / "job"
+    job.mkdir()
+    for name, source in (("a.sqlite", 0), ("b.sqlite", 1), ("c.sqlite", 1)):
+        (job / name).write_bytes((FIXTURES / f"torch_rank{source}_v25.sqlite").read_bytes())
+    out, stdout = _batch(capsys, tmp_path, job)
+    (fleet,) = json.loads((out / "fleets.json").read_text())["fleets"]
+    assert fleet["ranks"] == 3 and fleet["departure"] is None and "  first" not in stdout

@@ -110,8 +110,10 @@ def fleet_view(rows: list[SummaryRow], steps: Optional[dict[str, list[dict[str, 
             continue
         members = sorted(members, key=lambda m: m[1])
         inside = name in by_report  # the ranks of one report
+        # A rank twice (two runs of one job in one folder) can't say which report is which run's
         departure = find_departure([(where, rank, row.report, _of_rank(steps.get(row.report, []), rank, inside))
-                                    for where, rank, row in members], one_report=inside)
+                                    for where, rank, row in members], one_report=inside) \
+            if len({m[1] for m in members}) == len(members) else None
         found.append(_fleet(name, members, departure))
     return found
 
