@@ -72,14 +72,14 @@ def main() -> None:
     parser.add_argument("--library", action="store_true", help="without the command line's allocator settings")
     args = parser.parse_args()
 
-    from nsysan import allocator
+    from nsysan import malloc_tuning
     from nsysan.analyses import run_analyses as analyses_of
     import nsysan.pipeline as pipeline
     from nsysan.render.json import render_json
 
     if not args.library:
-        allocator.keep_large_arrays_on_the_heap()
-        allocator.avoid_transparent_huge_pages()
+        malloc_tuning.keep_large_arrays_on_the_heap()
+        malloc_tuning.avoid_transparent_huge_pages()
     sampler = Sampler()
     kept = {}
 

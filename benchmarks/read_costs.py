@@ -79,7 +79,7 @@ def adbc_seconds(path: Path, select: str) -> float:
 
 FIRST_TOUCH = """
 import resource, numpy as np
-from nsysan.allocator import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
+from nsysan.malloc_tuning import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
 keep_large_arrays_on_the_heap()  # as the command line runs
 avoid_transparent_huge_pages()
 before = resource.getrusage(resource.RUSAGE_SELF)

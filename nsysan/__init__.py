@@ -21,7 +21,6 @@ from . import interrupt as _interrupt  # noqa: F401  (first: Ctrl-C while the co
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
-from . import compare as _compare_module  # noqa: F401  (see compare() below)
 from .errors import NsysanError
 from .analysis_document import as_path as _path
 from .analysis_document import load_analysis
@@ -123,9 +122,6 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     return analysis
 
 
-# The module nsysan.compare is imported above, before this function takes its name on the
-# package: a submodule imported for the first time later would replace it. Import the module's
-# names with `from nsysan.compare import compare_analyses`.
 def compare(base: Run, new: Run, *, nsys: Optional[PathLike] = None,
             cache_dir: Optional[PathLike] = None, step_range: Optional[str] = None) -> "Comparison":
     """`nsysan compare BASE NEW` as a function: what grew, appeared or vanished between two runs.
@@ -144,7 +140,7 @@ def compare(base: Run, new: Run, *, nsys: Optional[PathLike] = None,
     >>> sites.loc[sites["status"] == "grew", "label"].tolist()[:2]
     ['cudaMalloc in forward [python3]', 'cudaMalloc in backward [pt_autograd_0]']
     """
-    from .compare import compare_analyses
+    from .compare_runs import compare_analyses
 
     return compare_analyses(_run(base, nsys, cache_dir, step_range), _run(new, nsys, cache_dir, step_range))
 
@@ -201,7 +197,7 @@ def _run(run: Run, nsys: Optional[PathLike], cache_dir: Optional[PathLike],
          step_range: Optional[str] = None) -> Analysis:
     if isinstance(run, Analysis):
         return run
-    from .inputs import load_or_analyze
+    from .report_or_document import load_or_analyze
 
     return load_or_analyze(_path(run, "run"), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
                            step_range=step_range)

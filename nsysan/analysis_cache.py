@@ -62,7 +62,7 @@ def code_digest() -> str:
 def file_digest(path: Path) -> str:
     """sha256 of a file's bytes, read in chunks; OSError for anything but a regular file (opening
     a FIFO to read would wait for a writer forever: the analysis then says what the input is)."""
-    from .export.files import open_regular
+    from .export.input_files import open_regular
 
     digest = hashlib.sha256()
     with open_regular(path) as handle:

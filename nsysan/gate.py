@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .compare import MEASURED_GROWTH, compare_analyses
+from .compare_runs import MEASURED_GROWTH, compare_analyses
 from .errors import NsysanError
 from .limits import Amount, Limits
 from .model import Analysis, ProcessDelta

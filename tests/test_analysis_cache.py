@@ -16,7 +16,7 @@ import nsysan
 import nsysan.analysis_cache as analysis_cache
 import nsysan.pipeline
 from nsysan.cli import app
-from nsysan.inputs import load_or_analyze
+from nsysan.report_or_document import load_or_analyze
 from nsysan.render.json import render_json
 
 CLEAN = FIXTURES / "torch_clean_v25.sqlite"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import CORPUS, FIXTURES, ROOT, analysis_of, truth
 
-from nsysan.batch.inputs import expand_inputs
+from nsysan.batch.report_paths import expand_inputs
 from nsysan.render.json import render_json
 
 MiB = 1 << 20

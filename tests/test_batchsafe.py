@@ -526,7 +526,7 @@ def test_a_report_and_its_export_in_one_folder_are_one_capture(tmp_path, capsys)
         shutil.copy2(FIXTURES / f"known_mem_v25{suffix}", folder / f"known_mem_v25{suffix}")
     shutil.copy2(FIXTURES / "known_mem_v22.nsys-rep", folder / "other.nsys-rep")
     shutil.copy2(FIXTURES / "known_mem_v25.sqlite", folder / "other.sqlite")  # not other.nsys-rep's export
-    from nsysan.batch.inputs import expand_inputs
+    from nsysan.batch.report_paths import expand_inputs
 
     assert [p.name for p in expand_inputs([str(folder)])] == ["known_mem_v25.sqlite", "other.nsys-rep", "other.sqlite"]
     code, out, err = cli(capsys, "batch", str(folder / "known_mem_v25.*"), "-o", str(tmp_path / "out"), "-j", "1",

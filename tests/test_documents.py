@@ -13,7 +13,7 @@ import pytest
 from conftest import FIXTURES, ROOT, cli
 
 import nsysan
-from nsysan.compare import compare_analyses
+from nsysan.compare_runs import compare_analyses
 from nsysan.model import Comparison
 from nsysan.errors import NsysanError
 

@@ -41,17 +41,17 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nsysan"
 
 # Lowest first. Each entry: layer -> the module-name prefixes in it (longest prefix wins).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("nsysan.errors", "nsysan.units", "nsysan.apis", "nsysan.cuda_errors", "nsysan.allocator",
+    ("base", ("nsysan.errors", "nsysan.units", "nsysan.apis", "nsysan.cuda_errors", "nsysan.malloc_tuning",
               "nsysan.interrupt")),
-    ("model", ("nsysan.model", "nsysan.smi_model", "nsysan.frames")),
+    ("model", ("nsysan.model",)),
     ("sources", ("nsysan.export", "nsysan.schema", "nsysan.reader", "nsysan.snapshot", "nsysan.smi_log",
                  "nsysan.oom_log", "nsysan.analysis_document")),
     ("events", ("nsysan.events",)),
     ("engine", ("nsysan.engine", "nsysan.memory_budget")),
     ("analyses", ("nsysan.analyses",)),
     ("render", ("nsysan.render",)),
-    ("judge", ("nsysan.limits", "nsysan.compare", "nsysan.gate", "nsysan.history")),
-    ("pipeline", ("nsysan.pipeline", "nsysan.analysis_cache", "nsysan.inputs")),
+    ("judge", ("nsysan.limits", "nsysan.compare_runs", "nsysan.gate", "nsysan.history")),
+    ("pipeline", ("nsysan.pipeline", "nsysan.analysis_cache", "nsysan.report_or_document")),
     ("batch", ("nsysan.batch",)),
     ("commands", ("nsysan.commands",)),
     ("cli", ("nsysan.cli", "nsysan.__main__", "nsysan")),
@@ -202,6 +202,25 @@ def test_no_import_circles(level):
         edges = {(_unit(a), _unit(b)) for a, b, _ in EDGES if (a, b) not in ALLOWED and _unit(a) != _unit(b)}
     circles = _circles(edges)
     assert not circles, f"{len(circles)} circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_module_shares_a_name_with_its_package_s_function():
+    """`nsysan.compare` was a module and a function at once: whichever was bound last won, so
+    `import nsysan.compare` could replace the function. A package defines no function, class or
+    constant under the name of one of its modules."""
+    clashes = []
+    for package, (path, is_package) in MODULES.items():
+        if not is_package:
+            continue
+        defined = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign):
+                defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        submodules = {m.rsplit(".", 1)[1] for m in MODULES if "." in m and m.rsplit(".", 1)[0] == package}
+        clashes += [f"{package}.{name}" for name in sorted(defined & submodules)]
+    assert not clashes
 
 
 def test_allowed_entries_are_still_needed():

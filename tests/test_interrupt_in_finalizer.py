@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from nsysan.batch.run import _HeldInterrupts
+from nsysan.batch.orchestrate import _HeldInterrupts
 
 
 class SendsSigintWhenCollected:

@@ -24,7 +24,7 @@ from conftest import CAPTURES, GOLDEN, ROOT, analysis_of, truth
 
 import nsysan
 from nsysan import Analysis, NsysanError
-from nsysan.frames import RAW_FRAMES
+from nsysan.model.dataframes import RAW_FRAMES
 
 MiB = 1 << 20
 

@@ -140,7 +140,7 @@ def test_check_joins_the_log_with_an_analysis_document(tmp_path, capsys):
     code, out, err = cli(capsys, "check", str(path), "--log", str(LOG), "--max-peak", "100GiB")
     assert code == 0 and err == ""
     again = nsysan.load_analysis(path)
-    from nsysan.inputs import load_or_analyze
+    from nsysan.report_or_document import load_or_analyze
 
     joined = load_or_analyze(path, oom_logs=[LOG])
     assert [m.verdict for m in joined.oom.logged] == ["over_cap"] and again.oom.logged == []
@@ -446,7 +446,7 @@ def test_a_log_without_newlines_is_read_in_pieces(tmp_path):
 def test_a_document_joined_later_is_the_report_joined_now(tmp_path):
     """check and batch join a committed analysis.json with the log: the same document as
     analyzing the report with the log (the verdict line and every other answer kept in place)."""
-    from nsysan.inputs import load_or_analyze
+    from nsysan.report_or_document import load_or_analyze
     from nsysan.render.json import render_json
 
     path = tmp_path / "run.analysis.json"

@@ -140,7 +140,7 @@ def test_the_command_line_process_runs_without_transparent_huge_pages():
     import sys
 
     # What cli.run() sets up, in a process of its own (the setting is inherited, never undone).
-    code = ("from nsysan.allocator import avoid_transparent_huge_pages; avoid_transparent_huge_pages(); "
+    code = ("from nsysan.malloc_tuning import avoid_transparent_huge_pages; avoid_transparent_huge_pages(); "
             "print(open('/proc/self/status').read())")
     printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "THP_enabled:\t0" in printed

@@ -368,7 +368,7 @@ def test_hostile_logs_through_the_command(tmp_path, case):
 
 
 def test_notebook_tables(overlay):
-    series = overlay.frame("smi_series")  # one row per sample (frames.py: lists of numbers -> points)
+    series = overlay.frame("smi_series")  # one row per sample (model/dataframes.py: lists of numbers -> points)
     assert len(series[series["log"] == GPU_LOG.name]) == 183
     not_in_trace = overlay.frame("smi_not_in_trace")
     assert not_in_trace["pid"].tolist()[-1] == PID and len(not_in_trace) == 3

@@ -14,7 +14,7 @@ from conftest import FIXTURES, analysis_of
 from rich.console import Console
 
 import nsysan
-from nsysan.compare import compare_analyses
+from nsysan.compare_runs import compare_analyses
 from nsysan.gate import evaluate_limits
 from nsysan.limits import Limits
 from nsysan.render.compare_terminal import render_comparison_terminal

@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..compare import process_rows
+from ..compare_runs import process_rows
 from .departure import find_departure
 from ..model import Analysis
 from ..model.batch import Departure, Fleet, Outlier, SummaryRow

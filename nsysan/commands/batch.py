@@ -53,7 +53,7 @@ def batch(
     Example: nsysan batch reports/ -o batch-out/ -j 2
     """
     from ..batch.engines import DASK_MISSING, default_jobs
-    from ..batch.inputs import expand_inputs
+    from ..batch.report_paths import expand_inputs
     from ..export import files_read_for
     from .outputs import check_output_dir, claim_outputs, one_run, write_all_or_none
     from ..memory_budget import budget_bytes
@@ -79,7 +79,7 @@ def batch(
     paths = expand_inputs(inputs, exclude=[output])
     if not paths:
         raise NsysanError("no reports found in the inputs (.nsys-rep, .qdrep, .sqlite or *.analysis.json)")
-    from ..batch.run import run_batch
+    from ..batch.orchestrate import run_batch
 
     logs = _logs_by_report(paths, log or [])
     with one_run([*(path for report in paths for path in files_read_for(report)), *(log or [])]):

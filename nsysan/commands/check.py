@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import NsysanError
-from ..inputs import load_or_analyze
+from ..report_or_document import load_or_analyze
 from ..gate import evaluate_limits
 from ..limits import Limits, load_config, read_config_file
 from ..model import Analysis, Verdict

@@ -9,9 +9,9 @@ from typing import Optional
 
 import typer
 
-from ..compare import compare_analyses
+from ..compare_runs import compare_analyses
 from ..errors import NsysanError
-from ..inputs import load_or_analyze
+from ..report_or_document import load_or_analyze
 from ..export import files_read_for
 from .outputs import check_output_dir, claim_outputs, one_run, write_comparison
 from ..render.json import dumps

@@ -24,11 +24,11 @@ from ..errors import NsysanError
 from ..schema import EXPORTED_TABLES, connect_readonly, export_parameters, tables_missing, tables_requested
 
 # Split by stage; every name used outside stays importable from nsysan.export.
-from .files import REPORT_MAGIC, REPORT_SUFFIXES, SQLITE_MAGIC, SQLITE_SIDE_FILES, _input_kind, describe_file_type, \
+from .input_files import REPORT_MAGIC, REPORT_SUFFIXES, SQLITE_MAGIC, SQLITE_SIDE_FILES, _input_kind, describe_file_type, \
     files_read_for, is_complete_export, open_regular, read_regular, sqlite_truncation
 from .nsys import INSTALL_GLOBS, _major_minor, _version_key, export_arguments, export_options, exports_tables, \
     find_nsys, nsys_version, report_version
-from .run import MAX_TIMEOUT_S, _export_into, _export_timeout
+from .run_nsys import MAX_TIMEOUT_S, _export_into, _export_timeout
 from .sibling import _matching_sibling, report_session_start, sibling_mismatch
 
 _HASH_CHUNK = 1 << 20

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import NsysanError
-from .files import REPORT_MAGIC, open_regular
+from .input_files import REPORT_MAGIC, open_regular
 
 # Where installers put nsys, searched after --nsys, $NSYSAN_NSYS and $PATH. Each pattern's
 # matches are tried newest version first. The Debian package installs /usr/bin/nsys ->

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..schema import ExportIdentity, connect_readonly, export_identity
 from ..snapshot import live_writer, pending_state
-from .files import describe_file_type, is_complete_export
+from .input_files import describe_file_type, is_complete_export
 from .nsys import _is_version, _report_ends, _version_key, report_version
 
 

@@ -146,7 +146,7 @@ class Analysis:
         {'alloc': 1365221376, 'free': 1212153856}
         """
         from ..errors import NsysanError
-        from ..frames import RAW_FRAMES, table_frame
+        from .dataframes import RAW_FRAMES, table_frame
 
         if name in RAW_FRAMES:
             raw = getattr(self, name)
@@ -163,7 +163,7 @@ class Analysis:
         >>> {"sites", "never_freed", "live_at_peak", "timeline"} <= set(Analysis.frame_names())
         True
         """
-        from ..frames import table_names
+        from .dataframes import table_names
 
         return table_names(cls)
 

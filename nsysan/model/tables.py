@@ -11,7 +11,7 @@ RAW = {"raw": True}
 
 class Tables:
     """`frame(name)` and `frame_names()` for a result model other than `Analysis` (a
-    `Comparison`, a check `Verdict`): each list in it as a pandas DataFrame (see nsysan.frames).
+    `Comparison`, a check `Verdict`): each list in it as a pandas DataFrame (see nsysan.model.dataframes).
 
     >>> import nsysan
     >>> comparison = nsysan.compare("fixtures/torch_clean_v25.sqlite", "fixtures/torch_leak_v25.sqlite")
@@ -22,12 +22,12 @@ class Tables:
     """
 
     def frame(self, name: str) -> Any:
-        from ..frames import table_frame
+        from .dataframes import table_frame
 
         return table_frame(self, name)
 
     @classmethod
     def frame_names(cls) -> list[str]:
-        from ..frames import table_names
+        from .dataframes import table_names
 
         return table_names(cls)

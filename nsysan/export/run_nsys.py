@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import NsysanError
 from ..schema import ALWAYS_EXPORTED, connect_readonly, table_names
-from .files import is_complete_export
+from .input_files import is_complete_export
 from .nsys import _major_minor, _version_key, export_arguments, exports_tables, report_version
 
 _KEPT_OUTPUT_LINES = 40

@@ -34,7 +34,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import pandas as pd
 
-from .errors import NsysanError
+from ..errors import NsysanError
 
 # Tables named after their section rather than the list's own field.
 RENAMED = {("timeline", "series"): "timeline",

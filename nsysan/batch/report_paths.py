@@ -106,7 +106,7 @@ def _listed(list_file: Path) -> list[Path]:
     """The paths in an @list file. Opened without waiting (a FIFO or a terminal is refused, not
     read forever) and read up to LIST_MAX_BYTES. A line that can't be a path (one holding a NUL,
     a name longer than the system takes) is kept: it becomes a failed row saying why."""
-    from ..export.files import open_regular
+    from ..export.input_files import open_regular
 
     try:
         with open_regular(list_file) as handle:
