@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional
 
 import typer
 
@@ -19,6 +20,8 @@ from .common import out_console, progress_bar, say_error, shown, to_stdout
 
 if TYPE_CHECKING:
     from ..smi_log import SmiLog
+
+Progress = Callable[[str, float], None]
 
 # The pipeline and the nvidia-smi reader (pandas: most of a start's time) are imported when a command
 # runs, not when the CLI is built: `nsysan --version` and `--help` answer without them.
@@ -95,90 +98,139 @@ def analyze(
     from ..smi_log import read_smi_logs
 
     smi_logs = read_smi_logs(smi, smi_columns or (), smi_tz) if smi else []  # before the long part
+    how = HowToAnalyze(nsys=nsys, cache_dir=cache_dir, quick=quick, smi_logs=smi_logs, smi_tz=smi_tz,
+                       step_range=step_range, spike_window=spike_window, max_memory=budget,
+                       what_if_gpu=capacity, logs=log or [])
+    outputs = Outputs(format=format, json_path=json_path, json_dir=json_dir, baseline_out=baseline_out,
+                      output=output, top=top, stacks=stacks, full_paths=full_paths, progress=progress)
     # No output may replace an input, nor another output of this run.
     with one_run([*(path for report in reports for path in files_read_for(report)), *(smi or []), *(log or [])]):
-        _analyze(reports, format, json_path, json_dir, output, nsys, cache_dir, top, quick, progress,
-                 smi_logs, smi_tz, stacks, step_range, full_paths, spike_window, budget, baseline_out, capacity,
-                 log or [])
+        _analyze(reports, how, outputs)
 
 
-def _analyze(reports: List[Path], format: str, json_path: Optional[Path], json_dir: Optional[Path],
-             output: Optional[Path], nsys: Optional[Path], cache_dir: Optional[Path], top: int, quick: bool,
-             progress: bool, smi_logs: List["SmiLog"], smi_tz: str, stacks: bool = False,
-             step_range: Optional[str] = None, full_paths: bool = False,
-             spike_window: str = "10ms", max_memory: Optional[int] = None,
-             baseline_out: Optional[Path] = None,
-             what_if_gpu: Optional[int] = None, logs: List[Path] = ()) -> None:
-    from ..analyses.what_if import with_what_if
-    from ..pipeline import analyze_report, check_pattern
+@dataclass(frozen=True)
+class HowToAnalyze:
+    """How each report is analyzed: the options of pipeline.analyze_report, and --what-if-gpu."""
 
-    if format not in ("text", "json"):
-        raise NsysanError(f"unknown --format {format!r}; use text or json")
-    if json_path and len(reports) > 1:
-        raise NsysanError("--json takes one report; with several, use --json-dir DIR")
-    if baseline_out and len(reports) > 1:
-        raise NsysanError("--baseline-out takes one report")
-    if baseline_out and quick:
-        raise NsysanError("--baseline-out needs the full analysis: --quick reads no sites, NVTX ranges or failed "
-                          "calls, which compare and check read from a baseline")
-    if step_range is not None:
-        check_pattern(step_range, "--step-range")
-    try:
-        spike_window_ns = parse_duration(spike_window, "--spike-window")
-    except ValueError as err:
-        raise NsysanError(str(err)) from None
-    if json_dir:
-        _check_unique_names(reports, "--json-dir writes DIR/<report name>.analysis.json")
-    planned = [(json_dir / f"{report.name}.analysis.json", f"analysis {report}") for report in reports] \
-        if json_dir else []
-    if json_path:
-        planned.append((json_path, f"analysis {reports[0]}"))
-    if baseline_out:
-        planned.append((baseline_out, "--baseline-out"))
-    if output:
-        _check_report_dirs(output, reports)
-        from ..render.html import REPORT_FILES  # matplotlib and jinja: 0.4 s, paid only for -o
+    nsys: Optional[Path]
+    cache_dir: Optional[Path]
+    quick: bool
+    smi_logs: List["SmiLog"]
+    smi_tz: str
+    step_range: Optional[str]
+    spike_window: str  # as given: read (and refused) before any output is claimed
+    max_memory: Optional[int]
+    what_if_gpu: Optional[int]  # bytes
+    logs: List[Path]
 
-        # The JSON in -o's folder and --json hold the same document: both may name one file.
-        planned += [(folder / name, f"analysis {report}" if name == "analysis.json" else f"{name} {report}")
-                    for folder, report in zip(_report_dirs(output, reports), reports) for name in REPORT_FILES]
-    claim_outputs(planned)  # before the analysis: no output is an input, no two outputs name one file
+    def check(self) -> int:
+        """The spike window in ns; NsysanError for a --step-range or --spike-window that can't be used."""
+        from ..pipeline import check_pattern
+
+        if self.step_range is not None:
+            check_pattern(self.step_range, "--step-range")
+        try:
+            return parse_duration(self.spike_window, "--spike-window")
+        except ValueError as err:
+            raise NsysanError(str(err)) from None
+
+    def analyze(self, report: Path, spike_window_ns: int, say: "Progress") -> Analysis:
+        from ..analyses.what_if import with_what_if
+        from ..pipeline import analyze_report
+
+        analysis = analyze_report(report, nsys=self.nsys, cache_dir=self.cache_dir, progress=say, quick=self.quick,
+                                  smi_logs=self.smi_logs, smi_tz=self.smi_tz, step_range=self.step_range,
+                                  spike_window_ns=spike_window_ns,
+                                  keep_events=False,  # the outputs never read the raw frames
+                                  max_memory=self.max_memory, oom_logs=self.logs)
+        return with_what_if(analysis, self.what_if_gpu) if self.what_if_gpu is not None else analysis
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What is written for each report, and where: the text summary or JSON on stdout, --json,
+    --json-dir, --baseline-out and -o's report folder."""
+
+    format: str
+    json_path: Optional[Path]
+    json_dir: Optional[Path]
+    baseline_out: Optional[Path]
+    output: Optional[Path]
+    top: int
+    stacks: bool
+    full_paths: bool
+    progress: bool
+
+    def check(self, reports: List[Path], quick: bool) -> None:
+        if self.format not in ("text", "json"):
+            raise NsysanError(f"unknown --format {self.format!r}; use text or json")
+        if self.json_path and len(reports) > 1:
+            raise NsysanError("--json takes one report; with several, use --json-dir DIR")
+        if self.baseline_out and len(reports) > 1:
+            raise NsysanError("--baseline-out takes one report")
+        if self.baseline_out and quick:
+            raise NsysanError("--baseline-out needs the full analysis: --quick reads no sites, NVTX ranges or "
+                              "failed calls, which compare and check read from a baseline")
+
+    def planned(self, reports: List[Path]) -> list[tuple[Path, str]]:
+        """Every file this run will write, with what it holds (for claim_outputs)."""
+        if self.json_dir:
+            _check_unique_names(reports, "--json-dir writes DIR/<report name>.analysis.json")
+        planned = [(self.json_dir / f"{report.name}.analysis.json", f"analysis {report}") for report in reports] \
+            if self.json_dir else []
+        if self.json_path:
+            planned.append((self.json_path, f"analysis {reports[0]}"))
+        if self.baseline_out:
+            planned.append((self.baseline_out, "--baseline-out"))
+        if self.output:
+            _check_report_dirs(self.output, reports)
+            from ..render.html import REPORT_FILES  # matplotlib and jinja: 0.4 s, paid only for -o
+
+            # The JSON in -o's folder and --json hold the same document: both may name one file.
+            planned += [(folder / name, f"analysis {report}" if name == "analysis.json" else f"{name} {report}")
+                        for folder, report in zip(_report_dirs(self.output, reports), reports)
+                        for name in REPORT_FILES]
+        return planned
+
+    def write(self, analysis: Analysis, report: Path, several: bool) -> None:
+        """The files of one report, and its text summary when that is the format."""
+        if self.json_path:
+            write_atomic(self.json_path, render_json(analysis))
+        if self.baseline_out:
+            write_atomic(self.baseline_out, render_baseline(analysis))
+        if self.json_dir:
+            write_atomic(self.json_dir / f"{report.name}.analysis.json", render_json(analysis))
+        page = write_report(analysis, _report_dirs(self.output, [report], several=several)[0],
+                            full_paths=self.full_paths) if self.output else None
+        if self.format == "text":
+            from ..render.terminal import render_terminal  # rich's tables: not needed for JSON
+
+            with to_stdout():
+                render_terminal(analysis, out_console(), top=self.top, stacks=self.stacks)
+                if page:
+                    out_console().print(f"Report: {shown(page)} (with timeline.png, sites.png and analysis.json)",
+                                        markup=False, soft_wrap=True)  # a path never wraps
+
+
+def _analyze(reports: List[Path], how: HowToAnalyze, outputs: Outputs) -> None:
+    outputs.check(reports, how.quick)
+    spike_window_ns = how.check()
+    claim_outputs(outputs.planned(reports))  # before the analysis: no output is an input, no two outputs name one file
     results: list[Analysis] = []
     failures = 0
     for report in reports:
         try:
-            with progress_bar(report.name, enabled=progress) as say:
-                analysis = analyze_report(report, nsys=nsys, cache_dir=cache_dir, progress=say, quick=quick,
-                                          smi_logs=smi_logs, smi_tz=smi_tz,
-                                          step_range=step_range, spike_window_ns=spike_window_ns,
-                                          keep_events=False,  # the outputs never read the raw frames
-                                          max_memory=max_memory, oom_logs=logs)
+            with progress_bar(report.name, enabled=outputs.progress) as say:
+                analysis = how.analyze(report, spike_window_ns, say)
         except NsysanError as err:
             if len(reports) == 1:
                 raise
             say_error(f"nsysan: {err.message}")
             failures += 1
             continue
-        if what_if_gpu is not None:
-            analysis = with_what_if(analysis, what_if_gpu)
         results.append(analysis)
-        if json_path:
-            write_atomic(json_path, render_json(analysis))
-        if baseline_out:
-            write_atomic(baseline_out, render_baseline(analysis))
-        if json_dir:
-            write_atomic(json_dir / f"{report.name}.analysis.json", render_json(analysis))
-        page = write_report(analysis, _report_dirs(output, [report], several=len(reports) > 1)[0],
-                            full_paths=full_paths) if output else None
-        if format == "text":
-            from ..render.terminal import render_terminal  # rich's tables: not needed for JSON
-
-            with to_stdout():
-                render_terminal(analysis, out_console(), top=top, stacks=stacks)
-                if page:
-                    out_console().print(f"Report: {shown(page)} (with timeline.png, sites.png and analysis.json)",
-                                      markup=False, soft_wrap=True)  # a path never wraps
-    if format == "json" and results:
+        outputs.write(analysis, report, several=len(reports) > 1)
+    if outputs.format == "json" and results:
         text = render_json(results[0]) if len(reports) == 1 else render_json_many(results)
         with to_stdout():
             typer.echo(text, nl=False)
