@@ -1,7 +1,7 @@
 """The package's import graph follows its architecture: no import against the flow, no circle.
 
-Every module of nsysan is parsed with `ast` (nothing is imported, so the test takes a fraction of
-a second) and every `import` in it is an edge: at module level, inside functions, and under
+Every module of nsysan is parsed with `ast` (nothing is imported, so the test takes about a
+second) and every `import` in it is an edge: at module level, inside functions, and under
 `if TYPE_CHECKING:` too. A lazy import inside a function still means the module needs the other
 one to do its job, and a type named only for the checker is still a dependency of the design: a
 circle hidden behind TYPE_CHECKING or a function-level import is a circle all the same, so
