@@ -16,6 +16,7 @@ import pandas as pd
 
 from ..events import LoadedEvents
 from ..events.arrays import distinct_pairs
+from ..engine import Engine, Facts, frame_batch, frame_live
 from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Process, Source
 from ..schema import Schema
 from .allocations import to_allocations
@@ -24,7 +25,8 @@ from .calls import api_call_stats, find_failed_calls
 from .explore import allocation_groups, early_trace_ends, focus_window, largest_allocations, nvtx_spans, \
     operator_spans
 from .diagnostics import capture_diagnostics, crash_rerun_command, flags_used
-from .never_freed import find_never_freed, never_freed_rows, summarize_groups
+from .never_freed import find_never_freed, never_freed_rows
+from .groups import GroupSums, frame_groups
 from .peak import find_peaks, headline
 from .pools import pool_uses, reserve_adjustment
 from .ranks import assign_ranks
@@ -87,14 +89,18 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                   lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
                                   reserve_adjustment(events, reserve_changes), groups_of)
         grouped = group_events(events)
-        timeline_later = pool.submit(build_timeline, events, grouped, ranges, start_ns, end_ns)
+        # the whole frame as one batch of the engine's (numpy views), grouped once for its reducers
+        kinds = list(events["kind"].cat.categories)
+        batch, facts = frame_batch(events, frame_groups(grouped, kinds)), Facts(kinds, gpu_of)
+        timeline_later = pool.submit(build_timeline, batch, facts, events, ranges, start_ns, end_ns)
         api_call_work = partial(api_call_stats, calls)
         site_work = partial(rank_sites, events, site_table) if not loaded.quick else partial(list)
         range_work = partial(range_stats, events, ranges, end_ns, loaded.operator_ranges, calls=calls,
                              sizes_known=schema.memory_usage_collected, grouped=grouped.without_live())
         api_calls_later, sites_later, ranges_later = (pool.submit(work) for work in
                                                       (api_call_work, site_work, range_work))
-        groups = summarize_groups(events, grouped, gpu_of)
+        groups = Engine([GroupSums()], facts).run([batch], frame_live(events))["groups"]
+        del batch  # its groups' running sums go with the timeline's (below), its partners now
         never_freed, never_freed_total = find_never_freed(events, allocations)
         failed = find_failed_calls(calls, events, ranges)
         # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once (or by the pipeline already)

@@ -80,14 +80,7 @@ class Keyed:
 
 
 LOW, HIGH = np.iinfo("int64").min, np.iinfo("int64").max
-GROUP_COLUMNS = ("live", "peak", "peak_ts", "first_ts", "last_ts", "events", "allocations", "allocated", "orphans",
-                 "orphan_bytes", "closed", "closed_bytes")
 SERIES_COLUMNS = ("live", "highest", "lowest", "events", "first_ts", "last_ts")
-
-
-def group_key(pid: np.ndarray, device: np.ndarray, kind: np.ndarray) -> np.ndarray:
-    """(pid, device, kind) packed as timeline.group_events packs them: their sort is the groups' order."""
-    return (pid.astype("int64") << 24) | ((device.astype("int64") + 1) << 8) | kind.astype("int64")
 
 
 def pair_key(pid: np.ndarray, device: np.ndarray) -> np.ndarray:
@@ -111,8 +104,6 @@ class FirstLook:
     """What one pass over the events sums up (see the module's docstring)."""
 
     window_ns: int
-    groups: Keyed = field(default_factory=lambda: Keyed(GROUP_COLUMNS, {"peak": LOW, "first_ts": HIGH,
-                                                                         "last_ts": LOW}))
     spike_series: Keyed = field(default_factory=lambda: Keyed(SERIES_COLUMNS, {"highest": LOW, "lowest": HIGH,
                                                                                 "first_ts": HIGH, "last_ts": LOW}))
     cut: Keyed = field(default_factory=lambda: Keyed(("live", "highest", "events", "last_ts"),
@@ -143,7 +134,6 @@ class FirstLook:
         if len(b) == 0:
             return
         self.first_ts, self.last_ts = min(self.first_ts, int(b.ts[0])), max(self.last_ts, int(b.ts[-1]))
-        self._groups(b)
         resident = np.isin(b.kind, RESIDENT)
         for key, not_static in pd.DataFrame({"k": pair_key(b.pid[resident], b.device[resident]),
                                              "s": b.kind[resident] != STATIC}).groupby("k")["s"].any().items():
@@ -166,44 +156,13 @@ class FirstLook:
         self.add_closed(b.closed)
 
     def add_closed(self, closed: dict) -> None:
-        """Allocations that will never be freed: counted in their group, the largest kept to list."""
+        """Allocations that will never be freed: the largest kept to list."""
         if not len(closed.get("seq", [])):
             return
         frame = pd.DataFrame(closed)
-        codes = self.groups.codes(group_key(frame["pid"].to_numpy(), frame["device"].to_numpy(),
-                                            frame["kind"].to_numpy()))
-        np.add.at(self.groups["closed"], codes, 1)
-        np.add.at(self.groups["closed_bytes"], codes, frame["bytes"].to_numpy())
         leaks = frame[~frame["kind"].isin(LEAK_EXEMPT).to_numpy()]
         self.closed_groups.append(leaks)
         self.closed = [_top(pd.concat(self.closed + [leaks], ignore_index=True), MAX_LISTED, by_time=True)]
-
-    def _groups(self, b: EventBatch) -> None:
-        g = self.groups
-        codes = g.codes(group_key(b.pid, b.device, b.kind))
-        live = running_sums(codes, b.delta, g["live"])
-        # per group of the batch, on its rows brought together in row order (numpy reductions:
-        # a pandas groupby per batch cost some 4 of the streamed full analysis's CPU s at 1e7):
-        # the highest live, the time it was first reached, the first and last times
-        order = group_order(codes, len(g["live"]))
-        in_order, ts = codes[order], b.ts[order]
-        starts = np.flatnonzero(np.concatenate([[True], in_order[1:] != in_order[:-1]]))
-        present = in_order[starts]
-        live_in_order = live[order]
-        highest = np.maximum.reduceat(live_in_order, starts)
-        reached = np.flatnonzero(live_in_order == np.repeat(highest, np.diff(np.append(starts, len(order)))))
-        at_highest = ts[reached[np.searchsorted(reached, starts)]]  # every group reaches its highest
-        better = highest > g["peak"][present]
-        g["peak"][present[better]] = highest[better]
-        g["peak_ts"][present[better]] = at_highest[better]
-        g["first_ts"][present] = np.minimum(g["first_ts"][present], np.minimum.reduceat(ts, starts))
-        g["last_ts"][present] = np.maximum(g["last_ts"][present], np.maximum.reduceat(ts, starts))
-        np.add.at(g["events"], codes, 1)
-        np.add.at(g["allocations"], codes, b.is_alloc.astype("int64"))
-        np.add.at(g["allocated"], codes, np.where(b.is_alloc, b.bytes, 0))
-        orphan = ~b.is_alloc & (b.partner_seq < 0)
-        np.add.at(g["orphans"], codes, orphan.astype("int64"))
-        np.add.at(g["orphan_bytes"], codes, np.where(orphan, b.bytes, 0))
 
     def _cut(self, b: EventBatch, resident: np.ndarray) -> None:
         rows = np.flatnonzero(resident)

@@ -13,9 +13,10 @@ import pandas as pd
 from ..events.columns import empty_calls, empty_ranges
 from ..events.load import QUICK_API
 from ..events.read_pools import read_pool_events
+from ..engine import Engine, Facts
 from ..events.stream import EventFlow
 from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, Capture, CutShort, Holder, OutOfMemory, Peak, Process, \
-    ReservedMemory, Series, Source, Spike, Timeline, GroupSummary
+    ReservedMemory, Source, Spike, Timeline
 from ..schema import Schema
 from ..units import fmt_bytes, fmt_time
 from .answers import gather_answers
@@ -27,6 +28,8 @@ from .oom import CLIMBING_TAIL, NEAR_END_NS
 from .peak import LIVE_AT_PEAK, headline, made_of
 from .ranks import assign_ranks
 from .allocator import find_preallocations
+from .groups import GroupSums
+from .timeline import TimelineSeries
 from .sites import call_site
 from .spikes import MAX_PARTS, TOP, _distinct
 from .stacks import stack_bytes
@@ -54,11 +57,13 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     them), the `site_table` and the NVTX `ranges`."""
     flow = flow or EventFlow(conn, schema)
     lifecycle = read_pool_events(conn, schema)
-    first = flow.feed(lambda: _Both(FirstLook(spike_window_ns, pools=PoolSums(lifecycle)), also[0]), keep=True).main
+    gpu_of, total_memory = gpus(schema)
+    fed = flow.feed(lambda: _Both(FirstLook(spike_window_ns, pools=PoolSums(lifecycle)), also[0],
+                                  Engine([GroupSums(), TimelineSeries()], Facts(flow.kinds, gpu_of))), keep=True)
+    first, engine = fed.main, fed.engine
     first.pools.finish()
     final = pd.DataFrame(flow.live)
     notes = list(flow.diagnostics)
-    gpu_of, total_memory = gpus(schema)
     described = described or _Undescribed(flow.kinds)
     has_events = flow.events > 0
     start_ns = min([0, *span[:1]] + ([first.first_ts] if has_events else []))
@@ -68,15 +73,17 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     def second_look() -> _Both:
         peaks = _peak_series(first, gpu_of)
         pools = PoolSeries(first.pools, watched={int(m) for peak in peaks for m in peak.members.tolist()})
+        engine.between()  # (again, should the pass start over)
         return _Both(SecondLook(first=first, peaks=peaks, changes=pools.changes, spikes=_spike_watches(first, lambda key: described.range_rises(key, end_ns)),
                                 focus_target=0.05 * first.moved, cut_rows=_cut_rows(first, end_ns), pools=pools),
-                     also[1])
+                     also[1], engine, again=True)
 
     second = flow.replay(second_look).main
+    answered = engine.finish(flow.live)
     second.pools.finish()
     pools = second.pools.uses(gpu_of)
     kinds = flow.kinds
-    groups = _group_summaries(first, final, kinds, gpu_of)
+    groups = answered["groups"]
     peaks = [_peak(p, second, kinds, total_memory, described) for p in second.peaks if p.best_seq >= 0]
     capture = _capture(schema, first, report_version)
     capture = dataclasses.replace(capture, processes=assign_ranks(capture.processes, groups, schema.rank_environment,
@@ -97,9 +104,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     leaks = _never_freed(first, final, kinds)
     never_freed = described.allocations(leaks.head(500), {})
     leaked = described.frame(leaks)
-    timeline = Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=[
-        Series(int(key >> 24), int(((key >> 8) & 0xFFFF) - 1), kinds[key & 0xFF], *second.series(code))
-        for key, code in sorted(first.groups.index.items())], bands=[])
+    timeline = Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=answered["timeline"], bands=[])
     focus = _focus(first, second)
     largest = described.allocations(first.largest, second.free_ts)
     timeline = dataclasses.replace(timeline, focus_start_ns=focus[0], focus_end_ns=focus[1], spans=[],
@@ -167,15 +172,19 @@ class _Undescribed:
 
 
 class _Both:
-    """Hands each batch to `main`, then to `also(main)`'s consumer (when there is one)."""
+    """Hands each batch to `main`, then to `also(main)`'s consumer (when there is one), then to
+    the `engine`'s reducers (when there are some; `again`: their second look)."""
 
-    def __init__(self, main, also) -> None:
+    def __init__(self, main, also, engine: Optional[Engine] = None, again: bool = False) -> None:
         self.main, self.also = main, also(main) if also is not None else None
+        self.engine, self.again = engine, again  # again: the engine's second look
 
     def add(self, batch) -> None:
         self.main.add(batch)
         if self.also is not None:
             self.also.add(batch)
+        if self.engine is not None:
+            (self.engine.again if self.again else self.engine.add)(batch)
 
 
 def _pair(key: int) -> tuple[int, int]:
@@ -281,30 +290,6 @@ def _cut_short(first: FirstLook, second: SecondLook, end_ns: int, open_by_pid: O
             found.append(CutShort(pid=int(pid), last_event_ns=last, open_ranges=opened, climbing=climbing,
                                   end_live_bytes=end_live))
     return found
-
-
-def _group_summaries(first: FirstLook, final: pd.DataFrame, kinds: list[str], gpu_of) -> list[GroupSummary]:
-    g = first.groups
-    open_count = np.zeros(len(g.keys()), "int64")
-    open_bytes = np.zeros(len(g.keys()), "int64")
-    if not final.empty:
-        codes = g.codes(((final["pid"].to_numpy().astype("int64") << 24)
-                         | ((final["device"].to_numpy().astype("int64") + 1) << 8) | final["kind"].to_numpy()))
-        np.add.at(open_count, codes, 1)
-        np.add.at(open_bytes, codes, final["bytes"].to_numpy())
-    summaries = []
-    for key, code in sorted(g.index.items()):
-        pid, device, kind = key >> 24, ((key >> 8) & 0xFFFF) - 1, kinds[key & 0xFF]
-        peak = int(max(int(g["peak"][code]), 0))
-        summaries.append(GroupSummary(
-            pid=int(pid), device=int(device), kind=kind, gpu=gpu_of(int(pid), int(device)), peak_bytes=peak,
-            peak_time_ns=int(g["peak_ts"][code]) if peak > 0 else None, end_bytes=int(g["live"][code]),
-            allocations=int(g["allocations"][code]), frees=int(g["events"][code] - g["allocations"][code]),
-            allocated_bytes=int(g["allocated"][code]),
-            never_freed_bytes=int(g["closed_bytes"][code] + open_bytes[code]),
-            never_freed_count=int(g["closed"][code] + open_count[code]),
-            frees_without_alloc=int(g["orphans"][code]), frees_without_alloc_bytes=int(g["orphan_bytes"][code])))
-    return summaries
 
 
 def _never_freed(first: FirstLook, final: pd.DataFrame, kinds: list[str]) -> pd.DataFrame:

@@ -18,8 +18,7 @@ import pandas as pd
 from ..events.stream import EventBatch
 from .peak import LIVE_AT_PEAK
 from .pools import reached_before
-from .streamed import HIGH, LOW, RESIDENT, SPIKE_KINDS, STATIC, FirstLook, _rows, group_key, pair_key, running_sums
-from .timeline import MAX_POINTS
+from .streamed import HIGH, LOW, RESIDENT, SPIKE_KINDS, STATIC, FirstLook, _rows, pair_key, running_sums
 
 
 @dataclass
@@ -89,8 +88,6 @@ class SecondLook:
     spikes: list[SpikeWatch]
     focus_target: float
     cut_rows: dict  # pid -> the index of the row whose live bytes tell "climbing"
-    group_live: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))
-    points: dict = field(default_factory=dict)  # group code -> list of frames (seq, ts, live, bucket)
     spike_live: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))
     cut_live: dict = field(default_factory=dict)
     cut_seen: dict = field(default_factory=dict)
@@ -103,7 +100,6 @@ class SecondLook:
     pools: Optional[Any] = None  # streamed_pools.PoolSeries, filling `changes` batch by batch
 
     def __post_init__(self) -> None:
-        self.group_live = np.zeros(len(self.first.groups.keys()), "int64")
         self.spike_live = np.zeros(len(self.first.spike_series.keys()), "int64")
         self.wanted = set(self.first.largest["seq"].tolist()) if not self.first.largest.empty else set()
 
@@ -112,7 +108,6 @@ class SecondLook:
             self.pools.add(b)
         if len(b) == 0:
             return
-        self._timeline(b)
         self._peaks(b)  # before the free times: a peak's live set may be freed later in this batch
         frees = np.flatnonzero(b.partner_seq >= 0)
         if self.wanted and len(frees):
@@ -130,49 +125,6 @@ class SecondLook:
             self.moved = float(moved[-1]) if len(moved) else self.moved
         if len(b.closed.get("seq", [])):
             self.closed.append(pd.DataFrame(b.closed))
-
-    def _timeline(self, b: EventBatch) -> None:
-        """Each group's points of this batch that timeline._downsample may keep: all of them for a
-        group of MAX_POINTS events or fewer; else, per bucket of its time, the first row of its
-        highest and its last row, and the group's first row. Found for every group at once (a
-        pandas groupby per group and batch took 7 of the streamed full analysis's CPU s at 1e7)."""
-        g = self.first.groups
-        codes = g.codes(group_key(b.pid, b.device, b.kind))
-        live = running_sums(codes, b.delta, self.group_live)
-        first_ts = g["first_ts"][codes]
-        many = g["events"][codes] > MAX_POINTS
-        buckets = max(1, MAX_POINTS // 2)
-        span = np.maximum((g["last_ts"][codes] - first_ts).astype("float64"), 1.0)
-        bucket = np.where(many, ((b.ts - first_ts) / span * (buckets - 1)).astype("int64"), -1)
-        rows = np.flatnonzero(many)
-        kept = [np.flatnonzero(~many)]
-        if len(rows):
-            key = codes[rows] * (buckets + 1) + bucket[rows]
-            by_live = np.lexsort((rows, -live[rows], key))  # per key: highest first, then earliest
-            by_seq = np.lexsort((b.seq[rows], key))
-            last = np.append(_segment_starts(key[by_seq])[1:], len(rows)) - 1
-            kept += [rows[by_live[_segment_starts(key[by_live])]], rows[by_seq[last]],
-                     rows[np.unique(codes[rows], return_index=True)[1]]]
-        chosen = np.unique(np.concatenate(kept))  # in time order
-        order = chosen[np.argsort(codes[chosen], kind="stable")]
-        bounds = _segment_starts(codes[order])
-        for start, stop in zip(bounds.tolist(), np.append(bounds[1:], len(order)).tolist()):  # one per group
-            part = order[start:stop]
-            self.points.setdefault(int(codes[part[0]]), []).append(pd.DataFrame(
-                {"seq": b.seq[part], "ts": b.ts[part], "live": live[part], "bucket": bucket[part]}))
-
-    def series(self, code: int) -> tuple[list[int], list[int]]:
-        """One group's downsampled (ts, live), as timeline._downsample keeps them."""
-        kept = pd.concat(self.points[code], ignore_index=True)
-        if (kept["bucket"] < 0).all():
-            return kept["ts"].tolist(), kept["live"].tolist()
-        first_seq = kept["seq"].min()
-        per = kept.sort_values("seq", kind="stable").groupby("bucket", sort=False)
-        top = kept.loc[kept.sort_values(["live", "seq"], ascending=[False, True], kind="stable")
-                       .drop_duplicates("bucket").index]
-        chosen = set(top["seq"].tolist()) | set(per["seq"].max().tolist()) | {first_seq}
-        keep = kept[kept["seq"].isin(chosen)].drop_duplicates("seq").sort_values("seq")
-        return keep["ts"].tolist(), keep["live"].tolist()
 
     def _peaks(self, b: EventBatch) -> None:
         resident = np.isin(b.kind, RESIDENT)
@@ -274,10 +226,3 @@ class SecondLook:
                 self.cut_value[pid] = int(live[wanted - seen])
             self.cut_seen[pid] = seen + len(mine)
             self.cut_live[pid] = int(live[-1]) if len(mine) else self.cut_live.get(pid, 0)
-
-
-def _segment_starts(sorted_keys: np.ndarray) -> np.ndarray:
-    """Where each run of equal values of `sorted_keys` starts."""
-    if len(sorted_keys) == 0:
-        return np.zeros(0, "int64")
-    return np.flatnonzero(np.concatenate([[True], sorted_keys[1:] != sorted_keys[:-1]]))

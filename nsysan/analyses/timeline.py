@@ -6,14 +6,19 @@ import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
+from ..engine import Engine, Facts, Reducer
 from ..events.nvtx import thread_key
+from .groups import batch_groups
 from .grouping import Segments
 from ..model import Band, Series, Timeline
+
+if TYPE_CHECKING:
+    from ..events.stream import EventBatch
 
 GROUP = ["pid", "device", "kind"]
 MAX_POINTS = 2000  # per series: enough to draw, small enough to ship in JSON
@@ -102,35 +107,91 @@ def group_events(events: pd.DataFrame) -> Groups:
     return Groups(keys, segments.running_sums(events["delta_bytes"].to_numpy()), segments)
 
 
-def build_timeline(events: pd.DataFrame, groups: Groups, ranges: pd.DataFrame, start_ns: int, end_ns: int,
-                   max_points: int = MAX_POINTS) -> Timeline:
-    """Step series per (process, device, kind), downsampled so that every peak survives."""
-    series = []
-    if not events.empty:
-        ts_all = events["ts_ns"].to_numpy()
-        for g, (pid, device, kind) in enumerate(groups.keys.itertuples(index=False)):  # one per series
-            rows, live = groups.members(g)  # this group's events, in time order
-            ts, live = _downsample(ts_all[rows], live, max_points)
-            series.append(Series(int(pid), int(device), str(kind), ts.tolist(), live.tolist()))
+def build_timeline(batch: "EventBatch", facts: Facts, events: pd.DataFrame, ranges: pd.DataFrame, start_ns: int,
+                   end_ns: int) -> Timeline:
+    """The whole frame's timeline: its series (TimelineSeries over the frame as one `batch`) and
+    the NVTX bands."""
+    series = Engine([TimelineSeries()], facts).run([batch], {})["timeline"]
     return Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=series, bands=top_level_bands(ranges, events))
 
 
-def _downsample(ts: np.ndarray, live: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
-    """Keep, per time bucket, the highest point and the last one, so peaks and levels survive."""
-    if len(ts) <= max_points:
-        return ts, live
-    buckets = max(1, max_points // 2)
-    span = max(float(ts[-1] - ts[0]), 1.0)
-    bucket = ((ts - ts[0]) / span * (buckets - 1)).astype("int64")  # ts is sorted: so is bucket
+class TimelineSeries(Reducer):
+    """Step series per (process, device, kind), downsampled so that every peak survives: a group
+    of more than `max_points` events keeps, per bucket of its time span (max_points / 2 of them),
+    the first point at its highest and its last point, and its first point; a smaller one every
+    point. The first look finds each group's span and events, the second keeps the points."""
+
+    field = "timeline"  # its series
+    second_look = True
+
+    def __init__(self, max_points: int = MAX_POINTS) -> None:
+        self.max_points = max_points
+
+    def start(self, facts: Facts) -> None:
+        super().start(facts)
+        self.index: dict[int, int] = {}  # group key -> its row below
+        self.first_ts: list[int] = []
+        self.last_ts: list[int] = []
+        self.events: list[int] = []
+
+    def add(self, b: "EventBatch") -> None:
+        if not len(b):
+            return
+        found = batch_groups(b)
+        seg = found.segments
+        first, last = b.ts[seg.order[seg.starts]].tolist(), seg.last(b.ts).tolist()
+        for key, a, z, n in zip(found.keys.tolist(), first, last, seg.sizes.tolist()):  # one per group
+            row = self.index.setdefault(key, len(self.index))
+            if row == len(self.events):
+                self.first_ts.append(a), self.last_ts.append(z), self.events.append(0)
+            self.last_ts[row] = z
+            self.events[row] += n
+
+    def between(self) -> None:
+        self.live = [0] * len(self.index)
+        self.points: list[list] = [[] for _ in self.index]  # per group: (ts, live, bucket) of each batch
+
+    def again(self, b: "EventBatch") -> None:
+        if not len(b):
+            return
+        found = batch_groups(b)
+        seg, buckets = found.segments, max(1, self.max_points // 2)
+        for key, a, n in zip(found.keys.tolist(), seg.starts.tolist(), seg.sizes.tolist()):  # one per group
+            row = self.index[key]
+            ts, live = b.ts[seg.order[a:a + n]], found.live[a:a + n]
+            if self.live[row]:
+                live = live + self.live[row]
+            self.live[row] = int(live[-1])
+            if self.events[row] <= self.max_points:
+                self.points[row].append((ts, live, None))
+                continue
+            span = max(float(self.last_ts[row] - self.first_ts[row]), 1.0)
+            bucket = ((ts - self.first_ts[row]) / span * (buckets - 1)).astype("int64")  # ts sorted: so is bucket
+            keep = _kept(live, bucket)
+            self.points[row].append((ts[keep], live[keep], bucket[keep]))
+
+    def finish(self, live: dict) -> list[Series]:
+        kinds, series = self.facts.kinds, []
+        for key, row in sorted(self.index.items()):  # one per group, in key order
+            parts = self.points[row]
+            ts, values = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+            if parts[0][2] is not None:  # each batch's kept points: the same choice among them
+                keep = _kept(values, np.concatenate([p[2] for p in parts]))
+                ts, values = ts[keep], values[keep]
+            series.append(Series(int(key >> 24), int(((key >> 8) & 0xFFFF) - 1), str(kinds[key & 0xFF]), ts.tolist(),
+                                 values.tolist()))
+        return series
+
+
+def _kept(live: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+    """Of points in time order with their (ascending) buckets: per bucket the first at its
+    highest and the last, and the first point of all."""
     starts = np.concatenate([[0], np.flatnonzero(np.diff(bucket)) + 1])
-    sizes = np.diff(np.append(starts, len(ts)))
+    sizes = np.diff(np.append(starts, len(bucket)))
     highest = np.maximum.reduceat(live, starts)
-    positions = np.arange(len(ts))
-    at_highest = np.where(live == np.repeat(highest, sizes), positions, len(ts))
+    at_highest = np.where(live == np.repeat(highest, sizes), np.arange(len(bucket)), len(bucket))
     first_highest = np.minimum.reduceat(at_highest, starts)
-    last = starts + sizes - 1
-    keep = np.unique(np.concatenate([first_highest, last, [0]]))
-    return ts[keep], live[keep]
+    return np.unique(np.concatenate([first_highest, starts + sizes - 1, [0]]))
 
 
 def top_level_bands(ranges: pd.DataFrame, events: pd.DataFrame, limit: int = MAX_BANDS) -> list[Band]:

@@ -25,7 +25,7 @@ import pickle
 import sqlite3
 import tempfile
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional, TypeVar
+from typing import IO, Callable, Iterator, Optional, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -55,7 +55,7 @@ _ROW = ("key", "position", "ts", "global_pid", "op", "address", "bytes", "device
 # flags (int8, the only narrow column: a pool row outside the events costs a byte less per row held)
 IS_EVENT, IS_POOL_ALLOC = 1, 2
 # A live allocation, carried from batch to batch until its free.
-_LIVE = ("seq", "ts", "pid", "device", "kind", "address", "bytes", "pool")
+_LIVE = LIVE_COLUMNS = ("seq", "ts", "pid", "device", "kind", "address", "bytes", "pool")
 
 
 @dataclass
@@ -84,6 +84,8 @@ class EventBatch:
     calls: dict = field(default_factory=dict)
     # the pool rows of the batch's timestamps: read_pools.POOL_USAGE_COLUMNS, in their order
     pools: dict = field(default_factory=dict)
+    # what the analyses (nsysan/engine reducers) make of this batch once for all of them, by name
+    shared: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -111,28 +113,44 @@ def _live_after(live: dict, batch: EventBatch) -> dict:
 
 class _BatchFile:
     """Batches written one after the other to a temporary file (deleted when closed), read back
-    in order; `complete` until a write fails."""
+    in order; `complete` until a write fails. A flow of up to CHUNK_ROWIDS events (a chunk's worth,
+    what one batch holds anyway) stays in memory: the file is made only past that."""
 
     def __init__(self) -> None:
-        self.file = tempfile.TemporaryFile(prefix="nsysan-batches-")
-        self.count, self.complete = 0, True
+        self.file: Optional[IO[bytes]] = None
+        self.held: list[EventBatch] = []
+        self.held_rows, self.count, self.complete = 0, 0, True
 
     def add(self, batch: EventBatch) -> None:
         if not self.complete:
             return
+        batch = dataclasses.replace(batch, live_before={})
+        self.count += 1
+        if self.file is None and self.held_rows + len(batch) <= CHUNK_ROWIDS:
+            self.held.append(batch)  # `shared` kept: the second look reuses what the first made of it
+            self.held_rows += len(batch)
+            return
         try:
-            pickle.dump(dataclasses.replace(batch, live_before={}), self.file, protocol=pickle.HIGHEST_PROTOCOL)
-            self.count += 1
+            if self.file is None:
+                self.file = tempfile.TemporaryFile(prefix="nsysan-batches-")
+            for kept in self.held + [batch]:
+                pickle.dump(dataclasses.replace(kept, shared={}), self.file, protocol=pickle.HIGHEST_PROTOCOL)
+            self.held = []
         except OSError:  # a full disk: the second pass reads the table again
             self.complete = False
 
     def __iter__(self) -> Iterator[EventBatch]:
+        if self.file is None:
+            yield from self.held
+            return
         self.file.seek(0)
         for _ in range(self.count):
             yield pickle.load(self.file)
 
     def close(self) -> None:
-        self.file.close()
+        self.held = []
+        if self.file is not None:
+            self.file.close()
 
 
 class _OutOfOrder(Exception):

@@ -1,0 +1,140 @@
+"""Totals per (process, device, kind) group: peak and when it was reached, end value, counts,
+never freed, frees without their allocation (`Analysis.groups`). One reducer (nsysan/engine)
+for the whole frame and the streamed flow alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from ..engine import Reducer
+from ..model import GroupSummary
+from .grouping import Segments
+
+if TYPE_CHECKING:
+    from ..events.stream import EventBatch
+
+# The sums carried from batch to batch, one int64 per group each.
+SUMS = ("live", "peak", "peak_ts", "events", "allocations", "allocated", "orphans", "orphan_bytes",
+        "never_freed_count", "never_freed_bytes")
+_LOW = np.iinfo("int64").min
+
+
+@dataclass
+class BatchGroups:
+    """A batch's events brought together by (process, device, kind): `keys` (group_key of each
+    group, ascending), `segments` (their rows, each group's in time order) and `live` (each
+    group's running sum of delta bytes over the batch, from 0, in segment order)."""
+
+    keys: np.ndarray
+    segments: Segments
+    live: np.ndarray
+
+
+def group_key(pid: np.ndarray, device: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """(pid, device, kind code) packed in one int64 (pid 24 bits up, device + 1 in 16, the kind in
+    8): ascending keys are the groups' order (timeline.group_events packs them alike)."""
+    return (np.asarray(pid).astype("int64") << 24) | ((np.asarray(device).astype("int64") + 1) << 8) \
+        | np.asarray(kind).astype("int64")
+
+
+def batch_groups(b: "EventBatch") -> BatchGroups:
+    """The batch's groups, made once for every reducer that reads them (the whole frame hands in
+    timeline.group_events' own)."""
+    made = b.shared.get("groups")
+    if made is None:
+        codes, keys = pd.factorize(group_key(b.pid, b.device, b.kind), sort=True)
+        segments = Segments(codes.astype("int64", copy=False), len(keys))
+        made = b.shared["groups"] = BatchGroups(np.asarray(keys, "int64"), segments,
+                                                segments.running_sums(b.delta))
+    return made
+
+
+class GroupSums(Reducer):
+    """The groups' totals, summed batch by batch. A group's peak is the highest of its running
+    live bytes, and its time the first event that reached it (the events come in time order)."""
+
+    field = "groups"
+
+    def start(self, facts) -> None:
+        super().start(facts)
+        self.index: dict[int, int] = {}  # group key -> its row in the sums
+        self.sums = {name: np.zeros(0, "int64") for name in SUMS}
+
+    def _rows(self, keys: np.ndarray) -> np.ndarray:
+        for key in keys.tolist():  # a few groups per batch
+            self.index.setdefault(key, len(self.index))
+        grow = len(self.index) - len(self.sums["live"])
+        if grow:
+            for name in SUMS:
+                self.sums[name] = np.append(self.sums[name], np.full(grow, _LOW if name == "peak" else 0, "int64"))
+        return np.array([self.index[key] for key in keys.tolist()], "int64")
+
+    def add(self, b: "EventBatch") -> None:
+        if len(b):
+            self._events(b)
+        closed = b.closed
+        if len(closed.get("seq", ())):  # never to be freed any more: never freed
+            self._never_freed(closed)
+
+    def _events(self, b: "EventBatch") -> None:
+        found = batch_groups(b)
+        seg, s = found.segments, self.sums
+        at = self._rows(found.keys)
+        is_alloc = seg.in_group_order(b.is_alloc)
+        orphan = seg.in_group_order(b.partner_seq < 0)
+        orphan &= ~is_alloc  # a free of no allocation seen
+        sizes = seg.in_group_order(b.bytes)
+        s["events"][at] += seg.count()
+        s["allocations"][at] += seg.count(is_alloc, ordered=True)
+        s["allocated"][at] += seg.sum(np.where(is_alloc, sizes, 0), ordered=True)
+        s["orphans"][at] += seg.count(orphan, ordered=True)
+        s["orphan_bytes"][at] += seg.sum(np.where(orphan, sizes, 0), ordered=True)
+        del is_alloc, orphan, sizes
+        highest = seg.max(found.live, ordered=True) + s["live"][at]
+        better = highest > s["peak"][at]
+        if better.any():
+            first = seg.first_row_of_max(found.live, ordered=True)
+            s["peak"][at[better]] = highest[better]
+            s["peak_ts"][at[better]] = b.ts[first[better]]
+        s["live"][at] += seg.last(found.live, ordered=True)
+
+    def _never_freed(self, allocations: dict) -> None:
+        keys = group_key(allocations["pid"], allocations["device"], allocations["kind"])
+        distinct, slot = np.unique(keys, return_inverse=True)
+        at = self._rows(distinct)
+        np.add.at(self.sums["never_freed_count"], at[slot], 1)
+        np.add.at(self.sums["never_freed_bytes"], at[slot], allocations["bytes"].astype("int64"))
+
+    def finish(self, live: dict) -> list[GroupSummary]:
+        """One summary per group, in key order; the allocations `live` at the end never freed."""
+        if len(live["seq"]):
+            self._never_freed(live)
+        s, kinds, gpu_of = self.sums, self.facts.kinds, self.facts.gpu_of
+        summaries = []
+        for key, row in sorted(self.index.items()):  # one per group
+            pid, device, kind = key >> 24, ((key >> 8) & 0xFFFF) - 1, str(kinds[key & 0xFF])
+            peak = int(max(int(s["peak"][row]), 0))
+            allocations = int(s["allocations"][row])
+            summaries.append(GroupSummary(
+                pid=int(pid), device=int(device), kind=kind, gpu=gpu_of(int(pid), int(device)), peak_bytes=peak,
+                peak_time_ns=int(s["peak_ts"][row]) if peak > 0 else None, end_bytes=int(s["live"][row]),
+                allocations=allocations, frees=int(s["events"][row]) - allocations,
+                allocated_bytes=int(s["allocated"][row]), never_freed_bytes=int(s["never_freed_bytes"][row]),
+                never_freed_count=int(s["never_freed_count"][row]), frees_without_alloc=int(s["orphans"][row]),
+                frees_without_alloc_bytes=int(s["orphan_bytes"][row])))
+        return summaries
+
+
+def frame_groups(grouped, kinds) -> dict:
+    """The whole frame's groups (timeline.group_events, `grouped`) as frame_batch's shared
+    `groups`, so that the frame is not grouped twice; nothing for an empty frame."""
+    if grouped.segments is None or grouped.live is None:
+        return {}
+    code = {str(name): i for i, name in enumerate(kinds)}
+    keys = group_key(grouped.keys["pid"].to_numpy(), grouped.keys["device"].to_numpy(),
+                     np.array([code[k] for k in grouped.keys["kind"].tolist()], "int64"))
+    return {"groups": BatchGroups(keys, grouped.segments, grouped.live)}

@@ -1,0 +1,179 @@
+"""One engine for every analysis: each analysis is a `Reducer`, fed time-ordered event batches.
+
+An analysis answers one question (a field of `Analysis`) as a streaming aggregator, the way
+memray's aggregators each answer one question over a stream of records: it is started with the
+capture's facts, added every batch of events in time order (`EventBatch`, events/stream.py),
+and finished with the allocations still live at the end. Nothing else tells it how the events
+were read: the whole events frame is simply one batch (`frame_batch`, numpy views of the
+frame's columns), and an export too large to hold is a flow of many (`EventFlow`). So the same
+code answers on both paths, and what it answers does not depend on where the batches were cut
+(tests/test_engine.py checks one batch, k batches and batches of 3 rows alike).
+
+What a batch holds is in time order with frees before allocations at one time, each event
+numbered (`seq`) as the whole frame would number it; a free knows its allocation's seq
+(`partner_seq`), and an allocation that can never be freed any more (its address was taken by
+another while it was live) comes in the batch's `closed`. Work that several reducers need of a
+batch (its (process, device, kind) groups and their running sums) is made once per batch and
+kept in `EventBatch.shared`; the whole frame's is handed in already made.
+
+A new analysis: a Reducer subclass in analyses/ (see docs/analyses.md, "How to add an analysis").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:  # events still imports analyses' array helpers: the batch type is read lazily
+    from ..events.stream import EventBatch
+
+__all__ = ["Facts", "Reducer", "Engine", "frame_batch", "frame_live"]
+
+
+@dataclass
+class Facts:
+    """What a reducer may know before the first event: the names of the kind codes of the
+    batches (`kinds[batch.kind]`), and the GPU of a process's device (None when unknown)."""
+
+    kinds: Sequence[str]
+    gpu_of: Callable[[int, int], Optional[int]] = lambda pid, device: None
+    more: dict = field(default_factory=dict)
+
+
+class Reducer:
+    """One analysis over a flow of event batches.
+
+    `field`: the field of `Analysis` it fills. `needs`: what it needs beyond the events (names of
+    Facts' entries or other reducers' fields), for the engine to order and feed it;
+    `second_look`: it reads every batch twice, the second time knowing what the first summed.
+    start -> add(batch) for each batch in time order -> [between() -> again(batch) for each
+    batch] -> finish(live) = the field's value."""
+
+    field: str = ""
+    needs: tuple[str, ...] = ()
+    second_look: bool = False
+
+    def start(self, facts: Facts) -> None:
+        self.facts = facts
+
+    def add(self, batch: "EventBatch") -> None:
+        raise NotImplementedError
+
+    def between(self) -> None:
+        """After the first look, before the second (second_look reducers)."""
+
+    def again(self, batch: "EventBatch") -> None:
+        """The second look at a batch (second_look reducers)."""
+
+    def finish(self, live: dict) -> Any:
+        """The answer, given the allocations live after the last batch (LIVE_COLUMNS)."""
+        raise NotImplementedError
+
+
+class Engine:
+    """Feeds each batch to every reducer, in the order of what they need, and gathers their
+    answers by field."""
+
+    def __init__(self, reducers: Iterable[Reducer], facts: Facts) -> None:
+        self.reducers = _ordered(list(reducers))
+        for reducer in self.reducers:
+            reducer.start(facts)
+
+    def add(self, batch: "EventBatch") -> None:
+        for reducer in self.reducers:
+            reducer.add(batch)
+
+    @property
+    def second_look(self) -> bool:
+        return any(reducer.second_look for reducer in self.reducers)
+
+    def between(self) -> None:
+        for reducer in self.reducers:
+            if reducer.second_look:
+                reducer.between()
+
+    def again(self, batch: "EventBatch") -> None:
+        for reducer in self.reducers:
+            if reducer.second_look:
+                reducer.again(batch)
+
+    def finish(self, live: dict) -> dict[str, Any]:
+        return {reducer.field: reducer.finish(live) for reducer in self.reducers}
+
+    def run(self, batches: Sequence["EventBatch"], live: dict) -> dict[str, Any]:
+        """Every look at `batches`, held in memory (the whole frame: one batch, looked at twice
+        without a copy; a flow too large to hold is fed by its reader instead: add, between,
+        again, finish)."""
+        for batch in batches:
+            self.add(batch)
+        if self.second_look:
+            self.between()
+            for batch in batches:
+                self.again(batch)
+        return self.finish(live)
+
+
+def _ordered(reducers: list[Reducer]) -> list[Reducer]:
+    """The reducers, each after those whose fields it needs (their order kept otherwise)."""
+    done: list[Reducer] = []
+    fields = {r.field for r in reducers}
+    while reducers:
+        ready = [r for r in reducers if not (set(r.needs) & fields - {d.field for d in done})]
+        if not ready:
+            raise ValueError(f"reducers need each other: {[r.field for r in reducers]}")
+        done += ready
+        reducers = [r for r in reducers if r not in ready]
+    return done
+
+
+def frame_batch(events: pd.DataFrame, shared: Optional[dict] = None) -> "EventBatch":
+    """The whole events frame (events/columns.py EVENT_COLUMNS) as one batch, its columns numpy
+    views where their types agree (kind: the frame's category codes, named by
+    `events["kind"].cat.categories`); `shared`: per-batch work already made (see EventBatch)."""
+    from ..events.stream import EventBatch
+
+    n = len(events)
+    is_alloc = events["op"].cat.codes.to_numpy() == 0 if n else np.zeros(0, bool)
+    partner = events["partner"].to_numpy() if n else np.zeros(0, "int64")
+    column = (lambda name, dtype: events[name].to_numpy()) if n else \
+        (lambda name, dtype: np.zeros(0, dtype))
+    return EventBatch(
+        seq=np.arange(n, dtype="int64"), ts=column("ts_ns", "int64"), pid=column("pid", "int64"),
+        device=column("device", "int64"),
+        kind=events["kind"].cat.codes.to_numpy() if n else np.zeros(0, "int8"),
+        is_alloc=is_alloc, address=column("address", "uint64"), bytes=column("bytes", "int64"),
+        delta=column("delta_bytes", "int64"), pool=column("pool", bool) if "pool" in events or not n
+        else np.zeros(n, bool), partner_seq=np.where(is_alloc, -1, partner),
+        correlation=np.zeros(n, "int64"), shared=dict(shared or {}))
+
+
+def frame_live(events: pd.DataFrame) -> dict:
+    """The allocations of the whole frame never freed (no partner), as EventFlow.live lists the
+    allocations live at the end (LIVE_COLUMNS): the frame's pairing already knows which address
+    reuse closed an allocation, so nothing comes as `closed`."""
+    from ..events.stream import LIVE_COLUMNS
+
+    if events.empty:
+        return {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in LIVE_COLUMNS}
+    rows = np.flatnonzero((events["op"].cat.codes.to_numpy() == 0) & (events["partner"].to_numpy() < 0))
+    columns = {"seq": rows, "ts": events["ts_ns"], "pid": events["pid"], "device": events["device"],
+               "kind": events["kind"].cat.codes, "address": events["address"], "bytes": events["bytes"],
+               "pool": events["pool"] if "pool" in events else pd.Series(np.zeros(len(events), bool))}
+    return {name: rows if name == "seq" else columns[name].to_numpy()[rows] for name in LIVE_COLUMNS}
+
+
+def pieces(batch: "EventBatch", bounds: Iterable[int]) -> list["EventBatch"]:
+    """`batch` cut before each of `bounds` (row positions, ascending): views of its rows, each
+    with its own `shared` (a piece is grouped on its own) and the `closed` allocations of the
+    whole in the first. What a reducer answers must not depend on where a flow was cut."""
+    from ..events.stream import EventBatch
+
+    edges = [0] + [b for b in bounds if 0 < b < len(batch)] + [len(batch)]
+    columns = ("seq", "ts", "pid", "device", "kind", "is_alloc", "address", "bytes", "delta", "pool",
+               "partner_seq", "correlation")
+    return [EventBatch(**{c: getattr(batch, c)[a:z] for c in columns}, closed=batch.closed if not i else {},
+                       calls={k: v[a:z] for k, v in batch.calls.items()})
+            for i, (a, z) in enumerate(zip(edges[:-1], edges[1:])) if z > a or not i]

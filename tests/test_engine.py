@@ -1,0 +1,100 @@
+"""The engine's reducers (nsysan/engine, one per analysis) answer the same whatever the batches:
+the whole events frame as one batch, k batches, batches of 3 rows, cut anywhere (Hypothesis),
+and the streamed flow of a real export read in small chunks."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FIXTURES, truth
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import nsysan
+from nsysan.analyses.groups import GroupSums
+from nsysan.engine import Engine, Facts, frame_batch, frame_live, pieces
+from nsysan.events import stream
+from nsysan.schema import open_readonly, probe
+
+# several processes and kinds (ddp: two ranks; known_mem: device, managed, pinned, an async pool)
+NAMES = ["known_mem_v25", "ddp_leak_v25", "torch_leak_v25"]
+_frames: dict = {}
+
+
+def frame(name: str):
+    """The fixture's Analysis with its events frame (kept), computed once."""
+    if name not in _frames:
+        _frames[name] = nsysan.analyze(FIXTURES / f"{name}.sqlite", keep_events=True)
+    return _frames[name]
+
+
+def answer(analysis, reducer, bounds=()) -> object:
+    """What `reducer` answers over the analysis's events cut before `bounds`."""
+    events = analysis.events
+    gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
+    facts = Facts(list(events["kind"].cat.categories), lambda pid, device: gpus.get((pid, device)))
+    engine = Engine([reducer], facts)
+    return engine.run(pieces(frame_batch(events), sorted(set(bounds))), frame_live(events))[reducer.field]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_group_sums_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    analysis = frame(name)
+    n = len(analysis.events)
+    whole = answer(analysis, GroupSums())
+    assert whole == analysis.groups  # what the command line's document holds
+    assert answer(analysis, GroupSums(), range(0, n, max(1, n // 7))) == whole
+    assert answer(analysis, GroupSums(), range(0, n, 3)) == whole
+
+
+def test_group_sums_of_known_mem_are_the_truth():
+    """known_allocs.cu never frees 128 MiB, 3 x 4 MiB, the pitched block and 5 MiB: six device
+    allocations, the bytes of the truth file's freed-0 records; its peak is 256+128+12 MiB and
+    the 512 MiB burst on top of the workspace."""
+    groups = {g.kind: g for g in answer(frame("known_mem_v25"), GroupSums(), range(0, 200, 5))}
+    leaked = [r for r in truth("known_mem_v25") if r.get("freed") == 0]
+    assert groups["device"].never_freed_count == len(leaked) == 6
+    assert groups["device"].never_freed_bytes == sum(r["bytes"] for r in leaked) == 153_067_520
+    assert groups["device"].peak_bytes == 952_107_008
+    assert groups["managed"].allocated_bytes == 2 << 20 and groups["managed"].never_freed_count == 0
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_group_sums_do_not_depend_on_where_the_batches_are_cut(data):
+    analysis = frame(data.draw(st.sampled_from(NAMES)))
+    n = len(analysis.events)
+    bounds = data.draw(st.lists(st.integers(0, n), max_size=12))
+    assert answer(analysis, GroupSums(), bounds) == analysis.groups
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_group_sums_of_the_streamed_flow_in_small_chunks(name, monkeypatch):
+    """The flow read from the export 64 rowids at a time: its allocations closed by address reuse
+    come as `closed`, its live ones at the end as EventFlow.live; the same groups."""
+    monkeypatch.setattr(stream, "CHUNK_ROWIDS", 64)
+    analysis = frame(name)
+    gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
+    conn = open_readonly(FIXTURES / f"{name}.sqlite")
+    try:
+        flow = stream.EventFlow(conn, probe(conn, name))
+        engine = flow.feed(lambda: Engine([GroupSums()], Facts(flow.kinds, lambda p, d: gpus.get((p, d)))))
+        assert engine.finish(flow.live)["groups"] == analysis.groups
+    finally:
+        conn.close()
+
+
+def test_a_flow_of_one_chunk_keeps_its_batches_for_the_second_look_in_memory(monkeypatch):
+    """A fixture streamed (--max-memory 0) is fewer rows than a chunk (2^18): its second look reads
+    the batches held in memory, no file is written, and the document is the whole frame's."""
+    from nsysan import pipeline
+    from nsysan.render.json import render_json
+
+    path = FIXTURES / "torch_leak_v25.sqlite"
+    whole = render_json(pipeline.analyze_report(path, keep_events=False))
+    written = []
+    monkeypatch.setattr(stream.pickle, "dump", lambda *args, **kwargs: written.append(args))
+    batches = []
+    feed = stream.EventFlow._batches
+    monkeypatch.setattr(stream.EventFlow, "_batches", lambda self: (batches.append(b) or b for b in feed(self)))
+    assert render_json(pipeline.analyze_report(path, keep_events=False, max_memory=0)) == whole
+    assert 1 <= sum(len(b) for b in batches) <= stream.CHUNK_ROWIDS and written == []
