@@ -4,6 +4,8 @@ keyboard, drag and touch navigation, and the PNG timeline that stands in without
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import shutil
 import subprocess
@@ -14,7 +16,12 @@ from conftest import analysis_of
 from PIL import Image
 from test_html import assert_quiet_page, chromium, pdf_text  # noqa: F401  (the fixture)
 
+from nsysan.analyses.explore import nvtx_spans
+from nsysan.analyses.steps import listed
+from nsysan.analyses.timeline import top_level_bands
 from nsysan.commands.outputs import write_report
+from nsysan.render import html as html_module
+from nsysan.render.page_data import page_data
 from nsysan.units import fmt_bytes
 
 RANGE_ROWS = ("Array.from(document.querySelectorAll('#ranges-table tbody tr'),"
@@ -212,9 +219,9 @@ def test_without_javascript_the_png_timeline_stands_in_on_screen_and_on_paper(tm
     page, netlog = open_page(path, width=1400, height=900, javascript=False, pdf=True, evaluate={"picture": PICTURE})
     assert page.remote_requests == [] and netlog == [] and page.errors == []
     width, height, shown, canvases, uri = page.values["picture"]
-    # timeline.png at half its 2400 px, no chart drawn
-    assert png.size == (2400, height * 2) and width == 1200 and canvases == 0
-    assert 600 < shown <= 1200  # in the page's column
+    # timeline.png (2400 px wide) at 1000 px, no chart drawn
+    assert png.size[0] == 2400 and (width, height) == (1000, round(png.size[1] * 1000 / 2400)) and canvases == 0
+    assert 600 < shown <= 1000  # in the page's column
     # palette-reduced: the page carries it in fewer bytes than the file next to it
     assert uri < 1 / 3 * (path.parent / "timeline.png").stat().st_size
     text = pdf_text(page.pdf, tmp_path)
@@ -224,3 +231,46 @@ def test_without_javascript_the_png_timeline_stands_in_on_screen_and_on_paper(tm
     page, netlog = open_page(path, width=1400, height=900, screenshot=False, evaluate={"picture": PICTURE})
     assert_quiet_page(page, netlog)
     assert page.values["picture"] is None and "timeline.png" in page.dom
+
+
+# -- a long, many-GPU capture ------------------------------------------------------------------------
+def test_every_process_keeps_its_share_of_bands_and_spans():
+    # ddp_leak_v25: two ranks, one per GPU. Capped to 10 (a 1e6-event capture has thousands), the
+    # longest ranges used to be one rank's, and the other GPU drew no band at all.
+    analysis = analysis_of("ddp_leak_v25")
+    ranges, events = analysis.nvtx_ranges, analysis.events
+    bands = top_level_bands(ranges, events, limit=10)
+    assert sorted(b.pid for b in bands) == [2146] * 5 + [2147] * 5
+    mine = [b for b in top_level_bands(ranges, events) if b.pid == 2147]  # uncapped: each one's longest 5
+    longest = sorted(mine, key=lambda b: b.start_ns - b.end_ns)[:5]
+    assert {(b.name, b.start_ns) for b in bands if b.pid == 2147} == {(b.name, b.start_ns) for b in longest}
+    spans = nvtx_spans(ranges, events, limit=10)
+    assert sorted(s.pid for s in spans) == [2146] * 5 + [2147] * 5
+    assert [s.start_ns for s in spans] == sorted(s.start_ns for s in spans)  # still in time order
+    # the page puts each rank's bands on its own GPU's panel
+    analysis = dataclasses.replace(analysis, timeline=dataclasses.replace(analysis.timeline, bands=bands))
+    data = page_data(analysis)
+    assert {b["panel"] for b in data["bands"]} == {p["gpu"] for p in data["panels"]} == {0, 1}
+
+
+def test_a_long_runs_steps_chart_breaks_where_steps_are_not_listed(tmp_path, chromium, monkeypatch):
+    # ddp_leak_v25's 8 steps listed as the model lists a long run's (first and last halves, here 2 + 2)
+    analysis = analysis_of("ddp_leak_v25")
+    analysis = dataclasses.replace(analysis, steps=[listed(s, 4) for s in analysis.steps])
+    monkeypatch.setattr(html_module, "PAGE_STEPS", 2)  # and the table its first and last step
+    out = explore(analysis, tmp_path, """
+        const c = window.nsysanStepCharts[0], chart = c.plot;
+        return [c.steps, chart.series.slice(1).map(s => [s.label, s.spanGaps, s._paths && s._paths.gaps]), chart.valToPos(1, "x", true), chart.valToPos(6, "x", true),
+                Array.from(document.querySelectorAll('#steps-table-1 tbody tr td:first-child'), c => c.textContent),
+                document.querySelector('#steps-table-1').closest('section').textContent];""")
+    steps, lines, at_1, at_6, rows, section = out
+    assert steps == [0, 1, 6, 7]
+    for label, span_gaps, gaps in lines:
+        if "/step" in label:  # the growth verdict's line: two points, always joined
+            assert span_gaps
+            continue
+        assert not span_gaps
+        assert gaps == [[math.ceil(at_1) + 1, math.floor(at_6) - 1]]  # no stroke from step 1 to step 6
+    assert rows == ["step 0", "step 7"]
+    assert "The first and last 1 of 8 steps; analysis.json has the first and last 2, the step chart draws them." \
+        in " ".join(section.split())

@@ -22,6 +22,7 @@ from ..events.read import TRACE_GOES_ON
 from ..model import Allocation, AllocationGroup, Band, NvtxSpan, TraceEnd
 from ..model.memory import range_family, site_in_family
 from .sites import call_site
+from .timeline import longest_per_process
 
 MAX_SPANS = 2000
 MAX_OPERATOR_SPANS = 2000
@@ -156,14 +157,12 @@ def operator_spans(operators: pd.DataFrame, events: pd.DataFrame, limit: int = M
 
 def _spans(mine: pd.DataFrame, events: pd.DataFrame, limit: int) -> list[NvtxSpan]:
     """The ranges of the processes with events (all, without events), ends of ranges left open
-    at their start, the longest `limit`, in time order."""
+    at their start, the longest `limit` shared among the processes, in time order."""
     if not events.empty:
         mine = mine[mine["pid"].isin(pd.unique(events["pid"].to_numpy())).to_numpy()]  # a hash pass, not a sort
     ends = mine["end_ns"].to_numpy()
     mine = mine.assign(end_ns=np.where(ends < _FINITE, ends, mine["start_ns"].to_numpy()))
-    if len(mine) > limit:
-        mine = mine.assign(length=mine["end_ns"] - mine["start_ns"]).nlargest(limit, "length")
-    mine = mine.sort_values(["start_ns", "depth"], kind="stable")
+    mine = longest_per_process(mine, limit).sort_values(["start_ns", "depth"], kind="stable")
     return [NvtxSpan(int(p), int(t), str(n), int(s), int(e), int(d))
             for p, t, n, s, e, d in mine[["pid", "tid", "name", "start_ns", "end_ns", "depth"]]
             .itertuples(index=False)]  # capped list

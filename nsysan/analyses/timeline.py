@@ -194,6 +194,19 @@ def _kept(live: np.ndarray, bucket: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([first_highest, starts + sizes - 1, [0]]))
 
 
+def longest_per_process(ranges: pd.DataFrame, limit: int) -> pd.DataFrame:
+    """At most `limit` ranges, the longest, shared evenly among the processes (limit / processes
+    each): one rank's many long ranges never leave the other GPUs of a 1e6-event capture without
+    bands (all 300 went to one of its 4 ranks)."""
+    if len(ranges) <= limit:
+        return ranges
+    pids = ranges["pid"].to_numpy()
+    quota = max(1, limit // len(pd.unique(pids)))
+    length = pd.Series((ranges["end_ns"] - ranges["start_ns"]).to_numpy())
+    rank = length.groupby(pids).rank(method="first", ascending=False).to_numpy()  # ties: the earlier row first
+    return ranges[rank <= quota]
+
+
 def top_level_bands(ranges: pd.DataFrame, events: pd.DataFrame, limit: int = MAX_BANDS) -> list[Band]:
     """Outermost NVTX ranges of each process's main thread (e.g. "setup", "step 0", "step 1").
 
@@ -217,8 +230,6 @@ def top_level_bands(ranges: pd.DataFrame, events: pd.DataFrame, limit: int = MAX
     top = top[on_main | (~top["pid"].isin(has_main).to_numpy() & by_allocator)]
     end_cap = top["end_ns"].where(top["end_ns"] < np.iinfo("int64").max // 4, top["start_ns"])
     top = top.assign(end_ns=end_cap)
-    if len(top) > limit:  # keep the longest, then show them in time order
-        top = top.assign(length=top["end_ns"] - top["start_ns"]).nlargest(limit, "length")
-    top = top.sort_values("start_ns", kind="stable")
+    top = longest_per_process(top, limit).sort_values("start_ns", kind="stable")  # then in time order
     return [Band(int(p), str(n), int(s), int(e))
             for p, n, s, e in top[["pid", "name", "start_ns", "end_ns"]].itertuples(index=False)]

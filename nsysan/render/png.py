@@ -143,20 +143,26 @@ def figure_png(fig: Figure, dpi: int = DPI) -> bytes:
     return buffer.getvalue()
 
 
-STAND_IN_COLORS = 64
-STAND_IN_WIDTH = 1200  # px: a page column is narrower; the file next to the page keeps every pixel
+# (width px, colours) tried in turn until the picture fits STAND_IN_BYTES: a one-GPU timeline fits
+# the first (10-30 KB); four GPUs of a 1e6-event capture, 2400 x 3120 px, need the last
+STAND_IN_STEPS = ((1000, 32), (800, 16), (600, 8))
+STAND_IN_BYTES = 48_000
 
 
 def stand_in_png(png: bytes) -> bytes:
-    """A PNG as a page embeds it where JavaScript is off: at most STAND_IN_WIDTH wide, in a palette
-    of STAND_IN_COLORS (a plot's few colours and their antialiasing): a fifth of the bytes or less."""
+    """A PNG as a page embeds it where JavaScript is off: narrower and in a palette (a plot's few
+    colours and their antialiasing), in STAND_IN_BYTES or the fewest it can; the file next to the
+    page keeps every pixel."""
     from PIL import Image  # matplotlib's own dependency
 
     image = Image.open(io.BytesIO(png)).convert("RGB")
-    if image.width > STAND_IN_WIDTH:
-        image = image.resize((STAND_IN_WIDTH, round(image.height * STAND_IN_WIDTH / image.width)), Image.Resampling.LANCZOS)
-    buffer = io.BytesIO()
-    image.quantize(colors=STAND_IN_COLORS, method=Image.Quantize.MEDIANCUT).save(buffer, format="png", optimize=True)
+    for width, colors in STAND_IN_STEPS:
+        small = image.resize((width, round(image.height * width / image.width)), Image.Resampling.LANCZOS) \
+            if image.width > width else image
+        buffer = io.BytesIO()
+        small.quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(buffer, format="png", optimize=True)
+        if buffer.tell() <= STAND_IN_BYTES:
+            break
     return buffer.getvalue()
 
 
