@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 from browser import open_page
-from conftest import analysis_of
+from conftest import FIXTURES, analysis_of, cli
 from PIL import Image
 from test_html import assert_quiet_page, chromium, pdf_text  # noqa: F401  (the fixture)
 
@@ -274,3 +274,18 @@ def test_a_long_runs_steps_chart_breaks_where_steps_are_not_listed(tmp_path, chr
     assert rows == ["step 0", "step 7"]
     assert "The first and last 1 of 8 steps; analysis.json has the first and last 2, the step chart draws them." \
         in " ".join(section.split())
+
+
+def test_the_terminal_shows_a_family_as_one_row_too(capsys):
+    # known_mem_v25: steps 0-8 (one allocation or two each, 300 MiB in all) and workers 1-2
+    code, out, _ = cli(capsys, "analyze", str(FIXTURES / "known_mem_v25.sqlite"), "--no-progress")
+    assert code == 0
+    table = out[out.index("NVTX ranges (innermost range of each allocation)"):].split("\n\n")[1]
+    rows = [line.split() for line in table.splitlines()[2:]]
+    assert not [r for r in rows if r[0] == "step" and r[2] != "–"]  # no row of a step of its own
+    (steps,) = [r for r in rows if r[:5] == ["step", "0", "–", "step", "8"]]
+    analysis = analysis_of("known_mem_v25")
+    family = analysis.range_families[0]
+    assert steps[5:7] == ["(9", "ranges)"] and steps[7] == "9"
+    assert " ".join(steps[8:10]) == fmt_bytes(family.allocated_bytes) == fmt_bytes(
+        sum(r.allocated_bytes for r in analysis.ranges if r.name.startswith("step "))) == "300.0 MiB"

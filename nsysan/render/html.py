@@ -23,7 +23,7 @@ from markupsafe import Markup
 
 from ..errors import printable
 from ..model import SEVERITIES, TRUST_BREAKING, Allocation, AllocationGroup, Analysis, RangeFamily, RangeStat
-from ..model.memory import range_family
+from ..model.memory import grouped_ranges
 from ..units import (fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_percent, fmt_share, fmt_time, fmt_time_in,
                      time_unit)
 from .json import render_json
@@ -99,11 +99,9 @@ def range_rows(analysis: Analysis) -> list[RangeStat | RangeFamily]:
     """The page's NVTX table: the user's ranges in the order they first opened, those of a family
     ("step 0" ... "step 9") as the family's one row (Analysis.range_families, summed by the model).
     Without sizes there is nothing summed to show: every range keeps its row."""
-    families = {f.name: f for f in analysis.range_families} if analysis.capture.memory_usage_collected else {}
-    rows: list[RangeStat | RangeFamily] = [r for r in analysis.ranges if not r.operator and (
-        range_family(r.name) == r.name or range_family(r.name) not in families)]
-    rows += families.values()
-    return sorted(rows, key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0))
+    families = analysis.range_families if analysis.capture.memory_usage_collected else []
+    return sorted(grouped_ranges(analysis.ranges, families),
+                  key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0))
 
 
 def content_security_policy(style: str, script: str) -> str:

@@ -11,7 +11,8 @@ from rich.cells import cell_len
 from rich.text import Text
 
 from ..errors import printable
-from ..model import LIVE_AT_START, Allocation, Analysis, CallSite, Peak, StepSeries
+from ..model import LIVE_AT_START, Allocation, Analysis, CallSite, Peak, RangeFamily, StepSeries
+from ..model.memory import grouped_ranges
 from .layout import NAME, NUMBER, WORD, Column, Lines, Parts, Sheet
 from .oom import DRAWN_CODES, oom_and_reserved
 from ..units import fmt_bytes, fmt_duration, fmt_durations, fmt_frame, fmt_share, fmt_time, fmt_times
@@ -265,8 +266,13 @@ def _ranges_table(analysis: Analysis, top: int, operators: bool = False) -> Shee
              else "NVTX ranges (innermost range of each allocation)")
     table = Sheet(title, _col("operator" if operators else "range", NAME), _col("instances", drop=1),
                   _col("allocated"), _col("freed", drop=2), _col("still live at end"), _col("max live while open"))
-    for r in [r for r in analysis.ranges if r.operator == operators][:top]:
-        table.add_row(_t(r.name or "(none)"), str(r.instances), fmt_bytes(r.allocated_bytes), fmt_bytes(r.freed_bytes),
+    # the user's ranges of one family ("step 0" ... "step 9") are its one row, as on the page
+    rows = [r for r in analysis.ranges if r.operator] if operators else \
+        sorted(grouped_ranges(analysis.ranges, analysis.range_families if analysis.capture.memory_usage_collected else []),
+               key=lambda r: (-r.allocated_bytes, -r.max_live_bytes, -r.instances))
+    for r in rows[:top]:
+        name = f"{r.label} ({r.names} ranges)" if isinstance(r, RangeFamily) else r.name or "(none)"
+        table.add_row(_t(name), str(r.instances), fmt_bytes(r.allocated_bytes), fmt_bytes(r.freed_bytes),
                       fmt_bytes(r.still_live_bytes), fmt_bytes(r.max_live_bytes))
     return table
 
