@@ -15,16 +15,16 @@ import numpy as np
 import pandas as pd
 
 from ..events import LoadedEvents
-from ..events.arrays import distinct_pairs
 from ..engine import Engine, Facts, frame_batch, frame_live
-from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Process, Source
+from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Source
 from ..schema import Schema
 from .allocations import to_allocations
 from .bounds import cut_long_strings
+from .capture import capture_facts
 from .calls import api_call_stats, find_failed_calls
 from .explore import allocation_groups, early_trace_ends, focus_window, largest_allocations, nvtx_spans, \
     operator_spans
-from .diagnostics import capture_diagnostics, crash_rerun_command, flags_used
+from .diagnostics import capture_diagnostics
 from .never_freed import find_never_freed, never_freed_rows
 from .groups import GroupSums, frame_groups
 from .peak import find_peaks, headline
@@ -110,7 +110,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         timeline = timeline_later.result()
         grouped = grouped.without_live()  # the running sums are read by nothing after the steps and timeline
         peaks = peaks_later.result()
-        capture = _with_ranks(_capture(schema, events, threads, ranges, report_version), groups, schema)
+        capture = _with_ranks(capture_facts(schema, groups, threads, report_version,
+                                            not ranges.empty or schema.has_nvtx_table), groups, schema)
         labels = {p.pid: p.label for p in capture.processes}
         verdicts = find_verdicts(events, calls, ranges, peaks, groups, gpu_of,
                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
@@ -250,28 +251,3 @@ def _capture_span(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,
             if not finite.empty:
                 ends.append(int(finite.max()))
     return min(starts), max(ends)
-
-
-def _capture(schema: Schema, events: pd.DataFrame, thread_pairs: np.ndarray, ranges: pd.DataFrame,
-             report_version: Optional[str]) -> Capture:
-    """The capture's facts, listing only processes that made CUDA memory calls or events."""
-    # Distinct (pid, device) and (pid, tid) pairs, packed into one integer each (hash, not sort).
-    device_pairs = distinct_pairs(events["pid"].to_numpy(), events["device"].to_numpy(), 16, 0xFFFF)
-    devices: dict[int, list[int]] = {}
-    for pair in device_pairs.tolist():
-        device = pair & 0xFFFF
-        # the device is packed as 16 bits: device -1 (left in the events, not merged) comes back as 65535
-        devices.setdefault(pair >> 16, []).append(device - 0x10000 if device & 0x8000 else device)
-    threads: dict[int, int] = {}
-    for pair in thread_pairs.tolist():
-        threads[pair >> 24] = threads.get(pair >> 24, 0) + 1
-    processes = [Process(pid=int(pid), name=schema.process_names.get(int(pid), ""),
-                         devices=sorted(devices.get(pid, [])), threads=threads.get(pid, 0))
-                 for pid in sorted(set(devices) | set(threads))]
-    return Capture(
-        nsys_version=schema.nsys_version, schema_version=schema.schema_version, report_version=report_version,
-        duration_ns=schema.duration_ns, memory_usage_collected=schema.memory_usage_collected,
-        memory_usage_requested=schema.memory_usage_requested, backtraces=schema.has_backtraces,
-        nvtx=not ranges.empty or schema.has_nvtx_table, cuda_driver_version=schema.cuda_driver_version,
-        gpus=list(schema.gpus), processes=processes, flags_used=flags_used(schema),
-        session_start_utc_ns=schema.session_start_utc_ns, crash_rerun_command=crash_rerun_command(schema))

@@ -109,7 +109,6 @@ class FirstLook:
     cut: Keyed = field(default_factory=lambda: Keyed(("live", "highest", "events", "last_ts"),
                                                      {"highest": LOW, "last_ts": LOW}))
     pairs: dict = field(default_factory=dict)  # (pid, device) of resident events -> whether any is not static
-    devices: dict = field(default_factory=dict)  # pid -> its devices
     rises: dict = field(default_factory=dict)  # spike series code -> [Rises per grid]
     first_ts: int = HIGH
     last_ts: int = LOW
@@ -138,8 +137,6 @@ class FirstLook:
         for key, not_static in pd.DataFrame({"k": pair_key(b.pid[resident], b.device[resident]),
                                              "s": b.kind[resident] != STATIC}).groupby("k")["s"].any().items():
             self.pairs[int(key)] = self.pairs.get(int(key), False) or bool(not_static)
-        for key in pd.unique(pair_key(b.pid, b.device)).tolist():
-            self.devices.setdefault(key >> 16, set()).add((key & 0xFFFF) - 0x10000 if key & 0x8000 else key & 0xFFFF)
         self._cut(b, resident)
         self._spikes(b)
         moving = np.flatnonzero(b.delta != 0)

@@ -29,11 +29,12 @@ from ..events import stream
 from ..events.read_order import order_ahead
 from ..events.stream import EventFlow
 from ..events.stream_calls import MemoryCalls, CallWindow
-from ..model import Allocation, Analysis, Diagnostic, Process, Source
+from ..model import Allocation, Analysis, Diagnostic, Source
 from ..schema import Schema
 from .answers import gather_answers
 from .bounds import cut_long_strings
 from .calls import CallStatSums, failed_call_list
+from .capture import capture_facts
 from .diagnostics import VMM_EVENT_APIS, capture_diagnostics
 from .growth import growth_diagnostics, judge_all
 from .ranks import assign_ranks
@@ -113,7 +114,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     found, sites, ranked = looks["first"], looks["second"], looks["ranked"][0]
     looks["range_sums"].finish(flow.live)
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
-    capture = _capture(quick, calls.threads, ranges, schema)
+    capture = _capture(quick, calls.threads, ranges, schema, report_version)
     labels = {p.pid: p.label for p in capture.processes}
     pids = sorted({p.pid for p in capture.processes if p.devices})
     digest = pd.DataFrame({"pid": np.array(pids, "int32")})  # the events' processes: what the diagnostics read
@@ -306,16 +307,11 @@ def _span(calls: MemoryCalls, ranges: pd.DataFrame) -> tuple:
     return (min(starts) if starts else 0, max(ends) if ends else 0)
 
 
-def _capture(quick: Analysis, threads: np.ndarray, ranges: pd.DataFrame, schema: Schema):
-    """analyses._capture: the processes with memory events or calls, their thread counts, ranks."""
-    devices = {p.pid: p.devices for p in quick.capture.processes}
-    counts: dict[int, int] = {}
-    for pair in threads.tolist():
-        counts[pair >> 24] = counts.get(pair >> 24, 0) + 1
-    processes = [Process(pid=int(pid), name=schema.process_names.get(int(pid), ""), devices=devices.get(pid, []),
-                         threads=counts.get(pid, 0)) for pid in sorted(set(devices) | set(counts))]
-    processes = assign_ranks(processes, quick.groups, schema.rank_environment, schema.launched_pids)
-    return dataclasses.replace(quick.capture, processes=processes, nvtx=not ranges.empty or schema.has_nvtx_table)
+def _capture(quick: Analysis, threads: np.ndarray, ranges: pd.DataFrame, schema: Schema, version: Optional[str]):
+    """analyses' capture: the processes with memory events or calls, their thread counts, ranks."""
+    capture = capture_facts(schema, quick.groups, threads, version, not ranges.empty or schema.has_nvtx_table)
+    return dataclasses.replace(capture, processes=assign_ranks(capture.processes, quick.groups,
+                                                               schema.rank_environment, schema.launched_pids))
 
 
 def _last_cuda_calls(conn: sqlite3.Connection, schema: Schema, calls: MemoryCalls, ranges: pd.DataFrame) -> dict:

@@ -15,14 +15,15 @@ from ..events.load import QUICK_API
 from ..events.read_pools import read_pool_events
 from ..engine import Engine, Facts
 from ..events.stream import EventFlow
-from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, Capture, CutShort, Holder, OutOfMemory, Peak, Process, \
+from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, CutShort, Holder, OutOfMemory, Peak, \
     ReservedMemory, Source, Spike, Timeline
 from ..schema import Schema
 from ..units import fmt_bytes, fmt_time
 from .answers import gather_answers
 from .bounds import cut_long_strings
+from .capture import capture_facts
 from .caps import memory_caps
-from .diagnostics import capture_diagnostics, crash_rerun_command, flags_used
+from .diagnostics import capture_diagnostics
 from .explore import allocation_groups, focus_from_movement
 from .oom import CLIMBING_TAIL, NEAR_END_NS
 from .peak import LIVE_AT_PEAK, headline, made_of
@@ -85,7 +86,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     kinds = flow.kinds
     groups = answered["groups"]
     peaks = [_peak(p, second, kinds, total_memory, described) for p in second.peaks if p.best_seq >= 0]
-    capture = _capture(schema, first, report_version)
+    capture = capture_facts(schema, groups, np.zeros(0, "int64"), report_version, schema.has_nvtx_table)
     capture = dataclasses.replace(capture, processes=assign_ranks(capture.processes, groups, schema.rank_environment,
                                                                   schema.launched_pids))
     labels = {p.pid: p.label for p in capture.processes}
@@ -109,7 +110,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     largest = described.allocations(first.largest, second.free_ts)
     timeline = dataclasses.replace(timeline, focus_start_ns=focus[0], focus_end_ns=focus[1], spans=[],
                                    allocations=largest, allocations_total=first.allocations, trace_ends=[])
-    pids = sorted(first.devices)
+    pids = sorted({g.pid for g in groups})
     # capture_diagnostics reads the events' processes and API names alone: one row per process
     digest = pd.DataFrame({"pid": np.array(pids, "int32"), "api": pd.Categorical([QUICK_API] * len(pids))})
     diagnostics = list(schema.diagnostics) + notes + capture_diagnostics(
@@ -349,15 +350,3 @@ def _spikes(first: FirstLook, second: SecondLook, gpu_of) -> list[Spike]:
                            freed_after_bytes=int(min(w.peak_level - w.lowest_after, w.peak_level - w.start_level)),
                            given_back_ns=w.given_back_ns))
     return found
-
-
-def _capture(schema: Schema, first: FirstLook, report_version: Optional[str]) -> Capture:
-    processes = [Process(pid=int(pid), name=schema.process_names.get(int(pid), ""),
-                         devices=sorted(first.devices[pid]), threads=0) for pid in sorted(first.devices)]
-    return Capture(
-        nsys_version=schema.nsys_version, schema_version=schema.schema_version, report_version=report_version,
-        duration_ns=schema.duration_ns, memory_usage_collected=schema.memory_usage_collected,
-        memory_usage_requested=schema.memory_usage_requested, backtraces=schema.has_backtraces,
-        nvtx=schema.has_nvtx_table, cuda_driver_version=schema.cuda_driver_version,
-        gpus=list(schema.gpus), processes=processes, flags_used=flags_used(schema),
-        session_start_utc_ns=schema.session_start_utc_ns, crash_rerun_command=crash_rerun_command(schema))
