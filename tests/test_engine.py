@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import nsysan
 from nsysan.analyses.groups import GroupSums
+from nsysan.analyses.never_freed import NeverFreed
 from nsysan.engine import Engine, Facts, frame_batch, frame_live, pieces
 from nsysan.events import stream
 from nsysan.schema import open_readonly, probe
@@ -36,6 +37,10 @@ def answer(analysis, reducer, bounds=()) -> object:
     return engine.run(pieces(frame_batch(events), sorted(set(bounds))), frame_live(events))[reducer.field]
 
 
+def never_freed_seqs(analysis, bounds=()) -> list[int]:
+    return answer(analysis, NeverFreed(), bounds)["seq"].tolist()
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_group_sums_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
     analysis = frame(name)
@@ -46,7 +51,20 @@ def test_group_sums_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
     assert answer(analysis, GroupSums(), range(0, n, 3)) == whole
 
 
-def test_group_sums_of_known_mem_are_the_truth():
+@pytest.mark.parametrize("name", NAMES)
+def test_never_freed_is_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    analysis = frame(name)
+    n = len(analysis.events)
+    whole = never_freed_seqs(analysis)
+    assert len(whole) == analysis.never_freed_total
+    listed = [(a.pid, a.address, a.bytes, a.alloc_time_ns) for a in analysis.never_freed]
+    events = analysis.events.iloc[whole[:len(listed)]]
+    assert listed == list(zip(events["pid"], events["address"], events["bytes"], events["ts_ns"]))
+    assert never_freed_seqs(analysis, range(0, n, max(1, n // 7))) == whole
+    assert never_freed_seqs(analysis, range(0, n, 3)) == whole
+
+
+def test_group_sums_and_never_freed_of_known_mem_are_the_truth():
     """known_allocs.cu never frees 128 MiB, 3 x 4 MiB, the pitched block and 5 MiB: six device
     allocations, the bytes of the truth file's freed-0 records; its peak is 256+128+12 MiB and
     the 512 MiB burst on top of the workspace."""
@@ -56,19 +74,23 @@ def test_group_sums_of_known_mem_are_the_truth():
     assert groups["device"].never_freed_bytes == sum(r["bytes"] for r in leaked) == 153_067_520
     assert groups["device"].peak_bytes == 952_107_008
     assert groups["managed"].allocated_bytes == 2 << 20 and groups["managed"].never_freed_count == 0
+    leaks = answer(frame("known_mem_v25"), NeverFreed(), range(0, 200, 5))  # largest first
+    assert sorted(leaks["bytes"].tolist(), reverse=True) == leaks["bytes"].tolist()
+    assert sorted(leaks["bytes"].tolist()) == sorted(r["bytes"] for r in leaked)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_group_sums_do_not_depend_on_where_the_batches_are_cut(data):
+def test_group_sums_and_never_freed_do_not_depend_on_where_the_batches_are_cut(data):
     analysis = frame(data.draw(st.sampled_from(NAMES)))
     n = len(analysis.events)
     bounds = data.draw(st.lists(st.integers(0, n), max_size=12))
     assert answer(analysis, GroupSums(), bounds) == analysis.groups
+    assert never_freed_seqs(analysis, bounds) == never_freed_seqs(analysis)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_group_sums_of_the_streamed_flow_in_small_chunks(name, monkeypatch):
+def test_group_sums_and_never_freed_of_the_streamed_flow_in_small_chunks(name, monkeypatch):
     """The flow read from the export 64 rowids at a time: its allocations closed by address reuse
     come as `closed`, its live ones at the end as EventFlow.live; the same groups."""
     monkeypatch.setattr(stream, "CHUNK_ROWIDS", 64)
@@ -77,8 +99,10 @@ def test_group_sums_of_the_streamed_flow_in_small_chunks(name, monkeypatch):
     conn = open_readonly(FIXTURES / f"{name}.sqlite")
     try:
         flow = stream.EventFlow(conn, probe(conn, name))
-        engine = flow.feed(lambda: Engine([GroupSums()], Facts(flow.kinds, lambda p, d: gpus.get((p, d)))))
-        assert engine.finish(flow.live)["groups"] == analysis.groups
+        engine = flow.feed(lambda: Engine([GroupSums(), NeverFreed()], Facts(flow.kinds, lambda p, d: gpus.get((p, d)))))
+        answered = engine.finish(flow.live)
+        assert answered["groups"] == analysis.groups
+        assert answered["never_freed"]["seq"].tolist() == never_freed_seqs(analysis)
     finally:
         conn.close()
 
@@ -98,3 +122,28 @@ def test_a_flow_of_one_chunk_keeps_its_batches_for_the_second_look_in_memory(mon
     monkeypatch.setattr(stream.EventFlow, "_batches", lambda self: (batches.append(b) or b for b in feed(self)))
     assert render_json(pipeline.analyze_report(path, keep_events=False, max_memory=0)) == whole
     assert 1 <= sum(len(b) for b in batches) <= stream.CHUNK_ROWIDS and written == []
+
+
+def test_an_allocation_whose_address_is_taken_while_live_is_never_freed_on_both_paths(tmp_path):
+    """A copy of known_mem_v25 with a 64 MiB allocation at the address of the live 128 MiB block:
+    the streamed flow closes the 128 MiB block (`closed`) when the 64 MiB one takes its address,
+    the whole frame leaves it without a partner. Both count it in its group and list it."""
+    import shutil
+    import sqlite3
+
+    from nsysan import pipeline
+
+    path = tmp_path / "known_mem_v25.sqlite"
+    shutil.copy(FIXTURES / "known_mem_v25.sqlite", path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO CUDA_GPU_MEMORY_USAGE_EVENTS (start, globalPid, deviceId, contextId, address, pc, "
+                     "bytes, memKind, memoryOperationType, correlationId) SELECT start + 1000, globalPid, deviceId, "
+                     f"contextId, address, pc, {64 << 20}, memKind, 0, correlationId "
+                     f"FROM CUDA_GPU_MEMORY_USAGE_EVENTS WHERE bytes = {128 << 20}")
+    whole = pipeline.analyze_report(path, keep_events=False)
+    streamed = pipeline.analyze_report(path, keep_events=False, max_memory=0)
+    device = {g.kind: g for g in whole.groups}["device"]
+    assert device.allocations == 28 and device.never_freed_count == 7  # the known six and the 64 MiB one
+    assert streamed.groups == whole.groups
+    assert [(a.bytes, a.address) for a in streamed.never_freed] == [(a.bytes, a.address) for a in whole.never_freed]
+    assert 128 << 20 in [a.bytes for a in whole.never_freed]

@@ -25,7 +25,7 @@ from .calls import api_call_stats, find_failed_calls
 from .explore import allocation_groups, early_trace_ends, focus_window, largest_allocations, nvtx_spans, \
     operator_spans
 from .diagnostics import capture_diagnostics
-from .never_freed import find_never_freed, never_freed_rows
+from .never_freed import MAX_LISTED, NeverFreed
 from .groups import GroupSums, frame_groups
 from .peak import find_peaks, headline
 from .pools import pool_uses, reserve_adjustment
@@ -99,9 +99,11 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                              sizes_known=schema.memory_usage_collected, grouped=grouped.without_live())
         api_calls_later, sites_later, ranges_later = (pool.submit(work) for work in
                                                       (api_call_work, site_work, range_work))
-        groups = Engine([GroupSums()], facts).run([batch], frame_live(events))["groups"]
+        answered = Engine([GroupSums(), NeverFreed()], facts).run([batch], frame_live(events))
         del batch  # its groups' running sums go with the timeline's (below), its partners now
-        never_freed, never_freed_total = find_never_freed(events, allocations)
+        groups = answered["groups"]
+        leaked = answered.pop("never_freed")["seq"].to_numpy()  # event rows, largest first
+        never_freed, never_freed_total = allocations(events.iloc[leaked[:MAX_LISTED]]), len(leaked)
         failed = find_failed_calls(calls, events, ranges)
         # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once (or by the pipeline already)
         threads = loaded.memory_threads if loaded.memory_threads is not None else memory_threads(calls)
@@ -127,7 +129,6 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         sites = _here_unless_started(sites_later, site_work)
         api_calls = _here_unless_started(api_calls_later, api_call_work)
     peaks = verdicts.peaks
-    leaked = events.index.get_indexer(never_freed_rows(events).index) if not events.empty else None
     growth = judge_all(steps, capture.processes, verdicts.caps)
     steps = [listed(s) for s in steps]  # after judging: the verdict sees every step
     diagnostics = ([d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics

@@ -22,13 +22,11 @@ from ..events.arrays import group_order
 from ..events.stream import EventBatch
 from ..model import GPU_RESIDENT_KINDS, KINDS
 from .explore import MAX_INTERVALS
-from .never_freed import MAX_LISTED, NOT_LEAKS
 from .spikes import CANDIDATES
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]
 STATIC = KINDS.index("static")
 SPIKE_KINDS = [KINDS.index("device"), KINDS.index("array")]
-LEAK_EXEMPT = [KINDS.index(k) for k in NOT_LEAKS]
 PREALLOCATION_BYTES = 1 << 30  # find_preallocations looks at blocks of a GiB or more
 
 
@@ -117,8 +115,6 @@ class FirstLook:
     allocations: int = 0
     # with its columns from the start: when every memory row is bad, no batch ever comes to add any
     largest: pd.DataFrame = field(default_factory=lambda: no_rows())
-    closed: list = field(default_factory=list)  # allocations never to be freed, largest kept
-    closed_groups: list = field(default_factory=list)
     big_blocks: list = field(default_factory=list)
     pools: Optional[Any] = None  # streamed_pools.PoolSums
     # The last batch's running sums, for the consumers after this one (streamed_windows.py):
@@ -150,16 +146,6 @@ class FirstLook:
         big = allocs[(b.kind[allocs] == KINDS.index("device")) & (b.bytes[allocs] >= PREALLOCATION_BYTES)]
         if len(big):
             self.big_blocks.append(_rows(b, big))
-        self.add_closed(b.closed)
-
-    def add_closed(self, closed: dict) -> None:
-        """Allocations that will never be freed: the largest kept to list."""
-        if not len(closed.get("seq", [])):
-            return
-        frame = pd.DataFrame(closed)
-        leaks = frame[~frame["kind"].isin(LEAK_EXEMPT).to_numpy()]
-        self.closed_groups.append(leaks)
-        self.closed = [_top(pd.concat(self.closed + [leaks], ignore_index=True), MAX_LISTED, by_time=True)]
 
     def _cut(self, b: EventBatch, resident: np.ndarray) -> None:
         rows = np.flatnonzero(resident)
@@ -261,11 +247,10 @@ def _rows(b: EventBatch, rows: np.ndarray) -> pd.DataFrame:
                          "kind": b.kind[rows], "address": b.address[rows], "bytes": b.bytes[rows]})
 
 
-def _top(frame: pd.DataFrame, limit: int, by_time: bool = False) -> pd.DataFrame:
-    """The `limit` largest allocations (then earliest: by time for never_freed_rows, else by row)."""
+def _top(frame: pd.DataFrame, limit: int) -> pd.DataFrame:
+    """The `limit` largest allocations (then earliest)."""
     if frame.empty:
         return frame
-    keys = ["bytes", "ts", "seq"] if by_time else ["bytes", "seq"]
-    return frame.sort_values(keys, ascending=[False] + [True] * (len(keys) - 1), kind="stable").head(limit) \
+    return frame.sort_values(["bytes", "seq"], ascending=[False, True], kind="stable").head(limit) \
         .reset_index(drop=True)
 

@@ -110,7 +110,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
-                         also=(first, second), span=span, described=described)
+                         also=(first, second), span=span, described=described, answers=looks)
     found, sites, ranked = looks["first"], looks["second"], looks["ranked"][0]
     looks["range_sums"].finish(flow.live)
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
@@ -125,7 +125,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         lambda open_by_pid: _cut_short(look.first, look, quick.timeline.end_ns, open_by_pid))
     steps, phases = looks["steps"].tables(
         quick.timeline.end_ns, gpu_of, "step-range" if step_range is not None else "nvtx", last_calls,
-        kept_allocations(looks["steps"].look, flow.live, flow.kinds, sites), list(sites.labels), list(sites.strings))
+        kept_allocations(looks["never_freed"], flow.kinds, sites), list(sites.labels), list(sites.strings))
     step_notes = step_diagnostics(list(looks["steps"].series), steps, not ranges.empty, False, step_range)
     growth = judge_all(steps, capture.processes, verdicts.caps)
     steps = [listed(s) for s in steps]  # after judging: the verdict sees every step

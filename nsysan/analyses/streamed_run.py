@@ -30,6 +30,7 @@ from .peak import LIVE_AT_PEAK, headline, made_of
 from .ranks import assign_ranks
 from .allocator import find_preallocations
 from .groups import GroupSums
+from .never_freed import NeverFreed
 from .timeline import TimelineSeries
 from .sites import call_site
 from .spikes import MAX_PARTS, TOP, _distinct
@@ -43,11 +44,13 @@ from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
 
 def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
                  step_range: Optional[str], spike_window_ns: int, flow: Optional[EventFlow] = None,
-                 also: tuple = (None, None), span: tuple = (), described=None) -> Analysis:
+                 also: tuple = (None, None), span: tuple = (), described=None,
+                 answers: Optional[dict] = None) -> Analysis:
     """The quick analysis of the export behind `conn`, its events read twice in batches.
 
     For the streamed full analysis (streamed_full.py): `flow` joins the batches to their calls,
-    `also` makes (given this module's consumer) a consumer fed each batch of the first and of the
+    `answers`, when given, is filled with the engine's
+    answers by field (nsysan/engine); `also` makes (given this module's consumer) a consumer fed each batch of the first and of the
     second pass after this module's own, `span` widens the timeline to the calls' and ranges'
     times, and `described` tells what the calls say of listed allocations: `allocations(rows,
     free_ts, peak)` (rows: seq, ts, pid, device, kind, address, bytes; `peak`: a PeakSeries whose
@@ -60,10 +63,9 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     lifecycle = read_pool_events(conn, schema)
     gpu_of, total_memory = gpus(schema)
     fed = flow.feed(lambda: _Both(FirstLook(spike_window_ns, pools=PoolSums(lifecycle)), also[0],
-                                  Engine([GroupSums(), TimelineSeries()], Facts(flow.kinds, gpu_of))), keep=True)
+                                  Engine([GroupSums(), TimelineSeries(), NeverFreed()], Facts(flow.kinds, gpu_of))), keep=True)
     first, engine = fed.main, fed.engine
     first.pools.finish()
-    final = pd.DataFrame(flow.live)
     notes = list(flow.diagnostics)
     described = described or _Undescribed(flow.kinds)
     has_events = flow.events > 0
@@ -81,6 +83,8 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
 
     second = flow.replay(second_look).main
     answered = engine.finish(flow.live)
+    if answers is not None:
+        answers.update(answered)
     second.pools.finish()
     pools = second.pools.uses(gpu_of)
     kinds = flow.kinds
@@ -102,7 +106,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     verdict_notes = _oom_diagnostics(oom, label) + _reserved_diagnostics([], preallocations)
     peaks = [with_note(p, preallocations, lambda s=s: _module_load_note(s, described.own_api(s)))
              for p, s in zip(peaks, [s for s in second.peaks if s.best_seq >= 0])]
-    leaks = _never_freed(first, final, kinds)
+    leaks = answered["never_freed"]
     never_freed = described.allocations(leaks.head(500), {})
     leaked = described.frame(leaks)
     timeline = Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=answered["timeline"], bands=[])
@@ -291,15 +295,6 @@ def _cut_short(first: FirstLook, second: SecondLook, end_ns: int, open_by_pid: O
             found.append(CutShort(pid=int(pid), last_event_ns=last, open_ranges=opened, climbing=climbing,
                                   end_live_bytes=end_live))
     return found
-
-
-def _never_freed(first: FirstLook, final: pd.DataFrame, kinds: list[str]) -> pd.DataFrame:
-    """Every allocation never freed (static memory excluded), largest first (never_freed_rows)."""
-    leaks = final[~final["kind"].isin([kinds.index(k) for k in ("static", "managed_static")]).to_numpy()] \
-        if not final.empty else no_rows()
-    frame = pd.concat(first.closed_groups + [leaks], ignore_index=True)
-    return frame.sort_values(["bytes", "ts", "seq"], ascending=[False, True, True], kind="stable",
-                             ignore_index=True)
 
 
 def _peak(series: PeakSeries, second: SecondLook, kinds: list[str], total_memory, described) -> Peak:

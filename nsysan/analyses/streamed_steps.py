@@ -8,7 +8,7 @@ feeds FirstLook's running sums of those series (its spike series) into streamed_
 which keeps per window the live bytes at its start and end, the highest inside and the bytes
 allocated inside. A step's kept bytes and holders are its allocations never freed: known once
 the flow has been read, they are the allocations still live at the end and those whose address
-was taken while they were live (FirstLook.closed_groups), with the site and innermost NVTX range
+was taken while they were live (never_freed.NeverFreed's rows), with the site and innermost NVTX range
 the second pass gave each (streamed_sites.SiteSums), so only the windows' numbers and the
 never-freed allocations are held.
 """
@@ -110,10 +110,11 @@ class StepWindows:
         return steps, ranked(phases)
 
 
-def kept_allocations(look: FirstLook, live: dict, kinds: list[str], site_sums) -> pd.DataFrame:
-    """The device and array allocations never freed, in event order (seq, ts, pid, device, bytes),
-    with their site and innermost NVTX range as codes into site_sums' labels and strings."""
-    frame = pd.concat(look.closed_groups + [pd.DataFrame(live)], ignore_index=True)
+def kept_allocations(never_freed: pd.DataFrame, kinds: list[str], site_sums) -> pd.DataFrame:
+    """The device and array allocations never freed (NeverFreed's rows), in event order (seq, ts,
+    pid, device, bytes), with their site and innermost NVTX range as codes into site_sums' labels
+    and strings."""
+    frame = never_freed
     if frame.empty:
         return pd.DataFrame({c: np.zeros(0, "int64") for c in ("seq", "ts", "pid", "device", "bytes", "site", "nvtx")})
     chosen = frame["kind"].isin([kinds.index(k) for k in STEP_KINDS]).to_numpy() & (frame["bytes"].to_numpy() > 0)
