@@ -22,13 +22,12 @@ A new analysis: a Reducer subclass in analyses/ (see docs/analyses.md, "How to a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
-if TYPE_CHECKING:  # events still imports analyses' array helpers: the batch type is read lazily
-    from ..events.stream import EventBatch
+from ..events.stream import LIVE_COLUMNS, EventBatch
 
 __all__ = ["Facts", "Reducer", "Engine", "frame_batch", "frame_live"]
 
@@ -59,13 +58,13 @@ class Reducer:
     def start(self, facts: Facts) -> None:
         self.facts = facts
 
-    def add(self, batch: "EventBatch") -> None:
+    def add(self, batch: EventBatch) -> None:
         raise NotImplementedError
 
     def between(self) -> None:
         """After the first look, before the second (second_look reducers)."""
 
-    def again(self, batch: "EventBatch") -> None:
+    def again(self, batch: EventBatch) -> None:
         """The second look at a batch (second_look reducers)."""
 
     def finish(self, live: dict) -> Any:
@@ -82,7 +81,7 @@ class Engine:
         for reducer in self.reducers:
             reducer.start(facts)
 
-    def add(self, batch: "EventBatch") -> None:
+    def add(self, batch: EventBatch) -> None:
         for reducer in self.reducers:
             reducer.add(batch)
 
@@ -95,7 +94,7 @@ class Engine:
             if reducer.second_look:
                 reducer.between()
 
-    def again(self, batch: "EventBatch") -> None:
+    def again(self, batch: EventBatch) -> None:
         for reducer in self.reducers:
             if reducer.second_look:
                 reducer.again(batch)
@@ -103,7 +102,7 @@ class Engine:
     def finish(self, live: dict) -> dict[str, Any]:
         return {reducer.field: reducer.finish(live) for reducer in self.reducers}
 
-    def run(self, batches: Sequence["EventBatch"], live: dict) -> dict[str, Any]:
+    def run(self, batches: Sequence[EventBatch], live: dict) -> dict[str, Any]:
         """Every look at `batches`, held in memory (the whole frame: one batch, looked at twice
         without a copy; a flow too large to hold is fed by its reader instead: add, between,
         again, finish)."""
@@ -129,12 +128,10 @@ def _ordered(reducers: list[Reducer]) -> list[Reducer]:
     return done
 
 
-def frame_batch(events: pd.DataFrame, shared: Optional[dict] = None) -> "EventBatch":
+def frame_batch(events: pd.DataFrame, shared: Optional[dict] = None) -> EventBatch:
     """The whole events frame (events/columns.py EVENT_COLUMNS) as one batch, its columns numpy
     views where their types agree (kind: the frame's category codes, named by
     `events["kind"].cat.categories`); `shared`: per-batch work already made (see EventBatch)."""
-    from ..events.stream import EventBatch
-
     n = len(events)
     is_alloc = events["op"].cat.codes.to_numpy() == 0 if n else np.zeros(0, bool)
     partner = events["partner"].to_numpy() if n else np.zeros(0, "int64")
@@ -154,8 +151,6 @@ def frame_live(events: pd.DataFrame) -> dict:
     """The allocations of the whole frame never freed (no partner), as EventFlow.live lists the
     allocations live at the end (LIVE_COLUMNS): the frame's pairing already knows which address
     reuse closed an allocation, so nothing comes as `closed`."""
-    from ..events.stream import LIVE_COLUMNS
-
     if events.empty:
         return {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in LIVE_COLUMNS}
     rows = np.flatnonzero((events["op"].cat.codes.to_numpy() == 0) & (events["partner"].to_numpy() < 0))
@@ -165,12 +160,10 @@ def frame_live(events: pd.DataFrame) -> dict:
     return {name: rows if name == "seq" else columns[name].to_numpy()[rows] for name in LIVE_COLUMNS}
 
 
-def pieces(batch: "EventBatch", bounds: Iterable[int]) -> list["EventBatch"]:
+def pieces(batch: EventBatch, bounds: Iterable[int]) -> list[EventBatch]:
     """`batch` cut before each of `bounds` (row positions, ascending): views of its rows, each
     with its own `shared` (a piece is grouped on its own) and the `closed` allocations of the
     whole in the first. What a reducer answers must not depend on where a flow was cut."""
-    from ..events.stream import EventBatch
-
     edges = [0] + [b for b in bounds if 0 < b < len(batch)] + [len(batch)]
     columns = ("seq", "ts", "pid", "device", "kind", "is_alloc", "address", "bytes", "delta", "pool",
                "partner_seq", "correlation")
