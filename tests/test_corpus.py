@@ -54,3 +54,17 @@ def test_memory_table_of_the_a100_gemm_run(corpus):
     assert kinds["static"].allocations == 3 and kinds["static"].allocated_bytes == 144
     assert analysis.never_freed_total == 0  # statics are not leaks
     assert {c.api: c.calls for c in analysis.api_calls}["cudaFree"] == 7
+
+
+@pytest.mark.slow
+def test_the_a100_gemm_run_streamed_is_the_whole_frame_document(corpus):
+    """Streamed (--max-memory 0), a batch that frees only blocks of kinds the allocator split does
+    not count (none counted yet) found no allocation to take its free from, and the analysis ended
+    in an internal error; it is the whole frame's document."""
+    from nsysan import pipeline
+    from nsysan.render.json import render_json
+
+    path = corpus / "ntua-el20062__gemm_spmm_a100" / "nsys_report_gemm_tiled_20000.sqlite"
+    whole = pipeline.analyze_report(path, keep_events=False)
+    assert render_json(pipeline.analyze_report(path, keep_events=False, max_memory=0)) == render_json(whole)
+    assert {g.kind: g.allocations for g in whole.groups}["device"] == 6

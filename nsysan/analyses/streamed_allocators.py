@@ -270,7 +270,9 @@ class SecondAllocators:
         # each change: an allocation counted (+), or the free of one (-), at its row in the batch
         frees = np.flatnonzero(b.partner_seq >= 0)
         at = np.searchsorted(known["seq"], b.partner_seq[frees])
-        hit = (at < len(known["seq"])) & (known["seq"][np.minimum(at, len(known["seq"]) - 1)] == b.partner_seq[frees])
+        # (none counted yet, as when a batch frees only what the counted kinds never held: no hit)
+        hit = (at < len(known["seq"])) & (known["seq"][np.minimum(at, max(len(known["seq"]) - 1, 0))]
+                                          == b.partner_seq[frees]) if len(known["seq"]) else np.zeros(len(frees), bool)
         frees, at = frees[hit], at[hit]
         position = np.concatenate([rows, frees])
         change_pair = np.concatenate([pair, known["pair"][at]])
