@@ -87,8 +87,8 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
 def timeline_stand_in(images: Optional[Mapping[str, bytes]]) -> Optional[str]:
     """timeline.png as a data: URI (palette-reduced: png.stand_in_png) for the page to show where
     JavaScript is off; None when the PNGs were not drawn (render_html alone draws none: matplotlib
-    takes seconds to import)."""
-    if not images or "timeline.png" not in images:
+    takes seconds to import) or hold no bytes."""
+    if not images or not images.get("timeline.png"):
         return None
     from .png import stand_in_png
 
