@@ -6,7 +6,7 @@ import dataclasses
 import re
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar, Union
 
 from . import export, memory_budget
 from .analyses import run_analyses
@@ -21,7 +21,7 @@ from .analyses.spikes import DEFAULT_WINDOW_NS
 from .errors import NsysanError
 from .events import LoadedEvents, load_events
 from .events.read import memory_row_count, memory_rowid_span, read_cuda_activity
-from .events.read_code import CodeTrace, read_code_trace
+from .events.read_code import CodeTrace, has_kernel_names, kernels_after_loads, read_code_trace
 from .events.read_launches import read_launches
 from .events.read_start import read_capture_start
 from .model import Analysis, Diagnostic, Source
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 Progress = Callable[[str, float], None]
+T = TypeVar("T")
 # Share of the progress bar taken by the export, when there is one.
 EXPORT_SHARE = 0.6
 
@@ -128,11 +129,23 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                     size_bytes=report.stat().st_size, exported_with=result.exported_with,
                     from_cache=result.from_cache,
                     sibling_export=path_text(result.sqlite_path) if result.from_sibling else None)
+
+    def unseen(analysis: Analysis, trace: Optional[CodeTrace]) -> Analysis:
+        """with_unseen_memory; where a process keeps loading code and the cached export was made
+        without the kernel table its loads are named from (analyses/hidden.py), nsys adds that table
+        and the loads are named from it, so that the document is an export of every table's."""
+        found = with_unseen_memory(analysis, trace)
+        if trace is None or trace.kernels_read or not export.lacks_tables(result, LAUNCH_TABLES) or \
+                not any(p.keeps_loading for p in found.hidden.processes):
+            return found
+        grown = export_it(use_sibling=False, tables=EXPORTED_TABLES, stage="exporting the kernels with nsys")
+        return with_unseen_memory(analysis, _with_kernel_names(report, grown.sqlite_path,
+                                                               export.resolve_cache_dir(cache_dir), trace))
+
     if loaded is None:  # left to be streamed (see _read)
         streamed, code_calls = _streamed(report, result.sqlite_path, export.resolve_cache_dir(cache_dir), schema,
                                          source, version, step_range, spike_window_ns or DEFAULT_WINDOW_NS, quick)
-        return with_verdict(with_unseen_memory(explain_oom(streamed, messages, [Path(p).name for p in oom_logs]),
-                                               code_calls))
+        return with_verdict(unseen(explain_oom(streamed, messages, [Path(p).name for p in oom_logs]), code_calls))
     if keep_events is None:
         keep_events = len(loaded.events) < KEEP_EVENTS_BELOW
     if not keep_events:
@@ -144,7 +157,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
         from .analyses.smi import add_smi
 
         analysis = add_smi(analysis, list(smi_logs), activity, schema.session_start_utc_ns, smi_tz)
-    analysis = with_unseen_memory(analysis, code_calls)
+    analysis = unseen(analysis, code_calls)
     if not keep_events:
         analysis = dataclasses.replace(analysis, events=None, calls=None, nvtx_ranges=None)
     return with_verdict(analysis)  # last: it reads the OOM join and every verdict
@@ -244,10 +257,24 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
 def _read_launches(report: Path, sqlite_path: Path, scratch: Path, pids: list[int]) -> tuple[pd.DataFrame, dict[int, str]]:
     """read_launches of `pids` from the export at `sqlite_path`, on that export's own schema (its
     times and the tables it holds)."""
+    return _on_export(report, sqlite_path, scratch, lambda conn, schema: read_launches(conn, schema, pids))
+
+
+def _with_kernel_names(report: Path, sqlite_path: Path, scratch: Path, trace: CodeTrace) -> CodeTrace:
+    """`trace` with its loads' kernels (events/read_code.kernels_after_loads) read from the export
+    at `sqlite_path`, on that export's own schema."""
+    def named(conn: sqlite3.Connection, schema: Schema) -> CodeTrace:
+        calls = trace.calls.assign(kernel=kernels_after_loads(conn, schema, trace.calls))
+        return dataclasses.replace(trace, calls=calls, kernels_read=has_kernel_names(schema))
+    return _on_export(report, sqlite_path, scratch, named)
+
+
+def _on_export(report: Path, sqlite_path: Path, scratch: Path, read: Callable[[sqlite3.Connection, Schema], T]) -> T:
+    """`read` of the committed state of the export at `sqlite_path`, on its own schema."""
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)
         try:
-            return read_launches(conn, probe(conn, report.name), pids)
+            return read(conn, probe(conn, report.name))
         except sqlite3.DatabaseError as err:
             raise NsysanError(f"{report.name}: the export could not be read ({err}); it may be truncated or "
                               "damaged") from err

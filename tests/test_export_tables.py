@@ -146,6 +146,21 @@ def test_steps_from_kernels_streamed_export_the_kernel_table_first(tmp_path):
 
 
 @pytest.mark.slow  # analyses each report twice (4-7 s on the loaded 2 cores)
+@pytest.mark.parametrize("options", [{}, {"keep_events": False, "max_memory": 0}], ids=["whole", "streamed"])
+def test_a_process_that_keeps_loading_code_exports_the_kernel_table(tmp_path, options):
+    """torch_libloads_v25: its steps come from NVTX, but its process keeps loading code (the first
+    export's API table shows it), and its loads are named by the kernels that ran after them: the
+    kernel table is exported after the first export, and the document is the one of an export of
+    every table, loads named (whole frame and streamed)."""
+    whole, lazy, args = whole_and_lazy(tmp_path, "torch_libloads_v25", **options)
+    assert [(s["found_by"], len(s["steps"])) for s in lazy["steps"]] == [("nvtx", 10)]
+    assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES), [*FIRST_EXPORT_TABLES, *LAUNCH_TABLES]]
+    (process,) = lazy["hidden"]["processes"]
+    assert process["keeps_loading"] and process["libraries_after_loads"]["cuDNN"] == 58
+    assert lazy == whole
+
+
+@pytest.mark.slow  # analyses each report twice (4-7 s on the loaded 2 cores)
 def test_quick_and_step_range_export_no_kernel_table(tmp_path):
     """--quick reads no launches, nor does --step-range (it names the steps): one export each."""
     for options in ({"quick": True}, {"step_range": "^step"}):

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections import Counter
 
 import pytest
 from conftest import FIXTURES, analysis_of, cli, truth
 from test_bounded_memory import chunk_rowids, full_documents
 
 import nsysan
+from nsysan.analyses.hidden import kernel_family
 
 MiB = 1 << 20
 LIBLOADS = FIXTURES / "torch_libloads_v25.sqlite"
@@ -47,16 +49,48 @@ def test_code_loads_per_step_are_the_programs(libloads):
     assert p.steps[0].static_bytes == 227039 and p.steps[3].static_bytes == 0
 
 
-def test_loads_from_memory_are_said_to_be_unnamed(libloads):
+def test_loads_are_named_by_the_first_kernel_each_ran(libloads):
     """cuLibraryLoadData / cuModuleLoadData take an image in memory: no file to name, and nsys puts no
-    call stack on them (known_bt_v25, captured with --cudabacktrace=all:1, has none on its load)."""
+    call stack on them (known_bt_v25, captured with --cudabacktrace=all:1, has none on its load). Each
+    load is named by the first kernel of its process that started after it ended (within 1 s),
+    recounted here with plain SQL over the fixture's API and kernel tables, and grouped into the
+    library those kernels' names tell."""
     with sqlite3.connect(f"file:{FIXTURES / 'known_bt_v25.sqlite'}?mode=ro", uri=True) as conn:
         stacks = conn.execute("SELECT count(r.callchainId) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s "
                               "ON s.id = r.nameId WHERE s.value GLOB 'cu*Load*'").fetchone()[0]
     assert stacks == 0
+    (p,) = libloads.hidden.processes
+    with sqlite3.connect(f"file:{LIBLOADS}?mode=ro", uri=True) as conn:
+        rows = conn.execute(
+            "SELECT (SELECT s2.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s2 ON s2.id = k.shortName "
+            "        WHERE (k.globalPid >> 24) = (r.globalTid >> 24) AND k.start > r.\"end\" "
+            "        AND k.start <= r.\"end\" + 1000000000 ORDER BY k.start LIMIT 1) "
+            "FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId "
+            "WHERE s.value IN ('cuLibraryLoadData', 'cuModuleLoadData')").fetchall()
+    counts = Counter(name for (name,) in rows if name)
+    assert len(rows) == p.loads_in_steps == 76 and sum(counts.values()) == 74  # 2 ran no kernel within 1 s
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    assert list(p.kernels_after_loads.items()) == top
+    assert top[0] == ("nchwToNhwcKernel", 36)  # cuDNN's layout kernel, before each new convolution
+    # the library: 11 loads ran a kernel signed _cudnn, 36 + 11 more cuDNN's layout and conv kernels
+    assert sum(n for name, n in counts.items() if name.endswith("_cudnn")) == 11
+    assert p.libraries_after_loads == {"cuDNN": 58, "own": 13, "cuFFT": 2, "cuBLAS": 1}
+    families = Counter()
+    for name, n in counts.items():
+        families[kernel_family(name)] += n
+    assert dict(families) == p.libraries_after_loads
     (answer,) = [a.message for a in libloads.answers if a.code == "code_loads"]
-    assert "and 99 unloads; the trace names none of them (images loaded from memory: nsys records no file, and no " \
-           "call stack on a load, even with --cudabacktrace=all); each load adds" in answer
+    assert "and 99 unloads; named by the first kernel each load ran (approximate: an image loaded from memory " \
+           "names no file): cuDNN 58, own kernels 13, cuFFT 2, cuBLAS 1, 2 followed by no kernel within 1 s (most: " \
+           "nchwToNhwcKernel 36, vectorized_elementwise_kernel 3, Kernel 2); each load adds" in answer
+
+
+@pytest.mark.parametrize("name, family", [
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "NCCL"), ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_cublasLt", "cuBLAS"),
+    ("ampere_sgemm_128x64_tn", "cuBLAS"), ("triton_poi_fused_add_0", "Triton"), ("nhwcToNchwKernel", "cuDNN"),
+    ("sm80_xmma_fprop_implicit_gemm_f32f32_cudnn", "cuDNN"), ("vectorized_elementwise_kernel", "own")])
+def test_kernel_names_tell_their_library(name, family):
+    assert kernel_family(name) == family
 
 
 def test_the_gap_against_nvidia_smi_is_the_truths(libloads):

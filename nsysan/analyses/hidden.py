@@ -38,6 +38,16 @@ LIBRARIES = (("cuBLASLt", r"libcublasLt"), ("cuBLAS", r"libcublas"), ("cuDNN", r
 # captured with --cudabacktrace=all:1, has no call stack on its cuLibraryLoadData either).
 FROM_MEMORY = frozenset({"cuLibraryLoadData", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary",
                          "cuModuleUnload", "cuLibraryUnload"})
+# The library a kernel's short name tells, first match: the names libraries sign (cuDNN's and
+# cuBLAS's engines end in _cudnn / _cublas), then the kernels known to be theirs. Approximate:
+# any other kernel is the program's own (or its framework's: PyTorch's elementwise kernels).
+KERNEL_FAMILIES = (("NCCL", re.compile(r"nccl", re.I)), ("cuBLAS", re.compile(r"cublas", re.I)),
+                   ("cuDNN", re.compile(r"cudnn", re.I)), ("Triton", re.compile(r"^triton_")),
+                   ("cuFFT", re.compile(r"fft", re.I)),
+                   ("cuDNN", re.compile(r"^(nchwTo|nhwcTo|foldedNhwc)|wgrad|dgrad|fprop|implicit_convolve|winograd"
+                                        r"|scalePackedTensor")),
+                   ("cuBLAS", re.compile(r"^(ampere|volta|turing|hopper|sm\d+)_.*gemm|gemv|^cutlass", re.I)))
+OWN_KERNELS = "own"
 SMI_FLAG = ("nvidia-smi --query-compute-apps=timestamp,gpu_uuid,pid,used_memory --format=csv -lms 100 "
             "beside the capture, then --smi LOG")
 # Memory outside a framework's allocator from which the stacks that would name its library are worth a new capture.
@@ -121,6 +131,9 @@ def _process(analysis: Analysis, pid: int, rows: pd.DataFrame, contexts: list[in
         apis={str(k): int(v) for k, v in rows.loc[rows["what"] != "context", "api"].value_counts().sort_index().items()},
         loads_before_steps=before, loads_in_steps=len(loads) - before - after, loads_after_steps=after,
         steps_with_loads=with_loads, keeps_loading=keeps,
+        # only a process that keeps loading has its loads named: the kernel table they are named
+        # from is exported for it alone (pipeline.py)
+        **(_named_loads(loads if not steps else loads[(load_ts >= first) & (load_ts < last)]) if keeps else {}),
         # a step list that says something: loads, unloads, statics or nvidia-smi gaps in some step
         steps=listed if any(s.loads or s.unloads or s.static_bytes or s.smi_gap_bytes is not None
                             for s in listed) else [],
@@ -135,6 +148,47 @@ def _process(analysis: Analysis, pid: int, rows: pd.DataFrame, contexts: list[in
         flags.insert(0, " ".join(stack_flags))
     found = dataclasses.replace(found, capture_flags="; ".join(flags))
     return dataclasses.replace(found, message=_sentence(found, bool(steps)))
+
+
+MAX_KERNELS = 5
+
+
+def _named_loads(loads: pd.DataFrame) -> dict:
+    """The loads by the kernel that ran first after each (events/read_code.kernels_after_loads),
+    at most MAX_KERNELS, and by the library those kernels' names tell, most loads first."""
+    if "kernel" not in loads:
+        return {}
+    named = loads.loc[loads["kernel"] != "", "kernel"].astype(str)
+    kernels = _most_first(named.value_counts())
+    families = _most_first(named.map(kernel_family).value_counts())
+    return {"kernels_after_loads": dict(list(kernels.items())[:MAX_KERNELS]), "libraries_after_loads": families}
+
+
+def _most_first(counts: pd.Series) -> dict[str, int]:
+    return {str(k): int(n) for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
+def kernel_family(name: str) -> str:
+    """The library a kernel's short name tells (KERNEL_FAMILIES), else OWN_KERNELS."""
+    return next((family for family, pattern in KERNEL_FAMILIES if pattern.search(name)), OWN_KERNELS)
+
+
+def _named(p: ProcessCode) -> str:
+    """"; named by the first kernel each load ran (approximate ...): cuDNN 54, ..." or, with no kernel
+    after any load, what the trace cannot name."""
+    if not p.libraries_after_loads:
+        if set(p.apis) <= FROM_MEMORY:
+            return ("; the trace names none of them (images loaded from memory: nsys records no file, and no "
+                    "call stack on a load, even with --cudabacktrace=all)")
+        return ""
+    families = ", ".join(f"{'own kernels' if name == OWN_KERNELS else name} {n}"
+                         for name, n in p.libraries_after_loads.items())
+    kernels = ", ".join(f"{name if len(name) <= 40 else name[:39] + '…'} {n}"
+                        for name, n in list(p.kernels_after_loads.items())[:3])
+    unnamed = p.loads_in_steps - sum(p.libraries_after_loads.values())
+    none = f", {unnamed} followed by no kernel within 1 s" if unnamed else ""
+    return (f"; named by the first kernel each load ran (approximate: an image loaded from memory names no file): "
+            f"{families}{none} (most: {kernels})")
 
 
 def _smi_gaps(analysis: Analysis, pid: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
@@ -207,10 +261,8 @@ def _sentence(p: ProcessCode, has_steps: bool) -> str:
         loads = f"{_count(p.loads, 'code load')} ({kinds})" if p.loads else "no code loads"
         if p.keeps_loading:
             counts = ", ".join(str(s.loads) for s in p.steps[:12]) + (", ..." if len(p.steps) > 12 else "")
-            unnamed = ("; the trace names none of them (images loaded from memory: nsys records no file, and no "
-                       "call stack on a load, even with --cudabacktrace=all)") if set(p.apis) <= FROM_MEMORY else ""
             parts.append(f"keeps loading CUDA code step after step: {loads}, {p.loads_in_steps} of them in "
-                         f"{p.steps_with_loads} of {len(p.steps)} steps ({counts}), and {p.unloads} unloads{unnamed}; "
+                         f"{p.steps_with_loads} of {len(p.steps)} steps ({counts}), and {p.unloads} unloads{_named(p)}; "
                          "each load adds kernel images that nvidia-smi counts and no allocation shows")
         elif has_steps:
             parts.append(f"{loads}, {p.loads_before_steps} before the first step, {p.loads_in_steps} in steps, "

@@ -41,7 +41,10 @@ WHAT = {**{a: "context" for a in CONTEXT_APIS}, **{a: "load" for a in LOAD_APIS}
         **{a: "capture_end" for a in CAPTURE_END_APIS}, **{a: "instantiate" for a in INSTANTIATE_APIS},
         **{a: "exec_destroy" for a in EXEC_DESTROY_APIS}, **{a: "graph_destroy" for a in GRAPH_DESTROY_APIS},
         **{a: "launch" for a in LAUNCH_APIS}, **{a: "mem_node" for a in MEM_NODE_APIS}}
-CODE_CALL_COLUMNS = ["ts_ns", "end_ns", "pid", "tid", "api", "what"]
+CODE_CALL_COLUMNS = ["ts_ns", "end_ns", "pid", "tid", "api", "what", "kernel"]
+KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
+# A load is named by the first kernel of its process that started within this long after it.
+KERNEL_AFTER_LOAD_NS = 1_000_000_000
 
 
 @dataclass
@@ -52,10 +55,65 @@ class CodeTrace:
 
     calls: pd.DataFrame
     contexts: dict[int, list[int]] = field(default_factory=dict)
+    # whether the export held the kernel table the loads' `kernel` column is read from (nsysan's
+    # lazy first export leaves it out: pipeline.py adds it when a process keeps loading code)
+    kernels_read: bool = False
 
 
 def read_code_trace(conn: sqlite3.Connection, schema: Schema) -> CodeTrace:
-    return CodeTrace(read_code_calls(conn, schema), read_contexts(conn, schema))
+    calls = read_code_calls(conn, schema)
+    calls["kernel"] = kernels_after_loads(conn, schema, calls)
+    return CodeTrace(calls, read_contexts(conn, schema), kernels_read=has_kernel_names(schema))
+
+
+def has_kernel_names(schema: Schema) -> bool:
+    return schema.has(KERNEL_TABLE, "start", "globalPid", "shortName") and schema.has("StringIds", "id", "value")
+
+
+def kernels_after_loads(conn: sqlite3.Connection, schema: Schema, calls: pd.DataFrame) -> np.ndarray:
+    """For each load call, the short name of the first kernel of its process that started after
+    the call ended (within KERNEL_AFTER_LOAD_NS); "" for other calls, for loads with none, and
+    without the kernel table.
+
+    A load from memory (cuLibraryLoadData, cuModuleLoadData) names no file, and nsys puts no call
+    stack on it: the code it brought is what runs next (with lazy loading, a library's kernels
+    load just before their first launch). One read of the kernel table between the first load
+    and a second after the last, only when there are loads."""
+    names = np.full(len(calls), "", dtype=object)
+    is_load = (calls["what"] == "load").to_numpy()
+    if not is_load.any() or not has_kernel_names(schema):
+        return names
+    load_rows = np.flatnonzero(is_load)
+    load_pid = calls["pid"].to_numpy("int64")[load_rows]
+    load_end = calls["end_ns"].to_numpy("int64")[load_rows]
+    low = int(load_end.min()) + schema.time_offset_ns
+    high = int(load_end.max()) + schema.time_offset_ns + KERNEL_AFTER_LOAD_NS
+    # A plain query: the kernels of this window are far fewer than the rows read_table's threads pay off on.
+    rows = conn.execute(f"SELECT start, globalPid, shortName FROM {KERNEL_TABLE} WHERE start > ? AND start <= ? "
+                        "AND typeof(start) = 'integer' AND typeof(globalPid) = 'integer' "
+                        "AND typeof(shortName) = 'integer'", (low, high)).fetchall()
+    if not rows:
+        return names
+    found = np.array(rows, dtype="int64").reshape(-1, 3)
+    kernel_ts = found[:, 0] - schema.time_offset_ns
+    kernel_pid = (found[:, 1] >> 24) & 0xFFFFFF
+    order = np.lexsort((kernel_ts, kernel_pid))
+    kernel_ts, kernel_pid, kernel_name = kernel_ts[order], kernel_pid[order], found[order, 2]
+    chosen: dict[int, int] = {}  # row of the load -> the kernel's name id
+    for pid in np.unique(load_pid):
+        lo, hi = np.searchsorted(kernel_pid, [pid, pid + 1])
+        ts = kernel_ts[lo:hi]
+        mine = load_pid == pid
+        at = np.searchsorted(ts, load_end[mine], side="right")
+        for row, i, end in zip(load_rows[mine], at, load_end[mine]):
+            if i < len(ts) and ts[i] - end <= KERNEL_AFTER_LOAD_NS:
+                chosen[int(row)] = int(kernel_name[lo + i])
+    ids = sorted(set(chosen.values()))
+    text = dict(conn.execute(f"SELECT id, CAST(substr(value, 1, 200) AS TEXT) FROM StringIds "
+                             f"WHERE id IN ({','.join(map(str, ids))})").fetchall()) if ids else {}
+    for row, name_id in chosen.items():
+        names[row] = str(text.get(name_id, "") or "")
+    return names
 
 
 def read_contexts(conn: sqlite3.Connection, schema: Schema) -> dict[int, list[int]]:
@@ -75,7 +133,7 @@ def read_contexts(conn: sqlite3.Connection, schema: Schema) -> dict[int, list[in
 def empty_code_calls() -> pd.DataFrame:
     return pd.DataFrame({"ts_ns": np.zeros(0, "int64"), "end_ns": np.zeros(0, "int64"),
                          "pid": np.zeros(0, "int64"), "tid": np.zeros(0, "int64"),
-                         "api": np.zeros(0, object), "what": np.zeros(0, object)})
+                         "api": np.zeros(0, object), "what": np.zeros(0, object), "kernel": np.zeros(0, object)})
 
 
 def read_code_calls(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:

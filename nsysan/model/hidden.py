@@ -62,6 +62,12 @@ class ProcessCode:
     steps_with_loads: int = 0  # steps (of those listed) in which code was loaded
     steps: list[StepLoads] = field(default_factory=list)  # the process's listed steps, in time order
     keeps_loading: bool = False  # code loaded in more than half of the steps after the first
+    # When it keeps loading: its loads in steps (all of them without steps) by the short name of the
+    # kernel of the process that ran first after each, within 1 s (the code a load from memory
+    # brought: it names no file), at most 5, and by the library those names tell (cuDNN, cuBLAS,
+    # NCCL, Triton, cuFFT, or "own"); most loads first; {} otherwise and without a kernel table
+    kernels_after_loads: dict[str, int] = field(default_factory=dict)
+    libraries_after_loads: dict[str, int] = field(default_factory=dict)
     static_bytes: int = 0  # module statics live at the end (static memory kind)
     libraries: list[LibraryMemory] = field(default_factory=list)  # largest first; [] without stacks
     outside_allocator_bytes: Optional[int] = None  # live device bytes outside a framework allocator at its peak
