@@ -21,7 +21,7 @@ from .analyses.spikes import DEFAULT_WINDOW_NS
 from .errors import NsysanError
 from .events import LoadedEvents, load_events
 from .events.read import memory_row_count, memory_rowid_span, read_cuda_activity
-from .events.read_code import CodeTrace, has_kernel_names, kernels_after_loads, read_code_trace
+from .events.read_code import CodeTrace, read_code_trace, with_kernels_after_loads
 from .events.read_launches import read_launches
 from .events.read_start import read_capture_start
 from .model import Analysis, Diagnostic, Source
@@ -131,16 +131,19 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                     sibling_export=path_text(result.sqlite_path) if result.from_sibling else None)
 
     def unseen(analysis: Analysis, trace: Optional[CodeTrace]) -> Analysis:
-        """with_unseen_memory; where a process keeps loading code and the cached export was made
-        without the kernel table its loads are named from (analyses/hidden.py), nsys adds that table
-        and the loads are named from it, so that the document is an export of every table's."""
+        """with_unseen_memory, the loads of the processes that keep loading code named by the kernels
+        that ran after them (analyses/hidden.py): where nsysan's cached export was made without the
+        kernel table, nsys adds it first, so that the document is the one of an export of every table."""
+        nonlocal result
         found = with_unseen_memory(analysis, trace)
-        if trace is None or trace.kernels_read or not export.lacks_tables(result, LAUNCH_TABLES) or \
-                not any(p.keeps_loading for p in found.hidden.processes):
+        pids = [p.pid for p in found.hidden.processes if p.keeps_loading]
+        if trace is None or not pids:
             return found
-        grown = export_it(use_sibling=False, tables=EXPORTED_TABLES, stage="exporting the kernels with nsys")
-        return with_unseen_memory(analysis, _with_kernel_names(report, grown.sqlite_path,
-                                                               export.resolve_cache_dir(cache_dir), trace))
+        if export.lacks_tables(result, LAUNCH_TABLES):
+            result = export_it(use_sibling=False, tables=EXPORTED_TABLES, stage="exporting the kernels with nsys")
+        return with_unseen_memory(analysis, _on_export(
+            report, result.sqlite_path, export.resolve_cache_dir(cache_dir),
+            lambda conn, schema: with_kernels_after_loads(conn, schema, trace, pids)))
 
     if loaded is None:  # left to be streamed (see _read)
         streamed, code_calls = _streamed(report, result.sqlite_path, export.resolve_cache_dir(cache_dir), schema,
@@ -258,15 +261,6 @@ def _read_launches(report: Path, sqlite_path: Path, scratch: Path, pids: list[in
     """read_launches of `pids` from the export at `sqlite_path`, on that export's own schema (its
     times and the tables it holds)."""
     return _on_export(report, sqlite_path, scratch, lambda conn, schema: read_launches(conn, schema, pids))
-
-
-def _with_kernel_names(report: Path, sqlite_path: Path, scratch: Path, trace: CodeTrace) -> CodeTrace:
-    """`trace` with its loads' kernels (events/read_code.kernels_after_loads) read from the export
-    at `sqlite_path`, on that export's own schema."""
-    def named(conn: sqlite3.Connection, schema: Schema) -> CodeTrace:
-        calls = trace.calls.assign(kernel=kernels_after_loads(conn, schema, trace.calls))
-        return dataclasses.replace(trace, calls=calls, kernels_read=has_kernel_names(schema))
-    return _on_export(report, sqlite_path, scratch, named)
 
 
 def _on_export(report: Path, sqlite_path: Path, scratch: Path, read: Callable[[sqlite3.Connection, Schema], T]) -> T:

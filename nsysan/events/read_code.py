@@ -41,10 +41,12 @@ WHAT = {**{a: "context" for a in CONTEXT_APIS}, **{a: "load" for a in LOAD_APIS}
         **{a: "capture_end" for a in CAPTURE_END_APIS}, **{a: "instantiate" for a in INSTANTIATE_APIS},
         **{a: "exec_destroy" for a in EXEC_DESTROY_APIS}, **{a: "graph_destroy" for a in GRAPH_DESTROY_APIS},
         **{a: "launch" for a in LAUNCH_APIS}, **{a: "mem_node" for a in MEM_NODE_APIS}}
-CODE_CALL_COLUMNS = ["ts_ns", "end_ns", "pid", "tid", "api", "what", "kernel"]
+CODE_CALL_COLUMNS = ["ts_ns", "end_ns", "pid", "tid", "api", "what"]
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 # A load is named by the first kernel of its process that started within this long after it.
 KERNEL_AFTER_LOAD_NS = 1_000_000_000
+# Windows of seconds after loads read in one query (two bound parameters each; SQLite allows 999 before 3.32).
+MAX_WINDOWS = 400
 
 
 @dataclass
@@ -55,45 +57,54 @@ class CodeTrace:
 
     calls: pd.DataFrame
     contexts: dict[int, list[int]] = field(default_factory=dict)
-    # whether the export held the kernel table the loads' `kernel` column is read from (nsysan's
-    # lazy first export leaves it out: pipeline.py adds it when a process keeps loading code)
-    kernels_read: bool = False
 
 
 def read_code_trace(conn: sqlite3.Connection, schema: Schema) -> CodeTrace:
-    calls = read_code_calls(conn, schema)
-    calls["kernel"] = kernels_after_loads(conn, schema, calls)
-    return CodeTrace(calls, read_contexts(conn, schema), kernels_read=has_kernel_names(schema))
+    return CodeTrace(read_code_calls(conn, schema), read_contexts(conn, schema))
 
 
 def has_kernel_names(schema: Schema) -> bool:
     return schema.has(KERNEL_TABLE, "start", "globalPid", "shortName") and schema.has("StringIds", "id", "value")
 
 
-def kernels_after_loads(conn: sqlite3.Connection, schema: Schema, calls: pd.DataFrame) -> np.ndarray:
-    """For each load call, the short name of the first kernel of its process that started after
-    the call ended (within KERNEL_AFTER_LOAD_NS); "" for other calls, for loads with none, and
-    without the kernel table.
+def with_kernels_after_loads(conn: sqlite3.Connection, schema: Schema, trace: CodeTrace, pids: list[int]) -> CodeTrace:
+    """`trace` with a `kernel` column: for each load call of `pids`, the short name of the first
+    kernel of its process that started after the call ended (within KERNEL_AFTER_LOAD_NS); "" for
+    other calls, for loads with none, and without the kernel table.
 
     A load from memory (cuLibraryLoadData, cuModuleLoadData) names no file, and nsys puts no call
     stack on it: the code it brought is what runs next (with lazy loading, a library's kernels
-    load just before their first launch). One read of the kernel table between the first load
-    and a second after the last, only when there are loads."""
+    load just before their first launch). Read only for the processes that keep loading code
+    (pipeline.py), in one scan of the kernel table that returns only the kernels of the seconds
+    after their loads."""
+    calls = trace.calls
     names = np.full(len(calls), "", dtype=object)
-    is_load = (calls["what"] == "load").to_numpy()
-    if not is_load.any() or not has_kernel_names(schema):
-        return names
+    is_load = ((calls["what"] == "load") & calls["pid"].isin(pids)).to_numpy()
+    if is_load.any() and has_kernel_names(schema):
+        _name_loads(conn, schema, calls, is_load, names)
+    return CodeTrace(calls.assign(kernel=names), trace.contexts)
+
+
+def _name_loads(conn: sqlite3.Connection, schema: Schema, calls: pd.DataFrame, is_load: np.ndarray,
+                names: np.ndarray) -> None:
     load_rows = np.flatnonzero(is_load)
     load_pid = calls["pid"].to_numpy("int64")[load_rows]
     load_end = calls["end_ns"].to_numpy("int64")[load_rows]
-    low = int(load_end.min()) + schema.time_offset_ns
-    high = int(load_end.max()) + schema.time_offset_ns + KERNEL_AFTER_LOAD_NS
-    # A plain query: the kernels of this window are far fewer than the rows read_table's threads pay off on.
-    rows = conn.execute(f"SELECT start, globalPid, shortName FROM {KERNEL_TABLE} WHERE start > ? AND start <= ? "
+    # the seconds after the loads, overlapping ones merged: the kernels in them are few
+    windows: list[list[int]] = []
+    for end in np.sort(load_end) + schema.time_offset_ns:
+        if windows and end <= windows[-1][1]:
+            windows[-1][1] = int(end) + KERNEL_AFTER_LOAD_NS
+        else:
+            windows.append([int(end), int(end) + KERNEL_AFTER_LOAD_NS])
+    if len(windows) > MAX_WINDOWS:  # past SQLite's bound parameters: one window over them all
+        windows = [[windows[0][0], windows[-1][1]]]
+    where = " OR ".join("(start > ? AND start <= ?)" for _ in windows)
+    rows = conn.execute(f"SELECT start, globalPid, shortName FROM {KERNEL_TABLE} WHERE ({where}) "
                         "AND typeof(start) = 'integer' AND typeof(globalPid) = 'integer' "
-                        "AND typeof(shortName) = 'integer'", (low, high)).fetchall()
+                        "AND typeof(shortName) = 'integer'", [v for w in windows for v in w]).fetchall()
     if not rows:
-        return names
+        return
     found = np.array(rows, dtype="int64").reshape(-1, 3)
     kernel_ts = found[:, 0] - schema.time_offset_ns
     kernel_pid = (found[:, 1] >> 24) & 0xFFFFFF
@@ -113,7 +124,6 @@ def kernels_after_loads(conn: sqlite3.Connection, schema: Schema, calls: pd.Data
                              f"WHERE id IN ({','.join(map(str, ids))})").fetchall()) if ids else {}
     for row, name_id in chosen.items():
         names[row] = str(text.get(name_id, "") or "")
-    return names
 
 
 def read_contexts(conn: sqlite3.Connection, schema: Schema) -> dict[int, list[int]]:
@@ -133,7 +143,7 @@ def read_contexts(conn: sqlite3.Connection, schema: Schema) -> dict[int, list[in
 def empty_code_calls() -> pd.DataFrame:
     return pd.DataFrame({"ts_ns": np.zeros(0, "int64"), "end_ns": np.zeros(0, "int64"),
                          "pid": np.zeros(0, "int64"), "tid": np.zeros(0, "int64"),
-                         "api": np.zeros(0, object), "what": np.zeros(0, object), "kernel": np.zeros(0, object)})
+                         "api": np.zeros(0, object), "what": np.zeros(0, object)})
 
 
 def read_code_calls(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
