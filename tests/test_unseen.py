@@ -197,12 +197,18 @@ def test_the_graph_answer_is_on_the_first_screen_and_page(graphs, capsys, tmp_pa
     assert document["graphs"]["processes"][0]["captured_bytes"] == 1258291200
 
 
-def test_the_unseen_answer_with_smi_logs(libloads, capsys):
+def test_the_unseen_answer_with_smi_logs(libloads, capsys, tmp_path):
     (answer,) = [a for a in libloads.answers if a.topic == "unseen"]
     assert answer.severity == "warning" and "keeps loading CUDA code step after step" in answer.message
     assert "(26, 5, 13, 3, 8, 7, 3, 3, 5, 3)" in answer.message
-    code, out, _ = cli(capsys, "analyze", str(LIBLOADS), *[a for log in LIBLOADS_SMI for a in ("--smi", str(log))])
+    code, out, _ = cli(capsys, "analyze", str(LIBLOADS), *[a for log in LIBLOADS_SMI for a in ("--smi", str(log))],
+                       "-o", str(tmp_path))
     assert code == 0 and "not traced" in out[out.index("Answers"):out.index("Peak GPU memory")]
+    # the page's table of the loads by library, then by first kernel (the model's counts)
+    page = (tmp_path / "report.html").read_text()
+    assert '<tr><td class="text">cuDNN</td><td class="num">58</td></tr>' in page
+    assert '<tr><td class="text">own kernels</td><td class="num">13</td></tr>' in page
+    assert '<tr><td class="text sub">first kernel nchwToNhwcKernel</td><td class="num">36</td></tr>' in page
 
 
 @pytest.mark.parametrize("name", ["torch_graphs_v25", "torch_libloads_v25"])
