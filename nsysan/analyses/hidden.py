@@ -99,14 +99,15 @@ def _process(analysis: Analysis, pid: int, rows: pd.DataFrame, contexts: list[in
     steps = step_list(analysis, pid)
     statics = [s for s in analysis.timeline.series if s.pid == pid and s.kind == "static" and s.ts_ns]
     gaps = _smi_gaps(analysis, pid)
-    listed = []
-    for step in steps:
-        inside = (rows["ts_ns"] >= step.start_ns) & (rows["ts_ns"] < step.end_ns)
-        static = live_at(statics, np.array([step.start_ns, step.end_ns], "int64"))
-        listed.append(StepLoads(name=step.name, start_ns=step.start_ns, end_ns=step.end_ns,
-                                loads=int((inside & (rows["what"] == "load")).sum()),
-                                unloads=int((inside & (rows["what"] == "unload")).sum()),
-                                static_bytes=int(static[1] - static[0]), smi_gap_bytes=_gap_at(gaps, step.end_ns)))
+    # Every step at once (a pandas mask per step took 0.2 s for 150 steps): the calls in
+    # [start, end) by binary search on their sorted times, the statics at both ends in one pass.
+    starts = np.array([step.start_ns for step in steps], "int64")
+    ends = np.array([step.end_ns for step in steps], "int64")
+    load_counts, unload_counts = (_within(part["ts_ns"], starts, ends) for part in (loads, unloads))
+    static = live_at(statics, np.stack([starts, ends], axis=1).ravel()).reshape(-1, 2)
+    listed = [StepLoads(name=step.name, start_ns=step.start_ns, end_ns=step.end_ns, loads=int(load_counts[i]),
+                        unloads=int(unload_counts[i]), static_bytes=int(static[i, 1] - static[i, 0]),
+                        smi_gap_bytes=_gap_at(gaps, step.end_ns)) for i, step in enumerate(steps)]
     first, last = (steps[0].start_ns, steps[-1].end_ns) if steps else (None, None)
     load_ts = loads["ts_ns"]
     before = int((load_ts < first).sum()) if first is not None else len(loads)
@@ -189,6 +190,13 @@ def _named(p: ProcessCode) -> str:
     none = f", {unnamed} followed by no kernel within 1 s" if unnamed else ""
     return (f"; named by the first kernel each load ran (approximate: an image loaded from memory names no file): "
             f"{families}{none} (most: {kernels})")
+
+
+def _within(ts_ns: pd.Series, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """How many of the times fall in each [start, end) (none where end <= start)."""
+    ts = np.sort(ts_ns.to_numpy("int64"))
+    counts = np.searchsorted(ts, ends, side="left") - np.searchsorted(ts, starts, side="left")
+    return np.maximum(counts, 0)
 
 
 def _smi_gaps(analysis: Analysis, pid: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
