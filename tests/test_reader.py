@@ -145,3 +145,19 @@ def test_the_command_line_process_runs_without_transparent_huge_pages():
     printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "THP_enabled:\t0" in printed
     assert "THP_enabled:\t1" in status.read_text()  # the test process itself keeps the system's setting
+
+
+@pytest.mark.parametrize("known", ["all", "one", "extra"])
+def test_last_call_per_process_in_one_scan_equals_the_group_by(known):
+    """read._last_ends (one max() per process with memory calls in a single scan) gives the GROUP
+    BY's answer on ddp_leak_v25 (three processes), also when a process of the table is not among
+    those named (it then runs the GROUP BY) or one named has no row."""
+    from nsysan.events.read import _last_ends
+
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    with contextlib.closing(open_readonly(FIXTURES / "ddp_leak_v25.sqlite")) as conn:
+        expected = conn.execute(f'SELECT (globalTid >> 24) & 16777215, max("end") FROM {table} GROUP BY 1').fetchall()
+        pids = [pid for pid, _ in expected]
+        named = {"all": pids, "one": pids[:1], "extra": [*pids, 1]}[known]
+        assert len(pids) == 3 and all(isinstance(ts, int) for _, ts in expected)
+        assert sorted(_last_ends(conn, table, '"end"', "", sorted(named))) == sorted(expected)

@@ -298,9 +298,10 @@ def last_cuda_calls(conn: sqlite3.Connection, schema: Schema, calls: pd.DataFram
     end = '"end"' if schema.has(table, "end") else "start"
     last = calls.groupby("pid")["end_ns"].max().to_dict() if not calls.empty else {}
 
+    known = sorted(int(p) for p in last)
+
     def merge(where: str) -> None:
-        sql = f"SELECT (globalTid >> 24) & 16777215, max({end}) FROM {table} {where} GROUP BY 1"
-        for pid, ts in conn.execute(sql):
+        for pid, ts in _last_ends(conn, table, end, where, known):
             if isinstance(pid, int) and isinstance(ts, int):
                 last[pid] = max(last.get(pid, ts - schema.time_offset_ns), ts - schema.time_offset_ns)
 
@@ -308,6 +309,21 @@ def last_cuda_calls(conn: sqlite3.Connection, schema: Schema, calls: pd.DataFram
     if _ranges_after(last, ranges):
         merge("")  # the whole table, only when the tail leaves a process looking cut short
     return last
+
+
+def _last_ends(conn: sqlite3.Connection, table: str, end: str, where: str, pids: list[int]) -> list[tuple]:
+    """(pid, latest end) of the rows `where` selects, per process. A GROUP BY sorts every row
+    (0.11 s for the 200,000-row tail of a 258k-call export, against 0.03 s for one scan): the
+    processes with memory calls, nearly always every process of the table, get one max() each in
+    a single scan, and the GROUP BY runs only when a row of another process is there."""
+    pid = "((globalTid >> 24) & 16777215)"
+    if pids and len(pids) <= 64:
+        listed = ",".join(str(p) for p in pids)
+        maxes = ", ".join(f"max(CASE WHEN {pid} = {p} THEN {end} END)" for p in pids)
+        *ends, others = conn.execute(f"SELECT {maxes}, max({pid} NOT IN ({listed})) FROM {table} {where}").fetchone()
+        if not others:
+            return [(p, ts) for p, ts in zip(pids, ends) if ts is not None]
+    return conn.execute(f"SELECT {pid}, max({end}) FROM {table} {where} GROUP BY 1").fetchall()
 
 
 def _ranges_after(last_call: dict[int, int], ranges: pd.DataFrame) -> bool:
