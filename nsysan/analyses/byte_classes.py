@@ -85,10 +85,13 @@ def step_phases(found: dict, ranges: pd.DataFrame) -> dict[int, StepPhases]:
         if not len(start) or ranges.empty:
             continue
         mine = ranges[ranges["pid"].to_numpy() == pid]
-        names = mine["name"].astype(str)
+        # Each distinct name matched once (tens of thousands of ranges repeat a few hundred
+        # names); a missing name (code -1) matches no phase.
+        codes, distinct = pd.factorize(mine["name"])
         phase = {}
         for name, pattern in PHASES.items():
-            rows = mine[names.str.match(pattern).to_numpy()]
+            hit = np.array([pattern.match(str(n)) is not None for n in distinct] + [False], bool)
+            rows = mine[hit[codes]]
             lo, hi = np.full(len(start), -1, "int64"), np.full(len(start), -1, "int64")
             if len(rows):
                 s, e = rows["start_ns"].to_numpy(), rows["end_ns"].to_numpy()
