@@ -38,8 +38,7 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str, float], None]
 T = TypeVar("T")
-# Share of the progress bar taken by the export, when there is one.
-EXPORT_SHARE = 0.6
+EXPORT_SHARE = export.EXPORT_SHARE
 
 
 def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cache_dir: Optional[Path] = None,
@@ -47,7 +46,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                    smi_logs: Sequence[SmiLog] = (), smi_tz: str = "UTC",
                    step_range: Optional[str] = None, spike_window_ns: Optional[int] = None,
                    keep_events: Optional[bool] = None, max_memory: Optional[int] = None,
-                   oom_logs: Sequence[Path] = ()) -> Analysis:
+                   oom_logs: Sequence[Path] = (), exported: Optional[export.ExportResult] = None) -> Analysis:
     """Analyze one .nsys-rep / .qdrep / .sqlite file (`quick`: its memory-usage table alone),
     with nvidia-smi logs (read by nsysan.smi_log) laid over its timeline when given;
     `step_range`: a regular expression naming the NVTX ranges that are training steps;
@@ -57,7 +56,9 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     `max_memory`: bytes the analysis may take when it keeps no frames (memory_budget.py; None:
     half of what this process may use): over it, the events are streamed; `oom_logs`: the
     program's stderr or log files, whose out-of-memory errors are joined with the trace
-    (oom_log.py; read before the long part, so a bad one fails at once)."""
+    (oom_log.py; read before the long part, so a bad one fails at once); `exported`: the first
+    export, `export.analysis_export(report, ...)` with the same nsys and cache_dir, when the caller
+    made it already (the command line does, while it imports this module)."""
     messages = read_oom_logs(oom_logs) if oom_logs else []
     say = progress or (lambda stage, fraction: None)
     if step_range is not None:
@@ -74,8 +75,8 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
 
     def export_it(use_sibling: bool = True, tables: Sequence[str] = FIRST_EXPORT_TABLES,
                   stage: str = "exporting with nsys") -> export.ExportResult:
-        return export.ensure_sqlite(report, nsys=nsys, cache_dir=cache_dir, use_sibling=use_sibling, tables=tables,
-                                    progress=lambda f: say(stage, f * share))
+        return export.analysis_export(report, nsys=nsys, cache_dir=cache_dir, progress=say, use_sibling=use_sibling,
+                                      tables=tables, stage=stage)
 
     # An analysis that keeps no frames (the command line's; a notebook's by default from
     # KEEP_EVENTS_BELOW events on) of a large export streams the events in bounded memory
@@ -92,7 +93,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                      budget, step_range, own_export=found.exported_with is not None,
                      launches_held=not export.lacks_tables(found, LAUNCH_TABLES))
 
-    result = export_it()
+    result = exported or export_it()
     version = export.report_version(report) if is_report else None
     notes: list[Diagnostic] = []
     try:

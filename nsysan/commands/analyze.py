@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, List, Optional
@@ -11,7 +13,7 @@ import typer
 
 from ..errors import NsysanError
 from ..memory_budget import budget_bytes
-from ..export import files_read_for
+from ..export import REPORT_SUFFIXES, analysis_export, files_read_for
 from ..model import Analysis
 from .outputs import check_output_dir, claim_outputs, one_run, write_atomic, write_report
 from ..render.json import render_baseline, render_json, render_json_many
@@ -86,18 +88,22 @@ def analyze(
     With the program's error message: nsysan analyze run.nsys-rep --log train.stderr.txt
     """
     budget = budget_bytes(max_memory)
-    from ..analyses.what_if import what_if_bytes
+    capacity = None
+    if what_if_gpu is not None:
+        from ..analyses.what_if import what_if_bytes
 
-    capacity = what_if_bytes(what_if_gpu) if what_if_gpu is not None else None
+        capacity = what_if_bytes(what_if_gpu)
     if smi and len(reports) > 1:
         raise NsysanError("--smi takes one report; lay nvidia-smi logs over one capture at a time")
     if smi_columns and not smi:
         raise NsysanError("--smi-columns names the columns of --smi logs, and none was given")
     if log and len(reports) > 1:
         raise NsysanError("--log takes one report; join a program's log with one capture at a time")
-    from ..smi_log import read_smi_logs
+    smi_logs = []
+    if smi:
+        from ..smi_log import read_smi_logs
 
-    smi_logs = read_smi_logs(smi, smi_columns or (), smi_tz) if smi else []  # before the long part
+        smi_logs = read_smi_logs(smi, smi_columns or (), smi_tz)  # before the long part
     how = HowToAnalyze(nsys=nsys, cache_dir=cache_dir, quick=quick, smi_logs=smi_logs, smi_tz=smi_tz,
                        step_range=step_range, spike_window=spike_window, max_memory=budget,
                        what_if_gpu=capacity, logs=log or [])
@@ -125,9 +131,9 @@ class HowToAnalyze:
 
     def check(self) -> int:
         """The spike window in ns; NsysanError for a --step-range or --spike-window that can't be used."""
-        from ..pipeline import check_pattern
-
         if self.step_range is not None:
+            from ..pipeline import check_pattern
+
             check_pattern(self.step_range, "--step-range")
         try:
             return parse_duration(self.spike_window, "--spike-window")
@@ -135,6 +141,13 @@ class HowToAnalyze:
             raise NsysanError(str(err)) from None
 
     def analyze(self, report: Path, spike_window_ns: int, say: "Progress") -> Analysis:
+        exported = None
+        if report.suffix.lower() in REPORT_SUFFIXES and not self.logs:
+            # nsys exports while the analyses (pandas, pyarrow: 0.5-0.7 s of a start) are imported
+            # beside it: analyze_report's checks before its export are the command's, done already,
+            # but for --log's files (read first there, so a bad one fails before any export).
+            _import_in_background("nsysan.pipeline", "nsysan.analyses.what_if")
+            exported = analysis_export(report, nsys=self.nsys, cache_dir=self.cache_dir, progress=say)
         from ..analyses.what_if import with_what_if
         from ..pipeline import analyze_report
 
@@ -142,8 +155,22 @@ class HowToAnalyze:
                                   smi_logs=self.smi_logs, smi_tz=self.smi_tz, step_range=self.step_range,
                                   spike_window_ns=spike_window_ns,
                                   keep_events=False,  # the outputs never read the raw frames
-                                  max_memory=self.max_memory, oom_logs=self.logs)
+                                  max_memory=self.max_memory, oom_logs=self.logs, exported=exported)
         return with_what_if(analysis, self.what_if_gpu) if self.what_if_gpu is not None else analysis
+
+
+def _import_in_background(*modules: str) -> None:
+    """Import `modules` on a daemon thread. The main thread's own import of one of them waits for
+    it (Python's per-module import lock) and, should it fail, fails again there, where errors are
+    handled: nothing is printed from this thread."""
+    def run() -> None:
+        try:
+            for module in modules:
+                importlib.import_module(module)
+        except BaseException:  # noqa: BLE001 (see above)
+            pass
+
+    threading.Thread(target=run, name="nsysan-imports", daemon=True).start()
 
 
 @dataclass(frozen=True)

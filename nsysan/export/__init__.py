@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import NsysanError
-from ..schema import EXPORTED_TABLES, connect_readonly, export_parameters, tables_missing, tables_requested
+from ..schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES, connect_readonly, export_parameters, tables_missing, tables_requested
 
 # Split by stage; every name used outside stays importable from nsysan.export.
 from .input_files import REPORT_MAGIC, REPORT_SUFFIXES, SQLITE_MAGIC, SQLITE_SIDE_FILES, _input_kind, describe_file_type, \
@@ -169,6 +169,20 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
 
 # ---------------------------------------------------------------------------------------------
 # What a cached export holds
+
+# Share of an analysis's progress bar taken by the export, when there is one.
+EXPORT_SHARE = 0.6
+
+
+def analysis_export(report: Path, *, nsys: str | Path | None, cache_dir: Path | None,
+                    progress: Callable[[str, float], None], use_sibling: bool = True,
+                    tables: Sequence[str] = FIRST_EXPORT_TABLES, stage: str = "exporting with nsys") -> ExportResult:
+    """ensure_sqlite as an analysis asks for it (pipeline.analyze_report), its progress the first
+    EXPORT_SHARE of the analysis's: the command line makes the first one itself, while the
+    analyses are imported (commands/analyze.py)."""
+    return ensure_sqlite(report, nsys=nsys, cache_dir=cache_dir, use_sibling=use_sibling, tables=tables,
+                         progress=lambda f: progress(stage, f * EXPORT_SHARE))
+
 
 def record_path(entry: Path) -> Path:
     """Where the cache records what the export `entry` holds: `<key>.tables.json` beside it."""
