@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nsysan
+from nsysan.analyses.explore import LargestAllocations
 from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
 from nsysan.engine import Engine, Facts, frame_batch, frame_live, pieces
@@ -79,14 +80,30 @@ def test_group_sums_and_never_freed_of_known_mem_are_the_truth():
     assert sorted(leaks["bytes"].tolist()) == sorted(r["bytes"] for r in leaked)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_largest_allocations_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    analysis = frame(name)
+    n = len(analysis.events)
+    rows, count = answer(analysis, LargestAllocations())
+    listed = analysis.timeline.allocations  # what the document holds: largest first, then earliest
+    assert count == analysis.timeline.allocations_total == int((analysis.events["op"] == "alloc").sum())
+    assert list(zip(rows["bytes"], rows["ts"])) == [(a.bytes, a.alloc_time_ns) for a in listed]
+    for bounds in (range(0, n, max(1, n // 7)), range(0, n, 3)):
+        for limit in (5, 300):  # a top 5 kept across the cuts, and every one
+            cut, whole = answer(analysis, LargestAllocations(limit), bounds), answer(analysis, LargestAllocations(limit))
+            assert cut[0]["seq"].tolist() == whole[0]["seq"].tolist() and cut[1] == whole[1]
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_group_sums_and_never_freed_do_not_depend_on_where_the_batches_are_cut(data):
+def test_reducers_do_not_depend_on_where_the_batches_are_cut(data):
     analysis = frame(data.draw(st.sampled_from(NAMES)))
     n = len(analysis.events)
     bounds = data.draw(st.lists(st.integers(0, n), max_size=12))
     assert answer(analysis, GroupSums(), bounds) == analysis.groups
     assert never_freed_seqs(analysis, bounds) == never_freed_seqs(analysis)
+    assert answer(analysis, LargestAllocations(5), bounds)[0]["seq"].tolist() == \
+        answer(analysis, LargestAllocations(5))[0]["seq"].tolist()
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -22,7 +22,7 @@ from .allocations import to_allocations
 from .bounds import cut_long_strings
 from .capture import capture_facts
 from .calls import api_call_stats, find_failed_calls
-from .explore import allocation_groups, early_trace_ends, focus_window, largest_allocations, nvtx_spans, \
+from .explore import allocation_groups, early_trace_ends, focus_window, LargestAllocations, nvtx_spans, \
     operator_spans
 from .diagnostics import capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
@@ -99,7 +99,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                              sizes_known=schema.memory_usage_collected, grouped=grouped.without_live())
         api_calls_later, sites_later, ranges_later = (pool.submit(work) for work in
                                                       (api_call_work, site_work, range_work))
-        answered = Engine([GroupSums(), NeverFreed()], facts).run([batch], frame_live(events))
+        answered = Engine([GroupSums(), NeverFreed(), LargestAllocations()], facts).run([batch],
+                                                                                  frame_live(events))
         del batch  # its groups' running sums go with the timeline's (below), its partners now
         groups = answered["groups"]
         leaked = answered.pop("never_freed")["seq"].to_numpy()  # event rows, largest first
@@ -122,7 +123,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         # Whichever core is free takes what is left of the second core's queue, the last queued first.
         range_table, range_families = _here_unless_started(ranges_later, range_work)
         del grouped, range_work  # the order of 1e7 events into groups, 80 MB
-        timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns, loaded.operator_ranges)
+        timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns, loaded.operator_ranges,
+                               answered.pop("largest"))
         diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
             schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version,
             quick=loaded.quick, pools=pools)
@@ -231,11 +233,12 @@ def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:
 
 
 def _explorable(timeline, events: pd.DataFrame, ranges: pd.DataFrame, allocations, last_cuda_call_ns,
-                operator_ranges: pd.DataFrame):
-    """The timeline with what a page needs to explore it (analyses/explore.py)."""
+                operator_ranges: pd.DataFrame, largest: tuple[pd.DataFrame, int]):
+    """The timeline with what a page needs to explore it (analyses/explore.py); `largest`:
+    LargestAllocations' answer."""
     trace_ends = early_trace_ends(ranges, last_cuda_call_ns)
     focus_start, focus_end = focus_window(events, timeline.bands, trace_ends)
-    listed, total = largest_allocations(events, allocations)
+    listed, total = allocations(events.iloc[largest[0]["seq"].to_numpy()]), largest[1]
     return dataclasses.replace(timeline, focus_start_ns=focus_start, focus_end_ns=focus_end,
                                spans=nvtx_spans(ranges, events), allocations=listed, allocations_total=total,
                                trace_ends=trace_ends, operator_spans=operator_spans(operator_ranges, events))

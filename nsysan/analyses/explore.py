@@ -17,9 +17,11 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from ..engine import Facts, Reducer
 from ..events.arrays import category_codes, distinct_rows
+from ..events.stream import EventBatch
 from ..events.read import TRACE_GOES_ON
-from ..model import Allocation, AllocationGroup, Band, NvtxSpan, TraceEnd
+from ..model import AllocationGroup, Band, NvtxSpan, TraceEnd
 from ..model.memory import range_family, site_in_family
 from .sites import call_site
 from .timeline import longest_per_process
@@ -27,6 +29,7 @@ from .timeline import longest_per_process
 MAX_SPANS = 2000
 MAX_OPERATOR_SPANS = 2000
 MAX_INTERVALS = 300
+LARGEST_COLUMNS = ("seq", "ts", "pid", "device", "kind", "address", "bytes")  # what LargestAllocations keeps
 MAX_GROUPS = 100
 # The focus starts once this share of all memory movement (sum of |delta bytes|) has happened: a
 # setup's few small allocations long before the steps are left out of the first view.
@@ -168,19 +171,32 @@ def _spans(mine: pd.DataFrame, events: pd.DataFrame, limit: int) -> list[NvtxSpa
             .itertuples(index=False)]  # capped list
 
 
-def largest_allocations(events: pd.DataFrame, to_allocations: Callable[[pd.DataFrame], list[Allocation]],
-                        limit: int = MAX_INTERVALS) -> tuple[list[Allocation], int]:
-    """The `limit` largest allocations (largest first, then earliest) with their free times, and how
-    many allocations there were."""
-    if events.empty:
-        return [], 0
-    allocs = np.flatnonzero((events["op"].cat.codes == 0).to_numpy())
-    sizes = events["bytes"].to_numpy()[allocs]
-    if len(allocs) > limit:  # a partial selection first: 1e7 events are not sorted for 1000 rows
-        top = largest_first(sizes, limit)
-        allocs, sizes = allocs[top], sizes[top]
-    chosen = allocs[np.lexsort((allocs, -sizes))]
-    return to_allocations(events.iloc[chosen]), int((events["op"].cat.codes == 0).sum())
+class LargestAllocations(Reducer):
+    """The `limit` largest allocations (largest first, then earliest), kept batch by batch as a
+    top-K merged with each batch's own, and how many allocations there were. Its answer: their
+    rows (seq, ts, pid, device, kind, address, bytes) and the count."""
+
+    field = "largest"
+
+    def __init__(self, limit: int = MAX_INTERVALS) -> None:
+        self.limit = limit
+
+    def start(self, facts: Facts) -> None:
+        super().start(facts)
+        self.rows = {c: np.zeros(0, "uint64" if c == "address" else "int64") for c in LARGEST_COLUMNS}
+        self.count = 0
+
+    def add(self, b: EventBatch) -> None:
+        allocs = np.flatnonzero(b.is_alloc)
+        self.count += len(allocs)
+        if len(allocs) > self.limit:  # a partial selection first: 1e7 events are not sorted for 300 rows
+            allocs = allocs[largest_first(b.bytes[allocs], self.limit)]
+        kept = {c: np.concatenate([self.rows[c], getattr(b, c)[allocs]]) for c in LARGEST_COLUMNS}
+        order = np.lexsort((kept["seq"], -kept["bytes"]))[:self.limit]
+        self.rows = {c: values[order] for c, values in kept.items()}
+
+    def finish(self, live: dict) -> tuple[pd.DataFrame, int]:
+        return pd.DataFrame(self.rows), self.count
 
 
 def largest_first(values: np.ndarray, count: int) -> np.ndarray:

@@ -21,7 +21,6 @@ import pandas as pd
 from ..events.arrays import group_order
 from ..events.stream import EventBatch
 from ..model import GPU_RESIDENT_KINDS, KINDS
-from .explore import MAX_INTERVALS
 from .spikes import CANDIDATES
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]
@@ -112,8 +111,9 @@ class FirstLook:
     last_ts: int = LOW
     moved: float = 0.0
     last_moving_ts: Optional[int] = None
+    # the largest allocations and how many there were (explore.LargestAllocations' answer), set
+    # once this look is done, for the second look and the consumers after it
     allocations: int = 0
-    # with its columns from the start: when every memory row is bad, no batch ever comes to add any
     largest: pd.DataFrame = field(default_factory=lambda: no_rows())
     big_blocks: list = field(default_factory=list)
     pools: Optional[Any] = None  # streamed_pools.PoolSums
@@ -140,9 +140,6 @@ class FirstLook:
             self.moved = float(np.cumsum(np.concatenate([[self.moved], np.abs(b.delta[moving]).astype("float64")]))[-1])
             self.last_moving_ts = int(b.ts[moving[-1]])
         allocs = np.flatnonzero(b.is_alloc)
-        self.allocations += len(allocs)
-        top = allocs[np.lexsort((b.seq[allocs], -b.bytes[allocs]))[:MAX_INTERVALS]]
-        self.largest = _top(pd.concat([self.largest, _rows(b, top)], ignore_index=True), MAX_INTERVALS)
         big = allocs[(b.kind[allocs] == KINDS.index("device")) & (b.bytes[allocs] >= PREALLOCATION_BYTES)]
         if len(big):
             self.big_blocks.append(_rows(b, big))
@@ -245,12 +242,3 @@ def no_rows() -> pd.DataFrame:
 def _rows(b: EventBatch, rows: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame({"seq": b.seq[rows], "ts": b.ts[rows], "pid": b.pid[rows], "device": b.device[rows],
                          "kind": b.kind[rows], "address": b.address[rows], "bytes": b.bytes[rows]})
-
-
-def _top(frame: pd.DataFrame, limit: int) -> pd.DataFrame:
-    """The `limit` largest allocations (then earliest)."""
-    if frame.empty:
-        return frame
-    return frame.sort_values(["bytes", "seq"], ascending=[False, True], kind="stable").head(limit) \
-        .reset_index(drop=True)
-

@@ -29,6 +29,7 @@ from .oom import CLIMBING_TAIL, NEAR_END_NS
 from .peak import LIVE_AT_PEAK, headline, made_of
 from .ranks import assign_ranks
 from .allocator import find_preallocations
+from .explore import LargestAllocations
 from .groups import GroupSums
 from .never_freed import NeverFreed
 from .timeline import TimelineSeries
@@ -63,8 +64,10 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     lifecycle = read_pool_events(conn, schema)
     gpu_of, total_memory = gpus(schema)
     fed = flow.feed(lambda: _Both(FirstLook(spike_window_ns, pools=PoolSums(lifecycle)), also[0],
-                                  Engine([GroupSums(), TimelineSeries(), NeverFreed()], Facts(flow.kinds, gpu_of))), keep=True)
+                                  Engine([GroupSums(), TimelineSeries(), NeverFreed(), LargestAllocations()],
+                                         Facts(flow.kinds, gpu_of))), keep=True)
     first, engine = fed.main, fed.engine
+    first.largest, first.allocations = engine.so_far("largest")  # for the second look (its free times)
     first.pools.finish()
     notes = list(flow.diagnostics)
     described = described or _Undescribed(flow.kinds)

@@ -102,6 +102,11 @@ class Engine:
     def finish(self, live: dict) -> dict[str, Any]:
         return {reducer.field: reducer.finish(live) for reducer in self.reducers}
 
+    def so_far(self, field: str) -> Any:
+        """The answer of the reducer of `field` from the batches so far, before the flow ends
+        (one whose answer reads no live set: a top-K, a count)."""
+        return next(r for r in self.reducers if r.field == field).finish({})
+
     def run(self, batches: Sequence[EventBatch], live: dict) -> dict[str, Any]:
         """Every look at `batches`, held in memory (the whole frame: one batch, looked at twice
         without a copy; a flow too large to hold is fed by its reader instead: add, between,
