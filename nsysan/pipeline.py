@@ -246,7 +246,7 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
                         loaded.launches, loaded.launch_names = read_launches(conn, schema, launch_pids)
                         launch_pids = []
                 runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}
-                code_calls = None if quick or loaded is None else read_code_trace(conn, schema)
+                code_calls = None if quick or loaded is None else read_code_trace(conn, schema, loaded.code_calls)
             except NsysanError as err:  # events.py does not know the report's name; with several, it matters
                 raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
         except sqlite3.DatabaseError as err:  # a damaged file found half-way through reading it

@@ -22,8 +22,9 @@ from .columns import EVENT_COLUMNS, empty_calls, empty_chains, empty_ranges, emp
 from .normalize import normalize
 from .nvtx import attribute_operators, attribute_ranges
 from .read_nvtx import read_nvtx_ranges
-from .read import last_cuda_calls, read_calls, read_memory_events, read_memory_events_alone, \
+from .read import last_cuda_calls, read_calls_and_rows, read_memory_events, read_memory_events_alone, \
     read_thread_names
+from .read_code import code_call_ids, read_code_calls
 from .read_launches import empty_launches
 from .read_pools import empty_pool_events, empty_pool_usage, pool_usage, read_pool_events
 from .stacks import call_sites
@@ -62,6 +63,8 @@ class LoadedEvents:
     memory_threads: Optional[np.ndarray] = None
     # and steps.find_step_ranges(ranges, memory_threads) without --step-range: 0.1 s per 10,000 ranges
     nvtx_steps: Optional[dict] = None
+    # read_code.read_code_calls' frame, from the rows read with the memory calls (None: not read)
+    code_calls: Optional[pd.DataFrame] = None
 
 
 def load_events(conn: sqlite3.Connection, schema: Schema, progress: Optional[Progress] = None, *,
@@ -87,7 +90,7 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
     # -> 0.60 s for both reads of the 1e6-event benchmark export).
     with ThreadPoolExecutor(max_workers=1) as pool:
         memory_rows = pool.submit(read_memory_events_alone, conn, schema)
-        calls, chains = read_calls(conn, schema)
+        calls, chains, code_rows = read_calls_and_rows(conn, schema, code_call_ids(conn, schema))
         ranges, operator_ranges = read_nvtx_ranges(conn, schema)
         raw = memory_rows.result()
     # No release_memory() here: the reads convert batch by batch, so little is left to give
@@ -109,7 +112,8 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
     progress("done", 1.0)
     return LoadedEvents(events=events, calls=calls, ranges=ranges, sites=found.sites, thread_names=thread_names,
                         last_cuda_call_ns=last_calls, diagnostics=diagnostics, operator_ranges=operator_ranges,
-                        stacks=found.stacks, pool_usage=pools, pool_events=pool_events)
+                        stacks=found.stacks, pool_usage=pools, pool_events=pool_events,
+                        code_calls=None if code_rows is None else read_code_calls(conn, schema, code_rows))
 
 
 # The API name of every event in a quick load, whose API table is not read.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Collection, Iterator, Optional
 
 import numpy as np
 import pandas as pd
@@ -62,14 +62,29 @@ def _memory_api_ids(conn: sqlite3.Connection, schema: Schema) -> dict[int, str]:
 def read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Memory API calls, and the call stack id of each (pid, correlationId) that has one (with the
     thread and the span of the rows that carry it)."""
+    calls, chains, _ = read_calls_and_rows(conn, schema, ())
+    return calls, chains
+
+
+# The raw columns of the other rows read_calls_and_rows returns (read_code.CODE_ROW_COLUMNS).
+OTHER_ROW_COLUMNS = ["start", "end", "global_tid", "name_id"]
+
+
+def read_calls_and_rows(conn: sqlite3.Connection, schema: Schema, other_ids: Collection[int]) \
+        -> tuple[pd.DataFrame, pd.DataFrame, Optional[pd.DataFrame]]:
+    """read_calls, and in the same scan of the API table the raw rows (OTHER_ROW_COLUMNS, rowid
+    order) of the names `other_ids` (events/read_code.py's code-load and graph calls): one scan
+    of the table instead of two (35 ms each on the GPT-2 capture's 258k rows). The rows are None
+    when no memory call name is there to scan for (the caller reads them itself)."""
     table = "CUPTI_ACTIVITY_KIND_RUNTIME"
     no_chains = empty_chains()
     if not schema.has(table, "start", "nameId", "globalTid", "correlationId"):
-        return empty_calls(), no_chains
+        return empty_calls(), no_chains, None
     name_ids = _memory_api_ids(conn, schema)
     if not name_ids:
-        return empty_calls(), no_chains
-    id_list = ",".join(str(i) for i in sorted(name_ids))
+        return empty_calls(), no_chains, None
+    memory_list, other_list = np.array(sorted(name_ids), "int64"), np.array(sorted(other_ids), "int64")
+    id_list = ",".join(str(i) for i in sorted({*name_ids, *other_list.tolist()}))
     # Backtrace twin rows (eventClass 67) and call stacks exist only with CUDA_CALLCHAINS; without
     # it, those two columns are not read at all (the largest read of a big export).
     stacks = schema.has_backtraces
@@ -81,8 +96,17 @@ def read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, 
         select += f", {_col(schema, table, 'eventClass', '0')}, {_col(schema, table, 'callchainId')}"
     # Each chunk of rows is turned into the calls' own columns as it is read (39 bytes a call
     # instead of 8 per raw value, and no copy of the raw columns when they are joined).
-    read = read_converted(conn, table, select, columns, lambda raw: _call_columns(raw, schema, stacks),
-                          where=f"nameId IN ({id_list})")
+    def convert(raw: pd.DataFrame) -> dict[str, np.ndarray]:
+        if not len(other_list):
+            return _call_columns(raw, schema, stacks)
+        name_id = int_column(raw, "name_id", fill=-1)  # what `nameId IN (...)` compares
+        other = np.isin(name_id, other_list)
+        found = {f"other_{c}": raw[c].to_numpy()[other] for c in OTHER_ROW_COLUMNS}
+        memory = np.isin(name_id, memory_list)  # a mask, not raw[memory]: no copy of the chunk's raw columns
+        return {**found, **_call_columns(raw, schema, stacks, None if memory.all() else memory)}
+
+    read = read_converted(conn, table, select, columns, convert, where=f"nameId IN ({id_list})")
+    others = pd.DataFrame({c: read.pop(f"other_{c}") for c in OTHER_ROW_COLUMNS}) if len(other_list) else None
     chains = no_chains
     if stacks:
         chains = pd.DataFrame({name: read.pop(f"chain_{name}") for name in no_chains.columns}, copy=False)
@@ -98,7 +122,7 @@ def read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, 
         "api": api, "family": family, "return_value": read.pop("return_value"),
         "correlation_id": read.pop("correlation_id"), "has_event": np.zeros(len(api), bool),
     }, copy=False)  # pandas copies a dict's arrays by default: 0.7 s at 1e7 calls
-    return calls, chains
+    return calls, chains, others
 
 
 def memory_call_chunks(conn: sqlite3.Connection, schema: Schema, name_ids: list[int], chunk_rowids: int,
@@ -149,24 +173,26 @@ def memory_call_names(conn: sqlite3.Connection, schema: Schema) -> dict[int, str
     return _memory_api_ids(conn, schema)
 
 
-def _call_columns(raw: pd.DataFrame, schema: Schema, stacks: bool) -> dict[str, np.ndarray]:
+def _call_columns(raw: pd.DataFrame, schema: Schema, stacks: bool,
+                  keep: Optional[np.ndarray] = None) -> dict[str, np.ndarray]:
     """One chunk of raw API rows as the calls' columns (and, with `stacks`, the rows carrying a
-    call stack as `chain_*` columns)."""
+    call stack as `chain_*` columns); `keep`: only these rows (a mask), when the chunk holds others."""
     global_tid = int_column(raw, "global_tid")
     pid = ((global_tid >> 24) & 0xFFFFFF).astype("int32")
     correlation = int_column(raw, "correlation_id")
     start, end = int_column(raw, "start"), int_column(raw, "end")
     columns = {}
-    real = slice(None)
+    real = slice(None) if keep is None else keep
     if stacks:
         chain = ints(raw, "callchain_id")
-        has_chain = chain.notna().to_numpy()
+        has_chain = chain.notna().to_numpy() if keep is None else chain.notna().to_numpy() & keep
         columns.update(chain_pid=pid[has_chain], chain_correlation_id=correlation[has_chain],
                        chain_callchain_id=chain[has_chain].to_numpy(dtype="int64"),
                        chain_tid=(global_tid[has_chain] & 0xFFFFFF).astype("int32"),
                        chain_ts_ns=start[has_chain] - schema.time_offset_ns,
                        chain_end_ns=end[has_chain] - schema.time_offset_ns)
         real = int_column(raw, "event_class") != 67  # the twins duplicate calls: never count or time them
+        real = real if keep is None else real & keep
     start, end = start[real] - schema.time_offset_ns, end[real] - schema.time_offset_ns
     columns.update(
         ts_ns=start, end_ns=np.maximum(end, start), pid=pid[real], tid=(global_tid[real] & 0xFFFFFF).astype("int32"),

@@ -9,6 +9,7 @@ and no export before CUDA 10 has graph calls), the API table is not scanned at a
 from __future__ import annotations
 
 import sqlite3
+from typing import Optional
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,8 +60,9 @@ class CodeTrace:
     contexts: dict[int, list[int]] = field(default_factory=dict)
 
 
-def read_code_trace(conn: sqlite3.Connection, schema: Schema) -> CodeTrace:
-    return CodeTrace(read_code_calls(conn, schema), read_contexts(conn, schema))
+def read_code_trace(conn: sqlite3.Connection, schema: Schema, calls: Optional[pd.DataFrame] = None) -> CodeTrace:
+    """`calls`: read_code_calls' frame, when already made (events/load.py)."""
+    return CodeTrace(read_code_calls(conn, schema) if calls is None else calls, read_contexts(conn, schema))
 
 
 def has_kernel_names(schema: Schema) -> bool:
@@ -146,12 +148,12 @@ def empty_code_calls() -> pd.DataFrame:
                          "api": np.zeros(0, object), "what": np.zeros(0, object)})
 
 
-def read_code_calls(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
-    """The calls named in WHAT, in time order (ns from the session start), with the API name
-    without its version suffix; an empty frame without the API table or without such calls."""
+def code_call_ids(conn: sqlite3.Connection, schema: Schema) -> dict[int, str]:
+    """StringIds id -> name (without its version suffix) of the names in WHAT; {} without the API
+    table or without such names."""
     table = "CUPTI_ACTIVITY_KIND_RUNTIME"
     if not (schema.has(table, "start", "nameId", "globalTid") and schema.has("StringIds", "id", "value")):
-        return empty_code_calls()
+        return {}
     # Only short names starting with "cu" can be API names (StringIds also holds every NVTX text).
     ids = {}
     for string_id, value in conn.execute("SELECT id, value FROM StringIds WHERE value LIKE 'cu%' "
@@ -159,11 +161,25 @@ def read_code_calls(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
         name = apis.base_name(str(value))
         if name in WHAT and isinstance(string_id, int):
             ids[string_id] = name
+    return ids
+
+
+CODE_ROW_COLUMNS = ["start", "end", "global_tid", "name_id"]
+
+
+def read_code_calls(conn: sqlite3.Connection, schema: Schema, raw: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+    """The calls named in WHAT, in time order (ns from the session start), with the API name
+    without its version suffix; an empty frame without the API table or without such calls.
+    `raw`: their rows (CODE_ROW_COLUMNS, in rowid order), when already read (events/load.py reads
+    them in the scan of the memory calls: one scan of the API table, not two)."""
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    ids = code_call_ids(conn, schema)
     if not ids:
         return empty_code_calls()
-    end = '"end"' if schema.has(table, "end") else "start"
-    raw = read_table(conn, table, f"start, {end}, globalTid, nameId", ["start", "end", "global_tid", "name_id"],
-                     where=f"nameId IN ({','.join(str(i) for i in sorted(ids))})")
+    if raw is None:
+        end = '"end"' if schema.has(table, "end") else "start"
+        raw = read_table(conn, table, f"start, {end}, globalTid, nameId", CODE_ROW_COLUMNS,
+                         where=f"nameId IN ({','.join(str(i) for i in sorted(ids))})")
     # A damaged export's text or out-of-range numbers become NULLs (columns.ints); a call without
     # a start is left out.
     start = ints(raw, "start")
