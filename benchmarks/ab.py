@@ -28,8 +28,10 @@ def run_once(checkout: Path, export: Path) -> tuple[float, float, float]:
     the goal's measure: the analysis uses two cores where it can)."""
     env = dict(os.environ, PYTHONPATH=str(checkout.resolve()))
     began = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "nsysan", "analyze", str(export), "--format", "json",
-                                "--no-progress"], env=env, stdout=subprocess.DEVNULL)
+    # Run in the checkout: `python -m` puts the working directory first on sys.path, ahead of
+    # PYTHONPATH, so from another checkout's root both sides would run that checkout's nsysan.
+    process = subprocess.Popen([sys.executable, "-m", "nsysan", "analyze", str(export.resolve()), "--format", "json",
+                                "--no-progress"], env=env, stdout=subprocess.DEVNULL, cwd=checkout.resolve())
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - began
     if status:
