@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import NsysanError
-from ..schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES, connect_readonly, export_parameters, tables_missing, tables_requested
+from ..schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES, connect_readonly, export_parameters, tables_missing, \
+    tables_requested
 
 # Split by stage; every name used outside stays importable from nsysan.export.
 from .input_files import REPORT_MAGIC, REPORT_SUFFIXES, SQLITE_MAGIC, SQLITE_SIDE_FILES, _input_kind, describe_file_type, \
