@@ -10,9 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nsysan
+from nsysan.analyses.byte_classes import ByteClassSums, byte_classes, step_phases
 from nsysan.analyses.explore import LargestAllocations
 from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
+from nsysan.analyses.steps import find_step_ranges, memory_threads
 from nsysan.engine import Engine, Facts, frame_batch, frame_live, pieces
 from nsysan.events import stream
 from nsysan.schema import open_readonly, probe
@@ -29,11 +31,11 @@ def frame(name: str):
     return _frames[name]
 
 
-def answer(analysis, reducer, bounds=()) -> object:
-    """What `reducer` answers over the analysis's events cut before `bounds`."""
+def answer(analysis, reducer, bounds=(), more=None) -> object:
+    """What `reducer` answers over the analysis's events cut before `bounds`; `more`: Facts.more."""
     events = analysis.events
     gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
-    facts = Facts(list(events["kind"].cat.categories), lambda pid, device: gpus.get((pid, device)))
+    facts = Facts(list(events["kind"].cat.categories), lambda pid, device: gpus.get((pid, device)), more or {})
     engine = Engine([reducer], facts)
     return engine.run(pieces(frame_batch(events), sorted(set(bounds))), frame_live(events))[reducer.field]
 
@@ -104,6 +106,39 @@ def test_reducers_do_not_depend_on_where_the_batches_are_cut(data):
     assert never_freed_seqs(analysis, bounds) == never_freed_seqs(analysis)
     assert answer(analysis, LargestAllocations(5), bounds)[0]["seq"].tolist() == \
         answer(analysis, LargestAllocations(5))[0]["seq"].tolist()
+
+
+def bytes_classed(analysis, bounds=()) -> list:
+    """What the bytes are (the section) from ByteClassSums over the events cut before `bounds`, its
+    steps and phases the NVTX ranges' (as analyses._steps finds them)."""
+    found = find_step_ranges(analysis.nvtx_ranges, memory_threads(analysis.calls))
+    lifetimes = answer(analysis, ByteClassSums(), bounds, {"phases": step_phases(found, analysis.nvtx_ranges)})
+    gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
+    return byte_classes(lifetimes, analysis.reserved, analysis.growth, lambda pid, device: gpus.get((pid, device)))
+
+
+# exact (every tensor a cudaMalloc) and segment-level (the caching allocator, cuBLAS workspaces
+# outside it judged across the cuts)
+BYTES = ["torch_bytes_exact_v25", "torch_bytes_cached_v25"]
+
+
+@pytest.mark.parametrize("name", BYTES)
+def test_byte_classes_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    analysis = frame(name)
+    n = len(analysis.events)
+    whole = bytes_classed(analysis)
+    assert len(whole) == 1 and whole == analysis.byte_classes  # what the command line's document holds
+    assert whole[0].peak.live_bytes > 0 and whole[0].step_count == 5
+    assert bytes_classed(analysis, range(0, n, max(1, n // 7))) == whole
+    assert bytes_classed(analysis, range(0, n, 3)) == whole
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_byte_classes_do_not_depend_on_where_the_batches_are_cut(data):
+    analysis = frame(data.draw(st.sampled_from(BYTES)))
+    bounds = data.draw(st.lists(st.integers(0, len(analysis.events)), max_size=12))
+    assert bytes_classed(analysis, bounds) == analysis.byte_classes
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -33,8 +33,7 @@ from .ranks import assign_ranks
 from .ranges import range_stats
 from .sites import rank_sites
 from .stacks import referenced_stacks, stack_bytes
-from .allocator import is_value, outside_allocator
-from .byte_classes import Heights, Lifetimes, byte_classes, step_phases
+from .byte_classes import ByteClassSums, Lifetimes, byte_classes, step_phases
 from .iteration_phases import with_iteration_phases
 from .iterations import find_iterations, with_iterations
 from .steps import find_step_ranges, listed, live_series, memory_threads, step_diagnostics, step_table
@@ -108,7 +107,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         failed = find_failed_calls(calls, events, ranges)
         # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once (or by the pipeline already)
         threads = loaded.memory_threads if loaded.memory_threads is not None else memory_threads(calls)
-        steps, step_notes, phases, spikes, lifetimes = _steps(loaded, grouped, threads, gpu_of, end_ns, step_range,
+        steps, step_notes, phases, spikes, lifetimes = _steps(loaded, grouped, threads, facts, end_ns, step_range,
                                                               spike_window_ns)
         timeline = timeline_later.result()
         grouped = grouped.without_live()  # the running sums are read by nothing after the steps and timeline
@@ -179,10 +178,11 @@ def _here_unless_started(later: Future, work: Callable[[], T]) -> T:
     return work() if later.cancel() else later.result()
 
 
-def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, gpu_of, end_ns: int,
+def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, facts: Facts, end_ns: int,
            step_range: Optional[str], spike_window_ns: int) -> tuple[list, list, list, list, Optional[Lifetimes]]:
     """The step tables (and why there are none when there are none), the phases, the spikes and
     the allocations' lifetimes across the phases (byte_classes); `threads`: memory_threads() of the calls."""
+    gpu_of = facts.gpu_of
     series = live_series(loaded.events, grouped)
     found = loaded.nvtx_steps if loaded.nvtx_steps is not None and step_range is None else \
         find_step_ranges(loaded.ranges, threads, step_range)
@@ -192,39 +192,15 @@ def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, gpu_of,
                        "step-range" if step_range is not None else "nvtx", loaded.last_cuda_call_ns, iterations)
     phase_ranges = with_iteration_phases(loaded.ranges, [it.phases for it in iterations.values()])
     phases = phase_costs(series, phase_ranges, threads, steps, gpu_of, end_ns)
-    lifetimes = _lifetimes(loaded.events, series, step_phases(with_iterations(found, iterations), phase_ranges))
+    step_phased = step_phases(with_iterations(found, iterations), phase_ranges)
+    # the whole frame as one batch again, grouped as before, for the reducer that needs the phases
+    lifetimes = Engine([ByteClassSums()], dataclasses.replace(facts, more={"phases": step_phased})).run(
+        [frame_batch(loaded.events, frame_groups(grouped, facts.kinds))], frame_live(loaded.events))["byte_classes"] \
+        if step_phased else None
     spikes = find_spikes(loaded.events, series, innermost_ranges(loaded.ranges, threads, end_ns), gpu_of,
                          spike_window_ns)
     return steps, step_diagnostics(series, steps, not loaded.ranges.empty, loaded.quick, step_range), phases, spikes, \
         lifetimes
-
-
-def _lifetimes(events: pd.DataFrame, series: list, phases: dict) -> Optional[Lifetimes]:
-    """byte_classes' two reducers fed the whole frame at once: each series' heights, then its
-    allocations with their frees (the partner rows)."""
-    series = [s for s in series if s.pid in phases]
-    if not series:
-        return None
-    heights = Heights(phases)
-    for s in series:
-        heights.add(s.pid, s.device, s.rows.astype("int64"), s.ts, s.live)
-    lifetimes = Lifetimes(heights)
-    is_alloc = events["op"].cat.codes.to_numpy() == events["op"].cat.categories.get_loc("alloc")
-    partner, ts, size = events["partner"].to_numpy(), events["ts_ns"].to_numpy(), events["bytes"].to_numpy()
-    device_kind, pool = is_value(events["kind"], "device"), events["pool"].to_numpy()
-    for s in series:
-        rows = s.rows[is_alloc[s.rows]]
-        # allocator_use's rows: the device allocations outside pools, in time order
-        judged = rows[device_kind[rows] & ~pool[rows]]
-        outside = np.isin(rows, judged[outside_allocator(events, judged)])
-        freed = partner[rows] >= 0
-        f_seq = np.where(freed, partner[rows], HIGH_SEQ)
-        f_ts = np.where(freed, ts[np.maximum(partner[rows], 0)], HIGH_SEQ)
-        lifetimes.add(s.pid, s.device, rows.astype("int64"), ts[rows], f_seq, f_ts, size[rows].astype("int64"), outside)
-    return lifetimes
-
-
-HIGH_SEQ = np.iinfo("int64").max
 
 
 def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:

@@ -17,10 +17,10 @@ the phase that made it needed (forward: activations, backward: gradients, optimi
 state; a kept block outside the allocator, allocator.outside_allocator's: workspaces), and the forward's
 segments hold no tensor outside forward and backward: there they are the cache.
 
-Both analyses feed the same two reducers: `Heights` (each series' highest point and each step's,
-from the running live bytes) and `Lifetimes` (each allocation's bytes, classed from its alloc and
-free times, added to the moments it is live at), the whole frame in one batch, the streamed flow
-batch by batch (first pass, then second), so their documents are identical.
+One reducer (`ByteClassSums`, nsysan/engine) answers on both paths, the whole frame as one batch:
+its first look finds the moments to class (`Heights`: each series' highest point and each step's,
+from the running live bytes), its second adds each allocation's bytes, classed from its alloc and
+free times, to the moments it is live at (`Lifetimes`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,12 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from ..engine import Reducer
 from ..model.bytes import BYTE_CLASSES, MADE, ByteClasses, BytesAt
 from ..units import fmt_bytes
-from .steps import MAX_LISTED, OPEN_END
+from .groups import batch_groups
+from .steps import MAX_LISTED, OPEN_END, STEP_KINDS
+from .streamed_allocators import OUTSIDE, AllocatorRows
 
 WEIGHTS, ACTIVATIONS, GRADIENTS, OPTIMIZER, WORKSPACES, CACHE, OTHER = range(len(BYTE_CLASSES))
 N_CLASSES = len(BYTE_CLASSES)
@@ -264,6 +267,120 @@ class Lifetimes:
         result = np.empty_like(in_order)
         result[:, order] = in_order
         return result
+
+
+class ByteClassSums(Reducer):
+    """The allocations' lifetimes across the steps' phases (`Lifetimes`, or None when no process has
+    phased steps), for byte_classes() to finish with the verdicts. Needs the facts' `phases`
+    (step_phases(): pid -> StepPhases), known before the first batch. First look: each (process,
+    device) series' running live bytes of device + array memory (steps.live_series, carried
+    across batches) into `Heights`. Second look: each allocation once, at its free or when it can
+    never be freed (closed, or live at the end), and whether it is outside a caching allocator
+    (judged as the allocators are, AllocatorRows), carried while it is live."""
+
+    field = "byte_classes"
+    needs = ("phases",)
+    second_look = True
+
+    def start(self, facts) -> None:
+        super().start(facts)
+        self.kinds = [i for i, name in enumerate(facts.kinds) if name in STEP_KINDS]
+        self.heights: Optional[Heights] = None
+        self.carry: dict[tuple[int, int], int] = {}  # (pid, device) -> live bytes so far
+        self.lifetimes: Optional[Lifetimes] = None
+        self.judged = AllocatorRows([])
+        self.outside = np.zeros(0, "int64")  # seqs of the live allocations outside, sorted
+
+    def add(self, b) -> None:
+        if self.heights is None:  # the phases: known once the flow begins (the streamed steps')
+            self.heights = Heights(self.facts.more.get("phases") or {})
+        if not self.heights.phases or not len(b):
+            return
+        found = batch_groups(b)
+        key = found.keys
+        pid, device, kind = key >> 24, ((key >> 8) & 0xFFFF) - 1, key & 0xFF
+        chosen = np.flatnonzero(np.isin(kind, self.kinds) & np.isin(pid, list(self.heights.phases)))
+        for p, d in sorted({(int(pid[g]), int(device[g])) for g in chosen.tolist()}):  # a few series
+            parts = [self._members(found, g) for g in chosen[(pid[chosen] == p) & (device[chosen] == d)].tolist()]
+            if len(parts) == 1:
+                rows, live = parts[0]
+            else:  # device and array together: merged in event order, summed again
+                rows = np.sort(np.concatenate([rows for rows, _ in parts]), kind="stable")
+                live = np.cumsum(b.delta[rows])
+            live = live + self.carry.get((p, d), 0)
+            self.carry[(p, d)] = int(live[-1])
+            self.heights.add(p, d, b.seq[rows].astype("int64"), b.ts[rows], live)
+
+    @staticmethod
+    def _members(found, group: int) -> tuple[np.ndarray, np.ndarray]:
+        start = int(found.segments.starts[group])
+        stop = start + int(found.segments.sizes[group])
+        return found.segments.order[start:stop], found.live[start:stop]
+
+    def between(self) -> None:
+        if self.heights is not None and self.heights.best:
+            self.lifetimes = Lifetimes(self.heights)
+
+    def again(self, b) -> None:
+        if self.lifetimes is None or not len(b):
+            return
+        rows, _, bits = self.judged.of(b)
+        outside = np.zeros(len(b), bool)
+        outside[rows[(bits & OUTSIDE) != 0]] = True
+        freed = np.zeros(len(b), bool)
+        frees = np.flatnonzero(~b.is_alloc & (b.partner_seq >= 0) & np.isin(b.kind, self.kinds))
+        if len(frees):
+            # each with its allocation's time and judgement: from the batch (its row, the seqs
+            # being consecutive), else the live set before it and the carried seqs outside
+            partner = b.partner_seq[frees]
+            row = partner - int(b.seq[0])
+            here = row >= 0
+            freed[row[here]] = True
+            a_ts, out = np.zeros(len(frees), "int64"), np.zeros(len(frees), bool)
+            a_ts[here], out[here] = b.ts[row[here]], outside[row[here]]
+            if not here.all():
+                before = b.live_before
+                seqs, times = np.asarray(before["seq"], "int64"), np.asarray(before["ts"], "int64")
+                order = np.argsort(seqs, kind="stable")
+                a_ts[~here] = times[order[np.searchsorted(seqs[order], partner[~here])]]
+                out[~here] = self._carried(partner[~here])
+            self._add(b.pid[frees], b.device[frees], partner, a_ts, b.seq[frees], b.ts[frees], b.bytes[frees], out)
+        kept = outside & ~freed  # the batch's allocations outside, live after it: carried
+        if kept.any():
+            self.outside = np.union1d(self.outside, b.seq[kept])
+        if len(b.closed.get("seq", [])):
+            self._never_freed(b.closed)
+
+    def _carried(self, seq: np.ndarray) -> np.ndarray:
+        """Whether each allocation (of an earlier batch, classed now) is outside; no longer carried."""
+        outside = np.isin(seq, self.outside)
+        if outside.any():
+            self.outside = np.setdiff1d(self.outside, seq[outside], assume_unique=True)
+        return outside
+
+    def _never_freed(self, rows: dict) -> None:
+        """Allocations (LIVE_COLUMNS) that are never freed in the capture."""
+        chosen = np.flatnonzero(np.isin(np.asarray(rows["kind"]), self.kinds))
+        if not len(chosen):
+            return
+        seq, high = np.asarray(rows["seq"], "int64")[chosen], np.full(len(chosen), HIGH, "int64")
+        self._add(np.asarray(rows["pid"])[chosen], np.asarray(rows["device"])[chosen], seq,
+                  np.asarray(rows["ts"], "int64")[chosen], high, high, np.asarray(rows["bytes"], "int64")[chosen],
+                  self._carried(seq))
+
+    def _add(self, pid, device, a_seq, a_ts, f_seq, f_ts, size, outside) -> None:
+        pairs = pd.DataFrame({"pid": pid, "device": device}).drop_duplicates()
+        for p, d in zip(pairs["pid"].tolist(), pairs["device"].tolist()):  # a few series
+            mine = (pid == p) & (device == d)
+            self.lifetimes.add(int(p), int(d), a_seq[mine], a_ts[mine], f_seq[mine], f_ts[mine],
+                               np.asarray(size)[mine].astype("int64"), outside[mine])
+
+    def finish(self, live: dict) -> Optional[Lifetimes]:
+        if self.lifetimes is None:
+            return None
+        if len(live.get("seq", [])):
+            self._never_freed(live)
+        return self.lifetimes if self.lifetimes.sums else None
 
 
 def byte_classes(lifetimes: Optional[Lifetimes], reserved, growth: list,

@@ -65,7 +65,8 @@ class AllocatorRows:
         ends = np.flatnonzero(previous_in_group(code[::-1], len(keys)) < 0)  # the last of each, backwards
         for i in (len(code) - 1 - ends).tolist():  # each thread's last allocation in the batch
             self.last[(int(pair[i]), int(tid[i]))] = (bool(odd[i]), int(ts[i]))
-        mapped = b.calls["api"][rows] == self.map_code
+        # the whole frame's batch carries no API names (nor needs them: ByteClassSums reads OUTSIDE)
+        mapped = b.calls["api"][rows] == self.map_code if "api" in b.calls else np.zeros(len(rows), bool)
         return rows, pair, outside.astype("int64") * OUTSIDE + mapped.astype("int64") * MAPPED
 
 

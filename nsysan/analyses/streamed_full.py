@@ -50,8 +50,7 @@ from .streamed_run import _cut_short, _focus, _mini, gpus, run_streamed
 from .streamed_sites import SiteSums
 from .timeline import top_level_bands
 from .streamed_steps import StepWindows, kept_allocations
-from .streamed_byte_classes import FirstHeights, SecondLifetimes
-from .byte_classes import byte_classes
+from .byte_classes import byte_classes, step_phases
 
 # The sections (and parts of sections) the streamed full analysis leaves out, as the diagnostic names them:
 # none now (the mechanism stays for an analysis added to the whole frame before its stream).
@@ -77,6 +76,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         conn, schema, iteration_pids(calls.threads, nvtx_steps, schema.capture_start_pids))
     flow = EventFlow(conn, schema, call_window=CallWindow(calls), order_ahead=ahead)
     looks: dict = {}
+    more: dict = {}  # the engine's facts beyond the kinds and GPUs: the steps' phases, once found
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)
     verdict_looks = VerdictLooks(calls, ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns)
@@ -88,9 +88,9 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         looks["rises"] = RangeRises(ranges, calls.threads)  # calls.threads: steps.memory_threads' keys
         looks["range_threads"] = RangeThreads(look, ranges, operator_ranges, max(0, schema.duration_ns or 0, span[1]))
         looks["steps"] = StepWindows(look, ranges, calls.threads, step_range, launches, nvtx_steps)
-        looks["heights"] = FirstHeights(look, looks["steps"].found, looks["steps"].ranges)
+        more["phases"] = step_phases(looks["steps"].found, looks["steps"].ranges)  # ByteClassSums'
         return Each(looks["first"], verdict_looks.first_pass(), looks["rises"], looks["range_threads"],
-                    looks["steps"], looks["heights"])
+                    looks["steps"])
 
     def second(look) -> SiteSums:
         found = looks["first"]
@@ -104,13 +104,11 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         looks["look"] = look
         verdict_looks.second_pass(look, looks["second"])  # fed by SiteSums, as its watchers
         looks["spikes"] = SpikeParts(look, looks["second"])
-        looks["lifetimes"] = SecondLifetimes(looks["heights"].heights, calls.api_names)
-        looks["second"].watchers.append(looks["lifetimes"])
         return looks["second"]  # which feeds the verdicts', spikes' and ranges' consumers, its watchers
 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
-                         also=(first, second), span=span, described=described, answers=looks)
+                         also=(first, second), span=span, described=described, answers=looks, more=more)
     found, sites, ranked = looks["first"], looks["second"], looks["ranked"][0]
     looks["range_sums"].finish(flow.live)
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
@@ -144,7 +142,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         spikes=looks["spikes"].spikes(gpu_of, lambda pid, tid, ts: _nvtx_path(pid, tid, ts, ranges)),
         ranges=range_table, range_families=range_families,
         timeline=_explorable(quick.timeline, looks, ranges, operator_ranges, last_calls), steps=steps, growth=growth, phases=phases,
-        byte_classes=byte_classes(looks["lifetimes"].finish(flow.live), verdicts.reserved, growth, gpu_of))
+        byte_classes=byte_classes(looks["byte_classes"], verdicts.reserved, growth, gpu_of))
     answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, False,
                              {pid: label for pid, label in labels.items() if label}, analysis.byte_classes)
     analysis = dataclasses.replace(analysis, answers=answers)

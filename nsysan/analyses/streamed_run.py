@@ -30,6 +30,7 @@ from .peak import LIVE_AT_PEAK, headline, made_of
 from .ranks import assign_ranks
 from .allocator import find_preallocations
 from .explore import LargestAllocations
+from .byte_classes import ByteClassSums
 from .groups import GroupSums
 from .never_freed import NeverFreed
 from .timeline import TimelineSeries
@@ -46,7 +47,7 @@ from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
 def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
                  step_range: Optional[str], spike_window_ns: int, flow: Optional[EventFlow] = None,
                  also: tuple = (None, None), span: tuple = (), described=None,
-                 answers: Optional[dict] = None) -> Analysis:
+                 answers: Optional[dict] = None, more: Optional[dict] = None) -> Analysis:
     """The quick analysis of the export behind `conn`, its events read twice in batches.
 
     For the streamed full analysis (streamed_full.py): `flow` joins the batches to their calls,
@@ -59,13 +60,15 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     and NVTX ranges), `peak_event(peak)` (the API name and NVTX range of the event that reached
     it), `own_api(peak)` (the API of the series' last own allocation before it),
     `range_rises(pair key, end_ns)` (a series' rises within NVTX ranges, as _spike_watches takes
-    them), the `site_table` and the NVTX `ranges`."""
+    them), the `site_table` and the NVTX `ranges`; `more`: the reducers' facts beyond the kinds and
+    GPUs (Facts.more), which `also` may fill before the first batch."""
     flow = flow or EventFlow(conn, schema)
     lifecycle = read_pool_events(conn, schema)
     gpu_of, total_memory = gpus(schema)
     fed = flow.feed(lambda: _Both(FirstLook(spike_window_ns, pools=PoolSums(lifecycle)), also[0],
-                                  Engine([GroupSums(), TimelineSeries(), NeverFreed(), LargestAllocations()],
-                                         Facts(flow.kinds, gpu_of))), keep=True)
+                                  Engine([GroupSums(), TimelineSeries(), NeverFreed(), LargestAllocations(),
+                                          ByteClassSums()], Facts(flow.kinds, gpu_of, more if more is not None else {}))),
+                     keep=True)
     first, engine = fed.main, fed.engine
     first.largest, first.allocations = engine.so_far("largest")  # for the second look (its free times)
     first.pools.finish()

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from ..events.stream import LIVE_COLUMNS, EventBatch
+from ..events.stream import LIVE_COLUMNS, EventBatch, live_after
 
 __all__ = ["Facts", "Reducer", "Engine", "frame_batch", "frame_live"]
 
@@ -136,7 +136,8 @@ def _ordered(reducers: list[Reducer]) -> list[Reducer]:
 def frame_batch(events: pd.DataFrame, shared: Optional[dict] = None) -> EventBatch:
     """The whole events frame (events/columns.py EVENT_COLUMNS) as one batch, its columns numpy
     views where their types agree (kind: the frame's category codes, named by
-    `events["kind"].cat.categories`); `shared`: per-batch work already made (see EventBatch)."""
+    `events["kind"].cat.categories`; of the API calls' columns, the thread `tid`); `shared`: per-batch
+    work already made (see EventBatch)."""
     n = len(events)
     is_alloc = events["op"].cat.codes.to_numpy() == 0 if n else np.zeros(0, bool)
     partner = events["partner"].to_numpy() if n else np.zeros(0, "int64")
@@ -149,7 +150,7 @@ def frame_batch(events: pd.DataFrame, shared: Optional[dict] = None) -> EventBat
         is_alloc=is_alloc, address=column("address", "uint64"), bytes=column("bytes", "int64"),
         delta=column("delta_bytes", "int64"), pool=column("pool", bool) if "pool" in events or not n
         else np.zeros(n, bool), partner_seq=np.where(is_alloc, -1, partner),
-        correlation=np.zeros(n, "int64"), shared=dict(shared or {}))
+        correlation=np.zeros(n, "int64"), calls={"tid": column("tid", "int32")}, shared=dict(shared or {}))
 
 
 def frame_live(events: pd.DataFrame) -> dict:
@@ -167,11 +168,16 @@ def frame_live(events: pd.DataFrame) -> dict:
 
 def pieces(batch: EventBatch, bounds: Iterable[int]) -> list[EventBatch]:
     """`batch` cut before each of `bounds` (row positions, ascending): views of its rows, each
-    with its own `shared` (a piece is grouped on its own) and the `closed` allocations of the
-    whole in the first. What a reducer answers must not depend on where a flow was cut."""
+    with its own `shared` (a piece is grouped on its own), the `closed` allocations of the
+    whole in the first and, as a flow carries them, the allocations live before it
+    (`live_before`). What a reducer answers must not depend on where a flow was cut."""
     edges = [0] + [b for b in bounds if 0 < b < len(batch)] + [len(batch)]
     columns = ("seq", "ts", "pid", "device", "kind", "is_alloc", "address", "bytes", "delta", "pool",
                "partner_seq", "correlation")
-    return [EventBatch(**{c: getattr(batch, c)[a:z] for c in columns}, closed=batch.closed if not i else {},
-                       calls={k: v[a:z] for k, v in batch.calls.items()})
-            for i, (a, z) in enumerate(zip(edges[:-1], edges[1:])) if z > a or not i]
+    cut = [EventBatch(**{c: getattr(batch, c)[a:z] for c in columns}, closed=batch.closed if not i else {},
+                      calls={k: v[a:z] for k, v in batch.calls.items()})
+           for i, (a, z) in enumerate(zip(edges[:-1], edges[1:])) if z > a or not i]
+    live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in LIVE_COLUMNS}
+    for piece in cut:
+        piece.live_before, live = live, live_after(live, piece)
+    return cut

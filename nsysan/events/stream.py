@@ -99,7 +99,7 @@ def _give_back(batch_number: int) -> None:
         release_memory()
 
 
-def _live_after(live: dict, batch: EventBatch) -> dict:
+def live_after(live: dict, batch: EventBatch) -> dict:
     """The live allocations after `batch`, from those before it: its allocations joined, those it
     freed or closed gone (what `_paired` carries)."""
     allocs = np.flatnonzero(batch.is_alloc)
@@ -238,7 +238,7 @@ class EventFlow:
             for number, batch in enumerate(kept):
                 batch.live_before = live
                 consumer.add(batch)
-                live = _live_after(live, batch)
+                live = live_after(live, batch)
                 _give_back(number)
         finally:
             kept.close()
