@@ -4,6 +4,8 @@ and the streamed flow of a real export read in small chunks."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from conftest import FIXTURES, truth
 from hypothesis import HealthCheck, given, settings
@@ -131,6 +133,13 @@ def test_byte_classes_are_the_same_on_one_batch_k_batches_and_3_row_batches(name
     assert whole[0].peak.live_bytes > 0 and whole[0].step_count == 5
     assert bytes_classed(analysis, range(0, n, max(1, n // 7))) == whole
     assert bytes_classed(analysis, range(0, n, 3)) == whole
+
+
+@pytest.mark.parametrize("name", BYTES)
+def test_byte_classes_of_one_batch_read_in_slices_are_the_same(name, monkeypatch):
+    """The whole frame's batch is judged and its frees classed slice by slice (bounded temporaries)."""
+    monkeypatch.setattr(importlib.import_module("nsysan.analyses.byte_classes"), "SLICE_ROWS", 5)
+    assert bytes_classed(frame(name)) == frame(name).byte_classes
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import numpy as np
@@ -324,11 +325,22 @@ class ByteClassSums(Reducer):
     def again(self, b) -> None:
         if self.lifetimes is None or not len(b):
             return
-        rows, _, bits = self.judged.of(b)
         outside = np.zeros(len(b), bool)
-        outside[rows[(bits & OUTSIDE) != 0]] = True
+        for a in range(0, len(b), SLICE_ROWS):  # the whole frame's batch in slices: bounded temporaries
+            rows, _, bits = self.judged.of(_rows(b, a, a + SLICE_ROWS))
+            outside[a + rows[(bits & OUTSIDE) != 0]] = True
         freed = np.zeros(len(b), bool)
-        frees = np.flatnonzero(~b.is_alloc & (b.partner_seq >= 0) & np.isin(b.kind, self.kinds))
+        for a in range(0, len(b), SLICE_ROWS):
+            self._frees(b, a + np.flatnonzero(~b.is_alloc[a:a + SLICE_ROWS] & (b.partner_seq[a:a + SLICE_ROWS] >= 0)
+                                              & np.isin(b.kind[a:a + SLICE_ROWS], self.kinds)), outside, freed)
+        kept = outside & ~freed  # the batch's allocations outside, live after it: carried
+        if kept.any():
+            self.outside = np.union1d(self.outside, b.seq[kept])
+        if len(b.closed.get("seq", [])):
+            self._never_freed(b.closed)
+
+    def _frees(self, b, frees: np.ndarray, outside: np.ndarray, freed: np.ndarray) -> None:
+        """The batch's `frees` (rows), classed; `outside`: whether each of its rows is judged outside."""
         if len(frees):
             # each with its allocation's time and judgement: from the batch (its row, the seqs
             # being consecutive), else the live set before it and the carried seqs outside
@@ -345,11 +357,6 @@ class ByteClassSums(Reducer):
                 a_ts[~here] = times[order[np.searchsorted(seqs[order], partner[~here])]]
                 out[~here] = self._carried(partner[~here])
             self._add(b.pid[frees], b.device[frees], partner, a_ts, b.seq[frees], b.ts[frees], b.bytes[frees], out)
-        kept = outside & ~freed  # the batch's allocations outside, live after it: carried
-        if kept.any():
-            self.outside = np.union1d(self.outside, b.seq[kept])
-        if len(b.closed.get("seq", [])):
-            self._never_freed(b.closed)
 
     def _carried(self, seq: np.ndarray) -> np.ndarray:
         """Whether each allocation (of an earlier batch, classed now) is outside; no longer carried."""
@@ -381,6 +388,16 @@ class ByteClassSums(Reducer):
         if len(live.get("seq", [])):
             self._never_freed(live)
         return self.lifetimes if self.lifetimes.sums else None
+
+
+SLICE_ROWS = 1 << 20
+
+
+def _rows(b, start: int, stop: int) -> SimpleNamespace:
+    """What AllocatorRows reads of the batch's rows [start, stop) (views)."""
+    return SimpleNamespace(**{name: getattr(b, name)[start:stop] for name in
+                              ("is_alloc", "kind", "pool", "pid", "device", "bytes", "ts")},
+                           calls={name: values[start:stop] for name, values in b.calls.items()})
 
 
 def byte_classes(lifetimes: Optional[Lifetimes], reserved, growth: list,
