@@ -132,12 +132,16 @@ def test_concurrent_writers_of_one_entry_leave_readers_a_whole_document(tmp_path
         for _ in range(10):
             analysis_cache.write_entry(entry, analysis)
 
+    writers = [threading.Thread(target=write) for _ in range(4)]
+
     def read() -> None:
-        for _ in range(40):
+        # while any writer runs (on a loaded machine the reader can finish 40 looks before the
+        # first write), then once more
+        while any(w.is_alive() for w in writers) or (not seen and entry.exists()):
             if entry.exists():
                 seen.append(entry.read_text())
 
-    threads = [threading.Thread(target=write) for _ in range(4)] + [threading.Thread(target=read)]
+    threads = writers + [threading.Thread(target=read)]
     for thread in threads:
         thread.start()
     for thread in threads:
