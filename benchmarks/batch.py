@@ -188,7 +188,7 @@ CLUSTERS = {"dask cluster": {}, "dask cluster, one arena": {"MALLOC_ARENA_MAX": 
 
 def _import_nsysan() -> None:
     import nsysan.batch.worker  # noqa: F401
-    import nsysan.pipeline  # noqa: F401
+    import nsysan.pipeline.stages  # noqa: F401
 
 
 def dask_local_stages(jobs: int) -> dict:

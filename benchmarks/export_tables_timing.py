@@ -3,7 +3,7 @@
 import ast, json, os, re, shutil, sqlite3, subprocess, sys, time
 
 nsys, rep, out = sys.argv[1:4]
-src = open("nsysan/schema.py").read()
+src = open("nsysan/sources/schema.py").read()
 tables = tuple(re.findall(r"\"([A-Z][A-Za-z_]+)\"", src[src.index("EXPORTED_TABLES = ("):src.index("\n)\n", src.index("EXPORTED_TABLES = ("))]))
 base = "/tmp/tt"
 def run(extra, name):

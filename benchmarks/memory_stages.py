@@ -72,9 +72,9 @@ def main() -> None:
     parser.add_argument("--library", action="store_true", help="without the command line's allocator settings")
     args = parser.parse_args()
 
-    from nsysan import malloc_tuning
+    from nsysan.runtime import malloc_tuning
     from nsysan.analyses import run_analyses as analyses_of
-    import nsysan.pipeline as pipeline
+    import nsysan.pipeline.stages as pipeline
     from nsysan.render.json import render_json
 
     if not args.library:

@@ -79,7 +79,7 @@ def adbc_seconds(path: Path, select: str) -> float:
 
 FIRST_TOUCH = """
 import resource, numpy as np
-from nsysan.malloc_tuning import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
+from nsysan.runtime.malloc_tuning import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
 keep_large_arrays_on_the_heap()  # as the command line runs
 avoid_transparent_huge_pages()
 before = resource.getrusage(resource.RUSAGE_SELF)
@@ -99,7 +99,8 @@ def first_touch(size: int) -> tuple[float, int]:
 
 def stages(path: Path) -> list[dict]:
     """`nsysan analyze PATH --format json` in this process, timed stage by stage."""
-    from nsysan import cli, pipeline
+    from nsysan import cli
+    from nsysan.pipeline import stages as pipeline
     from nsysan.events import load
 
     marks: list[dict] = []

@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from nsysan.export import export_arguments
-from nsysan.schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES
+from nsysan.sources.export import export_arguments
+from nsysan.sources.schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES
 
 
 def timed(command: list[str], env: dict[str, str] | None = None, stdout=subprocess.DEVNULL) -> dict:

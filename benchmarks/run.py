@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from make_big_export import make_big_export  # noqa: E402
 
-from nsysan import apis  # noqa: E402
+from nsysan.base import apis  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"
 DOCS = ROOT / "docs"

@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def analyze_timed(path: str, results: "multiprocessing.Queue") -> None:
-    from nsysan.report_or_document import load_or_analyze
-    from nsysan.malloc_tuning import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
-    from nsysan.reader import limit_threads
+    from nsysan.pipeline.report_or_document import load_or_analyze
+    from nsysan.runtime.malloc_tuning import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
+    from nsysan.sources.reader import limit_threads
 
     keep_large_arrays_on_the_heap()
     avoid_transparent_huge_pages()

@@ -16,14 +16,14 @@ frame -> analyses -> `Analysis`. `load_analysis()` reads a JSON document written
 
 from __future__ import annotations
 
-from . import interrupt as _interrupt  # noqa: F401  (first: Ctrl-C while the command starts is one line)
+from .runtime import interrupt as _interrupt  # noqa: F401  (first: Ctrl-C while the command starts is one line)
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from .errors import NsysanError
-from .analysis_document import as_path as _path
-from .analysis_document import load_analysis
+from .sources.analysis_document import as_path as _path
+from .sources.analysis_document import load_analysis
 from .model import SCHEMA_ID, Analysis
 
 if TYPE_CHECKING:
@@ -86,9 +86,9 @@ def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optio
     >>> nsysan.analyze("fixtures/known_mem_v25.sqlite", quick=True).peak.peak_bytes
     952107008
     """
-    from .memory_budget import budget_bytes
-    from .pipeline import analyze_report
-    from .smi_log import parse_tz, read_smi_logs
+    from .runtime.memory_budget import budget_bytes
+    from .pipeline.stages import analyze_report
+    from .sources.smi_log import parse_tz, read_smi_logs
 
     parse_tz(smi_tz)  # refused as --smi-tz is, with or without logs
     if isinstance(smi, (str, Path)):  # one log: a path, not a sequence of one-letter paths
@@ -140,7 +140,7 @@ def compare(base: Run, new: Run, *, nsys: Optional[PathLike] = None,
     >>> sites.loc[sites["status"] == "grew", "label"].tolist()[:2]
     ['cudaMalloc in forward [python3]', 'cudaMalloc in backward [pt_autograd_0]']
     """
-    from .compare_runs import compare_analyses
+    from .runs.compare_runs import compare_analyses
 
     return compare_analyses(_run(base, nsys, cache_dir, step_range), _run(new, nsys, cache_dir, step_range))
 
@@ -168,8 +168,8 @@ def check(report: Run, baseline: Optional[Run] = None, *, max_peak: Optional[Siz
     >>> verdict.frame("outcomes")[["limit", "where", "ok"]].shape
     (2, 3)
     """
-    from .gate import evaluate_limits
-    from .limits import Limits, read_config_file
+    from .runs.gate import evaluate_limits
+    from .runs.limits import Limits, read_config_file
 
     defaults = None
     if config is not None:
@@ -197,7 +197,7 @@ def _run(run: Run, nsys: Optional[PathLike], cache_dir: Optional[PathLike],
          step_range: Optional[str] = None) -> Analysis:
     if isinstance(run, Analysis):
         return run
-    from .report_or_document import load_or_analyze
+    from .pipeline.report_or_document import load_or_analyze
 
     return load_or_analyze(_path(run, "run"), nsys=nsys, cache_dir=Path(cache_dir) if cache_dir else None,
                            step_range=step_range)

@@ -22,7 +22,7 @@ from .commands import history as history_command
 from .commands.common import OutputClosed, say_error
 from .commands.metavars import name_values
 from .errors import NsysanError, one_line
-from .malloc_tuning import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
+from .runtime.malloc_tuning import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
 
 # Help is click's plain layout (rich_markup_mode=None): at 80 columns rich's boxed panels left
 # 20 characters for each option's text. -h is --help.

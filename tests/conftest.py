@@ -117,7 +117,7 @@ def nsys_required() -> bool:
 def nsys_path() -> Path:
     """The installed nsys; tests needing it skip without it, but fail in CI (NSYSAN_REQUIRE_NSYS=1)."""
     from nsysan.errors import NsysanError
-    from nsysan.export import find_nsys
+    from nsysan.sources.export import find_nsys
 
     try:
         return find_nsys()

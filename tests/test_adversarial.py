@@ -16,8 +16,8 @@ import pytest
 from conftest import FIXTURES
 from test_bounded_memory import full_documents
 
-from nsysan import pipeline
-from nsysan.reader import chunk_grid
+from nsysan.pipeline import stages as pipeline
+from nsysan.sources.reader import chunk_grid
 from nsysan.render.json import render_json
 
 MEMORY = "CUDA_GPU_MEMORY_USAGE_EVENTS"

@@ -1,5 +1,5 @@
 """The analysis cache: `check`, `compare` and `batch` analyze an input once per content, nsysan and
-options, and read the same document back afterwards (analysis_cache.py)."""
+options, and read the same document back afterwards (pipeline/cache.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from conftest import FIXTURES
 from typer.testing import CliRunner
 
 import nsysan
-import nsysan.analysis_cache as analysis_cache
-import nsysan.pipeline
+import nsysan.pipeline.cache as analysis_cache
+import nsysan.pipeline.stages
 from nsysan.cli import app
-from nsysan.report_or_document import load_or_analyze
+from nsysan.pipeline.report_or_document import load_or_analyze
 from nsysan.render.json import render_json
 
 CLEAN = FIXTURES / "torch_clean_v25.sqlite"
@@ -27,13 +27,13 @@ LEAK = FIXTURES / "torch_leak_v25.sqlite"
 def analyses(monkeypatch) -> list[Path]:
     """The inputs pipeline.analyze_report is called for (it still analyzes: a spy, not a stand-in)."""
     seen: list[Path] = []
-    real = nsysan.pipeline.analyze_report
+    real = nsysan.pipeline.stages.analyze_report
 
     def spy(report, **kwargs):
         seen.append(Path(report))
         return real(report, **kwargs)
 
-    monkeypatch.setattr(nsysan.pipeline, "analyze_report", spy)
+    monkeypatch.setattr(nsysan.pipeline.stages, "analyze_report", spy)
     return seen
 
 

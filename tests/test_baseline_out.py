@@ -9,9 +9,9 @@ import pytest
 from conftest import analysis_of
 from test_check_measured import cli, fixture
 
-from nsysan.compare_runs import compare_analyses
-from nsysan.gate import evaluate_limits
-from nsysan.limits import Limits
+from nsysan.runs.compare_runs import compare_analyses
+from nsysan.runs.gate import evaluate_limits
+from nsysan.runs.limits import Limits
 from nsysan.render.json import dumps, render_json
 
 

@@ -22,12 +22,14 @@ import pytest
 from conftest import FIXTURES
 from test_sites import python_lines_by_hand
 
-from nsysan import analyze, cli, pipeline, reader
+from nsysan import analyze, cli
+from nsysan.pipeline import stages as pipeline
+from nsysan.sources import reader
 from nsysan.analyses import calls, pools
 from nsysan.events import arrays
 from nsysan.events import normalize, nvtx, read, stream, stream_calls
-from nsysan.gate import evaluate_limits
-from nsysan.limits import Limits
+from nsysan.runs.gate import evaluate_limits
+from nsysan.runs.limits import Limits
 from nsysan.render.json import render_json
 
 FIXTURE_NAMES = ["known_mem_v25", "known_bt_v25", "real_oom_v25",

@@ -21,10 +21,10 @@ from conftest import FIXTURES, ROOT, analysis_of, truth
 
 from nsysan.cli import main
 from nsysan.errors import NsysanError
-from nsysan.gate import evaluate_limits
-from nsysan.limits import Amount, Limits
-from nsysan.units import parse_size
-from nsysan.units import fmt_bytes
+from nsysan.runs.gate import evaluate_limits
+from nsysan.runs.limits import Amount, Limits
+from nsysan.base.units import parse_size
+from nsysan.base.units import fmt_bytes
 
 MiB = 1 << 20
 KNOWN_PEAK = (256 + 128 + 12 + 512) * MiB

@@ -15,9 +15,9 @@ import pytest
 from conftest import FIXTURES, analysis_of, truth
 from test_check import assert_junit_schema
 from test_documents import cli  # noqa: F401 (test_step_range_options imports it from here)
-from nsysan.gate import evaluate_limits
-from nsysan.limits import Limits
-from nsysan.units import fmt_bytes_apart, fmt_percent_apart
+from nsysan.runs.gate import evaluate_limits
+from nsysan.runs.limits import Limits
+from nsysan.base.units import fmt_bytes_apart, fmt_percent_apart
 
 
 def fixture(name: str) -> str:

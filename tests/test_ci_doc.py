@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT, analysis_of, truth
 
-from nsysan.gate import evaluate_limits
-from nsysan.limits import Limits, read_config_file
+from nsysan.runs.gate import evaluate_limits
+from nsysan.runs.limits import Limits, read_config_file
 
 DOC = (ROOT / "docs" / "ci.md").read_text()
 

@@ -14,10 +14,10 @@ import pytest
 from conftest import FIXTURES, ROOT, analysis_of, truth
 from test_check import run as run_in_process
 
-from nsysan.compare_runs import compare_analyses
+from nsysan.runs.compare_runs import compare_analyses
 from nsysan.model import Comparison
 from nsysan.model import Analysis
-from nsysan.units import fmt_bytes
+from nsysan.base.units import fmt_bytes
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ from test_html import (INTERACT, PAGE_PROBES, assert_quiet_page, chromium, delta
                        reserved_per_step)
 
 from browser import open_page
-from nsysan.compare_runs import compare_analyses
+from nsysan.runs.compare_runs import compare_analyses
 from nsysan.commands.outputs import write_comparison
 
 PROBES = {

@@ -61,7 +61,7 @@ def test_the_a100_gemm_run_streamed_is_the_whole_frame_document(corpus):
     """Streamed (--max-memory 0), a batch that frees only blocks of kinds the allocator split does
     not count (none counted yet) found no allocation to take its free from, and the analysis ended
     in an internal error; it is the whole frame's document."""
-    from nsysan import pipeline
+    from nsysan.pipeline import stages as pipeline
     from nsysan.render.json import render_json
 
     path = corpus / "ntua-el20062__gemm_spmm_a100" / "nsys_report_gemm_tiled_20000.sqlite"

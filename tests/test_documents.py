@@ -13,7 +13,7 @@ import pytest
 from conftest import FIXTURES, ROOT, cli
 
 import nsysan
-from nsysan.compare_runs import compare_analyses
+from nsysan.runs.compare_runs import compare_analyses
 from nsysan.model import Comparison
 from nsysan.errors import NsysanError
 
@@ -201,8 +201,8 @@ def test_a_document_with_any_field_changed_is_refused_in_one_line_or_used_whole(
     import random
 
     from nsysan.batch.database import ResultsDatabase, database_rows
-    from nsysan.gate import evaluate_limits
-    from nsysan.limits import Limits
+    from nsysan.runs.gate import evaluate_limits
+    from nsysan.runs.limits import Limits
     from nsysan.model import Analysis
     from nsysan.render.json import render_json
 

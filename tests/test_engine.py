@@ -19,7 +19,7 @@ from nsysan.analyses.never_freed import NeverFreed
 from nsysan.analyses.steps import find_step_ranges, memory_threads
 from nsysan.engine import Engine, Facts, frame_batch, frame_live, pieces
 from nsysan.events import stream
-from nsysan.schema import open_readonly, probe
+from nsysan.sources.schema import open_readonly, probe
 
 # several processes and kinds (ddp: two ranks; known_mem: device, managed, pinned, an async pool)
 NAMES = ["known_mem_v25", "ddp_leak_v25", "torch_leak_v25"]
@@ -171,7 +171,7 @@ def test_group_sums_and_never_freed_of_the_streamed_flow_in_small_chunks(name, m
 def test_a_flow_of_one_chunk_keeps_its_batches_for_the_second_look_in_memory(monkeypatch):
     """A fixture streamed (--max-memory 0) is fewer rows than a chunk (2^18): its second look reads
     the batches held in memory, no file is written, and the document is the whole frame's."""
-    from nsysan import pipeline
+    from nsysan.pipeline import stages as pipeline
     from nsysan.render.json import render_json
 
     path = FIXTURES / "torch_leak_v25.sqlite"
@@ -192,7 +192,7 @@ def test_an_allocation_whose_address_is_taken_while_live_is_never_freed_on_both_
     import shutil
     import sqlite3
 
-    from nsysan import pipeline
+    from nsysan.pipeline import stages as pipeline
 
     path = tmp_path / "known_mem_v25.sqlite"
     shutil.copy(FIXTURES / "known_mem_v25.sqlite", path)

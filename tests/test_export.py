@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from nsysan import export
+from nsysan.sources import export
 from nsysan.errors import NsysanError
-from nsysan.export import ensure_sqlite, find_nsys, is_complete_export, nsys_version, report_version
+from nsysan.sources.export import ensure_sqlite, find_nsys, is_complete_export, nsys_version, report_version
 
 from conftest import CORPUS, FIXTURES  # nsys_path comes from conftest too
 

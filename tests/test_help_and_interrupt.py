@@ -65,7 +65,8 @@ def test_version_answers_without_the_analysis_stack():
     assert result.returncode == 0 and result.stdout == "nsysan 0.1.0\n"
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import")}
     assert "nsysan.cli" in imported  # the whole CLI was built ...
-    assert {"pandas", "numpy", "pyarrow", "nsysan.pipeline"} & imported == set()  # ... and nothing it analyzes with
+    # ... and nothing it analyzes with
+    assert {"pandas", "numpy", "pyarrow", "nsysan.pipeline.stages"} & imported == set()
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.02, 0.1, 0.3, 0.8])
@@ -81,7 +82,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(delay):
     seen = []
     for line in process.stderr:  # wait for nsysan's own first module
         seen.append(line)
-        if line.rstrip().endswith("nsysan.interrupt"):
+        if line.rstrip().endswith("nsysan.runtime.interrupt"):
             break
     time.sleep(delay)
     process.send_signal(signal.SIGINT)

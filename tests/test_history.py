@@ -19,7 +19,7 @@ from conftest import analysis_of, cli
 from nsysan.batch.database import parse_tags
 from nsysan.cli import main
 from nsysan.errors import NsysanError
-from nsysan.history import _change_points, load_history, noise_bytes
+from nsysan.runs.history import _change_points, load_history, noise_bytes
 from nsysan.model.history import HistoryRun
 from nsysan.render.json import render_json
 

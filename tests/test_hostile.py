@@ -568,7 +568,7 @@ CASES = [
     # --- nsys: missing, crashing, hanging, out of space ---------------------------------------------
     Case("no nsys at all", report_copy, r"Nsight Systems' nsys is needed to read known_mem_v22\.nsys-rep; "
                                         r"install it, or pass --nsys PATH",
-         command=[sys.executable, "-c", "import nsysan.export.nsys as e, sys; e.INSTALL_GLOBS = (); "
+         command=[sys.executable, "-c", "import nsysan.sources.export.nsys as e, sys; e.INSTALL_GLOBS = (); "
                                         "from nsysan.cli import main; main(sys.argv[1:])"],
          env={"PATH": "/nonexistent"}),
     Case("--nsys that does not exist", report_copy, r"--nsys /nonexistent/nsys: no runnable nsys there",

@@ -429,7 +429,7 @@ def _iso(line: str, zone: str, hours: int = 0) -> str:
 
 @pytest.mark.parametrize("zone,hours", [("+00:00", 0), ("Z", 0), ("+02:00", 2), ("-0530", -5.5)])
 def test_iso_timestamps_with_a_zone_are_read_in_their_zone(zone, hours, tmp_path, capsys):
-    from nsysan.smi_log import read_smi_log
+    from nsysan.sources.smi_log import read_smi_log
 
     lines = GPU_LOG.read_text().splitlines()
     iso = tmp_path / "iso.csv"
@@ -448,7 +448,7 @@ def test_iso_timestamps_with_a_zone_are_read_in_their_zone(zone, hours, tmp_path
 def test_a_log_written_by_windows_powershell_or_excel_is_read(encoding, tmp_path):
     """Windows PowerShell's `nvidia-smi ... > gpu.csv` writes UTF-16LE with a byte-order mark and
     CRLF; Excel and PowerShell 7 (utf8BOM) put a UTF-8 byte-order mark ahead of the header."""
-    from nsysan.smi_log import read_smi_log
+    from nsysan.sources.smi_log import read_smi_log
 
     log = tmp_path / "gpu.csv"
     log.write_bytes(GPU_LOG.read_text().replace("\n", "\r\n").encode(encoding))

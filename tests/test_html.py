@@ -29,7 +29,7 @@ from nsysan.model import Analysis
 from nsysan.commands.outputs import write_report
 from nsysan.render.html import render_html, render_images
 from nsysan.render.png import stand_in_png
-from nsysan.units import fmt_bytes
+from nsysan.base.units import fmt_bytes
 
 XSS = "<script>alert(1)</script>"
 MAX_PAGE_BYTES = 2 * 1024 * 1024

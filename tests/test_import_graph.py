@@ -11,8 +11,9 @@ The layers, lowest first. A module may import its own layer (within the circle r
 layers below it, with two narrower rules: the model imports only the base, and render imports
 only the model and the base (render reads the model, docs/json.md's documents, and nothing else).
 
-- base: what every layer uses and that knows no layer: the one error type, units, CUDA's API and
-  error names, the C allocator's settings and Ctrl-C at start-up (runtime tuning).
+- base: what every layer uses and that knows no layer: the one error type (errors.py), base/ (units,
+  CUDA's API and error names) and runtime/ (the C allocator's settings, Ctrl-C at start-up, the
+  memory an analysis may take).
 - model: every result type (frozen dataclasses, documented in docs/json.md) and their tables for
   notebooks. The flow is data flowing sources -> events -> analyses -> model -> render; as types,
   the model is the vocabulary every producer writes and every consumer reads, so it sits low and
@@ -21,13 +22,13 @@ only the model and the base (render reads the model, docs/json.md's documents, a
   live SQLite file, nvidia-smi logs, the program's own OOM log, analysis JSON documents.
 - events: the memory events, API calls, NVTX ranges and stacks decoded from the sources, and the
   numpy helpers they are decoded with.
-- engine: runs analyses over batches of events, knowing none of them, and decides how much
-  memory that may take.
+- engine: runs analyses over batches of events, knowing none of them.
 - analyses: each question answered from the events, into the model.
 - render: terminal, JSON, HTML, PNG views of the model.
-- app: what consumes or produces whole Analysis objects, in this order: the limits/compare/check
-  logic and history, then one report in -> one Analysis out (pipeline, cache, inputs), then batch,
-  then the commands, then the CLI and the package's own namespace (`import nsysan`).
+- then what consumes or produces whole Analysis objects, in this order: runs/ (compare, limits and
+  check, history), pipeline/ (one report in -> one Analysis out, the analysis cache, what compare
+  and check accept), batch/, commands/, and last the CLI and the package's own namespace
+  (`import nsysan`).
 """
 
 from __future__ import annotations
@@ -41,17 +42,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nsysan"
 
 # Lowest first. Each entry: layer -> the module-name prefixes in it (longest prefix wins).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("nsysan.errors", "nsysan.units", "nsysan.apis", "nsysan.cuda_errors", "nsysan.malloc_tuning",
-              "nsysan.interrupt")),
+    ("base", ("nsysan.errors", "nsysan.base", "nsysan.runtime")),
     ("model", ("nsysan.model",)),
-    ("sources", ("nsysan.export", "nsysan.schema", "nsysan.reader", "nsysan.snapshot", "nsysan.smi_log",
-                 "nsysan.oom_log", "nsysan.analysis_document")),
+    ("sources", ("nsysan.sources",)),
     ("events", ("nsysan.events",)),
-    ("engine", ("nsysan.engine", "nsysan.memory_budget")),
+    ("engine", ("nsysan.engine",)),
     ("analyses", ("nsysan.analyses",)),
     ("render", ("nsysan.render",)),
-    ("judge", ("nsysan.limits", "nsysan.compare_runs", "nsysan.gate", "nsysan.history")),
-    ("pipeline", ("nsysan.pipeline", "nsysan.analysis_cache", "nsysan.report_or_document")),
+    ("runs", ("nsysan.runs",)),
+    ("pipeline", ("nsysan.pipeline",)),
     ("batch", ("nsysan.batch",)),
     ("commands", ("nsysan.commands",)),
     ("cli", ("nsysan.cli", "nsysan.__main__", "nsysan")),
@@ -172,7 +171,7 @@ EDGES = imports()
 def test_the_graph_is_read():
     """The parse finds the imports it must: a test of nothing would pass any package."""
     found = {(a, b) for a, b, _ in EDGES}
-    assert ("nsysan.pipeline", "nsysan.schema") in found  # at module level
+    assert ("nsysan.pipeline.stages", "nsysan.sources.schema") in found  # at module level
     assert len(MODULES) > 100 and len(found) > 500
     assert all(layer_of(m) for m in MODULES)
 
@@ -221,6 +220,15 @@ def test_no_module_shares_a_name_with_its_package_s_function():
         submodules = {m.rsplit(".", 1)[1] for m in MODULES if "." in m and m.rsplit(".", 1)[0] == package}
         clashes += [f"{package}.{name}" for name in sorted(defined & submodules)]
     assert not clashes
+
+
+def test_the_top_level_shows_the_layers():
+    """Beside the package's namespace, the command's entry points and the public error type, every
+    module lives in the package of its layer."""
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py", "cli.py", "errors.py"]
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    layered = {prefix.split(".")[1] for _, prefixes in LAYERS for prefix in prefixes if prefix.count(".") == 1}
+    assert packages <= layered, packages - layered
 
 
 def test_allowed_entries_are_still_needed():

@@ -147,7 +147,7 @@ def test_streamed_kernel_steps_are_the_whole_frame_ones(name, monkeypatch):
 def test_a_step_whose_first_launches_are_swapped_is_still_a_step():
     # two threads' launches can come in another order in one step: its beginning then differs
     from nsysan.events.read_launches import read_launches
-    from nsysan.schema import open_readonly, probe
+    from nsysan.sources.schema import open_readonly, probe
 
     path = FIXTURES / "torch_nonvtx_leak_v25.sqlite"
     conn = open_readonly(path, name=path.name)

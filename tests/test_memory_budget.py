@@ -1,5 +1,5 @@
 """The memory budget: an analysis whose whole frame would not fit it streams its events instead,
-with the same document (nsysan/memory_budget.py, pipeline.analyze_report's `max_memory`,
+with the same document (nsysan/runtime/memory_budget.py, pipeline.analyze_report's `max_memory`,
 `--max-memory` of analyze and batch)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 from conftest import FIXTURES
 
 import nsysan
-from nsysan import memory_budget, pipeline
+from nsysan.pipeline import stages as pipeline
+from nsysan.runtime import memory_budget
 from nsysan.errors import NsysanError
 from nsysan.render.json import render_json
 
@@ -111,7 +112,7 @@ def test_the_cgroup_limit_counts_less_what_the_group_uses(tmp_path):
 @pytest.mark.skipif(sys.platform == "win32", reason="no address-space limit on Windows")
 def test_an_address_space_limit_leaves_half_of_it_for_resident_memory():
     six = 6 * GiB
-    probe = ("from nsysan import memory_budget as m; "
+    probe = ("from nsysan.runtime import memory_budget as m; "
              "print(m._address_space_limit(), m.usable_memory() <= m._address_space_limit())")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (six, six)))

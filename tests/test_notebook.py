@@ -252,7 +252,7 @@ def test_repr_html_is_the_report_page_in_a_sandboxed_frame(inline_report, torch_
         assert not tag_attrs.get("href", "#").startswith(("http:", "https:", "//"))
     assert "http://" not in page_text.replace("http://www.w3.org", "") and "https://" not in page_text
     # It is the page of this analysis.
-    from nsysan.units import fmt_bytes
+    from nsysan.base.units import fmt_bytes
 
     assert fmt_bytes(torch_leak_v25.peak.peak_bytes) in page_text
 

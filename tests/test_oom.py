@@ -7,7 +7,7 @@ from builders import make_export
 from conftest import analysis_of, truth
 
 import nsysan
-from nsysan.cuda_errors import error_name
+from nsysan.base.cuda_errors import error_name
 
 MiB, GiB, KiB = 1 << 20, 1 << 30, 1 << 10
 # cuBLAS's workspace on each of the two threads that call it: 1 KiB + 128 KiB + 64 MiB (see

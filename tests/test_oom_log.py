@@ -18,7 +18,7 @@ from test_documents import cli
 
 import nsysan
 from nsysan.errors import NsysanError
-from nsysan.oom_log import read_oom_log
+from nsysan.sources.oom_log import read_oom_log
 
 MiB, GiB = 1 << 20, 1 << 30
 DB = FIXTURES / "torch_oom_v25.sqlite"
@@ -74,7 +74,7 @@ def test_the_trace_agrees_with_the_message_on_what_was_reserved(with_log):
     # PyTorch prints two decimals: 4.17 GiB is within 5 MiB of the true value
     assert abs(m.trace_reserved_bytes - (expected["allocated"] + expected["unallocated"])) <= 0.005 * GiB + 0.005 * MiB
     (gave_up,) = with_log.oom.allocator_ooms
-    from nsysan.units import fmt_time
+    from nsysan.base.units import fmt_time
 
     assert f"after it freed its cache at {fmt_time(gave_up.release.start_ns)} in step 5 > hoard" in m.message
     assert gave_up.release.pid == PID
@@ -140,7 +140,7 @@ def test_check_joins_the_log_with_an_analysis_document(tmp_path, capsys):
     code, out, err = cli(capsys, "check", str(path), "--log", str(LOG), "--max-peak", "100GiB")
     assert code == 0 and err == ""
     again = nsysan.load_analysis(path)
-    from nsysan.report_or_document import load_or_analyze
+    from nsysan.pipeline.report_or_document import load_or_analyze
 
     joined = load_or_analyze(path, oom_logs=[LOG])
     assert [m.verdict for m in joined.oom.logged] == ["over_cap"] and again.oom.logged == []
@@ -271,7 +271,7 @@ def test_a_long_log_is_read_line_by_line_and_the_same_error_once(tmp_path):
     path.write_text(noise + LOG.read_text() + noise + LOG.read_text())
     found = read_oom_log(path)
     assert len(found) == 2  # read_oom_log keeps both; read_oom_logs says the same error once
-    from nsysan.oom_log import read_oom_logs
+    from nsysan.sources.oom_log import read_oom_logs
 
     assert len(read_oom_logs([path])) == 1
     assert re.search(r"\d", str(found[0].line))
@@ -446,7 +446,7 @@ def test_a_log_without_newlines_is_read_in_pieces(tmp_path):
 def test_a_document_joined_later_is_the_report_joined_now(tmp_path):
     """check and batch join a committed analysis.json with the log: the same document as
     analyzing the report with the log (the verdict line and every other answer kept in place)."""
-    from nsysan.report_or_document import load_or_analyze
+    from nsysan.pipeline.report_or_document import load_or_analyze
     from nsysan.render.json import render_json
 
     path = tmp_path / "run.analysis.json"

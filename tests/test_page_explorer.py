@@ -22,7 +22,7 @@ from nsysan.analyses.timeline import top_level_bands
 from nsysan.commands.outputs import write_report
 from nsysan.render import html as html_module
 from nsysan.render.page_data import page_data
-from nsysan.units import fmt_bytes
+from nsysan.base.units import fmt_bytes
 
 RANGE_ROWS = ("Array.from(document.querySelectorAll('#ranges-table tbody tr'),"
               " r => Array.from(r.cells, c => [c.textContent.trim(), c.dataset.v]))")

@@ -11,7 +11,7 @@ from conftest import analysis_of
 from test_html import assert_quiet_page, chromium  # noqa: F401  (the fixture)
 
 from nsysan.commands.outputs import write_report
-from nsysan.units import fmt_bytes, fmt_time
+from nsysan.base.units import fmt_bytes, fmt_time
 
 MiB = 1 << 20
 RANK_1 = 2147  # ddp_leak_v25: rank 1 (GPU 1) leaks 64 MiB per step (fixtures/README.md)

@@ -13,7 +13,7 @@ from test_html import assert_quiet_page, chromium, pdf_text  # noqa: F401  (the 
 
 from nsysan.commands.outputs import write_report
 from nsysan.render.html import range_rows
-from nsysan.units import fmt_frame, fmt_time_in
+from nsysan.base.units import fmt_frame, fmt_time_in
 
 # Every shown cell against its longest word, measured in the font of the element holding it:
 # [table, word, word px, cell's content px] for each cell narrower than its longest word.

@@ -50,7 +50,7 @@ from test_html import assert_quiet_page, chromium, pdf_text  # noqa: E402,F401  
 
 from nsysan.commands.outputs import write_report  # noqa: E402
 from nsysan.model import GPU_RESIDENT_KINDS  # noqa: E402
-from nsysan.units import fmt_bytes, fmt_frame, fmt_time  # noqa: E402
+from nsysan.base.units import fmt_bytes, fmt_frame, fmt_time  # noqa: E402
 
 FLAME = """(() => {
   const g = document.querySelector('#flame-main .flame-graph');

@@ -9,7 +9,7 @@ import re
 from conftest import analysis_of
 
 from nsysan.render.html import render_html
-from nsysan.units import fmt_bytes
+from nsysan.base.units import fmt_bytes
 
 
 def rows_of(page: str, table_id: str) -> list[list[str]]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT, truth
 
-from nsysan import export
+from nsysan.sources import export
 
 WINDOWS_LIKE = textwrap.dedent('''
     """Test only: this interpreter has no POSIX-only modules and no SIGHUP, as on Windows."""
@@ -62,7 +62,7 @@ CHILD = textwrap.dedent('''
         importlib.import_module(name)
 
     from nsysan.cli import main
-    from nsysan.export import ensure_sqlite
+    from nsysan.sources.export import ensure_sqlite
     # The command, as `nsysan analyze` runs it (signal handlers included).
     main(["analyze", "fixtures/known_mem_v25.sqlite", "--format", "json", "--json", "out/analysis.json"])
     # An export into the cache: the lock, the output reader, the cache entry.
@@ -87,7 +87,8 @@ def test_imports_and_analyzes_without_fcntl_and_sighup(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     said = json.loads(result.stdout.splitlines()[-1])
     # Every module of the package, the command modules included, was imported.
-    assert {"nsysan.cli", "nsysan.export", "nsysan.commands.analyze", "nsysan.render.html"} <= set(said["modules"])
+    assert {"nsysan.cli", "nsysan.sources.export", "nsysan.commands.analyze",
+            "nsysan.render.html"} <= set(said["modules"])
     assert said["posix_only_loaded"] == []
     # The analysis is the real one: the six blocks the program never freed (its truth file).
     doc = json.loads((tmp_path / "out" / "analysis.json").read_text())

@@ -15,7 +15,7 @@ from models import GiB, MiB, make_analysis
 
 from nsysan.model import CallSite, Site
 from nsysan.render.png import DPI, PANEL_HEIGHT_IN, WIDTH_IN, figure_png, plot_sites, plot_timeline
-from nsysan.units import fmt_bytes
+from nsysan.base.units import fmt_bytes
 
 H200_BYTES = 150_109_880_320  # TARGET_INFO_GPU.totalMemory of the fixtures' H200 (fixtures/README.md)
 

@@ -10,7 +10,7 @@ from builders import GLOBAL_PID, make_export
 from conftest import FIXTURES, truth
 
 import nsysan
-from nsysan import pipeline
+from nsysan.pipeline import stages as pipeline
 
 MiB = 1 << 20
 POOL = 0x7F0000000000

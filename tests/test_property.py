@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 import nsysan
-from nsysan import reader
+from nsysan.sources import reader
 from nsysan.errors import NsysanError
 from nsysan.model import Analysis
 from nsysan.render.json import render_json

@@ -16,9 +16,9 @@ import pytest
 from conftest import ROOT, analysis_of
 
 import nsysan
-import nsysan.compare_runs
+import nsysan.runs.compare_runs
 import nsysan.errors
-import nsysan.limits
+import nsysan.runs.limits
 import nsysan.model
 from nsysan import Analysis
 
@@ -40,8 +40,8 @@ def at_root(monkeypatch):
 MODEL_MODULES = [importlib.import_module(f"nsysan.model.{m.name}") for m in pkgutil.iter_modules(nsysan.model.__path__)]
 
 
-@pytest.mark.parametrize("module", [nsysan, *MODEL_MODULES, nsysan.errors, nsysan.analysis_document, nsysan.limits,
-                                    nsysan.compare_runs], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [nsysan, *MODEL_MODULES, nsysan.errors, nsysan.sources.analysis_document,
+                                    nsysan.runs.limits, nsysan.runs.compare_runs], ids=lambda m: m.__name__)
 def test_docstring_examples_run(module, at_root):
     result = doctest.testmod(module, optionflags=OPTIONS, report=True)
     assert result.failed == 0

@@ -10,7 +10,7 @@ import nsysan
 from nsysan.analyses.ranks import assign_ranks
 from nsysan.model import GroupSummary, Process
 from nsysan.render.json import render_json
-from nsysan.schema import probe
+from nsysan.sources.schema import probe
 
 
 def _group(pid: int, device: int, kind: str = "device", allocations: int = 1) -> GroupSummary:

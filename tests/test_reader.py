@@ -14,9 +14,9 @@ from conftest import FIXTURES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nsysan import reader
+from nsysan.sources import reader
 from nsysan.events import factorize_in_parts, previous_in_group
-from nsysan.schema import open_readonly
+from nsysan.sources.schema import open_readonly
 
 MEMORY_SELECT = ("start, globalPid, deviceId, address, bytes, memKind, memoryOperationType, correlationId, "
                  "localMemoryPoolAddress IS NOT NULL")
@@ -140,7 +140,7 @@ def test_the_command_line_process_runs_without_transparent_huge_pages():
     import sys
 
     # What cli.run() sets up, in a process of its own (the setting is inherited, never undone).
-    code = ("from nsysan.malloc_tuning import avoid_transparent_huge_pages; avoid_transparent_huge_pages(); "
+    code = ("from nsysan.runtime.malloc_tuning import avoid_transparent_huge_pages; avoid_transparent_huge_pages(); "
             "print(open('/proc/self/status').read())")
     printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "THP_enabled:\t0" in printed

@@ -10,7 +10,7 @@ from conftest import FIXTURES, analysis_of
 import nsysan
 
 from nsysan.analyses.diagnostics import rerun_command
-from nsysan.schema import open_readonly, probe
+from nsysan.sources.schema import open_readonly, probe
 
 
 def schema_of(name: str):

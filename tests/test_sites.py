@@ -19,7 +19,7 @@ from conftest import FIXTURES, analysis_of, truth
 
 import nsysan
 from nsysan.events import load_events
-from nsysan.schema import open_readonly, probe
+from nsysan.sources.schema import open_readonly, probe
 
 MiB = 1 << 20
 PYBT = FIXTURES / "torch_pybt_v25.sqlite"

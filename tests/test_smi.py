@@ -26,7 +26,7 @@ from nsysan.analyses.smi import overlay_smi, trace_facts
 from nsysan.errors import NsysanError
 from nsysan.model import Analysis, Gpu
 from nsysan.render.json import render_json
-from nsysan.smi_log import read_smi_log
+from nsysan.sources.smi_log import read_smi_log
 
 MiB = 1 << 20
 SECOND = 1_000_000_000

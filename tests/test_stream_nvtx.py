@@ -17,7 +17,7 @@ from nsysan.events.nvtx import RangeLookup
 from nsysan.events.read_nvtx import _nested, read_nvtx_ranges
 from nsysan.events.stream import EventFlow
 from nsysan.events.stream_calls import CallWindow, MemoryCalls
-from nsysan.schema import probe
+from nsysan.sources.schema import probe
 
 NVTX_FIXTURES = ["known_bt_v25", "torch_leak_v25", "torch_ops_v25", "ddp_leak_v25", "torch_pybt_v25",
                  "jax_prealloc_v25"]

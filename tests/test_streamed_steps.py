@@ -10,12 +10,12 @@ import pytest
 from conftest import FIXTURES
 from test_bounded_memory import MiB, chunk_rowids, full_documents, streaming_from
 
-from nsysan import pipeline
+from nsysan.pipeline import stages as pipeline
 from nsysan.analyses.steps import memory_threads
 from nsysan.events import read, stream
 from nsysan.events.stream_calls import MemoryCalls
 from nsysan.render.json import render_json
-from nsysan.schema import open_readonly, probe
+from nsysan.sources.schema import open_readonly, probe
 
 STEP_CODES = ("no_steps", "memory_growth", "memory_kept_unevenly")
 

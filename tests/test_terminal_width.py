@@ -14,9 +14,9 @@ from conftest import FIXTURES, analysis_of
 from rich.console import Console
 
 import nsysan
-from nsysan.compare_runs import compare_analyses
-from nsysan.gate import evaluate_limits
-from nsysan.limits import Limits
+from nsysan.runs.compare_runs import compare_analyses
+from nsysan.runs.gate import evaluate_limits
+from nsysan.runs.limits import Limits
 from nsysan.render.compare_terminal import render_comparison_terminal
 from nsysan.render.layout import ELLIPSIS, NAME, Sheet, cut_name, fitted, plan_columns, plain, wrap
 from nsysan.render.terminal import render_terminal, summary_parts

@@ -17,7 +17,7 @@ import pandas as pd
 from ..events import LoadedEvents
 from ..engine import Engine, Facts, frame_batch, frame_live
 from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Source
-from ..schema import Schema
+from ..sources.schema import Schema
 from .allocations import to_allocations
 from .bounds import cut_long_strings
 from .capture import capture_facts

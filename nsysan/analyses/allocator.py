@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..events.arrays import previous_in_group
 from ..model import AllocatorUse, Peak, Preallocation
-from ..units import fmt_bytes, fmt_percent, fmt_time
+from ..base.units import fmt_bytes, fmt_percent, fmt_time
 from .timeline import Groups
 
 MiB = 1 << 20

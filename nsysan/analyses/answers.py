@@ -8,7 +8,7 @@ from typing import Optional
 
 from ..model import Answer, Diagnostic, Growth, Peak
 from .growth import GROWTH_CODES
-from ..units import fmt_bytes, fmt_share, fmt_time
+from ..base.units import fmt_bytes, fmt_share, fmt_time
 
 MAX_PEAKS = 4
 MAX_PARTS = 3  # what made a peak: the largest (site, range) pairs named

@@ -35,7 +35,7 @@ import pandas as pd
 
 from ..engine import Reducer
 from ..model.bytes import BYTE_CLASSES, MADE, ByteClasses, BytesAt
-from ..units import fmt_bytes
+from ..base.units import fmt_bytes
 from .groups import batch_groups
 from .steps import MAX_LISTED, OPEN_END, STEP_KINDS
 from .streamed_allocators import OUTSIDE, AllocatorRows

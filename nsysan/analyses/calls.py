@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .. import apis
+from ..base import apis
 from ..events.nvtx import attribute_ranges
 from ..model import ApiCallStat, FailedCall
 from ..model.memory import MAX_FAILED_CALLS

@@ -8,7 +8,7 @@ from typing import Optional
 import numpy as np
 
 from ..model import Capture, GroupSummary, Process
-from ..schema import Schema
+from ..sources.schema import Schema
 from .diagnostics import crash_rerun_command, flags_used
 
 

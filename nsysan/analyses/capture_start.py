@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..events.read_start import CaptureStart
 from ..model import Diagnostic
-from ..units import fmt_bytes, fmt_time
+from ..base.units import fmt_bytes, fmt_time
 
 _KIND_NAMES = {"static": "module statics", "device": "device blocks"}
 

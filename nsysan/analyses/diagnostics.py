@@ -11,8 +11,8 @@ import pandas as pd
 
 from ..model import Diagnostic, FailedCall, GroupSummary, Peak, PoolUse
 from ..events.read import TRACE_GOES_ON
-from ..schema import Schema
-from ..units import fmt_bytes, fmt_percent
+from ..sources.schema import Schema
+from ..base.units import fmt_bytes, fmt_percent
 from .never_freed import NOT_LEAKS
 
 CAPTURE_COMMAND = ("nsys profile -t cuda,nvtx --cuda-memory-usage=true --cudabacktrace=memory:1 "

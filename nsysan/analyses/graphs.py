@@ -19,7 +19,7 @@ import pandas as pd
 
 from ..model import Analysis
 from ..model.hidden import CudaGraphs, ProcessGraphs, StepGraphs
-from ..units import fmt_bytes
+from ..base.units import fmt_bytes
 from .timeline import MAX_POINTS
 
 LIVE_KINDS = ("device", "array")  # what steps count: allocated by the program

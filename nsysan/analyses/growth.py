@@ -29,7 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..model import Diagnostic, Growth, Holder, MemoryCap, Process, Step, StepSeries
-from ..units import fmt_bytes, fmt_duration
+from ..base.units import fmt_bytes, fmt_duration
 
 MIB = 1 << 20
 MIN_GROWING = 3

@@ -26,7 +26,7 @@ import pandas as pd
 from ..events.read_code import CodeTrace
 from ..model import Analysis, Answer
 from ..model.hidden import HiddenMemory, LibraryMemory, ProcessCode, ProcessContext, StepLoads
-from ..units import fmt_bytes
+from ..base.units import fmt_bytes
 from .diagnostics import STACK_FLAGS, advice_flags
 from .graphs import cuda_graphs, graph_severity, live_at, step_list
 
@@ -56,7 +56,7 @@ LIBRARY_BYTES_WORTH_NAMING = 1 << 20
 
 def with_unseen_memory(analysis: Analysis, trace: Optional[CodeTrace]) -> Analysis:
     """The analysis with its `hidden` and `graphs` sections and their answers, made from the finished
-    analysis and the contexts, code-load and graph calls (events/read_code.py): pipeline.py calls it
+    analysis and the contexts, code-load and graph calls (events/read_code.py): pipeline/stages.py calls it
     the same way after the whole-frame and the streamed analyses. None (--quick): both stay empty."""
     if trace is None or (trace.calls.empty and not trace.contexts):
         return analysis
@@ -133,7 +133,7 @@ def _process(analysis: Analysis, pid: int, rows: pd.DataFrame, contexts: list[in
         loads_before_steps=before, loads_in_steps=len(loads) - before - after, loads_after_steps=after,
         steps_with_loads=with_loads, keeps_loading=keeps,
         # only a process that keeps loading has its loads named: the kernel table they are named
-        # from is exported for it alone (pipeline.py)
+        # from is exported for it alone (pipeline/stages.py)
         **(_named_loads(loads if not steps else loads[(load_ts >= first) & (load_ts < last)]) if keeps else {}),
         # a step list that says something: loads, unloads, statics or nvidia-smi gaps in some step
         steps=listed if any(s.loads or s.unloads or s.static_bytes or s.smi_gap_bytes is not None

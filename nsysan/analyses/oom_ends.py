@@ -22,8 +22,8 @@ from typing import Any, Optional, Sequence
 
 from ..model import GPU_RESIDENT_KINDS, Analysis, Diagnostic, EndedInside, FatalOom, LoggedOom, MemoryCap, \
     OutOfMemory, SizeCount
-from ..oom_log import OomMessage
-from ..units import fmt_bytes, fmt_time
+from ..sources.oom_log import OomMessage
+from ..base.units import fmt_bytes, fmt_time
 from .answers import gather_answers
 from .oom import NEAR_END_NS
 

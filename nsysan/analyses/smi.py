@@ -1,7 +1,7 @@
 """nvidia-smi logs against the exact timeline: what it showed that no event explains, what its
 sampling missed, and what belongs to someone else.
 
-Pure functions: the logs (already read, see nsysan.smi_log), the events frame and a few facts
+Pure functions: the logs (already read, see nsysan.sources.smi_log), the events frame and a few facts
 about the capture in; the model's `SmiOverlay` and its diagnostics out. The rules and their
 limits are in docs/analyses.md ("nvidia-smi against the trace").
 """
@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..events.arrays import distinct_pairs
 from ..model import GPU_RESIDENT_KINDS, Analysis, Diagnostic, Gpu
-from ..smi_log import SmiLog
+from ..sources.smi_log import SmiLog
 from ..model.smi import (MissedBySampling, NotInTrace, OtherProcess, SmiLogInfo, SmiOverlay, SmiSeries,
                          SomeoneElse)
 from .live_steps import LiveSteps, live_steps

@@ -30,7 +30,7 @@ from ..events.read_order import order_ahead
 from ..events.stream import EventFlow
 from ..events.stream_calls import MemoryCalls, CallWindow
 from ..model import Allocation, Analysis, Diagnostic, Source
-from ..schema import Schema
+from ..sources.schema import Schema
 from .answers import gather_answers
 from .bounds import cut_long_strings
 from .calls import CallStatSums, failed_call_list

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from ..cuda_errors import OUT_OF_MEMORY, error_name
+from ..base.cuda_errors import OUT_OF_MEMORY, error_name
 from ..events.nvtx import attribute_ranges
 from ..model import AllocatorOom, Diagnostic, OomFailure, OutOfMemory, Probe, ReservedMemory
 from .caps import memory_caps

@@ -17,8 +17,8 @@ from ..engine import Engine, Facts
 from ..events.stream import EventFlow
 from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, CutShort, Holder, OutOfMemory, Peak, \
     ReservedMemory, Source, Spike, Timeline
-from ..schema import Schema
-from ..units import fmt_bytes, fmt_time
+from ..sources.schema import Schema
+from ..base.units import fmt_bytes, fmt_time
 from .answers import gather_answers
 from .bounds import cut_long_strings
 from .capture import capture_facts

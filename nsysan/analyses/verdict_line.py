@@ -17,7 +17,7 @@ import dataclasses
 from typing import Optional
 
 from ..model import Analysis, Answer
-from ..units import fmt_bytes, fmt_share, fmt_time
+from ..base.units import fmt_bytes, fmt_share, fmt_time
 from .graphs import share_text
 
 HEADLINE_CODE = "verdict"

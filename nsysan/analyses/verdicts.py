@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..model import GPU_RESIDENT_KINDS, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, PoolUse, \
     Preallocation, ReservedMemory
-from ..units import fmt_bytes, fmt_duration, fmt_time
+from ..base.units import fmt_bytes, fmt_duration, fmt_time
 from .allocator import allocator_use, find_preallocations, is_value
 from .caps import memory_caps
 from .diagnostics import xla_pids

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..model import GPU_RESIDENT_KINDS, Analysis, Answer
 from ..model.steps import WhatIf, WhatIfGpu, WhatIfGrowth
-from ..units import fmt_bytes, fmt_time
+from ..base.units import fmt_bytes, fmt_time
 from .timeline import MAX_POINTS
 
 
@@ -109,7 +109,7 @@ def what_if_bytes(value: "int | str") -> int:
     """`--what-if-gpu SIZE` / `what_if_gpu=` as bytes: a size ("80GiB") or bytes, above 0 and at
     most LARGEST_GPU_BYTES; NsysanError (exit 2) otherwise."""
     from ..errors import NsysanError
-    from ..units import parse_size
+    from ..base.units import parse_size
 
     try:
         number = value if isinstance(value, int) and not isinstance(value, bool) else parse_size(str(value),

@@ -20,7 +20,7 @@ from typing import Any, Optional
 from ..analyses.growth import GROWTH_CODES, first_departure, step_deltas
 from ..model import Analysis
 from ..model.batch import Departure
-from ..units import fmt_bytes, fmt_duration
+from ..base.units import fmt_bytes, fmt_duration
 
 MAX_SITES = 3
 

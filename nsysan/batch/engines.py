@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from .. import memory_budget
+from ..runtime import memory_budget
 from ..errors import NsysanError, one_line
 from .lifetime import quiet_resource_tracker, stop_processes, worker_initializer
 from .worker import TUNE_PROCESS, TUNE_TASK, analyze_one, analyze_some
@@ -38,7 +38,7 @@ TASKS_PER_THREAD = 8
 # What the fork servers of nsysan's own workers import before forking any: the allocator settings
 # first, before anything that could start a thread (forkserver_tuning.py says why), then the
 # analysis, so no worker imports it for its first report.
-WORKER_PRELOAD = ["nsysan.batch.forkserver_tuning", "nsysan.batch.worker", "nsysan.pipeline"]
+WORKER_PRELOAD = ["nsysan.batch.forkserver_tuning", "nsysan.batch.worker", "nsysan.pipeline.stages"]
 # How long `--dask tcp://...` tries to reach its scheduler before the batch stops with one line.
 DASK_CONNECT_TIMEOUT = "20s"
 DASK_MISSING = "--dask needs Dask distributed, an optional extra: pip install 'nsysan[dask]'"
@@ -74,7 +74,7 @@ def run_all(paths: list[Path], on_done: OnDone, *, jobs: int, dask: Optional[str
     if ours and cache_dir is None:
         # Named here: the pool's workers fork from a server started with the environment of the
         # first batch of this process, so they would not see a later $NSYSAN_CACHE_DIR.
-        from ..export import resolve_cache_dir
+        from ..sources.export import resolve_cache_dir
 
         cache_dir = str(resolve_cache_dir())
     args = (nsys, cache_dir, threads, TUNE_PROCESS if ours else TUNE_TASK, budget, step_range, logs or {})

@@ -85,7 +85,7 @@ def _in_folder(folder: Path, skip: list[Path]) -> list[Path]:
 
 
 def _one_per_capture(reports: list[Path]) -> list[Path]:
-    from ..export.sibling import sibling_mismatch
+    from ..sources.export.sibling import sibling_mismatch
 
     names = set(reports)
     kept = []
@@ -106,7 +106,7 @@ def _listed(list_file: Path) -> list[Path]:
     """The paths in an @list file. Opened without waiting (a FIFO or a terminal is refused, not
     read forever) and read up to LIST_MAX_BYTES. A line that can't be a path (one holding a NUL,
     a name longer than the system takes) is kept: it becomes a failed row saying why."""
-    from ..export.input_files import open_regular
+    from ..sources.export.input_files import open_regular
 
     try:
         with open_regular(list_file) as handle:

@@ -19,11 +19,11 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..compare_runs import process_rows
+from ..runs.compare_runs import process_rows
 from .departure import find_departure
 from ..model import Analysis
 from ..model.batch import Departure, Fleet, Outlier, SummaryRow
-from ..units import fmt_bytes
+from ..base.units import fmt_bytes
 
 MAD_SCORE = 3.5
 MAD_FLOOR_BYTES = 1 << 20

@@ -22,7 +22,7 @@ HASH_CHUNK = 1 << 20
 def content_hash(path: Path) -> str:
     """SHA-256 of the file's bytes, hex: the report's key in nsysan.db (the same report under
     another name or in another folder is the same report)."""
-    from ..export.input_files import open_regular
+    from ..sources.export.input_files import open_regular
 
     digest = hashlib.sha256()
     with open_regular(path) as handle:  # a FIFO or a device is refused, never read forever
@@ -45,7 +45,7 @@ def tune_this_process() -> None:
     and a Dask worker (whose nanny sets MALLOC_TRIM_THRESHOLD_=65536) took twice as long."""
     global _tuned
     if not _tuned:
-        from ..malloc_tuning import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
+        from ..runtime.malloc_tuning import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
 
         keep_large_arrays_on_the_heap()
         avoid_transparent_huge_pages()
@@ -71,8 +71,8 @@ def tuned_while_running() -> Iterator[None]:
     heap is returned to the system, so Dask's memory monitor doesn't see the analysis's memory
     as the worker's own (`unmanaged`) for long."""
     global _running
-    from ..malloc_tuning import glibc
-    from ..reader import release_memory
+    from ..runtime.malloc_tuning import glibc
+    from ..sources.reader import release_memory
 
     libc = glibc()
     if libc is None or not hasattr(libc, "mallopt"):
@@ -126,7 +126,7 @@ def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] 
     Never raises for a bad report: an NsysanError becomes the row's error. Anything else is a
     bug in nsysan and is reported as such in the row, so one report can't end the batch.
     """
-    from ..reader import limit_threads
+    from ..sources.reader import limit_threads
 
     limit_threads(threads)  # a few analyses side by side, each on its share of the cores
     if tune == TUNE_PROCESS:
@@ -139,8 +139,8 @@ def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] 
 def _analyze(path: str, nsys: Optional[str], cache_dir: Optional[str], max_memory: Optional[int],
              step_range: Optional[str] = None, logs: Optional[list] = None) -> dict[str, Any]:
     from ..errors import NsysanError, one_line
-    from ..report_or_document import load_or_analyze
-    from ..analysis_cache import document_of
+    from ..pipeline.report_or_document import load_or_analyze
+    from ..pipeline.cache import document_of
     from .database import database_rows, report_key
     from .departure import rank_steps
     from .summary import summary_rows

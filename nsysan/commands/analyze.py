@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Callable, List, Optional
 import typer
 
 from ..errors import NsysanError
-from ..memory_budget import budget_bytes
-from ..export import REPORT_SUFFIXES, analysis_export, files_read_for
+from ..runtime.memory_budget import budget_bytes
+from ..sources.export import REPORT_SUFFIXES, analysis_export, files_read_for
 from ..model import Analysis
 from .outputs import check_output_dir, claim_outputs, one_run, write_atomic, write_report
 from ..render.json import render_baseline, render_json, render_json_many
-from ..units import parse_duration
+from ..base.units import parse_duration
 from .common import out_console, progress_bar, say_error, shown, to_stdout
 
 if TYPE_CHECKING:
-    from ..smi_log import SmiLog
+    from ..sources.smi_log import SmiLog
 
 Progress = Callable[[str, float], None]
 
@@ -101,7 +101,7 @@ def analyze(
         raise NsysanError("--log takes one report; join a program's log with one capture at a time")
     smi_logs = []
     if smi:
-        from ..smi_log import read_smi_logs
+        from ..sources.smi_log import read_smi_logs
 
         smi_logs = read_smi_logs(smi, smi_columns or (), smi_tz)  # before the long part
     how = HowToAnalyze(nsys=nsys, cache_dir=cache_dir, quick=quick, smi_logs=smi_logs, smi_tz=smi_tz,
@@ -132,7 +132,7 @@ class HowToAnalyze:
     def check(self) -> int:
         """The spike window in ns; NsysanError for a --step-range or --spike-window that can't be used."""
         if self.step_range is not None:
-            from ..pipeline import check_pattern
+            from ..pipeline.stages import check_pattern
 
             check_pattern(self.step_range, "--step-range")
         try:
@@ -146,10 +146,10 @@ class HowToAnalyze:
             # nsys exports while the analyses (pandas, pyarrow: 0.5-0.7 s of a start) are imported
             # beside it: analyze_report's checks before its export are the command's, done already,
             # but for --log's files (read first there, so a bad one fails before any export).
-            _import_in_background("nsysan.pipeline", "nsysan.analyses.what_if")
+            _import_in_background("nsysan.pipeline.stages", "nsysan.analyses.what_if")
             exported = analysis_export(report, nsys=self.nsys, cache_dir=self.cache_dir, progress=say)
         from ..analyses.what_if import with_what_if
-        from ..pipeline import analyze_report
+        from ..pipeline.stages import analyze_report
 
         analysis = analyze_report(report, nsys=self.nsys, cache_dir=self.cache_dir, progress=say, quick=self.quick,
                                   smi_logs=self.smi_logs, smi_tz=self.smi_tz, step_range=self.step_range,

@@ -54,9 +54,9 @@ def batch(
     """
     from ..batch.engines import DASK_MISSING, default_jobs
     from ..batch.report_paths import expand_inputs
-    from ..export import files_read_for
+    from ..sources.export import files_read_for
     from .outputs import check_output_dir, claim_outputs, one_run, write_all_or_none
-    from ..memory_budget import budget_bytes
+    from ..runtime.memory_budget import budget_bytes
     from ..batch.database import parse_tags
 
     budget = budget_bytes(max_memory)
@@ -65,7 +65,7 @@ def batch(
                           f"{MAX_JOBS} analyses at once this machine can run; give at most its number of cores")
     parse_tags(tag or ())  # a bad tag stops the batch before any analysis
     if step_range is not None:
-        from ..pipeline import check_pattern
+        from ..pipeline.stages import check_pattern
 
         check_pattern(step_range, "--step-range")
     if dask:
@@ -111,7 +111,7 @@ def _logs_by_report(paths: List[Path], logs: List[Path]) -> dict[str, list[str]]
     """Each --log joined with the report it is named after: the log's name starts with the
     report's (its suffixes off) and a '.', '_' or '-' (run1.stderr.txt, run1_rank0.log for
     run1.nsys-rep); the longest such name when several fit. A log that fits none is an error."""
-    from ..oom_log import read_oom_logs
+    from ..sources.oom_log import read_oom_logs
 
     read_oom_logs(logs)  # a log that can't be read fails now, not once per report
     stems = {str(p): _stem(p.name) for p in paths}
@@ -145,7 +145,7 @@ def _print_summary(result: Any) -> None:
             console.print(printable(f"  failed  {row.report}: {row.error}"), markup=False, soft_wrap=True)
     peaks = [r for r in result.rows if r.peak_bytes is not None]
     if peaks:
-        from ..units import fmt_bytes
+        from ..base.units import fmt_bytes
 
         top = max(peaks, key=lambda r: r.peak_bytes)
         console.print(printable(f"  highest peak: {fmt_bytes(top.peak_bytes)}, {top.process} on GPU {top.gpu} "

@@ -9,11 +9,11 @@ from typing import List, Optional
 import typer
 
 from ..errors import NsysanError
-from ..report_or_document import load_or_analyze
-from ..gate import evaluate_limits
-from ..limits import Limits, load_config, read_config_file
+from ..pipeline.report_or_document import load_or_analyze
+from ..runs.gate import evaluate_limits
+from ..runs.limits import Limits, load_config, read_config_file
 from ..model import Analysis, Verdict
-from ..export import files_read_for
+from ..sources.export import files_read_for
 from .outputs import append_text, claim_outputs, one_run, write_all_or_none, write_atomic
 from .common import out_console, say_error, to_stdout
 
@@ -128,7 +128,7 @@ def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsy
     if limits.max_peak_increase is not None and baseline is None:
         raise NsysanError("--max-peak-increase needs a baseline: add --baseline BASE (a report or its analysis.json)")
     if step_range is not None:
-        from ..pipeline import check_pattern
+        from ..pipeline.stages import check_pattern
 
         check_pattern(step_range, "--step-range")
     analysis = load_or_analyze(report, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range,

@@ -9,10 +9,10 @@ from typing import Optional
 
 import typer
 
-from ..compare_runs import compare_analyses
+from ..runs.compare_runs import compare_analyses
 from ..errors import NsysanError
-from ..report_or_document import load_or_analyze
-from ..export import files_read_for
+from ..pipeline.report_or_document import load_or_analyze
+from ..sources.export import files_read_for
 from .outputs import check_output_dir, claim_outputs, one_run, write_comparison
 from ..render.json import dumps
 from .common import out_console, shown, to_stdout
@@ -40,7 +40,7 @@ def compare(
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
     if step_range is not None:
-        from ..pipeline import check_pattern
+        from ..pipeline.stages import check_pattern
 
         check_pattern(step_range, "--step-range")
     with one_run([*files_read_for(base), *files_read_for(new)]):

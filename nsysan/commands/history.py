@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import NsysanError
-from ..export import SQLITE_SIDE_FILES
+from ..sources.export import SQLITE_SIDE_FILES
 from .common import out_console, shown, to_stdout
 from .outputs import claim_outputs, one_run, write_atomic
 
@@ -46,7 +46,7 @@ def history(
 
 def _history(database: Path, order_by: Optional[str], where: Optional[List[str]], format: str,
              output: Optional[Path]) -> None:
-    from ..history import load_history
+    from ..runs.history import load_history
 
     found = load_history(database, order_by=order_by, where=where or ())
     if output is not None:

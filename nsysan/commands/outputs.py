@@ -272,7 +272,7 @@ def append_text(path: Path, text: str, what: str) -> None:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            from ..export import describe_file_type
+            from ..sources.export import describe_file_type
 
             raise NsysanError(f"could not write {what} ({path}): it is {describe_file_type(mode)}, not a file")
         if hasattr(os, "set_blocking"):

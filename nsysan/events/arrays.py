@@ -11,7 +11,7 @@ from typing import Callable, TypeVar
 import numpy as np
 import pandas as pd
 
-from ..reader import PARALLEL_MIN_ROWS, usable_cpus
+from ..sources.reader import PARALLEL_MIN_ROWS, usable_cpus
 
 T = TypeVar("T")
 

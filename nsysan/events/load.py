@@ -16,8 +16,8 @@ import pandas as pd
 
 from ..errors import NsysanError
 from ..model import Diagnostic, Stack
-from ..reader import release_memory
-from ..schema import Schema
+from ..sources.reader import release_memory
+from ..sources.schema import Schema
 from .columns import EVENT_COLUMNS, empty_calls, empty_chains, empty_ranges, empty_sites
 from .normalize import normalize
 from .nvtx import attribute_operators, attribute_ranges

@@ -10,8 +10,8 @@ import pandas as pd
 from .arrays import factorize_in_parts, group_order, on_every_core, previous_in_group
 from ..errors import NsysanError
 from ..model import KINDS, LIVE_AT_START, Diagnostic
-from ..reader import PARALLEL_MIN_ROWS
-from ..schema import Schema
+from ..sources.reader import PARALLEL_MIN_ROWS
+from ..sources.schema import Schema
 from .columns import EVENT_COLUMNS, categorical_lookup, int_column, ints
 
 

@@ -19,10 +19,10 @@ from typing import Collection, Iterator, Optional
 import numpy as np
 import pandas as pd
 
-from .. import apis
-from ..reader import chunk_grid, database_path, read_chunks, read_converted, read_frame, read_rowid_ranges, read_table, \
-    reads_in_chunks, rowid_span
-from ..schema import Schema, _quote, connect_readonly
+from ..base import apis
+from ..sources.reader import chunk_grid, database_path, read_chunks, read_converted, read_frame, read_rowid_ranges, \
+    read_table, reads_in_chunks, rowid_span
+from ..sources.schema import Schema, _quote, connect_readonly
 from .columns import categorical_lookup, empty_calls, empty_chains, int_column, ints
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .. import apis
-from ..reader import read_table
-from ..schema import Schema
+from ..base import apis
+from ..sources.reader import read_table
+from ..sources.schema import Schema
 from .columns import ints
 
 # Context creation: cuInit and the calls that create a context (the runtime creates its primary
@@ -77,7 +77,7 @@ def with_kernels_after_loads(conn: sqlite3.Connection, schema: Schema, trace: Co
     A load from memory (cuLibraryLoadData, cuModuleLoadData) names no file, and nsys puts no call
     stack on it: the code it brought is what runs next (with lazy loading, a library's kernels
     load just before their first launch). Read only for the processes that keep loading code
-    (pipeline.py), in one scan of the kernel table that returns only the kernels of the seconds
+    (pipeline/stages.py), in one scan of the kernel table that returns only the kernels of the seconds
     after their loads."""
     calls = trace.calls
     names = np.full(len(calls), "", dtype=object)

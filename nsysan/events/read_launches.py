@@ -18,9 +18,9 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from .. import apis
-from ..reader import read_frame
-from ..schema import Schema
+from ..base import apis
+from ..sources.reader import read_frame
+from ..sources.schema import Schema
 
 LAUNCH_APIS = frozenset({
     "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernelMultiDevice",

@@ -10,8 +10,8 @@ import sqlite3
 import numpy as np
 import pandas as pd
 
-from ..reader import read_frame
-from ..schema import Schema, _quote
+from ..sources.reader import read_frame
+from ..sources.schema import Schema, _quote
 from .columns import empty_ranges, int_column, ints
 from .nvtx import nesting_depth, parents, thread_key
 

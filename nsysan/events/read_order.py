@@ -8,8 +8,8 @@ import sqlite3
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
-from ..reader import database_path, reads_in_chunks
-from ..schema import connect_readonly
+from ..sources.reader import database_path, reads_in_chunks
+from ..sources.schema import connect_readonly
 from .read import MEMORY_TABLE, memory_chunk_first_starts, memory_sorted_runs
 
 

@@ -11,8 +11,8 @@ import sqlite3
 import numpy as np
 import pandas as pd
 
-from ..reader import read_frame
-from ..schema import Schema
+from ..sources.reader import read_frame
+from ..sources.schema import Schema
 from .columns import int_column, ints
 from .read import _col
 

@@ -11,8 +11,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .. import apis
-from ..schema import Schema
+from ..base import apis
+from ..sources.schema import Schema
 
 PROFILER_START_APIS = ("cudaProfilerStart", "cuProfilerStart")
 FIRST_ROWS = 1000  # the snapshot's rows come first: a table whose first rows hold none has none

@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from ..model import Diagnostic, Frame, Stack
-from ..schema import Schema
+from ..sources.schema import Schema
 from .columns import SITE_COLUMNS, empty_sites
-from ..units import fmt_frame
+from ..base.units import fmt_frame
 from .frames import (module_name, native_machinery, operator_label, python_context_frame, python_function,
                      python_site_frame, short_function, without_templates)
 from .normalize import join_on_call

@@ -33,8 +33,8 @@ import pandas as pd
 from .arrays import previous_in_group
 from ..errors import NsysanError
 from ..model import KINDS, Diagnostic
-from ..reader import release_memory
-from ..schema import Schema
+from ..sources.reader import release_memory
+from ..sources.schema import Schema
 from .normalize import BAD_ROW_REASONS, MAX_TOTAL_BYTES, _ints_and_nulls, bad_row_reasons, bad_rows_message, \
     tied_to_a_neighbour
 from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs

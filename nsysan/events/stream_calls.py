@@ -23,10 +23,10 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import pandas as pd
 
-from .. import apis
-from ..cuda_errors import OUT_OF_MEMORY
+from ..base import apis
+from ..base.cuda_errors import OUT_OF_MEMORY
 from ..model.memory import MAX_FAILED_CALLS
-from ..schema import Schema
+from ..sources.schema import Schema
 from .normalize import join_on_call
 from .read import _call_columns, memory_call_chunks, memory_call_names, memory_call_ranges
 

@@ -175,7 +175,7 @@ class Analysis:
         <nsysan.Analysis of known_mem_v25.sqlite: peak 908.0 MiB (process 1313, device 0, at 517.08 ms
         in 'burst'); never freed 6 (146.0 MiB); failed calls 0; diagnostics: 1 warning, 1 info>
         """
-        from ..units import fmt_bytes, fmt_time
+        from ..base.units import fmt_bytes, fmt_time
 
         name = self.source.name if len(self.source.name) <= 80 else self.source.name[:77] + "..."
         parts = [f"<nsysan.Analysis of {name}" + (" (quick)" if self.scope == "quick" else "") + ":"]

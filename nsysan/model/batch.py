@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..units import fmt_bytes
+from ..base.units import fmt_bytes
 
 FLEETS_SCHEMA = "nsysan/fleets@1"  # fleets.json (docs/json.md)
 

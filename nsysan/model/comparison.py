@@ -1,6 +1,6 @@
 """`Comparison`: two runs side by side, the documented JSON `nsysan/compare@1` (docs/json.md).
 
-The logic that makes one from two `Analysis` objects is nsysan/compare_runs.py; these are its results,
+The logic that makes one from two `Analysis` objects is nsysan/runs/compare_runs.py; these are its results,
 read by the renderers and by `check`.
 """
 

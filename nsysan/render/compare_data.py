@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 from ..model.comparison import Comparison, ProcessDelta
 from ..errors import printable
 from ..model import GPU_RESIDENT_KINDS, KINDS, Analysis
-from ..units import fmt_bytes
+from ..base.units import fmt_bytes
 from .page_data import process_names, site_columns, step_sets
 
 # Base in grey, new in red, as in compare.png.

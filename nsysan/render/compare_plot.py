@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from ..model.comparison import Comparison
 from ..errors import printable
 from ..model import GPU_RESIDENT_KINDS, Analysis
-from ..units import fmt_bytes
+from ..base.units import fmt_bytes
 from .png import figure_png
 
 __all__ = ["plot_comparison", "figure_png"]

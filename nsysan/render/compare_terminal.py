@@ -8,7 +8,7 @@ from rich.console import Console
 
 from ..model.comparison import Change, Comparison
 from ..errors import printable
-from ..units import fmt_bytes, fmt_percent
+from ..base.units import fmt_bytes, fmt_percent
 from .layout import NAME, NUMBER, WORD, Column, Sheet, print_headline
 
 

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ..errors import printable
 from ..model.history import METRICS, History, HistoryRun
-from ..units import fmt_bytes
+from ..base.units import fmt_bytes
 from .layout import NAME, Column, Sheet, print_headline
 
 RUNS_SHOWN = 30  # the newest runs in the terminal; the JSON and the page hold every run

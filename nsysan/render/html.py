@@ -24,7 +24,7 @@ from markupsafe import Markup
 from ..errors import printable
 from ..model import SEVERITIES, TRUST_BREAKING, Allocation, AllocationGroup, Analysis, RangeFamily, RangeStat
 from ..model.memory import grouped_ranges
-from ..units import (fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_percent, fmt_share, fmt_time, fmt_time_in,
+from ..base.units import (fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_percent, fmt_share, fmt_time, fmt_time_in,
                      time_unit)
 from .json import render_json
 from .page_data import page_data, site_stack

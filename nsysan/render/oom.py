@@ -10,7 +10,7 @@ from typing import Union
 
 from ..errors import printable
 from ..model import Allocation, Analysis
-from ..units import fmt_bytes, fmt_duration, fmt_time
+from ..base.units import fmt_bytes, fmt_duration, fmt_time
 from .layout import NAME, WORD, Column, Sheet
 
 # One answer line: (label, severity, text); the terminal lines them up with the other answers.

@@ -17,7 +17,7 @@ from ..model.bytes import BYTE_CLASSES
 from ..model import GPU_RESIDENT_KINDS, KINDS, Allocation, AllocationGroup, Analysis, CallSite, NvtxSpan, Series, Stack, \
     StackBytes
 from ..model.memory import site_in_family
-from ..units import fmt_bytes, fmt_frame
+from ..base.units import fmt_bytes, fmt_frame
 
 
 def series_by_gpu(analysis: Analysis) -> dict[int, list[Series]]:

@@ -35,7 +35,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ..model import GPU_RESIDENT_KINDS, Analysis, Gpu, Peak, Series
-from ..units import fmt_bytes, fmt_time
+from ..base.units import fmt_bytes, fmt_time
 from .smi_png import draw_smi, smi_top
 from .page_data import home_panels, series_by_gpu
 

@@ -9,7 +9,7 @@ from rich.text import Text
 
 from ..errors import printable
 from ..model.smi import MissedBySampling, SmiLogInfo, SmiOverlay, SomeoneElse
-from ..units import SECOND, fmt_duration, fmt_mib, fmt_time
+from ..base.units import SECOND, fmt_duration, fmt_mib, fmt_time
 from .layout import Lines
 
 

@@ -15,7 +15,7 @@ from ..model import LIVE_AT_START, Allocation, Analysis, CallSite, Peak, RangeFa
 from ..model.memory import grouped_ranges
 from .layout import NAME, NUMBER, WORD, Column, Lines, Parts, Sheet
 from .oom import DRAWN_CODES, oom_and_reserved
-from ..units import fmt_bytes, fmt_duration, fmt_durations, fmt_frame, fmt_share, fmt_time, fmt_times
+from ..base.units import fmt_bytes, fmt_duration, fmt_durations, fmt_frame, fmt_share, fmt_time, fmt_times
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 

@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import pandas as pd
 
-from .malloc_tuning import glibc
+from ..runtime.malloc_tuning import glibc
 
 try:  # optional at import time, so a broken pyarrow install never stops the analysis
     # The driver's low-level API, not its DB-API module: that one imports pyarrow.dataset, 20 ms

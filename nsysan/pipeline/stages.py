@@ -8,30 +8,31 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar, Union
 
-from . import export, memory_budget
-from .analyses import run_analyses
-from .analyses.verdict_line import with_verdict
-from .analyses.capture_start import capture_start_diagnostic
-from .analyses.diagnostics import rerun_command
-from .analyses.hidden import with_unseen_memory
-from .analyses.iterations import iteration_pids
-from .analyses.steps import find_step_ranges, memory_threads
-from .analyses.oom_ends import explain_oom
-from .analyses.spikes import DEFAULT_WINDOW_NS
-from .errors import NsysanError
-from .events import LoadedEvents, load_events
-from .events.read import memory_row_count, memory_rowid_span, read_cuda_activity
-from .events.read_code import CodeTrace, read_code_trace, with_kernels_after_loads
-from .events.read_launches import read_launches
-from .events.read_start import read_capture_start
-from .model import Analysis, Diagnostic, Source
-from .model.capture import path_text
-from .schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES, LAUNCH_TABLES, Schema, open_readonly, probe, \
+from ..sources import export
+from ..runtime import memory_budget
+from ..analyses import run_analyses
+from ..analyses.verdict_line import with_verdict
+from ..analyses.capture_start import capture_start_diagnostic
+from ..analyses.diagnostics import rerun_command
+from ..analyses.hidden import with_unseen_memory
+from ..analyses.iterations import iteration_pids
+from ..analyses.steps import find_step_ranges, memory_threads
+from ..analyses.oom_ends import explain_oom
+from ..analyses.spikes import DEFAULT_WINDOW_NS
+from ..errors import NsysanError
+from ..events import LoadedEvents, load_events
+from ..events.read import memory_row_count, memory_rowid_span, read_cuda_activity
+from ..events.read_code import CodeTrace, read_code_trace, with_kernels_after_loads
+from ..events.read_launches import read_launches
+from ..events.read_start import read_capture_start
+from ..model import Analysis, Diagnostic, Source
+from ..model.capture import path_text
+from ..sources.schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES, LAUNCH_TABLES, Schema, open_readonly, probe, \
     refuse_missing_tables
-from .oom_log import read_oom_logs
-from .smi_log import SmiLog
-from .units import check_duration_ns
-from .snapshot import committed_state
+from ..sources.oom_log import read_oom_logs
+from ..sources.smi_log import SmiLog
+from ..base.units import check_duration_ns
+from ..sources.snapshot import committed_state
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,7 +49,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                    keep_events: Optional[bool] = None, max_memory: Optional[int] = None,
                    oom_logs: Sequence[Path] = (), exported: Optional[export.ExportResult] = None) -> Analysis:
     """Analyze one .nsys-rep / .qdrep / .sqlite file (`quick`: its memory-usage table alone),
-    with nvidia-smi logs (read by nsysan.smi_log) laid over its timeline when given;
+    with nvidia-smi logs (read by nsysan.sources.smi_log) laid over its timeline when given;
     `step_range`: a regular expression naming the NVTX ranges that are training steps;
     `spike_window_ns`: the window within which a rise of live bytes is a spike (default 10 ms);
     `keep_events`: whether the `Analysis` keeps the raw frames (`events`, `calls`, `nvtx_ranges`);
@@ -158,7 +159,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
                             spike_window_ns=spike_window_ns or DEFAULT_WINDOW_NS)
     analysis = explain_oom(analysis, messages, [Path(p).name for p in oom_logs])
     if smi_logs:
-        from .analyses.smi import add_smi
+        from ..analyses.smi import add_smi
 
         analysis = add_smi(analysis, list(smi_logs), activity, schema.session_start_utc_ns, smi_tz)
     analysis = unseen(analysis, code_calls)
@@ -282,8 +283,8 @@ def _streamed(report: Path, sqlite_path: Path, scratch: Path, schema: Schema, so
               quick: bool = True) -> tuple[Analysis, Optional[CodeTrace]]:
     """The analysis (`quick` or full) of the export at `sqlite_path`, its events streamed in bounded
     memory, and (full) the code-load and graph calls (events/read_code.py)."""
-    from .analyses.streamed_full import run_streamed_full
-    from .analyses.streamed_run import run_streamed
+    from ..analyses.streamed_full import run_streamed_full
+    from ..analyses.streamed_run import run_streamed
 
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .errors import NsysanError
-from .model import Diagnostic, Gpu
+from ..errors import NsysanError
+from ..model import Diagnostic, Gpu
 
 # A complete export has at least one of these. nsys 2022.4 fails on 2023.1-2023.3.1 reports
 # (ProtobufParseException, exit 1) yet leaves a file holding only StringIds and ProcessStreams:
@@ -54,7 +54,7 @@ EXPORTED_TABLES = (
 # analyses/iterations.py): the kernel table names each launch's kernel, and on the GPT-2 capture
 # it is 121k of 630k rows, the most of what `--tables` exports (x1.31 faster than every table with
 # it, x2.8 without). nsysan exports FIRST_EXPORT_TABLES, then adds these to the cached export
-# (pipeline.py) when the first export's NVTX and API tables leave a process without steps.
+# (pipeline/stages.py) when the first export's NVTX and API tables leave a process without steps.
 LAUNCH_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL",)
 FIRST_EXPORT_TABLES = tuple(t for t in EXPORTED_TABLES if t not in LAUNCH_TABLES)
 # What an export asked for them holds whatever the capture was (every report has strings and

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
-from .analysis_document import load_analysis
-from .errors import NsysanError
-from .model import Analysis
+from ..sources.analysis_document import load_analysis
+from ..errors import NsysanError
+from ..model import Analysis
 
 Progress = Callable[[str, float], None]
 
@@ -21,7 +21,7 @@ def is_analysis_document(path: Path) -> bool:
     start with their own magic, never with a brace)."""
     if path.suffix.lower() == ".json":
         return True
-    from .export import open_regular
+    from ..sources.export import open_regular
 
     try:
         with open_regular(path) as handle:  # a FIFO never waits for a writer here
@@ -39,15 +39,15 @@ def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] 
     """The `Analysis` of a report or export, or the one stored in an analysis JSON document
     (`keep_events`, `max_memory`, `step_range` and `options`, any other option of the analysis: see
     pipeline.analyze_report). Without the raw frames (`keep_events` False) an analysis already
-    made of the same bytes with the same options is read back from the cache (analysis_cache.py);
+    made of the same bytes with the same options is read back from the cache (pipeline/cache.py);
     `content`: the input's sha256 when the caller has it already. A document keeps the steps it
     was analyzed with: NsysanError when they were found by another rule than `step_range`.
     `oom_logs`: the program's stderr or logs, whose out-of-memory errors are joined with the
     analysis however it was got (a document, the cache, or analyzed now: analyses/oom_ends.py
     works on a finished one)."""
     if oom_logs:
-        from .analyses.oom_ends import explain_oom
-        from .oom_log import read_oom_logs
+        from ..analyses.oom_ends import explain_oom
+        from ..sources.oom_log import read_oom_logs
 
         messages = read_oom_logs(oom_logs)  # a bad log fails before any work
         analysis = load_or_analyze(path, nsys=nsys, cache_dir=cache_dir, progress=progress, keep_events=keep_events,
@@ -66,7 +66,7 @@ def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] 
         except (KeyError, TypeError, ValueError, AttributeError) as err:  # valid JSON, not our shape
             raise NsysanError(f"{path.name} is not a complete nsysan analysis document ({type(err).__name__}: "
                               f"{err})") from err
-    from .pipeline import analyze_report
+    from .stages import analyze_report
 
     if step_range is not None:
         options["step_range"] = step_range
@@ -77,7 +77,7 @@ def load_or_analyze(path: Union[str, Path], *, nsys: Optional[Union[str, Path]] 
 
     if keep_events is not False:  # the raw frames are not in a document: analyze
         return analyze()
-    from .analysis_cache import cached_analysis
+    from .cache import cached_analysis
 
     return cached_analysis(path, analyze, nsys=nsys, cache_dir=cache_dir, content=content,
                            options=options)

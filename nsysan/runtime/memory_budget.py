@@ -30,7 +30,7 @@ def budget_bytes(value: Union[int, str, None]) -> Optional[int]:
     (the default budget) stays None. NsysanError (exit 2) for what is not a size."""
     if value is None:
         return value
-    from .units import parse_size  # a size in range, an int of bytes too (0 to 8 EiB)
+    from ..base.units import parse_size  # a size in range, an int of bytes too (0 to 8 EiB)
 
     return parse_size(value, "max-memory")
 

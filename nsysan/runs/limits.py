@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from .errors import NsysanError
-from .model import DIAGNOSTIC_CODES
-from .units import fmt_bytes, parse_size, shown_value
+from ..errors import NsysanError
+from ..model import DIAGNOSTIC_CODES
+from ..base.units import fmt_bytes, parse_size, shown_value
 
 PER = ("process", "gpu", "all")
 # The limit options, as spelled on the command line and in a config table.
@@ -149,7 +149,7 @@ def read_config_file(path: Path) -> Optional[dict[str, Any]]:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
-    from .export import read_regular
+    from ..sources.export import read_regular
 
     raw = read_regular(path, str(path), MAX_CONFIG_BYTES)  # never a FIFO or /dev/zero
     try:

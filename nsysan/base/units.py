@@ -7,7 +7,7 @@ import re
 from decimal import Decimal
 from typing import Iterable, Optional
 
-from .errors import NsysanError
+from ..errors import NsysanError
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 

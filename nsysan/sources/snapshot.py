@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Optional
 
-from .errors import NsysanError
+from ..errors import NsysanError
 
 JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
 WAL_HEADER_BYTES = 32

@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import NsysanError
+from ...errors import NsysanError
 from ..schema import connect_readonly, holds_complete_export
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")

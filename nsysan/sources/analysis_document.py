@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Union
 
-from .errors import NsysanError
-from .model import Analysis
+from ..errors import NsysanError
+from ..model import Analysis
 
 # An analysis document of 5,000 processes is 20 MB; this is far beyond any real one, and short of
 # what json would need gigabytes of memory to read.

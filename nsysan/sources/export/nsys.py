@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..errors import NsysanError
+from ...errors import NsysanError
 from .input_files import REPORT_MAGIC, open_regular
 
 # Where installers put nsys, searched after --nsys, $NSYSAN_NSYS and $PATH. Each pattern's

@@ -20,9 +20,9 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .errors import NsysanError, printable
-from .model.history import HISTORY_SCHEMA, METRICS, ChangePoint, History, HistoryRun, Mover
-from .units import fmt_bytes
+from ..errors import NsysanError, printable
+from ..model.history import HISTORY_SCHEMA, METRICS, ChangePoint, History, HistoryRun, Mover
+from ..base.units import fmt_bytes
 
 NOISE_WINDOW = 10
 RELATIVE_FLOOR = 0.02

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from .errors import NsysanError
+from ..errors import NsysanError
 
 MAX_LOG_BYTES = 1 << 30  # a log is scanned line by line; past this it is not one program's log of one run
 MAX_LINE = 1 << 16  # a longer line is cut (a progress bar redrawn with \r for an hour is one line)

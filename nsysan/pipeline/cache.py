@@ -35,8 +35,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from .errors import NsysanError
-from .model import Analysis
+from ..errors import NsysanError
+from ..model import Analysis
 
 SUBDIR = "analyses"
 # Options of analyze_report that decide how an analysis runs, never what its document says: the
@@ -62,7 +62,7 @@ def code_digest() -> str:
 def file_digest(path: Path) -> str:
     """sha256 of a file's bytes, read in chunks; OSError for anything but a regular file (opening
     a FIFO to read would wait for a writer forever: the analysis then says what the input is)."""
-    from .export.input_files import open_regular
+    from ..sources.export.input_files import open_regular
 
     digest = hashlib.sha256()
     with open_regular(path) as handle:
@@ -109,7 +109,7 @@ def analysis_key(content: str, options: Mapping[str, Any], exporter: Optional[st
 def report_exporter(report: Path, nsys: Any) -> Optional[str]:
     """For a .nsys-rep/.qdrep: the version of the nsys that would export it and the export beside
     it, which decide the document as much as the report's bytes; None for an export."""
-    from . import export
+    from ..sources import export
 
     if report.suffix.lower() not in export.REPORT_SUFFIXES:
         return None
@@ -127,7 +127,7 @@ def report_exporter(report: Path, nsys: Any) -> Optional[str]:
 
 
 def entry_path(cache_dir: Optional[Path], key: str) -> Path:
-    from .export import resolve_cache_dir
+    from ..sources.export import resolve_cache_dir
 
     return resolve_cache_dir(cache_dir) / SUBDIR / f"{key}.analysis.json"
 
@@ -135,7 +135,7 @@ def entry_path(cache_dir: Optional[Path], key: str) -> Path:
 def read_entry(entry: Path, given: Path) -> Optional[Analysis]:
     """The analysis kept at `entry`, naming `given` as its input; None when there is none or it
     can't be read (it is then made again)."""
-    from .analysis_document import load_analysis
+    from ..sources.analysis_document import load_analysis
 
     if not entry.is_file():
         return None
@@ -153,7 +153,7 @@ _last_written: tuple[Optional["weakref.ref[Analysis]"], str] = (None, "")
 def document_of(analysis: Analysis) -> str:
     """The JSON document of `analysis` (render.json.render_json), not rendered again when it is
     the analysis this process just kept in the cache (batch writes the document it kept)."""
-    from .render.json import render_json
+    from ..render.json import render_json
 
     ref, text = _last_written
     return text if ref is not None and ref() is analysis else render_json(analysis)
@@ -162,7 +162,7 @@ def document_of(analysis: Analysis) -> str:
 def write_entry(entry: Path, analysis: Analysis) -> None:
     """Keep `analysis` at `entry`, whole or not at all (never an error: the cache is a shortcut)."""
     global _last_written
-    from .render.json import render_json
+    from ..render.json import render_json
 
     text = render_json(analysis)
     _last_written = (weakref.ref(analysis), text)

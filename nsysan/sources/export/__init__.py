@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NsysanError
+from ...errors import NsysanError
 from ..schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES, connect_readonly, export_parameters, tables_missing, \
     tables_requested
 
-# Split by stage; every name used outside stays importable from nsysan.export.
+# Split by stage; every name used outside stays importable from nsysan.sources.export.
 from .input_files import REPORT_MAGIC, REPORT_SUFFIXES, SQLITE_MAGIC, SQLITE_SIDE_FILES, _input_kind, describe_file_type, \
     files_read_for, is_complete_export, open_regular, read_regular, sqlite_truncation
 from .nsys import INSTALL_GLOBS, _major_minor, _version_key, export_arguments, export_options, exports_tables, \

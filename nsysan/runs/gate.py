@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .compare_runs import MEASURED_GROWTH, compare_analyses
-from .errors import NsysanError
+from ..errors import NsysanError
 from .limits import Amount, Limits
-from .model import Analysis, ProcessDelta
-from .model.check import BROKEN, CHECK_SCHEMA_ID, HELD, NOT_MEASURED, Outcome, Verdict
-from .units import fmt_bytes, fmt_bytes_apart, fmt_percent_apart, fmt_time
+from ..model import Analysis, ProcessDelta
+from ..model.check import BROKEN, CHECK_SCHEMA_ID, HELD, NOT_MEASURED, Outcome, Verdict
+from ..base.units import fmt_bytes, fmt_bytes_apart, fmt_percent_apart, fmt_time
 
 @dataclass(frozen=True)
 class _Unit:
@@ -272,7 +272,7 @@ def _failed_allocations(analysis: Analysis, per: str) -> list[Outcome]:
     feature test: analyze says it is not a failure), plus the processes that died of an
     out-of-memory error no call shows (`oom.fatal`: PyTorch's allocator giving up under a cap,
     found in the trace, or the error read from the program's log with --log)."""
-    from .apis import family
+    from ..base.apis import family
 
     probes = {(p.pid, p.tid, p.api, p.time_ns) for p in analysis.oom.probes}
     failed = [f for f in analysis.failed_calls if family(f.api) in ("alloc", "vmm", "pool")
@@ -336,7 +336,7 @@ def _refuse_if_not_streamed(analysis: Analysis, need: str, codes: tuple[str, ...
     note = next((d for d in analysis.diagnostics if d.code == "not_streamed"), None)
     if note is None:
         return
-    from .analyses.streamed_full import NOT_STREAMED, NOT_STREAMED_CODES
+    from ..analyses.streamed_full import NOT_STREAMED, NOT_STREAMED_CODES
 
     if (codes and not set(codes) & set(NOT_STREAMED_CODES)) or (section is not None and section not in NOT_STREAMED):
         return

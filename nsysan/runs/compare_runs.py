@@ -17,10 +17,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .model import GPU_RESIDENT_KINDS, Analysis
-from .model.comparison import COMPARE_SCHEMA_ID, CaptureNote, Change, Comparison, ProcessDelta, ProcessRow, \
+from ..model import GPU_RESIDENT_KINDS, Analysis
+from ..model.comparison import COMPARE_SCHEMA_ID, CaptureNote, Change, Comparison, ProcessDelta, ProcessRow, \
     RangeDelta, RunRef, SiteDelta
-from .units import fmt_bytes, fmt_percent
+from ..base.units import fmt_bytes, fmt_percent
 
 # Kinds counted in a row's end-of-run and never-freed bytes: GPU-resident memory, without
 # module globals (static memory is loaded with the code and never freed by design).

@@ -28,8 +28,8 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from .errors import NsysanError
-from .units import shown_value
+from ..errors import NsysanError
+from ..base.units import shown_value
 
 # Header names (lower case, unit removed) -> what they hold. Several nvidia-smi spellings mean
 # the same thing: `uuid` in --query-gpu is `gpu_uuid` in --query-compute-apps, and
