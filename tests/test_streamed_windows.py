@@ -1,5 +1,5 @@
 """Windows over live series fed in tiny batches read what the whole-frame analyses read of them
-(analyses/streamed_windows.py against steps.range_max / _window_sums and ranges._max_live_while_open)."""
+(analyses/windows.py against steps.range_max / _window_sums and ranges._max_live_while_open)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from conftest import FIXTURES
 import nsysan
 from nsysan.analyses.ranges import _max_live_while_open
 from nsysan.analyses.steps import _window_sums, live_series, range_max
-from nsysan.analyses.streamed_windows import LOW, Windows
+from nsysan.analyses.windows import LOW, Windows
 from nsysan.analyses.timeline import group_events
 from nsysan.model import GPU_RESIDENT_KINDS
 

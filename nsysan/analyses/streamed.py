@@ -117,7 +117,7 @@ class FirstLook:
     largest: pd.DataFrame = field(default_factory=lambda: no_rows())
     big_blocks: list = field(default_factory=list)
     pools: Optional[Any] = None  # streamed_pools.PoolSums
-    # The last batch's running sums, for the consumers after this one (streamed_windows.py):
+    # The last batch's running sums, for the consumers after this one (windows.py):
     # "spikes" per (process, device) of device + array memory (steps.live_series), "resident" per
     # process of GPU-resident memory (ranges._max_live_while_open); each (rows, series codes, live).
     batch_live: dict = field(default_factory=dict)

@@ -5,7 +5,7 @@ range_stats per range name, and the timeline's bands, spans, trace ends and focu
 The ranges are read whole; of the events these need only:
 - the threads with memory events (first pass, RangeThreads), for the bands and the spans;
 - the highest GPU-resident live bytes of a range's process while the range was open (first
-  pass, RangeThreads: windows over each process's live series, streamed_windows.py);
+  pass, RangeThreads: windows over each process's live series, windows.py);
 - per range name, the allocations and the bytes allocated and freed inside it (each event's
   innermost user range and operator, as SiteSums attributes them batch by batch), and the bytes
   allocated inside it and never freed (the allocations closed and those live at the end: their
@@ -26,7 +26,7 @@ from ..model import RangeFamily, RangeStat
 from .ranges import nested_sums, ranked_ranges, range_spans
 from .streamed import FirstLook
 from .streamed_sites import SiteSums
-from .streamed_windows import Windows
+from .windows import Windows
 
 MOVED = ("allocations", "allocated", "freed", "open")  # ranges._moved_inside's columns
 FINITE = np.iinfo("int64").max // 4  # as analyses._capture_span: times from here on are absurd

@@ -4,7 +4,7 @@ makes of them, from the flow of event batches.
 
 The steps and the phases' range instances are time windows on each (process, device) series of
 device + array bytes, known before the flow (the NVTX ranges are read whole); the first pass
-feeds FirstLook's running sums of those series (its spike series) into streamed_windows.Windows,
+feeds FirstLook's running sums of those series (its spike series) into windows.Windows,
 which keeps per window the live bytes at its start and end, the highest inside and the bytes
 allocated inside. A step's kept bytes and holders are its allocations never freed: known once
 the flow has been read, they are the allocations still live at the end and those whose address
@@ -26,7 +26,7 @@ from .iterations import find_iterations, with_iterations
 from .phases import phase_ranges, phases_of, range_paths, ranked
 from .steps import OPEN_END, STEP_KINDS, find_step_ranges, holders_by_step, step_series, step_spans
 from .streamed import FirstLook
-from .streamed_windows import Windows
+from .windows import Windows
 
 
 class StepWindows:
