@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..events import LoadedEvents
-from ..engine import Engine, Facts, frame_batch, frame_live
+from ..engine import Engine, Facts, frame_batch, frame_labels, frame_live
 from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Source
 from ..sources.schema import Schema
 from .allocations import to_allocations
@@ -38,8 +38,8 @@ from .iteration_phases import with_iteration_phases
 from .iterations import find_iterations, with_iterations
 from .steps import find_step_ranges, listed, live_series, memory_threads, step_diagnostics, step_table
 from .growth import growth_diagnostics, judge_all
-from .phases import innermost_ranges, phase_costs
-from .spikes import DEFAULT_WINDOW_NS, find_spikes
+from .phases import phase_costs
+from .spikes import DEFAULT_WINDOW_NS, Spikes
 from .answers import gather_answers
 from .timeline import Groups, build_timeline, group_events
 from .verdicts import find_verdicts
@@ -193,14 +193,14 @@ def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, facts: 
     phase_ranges = with_iteration_phases(loaded.ranges, [it.phases for it in iterations.values()])
     phases = phase_costs(series, phase_ranges, threads, steps, gpu_of, end_ns)
     step_phased = step_phases(with_iterations(found, iterations), phase_ranges)
-    # the whole frame as one batch again, grouped as before, for the reducer that needs the phases
-    lifetimes = Engine([ByteClassSums()], dataclasses.replace(facts, more={"phases": step_phased})).run(
-        [frame_batch(loaded.events, frame_groups(grouped, facts.kinds))], frame_live(loaded.events))["byte_classes"] \
-        if step_phased else None
-    spikes = find_spikes(loaded.events, series, innermost_ranges(loaded.ranges, threads, end_ns), gpu_of,
-                         spike_window_ns)
-    return steps, step_diagnostics(series, steps, not loaded.ranges.empty, loaded.quick, step_range), phases, spikes, \
-        lifetimes
+    # the whole frame as one batch again, grouped as before, for the reducers that need the phases
+    # and the NVTX ranges
+    more = {"phases": step_phased, "spike_window_ns": spike_window_ns, "nvtx_ranges": loaded.ranges,
+            "memory_threads": threads, "end_ns": end_ns, "labels": partial(frame_labels, loaded.events)}
+    answered = Engine([ByteClassSums(), Spikes()], dataclasses.replace(facts, more=more)).run(
+        [frame_batch(loaded.events, frame_groups(grouped, facts.kinds))], frame_live(loaded.events))
+    return steps, step_diagnostics(series, steps, not loaded.ranges.empty, loaded.quick, step_range), phases, \
+        answered["spikes"], answered["byte_classes"]
 
 
 def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:

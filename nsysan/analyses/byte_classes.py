@@ -36,7 +36,7 @@ import pandas as pd
 from ..engine import Reducer
 from ..model.bytes import BYTE_CLASSES, MADE, ByteClasses, BytesAt
 from ..base.units import fmt_bytes
-from .groups import batch_groups
+from .groups import batch_series
 from .steps import MAX_LISTED, OPEN_END, STEP_KINDS
 from .streamed_allocators import OUTSIDE, AllocatorRows
 
@@ -297,26 +297,11 @@ class ByteClassSums(Reducer):
             self.heights = Heights(self.facts.more.get("phases") or {})
         if not self.heights.phases or not len(b):
             return
-        found = batch_groups(b)
-        key = found.keys
-        pid, device, kind = key >> 24, ((key >> 8) & 0xFFFF) - 1, key & 0xFF
-        chosen = np.flatnonzero(np.isin(kind, self.kinds) & np.isin(pid, list(self.heights.phases)))
-        for p, d in sorted({(int(pid[g]), int(device[g])) for g in chosen.tolist()}):  # a few series
-            parts = [self._members(found, g) for g in chosen[(pid[chosen] == p) & (device[chosen] == d)].tolist()]
-            if len(parts) == 1:
-                rows, live = parts[0]
-            else:  # device and array together: merged in event order, summed again
-                rows = np.sort(np.concatenate([rows for rows, _ in parts]), kind="stable")
-                live = np.cumsum(b.delta[rows])
-            live = live + self.carry.get((p, d), 0)
-            self.carry[(p, d)] = int(live[-1])
-            self.heights.add(p, d, b.seq[rows].astype("int64"), b.ts[rows], live)
-
-    @staticmethod
-    def _members(found, group: int) -> tuple[np.ndarray, np.ndarray]:
-        start = int(found.segments.starts[group])
-        stop = start + int(found.segments.sizes[group])
-        return found.segments.order[start:stop], found.live[start:stop]
+        for (p, d), rows, live in batch_series(b, self.kinds):  # a few series
+            if p in self.heights.phases:
+                live = live + self.carry.get((p, d), 0)
+                self.carry[(p, d)] = int(live[-1])
+                self.heights.add(p, d, b.seq[rows].astype("int64"), b.ts[rows], live)
 
     def between(self) -> None:
         if self.heights is not None and self.heights.best:

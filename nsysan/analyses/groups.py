@@ -33,6 +33,12 @@ class BatchGroups:
     segments: Segments
     live: np.ndarray
 
+    def members(self, group: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of the group numbered `group` (in time order) and their running sums."""
+        start = int(self.segments.starts[group])
+        stop = start + int(self.segments.sizes[group])
+        return self.segments.order[start:stop], self.live[start:stop]
+
 
 def group_key(pid: np.ndarray, device: np.ndarray, kind: np.ndarray) -> np.ndarray:
     """(pid, device, kind code) packed in one int64 (pid 24 bits up, device + 1 in 16, the kind in
@@ -51,6 +57,30 @@ def batch_groups(b: "EventBatch") -> BatchGroups:
         made = b.shared["groups"] = BatchGroups(np.asarray(keys, "int64"), segments,
                                                 segments.running_sums(b.delta))
     return made
+
+
+def batch_series(b: "EventBatch", kinds: list[int]) -> list[tuple[tuple[int, int], np.ndarray, np.ndarray]]:
+    """Each (process, device) series of the batch's events of `kinds` (codes), in (pid, device)
+    order: its rows, in time order, and its running live bytes over the batch from 0 (several
+    kinds together, as steps.live_series: merged in event order, summed again). Made once per
+    batch for every reducer that reads them."""
+    made = b.shared.setdefault("series", {})
+    if tuple(kinds) not in made:
+        found = batch_groups(b) if len(b) else None
+        key = found.keys if found is not None else np.zeros(0, "int64")
+        pid, device = key >> 24, ((key >> 8) & 0xFFFF) - 1
+        chosen = np.flatnonzero(np.isin(key & 0xFF, kinds))
+        series = []
+        for p, d in sorted({(int(pid[g]), int(device[g])) for g in chosen.tolist()}):  # a few series
+            parts = [found.members(g) for g in chosen[(pid[chosen] == p) & (device[chosen] == d)].tolist()]
+            if len(parts) == 1:
+                rows, live = parts[0]
+            else:
+                rows = np.sort(np.concatenate([rows for rows, _ in parts]), kind="stable")
+                live = np.cumsum(b.delta[rows])
+            series.append(((p, d), rows, live))
+        made[tuple(kinds)] = series
+    return made[tuple(kinds)]
 
 
 class GroupSums(Reducer):

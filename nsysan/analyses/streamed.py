@@ -2,8 +2,8 @@
 
 What `run_analyses` finds over the whole events frame, found from running sums instead: the flow
 of events (events/stream.py) is read twice. The first look sums per (process, device, kind)
-group, per process and per spike series, keeps the largest allocations, the big blocks and the
-spikes' candidate rises (this module, with the running sums and keyed columns both looks use);
+group, per process and per (process, device) series of device + array bytes (the steps'), keeps
+the big blocks (this module, with the running sums and keyed columns both looks use);
 the second (streamed_second.py), knowing every group's span and the pools' reserve, downsamples
 the timeline, finds each peak with the live set at that moment and fills in what lies after a
 moment. Only the live allocations, the aggregates and the kept points stay in memory.
@@ -21,7 +21,6 @@ import pandas as pd
 from ..events.arrays import group_order
 from ..events.stream import EventBatch
 from ..model import GPU_RESIDENT_KINDS, KINDS
-from .spikes import CANDIDATES
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]
 STATIC = KINDS.index("static")
@@ -77,7 +76,6 @@ class Keyed:
 
 
 LOW, HIGH = np.iinfo("int64").min, np.iinfo("int64").max
-SERIES_COLUMNS = ("live", "highest", "lowest", "events", "first_ts", "last_ts")
 
 
 def pair_key(pid: np.ndarray, device: np.ndarray) -> np.ndarray:
@@ -85,28 +83,13 @@ def pair_key(pid: np.ndarray, device: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class Rises:
-    """One spike series' rises within one grid of windows: the open cell and its lowest point, and
-    the largest rises so far as (rise, high seq, low seq)."""
-
-    offset: int
-    cell: Optional[int] = None
-    low_value: int = 0
-    low_seq: int = -1
-    best: list = field(default_factory=list)
-
-
-@dataclass
 class FirstLook:
     """What one pass over the events sums up (see the module's docstring)."""
 
-    window_ns: int
-    spike_series: Keyed = field(default_factory=lambda: Keyed(SERIES_COLUMNS, {"highest": LOW, "lowest": HIGH,
-                                                                                "first_ts": HIGH, "last_ts": LOW}))
+    spike_series: Keyed = field(default_factory=lambda: Keyed(("live",)))
     cut: Keyed = field(default_factory=lambda: Keyed(("live", "highest", "events", "last_ts"),
                                                      {"highest": LOW, "last_ts": LOW}))
     pairs: dict = field(default_factory=dict)  # (pid, device) of resident events -> whether any is not static
-    rises: dict = field(default_factory=dict)  # spike series code -> [Rises per grid]
     first_ts: int = HIGH
     last_ts: int = LOW
     moved: float = 0.0
@@ -164,73 +147,6 @@ class FirstLook:
         codes = s.codes(pair_key(b.pid[rows], b.device[rows]))
         live = running_sums(codes, b.delta[rows], s["live"])
         self.batch_live["spikes"] = (rows, codes, live)
-        np.maximum.at(s["highest"], codes, live)
-        np.minimum.at(s["lowest"], codes, live)
-        np.add.at(s["events"], codes, 1)
-        np.minimum.at(s["first_ts"], codes, b.ts[rows])
-        np.maximum.at(s["last_ts"], codes, b.ts[rows])
-        for code in np.unique(codes).tolist():  # a few (process, device) series
-            mine = codes == code
-            seq, ts, value = b.seq[rows[mine]], b.ts[rows[mine]], live[mine]
-            previous = np.concatenate([[int(value[0]) - int(b.delta[rows[mine][0]])], value[:-1]])
-            grids = self.rises.setdefault(code, [Rises(0), Rises(self.window_ns // 2)])
-            for grid in grids:
-                _grid_rises(grid, seq, ts, value, previous, self.window_ns)
-
-
-def _grid_rises(grid: Rises, seq: np.ndarray, ts: np.ndarray, live: np.ndarray, before: np.ndarray,
-                window_ns: int) -> None:
-    """spikes._window_rises over one batch of a series, the open cell carried across batches."""
-    cell = (ts + grid.offset) // max(window_ns, 1)
-    # the lowest `before` so far in each row's cell, and where it was first reached
-    starts = np.flatnonzero(np.concatenate([[True], cell[1:] != cell[:-1]]))
-    lows = before.copy()
-    low_at = np.arange(len(before))
-    if grid.cell is not None and cell[0] == grid.cell and grid.low_value <= before[0]:
-        lows[0], low_at[0] = grid.low_value, -1
-    run_low = _running_min_per_cell(lows, cell, starts)
-    # the first position of each running minimum: where it last dropped (or its cell began)
-    dropped = np.zeros(len(lows), bool)
-    dropped[starts] = True
-    dropped[1:] |= run_low[1:] < run_low[:-1]
-    run_at = low_at[np.maximum.accumulate(np.where(dropped, np.arange(len(lows)), 0))]
-    rise = live - run_low
-    top = _top_rises(rise, seq)
-    found = [(int(rise[i]), int(seq[i]), int(seq[run_at[i]]) if run_at[i] >= 0 else grid.low_seq,
-              int(live[i]), int(run_low[i])) for i in top.tolist()]
-    grid.best = sorted(grid.best + found, key=lambda c: (-c[0], c[1]))[:CANDIDATES]
-    grid.cell, grid.low_value = int(cell[-1]), int(run_low[-1])
-    grid.low_seq = int(seq[run_at[-1]]) if run_at[-1] >= 0 else grid.low_seq
-
-
-def _top_rises(rise: np.ndarray, seq: np.ndarray) -> np.ndarray:
-    """The CANDIDATES rows of the largest rise, then earliest: the first of a lexsort of (-rise,
-    seq), sorting only the rows that rise at least as far as the CANDIDATES-th largest (a full
-    sort of every row of the batch cost 2 of the streamed full analysis's CPU s at 1e7)."""
-    if len(rise) > CANDIDATES:
-        kth = np.partition(rise, len(rise) - CANDIDATES)[len(rise) - CANDIDATES]
-        pool = np.flatnonzero(rise >= kth)
-        return pool[np.lexsort((seq[pool], -rise[pool]))[:CANDIDATES]]
-    return np.lexsort((seq, -rise))[:CANDIDATES]
-
-
-def _running_min_per_cell(values: np.ndarray, cell: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The running minimum of `values`, restarting where each cell starts (`starts`). As in
-    spikes._window_rises: each cell shifted down by more than the values' whole range, one
-    accumulate does every cell; cell by cell when the shift would overflow."""
-    spread = int(values.max()) - int(values.min()) + 1
-    begins = np.zeros(len(values), "int64")
-    begins[starts] = 1
-    steps = np.cumsum(begins) - 1  # the cell's number in the batch
-    if spread * (int(steps[-1]) + 1) < 2**62:
-        shift = steps * spread
-        low = values - shift
-        np.minimum.accumulate(low, out=low)
-        return low + shift
-    low = np.empty_like(values)
-    for a, z in zip(starts.tolist(), np.append(starts[1:], len(cell)).tolist()):  # one per cell
-        low[a:z] = np.minimum.accumulate(values[a:z])
-    return low
 
 
 def no_rows() -> pd.DataFrame:

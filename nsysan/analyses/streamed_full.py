@@ -29,6 +29,7 @@ from ..events import stream
 from ..events.read_order import order_ahead
 from ..events.stream import EventFlow
 from ..events.stream_calls import MemoryCalls, CallWindow
+from ..engine import Labels
 from ..model import Allocation, Analysis, Diagnostic, Source
 from ..sources.schema import Schema
 from .answers import gather_answers
@@ -44,7 +45,6 @@ from .steps import find_step_ranges, listed, step_diagnostics
 from .streamed import RESIDENT
 from .explore import early_trace_ends, nvtx_spans, operator_spans, step_bands, step_span
 from .streamed_oom import VerdictLooks
-from .streamed_spikes import RangeRises, SpikeParts
 from .streamed_ranges import RangeSums, RangeThreads, streamed_range_stats
 from .streamed_run import _cut_short, _focus, _mini, gpus, run_streamed
 from .streamed_sites import SiteSums
@@ -76,7 +76,10 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         conn, schema, iteration_pids(calls.threads, nvtx_steps, schema.capture_start_pids))
     flow = EventFlow(conn, schema, call_window=CallWindow(calls), order_ahead=ahead)
     looks: dict = {}
-    more: dict = {}  # the engine's facts beyond the kinds and GPUs: the steps' phases, once found
+    # the engine's facts beyond the kinds and GPUs: the steps' phases, once found; the NVTX ranges
+    # and memory threads (the spikes' range instances), and what the second pass's labels name
+    more: dict = {"nvtx_ranges": ranges, "memory_threads": calls.threads,
+                  "labels": lambda: _labels(looks["second"], ranges)}
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)
     verdict_looks = VerdictLooks(calls, ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns)
@@ -85,12 +88,10 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
 
     def first(look) -> Each:
         looks["first"] = FirstCalls(calls)
-        looks["rises"] = RangeRises(ranges, calls.threads)  # calls.threads: steps.memory_threads' keys
         looks["range_threads"] = RangeThreads(look, ranges, operator_ranges, max(0, schema.duration_ns or 0, span[1]))
         looks["steps"] = StepWindows(look, ranges, calls.threads, step_range, launches, nvtx_steps)
         more["phases"] = step_phases(looks["steps"].found, looks["steps"].ranges)  # ByteClassSums'
-        return Each(looks["first"], verdict_looks.first_pass(), looks["rises"], looks["range_threads"],
-                    looks["steps"])
+        return Each(looks["first"], verdict_looks.first_pass(), looks["range_threads"], looks["steps"])
 
     def second(look) -> SiteSums:
         found = looks["first"]
@@ -103,8 +104,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         looks["range_sums"] = RangeSums(looks["second"], ranges, step_span(steps) if steps else None)
         looks["look"] = look
         verdict_looks.second_pass(look, looks["second"])  # fed by SiteSums, as its watchers
-        looks["spikes"] = SpikeParts(look, looks["second"])
-        return looks["second"]  # which feeds the verdicts', spikes' and ranges' consumers, its watchers
+        return looks["second"]  # which feeds the verdicts' and ranges' consumers, its watchers, and labels the
+        # batches for the engine's second look
 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
@@ -139,7 +140,6 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     analysis = dataclasses.replace(
         quick, scope="full", capture=capture, sites=ranked, api_calls=api_calls.stats(), failed_calls=failed,
         diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved,
-        spikes=looks["spikes"].spikes(gpu_of, lambda pid, tid, ts: _nvtx_path(pid, tid, ts, ranges)),
         ranges=range_table, range_families=range_families,
         timeline=_explorable(quick.timeline, looks, ranges, operator_ranges, last_calls), steps=steps, growth=growth, phases=phases,
         byte_classes=byte_classes(looks["byte_classes"], verdicts.reserved, growth, gpu_of))
@@ -220,10 +220,6 @@ class Described:
         mini["stack"] = info["stack"].to_numpy().astype("int32")
         return mini
 
-    def range_rises(self, key: int, end_ns: int) -> list:
-        """The rises of a (process, device) series within NVTX ranges (streamed_spikes.RangeRises)."""
-        return self.looks["rises"].candidates(key, end_ns)
-
     def peak_event(self, peak) -> tuple[str, str]:
         """The API name and NVTX range of the event at which `peak` was reached."""
         return self.looks["second"].at_peak[id(peak)][1:3]
@@ -280,6 +276,14 @@ class FirstCalls:
 
     def failed_live(self, has_events: bool) -> np.ndarray:
         return self.live if has_events else np.full(len(self.live), -1, "int64")
+
+
+def _labels(sites: SiteSums, ranges: pd.DataFrame) -> Labels:
+    """What the batches' labelled columns name, once the second pass is done (SiteSums labels each
+    batch before the engine's second look at it)."""
+    order = {label: i for i, label in enumerate(sites.whole_frame_labels())}
+    return Labels(sites.api_names, list(sites.labels), list(sites.strings), [order[label] for label in sites.labels],
+                  lambda seq, pid, tid, ts: _nvtx_path(pid, tid, ts, ranges))
 
 
 def _nvtx_path(pid: int, tid: int, ts: int, ranges: pd.DataFrame) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -13,10 +13,10 @@ import pandas as pd
 from ..events.columns import empty_calls, empty_ranges
 from ..events.load import QUICK_API
 from ..events.read_pools import read_pool_events
-from ..engine import Engine, Facts
+from ..engine import Engine, Facts, Labels
 from ..events.stream import EventFlow
-from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, CutShort, Holder, OutOfMemory, Peak, \
-    ReservedMemory, Source, Spike, Timeline
+from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, CutShort, OutOfMemory, Peak, ReservedMemory, \
+    Source, Timeline
 from ..sources.schema import Schema
 from ..base.units import fmt_bytes, fmt_time
 from .answers import gather_answers
@@ -35,11 +35,11 @@ from .groups import GroupSums
 from .never_freed import NeverFreed
 from .timeline import TimelineSeries
 from .sites import call_site
-from .spikes import MAX_PARTS, TOP, _distinct
+from .spikes import Spikes
 from .stacks import stack_bytes
 from .steps import step_diagnostics
 from .streamed import FirstLook, no_rows, pair_key
-from .streamed_second import PeakSeries, SecondLook, SpikeWatch
+from .streamed_second import PeakSeries, SecondLook
 from .streamed_pools import PoolSeries, PoolSums
 from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
 
@@ -59,15 +59,18 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     live allocations they are), `frame(rows, peak)` (_mini with their threads, API names, sites
     and NVTX ranges), `peak_event(peak)` (the API name and NVTX range of the event that reached
     it), `own_api(peak)` (the API of the series' last own allocation before it),
-    `range_rises(pair key, end_ns)` (a series' rises within NVTX ranges, as _spike_watches takes
-    them), the `site_table` and the NVTX `ranges`; `more`: the reducers' facts beyond the kinds and
-    GPUs (Facts.more), which `also` may fill before the first batch."""
+    the `site_table` and the NVTX `ranges`; `more`: the reducers' facts beyond the kinds and GPUs
+    (Facts.more), which `also` may fill before the first batch (the batches' `labels`: none read,
+    unless given)."""
     flow = flow or EventFlow(conn, schema)
     lifecycle = read_pool_events(conn, schema)
     gpu_of, total_memory = gpus(schema)
-    fed = flow.feed(lambda: _Both(FirstLook(spike_window_ns, pools=PoolSums(lifecycle)), also[0],
+    more = more if more is not None else {}
+    more.update(spike_window_ns=spike_window_ns, end_ns=max([0, schema.duration_ns or 0, *span[1:]]))
+    more.setdefault("labels", Labels)
+    fed = flow.feed(lambda: _Both(FirstLook(pools=PoolSums(lifecycle)), also[0],
                                   Engine([GroupSums(), TimelineSeries(), NeverFreed(), LargestAllocations(),
-                                          ByteClassSums()], Facts(flow.kinds, gpu_of, more if more is not None else {}))),
+                                          ByteClassSums(), Spikes()], Facts(flow.kinds, gpu_of, more))),
                      keep=True)
     first, engine = fed.main, fed.engine
     first.largest, first.allocations = engine.so_far("largest")  # for the second look (its free times)
@@ -83,8 +86,8 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
         peaks = _peak_series(first, gpu_of)
         pools = PoolSeries(first.pools, watched={int(m) for peak in peaks for m in peak.members.tolist()})
         engine.between()  # (again, should the pass start over)
-        return _Both(SecondLook(first=first, peaks=peaks, changes=pools.changes, spikes=_spike_watches(first, lambda key: described.range_rises(key, end_ns)),
-                                focus_target=0.05 * first.moved, cut_rows=_cut_rows(first, end_ns), pools=pools),
+        return _Both(SecondLook(first=first, peaks=peaks, changes=pools.changes, focus_target=0.05 * first.moved,
+                                cut_rows=_cut_rows(first, end_ns), pools=pools),
                      also[1], engine, again=True)
 
     second = flow.replay(second_look).main
@@ -137,7 +140,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
         reserved=ReservedMemory(allocators=[], preallocations=preallocations, pools=pools or []), steps=[],
         growth=[], never_freed_groups=allocation_groups(leaked, np.arange(len(leaks)), described.site_table),
         never_freed_stacks=stack_bytes(leaked, np.arange(len(leaks))),
-        phases=[], spikes=_spikes(first, second, gpu_of), events=None, calls=None, nvtx_ranges=None)
+        phases=[], spikes=answered["spikes"], events=None, calls=None, nvtx_ranges=None)
     answers = gather_answers(analysis.peak, analysis.process_peaks(), [], diagnostics, True,
                              {pid: name for pid, name in labels.items() if name})
     return cut_long_strings(dataclasses.replace(analysis, answers=answers, stacks=[]))
@@ -177,9 +180,6 @@ class _Undescribed:
 
     def own_api(self, peak) -> None:
         return None
-
-    def range_rises(self, key: int, end_ns: int) -> list:
-        return []
 
 
 class _Both:
@@ -250,32 +250,6 @@ def _peak_series(first: FirstLook, gpu_of) -> list[PeakSeries]:
     return series
 
 
-def _spike_watches(first: FirstLook, ranges: Callable[[int], list]) -> list[SpikeWatch]:
-    """spikes._distinct over each series' candidate rises (both grids), and those `ranges(pair
-    key)` finds within NVTX ranges: (low seq, high seq, how, live at the high, before the low)."""
-    watches = []
-    s = first.spike_series
-    for key, code in sorted(s.index.items(), key=lambda kv: _pair(kv[0])):
-        spread = int(max(int(s["highest"][code]), 0) - min(int(s["lowest"][code]), 0)) + 1
-        live, before, candidates = {}, {}, []
-        for grid in first.rises.get(code, []):
-            cells = (int(s["last_ts"][code]) + grid.offset) // max(first.window_ns, 1) \
-                - (int(s["first_ts"][code]) + grid.offset) // max(first.window_ns, 1)
-            if spread * (cells + 1) >= 2**62:
-                continue
-            for rise, high, low, live_high, low_value in grid.best:
-                if rise > 0:
-                    live[high], before[low] = live_high, low_value
-                    candidates.append((low, high, "window"))
-        for low, high, how, live_high, low_value in ranges(key):
-            live[high], before[low] = live_high, low_value
-            candidates.append((low, high, how))
-        for low, high, how in _distinct(candidates, live, before, TOP):
-            watches.append(SpikeWatch(series=code, low=low, high=high, how=how, start_level=before[low],
-                                      peak_level=live[high]))
-    return watches
-
-
 def _cut_rows(first: FirstLook, end_ns: int) -> dict:
     c = first.cut
     return {pid: int(int(c["events"][code]) * (1 - CLIMBING_TAIL)) for pid, code in c.index.items()
@@ -336,18 +310,3 @@ def _focus(first: FirstLook, second: SecondLook, bands: list = (), trace_ends: l
     start = second.focus_ts if second.focus_ts is not None else first.last_moving_ts
     return focus_from_movement(start, first.last_moving_ts, first.moved, moved_between, list(bands),
                                list(trace_ends))
-
-
-def _spikes(first: FirstLook, second: SecondLook, gpu_of) -> list[Spike]:
-    found = []
-    keys = {code: key for key, code in first.spike_series.index.items()}
-    for w in second.spikes:
-        pid, device = _pair(keys[w.series])
-        grown = [Holder(site="", nvtx_range="", bytes=w.grown_bytes, allocations=w.grown)] if w.grown else []
-        found.append(Spike(pid=pid, device=device, gpu=gpu_of(pid, device), found_by=w.how, start_ns=w.start_ns,
-                           peak_ns=w.peak_ns, rise_bytes=w.peak_level - w.start_level,
-                           start_live_bytes=w.start_level, peak_live_bytes=w.peak_level, nvtx_path="",
-                           apis=[QUICK_API][:MAX_PARTS] if w.grown else [], sites=grown,
-                           freed_after_bytes=int(min(w.peak_level - w.lowest_after, w.peak_level - w.start_level)),
-                           given_back_ns=w.given_back_ns))
-    return found

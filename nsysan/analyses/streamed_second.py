@@ -1,10 +1,9 @@
 """The second look at the flow of event batches (`--quick` streamed, in bounded memory).
 
-Knowing the first look's totals (streamed.py: every group's span, the spike series, the largest
-allocations) and the pools' reserve, this pass downsamples the timeline, finds each peak with the
-live set at that moment (kept at the highest point of each batch that beats the peak so far),
-measures the chosen spikes and fills in what lies after a moment (the free times of listed
-allocations, where a spike gave its memory back). analyses.md says what is exact (all of it).
+Knowing the first look's totals (streamed.py: every group's span, the largest allocations) and the
+pools' reserve, this pass finds each peak with the live set at that moment (kept at the highest
+point of each batch that beats the peak so far) and fills in what lies after a moment (the free
+times of listed allocations). analyses.md says what is exact (all of it).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import pandas as pd
 from ..events.stream import EventBatch
 from .peak import LIVE_AT_PEAK
 from .pools import reached_before
-from .streamed import HIGH, LOW, RESIDENT, SPIKE_KINDS, STATIC, FirstLook, _rows, pair_key, running_sums
+from .streamed import LOW, RESIDENT, STATIC, FirstLook, _rows, pair_key
 
 
 @dataclass
@@ -60,35 +59,14 @@ def _reached(at: int, attached: list, increment: int, ts: int) -> int:
 
 
 @dataclass
-class SpikeWatch:
-    """A chosen spike, measured on the second look: what grew inside it, what came back after."""
-
-    series: int  # code in FirstLook.spike_series
-    low: int
-    high: int
-    how: str
-    start_level: int
-    peak_level: int
-    start_ns: int = 0
-    peak_ns: int = 0
-    grown_bytes: int = 0
-    grown: int = 0
-    grown_statics: int = 0
-    lowest_after: int = HIGH
-    given_back_ns: Optional[int] = None
-
-
-@dataclass
 class SecondLook:
     """The pass that needs the first look's totals (see the module's docstring)."""
 
     first: FirstLook
     peaks: list[PeakSeries]
     changes: dict  # pair key -> (ts sorted, bytes, how many taken): pools' unused reserve changes
-    spikes: list[SpikeWatch]
     focus_target: float
     cut_rows: dict  # pid -> the index of the row whose live bytes tell "climbing"
-    spike_live: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))
     cut_live: dict = field(default_factory=dict)
     cut_seen: dict = field(default_factory=dict)
     cut_value: dict = field(default_factory=dict)
@@ -100,7 +78,6 @@ class SecondLook:
     pools: Optional[Any] = None  # streamed_pools.PoolSeries, filling `changes` batch by batch
 
     def __post_init__(self) -> None:
-        self.spike_live = np.zeros(len(self.first.spike_series.keys()), "int64")
         self.wanted = set(self.first.largest["seq"].tolist()) if not self.first.largest.empty else set()
 
     def add(self, b: EventBatch) -> None:
@@ -114,7 +91,6 @@ class SecondLook:
             hit = np.isin(b.partner_seq[frees], np.fromiter(self.wanted, "int64"))
             for alloc, ts in zip(b.partner_seq[frees[hit]].tolist(), b.ts[frees[hit]].tolist()):
                 self.free_ts[alloc] = ts
-        self._spikes(b)
         self._cut(b)
         if self.focus_ts is None:
             moving = np.flatnonzero(b.delta != 0)
@@ -188,33 +164,6 @@ class SecondLook:
             & frame["kind"].isin(RESIDENT).to_numpy() \
             & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members)
         return frame[keep].drop_duplicates("seq").sort_values("seq", ignore_index=True)
-
-    def _spikes(self, b: EventBatch) -> None:
-        if not self.spikes:
-            return
-        rows = np.flatnonzero(np.isin(b.kind, SPIKE_KINDS))
-        s = self.first.spike_series
-        codes = s.codes(pair_key(b.pid[rows], b.device[rows]))
-        live = running_sums(codes, b.delta[rows], self.spike_live)
-        series: dict = {}
-        for spike in self.spikes:  # a few per series
-            if spike.series not in series:  # each series' rows once, not once per spike
-                mine = np.flatnonzero(codes == spike.series)
-                series[spike.series] = b.seq[rows[mine]], b.ts[rows[mine]], live[mine], b.delta[rows[mine]]
-            seq, ts, value, delta = series[spike.series]
-            # seq rises through a batch: each spike's rows are slices of its series'
-            low, high = np.searchsorted(seq, [spike.low, spike.high], side="left").tolist()
-            end = int(np.searchsorted(seq, spike.high, side="right"))
-            grown = delta[low:end][delta[low:end] > 0]
-            spike.grown_bytes += int(grown.sum())
-            spike.grown += len(grown)
-            spike.start_ns = int(ts[low]) if low < len(seq) and seq[low] == spike.low else spike.start_ns
-            spike.peak_ns = int(ts[high]) if high < len(seq) and seq[high] == spike.high else spike.peak_ns
-            if high < len(seq):
-                spike.lowest_after = min(spike.lowest_after, int(value[high:].min()))
-                back = np.flatnonzero(value[high:] <= spike.start_level)
-                if spike.given_back_ns is None and len(back):
-                    spike.given_back_ns = int(ts[high + back[0]])
 
     def _cut(self, b: EventBatch) -> None:
         rows = np.flatnonzero(np.isin(b.kind, RESIDENT))

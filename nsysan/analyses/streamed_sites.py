@@ -79,8 +79,7 @@ class SiteSums:
         self.look, self.at_peak, self._seen, self._last_own = look, {}, {}, {}
         self.strings: dict[str, int] = {"": 0}
         # fed each batch with `known` (ALLOCATION_INFO of the live allocations before it and its
-        # own) once this has labelled it (streamed_oom.SecondOom, streamed_spikes.SpikeParts,
-        # streamed_ranges.RangeSums)
+        # own) once this has labelled it (streamed_oom.SecondOom, streamed_ranges.RangeSums)
         self.watchers: list = []
 
     def add(self, b) -> None:
@@ -93,6 +92,11 @@ class SiteSums:
         info = self._label(b, allocs)
         site = np.full(n, -1, "int64")
         site[allocs] = info["site"]
+        # the batch labelled for the engine's second look after this (engine.Labels): its events' API
+        # names, and its allocations' sites and NVTX ranges
+        named = np.zeros(n, "int64")
+        named[allocs] = info["nvtx_range"]
+        b.calls.update(api=self._api_codes(b), site=site, nvtx_range=named)
         # a free belongs to the site of the allocation it frees: this batch's or a live one's
         known = {c: np.concatenate([self.live[c], info[c]]) for c in ALLOCATION_INFO}
         if self.look is not None:

@@ -27,9 +27,11 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from ..events.arrays import category_codes
+from ..events.load import QUICK_API
 from ..events.stream import LIVE_COLUMNS, EventBatch, live_after
 
-__all__ = ["Facts", "Reducer", "Engine", "frame_batch", "frame_live"]
+__all__ = ["Facts", "Labels", "Reducer", "Engine", "frame_batch", "frame_labels", "frame_live"]
 
 
 @dataclass
@@ -40,6 +42,25 @@ class Facts:
     kinds: Sequence[str]
     gpu_of: Callable[[int, int], Optional[int]] = lambda pid, device: None
     more: dict = field(default_factory=dict)
+
+
+@dataclass
+class Labels:
+    """What the labelled columns of a batch's `calls` name: the codes of "api" (every event's API,
+    or what stands for none), "site" and "nvtx_range" index `apis`, `sites` and `ranges` (-1: none);
+    equal sites rank by `site_order` (code -> rank; by code when empty); `path(seq, pid, tid, ts)`
+    is an event's NVTX path. The whole frame's are its categories (frame_labels); the streamed full
+    analysis labels each batch on its second look (streamed_sites.SiteSums); --quick streamed
+    reads no call: these defaults."""
+
+    apis: Sequence[str] = (QUICK_API,)
+    sites: Sequence[str] = ("",)
+    ranges: Sequence[str] = ("",)
+    site_order: Sequence[int] = ()
+    path: Callable[[int, int, int, int], str] = lambda seq, pid, tid, ts: ""
+
+    def site_rank(self, code: int) -> int:
+        return self.site_order[code] if code >= 0 and len(self.site_order) else code
 
 
 class Reducer:
@@ -136,21 +157,29 @@ def _ordered(reducers: list[Reducer]) -> list[Reducer]:
 def frame_batch(events: pd.DataFrame, shared: Optional[dict] = None) -> EventBatch:
     """The whole events frame (events/columns.py EVENT_COLUMNS) as one batch, its columns numpy
     views where their types agree (kind: the frame's category codes, named by
-    `events["kind"].cat.categories`; of the API calls' columns, the thread `tid`); `shared`: per-batch
-    work already made (see EventBatch)."""
+    `events["kind"].cat.categories`; of the API calls' columns, the thread `tid` and the labelled
+    columns, named by frame_labels); `shared`: per-batch work already made (see EventBatch)."""
     n = len(events)
     is_alloc = events["op"].cat.codes.to_numpy() == 0 if n else np.zeros(0, bool)
     partner = events["partner"].to_numpy() if n else np.zeros(0, "int64")
     column = (lambda name, dtype: events[name].to_numpy()) if n else \
         (lambda name, dtype: np.zeros(0, dtype))
+    codes = (lambda name: category_codes(events[name])) if n else (lambda name: np.zeros(0, "int8"))
     return EventBatch(
         seq=np.arange(n, dtype="int64"), ts=column("ts_ns", "int64"), pid=column("pid", "int64"),
         device=column("device", "int64"),
         kind=events["kind"].cat.codes.to_numpy() if n else np.zeros(0, "int8"),
         is_alloc=is_alloc, address=column("address", "uint64"), bytes=column("bytes", "int64"),
         delta=column("delta_bytes", "int64"), pool=column("pool", bool) if "pool" in events or not n
-        else np.zeros(n, bool), partner_seq=np.where(is_alloc, -1, partner),
-        correlation=np.zeros(n, "int64"), calls={"tid": column("tid", "int32")}, shared=dict(shared or {}))
+        else np.zeros(n, bool), partner_seq=np.where(is_alloc, -1, partner), correlation=np.zeros(n, "int64"),
+        calls={"tid": column("tid", "int32"), **{name: codes(name) for name in ("api", "site", "nvtx_range")}},
+        shared=dict(shared or {}))
+
+
+def frame_labels(events: pd.DataFrame) -> Labels:
+    """What frame_batch's labelled columns name: the frame's categories, and its NVTX paths."""
+    return Labels(*(tuple(str(c) for c in events[name].cat.categories) for name in ("api", "site", "nvtx_range")),
+                  path=lambda seq, pid, tid, ts: str(events["nvtx_path"].iat[seq]))
 
 
 def frame_live(events: pd.DataFrame) -> dict:
