@@ -5,6 +5,7 @@ and the streamed flow of a real export read in small chunks."""
 from __future__ import annotations
 
 import importlib
+from functools import partial
 
 import pytest
 from conftest import FIXTURES, truth
@@ -16,8 +17,9 @@ from nsysan.analyses.byte_classes import ByteClassSums, byte_classes, step_phase
 from nsysan.analyses.explore import LargestAllocations
 from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
+from nsysan.analyses.spikes import DEFAULT_WINDOW_NS, Spikes
 from nsysan.analyses.steps import find_step_ranges, memory_threads
-from nsysan.engine import Engine, Facts, frame_batch, frame_live, pieces
+from nsysan.engine import Engine, Facts, frame_batch, frame_labels, frame_live, pieces
 from nsysan.events import stream
 from nsysan.sources.schema import open_readonly, probe
 
@@ -148,6 +150,61 @@ def test_byte_classes_do_not_depend_on_where_the_batches_are_cut(data):
     analysis = frame(data.draw(st.sampled_from(BYTES)))
     bounds = data.draw(st.lists(st.integers(0, len(analysis.events)), max_size=12))
     assert bytes_classed(analysis, bounds) == analysis.byte_classes
+
+
+def spikes_of(analysis, bounds=()) -> list:
+    """The spikes from the Spikes reducer over the events cut before `bounds`, with the NVTX ranges,
+    memory threads, capture end and labels run_analyses gives it."""
+    return answer(analysis, Spikes(), bounds, {
+        "spike_window_ns": DEFAULT_WINDOW_NS, "nvtx_ranges": analysis.nvtx_ranges,
+        "memory_threads": memory_threads(analysis.calls), "end_ns": analysis.timeline.end_ns,
+        "labels": partial(frame_labels, analysis.events)})
+
+
+# rises within a window and within an NVTX range instance, with sites and APIs (known_mem: call
+# sites of the fallback labels; known_bt: of the native stacks), on one thread or two (torch: the
+# autograd thread's backward inside the main thread's step)
+SPIKES = ["known_mem_v25", "known_bt_v25", "torch_leak_v25"]
+
+
+@pytest.mark.parametrize("name", SPIKES)
+def test_spikes_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    analysis = frame(name)
+    n = len(analysis.events)
+    whole = spikes_of(analysis)
+    assert whole == analysis.spikes  # what the command line's document holds
+    assert {s.found_by for s in whole} == {"window", "range"}
+    assert spikes_of(analysis, range(0, n, max(1, n // 7))) == whole
+    assert spikes_of(analysis, range(0, n, 3)) == whole
+
+
+def test_spikes_of_known_mem_are_the_truth():
+    """known_allocs.cu: `burst` allocates a 512 MiB workspace on top of what setup left live; the
+    async pool's four cudaMallocAsync blocks (8, 16, 24, 32 MiB, each freed before the next but
+    the third) rise 32 MiB within the range and all come back."""
+    spikes = spikes_of(frame("known_mem_v25"), range(0, 52, 4))
+    records = truth("known_mem_v25")
+    burst = max(spikes, key=lambda s: s.rise_bytes)
+    assert (burst.found_by, burst.nvtx_path, burst.apis) == ("window", "burst", ["cudaMalloc"])
+    (workspace,) = [r["bytes"] for r in records if r.get("bytes", 0) >= 512 << 20]
+    assert [(h.site, h.nvtx_range, h.bytes, h.allocations) for h in burst.sites[:1]] == \
+        [("cudaMalloc in burst [known]", "burst", workspace, 1)]
+    assert burst.peak_live_bytes == 952_107_008 and burst.given_back_ns is None  # the device group's peak
+    (pool,) = [s for s in spikes if s.found_by == "range"]
+    blocks = [r["bytes"] for r in records if r.get("truth") == "cudaMallocAsync"]
+    assert (pool.nvtx_path, pool.apis, pool.rise_bytes, pool.freed_after_bytes) == \
+        ("async pool", ["cudaMallocAsync"], max(blocks), max(blocks))
+    assert [(h.site, h.nvtx_range, h.bytes, h.allocations) for h in pool.sites] == \
+        [("cudaMallocAsync in async pool [known]", "async pool", sum(blocks), len(blocks))]
+    assert pool.start_ns < pool.peak_ns < pool.given_back_ns
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_spikes_do_not_depend_on_where_the_batches_are_cut(data):
+    analysis = frame(data.draw(st.sampled_from(SPIKES)))
+    bounds = data.draw(st.lists(st.integers(0, len(analysis.events)), max_size=12))
+    assert spikes_of(analysis, bounds) == analysis.spikes
 
 
 @pytest.mark.parametrize("name", NAMES)
