@@ -137,21 +137,6 @@ def test_byte_classes_are_the_same_on_one_batch_k_batches_and_3_row_batches(name
     assert bytes_classed(analysis, range(0, n, 3)) == whole
 
 
-@pytest.mark.parametrize("name", BYTES)
-def test_byte_classes_of_one_batch_read_in_slices_are_the_same(name, monkeypatch):
-    """The whole frame's batch is judged and its frees classed slice by slice (bounded temporaries)."""
-    monkeypatch.setattr(importlib.import_module("nsysan.analyses.byte_classes"), "SLICE_ROWS", 5)
-    assert bytes_classed(frame(name)) == frame(name).byte_classes
-
-
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data())
-def test_byte_classes_do_not_depend_on_where_the_batches_are_cut(data):
-    analysis = frame(data.draw(st.sampled_from(BYTES)))
-    bounds = data.draw(st.lists(st.integers(0, len(analysis.events)), max_size=12))
-    assert bytes_classed(analysis, bounds) == analysis.byte_classes
-
-
 def spikes_of(analysis, bounds=()) -> list:
     """The spikes from the Spikes reducer over the events cut before `bounds`, with the NVTX ranges,
     memory threads, capture end and labels run_analyses gives it."""
@@ -199,12 +184,26 @@ def test_spikes_of_known_mem_are_the_truth():
     assert pool.start_ns < pool.peak_ns < pool.given_back_ns
 
 
+# the reducers with a second look, on the fixtures of their tests above
+SECOND_LOOKS = [(BYTES, "byte_classes", bytes_classed), (SPIKES, "spikes", spikes_of)]
+
+
+@pytest.mark.parametrize("name, field, answered", [(name, field, answered) for names, field, answered in SECOND_LOOKS
+                                                   for name in names])
+def test_one_batch_read_in_slices_gives_the_same(name, field, answered, monkeypatch):
+    """The whole frame's batch is read slice by slice (bounded temporaries): ByteClassSums judges
+    and classes its frees in slices, Spikes feeds each series a slice at a time."""
+    monkeypatch.setattr(importlib.import_module(f"nsysan.analyses.{field}"), "SLICE_ROWS", 5)
+    assert answered(frame(name)) == getattr(frame(name), field)
+
+
+@pytest.mark.parametrize("names, field, answered", SECOND_LOOKS)
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_spikes_do_not_depend_on_where_the_batches_are_cut(data):
-    analysis = frame(data.draw(st.sampled_from(SPIKES)))
+def test_second_looks_do_not_depend_on_where_the_batches_are_cut(names, field, answered, data):
+    analysis = frame(data.draw(st.sampled_from(names)))
     bounds = data.draw(st.lists(st.integers(0, len(analysis.events)), max_size=12))
-    assert spikes_of(analysis, bounds) == analysis.spikes
+    assert answered(analysis, bounds) == getattr(analysis, field)
 
 
 @pytest.mark.parametrize("name", NAMES)

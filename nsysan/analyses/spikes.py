@@ -72,9 +72,10 @@ class Spikes(Reducer):
             s = self.series.get(key)
             if s is None:
                 s = self.series[key] = _Series(self.window_ns, self.ranges.get(key[0]))
+            carried = s.live
             for a in range(0, len(rows), SLICE_ROWS):
                 part = rows[a:a + SLICE_ROWS]
-                s.add(b.seq[part], b.ts[part], live[a:a + SLICE_ROWS] + s.live, b.delta[part])
+                s.add(b.seq[part], b.ts[part], live[a:a + SLICE_ROWS] + carried, b.delta[part])
 
     def between(self) -> None:
         end = max(int(self.facts.more.get("end_ns", 0)), self.last_ts if self.last_ts < OPEN_END else 0)
