@@ -148,7 +148,6 @@ SLOW_TESTS = frozenset({
     "test_documents.py::test_compare_and_check_exit_2_with_one_line",
     "test_terminal_width.py::test_every_fixture_reads_whole_at_80_100_and_120_columns",
     "test_page_explorer.py::test_without_javascript_the_png_timeline_stands_in_on_screen_and_on_paper",
-    "test_streamed_windows.py::test_step_windows_read_what_the_step_table_reads",
     "test_page_narrow.py::test_a_long_table_prints_its_top_rows_and_says_how_many_more",
     "test_page_explorer.py::test_a_long_runs_steps_chart_breaks_where_steps_are_not_listed",
     "test_adversarial.py::test_named_tables_through_the_command_line_and_the_api",

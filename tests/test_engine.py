@@ -17,10 +17,14 @@ from nsysan.analyses.byte_classes import ByteClassSums, byte_classes, step_phase
 from nsysan.analyses.explore import LargestAllocations
 from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
+from nsysan.analyses.iterations import iteration_pids
 from nsysan.analyses.spikes import DEFAULT_WINDOW_NS, Spikes
-from nsysan.analyses.steps import find_step_ranges, memory_threads
+from nsysan.analyses.step_windows import StepWindows, found_steps
+from nsysan.analyses.steps import find_step_ranges, listed, memory_threads
 from nsysan.engine import Engine, Facts, frame_batch, frame_labels, frame_live, pieces
 from nsysan.events import stream
+from nsysan.events.read import last_cuda_calls
+from nsysan.events.read_launches import read_launches
 from nsysan.sources.schema import open_readonly, probe
 
 # several processes and kinds (ddp: two ranks; known_mem: device, managed, pinned, an async pool)
@@ -204,6 +208,84 @@ def test_second_looks_do_not_depend_on_where_the_batches_are_cut(names, field, a
     analysis = frame(data.draw(st.sampled_from(names)))
     bounds = data.draw(st.lists(st.integers(0, len(analysis.events)), max_size=12))
     assert answered(analysis, bounds) == getattr(analysis, field)
+
+
+_found: dict = {}
+
+
+def stepped(name: str, bounds=()) -> tuple[list, list]:
+    """The step tables (listed as the document lists them) and the phases from StepWindows over
+    the fixture's events cut before `bounds`, its steps found as the pipeline finds them: the NVTX
+    ranges', else the kernel launches' of the processes without them."""
+    analysis = frame(name)
+    threads = memory_threads(analysis.calls)
+    if name not in _found:
+        conn = open_readonly(FIXTURES / f"{name}.sqlite")
+        try:
+            schema = probe(conn, name)
+            nvtx = find_step_ranges(analysis.nvtx_ranges, threads)
+            launches = read_launches(conn, schema, iteration_pids(threads, nvtx, schema.capture_start_pids))
+            _found[name] = (found_steps(analysis.nvtx_ranges, threads, None, launches, nvtx),
+                            last_cuda_calls(conn, schema, analysis.calls, analysis.nvtx_ranges))
+        finally:
+            conn.close()
+    found, trace_ends = _found[name]
+    gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
+    events = analysis.events
+    steps, phases = answer(analysis, StepWindows(), bounds, {"found_steps": found}).tables(
+        analysis.timeline.end_ns, lambda pid, device: gpus.get((pid, device)), "nvtx", trace_ends, frame_labels(events))
+    return [listed(s) for s in steps], phases
+
+
+# steps of NVTX ranges (torch_leak keeps every step's cudaMalloc'd segments; torch_ops's ATen
+# operator ranges are phases too), of kernel launches (no NVTX), and two ranks of their own
+STEPPED = ["torch_leak_v25", "torch_ops_v25", "torch_bytes_nonvtx_v25", "ddp_leak_v25"]
+
+
+@pytest.mark.parametrize("name", STEPPED)
+def test_step_tables_and_phases_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    analysis = frame(name)
+    n = len(analysis.events)
+    whole = stepped(name)
+    assert whole == (analysis.steps, analysis.phases)  # what the command line's document holds
+    assert whole[0] and whole[1]
+    assert stepped(name, range(0, n, max(1, n // 7))) == whole
+    assert stepped(name, range(0, n, 3)) == whole
+
+
+HOLDERS = {"torch_leak_v25": [("cudaMalloc in forward [python3]", 1015153664, 30),
+                              ("cudaMalloc in backward [pt_autograd_0]", 478282752, 9),
+                              ("cudaMalloc in optimizer [python3]", 12582912, 6)],
+           "torch_ops_v25": [("aten::addmm in forward [python3]", 329252864, 8),
+                             ("aten::mm in forward [python3]", 201458688, 8),
+                             ("aten::sum in backward [pt_autograd_0]", 142606336, 2)]}
+
+
+@pytest.mark.parametrize("name", ["torch_leak_v25", "torch_ops_v25"])
+def test_step_tables_in_3_row_batches_hold_the_truth(name):
+    """torch_train.py keeps every step's tensors: the bytes cudaMalloc'd during a step (its
+    delta) are what the caching allocator's reserve grew by in it (the truth file, per step), and
+    never freed; step 0's 1,506,019,328 bytes are held by the forward's and the backward's cudaMallocs,
+    and the optimizer's (torch_ops: by the ATen operators that made them, its three largest)."""
+    analysis = frame(name)
+    (series,), phases = stepped(name, range(0, len(analysis.events), 3))
+    reserved = [r["reserved"] for r in truth(name) if "step" in r]
+    steps = series.steps
+    assert [s.number for s in steps] == list(range(len(reserved)))
+    assert [s.delta_bytes for s in steps[1:]] == [b - a for a, b in zip(reserved, reserved[1:])]
+    assert all(s.freed_bytes == 0 and s.kept_bytes == s.allocated_bytes == s.delta_bytes for s in steps)
+    assert steps[0].kept_bytes == 1506019328
+    assert [(h.site, h.bytes, h.allocations) for h in steps[0].kept] == HOLDERS[name]
+    rises = {p.path: p.rise_max_bytes for p in phases}
+    assert rises["step N"] == steps[0].kept_bytes and rises["step N > forward"] > rises["step N > backward"] > 0
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_step_tables_and_phases_do_not_depend_on_where_the_batches_are_cut(data):
+    name = data.draw(st.sampled_from(STEPPED))
+    bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
+    assert stepped(name, bounds) == (frame(name).steps, frame(name).phases)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,5 +1,6 @@
 """Windows over live series fed in tiny batches read what the whole-frame analyses read of them
-(analyses/windows.py against steps.range_max / _window_sums and ranges._max_live_while_open)."""
+(analyses/windows.py against ranges._max_live_while_open; the steps' and phases' windows:
+test_engine.py's StepWindows on one batch and many)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from conftest import FIXTURES
 
 import nsysan
 from nsysan.analyses.ranges import _max_live_while_open
-from nsysan.analyses.steps import _window_sums, live_series, range_max
 from nsysan.analyses.windows import LOW, Windows
 from nsysan.analyses.timeline import group_events
 from nsysan.model import GPU_RESIDENT_KINDS
@@ -43,33 +43,6 @@ def fed(keys: np.ndarray, ts: np.ndarray, live: np.ndarray, values: np.ndarray, 
         part = slice(low, low + size)
         windows.add(keys[part], ts[part], live[part], values[part])
     windows.finish()
-
-
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("size", [1, 3, 50])
-def test_step_windows_read_what_the_step_table_reads(name, size):
-    events, ranges = frames(name)
-    series = live_series(events, group_events(events))
-    assert series
-    n = len(events)
-    keys, live = np.full(n, -1, "int64"), np.zeros(n, "int64")
-    windows, expected = Windows(), []
-    delta = events["delta_bytes"].to_numpy()
-    for code, s in enumerate(series):  # one per (process, device)
-        keys[s.rows], live[s.rows] = code, s.live
-        starts, ends = edge_windows(s.ts, ranges, s.pid)
-        ids = windows.open(code, starts, ends)
-        ends = np.maximum(ends, starts)
-        first, stop = np.searchsorted(s.ts, starts, side="left"), np.searchsorted(s.ts, ends, side="right")
-        padded = np.concatenate([[0], s.live])
-        expected.append((ids, padded[first], padded[stop], np.maximum(padded[first], range_max(s.live, first, stop)),
-                         _window_sums(np.maximum(delta[s.rows], 0), first, stop)))
-    fed(keys, events["ts_ns"].to_numpy(), live, np.maximum(delta, 0), windows, size)
-    for ids, before, end, peak, allocated in expected:
-        assert windows.before[ids].tolist() == before.tolist()
-        assert windows.end[ids].tolist() == end.tolist()
-        assert np.maximum(windows.before[ids], windows.high[ids]).tolist() == peak.tolist()
-        assert windows.summed[ids].tolist() == allocated.tolist()
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -34,11 +34,9 @@ from .ranges import range_stats
 from .sites import rank_sites
 from .stacks import referenced_stacks, stack_bytes
 from .byte_classes import ByteClassSums, Lifetimes, byte_classes, step_phases
-from .iteration_phases import with_iteration_phases
-from .iterations import find_iterations, with_iterations
-from .steps import find_step_ranges, listed, live_series, memory_threads, step_diagnostics, step_table
+from .step_windows import StepWindows, found_steps
+from .steps import listed, memory_threads, step_diagnostics
 from .growth import growth_diagnostics, judge_all
-from .phases import phase_costs
 from .spikes import DEFAULT_WINDOW_NS, Spikes
 from .answers import gather_answers
 from .timeline import Groups, build_timeline, group_events
@@ -183,23 +181,20 @@ def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, facts: 
     """The step tables (and why there are none when there are none), the phases, the spikes and
     the allocations' lifetimes across the phases (byte_classes); `threads`: memory_threads() of the calls."""
     gpu_of = facts.gpu_of
-    series = live_series(loaded.events, grouped)
-    found = loaded.nvtx_steps if loaded.nvtx_steps is not None and step_range is None else \
-        find_step_ranges(loaded.ranges, threads, step_range)
-    iterations = {} if step_range is not None else \
-        find_iterations(loaded.launches, loaded.launch_names, sorted(set(loaded.launches["pid"].tolist()) - set(found)))
-    steps = step_table(loaded.events, series, with_iterations(found, iterations), gpu_of, end_ns,
-                       "step-range" if step_range is not None else "nvtx", loaded.last_cuda_call_ns, iterations)
-    phase_ranges = with_iteration_phases(loaded.ranges, [it.phases for it in iterations.values()])
-    phases = phase_costs(series, phase_ranges, threads, steps, gpu_of, end_ns)
-    step_phased = step_phases(with_iterations(found, iterations), phase_ranges)
-    # the whole frame as one batch again, grouped as before, for the reducers that need the phases
-    # and the NVTX ranges
-    more = {"phases": step_phased, "spike_window_ns": spike_window_ns, "nvtx_ranges": loaded.ranges,
-            "memory_threads": threads, "end_ns": end_ns, "labels": partial(frame_labels, loaded.events)}
-    answered = Engine([ByteClassSums(), Spikes()], dataclasses.replace(facts, more=more)).run(
+    found = found_steps(loaded.ranges, threads, step_range,
+                        (loaded.launches, loaded.launch_names) if step_range is None else None,
+                        loaded.nvtx_steps if step_range is None else None)
+    # the whole frame as one batch again, grouped as before, for the reducers that need the steps,
+    # their phases and the NVTX ranges
+    more = {"found_steps": found, "phases": step_phases(found.steps, found.ranges), "spike_window_ns": spike_window_ns,
+            "nvtx_ranges": loaded.ranges, "memory_threads": threads, "end_ns": end_ns,
+            "labels": partial(frame_labels, loaded.events)}
+    answered = Engine([StepWindows(), ByteClassSums(), Spikes()], dataclasses.replace(facts, more=more)).run(
         [frame_batch(loaded.events, frame_groups(grouped, facts.kinds))], frame_live(loaded.events))
-    return steps, step_diagnostics(series, steps, not loaded.ranges.empty, loaded.quick, step_range), phases, \
+    windows = answered["steps"]
+    steps, phases = windows.tables(end_ns, gpu_of, "step-range" if step_range is not None else "nvtx",
+                                   loaded.last_cuda_call_ns, frame_labels(loaded.events))
+    return steps, step_diagnostics(windows.series, steps, not loaded.ranges.empty, loaded.quick, step_range), phases, \
         answered["spikes"], answered["byte_classes"]
 
 

@@ -79,8 +79,8 @@ def step_phases(found: dict, ranges: pd.DataFrame) -> dict[int, StepPhases]:
     """Per process with steps (find_step_ranges + iterations: pid -> (family, spans)), its steps and
     phases from the ranges named forward / backward / optimizer inside them; only processes with a
     forward and a backward in some step (else activations and gradients cannot be told apart).
-    A step still open at the end runs to the last time an event can have (streamed_steps does the
-    same: the capture's end is not known before the streamed flow ends, and no event lies beyond it)."""
+    A step still open at the end runs to the last time an event can have (as step_windows' do: the
+    capture's end is not known before the streamed flow ends, and no event lies beyond it)."""
     result = {}
     for pid, (_, spans) in found.items():
         start = spans["start_ns"].to_numpy().astype("int64")
@@ -274,7 +274,7 @@ class ByteClassSums(Reducer):
     """The allocations' lifetimes across the steps' phases (`Lifetimes`, or None when no process has
     phased steps), for byte_classes() to finish with the verdicts. Needs the facts' `phases`
     (step_phases(): pid -> StepPhases), known before the first batch. First look: each (process,
-    device) series' running live bytes of device + array memory (steps.live_series, carried
+    device) series' running live bytes of device + array memory (groups.batch_series, carried
     across batches) into `Heights`. Second look: each allocation once, at its free or when it can
     never be freed (closed, or live at the end), and whether it is outside a caching allocator
     (judged as the allocators are, AllocatorRows), carried while it is live."""

@@ -62,8 +62,8 @@ def batch_groups(b: "EventBatch") -> BatchGroups:
 def batch_series(b: "EventBatch", kinds: list[int]) -> list[tuple[tuple[int, int], np.ndarray, np.ndarray]]:
     """Each (process, device) series of the batch's events of `kinds` (codes), in (pid, device)
     order: its rows, in time order, and its running live bytes over the batch from 0 (several
-    kinds together, as steps.live_series: merged in event order, summed again). Made once per
-    batch for every reducer that reads them."""
+    kinds together: merged in event order, summed again). Made once per batch for every reducer
+    that reads them."""
     made = b.shared.setdefault("series", {})
     if tuple(kinds) not in made:
         found = batch_groups(b) if len(b) else None

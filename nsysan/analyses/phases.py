@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..events.nvtx import MAX_NVTX_DEPTH, thread_key
 from ..model import Phase, StepSeries
-from .steps import OPEN_END, LiveSeries, range_max
+from .steps import OPEN_END
 
 MAX_PHASES = 40  # per analysis, the largest rises first
 MAX_INSTANCES = 200  # per phase, listed in time order (the statistics use them all)
@@ -35,37 +35,10 @@ def range_paths(ranges: pd.DataFrame) -> np.ndarray:
     return paths
 
 
-def phase_costs(series: list[LiveSeries], ranges: pd.DataFrame, memory_threads: np.ndarray,
-                steps: list[StepSeries], gpu_of, end_ns: int) -> list[Phase]:
-    """Per (process, device, range path): instances, live bytes at each start, the rise of the peak
-    above it, and the net change at the end (see the module's docstring)."""
-    if ranges.empty or not series:
-        return []
-    closed = phase_ranges(ranges, memory_threads) & (ranges["end_ns"].to_numpy() < min(OPEN_END, max(end_ns, 0)))
-    if not closed.any():
-        return []
-    paths = range_paths(ranges)[closed]
-    spans = ranges[closed]
-    found = []
-    for s in series:  # one per (process, device)
-        mine = np.flatnonzero(spans["pid"].to_numpy() == s.pid)
-        if len(mine) == 0 or len(s.rows) == 0:
-            continue
-        starts = spans["start_ns"].to_numpy()[mine]
-        ends = spans["end_ns"].to_numpy()[mine]
-        first = np.searchsorted(s.ts, starts, side="left")
-        stop = np.searchsorted(s.ts, ends, side="right")
-        padded = np.concatenate([[0], s.live])
-        start_live = padded[first]
-        found += phases_of(s.pid, s.device, gpu_of(s.pid, s.device), paths[mine], starts, start_live,
-                           np.maximum(start_live, range_max(s.live, first, stop)), padded[stop], steps)
-    return ranked(found)
-
-
 def phase_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray) -> np.ndarray:
     """Which ranges can be phases: those on a thread that makes memory calls (any thread of a
     process that makes none: a capture begun after warm-up, steps.find_step_ranges), never left
-    open (OPEN_END; the capture's end closes no phase either, which phase_costs checks)."""
+    open (OPEN_END; the capture's end closes no phase either, which step_windows checks)."""
     keys = thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy())
     return (ranges["end_ns"].to_numpy() < OPEN_END) & (
         np.isin(keys, memory_threads) | ~np.isin(ranges["pid"].to_numpy(), memory_threads >> 24))

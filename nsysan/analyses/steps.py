@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -23,7 +22,6 @@ import pandas as pd
 from ..events.arrays import distinct_pairs
 from ..events.nvtx import thread_key
 from ..model import Diagnostic, Holder, Step, StepSeries
-from .timeline import Groups
 
 MIN_STEPS = 3
 STEP_KINDS = ("device", "array")  # allocated by the program; module statics are loaded by the driver
@@ -41,37 +39,6 @@ HOW_TO_MARK_STEPS = ("mark each step with two lines, `torch.cuda.nvtx.range_push
                      "of the loop body and `torch.cuda.nvtx.range_pop()` at its end (with torch.profiler, "
                      "`prof.step()` under `torch.autograd.profiler.emit_nvtx()` marks ProfilerStep#N ranges), "
                      "or name the ranges that are steps with --step-range REGEX")
-
-
-@dataclass(frozen=True)
-class LiveSeries:
-    """Device + array bytes of one (process, CUDA device) after each of its events, in time order."""
-
-    pid: int
-    device: int
-    rows: np.ndarray  # rows of the events frame
-    ts: np.ndarray
-    live: np.ndarray
-
-
-def live_series(events: pd.DataFrame, grouped: Groups) -> list[LiveSeries]:
-    """One series per (process, device) holding device or array memory, reusing the running sums
-    of the (process, device, kind) groups (no pass over all events when there is no array memory)."""
-    if events.empty or grouped.segments is None:
-        return []
-    keys = grouped.keys
-    ts_all, delta_all = events["ts_ns"].to_numpy(), events["delta_bytes"].to_numpy()
-    chosen = keys[keys["kind"].isin(STEP_KINDS)]
-    result = []
-    for (pid, device), members in chosen.groupby(["pid", "device"], sort=True):  # one per (process, device)
-        parts = [grouped.members(g) for g in members.index]
-        if len(parts) == 1:
-            rows, live = parts[0]
-        else:  # device and array together: merged in event order, summed again
-            rows = np.sort(np.concatenate([rows for rows, _ in parts]), kind="stable")
-            live = np.cumsum(delta_all[rows])
-        result.append(LiveSeries(int(pid), int(device), rows, ts_all[rows], live))
-    return result
 
 
 def find_step_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray,
@@ -128,39 +95,6 @@ def step_numbers(names: list[str]) -> list[int]:
     return numbers  # type: ignore[return-value]
 
 
-def step_table(events: pd.DataFrame, series: list[LiveSeries], step_ranges: dict[int, tuple[str, pd.DataFrame]],
-               gpu_of: Callable[[int, int], Optional[int]], end_ns: int, found_by: str,
-               trace_end_ns: Optional[dict[int, int]] = None, iterations: Optional[dict] = None) -> list[StepSeries]:
-    """Each step's live bytes at start and end, delta, peak, bytes allocated, freed and kept.
-
-    `trace_end_ns`: pid -> where its CUDA trace stops, for processes whose trace stops early;
-    `iterations`: pid -> iterations.Iterations, for the processes whose steps the kernels gave.
-    """
-    result = []
-    for s in series:  # one per (process, device)
-        if s.pid not in step_ranges or len(s.rows) == 0:
-            continue
-        family, spans = step_ranges[s.pid]
-        starts, ends, closed = step_spans(spans, end_ns)
-        first = np.searchsorted(s.ts, starts, side="left")  # first event inside
-        stop = np.searchsorted(s.ts, ends, side="right")  # one past the last inside
-        padded = np.concatenate([[0], s.live])  # padded[i] = live after the first i events
-        start_live, end_live = padded[first], padded[stop]
-        peak = np.maximum(start_live, range_max(s.live, first, stop))
-        # An allocation adds its size to the live bytes and a matched free takes it away (an
-        # unmatched free adds 0), so the positive deltas are the bytes allocated, and what was
-        # freed is what was allocated minus the net change: two passes over the rows, not four.
-        delta = events["delta_bytes"].to_numpy()[s.rows]
-        allocated = _window_sums(np.maximum(delta, 0), first, stop)
-        kept_mask = (delta > 0) & (events["partner"].to_numpy()[s.rows] < 0)
-        kept = _window_sums(np.where(kept_mask, delta, 0), first, stop)
-        holders = _holders(events, s, kept_mask, first, stop)
-        result.append(step_series(s.pid, s.device, gpu_of(s.pid, s.device), family, found_by, spans,
-                                  (starts, ends, closed), (start_live, end_live, peak, allocated, kept), holders,
-                                  trace_end_ns, (iterations or {}).get(s.pid)))
-    return result
-
-
 def step_spans(spans: pd.DataFrame, end_ns: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The steps' starts, ends and whether each closed."""
     starts = spans["start_ns"].to_numpy()
@@ -212,42 +146,6 @@ def listed(series: StepSeries, limit: int = MAX_LISTED) -> StepSeries:
                                step_count=len(series.steps))
 
 
-def _window_sums(values: np.ndarray, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
-    """Sum of values[first:stop] for each window, exact in int64."""
-    cum = np.concatenate([[0], np.cumsum(values.astype("int64", copy=False))])
-    return cum[stop] - cum[first]
-
-
-def range_max(values: np.ndarray, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
-    """max(values[first:stop]) per window, the minimum int64 for an empty window."""
-    low = np.iinfo("int64").min
-    if len(values) == 0:
-        return np.full(len(first), low, "int64")
-    padded = np.append(values, low)  # reduceat needs an index in range; empty windows read the pad
-    bounds = np.empty(2 * len(first), "int64")
-    bounds[0::2], bounds[1::2] = first, np.maximum(stop, first + 1)
-    result = np.maximum.reduceat(padded, np.minimum(bounds, len(values)))[0::2]
-    return np.where(stop > first, result, low)
-
-
-def _holders(events: pd.DataFrame, s: LiveSeries, kept_mask: np.ndarray, first: np.ndarray,
-             stop: np.ndarray) -> dict[int, list[Holder]]:
-    """Per step, the (site, innermost range) pairs of its allocations still live at the end."""
-    positions = np.flatnonzero(kept_mask)
-    if len(positions) == 0:
-        return {}
-    step_of = np.searchsorted(first, positions, side="right") - 1  # steps are sorted by start
-    inside = (step_of >= 0) & (positions < stop[np.maximum(step_of, 0)])
-    positions, step_of = positions[inside], step_of[inside]
-    if len(positions) == 0:
-        return {}
-    rows = s.rows[positions]
-    # Category codes, not strings: turning a 1e7-row categorical into strings costs a second.
-    site, name = events["site"], events["nvtx_range"]
-    return holders_by_step(step_of, site.cat.codes.to_numpy()[rows], name.cat.codes.to_numpy()[rows],
-                           events["bytes"].to_numpy()[rows], site.cat.categories, name.cat.categories)
-
-
 def holders_by_step(step: np.ndarray, site: np.ndarray, name: np.ndarray, size: np.ndarray, sites, names) -> \
         dict[int, list[Holder]]:
     """Per step, its MAX_HOLDERS largest (site, range) pairs of kept allocations, given each one's
@@ -272,9 +170,10 @@ def memory_threads(calls: pd.DataFrame) -> np.ndarray:
     return distinct_pairs(calls["pid"].to_numpy(), calls["tid"].to_numpy(), 24, 0xFFFFFF)
 
 
-def step_diagnostics(series: list[LiveSeries], found: list[StepSeries], has_ranges: bool, quick: bool,
+def step_diagnostics(series, found: list[StepSeries], has_ranges: bool, quick: bool,
                      pattern: Optional[str]) -> list[Diagnostic]:
-    """Why steps (and so the growth verdict) are missing, with how to make them visible."""
+    """Why steps (and so the growth verdict) are missing, with how to make them visible; `series`:
+    the (process, device) series of device + array bytes."""
     if not series or found:
         return []
     if quick:

@@ -2,8 +2,7 @@
 
 What `run_analyses` finds over the whole events frame, found from running sums instead: the flow
 of events (events/stream.py) is read twice. The first look sums per (process, device, kind)
-group, per process and per (process, device) series of device + array bytes (the steps'), keeps
-the big blocks (this module, with the running sums and keyed columns both looks use);
+group and per process, keeps the big blocks (this module, with the running sums and keyed columns both looks use);
 the second (streamed_second.py), knowing every group's span and the pools' reserve, downsamples
 the timeline, finds each peak with the live set at that moment and fills in what lies after a
 moment. Only the live allocations, the aggregates and the kept points stay in memory.
@@ -24,7 +23,6 @@ from ..model import GPU_RESIDENT_KINDS, KINDS
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]
 STATIC = KINDS.index("static")
-SPIKE_KINDS = [KINDS.index("device"), KINDS.index("array")]
 PREALLOCATION_BYTES = 1 << 30  # find_preallocations looks at blocks of a GiB or more
 
 
@@ -86,7 +84,6 @@ def pair_key(pid: np.ndarray, device: np.ndarray) -> np.ndarray:
 class FirstLook:
     """What one pass over the events sums up (see the module's docstring)."""
 
-    spike_series: Keyed = field(default_factory=lambda: Keyed(("live",)))
     cut: Keyed = field(default_factory=lambda: Keyed(("live", "highest", "events", "last_ts"),
                                                      {"highest": LOW, "last_ts": LOW}))
     pairs: dict = field(default_factory=dict)  # (pid, device) of resident events -> whether any is not static
@@ -100,9 +97,8 @@ class FirstLook:
     largest: pd.DataFrame = field(default_factory=lambda: no_rows())
     big_blocks: list = field(default_factory=list)
     pools: Optional[Any] = None  # streamed_pools.PoolSums
-    # The last batch's running sums, for the consumers after this one (windows.py):
-    # "spikes" per (process, device) of device + array memory (steps.live_series), "resident" per
-    # process of GPU-resident memory (ranges._max_live_while_open); each (rows, series codes, live).
+    # The last batch's running sums, for the consumers after this one (windows.py): "resident"
+    # per process of GPU-resident memory (ranges._max_live_while_open), as (rows, series codes, live).
     batch_live: dict = field(default_factory=dict)
 
     def add(self, b: EventBatch) -> None:
@@ -117,7 +113,6 @@ class FirstLook:
                                              "s": b.kind[resident] != STATIC}).groupby("k")["s"].any().items():
             self.pairs[int(key)] = self.pairs.get(int(key), False) or bool(not_static)
         self._cut(b, resident)
-        self._spikes(b)
         moving = np.flatnonzero(b.delta != 0)
         if len(moving):
             self.moved = float(np.cumsum(np.concatenate([[self.moved], np.abs(b.delta[moving]).astype("float64")]))[-1])
@@ -138,15 +133,6 @@ class FirstLook:
         np.maximum.at(c["highest"], codes, live)
         np.add.at(c["events"], codes, 1)
         np.maximum.at(c["last_ts"], codes, b.ts[rows])
-
-    def _spikes(self, b: EventBatch) -> None:
-        rows = np.flatnonzero(np.isin(b.kind, SPIKE_KINDS))
-        if not len(rows):
-            return
-        s = self.spike_series
-        codes = s.codes(pair_key(b.pid[rows], b.device[rows]))
-        live = running_sums(codes, b.delta[rows], s["live"])
-        self.batch_live["spikes"] = (rows, codes, live)
 
 
 def no_rows() -> pd.DataFrame:

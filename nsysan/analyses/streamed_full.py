@@ -7,7 +7,7 @@ the threads and the calls' span; the first pass gathers the allocations' call st
 live bytes at each failed call; the second labels every allocation's site and sums per site
 (streamed_sites.py); the NVTX ranges table and the timeline's bands, spans and focus come from
 the ranges and a few sums of both passes (streamed_ranges.py); the steps, growth and phases from
-windows on the first pass's live series (streamed_steps.py). Every section is the whole frame's;
+the engine's reducer (step_windows.py) as on the whole frame. Every section is the whole frame's;
 a section not streamed (none now) would be left empty and named by the diagnostic `not_streamed`
 (NOT_STREAMED), with how to get it.
 """
@@ -49,8 +49,8 @@ from .streamed_ranges import RangeSums, RangeThreads, streamed_range_stats
 from .streamed_run import _cut_short, _focus, _mini, gpus, run_streamed
 from .streamed_sites import SiteSums
 from .timeline import top_level_bands
-from .streamed_steps import StepWindows, kept_allocations
 from .byte_classes import byte_classes, step_phases
+from .step_windows import found_steps
 
 # The sections (and parts of sections) the streamed full analysis leaves out, as the diagnostic names them:
 # none now (the mechanism stays for an analysis added to the whole frame before its stream).
@@ -74,12 +74,13 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     nvtx_steps = find_step_ranges(ranges, calls.threads, step_range)
     launches = None if step_range is not None else read_launches(
         conn, schema, iteration_pids(calls.threads, nvtx_steps, schema.capture_start_pids))
+    stepped = found_steps(ranges, calls.threads, step_range, launches, nvtx_steps)
     flow = EventFlow(conn, schema, call_window=CallWindow(calls), order_ahead=ahead)
     looks: dict = {}
-    # the engine's facts beyond the kinds and GPUs: the steps' phases, once found; the NVTX ranges
+    # the engine's facts beyond the kinds and GPUs: the steps and their phases; the NVTX ranges
     # and memory threads (the spikes' range instances), and what the second pass's labels name
-    more: dict = {"nvtx_ranges": ranges, "memory_threads": calls.threads,
-                  "labels": lambda: _labels(looks["second"], ranges)}
+    more: dict = {"found_steps": stepped, "phases": step_phases(stepped.steps, stepped.ranges), "nvtx_ranges": ranges,
+                  "memory_threads": calls.threads, "labels": lambda: _labels(looks["second"], ranges)}
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)
     verdict_looks = VerdictLooks(calls, ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns)
@@ -89,9 +90,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     def first(look) -> Each:
         looks["first"] = FirstCalls(calls)
         looks["range_threads"] = RangeThreads(look, ranges, operator_ranges, max(0, schema.duration_ns or 0, span[1]))
-        looks["steps"] = StepWindows(look, ranges, calls.threads, step_range, launches, nvtx_steps)
-        more["phases"] = step_phases(looks["steps"].found, looks["steps"].ranges)  # ByteClassSums'
-        return Each(looks["first"], verdict_looks.first_pass(), looks["range_threads"], looks["steps"])
+        return Each(looks["first"], verdict_looks.first_pass(), looks["range_threads"])
 
     def second(look) -> SiteSums:
         found = looks["first"]
@@ -122,10 +121,10 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     verdicts = verdict_looks.verdicts(
         quick, described, lambda pid: labels.get(pid) or f"process {pid}", flow.live,
         lambda open_by_pid: _cut_short(look.first, look, quick.timeline.end_ns, open_by_pid))
-    steps, phases = looks["steps"].tables(
-        quick.timeline.end_ns, gpu_of, "step-range" if step_range is not None else "nvtx", last_calls,
-        kept_allocations(looks["never_freed"], flow.kinds, sites), list(sites.labels), list(sites.strings))
-    step_notes = step_diagnostics(list(looks["steps"].series), steps, not ranges.empty, False, step_range)
+    windows = looks["steps"]  # the engine's StepWindows
+    steps, phases = windows.tables(quick.timeline.end_ns, gpu_of, "step-range" if step_range is not None else "nvtx",
+                                   last_calls, more["labels"]())
+    step_notes = step_diagnostics(windows.series, steps, not ranges.empty, False, step_range)
     growth = judge_all(steps, capture.processes, verdicts.caps)
     steps = [listed(s) for s in steps]  # after judging: the verdict sees every step
     diagnostics = list(schema.diagnostics) + list(flow.diagnostics) + notes + capture_diagnostics(

@@ -31,6 +31,7 @@ from .ranks import assign_ranks
 from .allocator import find_preallocations
 from .explore import LargestAllocations
 from .byte_classes import ByteClassSums
+from .step_windows import StepWindows
 from .groups import GroupSums
 from .never_freed import NeverFreed
 from .timeline import TimelineSeries
@@ -61,7 +62,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     it), `own_api(peak)` (the API of the series' last own allocation before it),
     the `site_table` and the NVTX `ranges`; `more`: the reducers' facts beyond the kinds and GPUs
     (Facts.more), which `also` may fill before the first batch (the batches' `labels`: none read,
-    unless given)."""
+    unless given; the full analysis's `found_steps` and `phases`)."""
     flow = flow or EventFlow(conn, schema)
     lifecycle = read_pool_events(conn, schema)
     gpu_of, total_memory = gpus(schema)
@@ -70,7 +71,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     more.setdefault("labels", Labels)
     fed = flow.feed(lambda: _Both(FirstLook(pools=PoolSums(lifecycle)), also[0],
                                   Engine([GroupSums(), TimelineSeries(), NeverFreed(), LargestAllocations(),
-                                          ByteClassSums(), Spikes()], Facts(flow.kinds, gpu_of, more))),
+                                          StepWindows(), ByteClassSums(), Spikes()], Facts(flow.kinds, gpu_of, more))),
                      keep=True)
     first, engine = fed.main, fed.engine
     first.largest, first.allocations = engine.so_far("largest")  # for the second look (its free times)
@@ -130,8 +131,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
         schema, digest, empty_calls(), empty_ranges(), {}, groups, peaks, [], report_version, quick=True,
         pools=pools or [])
     replaces = {"caching_allocator"} if preallocations else set()
-    spike_series = sorted(first.spike_series.index.items(), key=lambda kv: _pair(kv[0]))
-    step_notes = step_diagnostics(spike_series, [], False, True, step_range)
+    step_notes = step_diagnostics(answered["steps"].series, [], False, True, step_range)
     diagnostics = [d for d in diagnostics if d.code not in replaces] + verdict_notes + step_notes
     analysis = Analysis(
         schema=SCHEMA_ID, scope="quick", source=source, capture=capture, groups=groups, peak=headline(peaks),

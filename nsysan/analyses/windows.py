@@ -1,12 +1,13 @@
-"""Time windows over live-bytes series that arrive a batch at a time: what the whole-frame
-analyses read of a series inside a window (steps.step_table, phases.phase_costs,
-ranges._max_live_while_open), kept as a few numbers per window instead of the series.
+"""Time windows over live-bytes series that arrive a batch at a time: what the analyses read of a
+series inside a window (the steps' and phases', step_windows.py; ranges._max_live_while_open),
+kept as a few numbers per window instead of the series.
 
 API (`Windows`):
 
     windows = Windows()
     ids = windows.open(series, start_ns, end_ns)   # before any batch holding rows of `series`
     windows.add(series, ts, live, values)           # each batch, rows in time order
+    windows.add_series(key, ts, live, values)       # or one series' rows of the batch
     windows.finish()                                # after the last batch
     windows.before[ids], windows.at_start[ids], windows.high[ids], windows.high_after[ids],
     windows.end[ids], windows.summed[ids]           # int64 arrays, by window id
@@ -19,22 +20,20 @@ API (`Windows`):
 - `add(series, ts, live, values=None)`: one batch; per row its series key, time, the series'
   live bytes right after the row (a running sum carried across batches, as FirstLook keeps them)
   and optionally a value to sum over the window (e.g. max(delta, 0): the bytes allocated). Rows
-  of series without windows are skipped. Equal times may straddle batches.
+  of series without windows are skipped. Equal times may straddle batches. `add_series(key, ...)`:
+  the rows of one series.
 - After `finish()`, per window (values before a series' first event are 0):
   `before`     live after every event with ts < start (steps' and phases' start_live: padded[first])
   `at_start`   live after every event with ts <= start (ranges' value carried into the window)
-  `high`       max live over the events with start <= ts <= end, LOW when none (steps.range_max)
+  `high`       max live over the events with start <= ts <= end, LOW when none
   `high_after` max live over the events with start < ts <= end, LOW when none
   `end`        live after every event with ts <= end (steps' end_live: padded[stop])
-  `summed`     sum of `values` over the events with start <= ts <= end (steps._window_sums)
+  `summed`     sum of `values` over the events with start <= ts <= end
   So steps' peak is max(before, high), ranges' max_live max(at_start, high_after).
 
-Fed from the flow (streamed_full.py): FirstLook.batch_live holds its last batch's running sums,
-"spikes" per (process, device) of device + array memory (steps.live_series) and "resident" per
-process of GPU-resident memory (ranges._max_live_while_open), each as (rows of the batch, series
-codes, live). A consumer after FirstLook (run_streamed's `also`) opens the windows of a series
-when its code first appears (FirstLook.spike_series.index: pair_key -> code; FirstLook.cut.index:
-pid -> code), then calls add(codes, b.ts[rows], live, ...), and finish() after the pass.
+Fed by step_windows.StepWindows (the series of groups.batch_series) and, in the streamed full
+analysis, streamed_ranges.RangeThreads (FirstLook.batch_live's "resident" running sums per process
+of GPU-resident memory): a series' windows are opened when it first appears.
 
 Memory: the per-window numbers, and per series the ids of the windows that are open (started,
 their end not yet passed); each batch touches only those and the windows it starts.
@@ -48,9 +47,18 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from .steps import range_max
-
 LOW = np.iinfo("int64").min
+
+
+def range_max(values: np.ndarray, first: np.ndarray, stop: np.ndarray) -> np.ndarray:
+    """max(values[first:stop]) per window, LOW for an empty window."""
+    if len(values) == 0:
+        return np.full(len(first), LOW, "int64")
+    padded = np.append(values, LOW)  # reduceat needs an index in range; empty windows read the pad
+    bounds = np.empty(2 * len(first), "int64")
+    bounds[0::2], bounds[1::2] = first, np.maximum(stop, first + 1)
+    result = np.maximum.reduceat(padded, np.minimum(bounds, len(values)))[0::2]
+    return np.where(stop > first, result, LOW)
 
 
 @dataclass
@@ -107,6 +115,12 @@ class Windows:
                 continue
             rows = np.flatnonzero(series == key)
             self._add(s, ts[rows], live[rows], values[rows] if values is not None else None)
+
+    def add_series(self, key: int, ts: np.ndarray, live: np.ndarray, values: Optional[np.ndarray] = None) -> None:
+        """One batch's rows of the series `key` (see the module's docstring)."""
+        s = self._series.get(int(key))
+        if s is not None and len(s.order) and len(ts):
+            self._add(s, ts, live, values)
 
     def finish(self) -> None:
         """Windows that never started (no event at or after their start) hold their series' last value."""
