@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 from functools import partial
 
+import numpy as np
 import pytest
 from conftest import FIXTURES, truth
 from hypothesis import HealthCheck, given, settings
@@ -18,11 +19,13 @@ from nsysan.analyses.explore import LargestAllocations
 from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
 from nsysan.analyses.iterations import iteration_pids
+from nsysan.analyses import pools
+from nsysan.analyses.pools import PoolUses, reserve_adjustment, reserve_at
 from nsysan.analyses.spikes import DEFAULT_WINDOW_NS, Spikes
 from nsysan.analyses.step_windows import StepWindows, found_steps
 from nsysan.analyses.steps import find_step_ranges, listed, memory_threads
 from nsysan.engine import Engine, Facts, frame_batch, frame_labels, frame_live, pieces
-from nsysan.events import stream
+from nsysan.events import load_events, stream
 from nsysan.events.read import last_cuda_calls
 from nsysan.events.read_launches import read_launches
 from nsysan.sources.schema import open_readonly, probe
@@ -286,6 +289,87 @@ def test_step_tables_and_phases_do_not_depend_on_where_the_batches_are_cut(data)
     name = data.draw(st.sampled_from(STEPPED))
     bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
     assert stepped(name, bounds) == (frame(name).steps, frame(name).phases)
+
+
+# stream-ordered pools: known_mem_v25's default pool (8 pool rows, created with 32 MiB, trimmed at
+# the end) and PyTorch's cudaMallocAsync backend (torch_async_v25: 6,987 pool rows, 12 trims)
+POOLS = ["known_mem_v25", "torch_async_v25"]
+_pool_rows: dict = {}
+
+
+def pool_answer(name: str, bounds=()) -> tuple[list, dict]:
+    """PoolUses' answer and the reserve changes it queued for the peaks, over the fixture's events
+    cut before `bounds`, each piece carrying the pool rows up to its last time."""
+    if name not in _pool_rows:
+        conn = open_readonly(FIXTURES / f"{name}.sqlite")
+        try:
+            loaded = load_events(conn, probe(conn, name))
+            _pool_rows[name] = loaded.pool_usage, loaded.pool_events
+        finally:
+            conn.close()
+    usage, lifecycle = _pool_rows[name]
+    events = frame(name).events
+    gpus = {(g.pid, g.device): g.gpu for g in frame(name).groups}
+    reducer = PoolUses()
+    facts = Facts(list(events["kind"].cat.categories), lambda pid, device: gpus.get((pid, device)),
+                  {"pool_events": lifecycle})
+    batches = pieces(frame_batch(events, pools=usage), sorted(set(bounds)))
+    assert sum(len(b.pools["ts_ns"]) for b in batches) == len(usage)  # every pool row in one piece
+    return Engine([reducer], facts).run(batches, frame_live(events))["pools"], reducer.changes
+
+
+def same_changes(one: dict, other: dict) -> bool:
+    return one.keys() == other.keys() and all(
+        (one[k][0] == other[k][0]).all() and (one[k][1] == other[k][1]).all() for k in one)
+
+
+@pytest.mark.parametrize("name", ["known_mem_v25", pytest.param("torch_async_v25", marks=pytest.mark.slow)])
+def test_pools_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    analysis = frame(name)
+    n = len(analysis.events)
+    whole, changes = pool_answer(name)
+    assert whole == analysis.reserved.pools  # what the command line's document holds
+    for bounds in (range(0, n, max(1, n // 7)), range(0, n, 3)):
+        cut, cut_changes = pool_answer(name, bounds)
+        assert cut == whole and same_changes(cut_changes, changes)
+
+
+def test_pools_of_torch_async_are_the_truth_and_reach_its_peak():
+    """PyTorch's memory_stats() after each step (the truth file): the pool reserved 3,489,660,928 B
+    at most, and handed out 3,452,539,912 B at most (peak allocated); the reserve it did not hand
+    out at the process's peak, 37,121,016 B, counts in the peak."""
+    (pool,) = pool_answer("torch_async_v25", range(0, 8209, 97))[0]
+    records = [r for r in truth("torch_async_v25") if "reserved" in r]  # the last: {"done": true}
+    assert pool.peak_reserved_bytes == max(r["reserved"] for r in records) == 3_489_660_928
+    assert pool.peak_used_bytes == max(r["peak_allocated"] for r in records) == 3_452_539_912
+    assert pool.end_reserved_bytes == 3_489_660_928 and pool.trims == 12 and len(pool.ts_ns) == 1992
+    events = frame("torch_async_v25").events
+    changes = reserve_adjustment(events, pool_answer("torch_async_v25", range(0, 8209, 500))[1])
+    (peak,) = frame("torch_async_v25").peaks
+    rows = np.flatnonzero(events["kind"].isin(["device", "array", "static"]).to_numpy() &
+                          (events["pid"] == peak.pid).to_numpy())
+    reserve = reserve_at(rows, changes)
+    live = np.cumsum(events["delta_bytes"].to_numpy()[rows]) + reserve
+    assert live.max() == peak.peak_bytes and reserve[np.argmax(live)] == peak.pool_reserve_bytes == 37_121_016
+
+
+def test_pools_downsampled_are_the_same_on_any_cut(monkeypatch):
+    """torch_async_v25's 1,992 points in 50 buckets of 40: per bucket the first highest reserve and
+    the last point, whatever the batches kept of each."""
+    monkeypatch.setattr(pools, "MAX_POINTS", 100)
+    (whole,), _ = pool_answer("torch_async_v25")
+    assert 50 < len(whole.ts_ns) <= 100 and max(whole.reserved_bytes) == 3_489_660_928
+    for bounds in (range(0, 8209, 1000), range(0, 8209, 41)):  # 41: 10 to 20 points a batch
+        assert pool_answer("torch_async_v25", bounds)[0] == [whole]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_pools_do_not_depend_on_where_the_batches_are_cut(data):
+    name = data.draw(st.sampled_from(POOLS))
+    bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
+    cut, changes = pool_answer(name, bounds)
+    assert cut == frame(name).reserved.pools and same_changes(changes, pool_answer(name)[1])
 
 
 @pytest.mark.parametrize("name", NAMES)

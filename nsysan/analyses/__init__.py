@@ -28,7 +28,7 @@ from .diagnostics import capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
 from .groups import GroupSums, frame_groups
 from .peak import find_peaks, headline
-from .pools import pool_uses, reserve_adjustment
+from .pools import PoolUses, reserve_adjustment
 from .ranks import assign_ranks
 from .ranges import range_stats
 from .sites import rank_sites
@@ -75,7 +75,13 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         return device if device in gpu_totals or not gpu_totals else None
 
     start_ns, end_ns = _capture_span(schema, events, calls, ranges)
-    pools, reserve_changes = pool_uses(loaded.pool_usage, loaded.pool_events, gpu_of)
+    kinds = list(events["kind"].cat.categories)
+    # The pools first (the peaks take their reserve changes); they read the pool rows alone, so
+    # their batch holds no event (as a flow's batch of pool rows alone does): none of the frame's
+    # columns is made for it.
+    pool_uses = PoolUses()
+    pools = Engine([pool_uses], Facts(kinds, gpu_of, {"pool_events": loaded.pool_events})).run(
+        [frame_batch(events.iloc[:0], pools=loaded.pool_usage)], {})["pools"]
     # The analyses only read the frames, and numpy works without the GIL on large arrays: the
     # peaks, then the timeline, are found on a second core while the groups are numbered and
     # summed (1.3 s -> 1.0 s at 1e7 events); then the API calls', ranges' and sites' tables, which
@@ -84,10 +90,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     with ThreadPoolExecutor(max_workers=1) as pool:
         peaks_later = pool.submit(find_peaks, events, gpu_of,
                                   lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
-                                  reserve_adjustment(events, reserve_changes), groups_of)
+                                  reserve_adjustment(events, pool_uses.changes), groups_of)
         grouped = group_events(events)
         # the whole frame as one batch of the engine's (numpy views), grouped once for its reducers
-        kinds = list(events["kind"].cat.categories)
         batch, facts = frame_batch(events, frame_groups(grouped, kinds)), Facts(kinds, gpu_of)
         timeline_later = pool.submit(build_timeline, batch, facts, events, ranges, start_ns, end_ns)
         api_call_work = partial(api_call_stats, calls)

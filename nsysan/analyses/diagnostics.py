@@ -111,7 +111,7 @@ def capture_diagnostics(schema: Schema, events: pd.DataFrame, calls: pd.DataFram
                         quick: bool = False, counted: Optional[dict[str, int]] = None,
                         pools: Sequence[PoolUse] = ()) -> list[Diagnostic]:
     """`counted`: what the frames would tell, counted by a flow of batches instead (streamed_full.py):
-    "vmm_events", "calls_without_events"; `pools`: the stream-ordered memory pools (pools.pool_uses)."""
+    "vmm_events", "calls_without_events"; `pools`: the stream-ordered memory pools (pools.PoolUses)."""
     found: list[Diagnostic] = []
     counted = counted or {}
     found += _collection(schema, events, calls, quick)

@@ -7,90 +7,263 @@ reserve on each pool allocation and free (`localMemoryPoolSize`) and on each poo
 and destruction (CUDA_GPU_MEMORY_POOL_EVENTS). The reserve is counted in the GPU-resident peak: as
 an adjustment of the events' live bytes (the pool's unused reserve), attached to the next event of
 the same process and device at or after each change.
+
+One reducer (`PoolUses`) answers on both paths. Each batch carries the pool rows of its timestamps
+(`EventBatch.pools`; the whole frame's are one batch's); the pools' creations, trims and
+destructions (a small table, read whole: `Facts.more["pool_events"]`) are merged in at their time,
+after the pool rows of the same moment. The first look counts each pool's points and sums its
+highest reserve and hand-outs, its last reserve and its trims. The second, knowing each pool's
+count, downsamples its series into buckets (the highest reserve and the last point of each) and
+queues the changes of the pools' unused reserve for the peaks, batch by batch. Only per-pool sums,
+the kept points and the changes not yet taken stay in memory.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 
+from ..engine import Facts, Reducer
+from ..events.arrays import HIGH, LOW, distinct_rows, pair_key, running_sums
+from ..events.read_pools import empty_pool_events
+from ..events.stream import EventBatch
 from ..model import GPU_RESIDENT_KINDS, PoolUse
 
 MAX_POINTS = 2000
+OPERATIONS = {"created": 1, "destroyed": 2, "trimmed": 3}  # 0: a pool allocation or free
 # pool reserve changes: event rows (sorted, distinct), the bytes added at each, and when the
 # level of each row was first reached (ns; -1: at the row's own time; see reached_before)
 ReserveChanges = tuple[np.ndarray, np.ndarray, np.ndarray]
-
-# pool rows (events.read_pools.pool_usage): ts_ns, pid, device, address, is_alloc, bytes, reserved
-# pool events (events.read_pools.read_pool_events): ts_ns, pid, device, address, operation
-# (created | destroyed | trimmed | ""), pool_type, reserved
-
-
-def pool_uses(usage: pd.DataFrame, lifecycle: pd.DataFrame,
-              gpu_of: Callable[[int, int], Optional[int]]) -> tuple[list[PoolUse], pd.DataFrame]:
-    """Each pool's reserve and hand-outs over time, and the changes of the unused reserve of the
-    pools that handed something out: a frame of (ts_ns, pid, device, delta_bytes)."""
-    if usage.empty and lifecycle.empty:
-        return [], _no_changes()
-    points = pd.concat([
-        pd.DataFrame({"ts_ns": usage["ts_ns"], "pid": usage["pid"], "device": usage["device"],
-                      "address": usage["address"], "used_delta": np.where(usage["is_alloc"], usage["bytes"],
-                                                                          -usage["bytes"]),
-                      "reserved": usage["reserved"], "operation": ""}),
-        pd.DataFrame({"ts_ns": lifecycle["ts_ns"], "pid": lifecycle["pid"], "device": lifecycle["device"],
-                      "address": lifecycle["address"], "used_delta": 0,
-                      "reserved": np.where(lifecycle["operation"] == "destroyed", 0, lifecycle["reserved"]),
-                      "operation": lifecycle["operation"]}),
-    ], ignore_index=True).sort_values("ts_ns", kind="stable")
-    types = dict(zip(zip(lifecycle["pid"], lifecycle["device"], lifecycle["address"]), lifecycle["pool_type"]))
-    pools, changes = [], []
-    for (pid, device, address), rows in points.groupby(["pid", "device", "address"], sort=True):
-        used = np.cumsum(rows["used_delta"].to_numpy())
-        reserved = np.maximum(rows["reserved"].to_numpy(), 0)
-        ts = rows["ts_ns"].to_numpy()
-        operation = rows["operation"].to_numpy()
-        created = ts[operation == "created"]
-        destroyed = ts[operation == "destroyed"]
-        pools.append(PoolUse(
-            pid=int(pid), device=int(device), gpu=gpu_of(int(pid), int(device)), address=int(address),
-            pool_type=str(types.get((pid, device, address), "")),
-            created_ns=int(created[0]) if len(created) else None,
-            peak_reserved_bytes=int(reserved.max()), peak_used_bytes=int(max(used.max(), 0)),
-            end_reserved_bytes=int(reserved[-1]), trims=int((operation == "trimmed").sum()),
-            destroyed_ns=int(destroyed[-1]) if len(destroyed) else None,
-            **_downsampled(ts, reserved, np.maximum(used, 0))))
-        # A pool that never handed anything out is not counted (whether the driver backed its
-        # size is not visible), nor one whose size was not recorded (NULL: reserve 0). A pool
-        # holds at least what it handed out: the unused reserve is never below 0.
-        if used.max() > 0 and reserved.max() > 0:
-            unused = np.maximum(reserved - np.maximum(used, 0), 0)
-            changes.append(pd.DataFrame({"ts_ns": ts, "pid": pid, "device": device,
-                                         "delta_bytes": np.diff(unused, prepend=0)}))
-    return pools, pd.concat(changes, ignore_index=True) if changes else _no_changes()
+# the pools' sums of the first look, and what each starts from
+FIRST = {"count": 0, "used": 0, "peak_used": LOW, "peak_reserved": LOW, "end_reserved": 0, "trims": 0,
+         "created": HIGH, "destroyed": LOW}
 
 
-def reserve_adjustment(events: pd.DataFrame, changes: pd.DataFrame) -> Optional[ReserveChanges]:
-    """The changes of each process's and device's pools' unused reserve to add to `delta_bytes`
-    for GPU-resident live bytes, as (event rows, bytes), the rows sorted and distinct; None
-    without pools. Each change goes to the first GPU-resident event of that process and device
-    at or after it (a trim between two events is counted at the next one: peaks, taken at
-    events, stay exact). A few rows, not a column of 1e7 zeros (reserve_at reads them)."""
-    if changes.empty or events.empty:
+class PoolUses(Reducer):
+    """`reserved.pools`: each pool's reserve and hand-outs over time (PoolUse, in (process,
+    device, address) order). Between the looks, `watch` names the (process, device) pair keys
+    whose reserve changes the peaks take (all when never called); the second look queues them in
+    `changes`: pair key -> (times, bytes, how many the peaks took), each pair's in time order."""
+
+    field = "pools"
+    needs = ("pool_events",)
+    second_look = True
+
+    def start(self, facts: Facts) -> None:
+        super().start(facts)
+        life = facts.more.get("pool_events", empty_pool_events()).sort_values("ts_ns", kind="stable")
+        operation = life["operation"].map(OPERATIONS).fillna(0).to_numpy().astype("int64")
+        self.lifecycle = life
+        self.life = {"ts": life["ts_ns"].to_numpy().astype("int64"), "pid": life["pid"].to_numpy().astype("int64"),
+                     "device": life["device"].to_numpy().astype("int64"),
+                     "address": life["address"].to_numpy().astype("int64"), "used_delta": np.zeros(len(life), "int64"),
+                     "reserved": np.where(operation == OPERATIONS["destroyed"], 0,
+                                          np.maximum(life["reserved"].to_numpy().astype("int64"), 0)),
+                     "operation": operation}
+        self.index: dict = {}  # (pid, device, address) -> the pool's code, in order of first appearance
+        self.taken = 0  # lifecycle rows merged so far in this look
+        self.sums = {name: np.zeros(0, "int64") for name in FIRST}
+        self.watched: Optional[set] = None
+        self.changes: dict = {}
+        self.looked = False  # the first look's sums complete
+
+    def add(self, b: EventBatch) -> None:
+        self._sum(self._points(b))
+
+    def watch(self, pairs: set) -> None:
+        self.watched = pairs
+
+    def between(self) -> None:
+        if not self.looked:  # once: the second look may start over (events/stream.py)
+            self._sum(self._points(None))
+            self.looked = True
+        size = len(self.index)
+        self.taken, self.changes, self.kept, self.last = 0, {}, [], None  # kept: the points kept, batch by batch
+        self.seen, self.used, self.unused = (np.zeros(size, "int64") for _ in range(3))
+        # whose unused reserve counts in the peaks: a pool that never handed anything out does not
+        # (whether the driver backed its size is not visible), nor one whose size was not recorded
+        # (NULL: reserve 0)
+        self.counted = (self.sums["peak_used"] > 0) & (self.sums["peak_reserved"] > 0)
+
+    def again(self, b: EventBatch) -> None:
+        if b is not self.last:  # once a batch: the streamed peaks ask for it before the engine's turn
+            self.last = b
+            self._series(self._points(b))
+
+    def finish(self, live: dict) -> list[PoolUse]:
+        self.last = None
+        self._series(self._points(None))
+        return self._uses()
+
+    def _points(self, b: Optional[EventBatch]) -> dict:
+        """The points of batch `b` (of the lifecycle rows left after the last batch when None), in
+        time order, the pool rows first at equal times, with each pool's code. A later batch
+        starts after every time of this one (stream.py)."""
+        rows = b.pools if b is not None and b.pools and len(b.pools["ts_ns"]) else None
+        end = len(self.life["ts"])
+        if b is not None:
+            until = max(int(b.ts[-1]) if len(b) else LOW, int(rows["ts_ns"][-1]) if rows is not None else LOW)
+            end = int(np.searchsorted(self.life["ts"], until, side="right"))
+        points = {name: values[self.taken:end] for name, values in self.life.items()}
+        self.taken = max(end, self.taken)
+        if rows is not None:
+            usage = {"ts": rows["ts_ns"].astype("int64"), "pid": rows["pid"].astype("int64"),
+                     "device": rows["device"].astype("int64"), "address": rows["address"].astype("int64"),
+                     "used_delta": np.where(rows["is_alloc"], rows["bytes"], -rows["bytes"]).astype("int64"),
+                     "reserved": rows["reserved"].astype("int64"), "operation": np.zeros(len(rows["ts_ns"]), "int64")}
+            merged = {name: np.concatenate([usage[name], points[name]]) for name in points}
+            order = np.argsort(merged["ts"], kind="stable")  # pool rows first at equal times
+            points = {name: values[order] for name, values in merged.items()}
+        if not len(points["ts"]):
+            return {**points, "code": np.zeros(0, "int64")}
+        # hashed a column at a time: a MultiIndex of the pool rows took 1.4 s of a 1e7-event stream
+        slot, first = distinct_rows(points["pid"], points["device"], points["address"])
+        codes = [self.index.setdefault(key, len(self.index)) for key in zip(
+            points["pid"][first].tolist(), points["device"][first].tolist(), points["address"][first].tolist())]
+        return {**points, "code": np.array(codes, "int64")[slot]}
+
+    def _sum(self, p: dict) -> None:
+        """The first look at points `p`: per pool, its points, hand-outs, highest and last reserve."""
+        codes = p["code"]
+        if not len(codes):
+            return
+        s = self.sums = {name: _grown(values, len(self.index), FIRST[name]) for name, values in self.sums.items()}
+        used = running_sums(codes, p["used_delta"], s["used"])
+        np.maximum.at(s["peak_used"], codes, used)
+        np.maximum.at(s["peak_reserved"], codes, p["reserved"])
+        distinct, from_end = np.unique(codes[::-1], return_index=True)
+        s["end_reserved"][distinct] = p["reserved"][len(codes) - 1 - from_end]  # each pool's last point
+        np.add.at(s["count"], codes, 1)
+        np.add.at(s["trims"], codes, (p["operation"] == OPERATIONS["trimmed"]).astype("int64"))
+        created, destroyed = p["operation"] == OPERATIONS["created"], p["operation"] == OPERATIONS["destroyed"]
+        np.minimum.at(s["created"], codes[created], p["ts"][created])  # the points are in time order
+        np.maximum.at(s["destroyed"], codes[destroyed], p["ts"][destroyed])
+
+    def _series(self, p: dict) -> None:
+        """The second look at points `p`: the points kept of each pool's series, and the changes
+        of the counted pools' unused reserve (never below 0) queued for the peaks."""
+        codes = p["code"]
+        if not len(codes):
+            return
+        row = running_sums(codes, np.ones(len(codes), "int64"), self.seen) - 1
+        used = np.maximum(running_sums(codes, p["used_delta"], self.used), 0)
+        self._keep(codes, row, p["ts"], p["reserved"], used)
+        counted = np.flatnonzero(self.counted[codes])
+        unused = np.maximum(p["reserved"][counted] - used[counted], 0)
+        self._queue(p["ts"][counted], pair_key(p["pid"][counted], p["device"][counted]),
+                    _steps(codes[counted], unused, self.unused))
+
+    def _queue(self, ts: np.ndarray, pairs: np.ndarray, amounts: np.ndarray) -> None:
+        """A batch's changes after those the peaks have not taken yet (no later batch has a change
+        before this one's); only for watched pairs, so that none waits for ever."""
+        for pair in pd.unique(pairs).tolist():
+            if self.watched is not None and pair not in self.watched:
+                continue
+            mine = pairs == pair
+            old_ts, old_bytes, taken = self.changes.get(pair, (np.zeros(0, "int64"), np.zeros(0, "int64"), 0))
+            self.changes[pair] = (np.concatenate([old_ts[taken:], ts[mine]]),
+                                  np.concatenate([old_bytes[taken:], amounts[mine]]), 0)
+
+    def _keep(self, codes: np.ndarray, row: np.ndarray, ts: np.ndarray, reserved: np.ndarray,
+              used: np.ndarray) -> None:
+        """The points that may survive the downsampling among these: every point of a pool of
+        MAX_POINTS or fewer, else the first highest reserve and the last point of each of its
+        buckets here."""
+        count = self.sums["count"][codes]
+        split = count > MAX_POINTS
+        bucket = np.where(split, np.minimum((row * MAX_POINTS // 2) // np.maximum(count, 1), MAX_POINTS // 2 - 1), -1)
+        keep = np.flatnonzero(~split)
+        if split.any():
+            cut = np.flatnonzero(split)
+            keep = np.union1d(keep, cut[_bucket_ends(codes[cut] * MAX_POINTS + bucket[cut], reserved[cut])])
+        self.kept.append({"code": codes[keep], "row": row[keep], "bucket": bucket[keep], "ts": ts[keep],
+                          "reserved": reserved[keep], "used": used[keep]})
+
+    def _uses(self) -> list[PoolUse]:
+        """Every pool's PoolUse, in (process, device, address) order: a series of more than
+        MAX_POINTS points keeps, per time bucket, its first highest reserve and its last point."""
+        if not self.index:
+            return []
+        kept = {name: np.concatenate([k[name] for k in self.kept]) for name in self.kept[0]}
+        order = np.lexsort((kept["row"], kept["code"]))
+        kept = {name: values[order] for name, values in kept.items()}
+        edges = np.searchsorted(kept["code"], np.arange(len(self.index) + 1))
+        life = self.lifecycle
+        types = dict(zip(zip(life["pid"], life["device"], life["address"]), life["pool_type"]))
+        s = self.sums
+        found = []
+        for (pid, device, address), code in sorted(self.index.items()):
+            mine = np.arange(edges[code], edges[code + 1])
+            if (kept["bucket"][mine] >= 0).any():
+                mine = mine[_bucket_ends(kept["bucket"][mine], kept["reserved"][mine])]
+            created, destroyed = int(s["created"][code]), int(s["destroyed"][code])
+            found.append(PoolUse(
+                pid=pid, device=device, gpu=self.facts.gpu_of(pid, device), address=address,
+                pool_type=str(types.get((pid, device, address), "")),
+                created_ns=created if created != HIGH else None,
+                peak_reserved_bytes=int(s["peak_reserved"][code]), peak_used_bytes=int(max(s["peak_used"][code], 0)),
+                end_reserved_bytes=int(s["end_reserved"][code]), trims=int(s["trims"][code]),
+                destroyed_ns=destroyed if destroyed != LOW else None, ts_ns=kept["ts"][mine].tolist(),
+                reserved_bytes=kept["reserved"][mine].tolist(), used_bytes=kept["used"][mine].tolist()))
+        return found
+
+
+def _bucket_ends(key: np.ndarray, reserved: np.ndarray) -> np.ndarray:
+    """The positions, ascending, of the first highest reserve and the last point of each `key`
+    (a pool's bucket; the points in time order)."""
+    order = np.argsort(key, kind="stable")
+    key, reserved = key[order], reserved[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    lengths = np.diff(np.r_[starts, len(key)])
+    highest = np.repeat(np.maximum.reduceat(reserved, starts), lengths)
+    first_highest = np.minimum.reduceat(np.where(reserved == highest, np.arange(len(key)), len(key)), starts)
+    return np.unique(order[np.r_[first_highest, starts + lengths - 1]])
+
+
+def _grown(values: np.ndarray, size: int, fill: int) -> np.ndarray:
+    return values if len(values) >= size else np.concatenate([values, np.full(size - len(values), fill, "int64")])
+
+
+def _steps(codes: np.ndarray, values: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """Each value minus the one before it of the same code (`carry[code]` before the first);
+    `carry` is left holding each code's last value."""
+    if not len(codes):
+        return np.zeros(0, "int64")
+    order = np.argsort(codes, kind="stable")
+    in_order, sorted_codes = values[order], codes[order]
+    before = np.concatenate([[0], in_order[:-1]])
+    starts = np.flatnonzero(np.concatenate([[True], sorted_codes[1:] != sorted_codes[:-1]]))
+    before[starts] = carry[sorted_codes[starts]]
+    carry[sorted_codes[starts]] = in_order[np.append(starts[1:], len(order)) - 1]
+    steps = np.empty_like(in_order)
+    steps[order] = in_order - before
+    return steps
+
+
+def reserve_adjustment(events: pd.DataFrame, changes: dict) -> Optional[ReserveChanges]:
+    """The changes of each process's and device's pools' unused reserve (PoolUses.changes) to
+    add to `delta_bytes` for GPU-resident live bytes, as (event rows, bytes), the rows sorted and
+    distinct; None without pools. Each change goes to the first GPU-resident event of that
+    process and device at or after it (a trim between two events is counted at the next one:
+    peaks, taken at events, stay exact). A few rows, not a column of 1e7 zeros (reserve_at reads
+    them)."""
+    if not changes or events.empty:
         return None
     resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
     pids, devices, ts = events["pid"].to_numpy(), events["device"].to_numpy(), events["ts_ns"].to_numpy()
     at_rows, amounts, times = [], [], []
-    for (pid, device), group in changes.groupby(["pid", "device"], sort=False):
+    for pair, (when, amount, _) in changes.items():
+        pid, device = pair >> 16, ((pair & 0xFFFF) ^ 0x8000) - 0x8000  # pair_key's halves
         rows = np.flatnonzero(resident & (pids == pid) & (devices == device))
         if len(rows) == 0:
             continue
-        at = np.searchsorted(ts[rows], group["ts_ns"].to_numpy(), side="left")
+        at = np.searchsorted(ts[rows], when, side="left")
         inside = at < len(rows)
         at_rows.append(rows[at[inside]])
-        amounts.append(group["delta_bytes"].to_numpy()[inside].astype("int64"))
-        times.append(group["ts_ns"].to_numpy()[inside].astype("int64"))
+        amounts.append(amount[inside].astype("int64"))
+        times.append(when[inside].astype("int64"))
     if not at_rows:
         return np.zeros(0, "int64"), np.zeros(0, "int64"), np.zeros(0, "int64")
     targets, amount, when = np.concatenate(at_rows), np.concatenate(amounts), np.concatenate(times)
@@ -137,21 +310,3 @@ def reserve_at(rows: np.ndarray, changes: ReserveChanges) -> np.ndarray:
     hit[hit] = rows[at[hit]] == change_rows[hit]
     per_row[at[hit]] = change_bytes[hit]
     return np.cumsum(per_row)
-
-
-def _downsampled(ts: np.ndarray, reserved: np.ndarray, used: np.ndarray) -> dict:
-    keep = np.arange(len(ts))
-    if len(ts) > MAX_POINTS:
-        # the highest reserve and the last point of each bucket survive
-        buckets = np.minimum((np.arange(len(ts)) * MAX_POINTS // 2) // len(ts), MAX_POINTS // 2 - 1)
-        frame = pd.DataFrame({"bucket": buckets, "reserved": reserved, "row": np.arange(len(ts))})
-        highest = frame.loc[frame.groupby("bucket")["reserved"].idxmax(), "row"].to_numpy()
-        last = frame.groupby("bucket")["row"].max().to_numpy()
-        keep = np.unique(np.concatenate([highest, last]))
-    return {"ts_ns": ts[keep].astype("int64").tolist(), "reserved_bytes": reserved[keep].astype("int64").tolist(),
-            "used_bytes": used[keep].astype("int64").tolist()}
-
-
-def _no_changes() -> pd.DataFrame:
-    return pd.DataFrame({"ts_ns": pd.Series(dtype="int64"), "pid": pd.Series(dtype="int32"),
-                         "device": pd.Series(dtype="int16"), "delta_bytes": pd.Series(dtype="int64")})

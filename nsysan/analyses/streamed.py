@@ -12,35 +12,18 @@ analyses.md says what is exact (all of it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 
-from ..events.arrays import group_order
+from ..events.arrays import HIGH, LOW, pair_key, running_sums
 from ..events.stream import EventBatch
 from ..model import GPU_RESIDENT_KINDS, KINDS
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]
 STATIC = KINDS.index("static")
 PREALLOCATION_BYTES = 1 << 30  # find_preallocations looks at blocks of a GiB or more
-
-
-def running_sums(codes: np.ndarray, values: np.ndarray, carry: np.ndarray) -> np.ndarray:
-    """Each row's running sum of `values` within its code, starting from `carry[code]`; `carry`
-    is left holding each code's sum after the last row (codes in 0..len(carry))."""
-    if len(codes) == 0:
-        return np.zeros(0, "int64")
-    order = group_order(codes, len(carry))  # a counting sort: the codes are few
-    in_order, sorted_codes = values[order].astype("int64"), codes[order]
-    summed = np.cumsum(in_order)
-    starts = np.flatnonzero(np.concatenate([[True], sorted_codes[1:] != sorted_codes[:-1]]))
-    lengths = np.diff(np.append(starts, len(order)))
-    summed -= np.repeat(summed[starts] - in_order[starts] - carry[sorted_codes[starts]], lengths)
-    carry[sorted_codes[starts]] = summed[starts + lengths - 1]
-    result = np.empty_like(summed)
-    result[order] = summed
-    return result
 
 
 @dataclass
@@ -73,13 +56,6 @@ class Keyed:
         return list(self.index)
 
 
-LOW, HIGH = np.iinfo("int64").min, np.iinfo("int64").max
-
-
-def pair_key(pid: np.ndarray, device: np.ndarray) -> np.ndarray:
-    return (pid.astype("int64") << 16) | (device.astype("int64") & 0xFFFF)
-
-
 @dataclass
 class FirstLook:
     """What one pass over the events sums up (see the module's docstring)."""
@@ -96,15 +72,12 @@ class FirstLook:
     allocations: int = 0
     largest: pd.DataFrame = field(default_factory=lambda: no_rows())
     big_blocks: list = field(default_factory=list)
-    pools: Optional[Any] = None  # streamed_pools.PoolSums
     # The last batch's running sums, for the consumers after this one (windows.py): "resident"
     # per process of GPU-resident memory (ranges._max_live_while_open), as (rows, series codes, live).
     batch_live: dict = field(default_factory=dict)
 
     def add(self, b: EventBatch) -> None:
         self.batch_live = {}
-        if self.pools is not None:
-            self.pools.add(b)
         if len(b) == 0:
             return
         self.first_ts, self.last_ts = min(self.first_ts, int(b.ts[0])), max(self.last_ts, int(b.ts[-1]))

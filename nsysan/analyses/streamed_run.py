@@ -34,6 +34,7 @@ from .byte_classes import ByteClassSums
 from .step_windows import StepWindows
 from .groups import GroupSums
 from .never_freed import NeverFreed
+from .pools import PoolUses
 from .timeline import TimelineSeries
 from .sites import call_site
 from .spikes import Spikes
@@ -41,7 +42,6 @@ from .stacks import stack_bytes
 from .steps import step_diagnostics
 from .streamed import FirstLook, no_rows, pair_key
 from .streamed_second import PeakSeries, SecondLook
-from .streamed_pools import PoolSeries, PoolSums
 from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
 
 
@@ -64,18 +64,17 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     (Facts.more), which `also` may fill before the first batch (the batches' `labels`: none read,
     unless given; the full analysis's `found_steps` and `phases`)."""
     flow = flow or EventFlow(conn, schema)
-    lifecycle = read_pool_events(conn, schema)
     gpu_of, total_memory = gpus(schema)
     more = more if more is not None else {}
-    more.update(spike_window_ns=spike_window_ns, end_ns=max([0, schema.duration_ns or 0, *span[1:]]))
+    more.update(spike_window_ns=spike_window_ns, end_ns=max([0, schema.duration_ns or 0, *span[1:]]),
+                pool_events=read_pool_events(conn, schema))
     more.setdefault("labels", Labels)
-    fed = flow.feed(lambda: _Both(FirstLook(pools=PoolSums(lifecycle)), also[0],
+    fed = flow.feed(lambda: _Both(FirstLook(), also[0],
                                   Engine([GroupSums(), TimelineSeries(), NeverFreed(), LargestAllocations(),
-                                          StepWindows(), ByteClassSums(), Spikes()], Facts(flow.kinds, gpu_of, more))),
+                                          StepWindows(), ByteClassSums(), Spikes(), PoolUses()], Facts(flow.kinds, gpu_of, more))),
                      keep=True)
     first, engine = fed.main, fed.engine
     first.largest, first.allocations = engine.so_far("largest")  # for the second look (its free times)
-    first.pools.finish()
     notes = list(flow.diagnostics)
     described = described or _Undescribed(flow.kinds)
     has_events = flow.events > 0
@@ -85,7 +84,8 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
 
     def second_look() -> _Both:
         peaks = _peak_series(first, gpu_of)
-        pools = PoolSeries(first.pools, watched={int(m) for peak in peaks for m in peak.members.tolist()})
+        pools = engine.reducer("pools")
+        pools.watch({int(m) for peak in peaks for m in peak.members.tolist()})  # the reserve changes the peaks take
         engine.between()  # (again, should the pass start over)
         return _Both(SecondLook(first=first, peaks=peaks, changes=pools.changes, focus_target=0.05 * first.moved,
                                 cut_rows=_cut_rows(first, end_ns), pools=pools),
@@ -95,8 +95,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     answered = engine.finish(flow.live)
     if answers is not None:
         answers.update(answered)
-    second.pools.finish()
-    pools = second.pools.uses(gpu_of)
+    pools = answered["pools"]
     kinds = flow.kinds
     groups = answered["groups"]
     peaks = [_peak(p, second, kinds, total_memory, described) for p in second.peaks if p.best_seq >= 0]

@@ -64,7 +64,7 @@ class SecondLook:
 
     first: FirstLook
     peaks: list[PeakSeries]
-    changes: dict  # pair key -> (ts sorted, bytes, how many taken): pools' unused reserve changes
+    changes: dict  # pools.PoolUses.changes, queued batch by batch before this look sees the batch
     focus_target: float
     cut_rows: dict  # pid -> the index of the row whose live bytes tell "climbing"
     cut_live: dict = field(default_factory=dict)
@@ -75,14 +75,16 @@ class SecondLook:
     closed: list = field(default_factory=list)
     free_ts: dict = field(default_factory=dict)  # allocation seq -> its free's time, for listed ones
     wanted: set = field(default_factory=set)
-    pools: Optional[Any] = None  # streamed_pools.PoolSeries, filling `changes` batch by batch
+    # pools.PoolUses: its second look at a batch queues the pools' reserve changes in `changes`, which
+    # the peaks take before the engine's turn (its again() then does nothing more)
+    pools: Optional[Any] = None
 
     def __post_init__(self) -> None:
         self.wanted = set(self.first.largest["seq"].tolist()) if not self.first.largest.empty else set()
 
     def add(self, b: EventBatch) -> None:
-        if self.pools is not None:  # the pools' reserve changes up to this batch into `changes`
-            self.pools.add(b)
+        if self.pools is not None:
+            self.pools.again(b)
         if len(b) == 0:
             return
         self._peaks(b)  # before the free times: a peak's live set may be freed later in this batch

@@ -29,6 +29,7 @@ import pandas as pd
 
 from ..events.arrays import category_codes
 from ..events.load import QUICK_API
+from ..events.read_pools import POOL_USAGE_COLUMNS
 from ..events.stream import LIVE_COLUMNS, EventBatch, live_after
 
 __all__ = ["Facts", "Labels", "Reducer", "Engine", "frame_batch", "frame_labels", "frame_live"]
@@ -123,10 +124,13 @@ class Engine:
     def finish(self, live: dict) -> dict[str, Any]:
         return {reducer.field: reducer.finish(live) for reducer in self.reducers}
 
+    def reducer(self, field: str) -> Reducer:
+        return next(r for r in self.reducers if r.field == field)
+
     def so_far(self, field: str) -> Any:
         """The answer of the reducer of `field` from the batches so far, before the flow ends
         (one whose answer reads no live set: a top-K, a count)."""
-        return next(r for r in self.reducers if r.field == field).finish({})
+        return self.reducer(field).finish({})
 
     def run(self, batches: Sequence[EventBatch], live: dict) -> dict[str, Any]:
         """Every look at `batches`, held in memory (the whole frame: one batch, looked at twice
@@ -154,11 +158,13 @@ def _ordered(reducers: list[Reducer]) -> list[Reducer]:
     return done
 
 
-def frame_batch(events: pd.DataFrame, shared: Optional[dict] = None) -> EventBatch:
+def frame_batch(events: pd.DataFrame, shared: Optional[dict] = None,
+                pools: Optional[pd.DataFrame] = None) -> EventBatch:
     """The whole events frame (events/columns.py EVENT_COLUMNS) as one batch, its columns numpy
     views where their types agree (kind: the frame's category codes, named by
     `events["kind"].cat.categories`; of the API calls' columns, the thread `tid` and the labelled
-    columns, named by frame_labels); `shared`: per-batch work already made (see EventBatch)."""
+    columns, named by frame_labels); `shared`: per-batch work already made (see EventBatch); `pools`:
+    the pool rows (LoadedEvents.pool_usage)."""
     n = len(events)
     is_alloc = events["op"].cat.codes.to_numpy() == 0 if n else np.zeros(0, bool)
     partner = events["partner"].to_numpy() if n else np.zeros(0, "int64")
@@ -173,7 +179,8 @@ def frame_batch(events: pd.DataFrame, shared: Optional[dict] = None) -> EventBat
         delta=column("delta_bytes", "int64"), pool=column("pool", bool) if "pool" in events or not n
         else np.zeros(n, bool), partner_seq=np.where(is_alloc, -1, partner), correlation=np.zeros(n, "int64"),
         calls={"tid": column("tid", "int32"), **{name: codes(name) for name in ("api", "site", "nvtx_range")}},
-        shared=dict(shared or {}))
+        shared=dict(shared or {}),
+        pools={name: pools[name].to_numpy() for name in POOL_USAGE_COLUMNS} if pools is not None else {})
 
 
 def frame_labels(events: pd.DataFrame) -> Labels:
@@ -199,12 +206,17 @@ def pieces(batch: EventBatch, bounds: Iterable[int]) -> list[EventBatch]:
     """`batch` cut before each of `bounds` (row positions, ascending): views of its rows, each
     with its own `shared` (a piece is grouped on its own), the `closed` allocations of the
     whole in the first and, as a flow carries them, the allocations live before it
-    (`live_before`). What a reducer answers must not depend on where a flow was cut."""
+    (`live_before`); the pool rows up to each piece's last time in it (those after the last
+    event in the last). What a reducer answers must not depend on where a flow was cut."""
     edges = [0] + [b for b in bounds if 0 < b < len(batch)] + [len(batch)]
     columns = ("seq", "ts", "pid", "device", "kind", "is_alloc", "address", "bytes", "delta", "pool",
                "partner_seq", "correlation")
+    ends = np.searchsorted(batch.pools["ts_ns"], [batch.ts[z - 1] for z in edges[1:-1]], side="right") \
+        if batch.pools else []
+    pool_edges = [0, *ends, len(batch.pools.get("ts_ns", ()))]
     cut = [EventBatch(**{c: getattr(batch, c)[a:z] for c in columns}, closed=batch.closed if not i else {},
-                      calls={k: v[a:z] for k, v in batch.calls.items()})
+                      calls={k: v[a:z] for k, v in batch.calls.items()},
+                      pools={k: v[pool_edges[i]:pool_edges[i + 1]] for k, v in batch.pools.items()})
            for i, (a, z) in enumerate(zip(edges[:-1], edges[1:])) if z > a or not i]
     live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in LIVE_COLUMNS}
     for piece in cut:

@@ -112,3 +112,28 @@ def distinct_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         codes, uniques = pd.factorize(np.asarray(column, "int64"))
         slot, _ = pd.factorize(slot * len(uniques) + codes)
     return slot, np.unique(slot, return_index=True)[1]
+
+
+LOW, HIGH = np.iinfo("int64").min, np.iinfo("int64").max
+
+
+def running_sums(codes: np.ndarray, values: np.ndarray, carry: np.ndarray) -> np.ndarray:
+    """Each row's running sum of `values` within its code, starting from `carry[code]`; `carry`
+    is left holding each code's sum after the last row (codes in 0..len(carry))."""
+    if len(codes) == 0:
+        return np.zeros(0, "int64")
+    order = group_order(codes, len(carry))  # a counting sort: the codes are few
+    in_order, sorted_codes = values[order].astype("int64"), codes[order]
+    summed = np.cumsum(in_order)
+    starts = np.flatnonzero(np.concatenate([[True], sorted_codes[1:] != sorted_codes[:-1]]))
+    lengths = np.diff(np.append(starts, len(order)))
+    summed -= np.repeat(summed[starts] - in_order[starts] - carry[sorted_codes[starts]], lengths)
+    carry[sorted_codes[starts]] = summed[starts + lengths - 1]
+    result = np.empty_like(summed)
+    result[order] = summed
+    return result
+
+
+def pair_key(pid: np.ndarray, device: np.ndarray) -> np.ndarray:
+    """(process, device) packed into one int64: the pid above 16 bits of the device."""
+    return (pid.astype("int64") << 16) | (device.astype("int64") & 0xFFFF)
