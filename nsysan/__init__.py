@@ -21,12 +21,11 @@ from .runtime import interrupt as _interrupt  # noqa: F401  (first: Ctrl-C while
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
+from .base import notebook_view as _notebook_view
 from .errors import NsysanError
-from .sources.analysis_document import as_path as _path
-from .sources.analysis_document import load_analysis
-from .model import SCHEMA_ID, Analysis
 
 if TYPE_CHECKING:
+    from .model import Analysis
     from .model import Comparison
     from .model import Verdict
 
@@ -34,21 +33,47 @@ __all__ = ["analyze", "load_analysis", "compare", "check", "Analysis", "NsysanEr
 __version__ = "0.1.0"
 
 PathLike = Union[str, Path]
-Run = Union[str, Path, Analysis]  # a report, an export, an analysis JSON, or an Analysis
+Run = Union[str, Path, "Analysis"]  # a report, an export, an analysis JSON, or an Analysis
 Size = Union[str, int]  # "8GiB", "512MiB", or bytes
 Progress = Callable[[str, float], None]
 
 
-def _repr_html_(analysis: Analysis) -> str:
+def __getattr__(name: str) -> object:
+    """`Analysis`, `SCHEMA_ID` and `load_analysis`, imported when first asked for (PEP 562): the
+    command line imports this package first, and the model (66 classes, about 70 ms of a start on
+    2 cores) then comes on the thread that imports the analyses while nsys exports (issue 31)."""
+    if name in ("Analysis", "SCHEMA_ID"):
+        from . import model
+
+        return getattr(model, name)
+    if name == "load_analysis":
+        from .sources.analysis_document import load_analysis
+
+        return load_analysis
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+def _repr_html_(analysis: "Analysis") -> str:
     """The report page (as `nsysan analyze -o` writes it) in a sandboxed frame sized for a
     notebook cell: self-contained, nothing is fetched from the network. The model imports no
-    renderer, so the package, which knows both, gives `Analysis` its notebook view."""
+    renderer, so the package, which knows both, gives `Analysis` its notebook view
+    (base/notebook_view.py)."""
     from .render.notebook import report_frame
 
     return report_frame(analysis)
 
 
-Analysis._repr_html_ = _repr_html_  # type: ignore[attr-defined]
+_notebook_view.view = _repr_html_
+
+
+def _path(value: object, what: str) -> Path:
+    from .sources.analysis_document import as_path  # with the model: see __getattr__
+
+    return as_path(value, what)
 
 
 def analyze(path: PathLike, *, nsys: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
@@ -195,6 +220,8 @@ def check(report: Run, baseline: Optional[Run] = None, *, max_peak: Optional[Siz
 
 def _run(run: Run, nsys: Optional[PathLike], cache_dir: Optional[PathLike],
          step_range: Optional[str] = None) -> Analysis:
+    from .model import Analysis
+
     if isinstance(run, Analysis):
         return run
     from .pipeline.report_or_document import load_or_analyze

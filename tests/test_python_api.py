@@ -20,6 +20,7 @@ import nsysan.runs.compare_runs
 import nsysan.errors
 import nsysan.runs.limits
 import nsysan.model
+import nsysan.sources.analysis_document
 from nsysan import Analysis
 
 PYTHON_DOC = ROOT / "docs" / "python.md"

@@ -18,14 +18,16 @@ so it needs no twin:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..model import GPU_RESIDENT_KINDS, Analysis, Diagnostic, EndedInside, FatalOom, LoggedOom, MemoryCap, \
     OutOfMemory, SizeCount
-from ..sources.oom_log import OomMessage
 from ..base.units import fmt_bytes, fmt_time
 from .answers import gather_answers
 from .oom import NEAR_END_NS
+
+if TYPE_CHECKING:  # the log reader's patterns are compiled only for --log (issue 31: every start pays its imports)
+    from ..sources.oom_log import OomMessage
 
 BLOCK_SIZES = 8  # distinct block sizes named
 OWN_CODES = ("ended_inside", "oom_logged", "oom_log_empty")  # the diagnostics made here

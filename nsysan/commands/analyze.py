@@ -14,13 +14,13 @@ import typer
 from ..errors import NsysanError
 from ..runtime.memory_budget import budget_bytes
 from ..sources.export import REPORT_SUFFIXES, analysis_export, files_read_for
-from ..model import Analysis
 from .outputs import check_output_dir, claim_outputs, one_run, write_atomic, write_report
 from ..render.json import render_baseline, render_json, render_json_many
 from ..base.units import parse_duration
 from .common import out_console, progress_bar, say_error, shown, to_stdout
 
 if TYPE_CHECKING:
+    from ..model import Analysis
     from ..sources.smi_log import SmiLog
 
 Progress = Callable[[str, float], None]

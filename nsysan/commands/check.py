@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from ..errors import NsysanError
-from ..pipeline.report_or_document import load_or_analyze
-from ..runs.gate import evaluate_limits
-from ..runs.limits import Limits, load_config, read_config_file
-from ..model import Analysis, Verdict
 from ..sources.export import files_read_for
 from .outputs import append_text, claim_outputs, one_run, write_all_or_none, write_atomic
 from .common import out_console, say_error, to_stdout
+
+if TYPE_CHECKING:
+    from ..model import Analysis, Verdict
 
 
 def check(
@@ -92,6 +91,8 @@ def _check(report: Path, baseline: Optional[Path], config: Optional[Path], nsys:
     try:
         verdict, analysis = _verdict(report, baseline, config, nsys, cache_dir, step_range, given, logs)
     except NsysanError as err:
+        from ..model import Verdict
+
         # The CI page shows the files, not the log: they say why the check could not run.
         try:
             _write(Verdict.of_error(report.name, baseline.name if baseline else None, err.message), *outputs)
@@ -118,6 +119,12 @@ def _check(report: Path, baseline: Optional[Path], config: Optional[Path], nsys:
 def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsys: Optional[Path],
              cache_dir: Optional[Path], step_range: Optional[str], given: dict,
              logs: List[Path]) -> tuple[Verdict, Analysis]:
+    # The gate's modules are imported here, not with the CLI: every command builds the app, and
+    # `nsysan analyze` waits for its imports before its export can start (issue 31).
+    from ..pipeline.report_or_document import load_or_analyze
+    from ..runs.gate import evaluate_limits
+    from ..runs.limits import Limits, load_config, read_config_file
+
     if config is not None:
         defaults = read_config_file(config)  # a missing file, a FIFO or a device is said there
         if defaults is None:

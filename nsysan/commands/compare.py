@@ -9,9 +9,7 @@ from typing import Optional
 
 import typer
 
-from ..runs.compare_runs import compare_analyses
 from ..errors import NsysanError
-from ..pipeline.report_or_document import load_or_analyze
 from ..sources.export import files_read_for
 from .outputs import check_output_dir, claim_outputs, one_run, write_comparison
 from ..render.json import dumps
@@ -54,6 +52,10 @@ def compare(
 
 def _compare(base: Path, new: Path, format: str, output: Optional[Path], top: int, nsys: Optional[Path],
              cache_dir: Optional[Path], step_range: Optional[str]) -> None:
+    # here, not with the CLI: see commands/check.py's _verdict
+    from ..pipeline.report_or_document import load_or_analyze
+    from ..runs.compare_runs import compare_analyses
+
     before = load_or_analyze(base, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
     after = load_or_analyze(new, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
     comparison = compare_analyses(before, after)

@@ -15,9 +15,6 @@ from .smi import SmiOverlay
 
 # The model is split by subject; every name stays importable from nsysan.model.
 from .analysis import Analysis
-from .check import CHECK_SCHEMA_ID, EXIT_CODES, Outcome, Verdict
-from .comparison import COMPARE_SCHEMA_ID, CaptureNote, Change, Comparison, ProcessDelta, ProcessRow, RangeDelta, \
-    RunRef, SiteDelta
 from .capture import DIAGNOSTIC_CODES, GPU_RESIDENT_KINDS, KINDS, LIVE_AT_START, SCHEMA_ID, SEVERITIES, TRUST_BREAKING, Capture, Diagnostic, Gpu, Process, Source
 from .memory import (Allocation, AllocationGroup, ApiCallStat, Band, CallSite, FailedCall, Frame, GroupSummary, Holder,
                      NvtxSpan, Peak, RangeFamily, RangeStat, Series, Site, Stack, StackBytes, Timeline, TraceEnd)
@@ -26,6 +23,27 @@ from .oom import AllocatorOom, AllocatorUse, CacheRelease, CutShort, EndedInside
 from .plain import _from_plain, _Malformed, _to_plain, from_document
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, Step, StepSeries
 from .tables import RAW, Tables
+
+# `check`'s and `compare`'s documents are made on first use of one of their names (PEP 562): every
+# command imports the model before its work can start, and `nsysan analyze` needs neither (issue 31).
+_CHECK_NAMES = ("CHECK_SCHEMA_ID", "EXIT_CODES", "Outcome", "Verdict")
+_COMPARE_NAMES = ("COMPARE_SCHEMA_ID", "CaptureNote", "Change", "Comparison", "ProcessDelta", "ProcessRow",
+                  "RangeDelta", "RunRef", "SiteDelta")
+
+
+def __getattr__(name: str) -> object:
+    if name in _CHECK_NAMES:
+        from . import check as later
+    elif name in _COMPARE_NAMES:
+        from . import comparison as later
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(later, name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_CHECK_NAMES, *_COMPARE_NAMES})
+
 
 __all__ = ["Allocation", "AllocationGroup", "AllocatorOom", "AllocatorUse", "Analysis", "Answer", "ApiCallStat",
            "Band", "CHECK_SCHEMA_ID", "COMPARE_SCHEMA_ID", "CacheRelease", "CallSite", "Capture", "CaptureNote",

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..base import notebook_view
 from .smi import SmiOverlay
 from .bytes import ByteClasses
 from .hidden import CudaGraphs, HiddenMemory
@@ -166,6 +167,11 @@ class Analysis:
         from .dataframes import table_names
 
         return table_names(cls)
+
+    def _repr_html_(self) -> Optional[str]:
+        """The report page in a sandboxed frame, for a notebook cell: the view the package gives
+        (nsysan/__init__.py; None, so the text repr, without it)."""
+        return notebook_view.view(self) if notebook_view.view is not None else None
 
     def __repr__(self) -> str:
         """One short line: the file, the headline peak and the counts (the tables: `frame()`).

@@ -29,13 +29,14 @@ from ..model import Analysis, Diagnostic, Source
 from ..model.capture import path_text
 from ..sources.schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES, LAUNCH_TABLES, Schema, open_readonly, probe, \
     refuse_missing_tables
-from ..sources.oom_log import read_oom_logs
-from ..sources.smi_log import SmiLog
 from ..base.units import check_duration_ns
 from ..sources.snapshot import committed_state
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from ..sources.oom_log import OomMessage
+    from ..sources.smi_log import SmiLog
 
 Progress = Callable[[str, float], None]
 T = TypeVar("T")
@@ -60,7 +61,13 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     (oom_log.py; read before the long part, so a bad one fails at once); `exported`: the first
     export, `export.analysis_export(report, ...)` with the same nsys and cache_dir, when the caller
     made it already (the command line does, while it imports this module)."""
-    messages = read_oom_logs(oom_logs) if oom_logs else []
+    messages: list[OomMessage] = []
+    if oom_logs:
+        # The log reader (its patterns) only for --log: `nsysan analyze` imports this module while
+        # nsys exports, and the export waits less for what it imports (issue 31).
+        from ..sources.oom_log import read_oom_logs
+
+        messages = read_oom_logs(oom_logs)
     say = progress or (lambda stage, fraction: None)
     if step_range is not None:
         check_pattern(step_range, "--step-range")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..model import Analysis
+if TYPE_CHECKING:  # the command line imports this module before its export starts, the model beside it
+    from ..model import Analysis
 
 
 def render_json(analysis: Analysis) -> str:

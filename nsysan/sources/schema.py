@@ -16,10 +16,14 @@ import sqlite3
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..errors import NsysanError
-from ..model import Diagnostic, Gpu
+
+if TYPE_CHECKING:
+    # The model is imported where its classes are made, not with this module: the export imports this
+    # module before nsys starts, and the model comes meanwhile, on the analyses' thread (issue 31).
+    from ..model import Diagnostic, Gpu
 
 # A complete export has at least one of these. nsys 2022.4 fails on 2023.1-2023.3.1 reports
 # (ProtobufParseException, exit 1) yet leaves a file holding only StringIds and ProcessStreams:
@@ -339,6 +343,8 @@ MAX_TIME_SHIFT_NS = 2**62
 
 
 def _read_export_meta(conn: sqlite3.Connection, schema: Schema) -> None:
+    from ..model import Diagnostic  # here: see the imports at the top
+
     for table in EXPORT_META_TABLES:
         for key, value in _name_values(conn, schema, table):
             schema.export_params[key] = value
@@ -510,6 +516,8 @@ def _read_session(conn: sqlite3.Connection, schema: Schema) -> None:
 
 
 def _read_gpus(conn: sqlite3.Connection, schema: Schema) -> None:
+    from ..model import Gpu  # here: see the imports at the top
+
     if schema.has("TARGET_INFO_GPU", "id"):
         cols = schema.tables["TARGET_INFO_GPU"]
         want = [c for c in ("id", "name", "totalMemory", "uuid", "busLocation") if c in cols]
@@ -543,6 +551,8 @@ _NSYS_TROUBLE = re.compile(r"lost|drop|overflow|truncat|fail|not supported|incom
 
 def _read_nsys_diagnostics(conn: sqlite3.Connection, schema: Schema) -> None:
     """Carry nsys's own warnings about lost or missing data into the analysis."""
+    from ..model import Diagnostic  # here: see the imports at the top
+
     if not schema.has("DIAGNOSTIC_EVENT", "severity", "text"):
         return
     # Severity 2 = Warning, 3 = Error (ENUM_DIAGNOSTIC_SEVERITY_LEVEL); most rows are Info.
