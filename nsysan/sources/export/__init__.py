@@ -17,6 +17,7 @@ import re
 import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,14 +130,20 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
         return ExportResult(sibling, exported_with=None, from_cache=False, from_sibling=True)
 
     nsys_path = find_nsys(nsys, report=report)
-    version = nsys_version(nsys_path)
-    timeout = _export_timeout(timeout_s)
-    try:
-        key = f"{_content_digest(report)}-nsys{re.sub(r'[^0-9A-Za-z.]', '_', version)}"
-        # Exports with NVTX payloads are other files than the ones made before nsysan asked for them.
-        key += "-blobs" if export_arguments(nsys_path) else ""
-    except OSError as err:
-        raise NsysanError(f"can't read {report} ({err.strerror}); check the file") from err
+    # `nsys export --help` runs beside `nsys --version` and the report's hash: each is a wait (an nsys
+    # start, a read of the report) and the export needs all three; it starts sooner (issue 31). An
+    # error is the same one, told at the same point: the help's never fails (export_options).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-export-help") as pool:
+        options = pool.submit(export_options, nsys_path)
+        version = nsys_version(nsys_path)
+        timeout = _export_timeout(timeout_s)
+        try:
+            key = f"{_content_digest(report)}-nsys{re.sub(r'[^0-9A-Za-z.]', '_', version)}"
+        except OSError as err:
+            raise NsysanError(f"can't read {report} ({err.strerror}); check the file") from err
+        options.result()
+    # Exports with NVTX payloads are other files than the ones made before nsysan asked for them.
+    key += "-blobs" if export_arguments(nsys_path) else ""
     cache = resolve_cache_dir(cache_dir)
     try:
         cache.mkdir(parents=True, exist_ok=True)
