@@ -7,11 +7,14 @@ of the rounds; then the bare `nsys export` of each table list, and whether the t
 the same byte for byte (for every report given).
 
     python benchmarks/rep_tables_timing.py NSYS OUT.json REPORT [MORE_REPORTS...] [--rounds N]
-        [--keep-export DIR]
+        [--bare-rounds N] [--keep-export DIR]
 
 Run from the repository root with nsysan importable (PYTHONPATH). The first report is timed; the
 others are only checked for identical documents. --keep-export writes the every-table export of the
 first report, xz-compressed, into DIR (for tools that can't run there, docs/performance.md).
+--bare-rounds 0 leaves the bare exports out. The JSON records whether Python could cache its
+bytecode (PYTHONDONTWRITEBYTECODE, PYTHONPYCACHEPREFIX): a Python that can't compiles every
+module it imports on every start, numpy, pandas and nsysan included (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("reports", type=Path, nargs="+")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--bare-rounds", type=int, default=3)
     parser.add_argument("--keep-export", type=Path)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rep-tables-"))
@@ -86,6 +90,8 @@ def main() -> None:
 
     result: dict = {"nsys": subprocess.run([str(args.nsys), "--version"], capture_output=True, text=True).stdout.strip(),
                     "cpus": os.cpu_count(), "python": platform.python_version(), "rounds": args.rounds,
+                    "bytecode": {"dont_write": bool(sys.flags.dont_write_bytecode),
+                                 "pycache_prefix": sys.pycache_prefix},
                     "first_export_tables": list(FIRST_EXPORT_TABLES), "exported_tables": list(EXPORTED_TABLES),
                     "reports": {}}
     for index, source in enumerate(args.reports):
@@ -138,7 +144,7 @@ def main() -> None:
     lists = {"every_table": None, "first_export_tables": FIRST_EXPORT_TABLES, "exported_tables": EXPORTED_TABLES}
     exports: dict[str, list] = {name: [] for name in lists}
     whole = None
-    for _ in range(3):
+    for _ in range(args.bare_rounds):
         for name, tables in lists.items():
             target = fresh("export") / "x.sqlite"
             row = timed([str(args.nsys), "export", "--type", "sqlite", "--force-overwrite", "true",  # as nsysan runs it
@@ -146,9 +152,10 @@ def main() -> None:
             row["bytes"] = target.stat().st_size if target.exists() else 0
             whole = whole or (target if tables is None else None)
             exports[name].append(row)
-    result["bare_exports"] = {name: {"median_wall_s": statistics.median(r["wall_s"] for r in rows), "runs": rows}
-                              for name, rows in exports.items()}
-    print("bare exports", {name: v["median_wall_s"] for name, v in result["bare_exports"].items()}, flush=True)
+    if args.bare_rounds:
+        result["bare_exports"] = {name: {"median_wall_s": statistics.median(r["wall_s"] for r in rows), "runs": rows}
+                                  for name, rows in exports.items()}
+        print("bare exports", {name: v["median_wall_s"] for name, v in result["bare_exports"].items()}, flush=True)
 
     if args.keep_export:
         args.keep_export.mkdir(parents=True, exist_ok=True)
