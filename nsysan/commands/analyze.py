@@ -140,13 +140,15 @@ class HowToAnalyze:
         except ValueError as err:
             raise NsysanError(str(err)) from None
 
-    def analyze(self, report: Path, spike_window_ns: int, say: "Progress") -> Analysis:
+    def analyze(self, report: Path, spike_window_ns: int, say: "Progress",
+                renderers: tuple[str, ...] = ()) -> Analysis:
+        """The report's `Analysis`; `renderers`: the output's modules, imported beside an export too."""
         exported = None
         if report.suffix.lower() in REPORT_SUFFIXES and not self.logs:
             # nsys exports while the analyses (pandas, pyarrow: 0.5-0.7 s of a start) are imported
             # beside it: analyze_report's checks before its export are the command's, done already,
             # but for --log's files (read first there, so a bad one fails before any export).
-            _import_in_background("nsysan.pipeline.stages", "nsysan.analyses.what_if")
+            _import_in_background("nsysan.pipeline.stages", "nsysan.analyses.what_if", *renderers)
             exported = analysis_export(report, nsys=self.nsys, cache_dir=self.cache_dir, progress=say)
         from ..analyses.what_if import with_what_if
         from ..pipeline.stages import analyze_report
@@ -219,6 +221,11 @@ class Outputs:
                         for name in REPORT_FILES]
         return planned
 
+    def renderers(self) -> tuple[str, ...]:
+        """The modules that write the summary, when it is the format: rich's tables (35 ms of a
+        start on 2 cores) are then imported while nsys exports, not after the analysis (issue 31)."""
+        return ("nsysan.render.terminal",) if self.format == "text" else ()
+
     def write(self, analysis: Analysis, report: Path, several: bool) -> None:
         """The files of one report, and its text summary when that is the format."""
         if self.json_path:
@@ -248,7 +255,7 @@ def _analyze(reports: List[Path], how: HowToAnalyze, outputs: Outputs) -> None:
     for report in reports:
         try:
             with progress_bar(report.name, enabled=outputs.progress) as say:
-                analysis = how.analyze(report, spike_window_ns, say)
+                analysis = how.analyze(report, spike_window_ns, say, outputs.renderers())
         except NsysanError as err:
             if len(reports) == 1:
                 raise
