@@ -139,21 +139,25 @@ class _Grid:
         # the lowest `before` so far in each row's cell, and where it was first reached
         starts = np.flatnonzero(np.concatenate([[True], cell[1:] != cell[:-1]]))
         lows = before.copy()
-        low_at = np.arange(len(before))
-        if self.cell is not None and cell[0] == self.cell and self.low_value <= before[0]:
-            lows[0], low_at[0] = self.low_value, -1
-        run_low = _running_min_per_cell(lows, starts)
+        carried = self.cell is not None and cell[0] == self.cell and self.low_value <= before[0]
+        if carried:  # the open cell's lowest point, from an earlier batch
+            lows[0] = self.low_value
+        run_low = _running_min_per_cell(lows, cell, starts)
         # the first position of each running minimum: where it last dropped (or its cell began)
         dropped = np.zeros(len(lows), bool)
         dropped[starts] = True
         dropped[1:] |= run_low[1:] < run_low[:-1]
-        run_at = low_at[np.maximum.accumulate(np.where(dropped, np.arange(len(lows)), 0))]
+        drops = np.flatnonzero(dropped)
         rise = live - run_low
-        found = [(int(rise[i]), int(seq[i]), int(seq[run_at[i]]) if run_at[i] >= 0 else self.low_seq,
-                  int(live[i]), int(run_low[i])) for i in _top_rises(rise, seq).tolist()]
+
+        def low_seq(i: int) -> int:  # the seq of the low point of row i's rise
+            at = int(drops[np.searchsorted(drops, i, side="right") - 1])
+            return self.low_seq if carried and at == 0 else int(seq[at])
+
+        found = [(int(rise[i]), int(seq[i]), low_seq(i), int(live[i]), int(run_low[i]))
+                 for i in _top_rises(rise, seq).tolist()]
         self.best = sorted(self.best + found, key=lambda c: (-c[0], c[1]))[:CANDIDATES]
-        self.cell, self.low_value = int(cell[-1]), int(run_low[-1])
-        self.low_seq = int(seq[run_at[-1]]) if run_at[-1] >= 0 else self.low_seq
+        self.cell, self.low_value, self.low_seq = int(cell[-1]), int(run_low[-1]), low_seq(len(seq) - 1)
 
 
 def _top_rises(rise: np.ndarray, seq: np.ndarray) -> np.ndarray:
@@ -167,19 +171,23 @@ def _top_rises(rise: np.ndarray, seq: np.ndarray) -> np.ndarray:
     return np.lexsort((seq, -rise))[:CANDIDATES]
 
 
-def _running_min_per_cell(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The running minimum of `values`, restarting where each cell starts (`starts`): each cell
-    shifted down by more than the values' whole range, one accumulate does every cell; cell by
-    cell when the shift would overflow."""
+def _running_min_per_cell(values: np.ndarray, cell: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The running minimum of `values`, restarting where each cell starts (`starts`; `cell`: each
+    row's, ascending): each cell shifted down by more than the values' whole range, one accumulate
+    does every cell; numbered without gaps when the cells' own numbers would overflow the shift,
+    and cell by cell when even that would."""
     spread = int(values.max()) - int(values.min()) + 1
-    begins = np.zeros(len(values), "int64")
-    begins[starts] = 1
-    steps = np.cumsum(begins) - 1  # the cell's number in the batch
+    steps = cell - cell[0]
+    if spread * (int(steps[-1]) + 1) >= 2**62:
+        steps = np.zeros(len(values), "int64")
+        steps[starts] = 1
+        steps = np.cumsum(steps) - 1  # the cell's number in the batch
     if spread * (int(steps[-1]) + 1) < 2**62:
-        shift = steps * spread
-        low = values - shift
+        steps *= spread
+        low = values - steps
         np.minimum.accumulate(low, out=low)
-        return low + shift
+        low += steps
+        return low
     low = np.empty_like(values)
     for a, z in zip(starts.tolist(), np.append(starts[1:], len(values)).tolist()):  # one per cell
         low[a:z] = np.minimum.accumulate(values[a:z])
@@ -223,7 +231,7 @@ class _Instances:
         bounds = np.cumsum(lengths) - lengths  # where each instance's events begin
         total = int(lengths.sum())
         index = np.arange(total)
-        position = index - np.repeat(bounds, lengths) + np.repeat(first, lengths)
+        position = index + np.repeat(first - bounds, lengths)
         high, low = live[position], before[position]
         # each instance's highest event here (the first of equals), and whether it beats the carried one
         top_value = np.maximum.reduceat(high, bounds)
