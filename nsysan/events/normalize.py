@@ -19,45 +19,30 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
                diagnostics: list[Diagnostic], no_call: str = "(no API call)", live_at_start: bool = True) -> pd.DataFrame:
     """The events frame: decoded, joined to API calls, in canonical order, allocs paired with frees.
 
-    Consumes `raw`: its columns are dropped as they are used, so that a 10-million-event export
+    The whole table decoded as one chunk (decode_rows, as the streamed flow decodes each chunk),
+    then ordered, joined to its calls and paired. Consumes `raw`: its columns are dropped as they
+    are decoded, and the decoded ones as they go into the frame, so that a 10-million-event export
     never holds the raw and the normalized frame whole at the same time. Also marks in `calls`
     which calls caused a memory event (`has_event`). Events without a call get the API name
     `no_call`; with `live_at_start`, LIVE_AT_START at the session's first instant.
     """
     if raw.empty:
         return _empty_events()
-
-    def take(column: str) -> tuple[np.ndarray, np.ndarray]:
-        values = _ints_and_nulls(raw, column)
-        del raw[column]
-        return values
-
     # Of the pool columns only "is a pool allocation" is needed here (pool_usage, called before,
     # took the reserves): dropped first, not held to the end, they no longer add 16 bytes per
     # event to the peak of the load (150 MB at 1e7 events).
-    is_pool = take("pool_address")[0] != 0
-    if "pool_size" in raw:
-        del raw["pool_size"]
-    ts, ts_bad = take("start")
-    global_pid, pid_bad = take("global_pid")
-    size, size_bad = take("bytes")
-    op_id, op_bad = take("op_type")
-    op_code = np.full(len(op_id), -1, "int8")  # 0 alloc, 1 free
-    for enum_id, name in schema.mem_ops.items():
-        op_code[op_id == enum_id] = 0 if name == "alloc" else 1
-    del op_id
-    # Rows nsys never writes (damaged or hostile exports) are left out: bad_row_reasons says why.
-    device, _ = take("device")
-    address, address_bad = take("address")
-    reason = bad_row_reasons(ts, ts_bad | pid_bad | size_bad | op_bad | address_bad, op_code, size, device,
-                             schema.time_offset_ns)
+    is_pool = _ints_and_nulls(raw, "pool_address")[0] != 0
+    for column in ("pool_address", "pool_size"):
+        if column in raw:
+            del raw[column]
+    rows = decode_rows(raw, schema)
+    del rows["ts_bad"]
+    reason = rows.pop("reason")
     bad = reason >= 0
-    device = np.clip(device, -1, np.iinfo("int16").max).astype("int16")  # only left-out rows change
-    del ts_bad, pid_bad, size_bad, op_bad, address_bad
     if bad.any():
-        diagnostics.append(Diagnostic("warning", "bad_memory_rows",
-                                      bad_rows_message(np.bincount(reason[bad], minlength=len(BAD_ROW_REASONS)))))
-    _check_sums_fit(size, bad, op_code)
+        diagnostics.append(bad_rows_note(np.bincount(reason[bad], minlength=len(BAD_ROW_REASONS))))
+    del reason
+    check_sums_fit(allocated_bytes(rows["bytes"], rows["op"], bad))
     # Canonical order: time, then frees before allocs (a peak is never overstated by a free and
     # an alloc recorded at the same ns, and a block freed and handed out again in the same ns
     # pairs correctly), then the export's row order (a stable sort). nsys 2025.6 no longer writes
@@ -65,6 +50,7 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
     # older versions, which the stable sort exploits.
     kept = np.flatnonzero(~bad) if bad.any() else None  # None: every row
     del bad
+    ts, op_code = rows["ts"], rows["op"]
     key = (ts if kept is None else ts[kept]) - schema.time_offset_ns
     key *= 2
     key += (op_code if kept is None else op_code[kept]) == 0
@@ -75,34 +61,29 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
     if by_key is not None:
         key = _permuted(key, by_key, moved)
     order = by_key if kept is None else kept if by_key is None else kept[by_key]
-    del kept, by_key
+    del kept, by_key, ts, op_code
     whole = order
-    order = _without_copies(order, key, ts, op_code, global_pid, address, size, device, raw, diagnostics)
-    del key
+    order = _without_copies(order, key, rows, diagnostics)
+    del key, rows["kind_null"], rows["correlation_null"]
     if order is not whole:  # copies left out: no longer a reordering of every row
         moved = None
 
-    def reorder(values: np.ndarray) -> np.ndarray:
-        # order None: every row, in the export's order, so each column is used as it was read
+    def take(column: str) -> np.ndarray:
+        # each decoded column reordered once, and let go of (order None: every row, in the
+        # export's order, so each column is used as it was decoded)
+        values = rows.pop(column)
         return values if order is None else _permuted(values, order, moved)
 
-    frame = pd.DataFrame({"ts_ns": reorder(ts) - schema.time_offset_ns}, copy=False)
-    del ts
-    pid = ((reorder(global_pid) >> 24) & 0xFFFFFF).astype("int32")
-    del global_pid
-    is_alloc = reorder(op_code) == 0
-    del op_code
-    correlation = reorder(take("correlation_id")[0])
-    kind_ids = int_column(raw, "mem_kind", fill=7)
-    del raw["mem_kind"]
-    kind = categorical_lookup(reorder(kind_ids), schema.mem_kinds, missing="unknown")
-    del kind_ids
+    frame = pd.DataFrame({"ts_ns": take("ts") - schema.time_offset_ns}, copy=False)
+    pid = ((take("global_pid") >> 24) & 0xFFFFFF).astype("int32")
+    is_alloc = take("op") == 0
+    correlation = take("correlation")
+    kind = categorical_lookup(take("kind_id"), schema.mem_kinds, missing="unknown")
     kind = kind.set_categories([k for k in KINDS if k in kind.categories] +
                                [k for k in kind.categories if k not in KINDS])
 
     frame["pid"] = pid
-    frame["device"] = reorder(device)
-    del device
+    frame["device"] = take("device")
     frame["kind"] = kind
     frame["op"] = pd.Categorical.from_codes(is_alloc.view("int8") ^ 1, categories=["alloc", "free"])
     statics = kind.codes == (list(kind.categories).index("static") if "static" in kind.categories else -2)
@@ -125,10 +106,9 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
     del statics, found
     frame["api"] = _categorical_of_used(api_codes, api_names)
     del api_codes
-    frame["address"] = reorder(address).view("uint64")  # the same bits as astype, without a copy
-    del address
+    frame["address"] = take("address").view("uint64")  # the same bits as astype, without a copy
     frame["correlation_id"] = correlation
-    frame["pool"] = reorder(is_pool)
+    frame["pool"] = is_pool if order is None else _permuted(is_pool, order, moved)
     del is_pool
     if len(chains):
         chain_row = join_on_call(pid, correlation, chains["pid"].to_numpy(), chains["correlation_id"].to_numpy())
@@ -137,70 +117,105 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
     # without call stacks (most exports) no column: 8 bytes per event of -1 that nothing reads
     del correlation
 
-    partner, overlapping = _pair_allocs_and_frees(pid, frame["address"].to_numpy(), is_alloc)
-    if overlapping:
-        diagnostics.append(Diagnostic(
-            "warning", "overlapping_allocations",
-            f"{overlapping} allocations were followed by another allocation at the same address while "
-            "still allocated (a free is missing from the capture, or the export is damaged); each "
-            "free closes the latest allocation at its address, so the live bytes may be overstated"))
-    alloc_bytes = reorder(size)
-    del size, order
+    partner, superseded = pair_allocs_and_frees(pid, frame["address"].to_numpy(), is_alloc)
+    if len(superseded):
+        diagnostics.append(overlapping_note(len(superseded)))
+    alloc_bytes = take("bytes")
     frame["bytes"], frame["delta_bytes"] = _sizes_and_deltas(alloc_bytes, is_alloc, partner)
     frame["partner"] = partner
     return frame
+
+
+def decode_rows(raw: pd.DataFrame, schema: Schema) -> dict[str, np.ndarray]:
+    """The one decoder of memory rows (read.MEMORY_COLUMNS, with `position` and the pool columns
+    when `raw` has them) into event columns: of the whole table for normalize, of each chunk for
+    the streamed flow (stream.EventFlow). Consumes raw's columns, each dropped once decoded.
+
+    Integers with NULLs and unreadable values as 0 (`ts_bad`, `kind_null`, `correlation_null`:
+    which were); `op` 0 alloc, 1 free, -1 unknown or unreadable; `device` int16 (clipped: only
+    rows left out change); `kind_id` 7 (unknown) for NULL; `reason` why a row is left out (an
+    index into BAD_ROW_REASONS, -1 for a good row)."""
+    def take(column: str) -> tuple[np.ndarray, np.ndarray]:
+        values = _ints_and_nulls(raw, column)
+        del raw[column]
+        return values
+
+    rows = {column: take(column)[0] for column in ("position", "pool_address", "pool_size") if column in raw}
+    rows["ts"], ts_bad = take("start")
+    rows["global_pid"], pid_bad = take("global_pid")
+    rows["bytes"], size_bad = take("bytes")
+    op_id, op_bad = take("op_type")
+    op = np.full(len(op_id), -1, "int8")
+    for enum_id, name in schema.mem_ops.items():
+        op[op_id == enum_id] = 0 if name == "alloc" else 1
+    del op_id
+    if op_bad.any():  # NULL reads as 0, which may be an operation's id
+        op[op_bad] = -1
+    device, _ = take("device")
+    rows["address"], address_bad = take("address")
+    rows["reason"] = bad_row_reasons(rows["ts"], ts_bad | pid_bad | size_bad | op_bad | address_bad, op,
+                                     rows["bytes"], device, schema.time_offset_ns)
+    rows["ts_bad"], rows["op"] = ts_bad, op
+    rows["device"] = np.clip(device, -1, np.iinfo("int16").max).astype("int16")
+    del device
+    rows["kind_id"], rows["kind_null"] = take("mem_kind")
+    if rows["kind_null"].any():
+        rows["kind_id"][rows["kind_null"]] = 7
+    rows["correlation"], rows["correlation_null"] = take("correlation_id")
+    return rows
+
+
+def exact_copies(rows: dict, at: np.ndarray) -> np.ndarray:
+    """Which of decode_rows' rows `at` (in canonical order) repeat an earlier one of them exactly.
+
+    An export written twice into one file (`nsys export --append`) holds every event twice, which
+    would double the peak and turn every free into an orphan. No two real events are identical
+    (same time, process, device, address, size, kind, operation and API call)."""
+    return pd.DataFrame({
+        "ts": rows["ts"][at], "op": rows["op"][at], "pid": rows["global_pid"][at], "address": rows["address"][at],
+        "bytes": rows["bytes"][at], "device": rows["device"][at],
+        "kind": np.where(rows["kind_null"][at], -1, rows["kind_id"][at]),
+        "call": np.where(rows["correlation_null"][at], -1, rows["correlation"][at]),
+    }).duplicated().to_numpy()
 
 
 # Rows computed at a time by _sizes_and_deltas: its temporaries are a few arrays of one chunk.
 SIZE_CHUNK = 1 << 20
 
 
-def _sizes_and_deltas(alloc_bytes: np.ndarray, is_alloc: np.ndarray, partner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each event's block size and live-bytes change, SIZE_CHUNK rows at a time (at once, the
-    gathers and selections took 0.4 GB at 1e7 events)."""
-    sizes, deltas = np.empty(len(alloc_bytes), "int64"), np.empty(len(alloc_bytes), "int64")
-    for low in range(0, len(alloc_bytes), SIZE_CHUNK):
+def _sizes_and_deltas(alloc_bytes: np.ndarray, is_alloc: np.ndarray, partner: np.ndarray,
+                      first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Each event's block size and live-bytes change from row `first` on (pair_allocs_and_frees'
+    `partner`), SIZE_CHUNK rows at a time (at once, the gathers and selections took 0.4 GB at 1e7
+    events)."""
+    sizes, deltas = np.empty(len(alloc_bytes) - first, "int64"), np.empty(len(alloc_bytes) - first, "int64")
+    for low in range(first, len(alloc_bytes), SIZE_CHUNK):
         part = slice(low, low + SIZE_CHUNK)
         alloc, paired, own = is_alloc[part], partner[part], alloc_bytes[part]
         # A free takes the size of its allocation (older exports leave bytes 0 on free rows); a
         # free with no allocation in the capture changes nothing we counted.
         freed_size = np.where(paired >= 0, alloc_bytes[np.maximum(paired, 0)], own)
-        sizes[part] = np.where(alloc, own, freed_size)
-        deltas[part] = np.where(alloc, own, np.where(paired >= 0, -freed_size, 0))
+        out = slice(low - first, low - first + len(own))
+        sizes[out] = np.where(alloc, own, freed_size)
+        deltas[out] = np.where(alloc, own, np.where(paired >= 0, -freed_size, 0))
     return sizes, deltas
 
 
-def _without_copies(order: np.ndarray, key: np.ndarray, ts: np.ndarray, op_code: np.ndarray,
-                    global_pid: np.ndarray, address: np.ndarray, size: np.ndarray, device: np.ndarray,
-                    raw: pd.DataFrame,
-                    diagnostics: list[Diagnostic]) -> np.ndarray:
+def _without_copies(order: Optional[np.ndarray], key: np.ndarray, rows: dict,
+                    diagnostics: list[Diagnostic]) -> Optional[np.ndarray]:
     """`order` (rows in canonical order; `key`, their sort keys) without the rows that repeat an
-    earlier row exactly.
-
-    An export written twice into one file (`nsys export --append`) holds every event twice, which
-    would double the peak and turn every free into an orphan. No two real events are identical
-    (same time, process, device, address, size, kind, operation and API call). Only rows that
-    share their time and operation with a neighbour in `order` can be copies, so the full
-    comparison runs on those few.
-    """
+    earlier row exactly (exact_copies). Only rows that share their time and operation with a
+    neighbour in `order` can be copies, so the full comparison runs on those few."""
     tied = tied_to_a_neighbour(key)
     if tied is None:
         return order
-    rows = np.flatnonzero(tied) if order is None else order[tied]  # canonical order: the first copy is kept
-    subset = raw.iloc[rows]
-    copies = pd.DataFrame({
-        "ts": ts[rows], "op": op_code[rows], "pid": global_pid[rows], "address": address[rows], "bytes": size[rows],
-        "device": device[rows],
-        **{column: int_column(subset, column, fill=-1) for column in ("mem_kind", "correlation_id")},
-    }).duplicated().to_numpy()
+    at = np.flatnonzero(tied) if order is None else order[tied]  # canonical order: the first copy is kept
+    copies = exact_copies(rows, at)
     if not copies.any():
         return order
-    diagnostics.append(Diagnostic(
-        "warning", "bad_memory_rows",
-        f"{int(copies.sum())} memory events were exact copies of others (an export written twice into one "
-        "file?) and were left out"))
-    drop = np.zeros(len(ts), bool)
-    drop[rows[copies]] = True
+    diagnostics.append(copies_note(int(copies.sum())))
+    drop = np.zeros(len(rows["ts"]), bool)
+    drop[at[copies]] = True
     return np.flatnonzero(~drop) if order is None else order[~drop[order]]
 
 
@@ -319,18 +334,35 @@ def bad_row_reasons(ts: np.ndarray, unreadable: np.ndarray, op_code: np.ndarray,
     return reason
 
 
-def bad_rows_message(counts: np.ndarray) -> str:
-    """bad_memory_rows' message from the rows left out for each of BAD_ROW_REASONS."""
+def bad_rows_note(counts: np.ndarray) -> Diagnostic:
+    """bad_memory_rows' warning from the rows left out for each of BAD_ROW_REASONS."""
     said = [f"{int(n)} with {why}" for n, why in zip(counts, BAD_ROW_REASONS) if n]
-    return (f"{int(counts.sum())} memory events had missing or impossible values and were left out: "
-            + "; ".join(said))
+    return Diagnostic("warning", "bad_memory_rows", f"{int(counts.sum())} memory events had missing or impossible "
+                      "values and were left out: " + "; ".join(said))
 
 
-def _check_sums_fit(size: np.ndarray, bad: np.ndarray, op_code: np.ndarray) -> None:
+def copies_note(copies: int) -> Diagnostic:
+    return Diagnostic("warning", "bad_memory_rows", f"{copies} memory events were exact copies of others (an export "
+                      "written twice into one file?) and were left out")
+
+
+def overlapping_note(overlapping: int) -> Diagnostic:
+    return Diagnostic(
+        "warning", "overlapping_allocations",
+        f"{overlapping} allocations were followed by another allocation at the same address while "
+        "still allocated (a free is missing from the capture, or the export is damaged); each "
+        "free closes the latest allocation at its address, so the live bytes may be overstated")
+
+
+def allocated_bytes(size: np.ndarray, op: np.ndarray, bad: np.ndarray) -> float:
+    """What the good allocations among decoded rows allocate, summed in floats (which cannot wrap)."""
+    return float(np.sum(size, where=~bad & (op == 0), dtype=np.float64))
+
+
+def check_sums_fit(total: float) -> None:
     """Stop with one line when the allocations kept add up to more than any sum can hold: each
     size is at most 1 PiB, but 4,096 of them pass 4 EiB, and int64 sums would wrap to negative
     peaks and never-freed bytes without a word."""
-    total = float(np.sum(size, where=~bad & (op_code == 0), dtype=np.float64))
     if total >= MAX_TOTAL_BYTES:
         raise NsysanError(f"its memory events allocate {total / 2**60:,.1f} EiB in all, more than 64-bit byte "
                           "counts hold and far beyond any machine: the export is damaged, so export the report again")
@@ -342,9 +374,11 @@ def _empty_events() -> pd.DataFrame:
     return frame
 
 
-def _pair_allocs_and_frees(pid: np.ndarray, address: np.ndarray, is_alloc: np.ndarray) -> tuple[np.ndarray, int]:
-    """For each event, the row of its partner: an alloc's free, a free's alloc (-1 if none); and
-    how many allocations were followed by another one at their address while still allocated.
+def pair_allocs_and_frees(pid: np.ndarray, address: np.ndarray, is_alloc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The one pairing rule, of the whole frame and of each streamed batch with the allocations
+    still live before it: for each event, the row of its partner (an alloc's free, a free's
+    alloc; -1 if none); and the rows of the allocations followed by another allocation at their
+    address while still allocated, in the order of those later allocations.
 
     Events are in canonical time order. Addresses are reused, so pairing is by order per
     (process, address): a free closes the allocation immediately before it at that address. A
@@ -354,7 +388,7 @@ def _pair_allocs_and_frees(pid: np.ndarray, address: np.ndarray, is_alloc: np.nd
     n = len(pid)
     partner = np.full(n, -1, "int64")
     if n == 0:
-        return partner, 0
+        return partner, np.zeros(0, "int64")
     pid_code, pids = pd.factorize(pid)
     address = address.astype("uint64", copy=False)
     if len(pids) < 2**15 and (address >> np.uint64(48)).max() == 0:
@@ -370,7 +404,7 @@ def _pair_allocs_and_frees(pid: np.ndarray, address: np.ndarray, is_alloc: np.nd
     frees = np.flatnonzero(~is_alloc & after_alloc)
     partner[frees] = previous[frees]
     partner[previous[frees]] = frees
-    return partner, int((is_alloc & after_alloc).sum())
+    return partner, previous[is_alloc & after_alloc]
 
 
 def tied_to_a_neighbour(key: np.ndarray) -> Optional[np.ndarray]:

@@ -1,8 +1,8 @@
 """The memory events as a flow of time-ordered batches, in bounded memory: the streaming twin of
 `normalize` for the memory-usage table alone (`--quick`).
 
-Rows are read a rowid range at a time (read.memory_event_chunks) and decoded as `normalize`
-decodes them. Exports are written nearly in time order, but not exactly (nsys 2025.6 writes rows
+Rows are read a rowid range at a time (read.memory_event_chunks) and decoded by normalize's
+decoder (`decode_rows`, which decodes the whole table for the events frame). Exports are written nearly in time order, but not exactly (nsys 2025.6 writes rows
 out of it): a batch holds back the rows whose sort key a later chunk could still undercut, and
 emits the rest in canonical order (time, frees before allocations, export order). While the rows
 are in order chunk by chunk, only the last timestamp of a chunk waits for the next; when a chunk
@@ -10,8 +10,9 @@ starts before what was emitted, the flow starts again knowing each chunk's earli
 aggregate query), so rows wait only as long as an earlier row can still come: a bounded merge
 for nearly ordered exports, everything held for a shuffled one.
 
-Allocations are paired with frees by (process, address) across batches: the allocations still
-live are carried from batch to batch (`LiveSet`), and are all that grows with the capture.
+Allocations are paired with frees by (process, address) across batches, by the frame's rule
+(normalize.pair_allocs_and_frees) over the batch and the allocations still live before it, which
+are carried from batch to batch and are all that grows with the capture.
 
 The memory-pool rows (read_pools.pool_rows: every row with a pool, those left out of the events
 for a bad value too, as long as they have a time) flow in the same order, each batch carrying the
@@ -30,13 +31,11 @@ from typing import IO, Callable, Iterator, Optional, TypeVar
 import numpy as np
 import pandas as pd
 
-from .arrays import previous_in_group
-from ..errors import NsysanError
 from ..model import KINDS, Diagnostic
 from ..sources.reader import release_memory
 from ..sources.schema import Schema
-from .normalize import BAD_ROW_REASONS, MAX_TOTAL_BYTES, _ints_and_nulls, bad_row_reasons, bad_rows_message, \
-    tied_to_a_neighbour
+from .normalize import BAD_ROW_REASONS, _sizes_and_deltas, allocated_bytes, bad_rows_note, check_sums_fit, \
+    copies_note, decode_rows, exact_copies, overlapping_note, pair_allocs_and_frees, tied_to_a_neighbour
 from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs
 from .read_order import memory_chunks_look_unordered
 from .read_pools import usable_times
@@ -49,9 +48,12 @@ CHUNK_ROWIDS = 1 << 18
 MOST_RUNS = 64
 T = TypeVar("T")
 
-# The decoded columns of a row, carried while it waits for its place in time.
-_ROW = ("key", "position", "ts", "global_pid", "op", "address", "bytes", "device", "kind_id", "kind_null",
-        "correlation", "correlation_null", "flags", "pool_address", "pool_size")
+# The decoded columns of a row (decode_rows' and its sort key and flags), carried while it waits
+# for its place in time.
+_ROW = {"key": "int64", "position": "int64", "ts": "int64", "global_pid": "int64", "op": "int8",
+        "address": "int64", "bytes": "int64", "device": "int16", "kind_id": "int64", "kind_null": "bool",
+        "correlation": "int64", "correlation_null": "bool", "flags": "int8", "pool_address": "int64",
+        "pool_size": "int64"}
 # flags (int8, the only narrow column: a pool row outside the events costs a byte less per row held)
 IS_EVENT, IS_POOL_ALLOC = 1, 2
 # A live allocation, carried from batch to batch until its free.
@@ -246,7 +248,7 @@ class EventFlow:
 
     def _batches(self) -> Iterator[EventBatch]:
         self.live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in _LIVE}
-        self.events, self._bad, self._copies, self._overlapping, self._allocated = 0, 0, 0, 0, 0.0
+        self.events, self._copies, self._overlapping, self._allocated = 0, 0, 0, 0.0
         self._bad_reasons = np.zeros(len(BAD_ROW_REASONS), "int64")
         self._emitted_key: Optional[int] = None
         if self.call_window is not None:
@@ -342,37 +344,19 @@ class EventFlow:
         return later[::-1]
 
     def _decode(self, raw: pd.DataFrame) -> dict:
-        """A chunk's rows decoded and checked as normalize does, the bad ones counted and left out."""
-        schema = self.schema
-        ts, ts_bad = _ints_and_nulls(raw, "start")
-        global_pid, pid_bad = _ints_and_nulls(raw, "global_pid")
-        size, size_bad = _ints_and_nulls(raw, "bytes")
-        op_id, op_bad = _ints_and_nulls(raw, "op_type")
-        op = np.full(len(op_id), -1, "int8")
-        for enum_id, name in schema.mem_ops.items():
-            op[op_id == enum_id] = 0 if name == "alloc" else 1
-        device, _ = _ints_and_nulls(raw, "device")
-        address, address_bad = _ints_and_nulls(raw, "address")
-        reason = bad_row_reasons(ts, ts_bad | pid_bad | size_bad | op_bad | address_bad, op, size, device,
-                                 schema.time_offset_ns)
-        bad = reason >= 0
-        self._bad_reasons += np.bincount(reason[bad], minlength=len(BAD_ROW_REASONS))
-        kind_id, kind_null = _ints_and_nulls(raw, "mem_kind")
-        correlation, correlation_null = _ints_and_nulls(raw, "correlation_id")
-        pool, _ = _ints_and_nulls(raw, "pool_address")
-        self._bad += int(bad.sum())
-        self._allocated += float(np.sum(size[~bad & (op == 0)], dtype=np.float64))
+        """A chunk's rows decoded (decode_rows), the bad ones counted and left out, with their sort keys."""
+        offset = self.schema.time_offset_ns
+        rows = decode_rows(raw, self.schema)
+        bad = rows["reason"] >= 0
+        self._bad_reasons += np.bincount(rows["reason"][bad], minlength=len(BAD_ROW_REASONS))
+        self._allocated += allocated_bytes(rows["bytes"], rows["op"], bad)
         # pool rows stay for the pools even when left out of the events, if they have a time
-        keep = np.flatnonzero(~bad | ((pool != 0) & usable_times(ts, ts_bad, schema.time_offset_ns)))
-        key = (ts[keep] - schema.time_offset_ns) * 2 + (op[keep] == 0)
-        return {"key": key, "position": _ints_and_nulls(raw, "position")[0][keep], "ts": ts[keep], "global_pid": global_pid[keep],
-                "op": op[keep].astype("int64"), "address": address[keep], "bytes": size[keep],
-                "device": np.clip(device[keep], -1, np.iinfo("int16").max), "kind_id": kind_id[keep],
-                "kind_null": kind_null[keep].astype("int64"), "correlation": correlation[keep],
-                "correlation_null": correlation_null[keep].astype("int64"),
-                "flags": np.where(bad[keep], 0, IS_EVENT).astype("int8")
-                | np.where((op[keep] == 0) & ~op_bad[keep], IS_POOL_ALLOC, 0).astype("int8"),
-                "pool_address": pool[keep], "pool_size": _ints_and_nulls(raw, "pool_size")[0][keep]}
+        keep = np.flatnonzero(~bad | ((rows["pool_address"] != 0) & usable_times(rows["ts"], rows["ts_bad"], offset)))
+        kept = {name: rows[name][keep] for name in _ROW if name in rows}
+        alloc = kept["op"] == 0
+        kept["key"] = (kept["ts"] - offset) * 2 + alloc
+        kept["flags"] = np.where(bad[keep], 0, IS_EVENT).astype("int8") | np.where(alloc, IS_POOL_ALLOC, 0).astype("int8")
+        return kept
 
     def _emit(self, rows: dict) -> Optional[EventBatch]:
         """Rows in canonical order (every row of each of their timestamps) as the next batch."""
@@ -397,12 +381,12 @@ class EventFlow:
         self.events += n
         pid = ((rows["global_pid"] >> 24) & 0xFFFFFF).astype("int64")
         names = self.schema.mem_kinds
-        kind_ids = np.where(rows["kind_null"] == 1, 7, rows["kind_id"])
-        slot, distinct = pd.factorize(kind_ids)
+        slot, distinct = pd.factorize(rows["kind_id"])
         kind = np.array([self._kind_code[names.get(int(k), "unknown")] for k in distinct], "int64")[slot]
         is_alloc = rows["op"] == 0
         address = rows["address"].view("uint64")
-        batch = self._paired(seq, rows["ts"] - self.schema.time_offset_ns, pid, rows["device"], kind, is_alloc,
+        batch = self._paired(seq, rows["ts"] - self.schema.time_offset_ns, pid, rows["device"].astype("int64"),
+                             kind, is_alloc,
                              address, rows["bytes"], rows["pool_address"] != 0, rows["correlation"])
         return self._joined(batch, pools)
 
@@ -414,17 +398,12 @@ class EventFlow:
         return batch
 
     def _without_copies(self, rows: dict) -> dict:
-        """The rows without those that repeat an earlier row exactly (normalize._without_copies)."""
+        """The rows without those that repeat an earlier row exactly (normalize.exact_copies)."""
         tied = tied_to_a_neighbour(rows["key"])
         if tied is None:
             return rows
         at = np.flatnonzero(tied)
-        copies = pd.DataFrame({
-            "ts": rows["ts"][at], "op": rows["op"][at], "pid": rows["global_pid"][at], "address": rows["address"][at],
-            "bytes": rows["bytes"][at], "device": rows["device"][at],
-            "kind": np.where(rows["kind_null"][at] == 1, -1, rows["kind_id"][at]),
-            "call": np.where(rows["correlation_null"][at] == 1, -1, rows["correlation"][at]),
-        }).duplicated().to_numpy()
+        copies = exact_copies(rows, at)
         if not copies.any():
             return rows
         self._copies += int(copies.sum())
@@ -433,71 +412,43 @@ class EventFlow:
         return {name: values[~drop] for name, values in rows.items()}
 
     def _paired(self, seq, ts, pid, device, kind, is_alloc, address, size, pool, correlation) -> EventBatch:
-        """Frees paired with the allocation before them at their (process, address), the live
-        allocations of earlier batches included (normalize._pair_allocs_and_frees)."""
+        """The batch's frees paired with the allocation before them at their (process, address),
+        the live allocations of earlier batches included (normalize.pair_allocs_and_frees)."""
         live = self.live
         carried = len(live["seq"])
-        all_pid = np.concatenate([live["pid"], pid])
-        all_address = np.concatenate([live["address"], address])
+        columns = {"seq": seq, "ts": ts, "pid": pid, "device": device, "kind": kind, "address": address,
+                   "bytes": size, "pool": pool}
+        columns = {name: np.concatenate([live[name], columns[name]]) for name in _LIVE}
         all_alloc = np.concatenate([np.ones(carried, bool), is_alloc])
-        pid_code, pids = pd.factorize(all_pid)
-        if len(pids) < 2**15 and (len(all_address) == 0 or (all_address >> np.uint64(48)).max() == 0):
-            # user-space addresses have at most 48 bits: process and address in one 64-bit key
-            block, blocks = pd.factorize(all_address | (pid_code.astype("uint64") << np.uint64(48)))
-        else:  # damaged exports with wider addresses or absurd pid counts
-            block, blocks = pd.MultiIndex.from_arrays([all_pid, all_address]).factorize()
-        previous = previous_in_group(block, len(blocks))
-        after_alloc = (previous >= 0) & all_alloc[np.maximum(previous, 0)]
-        frees = np.flatnonzero(~all_alloc & after_alloc)
-        superseded = previous[all_alloc & after_alloc]  # allocations whose address was taken again
-        self._overlapping += len(superseded)
-        all_seq = np.concatenate([live["seq"], seq])
-        all_size = np.concatenate([live["bytes"], size])
-        partner_seq = np.full(len(all_seq), -1, "int64")
-        partner_seq[frees] = all_seq[previous[frees]]
-        freed_size = np.full(len(all_seq), 0, "int64")
-        freed_size[frees] = all_size[previous[frees]]
-        own = slice(carried, None)
-        paired = partner_seq[own] >= 0
-        sizes = np.where(is_alloc | ~paired, size, freed_size[own])
-        delta = np.where(is_alloc, size, np.where(paired, -freed_size[own], 0))
-        # the live allocations now: each block's last event, when it is an allocation
-        has_next = np.zeros(len(all_seq), bool)
-        has_next[previous[previous >= 0]] = True
-        columns = {"seq": all_seq, "ts": np.concatenate([live["ts"], ts]), "pid": all_pid,
-                   "device": np.concatenate([live["device"], device]), "kind": np.concatenate([live["kind"], kind]),
-                   "address": all_address, "bytes": all_size, "pool": np.concatenate([live["pool"], pool])}
-        still = np.flatnonzero(all_alloc & ~has_next)
+        partner, superseded = pair_allocs_and_frees(columns["pid"], columns["address"], all_alloc)
+        self._overlapping += len(superseded)  # allocations whose address was taken again
+        sizes, delta = _sizes_and_deltas(columns["bytes"], all_alloc, partner, carried)
+        own = partner[carried:]
+        partner_seq = np.where(~is_alloc & (own >= 0), columns["seq"][np.maximum(own, 0)], -1)
+        # the live allocations now: those neither freed nor superseded
+        ended = partner >= 0
+        ended[superseded] = True
+        still = np.flatnonzero(all_alloc & ~ended)
         self.live = {name: values[still] for name, values in columns.items()}
         closed = {name: values[superseded] for name, values in columns.items()}
         return EventBatch(seq=seq, ts=ts, pid=pid, device=device, kind=kind, is_alloc=is_alloc, address=address,
-                          bytes=sizes, delta=delta, pool=pool, partner_seq=partner_seq[own], correlation=correlation,
+                          bytes=sizes, delta=delta, pool=pool, partner_seq=partner_seq, correlation=correlation,
                           closed=closed, live_before=live)
 
     def _finish(self) -> None:
-        if self._allocated >= MAX_TOTAL_BYTES:
-            raise NsysanError(f"its memory events allocate {self._allocated / 2**60:,.1f} EiB in all, more than "
-                              "64-bit byte counts hold and far beyond any machine: the export is damaged, so export "
-                              "the report again")
+        check_sums_fit(self._allocated)
         notes = []
-        if self._bad:
-            notes.append(Diagnostic("warning", "bad_memory_rows", bad_rows_message(self._bad_reasons)))
+        if self._bad_reasons.any():
+            notes.append(bad_rows_note(self._bad_reasons))
         if self._copies:
-            notes.append(Diagnostic(
-                "warning", "bad_memory_rows",
-                f"{self._copies} memory events were exact copies of others (an export written twice into one "
-                "file?) and were left out"))
+            notes.append(copies_note(self._copies))
         if self._overlapping:
-            notes.append(Diagnostic(
-                "warning", "overlapping_allocations",
-                f"{self._overlapping} allocations were followed by another allocation at the same address while "
-                "still allocated (a free is missing from the capture, or the export is damaged); each "
-                "free closes the latest allocation at its address, so the live bytes may be overstated"))
+            notes.append(overlapping_note(self._overlapping))
         self.diagnostics = notes
 
 
 def _no_rows() -> dict:
-    return {name: np.zeros(0, "int8" if name == "flags" else "int64") for name in _ROW}
+    return {name: np.zeros(0, dtype) for name, dtype in _ROW.items()}
 
 
 def _pool_rows(rows: dict, time_offset_ns: int) -> dict:
