@@ -223,7 +223,7 @@ def test_streamed_quick_reads_the_table_again_when_the_batches_cannot_be_kept(mo
         raise OSError(28, "No space left on device")
 
     whole, kept = quick_documents(path, chunk_rowids(path), monkeypatch)
-    monkeypatch.setattr(stream.pickle, "dump", disk_full)
+    monkeypatch.setattr(stream, "_write_columns", disk_full)
     assert render_json(pipeline.analyze_report(path, quick=True, keep_events=False)) == kept == whole
 
 

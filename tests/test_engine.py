@@ -399,7 +399,7 @@ def test_a_flow_of_one_chunk_keeps_its_batches_for_the_second_look_in_memory(mon
     path = FIXTURES / "torch_leak_v25.sqlite"
     whole = render_json(pipeline.analyze_report(path, keep_events=False))
     written = []
-    monkeypatch.setattr(stream.pickle, "dump", lambda *args, **kwargs: written.append(args))
+    monkeypatch.setattr(stream, "_write_columns", lambda *args, **kwargs: written.append(args))
     batches = []
     feed = stream.EventFlow._batches
     monkeypatch.setattr(stream.EventFlow, "_batches", lambda self: (batches.append(b) or b for b in feed(self)))
