@@ -331,8 +331,6 @@ SLOW_TESTS = frozenset({
     "test_streamed_ranges.py::test_streamed_focus_after_the_warm_up_of_every_rank",
     "test_streamed_ranges.py::test_streamed_focus_is_on_the_steps_after_the_warm_up",
     "test_streamed_ranges.py::test_streamed_focus_keeps_a_warm_up_that_does_not_dominate",
-    "test_streamed_ranges.py::test_streamed_operator_ranges",
-    "test_streamed_ranges.py::test_streamed_ranges_of_a_leaking_rank",
     "test_streamed_steps.py::test_streamed_growth_of_the_leaks",
     "test_streamed_steps.py::test_streamed_steps_named_by_step_range",
     "test_streamed_verdicts.py::test_streamed_allocators_and_caps",

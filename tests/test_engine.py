@@ -22,12 +22,14 @@ from nsysan.analyses.iterations import iteration_pids
 from nsysan.analyses import pools
 from nsysan.analyses.pools import PoolUses, reserve_adjustment, reserve_at
 from nsysan.analyses.spikes import DEFAULT_WINDOW_NS, Spikes
+from nsysan.analyses.ranges import RangeSums
 from nsysan.analyses.step_windows import StepWindows, found_steps
 from nsysan.analyses.steps import find_step_ranges, listed, memory_threads
 from nsysan.engine import Engine, Facts, frame_batch, frame_labels, frame_live, pieces
 from nsysan.events import load_events, stream
 from nsysan.events.read import last_cuda_calls
 from nsysan.events.read_launches import read_launches
+from nsysan.events.read_nvtx import read_nvtx_ranges
 from nsysan.sources.schema import open_readonly, probe
 
 # several processes and kinds (ddp: two ranks; known_mem: device, managed, pinned, an async pool)
@@ -370,6 +372,86 @@ def test_pools_do_not_depend_on_where_the_batches_are_cut(data):
     bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
     cut, changes = pool_answer(name, bounds)
     assert cut == frame(name).reserved.pools and same_changes(changes, pool_answer(name)[1])
+
+
+# user ranges with families (known_mem: "step 0".."step 8", "burst"; ddp: two ranks' "step 0".."step 7")
+# and PyTorch's operator ranges (torch_ops: every ATen operator a range)
+RANGED = ["known_mem_v25", "ddp_leak_v25", "torch_ops_v25"]
+MiB = 1 << 20
+
+
+def range_table(name: str, bounds=()) -> tuple:
+    """The ranges table and families from RangeSums over the fixture's events cut before `bounds`."""
+    analysis = frame(name)
+    conn = open_readonly(FIXTURES / f"{name}.sqlite")
+    try:
+        operators = read_nvtx_ranges(conn, probe(conn, name))[1]
+    finally:
+        conn.close()
+    more = {"nvtx_ranges": analysis.nvtx_ranges, "operator_ranges": operators, "end_ns": analysis.timeline.end_ns,
+            "labels": partial(frame_labels, analysis.events)}
+    return answer(analysis, RangeSums(), bounds, more)
+
+
+@pytest.mark.parametrize("name", RANGED)
+def test_ranges_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    analysis = frame(name)
+    n = len(analysis.events)
+    whole = range_table(name)
+    assert whole == (analysis.ranges, analysis.range_families)  # what the command line's document holds
+    assert range_table(name, range(0, n, max(1, n // 7))) == whole
+    assert range_table(name, range(0, n, 3)) == whole
+
+
+def test_ranges_of_known_mem_are_the_truth():
+    """known_allocs.cu: the 512 MiB burst, freed, inside `burst` at the process's peak (256+128+12
+    MiB and the burst); steps 2, 5 and 8 each keep a 4 MiB cache entry (the truth's leaked
+    alloc_cache_entry blocks), so the family "step N" of steps 0-8 leaves 12 MiB live."""
+    ranges, families = range_table("known_mem_v25", range(0, 200, 5))
+    rows = {r.name: r for r in ranges}
+    burst = rows["burst"]
+    assert (burst.allocations, burst.allocated_bytes, burst.freed_bytes, burst.still_live_bytes) == \
+        (1, 512 * MiB, 512 * MiB, 0)
+    assert burst.max_live_bytes == 952_107_008
+    cache = [r["bytes"] for r in truth("known_mem_v25") if r.get("site") == "alloc_cache_entry" and r["freed"] == 0]
+    steps = {f.name: f for f in families}["step N"]
+    assert (steps.first, steps.last, steps.names) == ("step 0", "step 8", 9)
+    assert steps.still_live_bytes == sum(cache) == 12 * MiB
+    assert [rows[f"step {k}"].still_live_bytes for k in range(9)] == [0, 0, 4 * MiB, 0, 0, 4 * MiB, 0, 0, 4 * MiB]
+
+
+def test_ranges_of_a_leaking_rank_are_the_truth_in_3_row_batches():
+    # ddp_train.py: two ranks run "step 0".."step 7", and rank 1 keeps a new 64 MiB tensor in each
+    # step; from step 2 on the caching allocator holds nothing spare, so each step makes exactly
+    # that one cudaMalloc, never freed, and the process's highest live bytes rise by 64 MiB a step
+    ranges, _ = range_table("ddp_leak_v25", range(0, len(frame("ddp_leak_v25").events), 3))
+    rows = {r.name: r for r in ranges}
+    steps = [rows[f"step {k}"] for k in range(2, 8)]
+    assert [(r.instances, r.allocations, r.allocated_bytes, r.still_live_bytes, r.freed_bytes) for r in steps] == \
+        [(2, 1, 64 * MiB, 64 * MiB, 0)] * 6
+    assert [b.max_live_bytes - a.max_live_bytes for a, b in zip(steps, steps[1:])] == [64 * MiB] * 5
+
+
+def test_operator_ranges_are_rows_of_their_own_in_7_batches():
+    # --pytorch=autograd-shapes-nvtx: every ATen operator is a push/pop range of its own; the table
+    # lists every name (fewer than 200), so its instances add up to the export's push/pop ranges
+    n = len(frame("torch_ops_v25").events)
+    ranges, _ = range_table("torch_ops_v25", range(0, n, max(1, n // 7)))
+    with open_readonly(FIXTURES / "torch_ops_v25.sqlite") as conn:
+        pushed = conn.execute("SELECT count(*) FROM NVTX_EVENTS WHERE eventType = 59").fetchone()[0]
+    assert sum(r.instances for r in ranges) == pushed
+    operators = {r.name: r for r in ranges if r.operator}
+    assert operators["aten::addmm"].allocated_bytes > 0
+    assert {"setup", "forward", "backward"} <= {r.name for r in ranges if not r.operator}
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_ranges_do_not_depend_on_where_the_batches_are_cut(data):
+    name = data.draw(st.sampled_from(RANGED))
+    analysis = frame(name)
+    bounds = data.draw(st.lists(st.integers(0, len(analysis.events)), max_size=12))
+    assert range_table(name, bounds) == (analysis.ranges, analysis.range_families)
 
 
 @pytest.mark.parametrize("name", NAMES)

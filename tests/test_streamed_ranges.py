@@ -1,7 +1,7 @@
-"""The streamed full analysis's NVTX sections (analyses/streamed_ranges.py): the ranges table and
-the timeline's bands, spans, trace ends and focus, against what the fixtures' truths say (that
-they are the whole frame's, in batches and on shuffled rows, is test_bounded_memory's whole-document
-check)."""
+"""The streamed full analysis's NVTX sections of the timeline (streamed_full.py: its bands, trace
+ends and focus, from MemoryThreads and Movement), against what the fixtures' truths say (that they
+are the whole frame's, in batches and on shuffled rows, is test_bounded_memory's whole-document
+check; the ranges table is one reducer on both paths: test_engine.py)."""
 
 from __future__ import annotations
 
@@ -11,35 +11,6 @@ from conftest import FIXTURES
 from test_bounded_memory import chunk_rowids, full_documents
 
 from nsysan.analyses.explore import FOCUS_PAD
-
-MiB = 1 << 20
-
-
-def test_streamed_ranges_of_a_leaking_rank(monkeypatch):
-    # ddp_train.py: two ranks run "step 0".."step 7", and rank 1 keeps a new 64 MiB tensor in each
-    # step; from step 2 on the caching allocator holds nothing spare, so each step makes exactly
-    # that one cudaMalloc, never freed, and the process's highest live bytes rise by 64 MiB a step
-    path = FIXTURES / "ddp_leak_v25.sqlite"
-    _, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
-    rows = {r["name"]: r for r in streamed["ranges"]}
-    steps = [rows[f"step {k}"] for k in range(2, 8)]
-    assert [(r["instances"], r["allocations"], r["allocated_bytes"], r["still_live_bytes"], r["freed_bytes"])
-            for r in steps] == [(2, 1, 64 * MiB, 64 * MiB, 0)] * 6
-    assert [b["max_live_bytes"] - a["max_live_bytes"] for a, b in zip(steps, steps[1:])] == [64 * MiB] * 5
-
-
-def test_streamed_operator_ranges(monkeypatch):
-    # --pytorch=autograd-shapes-nvtx: every ATen operator is a push/pop range of its own; the table
-    # lists every name (fewer than 200), so its instances add up to the export's push/pop ranges
-    path = FIXTURES / "torch_ops_v25.sqlite"
-    _, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
-    with sqlite3.connect(path) as conn:
-        pushed = conn.execute("SELECT count(*) FROM NVTX_EVENTS WHERE eventType = 59").fetchone()[0]
-    assert sum(r["instances"] for r in streamed["ranges"]) == pushed
-    operators = {r["name"]: r for r in streamed["ranges"] if r["operator"]}
-    assert "aten::addmm" in operators and operators["aten::addmm"]["allocated_bytes"] > 0
-    user = {r["name"] for r in streamed["ranges"] if not r["operator"]}
-    assert {"setup", "forward", "backward"} <= user
 
 
 def streamed_steps(name: str, monkeypatch) -> tuple[dict, list[dict]]:

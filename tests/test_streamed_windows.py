@@ -1,6 +1,7 @@
 """Windows over live series fed in tiny batches read what the whole-frame analyses read of them
-(analyses/windows.py against ranges._max_live_while_open; the steps' and phases' windows:
-test_engine.py's StepWindows on one batch and many)."""
+(analyses/windows.py: the most live bytes while a window is open, as ranges.RangeSums reads them,
+against a slice of the series per window; the steps' and phases' windows: test_engine.py's
+StepWindows on one batch and many)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ import pytest
 from conftest import FIXTURES
 
 import nsysan
-from nsysan.analyses.ranges import _max_live_while_open
 from nsysan.analyses.windows import LOW, Windows
-from nsysan.analyses.timeline import group_events
 from nsysan.model import GPU_RESIDENT_KINDS
 
 FAR = np.iinfo("int64").max
@@ -49,23 +48,26 @@ def fed(keys: np.ndarray, ts: np.ndarray, live: np.ndarray, values: np.ndarray, 
 @pytest.mark.parametrize("size", [1, 7])
 def test_range_windows_read_the_most_live_while_open(name, size):
     events, ranges = frames(name)
-    grouped = group_events(events)
     resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
     pid = events["pid"].to_numpy()
     keys = np.where(resident, pid, -1).astype("int64")
     live = np.zeros(len(events), "int64")
-    windows, spans = Windows(), []
+    windows, expected = Windows(), []
     for p in np.unique(pid[resident]).tolist():  # one per process
         rows = np.flatnonzero(resident & (pid == p))
         live[rows] = np.cumsum(events["delta_bytes"].to_numpy()[rows])
-        starts, ends = edge_windows(events["ts_ns"].to_numpy()[rows], ranges, p)
+        ts = events["ts_ns"].to_numpy()[rows]
+        starts, ends = edge_windows(ts, ranges, p)
         ids = windows.open(p, starts, ends)
-        spans.append(pd.DataFrame({"pid": p, "start_ns": starts, "end_ns": np.maximum(ends, starts), "id": ids}))
-    spans = pd.concat(spans, ignore_index=True)
+        # the process's live bytes carried in at the start (0 before its first event), or after
+        # an event inside: padded[first:stop]
+        padded = np.concatenate([[0], live[rows]])
+        first = np.searchsorted(ts, starts, side="right")
+        stop = np.searchsorted(ts, np.maximum(ends, starts), side="right") + 1
+        expected += [(i, int(padded[a:z].max())) for i, a, z in zip(ids.tolist(), first, stop)]
     fed(keys, events["ts_ns"].to_numpy(), live, np.zeros(len(events), "int64"), windows, size)
-    whole = _max_live_while_open(events, spans, grouped)
-    ids = spans["id"].to_numpy()
-    assert np.maximum(windows.at_start[ids], windows.high_after[ids]).tolist() == whole.tolist()
+    ids = np.array([i for i, _ in expected], "int64")
+    assert np.maximum(windows.at_start[ids], windows.high_after[ids]).tolist() == [most for _, most in expected]
 
 
 def test_windows_open_until_the_end_and_windows_never_reached():

@@ -30,7 +30,7 @@ from .groups import GroupSums, frame_groups
 from .peak import find_peaks, headline
 from .pools import PoolUses, reserve_adjustment
 from .ranks import assign_ranks
-from .ranges import range_stats
+from .ranges import RangeSums, alloc_calls
 from .sites import rank_sites
 from .stacks import referenced_stacks, stack_bytes
 from .byte_classes import ByteClassSums, Lifetimes, byte_classes, step_phases
@@ -97,8 +97,11 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         timeline_later = pool.submit(build_timeline, batch, facts, events, ranges, start_ns, end_ns)
         api_call_work = partial(api_call_stats, calls)
         site_work = partial(rank_sites, events, site_table) if not loaded.quick else partial(list)
-        range_work = partial(range_stats, events, ranges, end_ns, loaded.operator_ranges, calls=calls,
-                             sizes_known=schema.memory_usage_collected, grouped=grouped.without_live())
+        range_facts = dataclasses.replace(facts, more={
+            "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges, "end_ns": end_ns,
+            "labels": partial(frame_labels, events),
+            "range_alloc_calls": None if schema.memory_usage_collected else alloc_calls(calls, ranges)})
+        range_work = partial(_engine_run, [RangeSums()], range_facts, events)
         api_calls_later, sites_later, ranges_later = (pool.submit(work) for work in
                                                       (api_call_work, site_work, range_work))
         answered = Engine([GroupSums(), NeverFreed(), LargestAllocations()], facts).run([batch],
@@ -123,7 +126,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
                                  schema.duration_ns, grouped, quick=loaded.quick, pools=pools)
         # Whichever core is free takes what is left of the second core's queue, the last queued first.
-        range_table, range_families = _here_unless_started(ranges_later, range_work)
+        range_table, range_families = _here_unless_started(ranges_later, range_work)["ranges"]
         del grouped, range_work  # the order of 1e7 events into groups, 80 MB
         timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns, loaded.operator_ranges,
                                answered.pop("largest"))
@@ -179,6 +182,11 @@ def _here_unless_started(later: Future, work: Callable[[], T]) -> T:
     """The result of `work`, queued for the second core as `later`, found on this one instead when
     the second has not started it yet (a queued future can still be cancelled; a running one cannot)."""
     return work() if later.cancel() else later.result()
+
+
+def _engine_run(reducers: list, facts: Facts, events: pd.DataFrame) -> dict:
+    """The answers of `reducers` over the whole frame as one batch (made by whichever core runs them)."""
+    return Engine(reducers, facts).run([frame_batch(events)], frame_live(events))
 
 
 def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, facts: Facts, end_ns: int,

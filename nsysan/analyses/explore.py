@@ -91,7 +91,7 @@ def focus_from_movement(first: int, last: int, total_moved: float, moved_between
     the movement, `total_moved`, has happened) to `last` (the last event that moves memory);
     widened to the NVTX bands it cuts (whole steps), and to the ranges that follow an early end of
     the CUDA trace. `moved_between(start, end)`: the movement from `start` to `end`, both included
-    (what the streamed analysis sums as the events pass: analyses/streamed_ranges.py)."""
+    (what the streamed analysis sums as the events pass: streamed_full.Movement)."""
     steps = step_bands(bands)
     if steps:
         start, end = step_span(steps)

@@ -1,4 +1,11 @@
-"""Memory per NVTX range name: what each phase allocates, frees, leaves behind, and the high mark."""
+"""Memory per NVTX range name: what each phase allocates, frees, leaves behind, and the high mark.
+
+One reducer (`RangeSums`, nsysan/engine) on both paths: the whole events frame is one batch, an
+export too large for it a flow of many. Of each event it reads, besides the batch's own columns,
+its innermost user range, that range's path and its innermost operator: the labelled columns
+"nvtx_range", "nvtx_path", "operator" of `batch.calls`, named by engine.Labels (the events frame's
+categories; on the streamed flow the site sums label each batch before the second look).
+"""
 
 from __future__ import annotations
 
@@ -7,42 +14,159 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from ..engine import Reducer
 from ..events.nvtx import MAX_NVTX_DEPTH, attribute_ranges, range_paths
 from ..model import GPU_RESIDENT_KINDS, RangeFamily, RangeStat
 from ..model.memory import range_family
 from .grouping import Segments
-from .timeline import Groups, group_events
+from .windows import Windows
 
 MAX_RANGES = 200
+FINITE = np.iinfo("int64").max // 4  # as analyses._capture_span: times from here on are absurd
+MOVED = ("allocations", "allocated", "freed", "open")  # per user range name and per operator name
+# the labelled columns of an event's ranges (batch.calls), and what names their codes (engine.Labels)
+NVTX_COLUMNS = {"nvtx_range": "ranges", "nvtx_path": "paths", "operator": "operators"}
 
 
-def range_stats(events: pd.DataFrame, ranges: pd.DataFrame, end_ns: int,
-                operator_ranges: Optional[pd.DataFrame] = None, limit: int = MAX_RANGES,
-                calls: Optional[pd.DataFrame] = None, sizes_known: bool = True,
-                grouped: Optional[Groups] = None) -> tuple[list[RangeStat], list[RangeFamily]]:
-    """Per range name: instances, time, bytes allocated/freed inside (innermost range), still live
-    at the end, and the highest live GPU-resident bytes of the process while one was open.
-    Without sizes (`sizes_known` False), the allocation calls made inside each are counted from `calls`.
+class RangeSums(Reducer):
+    """The ranges table (`Analysis.ranges`, with `range_families`: finish answers both). Per range
+    name: instances, time, bytes allocated/freed inside (innermost range), still live at the end,
+    and the highest live GPU-resident bytes of the process while one was open; per user range
+    name, the allocations inside it or a range nested in it.
 
     PyTorch's operator ranges are rows of their own, one per operator name however many
     instances: an allocation counts in its innermost user range and in its innermost operator.
-    `grouped`: the events' (process, device, kind) groups (timeline.group_events), found when None.
-    With the rows, the families of user ranges that differ only in their numbers (ranked_ranges).
-    """
-    operators = operator_ranges if operator_ranges is not None else ranges.iloc[:0]
-    if ranges.empty and operators.empty:
-        return [], []
-    spans = range_spans(ranges, operators, end_ns)
-    max_live = _max_live_while_open(events, spans, grouped if grouped is not None else group_events(events))
-    moved = nested = None
-    if not events.empty:
-        moved = _moved_inside(events, "nvtx_range")
-        nested = nested_sums(_moved_inside(events, "nvtx_path"), ranges)
-        if not operators.empty and "operator" in events:
-            moved = pd.concat([moved, _moved_inside(events, "operator").drop(index="", errors="ignore")])
-            moved = moved.groupby(level=0, sort=False).sum()
-    alloc_calls = _alloc_calls(calls, ranges) if not sizes_known and calls is not None else None
-    return ranked_ranges(spans, max_live, moved, alloc_calls, limit, nested)
+    Facts.more: "nvtx_ranges" and "operator_ranges" (read_nvtx; none: no table), "end_ns" (the
+    capture's end as known before the events; the latest event of a finite time may end it
+    later), "labels" (a callable giving the engine.Labels of the batches' labelled columns, once
+    the flow is done) and, when sizes were not collected, "range_alloc_calls" (alloc_calls of the calls).
+    A second look: on the streamed flow the ranges of a batch's events are known then."""
+
+    field = "ranges"
+    needs = ("nvtx_ranges", "operator_ranges", "end_ns", "labels")
+    second_look = True
+
+    def start(self, facts) -> None:
+        super().start(facts)
+        more = facts.more
+        self.ranges, self.operators = more.get("nvtx_ranges"), more.get("operator_ranges")
+        self.active = self.ranges is not None and not (self.ranges.empty and self.operators.empty)
+        if not self.active:
+            return
+        self.end_ns = int(more.get("end_ns", 0))
+        # per code of each labelled column (engine.Labels), the sums (MOVED; per path the first two)
+        self.sums = {column: np.zeros((len(MOVED), 0), "int64") for column in NVTX_COLUMNS}
+        # allocations not freed yet, with their ranges' codes; those never to be freed leave
+        # their bytes in `open` of their ranges at once
+        self.unfreed = {c: np.zeros(0, "int64") for c in ("seq", "bytes", "nvtx_range", "operator")}
+        # The whole frame ends each range by the capture's end, past every event of a finite time
+        # (below FINITE): ranges ending by FINITE hold the same events, and the end need not be
+        # known before the events.
+        spans = range_spans(self.ranges, self.operators, FINITE - 1)
+        self.windows, self.window_ids = Windows(), np.zeros(len(spans), "int64")
+        pid = spans["pid"].to_numpy().astype("int64")
+        for p in pd.unique(pid).tolist():  # one per process
+            mine = np.flatnonzero(pid == p)
+            self.window_ids[mine] = self.windows.open(int(p), spans["start_ns"].to_numpy()[mine],
+                                                      spans["end_ns"].to_numpy()[mine])
+        self.resident = [i for i, kind in enumerate(facts.kinds) if kind in GPU_RESIDENT_KINDS]
+        self.live: dict[int, int] = {}  # pid -> its GPU-resident live bytes so far
+
+    def add(self, batch) -> None:
+        """Nothing on the first look (the second reads every batch)."""
+
+    def again(self, b) -> None:
+        if not self.active or not len(b):
+            return
+        finite = b.ts[b.ts < FINITE]
+        if len(finite):
+            self.end_ns = max(self.end_ns, int(finite.max()))
+        self._resident(b)
+        if "nvtx_path" in b.calls:  # labelled (the full analysis)
+            self._moved(b)
+
+    def finish(self, live: dict) -> tuple[list[RangeStat], list[RangeFamily]]:
+        """The table and the families; the allocations still unfreed now (the flow's `live`) never were."""
+        if not self.active:
+            return [], []
+        self.windows.finish()
+        ids = self.window_ids
+        max_live = np.maximum(self.windows.at_start[ids], self.windows.high_after[ids])
+        for column in ("nvtx_range", "operator"):
+            self._never_freed(column, self.unfreed[column], self.unfreed["bytes"])
+        labels = self.facts.more["labels"]()
+        moved = [self._frame(c, labels, MOVED) for c in ("nvtx_range", "operator")]
+        moved = pd.concat([moved[0], moved[1].drop(index="", errors="ignore")]).groupby(level=0, sort=False).sum() \
+            if not self.operators.empty else moved[0]
+        nested = nested_sums(self._frame("nvtx_path", labels, MOVED[:2]), self.ranges)
+        return ranked_ranges(range_spans(self.ranges, self.operators, self.end_ns), max_live, moved, nested,
+                             self.facts.more.get("range_alloc_calls"))
+
+    def _resident(self, b) -> None:
+        """Each process's GPU-resident live bytes after each of its events, into the windows of its
+        ranges (the value carried in at a range's start, or after an event inside)."""
+        rows = np.flatnonzero(np.isin(b.kind, self.resident))
+        if not len(rows):
+            return
+        pid, live = b.pid[rows], np.zeros(len(rows), "int64")
+        for p in pd.unique(pid).tolist():  # the few processes of the batch
+            mine = np.flatnonzero(pid == p)
+            live[mine] = self.live.get(p, 0) + np.cumsum(b.delta[rows[mine]])
+            self.live[p] = int(live[mine[-1]])
+        self.windows.add(pid.astype("int64"), b.ts[rows], live)
+
+    def _moved(self, b) -> None:
+        """Per name: allocations and bytes allocated inside (each allocation's ranges), bytes freed
+        inside (each free's own); per path, the allocations and their bytes."""
+        allocs = b.is_alloc
+        frees = ~allocs & (b.partner_seq >= 0)  # a free of an allocation seen
+        sized = b.bytes.astype("int64", copy=False)
+        codes = {}
+        for column in NVTX_COLUMNS:
+            code = b.calls[column]
+            groups = int(code.max()) + 1
+            seg = Segments(code, groups)
+            table = self._grow(column, groups)[:, :groups]
+            table[0] += seg.count(allocs)
+            table[1] += seg.sum(np.where(allocs, sized, 0))
+            if column != "nvtx_path":
+                table[2] += seg.sum(np.where(frees, sized, 0))
+                codes[column] = code[allocs].astype("int64")
+        # the allocations freed in this batch leave it unfreed no more, nor those of earlier ones
+        partners = b.partner_seq[frees]
+        inside = partners[partners >= b.seq[0]]
+        freed_here = np.zeros(len(b), bool)
+        # a batch numbers its rows one after another (the whole frame: 0..n-1), so a row is a difference
+        freed_here[inside - b.seq[0] if b.seq[-1] - b.seq[0] == len(b) - 1 else np.searchsorted(b.seq, inside)] = True
+        kept = ~np.isin(self.unfreed["seq"], partners[partners < b.seq[0]])
+        fresh = ~freed_here[allocs]
+        now = {"seq": b.seq[allocs], "bytes": sized[allocs], **codes}
+        self.unfreed = {c: np.concatenate([self.unfreed[c][kept], now[c][fresh]]) for c in self.unfreed}
+        closed = b.closed.get("seq", np.zeros(0, "int64"))
+        if len(closed):  # never to be freed: still live at the end, for the whole frame
+            gone = np.isin(self.unfreed["seq"], closed)
+            for column in ("nvtx_range", "operator"):
+                self._never_freed(column, self.unfreed[column][gone], self.unfreed["bytes"][gone])
+            self.unfreed = {c: values[~gone] for c, values in self.unfreed.items()}
+
+    def _never_freed(self, column: str, codes: np.ndarray, sizes: np.ndarray) -> None:
+        """Allocations that will never be freed: their bytes stay live in their ranges."""
+        if len(codes):
+            np.add.at(self._grow(column, int(codes.max()) + 1)[3], codes, sizes)
+
+    def _grow(self, column: str, size: int) -> np.ndarray:
+        """The sums of `column`, for codes up to `size` at least."""
+        table = self.sums[column]
+        if table.shape[1] < size:
+            grown = np.zeros((len(MOVED), size - table.shape[1]), "int64")
+            table = self.sums[column] = np.concatenate([table, grown], 1)
+        return table
+
+    def _frame(self, column: str, labels, columns: tuple) -> pd.DataFrame:
+        """The sums of `column` per name (`labels` name the codes; one row per code seen)."""
+        table = self.sums[column]
+        names = list(getattr(labels, NVTX_COLUMNS[column]))[:table.shape[1]]
+        return pd.DataFrame(table[:len(columns)].T.copy(), columns=list(columns), index=pd.Index(names, dtype=object))
 
 
 def range_spans(ranges: pd.DataFrame, operators: pd.DataFrame, end_ns: int) -> pd.DataFrame:
@@ -54,33 +178,26 @@ def range_spans(ranges: pd.DataFrame, operators: pd.DataFrame, end_ns: int) -> p
     return spans.assign(end_ns=np.maximum(spans["end_ns"], spans["start_ns"]))
 
 
-def ranked_ranges(spans: pd.DataFrame, max_live: np.ndarray, moved: Optional[pd.DataFrame],
-                  alloc_calls: Optional[dict[str, int]], limit: int = MAX_RANGES,
-                  nested: Optional[pd.DataFrame] = None) -> tuple[list[RangeStat], list[RangeFamily]]:
-    """The rows of range_stats from the range instances `spans` (range_spans), the highest live
-    bytes while each was open, and per name (`moved`, _moved_inside's columns; None without
-    events) what moved inside, and (`nested`, nested_sums) inside it or a range nested in it.
-    With them the families (range_families), summed over every name before the rows are capped."""
+def ranked_ranges(spans: pd.DataFrame, max_live: np.ndarray, moved: pd.DataFrame, nested: pd.DataFrame,
+                  alloc_calls: Optional[dict[str, int]]) -> tuple[list[RangeStat], list[RangeFamily]]:
+    """The rows of the ranges table from the range instances `spans` (range_spans), the highest
+    live bytes while each was open, and per name what moved inside (`moved`: MOVED) and inside
+    it or a range nested in it (`nested`: nested_sums); a name without events has zeros. With
+    them the families (range_families), summed over every name before the rows are capped."""
     spans = spans.assign(max_live=max_live)
     per_name = spans.groupby("name", sort=False).agg(
         instances=("name", "size"), total_time=("end_ns", "sum"), started=("start_ns", "sum"),
         max_live=("max_live", "max"), operator=("operator", "max"), first_start=("start_ns", "min"))
     per_name["total_time"] -= per_name["started"]
-    if moved is not None:
-        per_name = per_name.join(moved, how="left")
-    if nested is not None:
-        per_name = per_name.join(nested, how="left")
-    for column in ("allocations", "allocated", "freed", "open", "nested_allocations", "nested_allocated"):
-        if column not in per_name:
-            per_name[column] = 0
-    per_name = per_name.fillna(0)
+    per_name = per_name.join(moved, how="left").join(nested, how="left").fillna(0)
     # an operator's bytes are its innermost operator's alone (operators nest in user ranges, not
     # in paths), so its nested counts are its own
     operator = per_name["operator"].to_numpy(bool)
     for own, within in (("allocations", "nested_allocations"), ("allocated", "nested_allocated")):
         per_name.loc[operator, within] = per_name.loc[operator, own]
-    families = range_families(per_name, limit)
-    per_name = per_name.sort_values(["allocated", "max_live", "instances"], ascending=False, kind="stable").head(limit)
+    families = range_families(per_name)
+    per_name = per_name.sort_values(["allocated", "max_live", "instances"], ascending=False, kind="stable")
+    per_name = per_name.head(MAX_RANGES)
     return [RangeStat(name=str(name), instances=int(r.instances), total_time_ns=int(r.total_time),
                       allocations=int(r.allocations), allocated_bytes=int(r.allocated), freed_bytes=int(r.freed),
                       still_live_bytes=int(r.open), max_live_bytes=int(max(r.max_live, 0)), operator=bool(r.operator),
@@ -90,10 +207,10 @@ def ranked_ranges(spans: pd.DataFrame, max_live: np.ndarray, moved: Optional[pd.
             for name, r in zip(per_name.index, per_name.itertuples())], families  # one per range name
 
 
-def range_families(per_name: pd.DataFrame, limit: int = MAX_RANGES) -> list[RangeFamily]:
+def range_families(per_name: pd.DataFrame) -> list[RangeFamily]:
     """User ranges whose names differ only in their numbers ("step 0" ... "step 9": "step N"), one
     family per pattern of two names or more, summed over all its names (ranked_ranges' columns),
-    in the order they first opened; the `limit` that allocated most when there are more (as the rows)."""
+    in the order they first opened; the MAX_RANGES that allocated most when there are more (as the rows)."""
     user = per_name[~per_name["operator"].to_numpy(bool)]
     if user.empty:
         return []
@@ -110,7 +227,7 @@ def range_families(per_name: pd.DataFrame, limit: int = MAX_RANGES) -> list[Rang
         nested_allocations=("nested_allocations", "sum"), nested_allocated=("nested_allocated", "sum"),
         first_start=("first_start", "min"))
     summed = summed.sort_values(["nested_allocated", "max_live", "instances"], ascending=False, kind="stable") \
-        .head(limit).sort_values("first_start", kind="stable")
+        .head(MAX_RANGES).sort_values("first_start", kind="stable")
     return [RangeFamily(name=str(name), first=str(r.first), last=str(r.last), names=int(r.names),
                         instances=int(r.instances), total_time_ns=int(r.total_time), allocations=int(r.allocations),
                         allocated_bytes=int(r.allocated), freed_bytes=int(r.freed), still_live_bytes=int(r.open),
@@ -121,7 +238,7 @@ def range_families(per_name: pd.DataFrame, limit: int = MAX_RANGES) -> list[Rang
 
 def nested_sums(by_path: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
     """Per user range name, the allocations and bytes allocated inside it or a range nested in it:
-    `by_path` (_moved_inside's columns per NVTX path, the ranges open at each event, outermost
+    `by_path` (allocations, allocated per NVTX path, the ranges open at each event, outermost
     first) added to every name on the path, once per path even where a name repeats on it."""
     names = path_names(ranges)
     totals: dict[str, list[int]] = {}
@@ -156,7 +273,7 @@ def path_names(ranges: pd.DataFrame) -> dict[str, frozenset]:
     return found
 
 
-def _alloc_calls(calls: pd.DataFrame, ranges: pd.DataFrame) -> dict[str, int]:
+def alloc_calls(calls: pd.DataFrame, ranges: pd.DataFrame) -> dict[str, int]:
     """Allocation calls per innermost range name (only read when sizes were not collected: the
     calls are then all there is to count)."""
     allocs = calls[(calls["family"] == "alloc").to_numpy()]
@@ -165,39 +282,3 @@ def _alloc_calls(calls: pd.DataFrame, ranges: pd.DataFrame) -> dict[str, int]:
     names, _ = attribute_ranges(allocs, ranges)
     counts = pd.Series(np.asarray(names)).value_counts()
     return {str(name): int(count) for name, count in counts.items()}  # one per range name
-
-
-def _moved_inside(events: pd.DataFrame, column: str) -> pd.DataFrame:
-    """Per name of an event column: allocations, bytes allocated, freed, and left allocated."""
-    names = events[column].cat.categories
-    seg = Segments(events[column].cat.codes.to_numpy().astype("int64"), len(names))
-    # Each column brought into segment order once, not once per sum.
-    is_alloc = seg.in_group_order(events["op"].cat.codes.to_numpy() == 0)
-    matched = seg.in_group_order(events["partner"].to_numpy() >= 0)
-    sizes = seg.in_group_order(events["bytes"].to_numpy())
-    return pd.DataFrame({"allocations": seg.count(is_alloc, ordered=True),
-                         "allocated": seg.sum(np.where(is_alloc, sizes, 0), ordered=True),
-                         "freed": seg.sum(np.where(~is_alloc & matched, sizes, 0), ordered=True),
-                         "open": seg.sum(np.where(is_alloc & ~matched, sizes, 0), ordered=True)},
-                        index=pd.Index(names, dtype=object))
-
-
-def _max_live_while_open(events: pd.DataFrame, spans: pd.DataFrame, grouped: Groups) -> np.ndarray:
-    """For each range instance, the most GPU-resident bytes its process held while it was open."""
-    result = np.zeros(len(spans), "int64")
-    span_pid = spans["pid"].to_numpy()
-    for pid in np.unique(span_pid):  # one per process
-        mine = np.flatnonzero(span_pid == pid)
-        theirs = grouped.rows(GPU_RESIDENT_KINDS, int(pid))
-        if len(theirs) == 0:
-            continue
-        ts = events["ts_ns"].to_numpy()[theirs]
-        # A sentinel 0 at the front is "live before the first event"; the sentinel at the end
-        # keeps every reduceat index in range.
-        values = np.concatenate([[0], np.cumsum(events["delta_bytes"].to_numpy()[theirs]), [0]])
-        start = np.searchsorted(ts, spans["start_ns"].to_numpy()[mine], side="right")  # value at start
-        stop = np.searchsorted(ts, spans["end_ns"].to_numpy()[mine], side="right") + 1
-        bounds = np.empty(2 * len(mine), "int64")
-        bounds[0::2], bounds[1::2] = start, np.maximum(stop, start + 1)
-        result[mine] = np.maximum.reduceat(values, bounds)[0::2]
-    return result

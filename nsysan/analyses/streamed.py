@@ -72,12 +72,8 @@ class FirstLook:
     allocations: int = 0
     largest: pd.DataFrame = field(default_factory=lambda: no_rows())
     big_blocks: list = field(default_factory=list)
-    # The last batch's running sums, for the consumers after this one (windows.py): "resident"
-    # per process of GPU-resident memory (ranges._max_live_while_open), as (rows, series codes, live).
-    batch_live: dict = field(default_factory=dict)
 
     def add(self, b: EventBatch) -> None:
-        self.batch_live = {}
         if len(b) == 0:
             return
         self.first_ts, self.last_ts = min(self.first_ts, int(b.ts[0])), max(self.last_ts, int(b.ts[-1]))
@@ -102,7 +98,6 @@ class FirstLook:
         c = self.cut
         codes = c.codes(b.pid[rows])
         live = running_sums(codes, b.delta[rows], c["live"])
-        self.batch_live["resident"] = (rows, codes, live)
         np.maximum.at(c["highest"], codes, live)
         np.add.at(c["events"], codes, 1)
         np.maximum.at(c["last_ts"], codes, b.ts[rows])

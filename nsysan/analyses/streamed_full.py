@@ -5,8 +5,9 @@ The memory events flow as in `--quick` (streamed_run.py), each batch joined to i
 (events/stream_calls.py); one scan of the calls sums the API call stats, finds the failed calls,
 the threads and the calls' span; the first pass gathers the allocations' call stacks and the
 live bytes at each failed call; the second labels every allocation's site and sums per site
-(streamed_sites.py); the NVTX ranges table and the timeline's bands, spans and focus come from
-the ranges and a few sums of both passes (streamed_ranges.py); the steps, growth and phases from
+(streamed_sites.py), attributing each event to its NVTX ranges for the ranges table (the engine's
+ranges.RangeSums); the timeline's bands, spans and focus come from the ranges, the threads with
+memory events and the memory movement (MemoryThreads, Movement); the steps, growth and phases from
 the engine's reducer (step_windows.py) as on the whole frame. Every section is the whole frame's;
 a section not streamed (none now) would be left empty and named by the diagnostic `not_streamed`
 (NOT_STREAMED), with how to get it.
@@ -21,7 +22,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..events.nvtx import attribute_ranges
+from ..events.nvtx import attribute_ranges, thread_key
 from ..events.read import last_cuda_calls, read_calls, read_thread_names
 from ..events.read_nvtx import read_nvtx_ranges
 from ..events.read_launches import read_launches
@@ -45,7 +46,6 @@ from .steps import find_step_ranges, listed, step_diagnostics
 from .streamed import RESIDENT
 from .explore import early_trace_ends, nvtx_spans, operator_spans, step_bands, step_span
 from .streamed_oom import VerdictLooks
-from .streamed_ranges import RangeSums, RangeThreads, streamed_range_stats
 from .streamed_run import _cut_short, _focus, _mini, gpus, run_streamed
 from .streamed_sites import SiteSums
 from .timeline import top_level_bands
@@ -78,9 +78,11 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     flow = EventFlow(conn, schema, call_window=CallWindow(calls), order_ahead=ahead)
     looks: dict = {}
     # the engine's facts beyond the kinds and GPUs: the steps and their phases; the NVTX ranges
-    # and memory threads (the spikes' range instances), and what the second pass's labels name
+    # (and the operator ranges: the ranges table's) and memory threads (the spikes' range
+    # instances), and what the second pass's labels name
     more: dict = {"found_steps": stepped, "phases": step_phases(stepped.steps, stepped.ranges), "nvtx_ranges": ranges,
-                  "memory_threads": calls.threads, "labels": lambda: _labels(looks["second"], ranges)}
+                  "operator_ranges": operator_ranges, "memory_threads": calls.threads,
+                  "labels": lambda: _labels(looks["second"], ranges)}
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)
     verdict_looks = VerdictLooks(calls, ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns)
@@ -89,28 +91,28 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
 
     def first(look) -> Each:
         looks["first"] = FirstCalls(calls)
-        looks["range_threads"] = RangeThreads(look, ranges, operator_ranges, max(0, schema.duration_ns or 0, span[1]))
-        return Each(looks["first"], verdict_looks.first_pass(), looks["range_threads"])
+        looks["threads"] = MemoryThreads()
+        return Each(looks["first"], verdict_looks.first_pass(), looks["threads"])
 
-    def second(look) -> SiteSums:
+    def second(look) -> Each:
         found = looks["first"]
         looks["second"] = SiteSums(conn, schema, found.wanted_chains(), lambda: read_calls(conn, schema),
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
                                    listed=_listed(look.first), look=look,
                                    times=(look.first.first_ts, look.first.last_ts))
-        looks["bands"] = top_level_bands(ranges, looks["range_threads"].threads())
+        looks["bands"] = top_level_bands(ranges, looks["threads"].frame())
         steps = step_bands(looks["bands"])
-        looks["range_sums"] = RangeSums(looks["second"], ranges, step_span(steps) if steps else None)
+        looks["movement"] = Movement(step_span(steps) if steps else None)
         looks["look"] = look
         verdict_looks.second_pass(look, looks["second"])  # fed by SiteSums, as its watchers
-        return looks["second"]  # which feeds the verdicts' and ranges' consumers, its watchers, and labels the
-        # batches for the engine's second look
+        # SiteSums feeds the verdicts' consumers, its watchers, and labels the batches for the
+        # engine's second look (the spikes', the ranges table's)
+        return Each(looks["second"], looks["movement"])
 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
                          also=(first, second), span=span, described=described, answers=looks, more=more)
     found, sites, ranked = looks["first"], looks["second"], looks["ranked"][0]
-    looks["range_sums"].finish(flow.live)
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
     capture = _capture(quick, calls.threads, ranges, schema, report_version)
     labels = {p.pid: p.label for p in capture.processes}
@@ -134,8 +136,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         pools=quick.reserved.pools)
     diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics \
         + step_notes + growth_diagnostics(growth) + ([not_streamed_note()] if NOT_STREAMED else [])
-    range_table, range_families = streamed_range_stats(ranges, operator_ranges, quick.timeline.end_ns,
-                                                       looks["range_threads"], looks["range_sums"])
+    range_table, range_families = looks["ranges"]
     analysis = dataclasses.replace(
         quick, scope="full", capture=capture, sites=ranked, api_calls=api_calls.stats(), failed_calls=failed,
         diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved,
@@ -152,10 +153,11 @@ def _explorable(timeline, looks: dict, ranges: pd.DataFrame, operator_ranges: pd
     """analyses._explorable's NVTX parts: the bands, spans, trace ends and focus."""
     trace_ends = early_trace_ends(ranges, last_calls)
     look = looks["look"]
-    focus = _focus(look.first, look, looks["bands"], trace_ends, looks["range_sums"].moved_between)
+    focus = _focus(look.first, look, looks["bands"], trace_ends, looks["movement"].moved_between)
+    threads = looks["threads"].frame()
     return dataclasses.replace(timeline, bands=looks["bands"], trace_ends=trace_ends, focus_start_ns=focus[0],
-                               focus_end_ns=focus[1], spans=nvtx_spans(ranges, looks["range_threads"].threads()),
-                               operator_spans=operator_spans(operator_ranges, looks["range_threads"].threads()))
+                               focus_end_ns=focus[1], spans=nvtx_spans(ranges, threads),
+                               operator_spans=operator_spans(operator_ranges, threads))
 
 
 def not_streamed_note() -> Diagnostic:
@@ -176,6 +178,51 @@ class Each:
     def add(self, batch) -> None:
         for consumer in self.consumers:
             consumer.add(batch)
+
+
+class MemoryThreads:
+    """The first pass's consumer of the threads with memory events (what the timeline's bands and
+    spans read of the events: top_level_bands, nvtx_spans)."""
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(0, "int64")  # thread_key of each thread with events
+
+    def add(self, b) -> None:
+        if len(b):
+            self.keys = pd.unique(np.concatenate([self.keys, thread_key(b.pid, b.calls["tid"])]))
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"pid": self.keys >> 24, "tid": self.keys & 0xFFFFFF})
+
+
+class Movement:
+    """The second pass's consumer of the memory movement (sum of |delta bytes|) before the steps'
+    start and through their end (explore.focus_from_movement's `moved_between`), as
+    explore.focus_window's cumulative sum makes it, in the same order, so the same floats."""
+
+    def __init__(self, steps: Optional[tuple[int, int]]) -> None:
+        self.steps = steps
+        self.moved = self.before_start = self.through_end = 0.0
+
+    def add(self, b) -> None:
+        moving = np.flatnonzero(b.delta != 0) if self.steps is not None else ()
+        if not len(moving):
+            return
+        ts = b.ts[moving]
+        moved = np.cumsum(np.concatenate([[self.moved], np.abs(b.delta[moving].astype("float64"))]))
+        start, end = self.steps
+        before = int(np.searchsorted(ts, start, side="left"))
+        if before:
+            self.before_start = float(moved[before])
+        through = int(np.searchsorted(ts, end, side="right"))
+        if through:
+            self.through_end = float(moved[through])
+        self.moved = float(moved[-1])
+
+    def moved_between(self, start: int, end: int) -> float:
+        """The movement of the events from the steps' `start` to their `end`, both included."""
+        assert (start, end) == self.steps, "the movement was summed for the steps alone"
+        return self.through_end - self.before_start
 
 
 class Described:
@@ -282,7 +329,8 @@ def _labels(sites: SiteSums, ranges: pd.DataFrame) -> Labels:
     batch before the engine's second look at it)."""
     order = {label: i for i, label in enumerate(sites.whole_frame_labels())}
     return Labels(sites.api_names, list(sites.labels), list(sites.strings), [order[label] for label in sites.labels],
-                  lambda seq, pid, tid, ts: _nvtx_path(pid, tid, ts, ranges))
+                  lambda seq, pid, tid, ts: _nvtx_path(pid, tid, ts, ranges), list(sites.path_names),
+                  list(sites.operator_names))
 
 
 def _nvtx_path(pid: int, tid: int, ts: int, ranges: pd.DataFrame) -> str:

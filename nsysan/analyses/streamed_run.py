@@ -35,6 +35,7 @@ from .step_windows import StepWindows
 from .groups import GroupSums
 from .never_freed import NeverFreed
 from .pools import PoolUses
+from .ranges import RangeSums
 from .timeline import TimelineSeries
 from .sites import call_site
 from .spikes import Spikes
@@ -71,7 +72,8 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     more.setdefault("labels", Labels)
     fed = flow.feed(lambda: _Both(FirstLook(), also[0],
                                   Engine([GroupSums(), TimelineSeries(), NeverFreed(), LargestAllocations(),
-                                          StepWindows(), ByteClassSums(), Spikes(), PoolUses()], Facts(flow.kinds, gpu_of, more))),
+                                          StepWindows(), ByteClassSums(), Spikes(), PoolUses(), RangeSums()],
+                                         Facts(flow.kinds, gpu_of, more))),
                      keep=True)
     first, engine = fed.main, fed.engine
     first.largest, first.allocations = engine.so_far("largest")  # for the second look (its free times)

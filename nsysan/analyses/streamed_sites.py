@@ -9,7 +9,8 @@ from every allocation's stack id (gathered by the first pass), and the sites are
 breaks rank_sites' ties) by kind of source, then by first appearance.
 
 Every event of a batch (frees too) is attributed to its innermost NVTX range and operator once,
-here, for the consumers after this one as well (streamed_ranges.py): `batch_ranges`.
+here, for the consumers after this one as well: `batch_ranges`, and in the batch's `calls` as
+labelled columns for the engine's second look (engine.Labels: the spikes, the ranges table).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..events.arrays import distinct_rows
-from ..events.nvtx import RangeLookup
+from ..events.nvtx import RangeLookup, range_paths
 from ..events.stacks import Stacks, _fallback_label, _site, native_stack_table, python_stack_table
 from ..events.normalize import join_on_call
 from ..model import LIVE_AT_START, Site
@@ -63,6 +64,9 @@ class SiteSums:
         # of each event of the last batch: its innermost NVTX range (row in `ranges`, -1 for none)
         # and operator (code into operator_names)
         self.batch_ranges = (np.zeros(0, "int64"), np.zeros(0, "int64"))
+        # of each range row (and of row -1: "", last), the code of its path in path_names
+        self.path_code, self.path_names = pd.factorize(np.append(range_paths(ranges) if not ranges.empty
+                                                                 else np.zeros(0, object), ""))
         self.labels: dict[str, int] = {}  # label -> code, in order of first appearance
         self.seen = {"operator": {}, "api": {}}  # labels of each fallback, in order of first appearance
         self.groups = Keyed(SITE_SUMS, {"max_live": _LOW})
@@ -79,7 +83,7 @@ class SiteSums:
         self.look, self.at_peak, self._seen, self._last_own = look, {}, {}, {}
         self.strings: dict[str, int] = {"": 0}
         # fed each batch with `known` (ALLOCATION_INFO of the live allocations before it and its
-        # own) once this has labelled it (streamed_oom.SecondOom, streamed_ranges.RangeSums)
+        # own) once this has labelled it (streamed_oom.SecondOom)
         self.watchers: list = []
 
     def add(self, b) -> None:
@@ -87,16 +91,19 @@ class SiteSums:
         if n == 0:
             return
         self.pids = pd.unique(np.concatenate([self.pids, b.pid]))
-        self.batch_ranges = self._attribute(b)
+        self.batch_ranges = nvtx, operator = self._attribute(b)
         allocs = np.flatnonzero(b.is_alloc)
         info = self._label(b, allocs)
         site = np.full(n, -1, "int64")
         site[allocs] = info["site"]
         # the batch labelled for the engine's second look after this (engine.Labels): its events' API
-        # names, and its allocations' sites and NVTX ranges
-        named = np.zeros(n, "int64")
+        # names, NVTX ranges, paths and operators, and its allocations' sites
+        named, others = np.zeros(n, "int64"), np.flatnonzero(~b.is_alloc)
         named[allocs] = info["nvtx_range"]
-        b.calls.update(api=self._api_codes(b), site=site, nvtx_range=named)
+        slot, rows = pd.factorize(nvtx[others])  # the few ranges of the frees, a name each
+        named[others] = self._string(np.append(self.range_names, "")[rows])[slot] if len(others) else 0
+        b.calls.update(api=self._api_codes(b), site=site, nvtx_range=named, nvtx_path=self.path_code[nvtx],
+                       operator=operator)
         # a free belongs to the site of the allocation it frees: this batch's or a live one's
         known = {c: np.concatenate([self.live[c], info[c]]) for c in ALLOCATION_INFO}
         if self.look is not None:

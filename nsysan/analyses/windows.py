@@ -1,6 +1,6 @@
 """Time windows over live-bytes series that arrive a batch at a time: what the analyses read of a
-series inside a window (the steps' and phases', step_windows.py; ranges._max_live_while_open),
-kept as a few numbers per window instead of the series.
+series inside a window (the steps' and phases', step_windows.py; the most live bytes while a range
+was open, ranges.RangeSums), kept as a few numbers per window instead of the series.
 
 API (`Windows`):
 
@@ -31,9 +31,9 @@ API (`Windows`):
   `summed`     sum of `values` over the events with start <= ts <= end
   So steps' peak is max(before, high), ranges' max_live max(at_start, high_after).
 
-Fed by step_windows.StepWindows (the series of groups.batch_series) and, in the streamed full
-analysis, streamed_ranges.RangeThreads (FirstLook.batch_live's "resident" running sums per process
-of GPU-resident memory): a series' windows are opened when it first appears.
+Fed by step_windows.StepWindows (the series of groups.batch_series) and ranges.RangeSums (its own
+running sums per process of GPU-resident memory): a series' windows are opened when it first
+appears (RangeSums opens them all before the first batch).
 
 Memory: the per-window numbers, and per series the ids of the windows that are open (started,
 their end not yet passed); each batch touches only those and the windows it starts.

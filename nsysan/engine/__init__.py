@@ -32,6 +32,9 @@ from ..events.load import QUICK_API
 from ..events.read_pools import POOL_USAGE_COLUMNS
 from ..events.stream import LIVE_COLUMNS, EventBatch, live_after
 
+# the labelled columns of a batch's calls (Labels), as the events frame's categories hold them
+LABELLED = ("api", "site", "nvtx_range", "nvtx_path", "operator")
+
 __all__ = ["Facts", "Labels", "Reducer", "Engine", "frame_batch", "frame_labels", "frame_live"]
 
 
@@ -48,7 +51,9 @@ class Facts:
 @dataclass
 class Labels:
     """What the labelled columns of a batch's `calls` name: the codes of "api" (every event's API,
-    or what stands for none), "site" and "nvtx_range" index `apis`, `sites` and `ranges` (-1: none);
+    or what stands for none), "site" and "nvtx_range" (every event's innermost user range) index
+    `apis`, `sites` and `ranges` (-1: none), those of "nvtx_path" (that range's path) and
+    "operator" (its innermost operator range) `paths` and `operators`;
     equal sites rank by `site_order` (code -> rank; by code when empty); `path(seq, pid, tid, ts)`
     is an event's NVTX path. The whole frame's are its categories (frame_labels); the streamed full
     analysis labels each batch on its second look (streamed_sites.SiteSums); --quick streamed
@@ -59,6 +64,8 @@ class Labels:
     ranges: Sequence[str] = ("",)
     site_order: Sequence[int] = ()
     path: Callable[[int, int, int, int], str] = lambda seq, pid, tid, ts: ""
+    paths: Sequence[str] = ("",)
+    operators: Sequence[str] = ("",)
 
     def site_rank(self, code: int) -> int:
         return self.site_order[code] if code >= 0 and len(self.site_order) else code
@@ -178,15 +185,16 @@ def frame_batch(events: pd.DataFrame, shared: Optional[dict] = None,
         is_alloc=is_alloc, address=column("address", "uint64"), bytes=column("bytes", "int64"),
         delta=column("delta_bytes", "int64"), pool=column("pool", bool) if "pool" in events or not n
         else np.zeros(n, bool), partner_seq=np.where(is_alloc, -1, partner), correlation=np.zeros(n, "int64"),
-        calls={"tid": column("tid", "int32"), **{name: codes(name) for name in ("api", "site", "nvtx_range")}},
+        calls={"tid": column("tid", "int32"), **{name: codes(name) for name in LABELLED}},
         shared=dict(shared or {}),
         pools={name: pools[name].to_numpy() for name in POOL_USAGE_COLUMNS} if pools is not None else {})
 
 
 def frame_labels(events: pd.DataFrame) -> Labels:
     """What frame_batch's labelled columns name: the frame's categories, and its NVTX paths."""
-    return Labels(*(tuple(str(c) for c in events[name].cat.categories) for name in ("api", "site", "nvtx_range")),
-                  path=lambda seq, pid, tid, ts: str(events["nvtx_path"].iat[seq]))
+    apis, sites, ranges, paths, operators = (tuple(str(c) for c in events[name].cat.categories) for name in LABELLED)
+    return Labels(apis, sites, ranges, path=lambda seq, pid, tid, ts: str(events["nvtx_path"].iat[seq]), paths=paths,
+                  operators=operators)
 
 
 def frame_live(events: pd.DataFrame) -> dict:
