@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from conftest import FIXTURES, analysis_of
 
+import nsysan
+from nsysan.analyses import streamed_allocators
+from nsysan.analyses.allocator import SEGMENT_ALIGN
 from nsysan.analyses.byte_classes import EXACT_LABEL, SEGMENT_LABEL
+from nsysan.analyses.streamed_allocators import LOOK_BACK_ROWS, OUTSIDE, AllocatorRows, OutsideRows
+from nsysan.engine import frame_batch, pieces
 from nsysan.model.bytes import BYTE_CLASSES
 
 
@@ -171,3 +177,32 @@ def test_streamed_from_kernel_phases_is_the_whole_frames(monkeypatch):
 def test_no_phases_no_section():
     assert analysis_of("known_mem_v25").byte_classes == []  # steps, but no forward/backward in them
     assert analysis_of("real_oom_v25").byte_classes == []
+
+
+_framed: dict = {}
+
+
+@pytest.mark.parametrize("name", ["torch_bytes_exact_v25", "ddp_leak_v25"])
+@pytest.mark.parametrize("look_back", [LOOK_BACK_ROWS, 0])
+def test_outside_rows_judge_as_the_allocators_do(name, look_back, monkeypatch):
+    """OutsideRows (ByteClassSums judges only the allocations it reads) answers what AllocatorRows
+    judges of every allocation, across cuts: cuBLAS's workspaces of the exact run are 153 odd
+    sizes and 56 blocks made right after one (two ranks of the DDP run: 8 and 4), found looking
+    back a few rows at a time or (look_back 0) all at once."""
+    monkeypatch.setattr(streamed_allocators, "LOOK_BACK_ROWS", look_back)
+    if name not in _framed:
+        _framed[name] = nsysan.analyze(FIXTURES / f"{name}.sqlite", keep_events=True).events
+    events = _framed[name]
+    whole = frame_batch(events)
+    rows, _, bits = AllocatorRows([]).of(whole)
+    expected = {"torch_bytes_exact_v25": (153, 56), "ddp_leak_v25": (8, 4)}[name]
+    odd = whole.bytes[rows] % SEGMENT_ALIGN != 0
+    outside = (bits & OUTSIDE) != 0
+    assert (int(odd.sum()), int((outside & ~odd).sum())) == expected
+    n = len(whole)
+    for bounds in ((), range(0, n, max(1, n // 7)), range(0, n, 3), range(0, n, 50)):
+        judge, found = OutsideRows(), []
+        for piece in pieces(frame_batch(events), list(bounds)):
+            chosen = np.flatnonzero(piece.is_alloc)  # every allocation, the judged and the others
+            found.append(piece.seq[chosen[judge.of(piece, chosen)]])
+        assert np.concatenate(found).tolist() == whole.seq[rows[outside]].tolist()

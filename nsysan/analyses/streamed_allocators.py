@@ -70,6 +70,99 @@ class AllocatorRows:
         return rows, pair, outside.astype("int64") * OUTSIDE + mapped.astype("int64") * MAPPED
 
 
+class OutsideRows:
+    """AllocatorRows' OUTSIDE bit of chosen allocations only (ByteClassSums reads it of the few
+    kept after the last step or live after a batch, not of 5 million at 1e7 events): an odd size,
+    or the allocation before it on its thread odd and at most LIBRARY_BURST_NS before. That
+    allocation, when it can matter, is among the rows of the LIBRARY_BURST_NS before the chosen
+    one, looked for backwards a few rows at a time; a thread's last allocation is carried to the
+    next batch while a later one can be within LIBRARY_BURST_NS of it."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[int, int], tuple[bool, int]] = {}  # (pair, tid) -> (odd, ts) of its last
+
+    def of(self, b, rows: np.ndarray) -> np.ndarray:
+        """Whether each of the batch's `rows` (ascending) is an allocation outside; once per batch,
+        in order (the threads' last allocations are carried)."""
+        outside = np.zeros(len(rows), bool)
+        judged = np.flatnonzero(_judged(b, rows))
+        if len(judged):
+            i = rows[judged]
+            odd = b.bytes[i] % SEGMENT_ALIGN != 0
+            outside[judged[odd]] = True
+            i, judged = i[~odd], judged[~odd]
+            lo = np.searchsorted(b.ts, b.ts[i] - LIBRARY_BURST_NS, side="left")
+            previous = _previous(b, i, lo)
+            has = previous >= 0
+            outside[judged[has]] = b.bytes[previous[has]] % SEGMENT_ALIGN != 0
+            # none in the batch, the window reaching back before its first row: the thread's
+            # last allocation of an earlier batch
+            for k in np.flatnonzero(~has & (lo == 0)).tolist():
+                carried = self.last.get(_thread(b, i[k]))
+                if carried is not None and carried[0] and b.ts[i[k]] - carried[1] <= LIBRARY_BURST_NS:
+                    outside[judged[k]] = True
+        self._carry(b)
+        return outside
+
+    def _carry(self, b) -> None:
+        """Each thread's last allocation of the batch's last LIBRARY_BURST_NS (an older one can
+        matter to no later row)."""
+        if not len(b):
+            return
+        since = int(b.ts[-1]) - LIBRARY_BURST_NS
+        self.last = {key: last for key, last in self.last.items() if last[1] >= since}
+        tail = int(np.searchsorted(b.ts, since, side="left"))
+        rows = tail + np.flatnonzero(_judged(b, slice(tail, None)))
+        threads = zip(pair_key(b.pid[rows], b.device[rows]).tolist(), b.calls["tid"][rows].tolist())
+        # the allocations of the batch's last LIBRARY_BURST_NS, in order: a thread's last stays
+        for thread, odd, ts in zip(threads, (b.bytes[rows] % SEGMENT_ALIGN != 0).tolist(), b.ts[rows].tolist()):
+            self.last[thread] = (odd, ts)
+
+
+def _judged(b, rows) -> np.ndarray:
+    """Whether each row is one AllocatorRows judges: a device allocation outside pools."""
+    return b.is_alloc[rows] & (b.kind[rows] == DEVICE) & ~b.pool[rows]
+
+
+def _thread(b, row: int) -> tuple[int, int]:
+    return (int(pair_key(b.pid[row:row + 1], b.device[row:row + 1])[0]), int(b.calls["tid"][row]))
+
+
+# rows looked at by _previous at a time (its temporaries are a few bytes per row), then all at once
+LOOK_BACK_ROWS = 1 << 20
+
+
+def _previous(b, rows: np.ndarray, lo: np.ndarray, widest: int = 512) -> np.ndarray:
+    """The row of each row's thread's allocation before it (judged rows only) within [lo, row),
+    -1 for none: a few rows back at a time, doubling; those not found within `widest` rows back
+    (or too many to look at so) from all judged rows of their span at once (previous_in_group),
+    as AllocatorRows finds them."""
+    found = np.full(len(rows), -1, "int64")
+    pair, tid = pair_key(b.pid[rows], b.device[rows]), b.calls["tid"][rows]
+    todo, end, width = np.arange(len(rows)), rows.copy(), 8
+    while len(todo) and width <= widest and len(todo) * width <= LOOK_BACK_ROWS:
+        at = end[todo, None] - np.arange(1, width + 1)  # rows end - 1, end - 2, ... back
+        inside = at >= lo[todo, None]
+        at = np.maximum(at, 0)
+        match = inside & _judged(b, at) & (pair_key(b.pid[at], b.device[at]) == pair[todo, None]) \
+            & (b.calls["tid"][at] == tid[todo, None])
+        hit = match.any(axis=1)
+        found[todo[hit]] = at[hit, match[hit].argmax(axis=1)]
+        end[todo] -= width
+        todo = todo[~hit & (end[todo] > lo[todo])]
+        width *= 2
+    if len(todo):
+        span = np.arange(int(lo[todo].min()), int(rows[todo].max()) + 1)
+        span = span[_judged(b, span)]
+        code, _ = pd.factorize((pair_key(b.pid[span], b.device[span]) << 32)
+                               | (b.calls["tid"][span].astype("int64") & 0xFFFFFFFF))
+        before = previous_in_group(code, int(code.max()) + 1)[np.searchsorted(span, rows[todo])]
+        ok = before >= 0
+        before = np.where(ok, span[np.maximum(before, 0)], -1)
+        found[todo] = np.where(ok & (before >= lo[todo]), before, -1)
+    return found
+
+
 @dataclass
 class Bursts:
     """oom._cache_releases' bursts of one (pair, release API), found batch by batch: the running
