@@ -19,10 +19,9 @@ import pytest
 from conftest import FIXTURES, analysis_of
 
 import nsysan
-from nsysan.analyses import streamed_allocators
-from nsysan.analyses.allocator import SEGMENT_ALIGN
+from nsysan.analyses import allocator as allocators
 from nsysan.analyses.byte_classes import EXACT_LABEL, SEGMENT_LABEL
-from nsysan.analyses.streamed_allocators import LOOK_BACK_ROWS, OUTSIDE, AllocatorRows, OutsideRows
+from nsysan.analyses.allocator import LOOK_BACK_ROWS, OUTSIDE, SEGMENT_ALIGN, AllocatorRows, OutsideRows
 from nsysan.engine import frame_batch, pieces
 from nsysan.model.bytes import BYTE_CLASSES
 
@@ -189,7 +188,7 @@ def test_outside_rows_judge_as_the_allocators_do(name, look_back, monkeypatch):
     judges of every allocation, across cuts: cuBLAS's workspaces of the exact run are 153 odd
     sizes and 56 blocks made right after one (two ranks of the DDP run: 8 and 4), found looking
     back a few rows at a time or (look_back 0) all at once."""
-    monkeypatch.setattr(streamed_allocators, "LOOK_BACK_ROWS", look_back)
+    monkeypatch.setattr(allocators, "LOOK_BACK_ROWS", look_back)
     if name not in _framed:
         _framed[name] = nsysan.analyze(FIXTURES / f"{name}.sqlite", keep_events=True).events
     events = _framed[name]

@@ -14,10 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nsysan
+from nsysan.analyses.allocator import AllocatorSums
 from nsysan.analyses.byte_classes import ByteClassSums, byte_classes, step_phases
 from nsysan.analyses.explore import LargestAllocations
 from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
+from nsysan.analyses.diagnostics import xla_pids
 from nsysan.analyses.iterations import iteration_pids
 from nsysan.analyses import pools
 from nsysan.analyses.pools import PoolUses, reserve_adjustment, reserve_at
@@ -452,6 +454,75 @@ def test_ranges_do_not_depend_on_where_the_batches_are_cut(data):
     analysis = frame(name)
     bounds = data.draw(st.lists(st.integers(0, len(analysis.events)), max_size=12))
     assert range_table(name, bounds) == (analysis.ranges, analysis.range_families)
+
+
+# framework allocators: PyTorch's caching allocator (torch_leak_v25, ddp_leak_v25's two ranks),
+# its expandable segments (torch_expandable_v25), XLA's preallocated block (jax_prealloc_v25)
+ALLOCATORS = ["torch_leak_v25", "torch_expandable_v25", "jax_prealloc_v25"]
+_process_names: dict = {}
+
+
+def allocator_uses(name: str, bounds=()) -> list:
+    """reserved.allocators from AllocatorSums over the fixture's events cut before `bounds`, its
+    peaks and preallocated blocks the document's (as verdicts.find_verdicts gives them)."""
+    analysis = frame(name)
+    if name not in _process_names:
+        conn = open_readonly(FIXTURES / f"{name}.sqlite")
+        try:
+            _process_names[name] = probe(conn, name).process_names
+        finally:
+            conn.close()
+    events, reserved = analysis.events, analysis.reserved
+    more = {"api_names": list(events["api"].cat.categories),
+            "allocator_blocks": {(p.pid << 16) | (p.device & 0xFFFF): (p.time_ns, p.bytes)
+                                 for p in reserved.preallocations},
+            "allocator_peaks": lambda: [(p.pid, p.device, p.peak_time_ns) for p in analysis.peaks if p.pid is not None]}
+    sums = answer(analysis, AllocatorSums(), bounds, more)
+    gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
+    labels = {p.pid: p.label for p in analysis.capture.processes}
+    xla = xla_pids(analysis.nvtx_ranges)
+    return sums.uses(analysis.peaks, lambda pid, device: None if pid in xla else sums.recognized(
+        pid, device, "python" in _process_names[name].get(pid, "").lower()), reserved.preallocations,
+        lambda pid, device: gpus.get((pid, device)), lambda pid: labels.get(pid) or f"process {pid}")
+
+
+@pytest.mark.parametrize("name", [*ALLOCATORS, pytest.param("ddp_leak_v25", marks=pytest.mark.slow)])
+def test_allocators_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    analysis = frame(name)
+    n = len(analysis.events)
+    whole = allocator_uses(name)
+    assert whole == analysis.reserved.allocators and whole  # what the command line's document holds
+    assert allocator_uses(name, range(0, n, max(1, n // 7))) == whole
+    assert allocator_uses(name, range(0, n, 3)) == whole
+
+
+def test_allocators_hold_the_truth():
+    """What each allocator held at its process's peak is what the framework said it reserved at
+    most (the truth files: PyTorch's memory_stats() peak_reserved, XLA's bytes_limit); outside it,
+    cuBLAS's workspaces (1 KiB + 128 KiB + 64 MiB on each of two threads: 134,481,920 B)."""
+    for name, kind in (("torch_leak_v25", "pytorch_caching"), ("torch_expandable_v25", "pytorch_expandable")):
+        (use,) = allocator_uses(name, range(0, len(frame(name).events), 3))
+        most = max(r["peak_reserved"] for r in truth(name) if "peak_reserved" in r)
+        assert (use.allocator, use.inside_at_peak_bytes, use.outside_at_peak_bytes) == (kind, most, 134_481_920)
+        assert use.outside_allocations == 6
+    (use,) = allocator_uses("jax_prealloc_v25", range(0, 1265, 100))
+    limit = {r["bytes_limit"] for r in truth("jax_prealloc_v25") if "bytes_limit" in r}
+    assert (use.allocator, {use.inside_at_peak_bytes}) == ("xla_preallocation", limit)
+    assert use.inside_end_bytes == 0  # the block was given back before the end
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_allocators_do_not_depend_on_where_the_batches_are_cut(data):
+    name = data.draw(st.sampled_from(ALLOCATORS))
+    bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
+    assert allocator_uses(name, bounds) == frame(name).reserved.allocators
+
+
+def test_allocators_of_one_batch_read_in_slices_are_the_same(monkeypatch):
+    monkeypatch.setattr(importlib.import_module("nsysan.analyses.allocator"), "SLICE_ROWS", 5)
+    for name in ALLOCATORS:
+        assert allocator_uses(name) == frame(name).reserved.allocators
 
 
 @pytest.mark.parametrize("name", NAMES)

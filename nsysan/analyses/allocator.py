@@ -13,15 +13,16 @@ Anything else a process allocates directly (a library's workspace, e.g. cuBLAS's
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from types import SimpleNamespace
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
-from ..events.arrays import previous_in_group
-from ..model import AllocatorUse, Peak, Preallocation
 from ..base.units import fmt_bytes, fmt_percent, fmt_time
-from .timeline import Groups
+from ..engine import Reducer
+from ..events.arrays import pair_key, previous_in_group
+from ..model import KINDS, AllocatorUse, Peak, Preallocation
 
 MiB = 1 << 20
 SEGMENT_ALIGN = 2 * MiB  # every caching-allocator segment is a multiple of this
@@ -35,6 +36,13 @@ VMM_MAP_API = "cuMemSetAccess"
 _DIRECT_APIS = ("cudaMalloc", "cuMemAlloc", VMM_MAP_API)
 
 GpuOf = Callable[[int, int], Optional[int]]
+DEVICE = KINDS.index("device")
+# allocation classes: bit 0 outside the allocator, bit 1 a VMM map, bit 2 the pair's preallocated block
+OUTSIDE, MAPPED, BLOCK = 1, 2, 4
+SLICE_ROWS = 1 << 20  # rows of a batch judged at a time
+# per pair, what recognizing its allocator reads: maps, maps of other sizes than 2/20 MiB, of 20
+# MiB; segments (neither outside nor mapped), unaligned ones, of 2 MiB, of 20 MiB
+COUNTS = ("mapped", "mapped_other", "mapped_large", "segments", "unaligned", "small", "large")
 
 
 def is_value(column: pd.Series, value: str) -> np.ndarray:
@@ -52,92 +60,302 @@ def category_code(column: pd.Series, value: str) -> int:
     return int(categories.get_loc(value)) if value in categories else -2
 
 
-def outside_allocator(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
-    """For one process's device allocation `rows` (in time order): whether each cannot be a
-    caching-allocator segment: a size that is not a multiple of 2 MiB, or the allocation made next
-    on the same thread within LIBRARY_BURST_NS after one (the library's workspace)."""
-    if len(rows) == 0:
-        return np.zeros(0, bool)
-    size = events["bytes"].to_numpy()[rows]
-    odd = size % SEGMENT_ALIGN != 0
-    if not odd.any():
-        return odd
-    threads, names = pd.factorize(events["tid"].to_numpy()[rows])
-    previous = previous_in_group(threads, len(names))  # the thread's allocation before each
-    ts = events["ts_ns"].to_numpy()[rows]
-    before = np.maximum(previous, 0)
-    follows_odd = (previous >= 0) & odd[before] & (ts - ts[before] <= LIBRARY_BURST_NS)
-    return odd | follows_odd
+class AllocatorRows:
+    """Each batch's device allocations outside pools, with their pair key and class bits OUTSIDE
+    (not a caching-allocator segment: a size that is not a multiple of 2 MiB, or the allocation
+    made next on the same thread within LIBRARY_BURST_NS after one: the library's workspace) and
+    MAPPED (a VMM map); the thread's last allocation carried across batches."""
+
+    def __init__(self, api_names: Sequence[str]) -> None:
+        self.map_code = list(api_names).index(VMM_MAP_API) if VMM_MAP_API in api_names else -2
+        self.last: dict[tuple[int, int], tuple[bool, int]] = {}  # (pair, tid) -> (odd, ts) of its last
+
+    def of(self, b) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, pair keys, class bits) of the batch's allocations the allocators are judged on."""
+        rows = np.flatnonzero(b.is_alloc & (b.kind == DEVICE) & ~b.pool)
+        pair = pair_key(b.pid[rows], b.device[rows])
+        if not len(rows):
+            return rows, pair, np.zeros(0, "int64")
+        size, ts, tid = b.bytes[rows], b.ts[rows], b.calls["tid"][rows].astype("int64")
+        odd = size % SEGMENT_ALIGN != 0
+        pair_code, pairs = pd.factorize(pair)
+        code, keys = pd.factorize((pair_code.astype("int64") << 32) | (tid & 0xFFFFFFFF))
+        previous = previous_in_group(code, len(keys))
+        has = previous >= 0
+        before = np.maximum(previous, 0)
+        prev_odd, prev_ts = np.where(has, odd[before], False), np.where(has, ts[before], 0)
+        firsts = np.flatnonzero(~has)  # each thread's first in the batch: its last before, carried
+        for i in firsts.tolist():  # one per (pair, thread)
+            carried = self.last.get((int(pair[i]), int(tid[i])))
+            if carried is not None:
+                has[i], prev_odd[i], prev_ts[i] = True, carried[0], carried[1]
+        outside = odd | (has & prev_odd & (ts - prev_ts <= LIBRARY_BURST_NS))
+        ends = np.flatnonzero(previous_in_group(code[::-1], len(keys)) < 0)  # the last of each, backwards
+        for i in (len(code) - 1 - ends).tolist():  # each thread's last allocation in the batch
+            self.last[(int(pair[i]), int(tid[i]))] = (bool(odd[i]), int(ts[i]))
+        mapped = b.calls["api"][rows] == self.map_code if "api" in b.calls else np.zeros(len(rows), bool)
+        return rows, pair, outside.astype("int64") * OUTSIDE + mapped.astype("int64") * MAPPED
 
 
-def recognize(size: np.ndarray, mapped: np.ndarray, outside: np.ndarray, is_python: bool) -> Optional[str]:
-    """pytorch_caching | pytorch_expandable for one (process, device)'s device allocations (their
-    sizes, whether each is a VMM map, whether each is outside the allocator), or None."""
-    mapped_sizes = set(np.unique(size[mapped]).tolist())
-    if mapped.sum() >= 3 and mapped_sizes <= {SMALL_SEGMENT, LARGE_SEGMENT} and LARGE_SEGMENT in mapped_sizes:
-        return "pytorch_expandable"
-    segments = size[~outside & ~mapped]
-    if len(segments) < 3 or (segments % SEGMENT_ALIGN).any():
+class OutsideRows:
+    """AllocatorRows' OUTSIDE bit of chosen allocations only (ByteClassSums reads it of the few
+    kept after the last step or live after a batch, not of 5 million at 1e7 events): an odd size,
+    or the allocation before it on its thread odd and at most LIBRARY_BURST_NS before. That
+    allocation, when it can matter, is among the rows of the LIBRARY_BURST_NS before the chosen
+    one, looked for backwards a few rows at a time; a thread's last allocation is carried to the
+    next batch while a later one can be within LIBRARY_BURST_NS of it."""
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[int, int], tuple[bool, int]] = {}  # (pair, tid) -> (odd, ts) of its last
+
+    def of(self, b, rows: np.ndarray) -> np.ndarray:
+        """Whether each of the batch's `rows` (ascending) is an allocation outside; once per batch,
+        in order (the threads' last allocations are carried)."""
+        outside = np.zeros(len(rows), bool)
+        judged = np.flatnonzero(_judged(b, rows))
+        if len(judged):
+            i = rows[judged]
+            odd = b.bytes[i] % SEGMENT_ALIGN != 0
+            outside[judged[odd]] = True
+            i, judged = i[~odd], judged[~odd]
+            lo = np.searchsorted(b.ts, b.ts[i] - LIBRARY_BURST_NS, side="left")
+            previous = _previous(b, i, lo)
+            has = previous >= 0
+            outside[judged[has]] = b.bytes[previous[has]] % SEGMENT_ALIGN != 0
+            # none in the batch, the window reaching back before its first row: the thread's
+            # last allocation of an earlier batch
+            for k in np.flatnonzero(~has & (lo == 0)).tolist():
+                carried = self.last.get(_thread(b, i[k]))
+                if carried is not None and carried[0] and b.ts[i[k]] - carried[1] <= LIBRARY_BURST_NS:
+                    outside[judged[k]] = True
+        self._carry(b)
+        return outside
+
+    def _carry(self, b) -> None:
+        """Each thread's last allocation of the batch's last LIBRARY_BURST_NS (an older one can
+        matter to no later row)."""
+        if not len(b):
+            return
+        since = int(b.ts[-1]) - LIBRARY_BURST_NS
+        self.last = {key: last for key, last in self.last.items() if last[1] >= since}
+        tail = int(np.searchsorted(b.ts, since, side="left"))
+        rows = tail + np.flatnonzero(_judged(b, slice(tail, None)))
+        threads = zip(pair_key(b.pid[rows], b.device[rows]).tolist(), b.calls["tid"][rows].tolist())
+        # the allocations of the batch's last LIBRARY_BURST_NS, in order: a thread's last stays
+        for thread, odd, ts in zip(threads, (b.bytes[rows] % SEGMENT_ALIGN != 0).tolist(), b.ts[rows].tolist()):
+            self.last[thread] = (odd, ts)
+
+
+def _judged(b, rows) -> np.ndarray:
+    """Whether each row is one AllocatorRows judges: a device allocation outside pools."""
+    return b.is_alloc[rows] & (b.kind[rows] == DEVICE) & ~b.pool[rows]
+
+
+def _thread(b, row: int) -> tuple[int, int]:
+    return (int(pair_key(b.pid[row:row + 1], b.device[row:row + 1])[0]), int(b.calls["tid"][row]))
+
+
+# rows looked at by _previous at a time (its temporaries are a few bytes per row), then all at once
+LOOK_BACK_ROWS = 1 << 20
+
+
+def _previous(b, rows: np.ndarray, lo: np.ndarray, widest: int = 512) -> np.ndarray:
+    """The row of each row's thread's allocation before it (judged rows only) within [lo, row),
+    -1 for none: a few rows back at a time, doubling; those not found within `widest` rows back
+    (or too many to look at so) from all judged rows of their span at once (previous_in_group),
+    as AllocatorRows finds them."""
+    found = np.full(len(rows), -1, "int64")
+    pair, tid = pair_key(b.pid[rows], b.device[rows]), b.calls["tid"][rows]
+    todo, end, width = np.arange(len(rows)), rows.copy(), 8
+    while len(todo) and width <= widest and len(todo) * width <= LOOK_BACK_ROWS:
+        at = end[todo, None] - np.arange(1, width + 1)  # rows end - 1, end - 2, ... back
+        inside = at >= lo[todo, None]
+        at = np.maximum(at, 0)
+        match = inside & _judged(b, at) & (pair_key(b.pid[at], b.device[at]) == pair[todo, None]) \
+            & (b.calls["tid"][at] == tid[todo, None])
+        hit = match.any(axis=1)
+        found[todo[hit]] = at[hit, match[hit].argmax(axis=1)]
+        end[todo] -= width
+        todo = todo[~hit & (end[todo] > lo[todo])]
+        width *= 2
+    if len(todo):
+        span = np.arange(int(lo[todo].min()), int(rows[todo].max()) + 1)
+        span = span[_judged(b, span)]
+        code, _ = pd.factorize((pair_key(b.pid[span], b.device[span]) << 32)
+                               | (b.calls["tid"][span].astype("int64") & 0xFFFFFFFF))
+        before = previous_in_group(code, int(code.max()) + 1)[np.searchsorted(span, rows[todo])]
+        ok = before >= 0
+        before = np.where(ok, span[np.maximum(before, 0)], -1)
+        found[todo] = np.where(ok & (before >= lo[todo]), before, -1)
+    return found
+
+
+class AllocatorSums(Reducer):
+    """What `reserved.allocators` is made of, per (process, device): the first look counts what
+    recognizing its allocator reads (COUNTS); the second sums the live bytes of each class of
+    allocation (OUTSIDE, MAPPED, BLOCK: the pair's preallocated block), read right after its
+    peak's time and at the end, and counts each class. `uses` makes the AllocatorUse list.
+
+    Facts: `api_names` (the names of the batches' API codes; without them, as --quick reads no
+    calls, nothing is judged), `allocator_blocks` (pair key -> (time, bytes) of its preallocated
+    block) and `allocator_peaks` (a callable: (pid, device, time) of each process's peak so far;
+    the streamed peaks are raised during the second look, the whole frame's are known before)."""
+
+    field = "allocators"
+    needs = ("api_names", "allocator_blocks", "allocator_peaks")
+    second_look = True
+
+    def start(self, facts) -> None:
+        super().start(facts)
+        self.names = facts.more.get("api_names")
+        self.rows = AllocatorRows(self.names or [])
+        self.counts: dict[int, np.ndarray] = {}  # pair key -> COUNTS
+
+    def add(self, b) -> None:
+        if self.names is not None:
+            for part in _slices(b):
+                self._count(part)
+
+    def _count(self, b) -> None:
+        rows, pair, bits = self.rows.of(b)
+        if len(rows):
+            size = b.bytes[rows]
+            mapped, segment = (bits & MAPPED) != 0, (bits & (OUTSIDE | MAPPED)) == 0
+            flags = np.stack([mapped, mapped & (size != SMALL_SEGMENT) & (size != LARGE_SEGMENT),
+                              mapped & (size == LARGE_SEGMENT), segment, segment & (size % SEGMENT_ALIGN != 0),
+                              segment & (size == SMALL_SEGMENT), segment & (size == LARGE_SEGMENT)], axis=1)
+            _add_by(self.counts, pair, flags.astype("int64"))
+
+    def between(self) -> None:
+        self.rows = AllocatorRows(self.names or [])  # judged again from the start
+        self.sums: dict[int, np.ndarray] = {}  # pair key -> live bytes per class
+        self.classes: dict[int, np.ndarray] = {}  # pair key -> allocations per class
+        self.at_peak: dict[int, np.ndarray] = {}  # pair key -> live bytes per class right after its peak
+        self.moments: dict[int, int] = {}  # pair key -> the time of its peak so far
+        self.waiting: set = set()  # the pairs whose peak's split is not read yet
+        self.live = {"seq": np.zeros(0, "int64"), "pair": np.zeros(0, "int64"), "cls": np.zeros(0, "int64"),
+                     "bytes": np.zeros(0, "int64")}  # the live allocations counted, seq in order
+
+    def again(self, b) -> None:
+        if self.names is not None:
+            for part in _slices(b):
+                self._sum(part)
+
+    def _sum(self, b) -> None:
+        rows, pair, bits = self.rows.of(b)
+        for key, (ts, size) in self.facts.more["allocator_blocks"].items():  # a pair's preallocated block
+            bits = bits | np.where((pair == key) & (b.ts[rows] == ts) & (b.bytes[rows] == size), BLOCK, 0)
+        _add_by_class(self.classes, pair, bits, np.ones(len(bits), "int64"))
+        live = self.live
+        known = {"seq": np.concatenate([live["seq"], b.seq[rows]]), "pair": np.concatenate([live["pair"], pair]),
+                 "cls": np.concatenate([live["cls"], bits]), "bytes": np.concatenate([live["bytes"], b.bytes[rows]])}
+        # each change: an allocation counted (+), or the free of one (-), at its row in the batch
+        frees = np.flatnonzero(b.partner_seq >= 0)
+        at = np.minimum(np.searchsorted(known["seq"], b.partner_seq[frees]), max(len(known["seq"]) - 1, 0))
+        hit = known["seq"][at] == b.partner_seq[frees] if len(known["seq"]) else np.zeros(len(frees), bool)
+        frees, at = frees[hit], at[hit]
+        position = np.concatenate([rows, frees])
+        change_pair = np.concatenate([pair, known["pair"][at]])
+        change_cls = np.concatenate([bits, known["cls"][at]])
+        change = np.concatenate([b.bytes[rows], -known["bytes"][at]])
+        for pid, device, ts in self.facts.more["allocator_peaks"]():  # a new or raised peak: read after its time
+            key = int(pair_key(np.array([pid]), np.array([device]))[0])
+            if self.moments.get(key) != ts:
+                self.moments[key] = ts
+                self.waiting.add(key)
+        for key in sorted(self.waiting):
+            cut = int(np.searchsorted(b.ts, self.moments[key], side="right"))
+            if cut < len(b.ts):  # the first event after the peak's time is in this batch
+                mine = np.flatnonzero((change_pair == key) & (position < cut))
+                split = self.sums.get(key, np.zeros(8, "int64")).copy()
+                np.add.at(split, change_cls[mine], change[mine])
+                self.at_peak[key] = split
+                self.waiting.discard(key)
+        _add_by_class(self.sums, change_pair, change_cls, change)
+        still = np.ones(len(known["seq"]), bool)
+        still[at] = False  # freed in this batch
+        self.live = {c: v[still] for c, v in known.items()}
+
+    def finish(self, live: dict) -> "AllocatorSums":
+        for key in self.waiting:  # no event after the peak's time: the end's
+            self.at_peak[key] = self.sums.get(key, np.zeros(8, "int64")).copy()
+        self.waiting = set()
+        return self
+
+    def recognized(self, pid: int, device: int, is_python: bool) -> Optional[str]:
+        """pytorch_caching | pytorch_expandable for one (process, device)'s device allocations, or
+        None: its maps all of 2 or 20 MiB, some of 20 MiB, three or more: expandable segments;
+        else three or more segments, all 2 MiB multiples, some of 2 MiB and some of 20 MiB (or a
+        Python process): the caching allocator."""
+        key = int(pair_key(np.array([pid]), np.array([device]))[0])
+        c = dict(zip(COUNTS, self.counts.get(key, np.zeros(len(COUNTS), "int64")).tolist()))
+        if c["mapped"] >= 3 and not c["mapped_other"] and c["mapped_large"]:
+            return "pytorch_expandable"
+        if c["segments"] < 3 or c["unaligned"]:
+            return None
+        if c["small"] and (c["large"] or is_python):
+            return "pytorch_caching"
         return None
-    if (segments == SMALL_SEGMENT).any() and ((segments == LARGE_SEGMENT).any() or is_python):
-        return "pytorch_caching"
-    return None
 
-
-def allocator_use(events: pd.DataFrame, peaks: list[Peak], gpu_of: GpuOf, process_names: dict[int, str],
-                  preallocations: list[Preallocation], label: Callable[[int], str],
-                  grouped: Groups, xla: frozenset = frozenset()) -> list[AllocatorUse]:
-    """Inside/outside the framework allocator, at each process's peak and at the end;
-    `grouped`: the events' (process, device, kind) groups (timeline.group_events); `xla`: the
-    processes that ran XLA (diagnostics.xla_pids), whose allocator is never called PyTorch's."""
-    if events.empty:
-        return []
-    op_codes, in_pool, api_codes = events["op"].cat.codes.to_numpy(), events["pool"].to_numpy(), \
-        events["api"].cat.codes.to_numpy()
-    map_code = category_code(events["api"], VMM_MAP_API)
-    prealloc_rows = {(p.pid, p.device): p for p in preallocations}
-    peak_of = {(p.pid, p.device): p for p in peaks if p.pid is not None}
-    result = []
-    for (pid, device) in sorted(peak_of):  # a few (process, device) pairs; the rows are many
-        rows = grouped.rows(("device",), pid, device)
-        mine = rows[(op_codes[rows] == 0) & ~in_pool[rows]]  # its device allocations, pools' aside
-        size = events["bytes"].to_numpy()[mine]
-        if (pid, device) in prealloc_rows:
-            block = prealloc_rows[(pid, device)]
-            outside = ~((events["ts_ns"].to_numpy()[mine] == block.time_ns) & (size == block.bytes))
-            kind = "xla_preallocation" if block.framework == "XLA" else "preallocation"
-        elif pid in xla:  # XLA's allocator without its preallocation: not PyTorch's, whatever its sizes
-            continue
-        else:
-            outside = outside_allocator(events, mine)
-            is_python = "python" in process_names.get(pid, "").lower()
-            mapped = api_codes[mine] == map_code
-            kind = recognize(size, mapped, outside, is_python)
-            if kind is None:
-                continue
-            if kind == "pytorch_caching":
+    def uses(self, peaks: list[Peak], kind_of: Callable[[int, int], Optional[str]],
+             preallocations: list[Preallocation], gpu_of: GpuOf, label: Callable[[int], str]) -> list[AllocatorUse]:
+        """Inside/outside the framework allocator, at each process's peak and at the end;
+        `kind_of(pid, device)`: its allocator (`recognized`, None for XLA's processes: never
+        PyTorch's), unless it preallocated a block."""
+        prealloc = {(p.pid, p.device): p for p in preallocations}
+        found = []
+        for pid, device in sorted({(p.pid, p.device) for p in peaks if p.pid is not None}):
+            key = int(pair_key(np.array([pid]), np.array([device]))[0])
+            if (pid, device) in prealloc:
+                kind = "xla_preallocation" if prealloc[(pid, device)].framework == "XLA" else "preallocation"
+                inside = np.array([(c & BLOCK) != 0 for c in range(8)])
+            else:
+                kind = kind_of(pid, device)
+                if kind is None:
+                    continue
                 # NCCL's and other libraries' VMM maps are not the caching allocator's
-                outside = outside | mapped
-        peak = peak_of[(pid, device)]
-        seq = int(np.searchsorted(events["ts_ns"].to_numpy(), peak.peak_time_ns, side="right")) - 1
-        freed_at = events["partner"].to_numpy()[mine]
-        inside_peak, outside_peak = _live_split(mine, freed_at, size, outside, seq)
-        inside_end, outside_end = _live_split(mine, freed_at, size, outside, len(events) - 1)
-        result.append(AllocatorUse(
-            pid=pid, device=device, gpu=gpu_of(pid, device), allocator=kind,
-            inside_at_peak_bytes=inside_peak, outside_at_peak_bytes=outside_peak, inside_end_bytes=inside_end,
-            outside_end_bytes=outside_end, outside_allocations=int(outside.sum()),
-            message=_message(kind, label(pid), gpu_of(pid, device), device, inside_peak, outside_peak,
-                             int(outside.sum()))))
-    return result
+                outside = OUTSIDE | MAPPED if kind == "pytorch_caching" else OUTSIDE
+                inside = np.array([(c & outside) == 0 for c in range(8)])
+            zero = np.zeros(8, "int64")
+            at_peak, end = self.at_peak.get(key, zero), self.sums.get(key, zero)
+            count = int(self.classes.get(key, zero)[~inside].sum())
+            inside_peak, outside_peak = int(at_peak[inside].sum()), int(at_peak[~inside].sum())
+            found.append(AllocatorUse(
+                pid=pid, device=device, gpu=gpu_of(pid, device), allocator=kind, inside_at_peak_bytes=inside_peak,
+                outside_at_peak_bytes=outside_peak, inside_end_bytes=int(end[inside].sum()),
+                outside_end_bytes=int(end[~inside].sum()), outside_allocations=count,
+                message=_message(kind, label(pid), gpu_of(pid, device), device, inside_peak, outside_peak, count)))
+        return found
 
 
-def _live_split(allocs: np.ndarray, freed_at: np.ndarray, size: np.ndarray, outside: np.ndarray,
-                seq: int) -> tuple[int, int]:
-    """Bytes of the allocations at rows `allocs` (freed at rows `freed_at`, -1 never; of `size`
-    bytes) live right after row `seq`: (inside, outside)."""
-    live = (allocs <= seq) & ((freed_at < 0) | (freed_at > seq))
-    return int(size[live & ~outside].sum()), int(size[live & outside].sum())
+def _slices(b) -> Iterator[SimpleNamespace]:
+    """The batch's rows SLICE_ROWS at a time (views): the whole frame's batch leaves bounded temporaries."""
+    for a in range(0, len(b), SLICE_ROWS):
+        yield SimpleNamespace(**{name: getattr(b, name)[a:a + SLICE_ROWS] for name in
+                                 ("seq", "ts", "pid", "device", "kind", "is_alloc", "bytes", "pool", "partner_seq")},
+                              calls={name: values[a:a + SLICE_ROWS] for name, values in b.calls.items()})
+
+
+def _add_by(sums: dict, keys: np.ndarray, values: np.ndarray) -> None:
+    """sums[key] += the rows of `values` (2-d, int64) with that key, for each key present."""
+    if not len(keys):
+        return
+    code, distinct = pd.factorize(keys)
+    total = np.zeros((len(distinct), values.shape[1]), "int64")
+    np.add.at(total, code, values)
+    for key, row in zip(distinct.tolist(), total):  # a few (process, device) pairs
+        sums[key] = sums[key] + row if key in sums else row
+
+
+def _add_by_class(sums: dict, keys: np.ndarray, classes: np.ndarray, values: np.ndarray) -> None:
+    """sums[key][class] += the `values` of that key and class (8 classes), for each key present."""
+    if not len(keys):
+        return
+    code, distinct = pd.factorize(keys)
+    total = np.zeros(len(distinct) * 8, "int64")
+    np.add.at(total, code * 8 + classes, values)
+    for key, row in zip(distinct.tolist(), total.reshape(-1, 8)):  # a few (process, device) pairs
+        sums[key] = sums[key] + row if key in sums else row
 
 
 _NAMES = {"pytorch_caching": "PyTorch's caching allocator",

@@ -14,7 +14,7 @@ The rules (docs/analyses.md, "What the bytes are"), for one process's device + a
 Exact when every allocation is one tensor (no caching allocator). Under PyTorch's caching
 allocator the allocations are its segments, so the classes are segment-level: a segment is what
 the phase that made it needed (forward: activations, backward: gradients, optimizer: optimizer
-state; a kept block outside the allocator, allocator.outside_allocator's: workspaces), and the forward's
+state; a kept block outside the allocator, allocator.AllocatorRows's: workspaces), and the forward's
 segments hold no tensor outside forward and backward: there they are the cache.
 
 One reducer (`ByteClassSums`, nsysan/engine) answers on both paths, the whole frame as one batch:
@@ -37,7 +37,7 @@ from ..base.units import fmt_bytes
 from .groups import batch_groups, batch_series
 from .steps import MAX_LISTED, OPEN_END, STEP_KINDS
 from .lifetimes import ACTIVATIONS, BACKWARD, CACHE, FORWARD, HIGH, Heights, Lifetimes, StepPhases
-from .streamed_allocators import DEVICE, OutsideRows
+from .allocator import DEVICE, OutsideRows
 
 # the phases a step's child ranges name (torch's own habits and the kernel-found ones)
 PHASES = {"forward": re.compile(r"^(forward|fwd)\b", re.I), "backward": re.compile(r"^(backward|bwd)\b", re.I),

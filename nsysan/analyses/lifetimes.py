@@ -112,7 +112,7 @@ def _regions(p: StepPhases) -> Regions:
 def classify(p: StepPhases, a_ts: np.ndarray, f_ts: np.ndarray, outside: np.ndarray) -> tuple[np.ndarray, ...]:
     """Each allocation's class (exact rules, segment-level rules) from its alloc and free times
     (HIGH: never freed in the capture) and whether it is outside a caching allocator
-    (allocator.outside_allocator: a library's block); see byte_classes.py's docstring. Also each
+    (allocator.AllocatorRows: a library's block); see byte_classes.py's docstring. Also each
     one's step (-1: made outside every step)."""
     last = len(p.start) - 1
     ak, ap = p.phase_of(a_ts)
@@ -254,7 +254,7 @@ class Lifetimes:
     def add(self, pid: int, device: int, a_seq: np.ndarray, a_ts: np.ndarray, f_seq: np.ndarray, f_ts: np.ndarray,
             size: np.ndarray, outside: Optional[np.ndarray]) -> None:
         """Allocations of one (process, device): never freed ones with f_seq = f_ts = HIGH;
-        `outside`: whether each is outside a caching allocator (allocator.outside_allocator),
+        `outside`: whether each is outside a caching allocator (allocator.AllocatorRows),
         read only for those kept after the last step (None when there is none)."""
         if not len(a_seq) or not self.tracks(pid, device):
             return

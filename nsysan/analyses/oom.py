@@ -50,7 +50,7 @@ def find_out_of_memory(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.Dat
                        caching_allocators: dict[tuple[int, int], str], end_ns: int,
                        duration_ns: Optional[int], grouped: Groups) -> OutOfMemory:
     """Every out-of-memory verdict of one capture. `caching_allocators` maps the (pid, device)
-    pairs whose memory a caching allocator manages to its kind (see allocator.recognize): only
+    pairs whose memory a caching allocator manages to its kind (allocator.AllocatorSums.recognized): only
     their free bursts are cache releases. `end_ns` is the end of the capture's data, `duration_ns`
     the session's recorded length (where nsys ends the ranges it found open); `grouped`: the
     events' (process, device, kind) groups (timeline.group_events)."""

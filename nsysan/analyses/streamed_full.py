@@ -85,7 +85,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                   "labels": lambda: _labels(looks["second"], ranges)}
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)
-    verdict_looks = VerdictLooks(calls, ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns)
+    verdict_looks = VerdictLooks(calls, ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns, more)
 
     span = _span(calls, ranges)
 
@@ -111,7 +111,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
-                         also=(first, second), span=span, described=described, answers=looks, more=more)
+                         also=(first, second), span=span, described=described, answers=looks, more=more,
+                         reducers=(verdict_looks.sums,))
     found, sites, ranked = looks["first"], looks["second"], looks["ranked"][0]
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
     capture = _capture(quick, calls.threads, ranges, schema, report_version)

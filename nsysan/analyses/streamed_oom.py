@@ -3,9 +3,10 @@ analysis, streamed_full.py): the out-of-memory verdicts, the allocators, the cap
 diagnostics, equal to the whole frame's.
 
 The first pass finds the device each out-of-memory call most likely targeted (its thread's last
-event before it), counts the maps each process gave access to, and recognizes the allocators and
-their bursts of frees (streamed_allocators.py). Knowing from it when each failure and each
-allocator's last release happened, the second pass keeps the live set at those few moments (as
+event before it), counts the maps each process gave access to, and finds the bursts of frees of
+each (process, device) (the allocators are an engine reducer, allocator.AllocatorSums, listed in
+the flow's engine: `sums`). Knowing from it when each failure and each allocator's last release
+happened, the second pass keeps the live set at those few moments (as
 the peaks keep theirs: the allocations live before the batch, those closed, the batch's up to
 that event), with what the calls say of the largest (thread, API, site). A scan of the calls
 adds, for the failed ones only, each one's number among its process's calls of that API and the
@@ -22,16 +23,146 @@ import pandas as pd
 
 from ..base.cuda_errors import OUT_OF_MEMORY, error_name
 from ..events.nvtx import attribute_ranges
-from ..model import AllocatorOom, Diagnostic, OomFailure, OutOfMemory, Probe, ReservedMemory
+from ..model import AllocatorOom, CacheRelease, Diagnostic, OomFailure, OutOfMemory, Probe, ReservedMemory
 from .caps import memory_caps
 from .diagnostics import xla_pids
-from .oom import LIVE_LISTED, MAX_FAILURES, OPEN_END_NS, PROBE_RETRY_NS, _open_ranges, gave_up_inside
+from .oom import BURST_GAP_NS, BURST_MIN_BLOCKS, LIVE_LISTED, MAX_FAILURES, MAX_RELEASES, OPEN_END_NS, \
+    PROBE_RETRY_NS, _RELEASE_API, _open_ranges, gave_up_inside
 from .streamed import RESIDENT, _rows, pair_key
-from .streamed_allocators import FirstAllocators, SecondAllocators, preallocated_blocks
+from .allocator import DEVICE, PREALLOCATION_SHARE, AllocatorSums
 from .streamed_run import _pair
 from .verdicts import Verdicts, _oom_diagnostics, _reserved_diagnostics, verdict_caps, vmm_without_access
 
 _HIGH = np.iinfo("int64").max
+RELEASE_APIS = ("cudaFree", "cuMemUnmap")  # the calls a caching allocator gives segments back with
+
+
+@dataclass
+class Bursts:
+    """oom._cache_releases' bursts of one (pair, release API), found batch by batch: the running
+    live bytes of its own rows (allocations and that API's frees), the burst still open, and the
+    first MAX_RELEASES bursts of BURST_MIN_BLOCKS frees or more."""
+
+    live: int = 0
+    rows: int = 0  # own rows so far
+    last_free: bool = False
+    last_ts: int = 0
+    last_alloc: int = -1  # own row number of the last allocation
+    open: Optional[list] = None  # [start row, start ts, tid, before, blocks, released, end row, end ts, after]
+    found: list = field(default_factory=list)
+
+    def add(self, delta: np.ndarray, ts: np.ndarray, tid: np.ndarray) -> None:
+        n = len(delta)
+        if not n:
+            return
+        number = self.rows + np.arange(n)
+        live = self.live + np.cumsum(delta)
+        is_free = delta < 0
+        prev_free = np.concatenate([[self.last_free], is_free[:-1]])
+        prev_ts = np.concatenate([[self.last_ts], ts[:-1]])
+        continues = is_free & prev_free & (ts - prev_ts <= BURST_GAP_NS)
+        starts = np.flatnonzero(is_free & ~continues)
+        # the open burst ends at this batch's first row that does not continue it
+        if self.open is not None:
+            stop = int(np.argmin(continues)) if not continues.all() else n
+            if stop:
+                self.open[4] += stop
+                self.open[5] += int(-delta[:stop].sum())
+                self.open[6:9] = [int(number[stop - 1]), int(ts[stop - 1]), int(live[stop - 1])]
+            if stop < n:
+                self._close()
+        # new bursts: each start and the rows that continue it
+        if len(starts):
+            run_of = np.cumsum(is_free & ~continues) - 1
+            in_run = is_free & (run_of >= 0)
+            sizes = np.bincount(run_of[in_run], minlength=len(starts))
+            ends = starts + sizes - 1
+            # the bursts that end here while there is room to keep them, and the run still open
+            room = max(MAX_RELEASES - len(self.found), 0)
+            ending = np.flatnonzero((sizes >= BURST_MIN_BLOCKS) & (ends < n - 1))[:room].tolist()
+            for k in ending + ([len(starts) - 1] if ends[-1] == n - 1 else []):
+                a, z = int(starts[k]), int(ends[k])
+                self.open = [int(number[a]), int(ts[a]), int(tid[a]), int(live[a] - delta[a]), int(sizes[k]),
+                             int(-delta[a:z + 1].sum()),
+                             int(number[z]), int(ts[z]), int(live[z])]
+                if z < n - 1:
+                    self._close()
+        allocs = np.flatnonzero(delta > 0)
+        if len(allocs):
+            self.last_alloc = int(number[allocs[-1]])
+        self.live, self.rows = int(live[-1]), self.rows + n
+        self.last_free, self.last_ts = bool(is_free[-1]), int(ts[-1])
+
+    def finish(self) -> None:
+        if self.open is not None:
+            self._close()
+
+    def _close(self) -> None:
+        if self.open[4] >= BURST_MIN_BLOCKS and len(self.found) < MAX_RELEASES:
+            self.found.append(self.open)
+        self.open = None
+
+
+class CacheBursts:
+    """oom._cache_releases over the first pass: each (process, device)'s bursts of frees, per call
+    a caching allocator releases with (RELEASE_APIS), as running state."""
+
+    def __init__(self, api_names: list[str]) -> None:
+        self.release_codes = [api_names.index(a) if a in api_names else -2 for a in RELEASE_APIS]
+        self.bursts: dict[tuple[int, str], Bursts] = {}
+
+    def add(self, b) -> None:
+        device = np.flatnonzero(b.kind == DEVICE)
+        if not len(device):
+            return
+        pairs = pair_key(b.pid[device], b.device[device])
+        api = b.calls["api"][device]
+        for key in pd.unique(pairs).tolist():  # a few (process, device) pairs
+            mine = device[pairs == key]
+            for name, code in zip(RELEASE_APIS, self.release_codes):
+                own = mine[(b.delta[mine] > 0) | (api[pairs == key] == code)]
+                self.bursts.setdefault((key, name), Bursts()).add(b.delta[own], b.ts[own],
+                                                                  b.calls["tid"][own].astype("int64"))
+
+    def finish(self) -> None:
+        for bursts in self.bursts.values():
+            bursts.finish()
+
+    def releases(self, caching: dict[tuple[int, int], str], gpu_of, paths: Callable) -> list[CacheRelease]:
+        """_cache_releases of the pairs a caching allocator manages (`caching`: its kind);
+        `paths(pid, tids, times)`: the NVTX paths of events."""
+        found = []
+        for (pid, device), kind in sorted(caching.items()):
+            bursts = self.bursts.get((int(pair_key(np.array([pid]), np.array([device]))[0]),
+                                      _RELEASE_API.get(kind, "cudaFree")))
+            if bursts is None or not bursts.found:
+                continue
+            chosen = bursts.found[:MAX_RELEASES - len(found)]
+            named = paths(pid, np.array([b[2] for b in chosen], "int64"), np.array([b[1] for b in chosen], "int64"))
+            for (start, start_ts, _, before, blocks, released, end, end_ts, after), path in zip(chosen, named):
+                found.append(CacheRelease(
+                    pid=pid, device=device, gpu=gpu_of(pid, device), start_ns=start_ts, end_ns=end_ts, blocks=blocks,
+                    released_bytes=released, nvtx_path=str(path), live_before_bytes=before, live_after_bytes=after,
+                    followed_by_allocation=bursts.last_alloc > end))
+            if len(found) >= MAX_RELEASES:
+                break
+        return found
+
+
+def preallocated_blocks(big_blocks: list[pd.DataFrame], gpu_of, total_memory) -> dict[int, tuple[int, int]]:
+    """pair key -> (time, bytes) of the block find_preallocations finds on it (from the first
+    pass's blocks of a GiB or more, in time order)."""
+    found: dict[int, tuple[int, int]] = {}
+    if not big_blocks:
+        return found
+    frame = pd.concat(big_blocks, ignore_index=True).sort_values("seq", kind="stable")
+    for pid, device, size, ts in frame[["pid", "device", "bytes", "ts"]].itertuples(index=False):  # a handful
+        total = total_memory(gpu_of(int(pid), int(device)))
+        key = int(pair_key(np.array([pid]), np.array([device]))[0])
+        if not total or size < PREALLOCATION_SHARE * total or key in found:
+            continue
+        found[key] = (int(ts), int(size))
+    return found
 
 
 class FirstOom:
@@ -46,12 +177,12 @@ class FirstOom:
         self.first_device: dict[int, int] = {}  # pid -> the device of its first event (pids that failed)
         self.map_code = calls.api_names.index("cuMemSetAccess") if "cuMemSetAccess" in calls.api_names else -2
         self.mapped: dict[int, int] = {}  # pid -> its events mapping memory (cuMemSetAccess)
-        self.allocators = FirstAllocators(calls.api_names)
+        self.bursts = CacheBursts(calls.api_names)
 
     def add(self, b) -> None:
         if len(b) == 0:
             return
-        self.allocators.add(b)
+        self.bursts.add(b)
         tid = b.calls["tid"]
         for i, (pid, thread, ts) in enumerate(self.calls_failing):
             mine = np.flatnonzero(b.pid == pid)  # a few failing calls
@@ -86,12 +217,12 @@ class Moment:
 
 
 class SecondOom:
-    """The second pass's consumer: the live sets at the moments, and the allocators' sums; a
+    """The second pass's consumer: the live sets at the moments; a
     watcher of `sites` (streamed_sites.SiteSums), fed each batch with what it knows of the
     allocations."""
 
-    def __init__(self, moments: list[Moment], sites, allocators: SecondAllocators) -> None:
-        self.moments, self.sites, self.allocators = moments, sites, allocators
+    def __init__(self, moments: list[Moment], sites) -> None:
+        self.moments, self.sites = moments, sites
         self.closed: list[pd.DataFrame] = []  # allocations never to be freed, of the batches so far
         self.wanted: set = set()
         self.free_ts: dict = {}
@@ -99,7 +230,6 @@ class SecondOom:
     def add(self, b, known: dict) -> None:
         if len(b) == 0:
             return
-        self.allocators.add(b)
         for moment in self.moments:
             if moment.resolved:
                 continue
@@ -149,9 +279,13 @@ class VerdictLooks:
     """What the two passes find for the verdicts, and how they are put together (find_verdicts)."""
 
     def __init__(self, calls, ranges: pd.DataFrame, gpu_of, total_memory, process_names: dict,
-                 duration_ns: Optional[int]) -> None:
+                 duration_ns: Optional[int], more: dict) -> None:
+        """`more`: the flow's engine's facts (Facts.more), for `sums`, the allocators' reducer
+        (listed in that engine): the API names, then the preallocated blocks and the peaks."""
         self.calls, self.ranges, self.gpu_of, self.total_memory = calls, ranges, gpu_of, total_memory
-        self.process_names, self.duration_ns = process_names, duration_ns
+        self.process_names, self.duration_ns, self.more = process_names, duration_ns, more
+        self.sums = AllocatorSums()
+        more["api_names"] = calls.api_names
         self.first: Optional[FirstOom] = None
         self.second: Optional[SecondOom] = None
 
@@ -162,17 +296,20 @@ class VerdictLooks:
     def second_pass(self, look, sites) -> SecondOom:
         """After the first pass (`look`: run_streamed's SecondLook, its peaks and FirstLook)."""
         first, found = look.first, self.first
-        found.allocators.finish()
+        found.bursts.finish()
         gpu_of = self.gpu_of
-        self.blocks = preallocated_blocks(first.big_blocks, gpu_of, self.total_memory)
+        blocks = self.more["allocator_blocks"] = preallocated_blocks(first.big_blocks, gpu_of, self.total_memory)
+        # the second look reads each process's peak as it is raised
+        self.more["allocator_peaks"] = lambda: [(s.pid, s.device, s.best_ts) for s in look.peaks
+                                                if s.pid is not None and s.best_seq >= 0]
         self.kinds = {}
-        xla = xla_pids(self.ranges)  # allocator.allocator_use's rule: XLA's allocator is never PyTorch's
+        xla = xla_pids(self.ranges)  # XLA's allocator is never PyTorch's
         for s in look.peaks:
-            if s.pid is not None and int(s.members[0]) not in self.blocks and s.pid not in xla:
-                self.kinds[(s.pid, s.device)] = found.allocators.recognized(
-                    int(s.members[0]), "python" in self.process_names.get(s.pid, "").lower())
+            if s.pid is not None and int(s.members[0]) not in blocks and s.pid not in xla:
+                self.kinds[(s.pid, s.device)] = self.sums.recognized(
+                    s.pid, s.device, "python" in self.process_names.get(s.pid, "").lower())
         caching = {pair: kind for pair, kind in self.kinds.items() if kind and kind.startswith("pytorch")}
-        self.releases = found.allocators.releases(caching, gpu_of, self._paths)
+        self.releases = found.bursts.releases(caching, gpu_of, self._paths)
         self.open_by_pid = _open_ranges(self.ranges, self.duration_ns or OPEN_END_NS)
         pairs = [_pair(k) for k in first.pairs]
         self.failure_moments: list[Optional[Moment]] = []
@@ -190,7 +327,7 @@ class VerdictLooks:
             if not release.followed_by_allocation and gave_up_inside(release, self.open_by_pid.get(release.pid, [])):
                 self.release_moments[i] = Moment(release.start_ns, True, _keys([(release.pid, release.device)]))
         moments = [m for m in self.failure_moments if m is not None] + list(self.release_moments.values())
-        self.second = SecondOom(moments, sites, SecondAllocators(self.calls.api_names, look.peaks, self.blocks))
+        self.second = SecondOom(moments, sites)
         sites.watchers.append(self.second)
         return self.second
 
@@ -200,7 +337,7 @@ class VerdictLooks:
         the allocations never freed, EventFlow.live; `cut_short(open_by_pid)`: oom._cut_short)."""
         self.second.finish(final_live)
         preallocations = quick.reserved.preallocations
-        allocators = self.second.allocators.uses(quick.peaks, lambda p, d: self.kinds.get((p, d)), preallocations,
+        allocators = self.sums.uses(quick.peaks, lambda p, d: self.kinds.get((p, d)), preallocations,
                                                  self.gpu_of, label)
         failures, probes = self._failed_calls(described)
         allocator_ooms, flushes = [], []

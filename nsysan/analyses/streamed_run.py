@@ -49,7 +49,7 @@ from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
 def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
                  step_range: Optional[str], spike_window_ns: int, flow: Optional[EventFlow] = None,
                  also: tuple = (None, None), span: tuple = (), described=None,
-                 answers: Optional[dict] = None, more: Optional[dict] = None) -> Analysis:
+                 answers: Optional[dict] = None, more: Optional[dict] = None, reducers: tuple = ()) -> Analysis:
     """The quick analysis of the export behind `conn`, its events read twice in batches.
 
     For the streamed full analysis (streamed_full.py): `flow` joins the batches to their calls,
@@ -63,7 +63,8 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     it), `own_api(peak)` (the API of the series' last own allocation before it),
     the `site_table` and the NVTX `ranges`; `more`: the reducers' facts beyond the kinds and GPUs
     (Facts.more), which `also` may fill before the first batch (the batches' `labels`: none read,
-    unless given; the full analysis's `found_steps` and `phases`)."""
+    unless given; the full analysis's `found_steps` and `phases`); `reducers`: the full analysis's
+    reducers beyond these (the allocators')."""
     flow = flow or EventFlow(conn, schema)
     gpu_of, total_memory = gpus(schema)
     more = more if more is not None else {}
@@ -72,7 +73,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     more.setdefault("labels", Labels)
     fed = flow.feed(lambda: _Both(FirstLook(), also[0],
                                   Engine([GroupSums(), TimelineSeries(), NeverFreed(), LargestAllocations(),
-                                          StepWindows(), ByteClassSums(), Spikes(), PoolUses(), RangeSums()],
+                                          StepWindows(), ByteClassSums(), Spikes(), PoolUses(), RangeSums(), *reducers],
                                          Facts(flow.kinds, gpu_of, more))),
                      keep=True)
     first, engine = fed.main, fed.engine

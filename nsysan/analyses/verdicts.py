@@ -10,10 +10,12 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from ..model import GPU_RESIDENT_KINDS, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, PoolUse, \
-    Preallocation, ReservedMemory
+from ..engine import Engine, Facts, frame_batch
+from ..events.arrays import pair_key
+from ..model import GPU_RESIDENT_KINDS, AllocatorUse, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, \
+    PoolUse, Preallocation, ReservedMemory
 from ..base.units import fmt_bytes, fmt_duration, fmt_time
-from .allocator import allocator_use, find_preallocations, is_value
+from .allocator import AllocatorSums, find_preallocations, is_value
 from .caps import memory_caps
 from .diagnostics import xla_pids
 from .oom import find_out_of_memory
@@ -42,8 +44,8 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
     allocator's segments from library workspaces needs: no allocator verdicts then. `grouped`:
     the events' (process, device, kind) groups (timeline.group_events)."""
     preallocations = find_preallocations(events, ranges, gpu_of, total_memory, label)
-    allocators = [] if quick else allocator_use(events, peaks, gpu_of, process_names, preallocations, label,
-                                                grouped, frozenset(xla_pids(ranges)))
+    allocators = [] if quick else _allocators(events, peaks, gpu_of, process_names, preallocations, label,
+                                              frozenset(xla_pids(ranges)))
     caching = {(u.pid, u.device): u.allocator for u in allocators if u.allocator.startswith("pytorch")}
     oom = find_out_of_memory(events, calls, ranges, gpu_of, total_memory, to_allocations, caching, end_ns,
                              duration_ns, grouped)
@@ -57,6 +59,21 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
                     # the live set at the failure beats a count; a recognized allocator beats a guess
                     replaces=({"allocation_failed"} if oom.failures else set())
                     | ({"caching_allocator"} if allocators or preallocations else set()))
+
+
+def _allocators(events: pd.DataFrame, peaks: list[Peak], gpu_of: Callable[[int, int], Optional[int]],
+                process_names: dict[int, str], preallocations: list[Preallocation], label: Callable[[int], str],
+                xla: frozenset) -> list[AllocatorUse]:
+    """The allocators (AllocatorSums) over the whole frame as one batch, its peaks known before;
+    `xla`: the processes that ran XLA (diagnostics.xla_pids), whose allocator is never PyTorch's."""
+    more = {"api_names": list(events["api"].cat.categories),
+            "allocator_blocks": {int(pair_key(np.array([p.pid]), np.array([p.device]))[0]): (p.time_ns, p.bytes)
+                                 for p in preallocations},
+            "allocator_peaks": lambda: [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]}
+    sums = Engine([AllocatorSums()], Facts(list(events["kind"].cat.categories), gpu_of, more)).run(
+        [frame_batch(events)], {})["allocators"]
+    return sums.uses(peaks, lambda pid, device: None if pid in xla else sums.recognized(
+        pid, device, "python" in process_names.get(pid, "").lower()), preallocations, gpu_of, label)
 
 
 def verdict_caps(preallocations: list[Preallocation], oom: OutOfMemory) -> list[MemoryCap]:
