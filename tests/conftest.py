@@ -337,6 +337,7 @@ SLOW_TESTS = frozenset({
     "test_streamed_verdicts.py::test_streamed_cache_flush_when_the_allocator_went_on",
     "test_streamed_verdicts.py::test_streamed_spike_within_a_range_names_its_calls_and_sites",
     "test_streamed_windows.py::test_range_windows_read_the_most_live_while_open",
+    "test_engine.py::test_step_tables_of_two_ranks_in_3_row_batches",  # 1,516 batches
 })
 
 
