@@ -152,9 +152,11 @@ class _BatchFile:
             yield from self.held
             return
         self.file.flush()
-        source = pa.memory_map(self.path)  # the arrays read keep their pages mapped, not this object
         for written in self.written:
-            groups = {group: _read_columns(source, *where) for group, where in written.items()}
+            # mapped anew for each batch: its arrays hold their pages mapped until they go, so the
+            # pages read stay as many as the batches alive, not the whole file
+            with pa.memory_map(self.path) as source:
+                groups = {group: _read_columns(source, *where) for group, where in written.items()}
             yield EventBatch(**groups.pop(""), **groups)
 
     def close(self) -> None:
