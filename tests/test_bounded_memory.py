@@ -27,7 +27,7 @@ from nsysan.pipeline import stages as pipeline
 from nsysan.sources import reader
 from nsysan.analyses import calls, pools
 from nsysan.events import arrays
-from nsysan.events import normalize, nvtx, read, stream, stream_calls
+from nsysan.events import normalize, nvtx, read, spill, stream, stream_calls
 from nsysan.runs.gate import evaluate_limits
 from nsysan.runs.limits import Limits
 from nsysan.render.json import render_json
@@ -223,7 +223,7 @@ def test_streamed_quick_reads_the_table_again_when_the_batches_cannot_be_kept(mo
         raise OSError(28, "No space left on device")
 
     whole, kept = quick_documents(path, chunk_rowids(path), monkeypatch)
-    monkeypatch.setattr(stream, "_write_columns", disk_full)
+    monkeypatch.setattr(spill, "_write_columns", disk_full)
     assert render_json(pipeline.analyze_report(path, quick=True, keep_events=False)) == kept == whole
 
 

@@ -28,7 +28,7 @@ from nsysan.analyses.ranges import RangeSums
 from nsysan.analyses.step_windows import StepWindows, found_steps
 from nsysan.analyses.steps import find_step_ranges, listed, memory_threads
 from nsysan.engine import Engine, Facts, frame_batch, frame_labels, frame_live, pieces
-from nsysan.events import load_events, stream
+from nsysan.events import load_events, spill, stream
 from nsysan.events.read import last_cuda_calls
 from nsysan.events.read_launches import read_launches
 from nsysan.events.read_nvtx import read_nvtx_ranges
@@ -566,7 +566,7 @@ def test_a_flow_of_one_chunk_keeps_its_batches_for_the_second_look_in_memory(mon
     path = FIXTURES / "torch_leak_v25.sqlite"
     whole = render_json(pipeline.analyze_report(path, keep_events=False))
     written = []
-    monkeypatch.setattr(stream, "_write_columns", lambda *args, **kwargs: written.append(args))
+    monkeypatch.setattr(spill, "_write_columns", lambda *args, **kwargs: written.append(args))
     batches = []
     feed = stream.EventFlow._batches
     monkeypatch.setattr(stream.EventFlow, "_batches", lambda self: (batches.append(b) or b for b in feed(self)))

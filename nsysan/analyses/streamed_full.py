@@ -124,6 +124,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     verdicts = verdict_looks.verdicts(
         quick, described, lambda pid: labels.get(pid) or f"process {pid}", flow.live,
         lambda open_by_pid: _cut_short(look.first, look, quick.timeline.end_ns, open_by_pid))
+    calls.close()  # the calls' chunks kept since the scan: read for the last time by the verdicts
     windows = looks["steps"]  # the engine's StepWindows
     steps, phases = windows.tables(quick.timeline.end_ns, gpu_of, "step-range" if step_range is not None else "nvtx",
                                    last_calls, more["labels"]())

@@ -22,15 +22,12 @@ pool rows of its timestamps (`EventBatch.pools`, in pool_usage_of's order).
 from __future__ import annotations
 
 import dataclasses
-import os
 import sqlite3
-import tempfile
 from dataclasses import dataclass, field
-from typing import IO, Callable, Iterator, Optional, TypeVar
+from typing import Callable, Iterator, Optional, TypeVar
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from ..model import KINDS, Diagnostic
 from ..sources.reader import release_memory
@@ -40,6 +37,7 @@ from .normalize import BAD_ROW_REASONS, _sizes_and_deltas, allocated_bytes, bad_
 from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs
 from .read_order import memory_chunks_look_unordered
 from .read_pools import usable_times
+from .spill import ColumnSpill
 
 _INT64_MAX = np.iinfo("int64").max
 # Rowids read at a time: a chunk's decoded rows and their temporaries stay some 30 MB, for each
@@ -115,82 +113,50 @@ def live_after(live: dict, batch: EventBatch) -> dict:
 
 
 class _BatchFile:
-    """Batches written one after the other to a temporary file of Arrow IPC streams (deleted when
-    closed), read back in order memory-mapped: their columns are the file's pages, not copies
-    (read-only arrays); `complete` until a write fails. A flow of up to CHUNK_ROWIDS events (a
-    chunk's worth, what one batch holds anyway) stays in memory: the file is made only past that."""
+    """Batches kept for a second pass, in order: up to CHUNK_ROWIDS events (a chunk's worth, what
+    one batch holds anyway) in memory, past that in a ColumnSpill (Arrow IPC, read back
+    memory-mapped); `complete` until a write fails."""
 
     def __init__(self) -> None:
-        self.path: Optional[str] = None
-        self.file: Optional[IO[bytes]] = None
+        self.spill: Optional[ColumnSpill] = None
         self.held: list[EventBatch] = []
-        # per batch written: (offset, size, numpy dtypes) of each group of columns (_spilled_groups)
-        self.written: list[dict] = []
-        self.held_rows, self.complete = 0, True
+        self.held_rows = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.spill is None or self.spill.complete
 
     def add(self, batch: EventBatch) -> None:
-        if not self.complete:
-            return
         batch = dataclasses.replace(batch, live_before={})
-        if self.file is None and self.held_rows + len(batch) <= CHUNK_ROWIDS:
+        if self.spill is None and self.held_rows + len(batch) <= CHUNK_ROWIDS:
             self.held.append(batch)  # `shared` kept: the second look reuses what the first made of it
             self.held_rows += len(batch)
             return
-        try:
-            if self.file is None:
-                fd, self.path = tempfile.mkstemp(prefix="nsysan-batches-", suffix=".arrows")
-                self.file = os.fdopen(fd, "wb")
-            for kept in self.held + [batch]:
-                self.written.append({group: _write_columns(self.file, columns)
-                                     for group, columns in _spilled_groups(kept).items()})
-            self.held = []
-        except OSError:  # a full disk: the second pass reads the table again
-            self.complete = False
+        self.spill = self.spill or ColumnSpill()
+        for kept in self.held + [batch]:
+            self.spill.add(_spilled_groups(kept))
+        self.held = []
 
     def __iter__(self) -> Iterator[EventBatch]:
-        if self.file is None:
+        if self.spill is None:
             yield from self.held
             return
-        self.file.flush()
-        for written in self.written:
-            # mapped anew for each batch: its arrays hold their pages mapped until they go, so the
-            # pages read stay as many as the batches alive, not the whole file
-            with pa.memory_map(self.path) as source:
-                groups = {group: _read_columns(source, *where) for group, where in written.items()}
+        for entry in range(len(self.spill)):
+            groups = self.spill.read(entry)
             yield EventBatch(**groups.pop(""), **groups)
 
     def close(self) -> None:
         self.held = []
-        if self.file is not None:
-            self.file.close()
-            os.unlink(self.path)
-            self.file = None
+        if self.spill is not None:
+            self.spill.close()
 
 
 def _spilled_groups(batch: EventBatch) -> dict:
-    """The columns a batch keeps on disk, by group of equal lengths: its own arrays ("") and its
+    """The columns of a batch kept on disk, by group of equal lengths: its own arrays ("") and its
     dicts of arrays (an empty dict is no group, and read back empty); not `shared` nor `live_before`."""
     groups = {"": {f.name: getattr(batch, f.name) for f in dataclasses.fields(EventBatch) if f.type == "np.ndarray"}}
     groups.update({name: getattr(batch, name) for name in ("closed", "calls", "pools") if getattr(batch, name)})
     return groups
-
-
-def _write_columns(file: IO[bytes], columns: dict) -> tuple[int, int, dict]:
-    """Columns of one length written at the end of `file` as one Arrow IPC stream: where it lies,
-    and the numpy dtypes (booleans go as bytes, which Arrow would pack into bits)."""
-    start = file.tell()
-    record = pa.record_batch([pa.array(v.view("uint8") if v.dtype == bool else v) for v in columns.values()],
-                             names=list(columns))
-    with pa.ipc.new_stream(file, record.schema) as writer:
-        writer.write_batch(record)
-    return start, file.tell() - start, {name: values.dtype for name, values in columns.items()}
-
-
-def _read_columns(source: pa.MemoryMappedFile, start: int, size: int, dtypes: dict) -> dict:
-    source.seek(start)
-    record = pa.ipc.open_stream(source.read_buffer(size)).read_next_batch()
-    return {name: record.column(i).to_numpy(zero_copy_only=True).view(dtype) for i, (name, dtype) in
-            enumerate(dtypes.items())}
 
 
 class _OutOfOrder(Exception):

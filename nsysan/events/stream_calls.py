@@ -1,6 +1,8 @@
 """The memory API calls in bounded memory, for the streamed full analysis: read a chunk of rowids
 at a time, summed in one scan (`MemoryCalls.scan`), and joined to each batch of memory events
-through a window of calls (`CallWindow`).
+through a window of calls (`CallWindow`). The table is read once: the scan keeps the chunks it
+decoded (in memory for a table of a chunk or so, else in a file read back memory-mapped), and
+the window reads them from there.
 
 An event lies within the span of its call's rows (start to end; checked on the captures in
 fixtures/ and made so by benchmarks/make_big_export.py): the events flow in time order, so the
@@ -11,7 +13,7 @@ normalize.join_on_call), and calls that ended before it are dropped. For calls w
 order (or a few runs of it, rank by rank) the window is a chunk or so per run; for calls in no
 order every chunk starts early, and the window holds every call. Whether an event found no call
 only because its call fell outside that span is checked at the end (`CallWindow.exact`: one more
-scan, for the keys of the events left without a call); if so the flow runs again holding every call.
+pass over the kept calls, for the keys of the events left without a call); if so the flow runs again holding every call.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..model.memory import MAX_FAILED_CALLS
 from ..sources.schema import Schema
 from .normalize import join_on_call
 from .read import _call_columns, memory_call_chunks, memory_call_names, memory_call_ranges
+from .spill import ColumnSpill
 
 # Rowids of the API table read at a time (the memory calls among them, decoded: some 10 MB).
 CALL_CHUNK_ROWIDS = 1 << 18
@@ -69,6 +72,7 @@ class MemoryCalls:
         self.family_code = np.array([self.families.index(f) for f in family_of], "int64")
         self._stacks = self.schema.has_backtraces
         self._create_code = self.api_names.index("cuMemCreate") if "cuMemCreate" in self.api_names else -1
+        self._kept: Optional[_KeptChunks] = None  # the chunks the scan read, for every read after it
 
     def __bool__(self) -> bool:
         return len(self._ids) > 0
@@ -81,12 +85,15 @@ class MemoryCalls:
         found = 0
         info = self.families.index("info") if "info" in self.families else -1
         alloc = self.families.index("alloc") if "alloc" in self.families else -1
+        self.close()  # a scan reads the table anew
         self.chunks, self.first_starts = [], []
+        kept = _KeptChunks()
         for rowids, real, chains in self.read():
             starts = [_FAR] + ([int(real["ts"].min())] if len(real["ts"]) else []) \
                 + ([int(chains["ts"].min())] if len(chains["ts"]) else [])
             self.chunks.append(rowids)
             self.first_starts.append(min(starts))
+            kept.add(real, chains)
             n = len(real["ts"])
             if not n:
                 continue
@@ -118,9 +125,25 @@ class MemoryCalls:
                 self.last_end_by_pid[pid] = max(self.last_end_by_pid.get(pid, end), end)
             self.successful_allocations += int(((family == alloc) & (real["return_value"] == 0)).sum())
         self.failed = pd.concat(failed, ignore_index=True) if failed else pd.DataFrame()
+        if kept.complete:
+            self._kept = kept
+        else:
+            kept.close()
+
+    def close(self) -> None:
+        """Lets go of the chunks the scan kept (their file, if any)."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            kept.close()
 
     def read(self, chunks: Optional[list[int]] = None) -> Iterator[tuple[tuple[int, int], dict, dict]]:
-        """(rowids, real calls, rows carrying a call stack) of each chunk, or of the given ones."""
+        """(rowids, real calls, rows carrying a call stack) of each chunk, or of the given ones: as
+        the scan kept them, else read from the table again (before a scan, or after a full disk)."""
+        kept = self._kept
+        if kept is not None:
+            for i in range(len(self.chunks)) if chunks is None else chunks:
+                yield self.chunks[i], *kept.chunk(i)
+            return
         ids = self._ids.tolist()
         if chunks is None:
             for rowids, raw in memory_call_chunks(self.conn, self.schema, ids, CALL_CHUNK_ROWIDS):
@@ -135,7 +158,8 @@ class MemoryCalls:
     def read_ahead(self, order: list[int]) -> Iterator[tuple[int, dict, dict]]:
         """(chunk, real calls, rows carrying a call stack) of the given chunks in that order, the
         next one read on a second thread meanwhile (`read` would read each one on its own call)."""
-        if _WHOLE in (self.chunks[i] for i in order):  # a table not read by rowids: one chunk
+        if self._kept is not None or _WHOLE in (self.chunks[i] for i in order):
+            # kept by the scan, or a table not read by rowids (one chunk)
             for i in order:
                 for _, real, chains in self.read([i]):
                     yield i, real, chains
@@ -163,6 +187,43 @@ class MemoryCalls:
                   "end": columns.get("chain_end_ns", np.zeros(0, "int64")),
                   "ts": columns.get("chain_ts_ns", np.zeros(0, "int64"))}
         return real, chains
+
+
+class _KeptChunks:
+    """The chunks of calls a scan read, for the window's reads after it: up to CALL_CHUNK_ROWIDS
+    calls (a table of a chunk or so) in memory, past that in a ColumnSpill (Arrow IPC, read back
+    memory-mapped), so that the flow does not read and decode the API table a second time."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[dict, dict]] = []
+        self.held_rows = 0
+        self.spill: Optional[ColumnSpill] = None
+
+    @property
+    def complete(self) -> bool:
+        return self.spill is None or self.spill.complete
+
+    def add(self, real: dict, chains: dict) -> None:
+        if self.spill is None and self.held_rows + len(real["ts"]) <= CALL_CHUNK_ROWIDS:
+            self.held.append((real, chains))
+            self.held_rows += len(real["ts"])
+            return
+        self.spill = self.spill or ColumnSpill()
+        for held_real, held_chains in self.held + [(real, chains)]:
+            self.spill.add({"real": held_real, "chains": held_chains})
+        self.held = []
+
+    def chunk(self, i: int) -> tuple[dict, dict]:
+        """The i-th chunk's calls and call-stack rows, as new dicts (their readers add and take columns)."""
+        if self.spill is None:
+            return dict(self.held[i][0]), dict(self.held[i][1])
+        read = self.spill.read(i)
+        return read["real"], read["chains"]
+
+    def close(self) -> None:
+        self.held = []
+        if self.spill is not None:
+            self.spill.close()
 
 
 class CallWindow:
