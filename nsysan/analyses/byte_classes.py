@@ -172,20 +172,22 @@ class ByteClassSums(Reducer):
             alloc = b.partner_seq[frees] - seq0
             freed[alloc[alloc >= 0]] = True
             return self._frees(b, p, d, frees, end_last)
-        ts = b.ts[rows]
-        region, moment = self.lifetimes.places(p, d, rows + seq0, ts)  # (the seqs are consecutive)
+        region, moment = self.lifetimes.places(p, d, rows, b.ts, seq0)
         position[rows] = np.arange(len(rows), dtype="int32")
+        cut = int(np.searchsorted(b.ts, end_last, side="right"))  # the rows by the last step's end
         for a in range(0, len(rows), SLICE_ROWS):  # in slices of rows: bounded temporaries
             part = rows[a:a + SLICE_ROWS]
-            partner = b.partner_seq[part]
-            at = np.flatnonzero(~b.is_alloc[part] & (partner >= 0))
-            alloc = partner[at] - seq0  # the frees' allocations' rows
+            at = np.flatnonzero(~b.is_alloc[part])
+            partner = b.partner_seq[part[at]]
+            if (partner < 0).any():  # frees without their allocation: nothing to class
+                at, partner = at[partner >= 0], partner[partner >= 0]
+            alloc = partner - seq0  # the frees' allocations' rows
             at += a  # the frees' places
             frees = rows[at]
             freed[alloc[alloc >= 0]] = True
             # an allocation of this group, in this batch (else an earlier one's, or another group's)
             place = position[np.maximum(alloc, 0)]
-            simple = (alloc >= 0) & (rows[np.minimum(place, len(rows) - 1)] == alloc) & (ts[at] <= end_last)
+            simple = (alloc >= 0) & (rows[np.minimum(place, len(rows) - 1)] == alloc) & (frees < cut)
             if simple.all():
                 self.lifetimes.add_places(p, d, region[place], region[at], moment[place], moment[at],
                                           b.bytes[frees])

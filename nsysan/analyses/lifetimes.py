@@ -34,18 +34,18 @@ class Regions:
     an allocation made at 0 or before was live when a late capture began), so every time of one
     region (searchsorted(bounds, ts, "right"): 0 before bounds[0], i in [bounds[i-1], bounds[i]))
     has the same answers, worked out once from a time of it. Per region: the step and phase code
-    (phase_of's), and what classify_freed reads of an allocation made there (`made_step`,
-    `act_step`, `grad_lo`, `grad_hi`, `segment`) or of a free there (`bwd_step`)."""
+    (phase_of's), and what classify_regions reads of an allocation made there (`made_column`,
+    `act_step`, `grad_lo`, `grad_hi`, `pair`) or of a free there (`bwd_step`)."""
 
     bounds: np.ndarray
     step: np.ndarray
     code: np.ndarray
-    made_step: np.ndarray  # the step an allocation made here counts as made in (-1: none)
+    made_column: np.ndarray  # 1 + the step an allocation made here counts as made in (0: none)
     act_step: np.ndarray  # its step where a forward made it (-2 elsewhere): an activation if freed in that backward
     bwd_step: np.ndarray  # the step whose backward a free here is in (-3 elsewhere)
     grad_lo: np.ndarray  # made in a backward: a gradient if freed in regions [grad_lo, grad_hi)
     grad_hi: np.ndarray
-    segment: np.ndarray  # the segment-level class of an allocation made here and not kept
+    pair: np.ndarray  # of an allocation made here and not kept: its pair of classes (pair_of), exact other
     end_last: int  # the last step's end: freed after it, an allocation is kept
 
     def of(self, ts: np.ndarray) -> np.ndarray:
@@ -102,11 +102,11 @@ def _regions(p: StepPhases) -> Regions:
     for phase, value in ((FORWARD, ACTIVATIONS), (BACKWARD, GRADIENTS), (OPTIMIZER_PHASE, OPTIMIZER)):
         segment[(code == phase) & ~early] = value
     return Regions(bounds=bounds, step=step, code=code,
-                   made_step=np.where(np.isin(code, (BEFORE, BETWEEN, AFTER)) | early, -1, step),
+                   made_column=np.where(np.isin(code, (BEFORE, BETWEEN, AFTER)) | early, -1, step) + 1,
                    act_step=np.where((code == FORWARD) & ~early, step, -2), bwd_step=np.where(code == BACKWARD, step, -3),
                    grad_lo=np.where(grad, np.searchsorted(bounds, back_end + 1, side="right"), len(bounds) + 1),
                    grad_hi=np.where(grad, np.searchsorted(bounds, next_end + 1, side="right"), 0),
-                   segment=segment, end_last=int(p.end[last]))
+                   pair=pair_of(np.full(len(points), OTHER), segment), end_last=int(p.end[last]))
 
 
 def classify(p: StepPhases, a_ts: np.ndarray, f_ts: np.ndarray, outside: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -140,13 +140,22 @@ def classify(p: StepPhases, a_ts: np.ndarray, f_ts: np.ndarray, outside: np.ndar
     return exact, segment, np.where(np.isin(ap, (BEFORE, BETWEEN, AFTER)) | early, -1, ak)
 
 
-def classify_regions(t: Regions, made: np.ndarray, freed: np.ndarray) -> tuple[np.ndarray, ...]:
+def pair_of(exact: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """The pair of an allocation's classes by both rules, as Lifetimes sums them."""
+    return exact.astype("int64") * N_CLASSES + segment
+
+
+def classify_regions(t: Regions, made: np.ndarray, freed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """classify's answers for allocations freed by the last step's end (not kept: no weights,
     optimizer state or workspaces, and the outside judgement is not read), from the regions
-    (Regions.of) of their alloc and free times."""
-    exact = np.where(t.act_step[made] == t.bwd_step[freed], ACTIVATIONS, OTHER).astype("int8")
-    exact[(freed >= t.grad_lo[made]) & (freed < t.grad_hi[made])] = GRADIENTS
-    return exact, t.segment[made], t.made_step[made]
+    (Regions.of) of their alloc and free times: each one's pair of classes (pair_of) and its
+    made_column. Exact classes: other, but activations made in a forward and freed in that
+    step's backward, gradients made in a backward and freed after it by the next step's end."""
+    pair = t.pair[made]
+    np.subtract(pair, (OTHER - ACTIVATIONS) * N_CLASSES, out=pair, where=t.act_step[made] == t.bwd_step[freed])
+    np.subtract(pair, (OTHER - GRADIENTS) * N_CLASSES, out=pair,
+                where=(freed >= t.grad_lo[made]) & (freed < t.grad_hi[made]))
+    return pair, t.made_column[made]
 
 
 @dataclass
@@ -243,13 +252,14 @@ class Lifetimes:
             self.made[key] = np.zeros((N_CLASSES ** 2, len(self.heights.phases[pid].start) + 1), "int64")
         return True
 
-    def places(self, pid: int, device: int, seq: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Of events of a tracked series (in time order, so are their seqs): each one's region of
-        the phases (Regions.of) and its place among the sorted moments (the first at or after it),
-        found from where each bound falls among the events (tens of thousands of binary searches,
-        not millions)."""
-        return (_counted(np.searchsorted(ts, self.heights.phases[pid].regions().bounds, side="left"), len(ts)),
-                _counted(np.searchsorted(seq, self.sorted_moments[(pid, device)], side="right"), len(seq)))
+    def places(self, pid: int, device: int, rows: np.ndarray, ts: np.ndarray, seq0: int) -> tuple[np.ndarray, np.ndarray]:
+        """Of a tracked series' events, `rows` (ascending) of a batch whose times are `ts` (in time
+        order) and seqs seq0, seq0 + 1, ...: each one's region of the phases (Regions.of) and its
+        place among the sorted moments (how many are before it), found from where each bound falls
+        among them (tens of thousands of binary searches, not millions, and no gather)."""
+        bounds = self.heights.phases[pid].regions().bounds
+        return (_counted(np.searchsorted(rows, np.searchsorted(ts, bounds, side="left"), side="left"), len(rows)),
+                _counted(np.searchsorted(rows, self.sorted_moments[(pid, device)] - seq0, side="right"), len(rows)))
 
     def add(self, pid: int, device: int, a_seq: np.ndarray, a_ts: np.ndarray, f_seq: np.ndarray, f_ts: np.ndarray,
             size: np.ndarray, outside: Optional[np.ndarray]) -> None:
@@ -260,12 +270,13 @@ class Lifetimes:
             return
         p = self.heights.phases[pid]
         t = p.regions()
-        exact, segment, step = classify_regions(t, t.of(a_ts), t.of(f_ts))
+        pair, column = classify_regions(t, t.of(a_ts), t.of(f_ts))
         kept = np.flatnonzero(f_ts > t.end_last)
         if len(kept):  # the few kept after the last step: every rule
-            exact[kept], segment[kept], step[kept] = classify(p, a_ts[kept], f_ts[kept], outside[kept])
+            exact, segment, step = classify(p, a_ts[kept], f_ts[kept], outside[kept])
+            pair[kept], column[kept] = pair_of(exact, segment), step + 1
         moments = self.sorted_moments[(pid, device)]
-        self._sum((pid, device), exact, segment, step, np.searchsorted(moments, a_seq, side="left"),
+        self._sum((pid, device), pair, column, np.searchsorted(moments, a_seq, side="left"),
                   np.searchsorted(moments, f_seq, side="left"), size)
 
     def add_places(self, pid: int, device: int, a_region: np.ndarray, f_region: np.ndarray, a_moment: np.ndarray,
@@ -276,17 +287,19 @@ class Lifetimes:
             self._sum((pid, device), *classify_regions(self.heights.phases[pid].regions(), a_region, f_region),
                       a_moment, f_moment, size)
 
-    def _sum(self, key: tuple, exact: np.ndarray, segment: np.ndarray, step: np.ndarray, a_moment: np.ndarray,
-             f_moment: np.ndarray, size: np.ndarray) -> None:
-        """Each allocation's bytes to the step that made it, and to the moments [a_moment,
-        f_moment) (places among the sorted moments) it is live at."""
-        pair = exact.astype("int64") * N_CLASSES + segment
+    def _sum(self, key: tuple, pair: np.ndarray, column: np.ndarray, a_moment: np.ndarray, f_moment: np.ndarray,
+             size: np.ndarray) -> None:
+        """Each allocation's bytes (by its pair of classes) to the step that made it (its made
+        column), and to the moments [a_moment, f_moment) (places among the sorted moments) it is
+        live at."""
         weight = size.astype("float64")  # sums below 2**53 bytes: exact in float64
         # bincount, not np.add.at: millions of allocations at 1e7 events
         made = self.made[key]
-        made += np.bincount(pair * made.shape[1] + step + 1, weight, made.size).astype("int64").reshape(made.shape)
+        at = pair * made.shape[1]
+        at += column
+        made += np.bincount(at, weight, made.size).astype("int64").reshape(made.shape)
         sums = self.sums[key]
-        at = pair * sums.shape[1]
+        at = np.multiply(pair, sums.shape[1], out=at)
         sums += (np.bincount(at + a_moment, weight, sums.size) - np.bincount(at + f_moment, weight, sums.size)
                  ).astype("int64").reshape(sums.shape)
 
