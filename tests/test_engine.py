@@ -409,7 +409,9 @@ def range_table(name: str, bounds=()) -> tuple:
     return answer(analysis, RangeSums(), bounds, more)
 
 
-@pytest.mark.parametrize("name", RANGED)
+# ddp_leak's 4,548 events in 3-row batches take ~10 s
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "ddp_leak_v25" else n
+                                  for n in RANGED])
 def test_ranges_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
     analysis = frame(name)
     n = len(analysis.events)
@@ -436,11 +438,11 @@ def test_ranges_of_known_mem_are_the_truth():
     assert [rows[f"step {k}"].still_live_bytes for k in range(9)] == [0, 0, 4 * MiB, 0, 0, 4 * MiB, 0, 0, 4 * MiB]
 
 
-def test_ranges_of_a_leaking_rank_are_the_truth_in_3_row_batches():
+def test_ranges_of_a_leaking_rank_are_the_truth():
     # ddp_train.py: two ranks run "step 0".."step 7", and rank 1 keeps a new 64 MiB tensor in each
     # step; from step 2 on the caching allocator holds nothing spare, so each step makes exactly
     # that one cudaMalloc, never freed, and the process's highest live bytes rise by 64 MiB a step
-    ranges, _ = range_table("ddp_leak_v25", range(0, len(frame("ddp_leak_v25").events), 3))
+    ranges, _ = range_table("ddp_leak_v25")  # on one batch: the same as on many (above)
     rows = {r.name: r for r in ranges}
     steps = [rows[f"step {k}"] for k in range(2, 8)]
     assert [(r.instances, r.allocations, r.allocated_bytes, r.still_live_bytes, r.freed_bytes) for r in steps] == \
