@@ -218,12 +218,15 @@ def _window_highs(ts: np.ndarray, live: np.ndarray, start: np.ndarray, end: np.n
             at = lo[k] + int(np.argmax(live[lo[k]:hi[k]]))
             first[k], high[k] = at, live[at]
         return first, high
-    padded = np.append(live, np.iinfo("int64").min)
-    high[has] = np.maximum.reduceat(padded, bounds)[::2]
-    offsets = np.concatenate([[0], np.cumsum(counts[has])])
-    rows = np.arange(offsets[-1]) + np.repeat(lo[has] - offsets[:-1], counts[has])
-    hits = np.flatnonzero(live[rows] == np.repeat(high[has], counts[has]))
-    first[has] = rows[hits[np.searchsorted(hits, offsets[:-1], side="left")]]
+    # the rows from the first window's start to the last one's end, cut at every window's start
+    # and end: windows and the gaps between them, each window's highest by reduceat
+    span = live[:bounds[-1]]
+    high[has] = np.maximum.reduceat(span, bounds[:-1])[::2]
+    # each row of the span against its window's highest (a gap's rows against the window's before
+    # it: the first match at or after a window's start is in it, as its highest is)
+    heights = np.repeat(np.repeat(high[has], 2)[:-1], np.diff(bounds))
+    hits = bounds[0] + np.flatnonzero(span[bounds[0]:] == heights)
+    first[has] = hits[np.searchsorted(hits, lo[has], side="left")]
     return first, high
 
 
