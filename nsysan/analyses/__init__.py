@@ -35,8 +35,7 @@ from .sites import rank_sites
 from .stacks import referenced_stacks, stack_bytes
 from .byte_classes import ByteClassSums, Lifetimes, byte_classes, step_phases
 from .step_windows import StepWindows, found_steps
-from .steps import listed, memory_threads, step_diagnostics
-from .growth import growth_diagnostics, judge_all
+from .steps import memory_threads
 from .spikes import DEFAULT_WINDOW_NS, Spikes
 from .answers import gather_answers
 from .timeline import Groups, build_timeline, group_events
@@ -113,8 +112,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         failed = find_failed_calls(calls, events, ranges)
         # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once (or by the pipeline already)
         threads = loaded.memory_threads if loaded.memory_threads is not None else memory_threads(calls)
-        steps, step_notes, phases, spikes, lifetimes = _steps(loaded, grouped, threads, facts, end_ns, step_range,
-                                                              spike_window_ns)
+        windows, spikes, lifetimes = _steps(loaded, grouped, threads, facts, end_ns, spike_window_ns,
+                                            step_range)
         timeline = timeline_later.result()
         grouped = grouped.without_live()  # the running sums are read by nothing after the steps and timeline
         peaks = peaks_later.result()
@@ -136,10 +135,10 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         sites = _here_unless_started(sites_later, site_work)
         api_calls = _here_unless_started(api_calls_later, api_call_work)
     peaks = verdicts.peaks
-    growth = judge_all(steps, capture.processes, verdicts.caps)
-    steps = [listed(s) for s in steps]  # after judging: the verdict sees every step
-    diagnostics = ([d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics
-                   + step_notes + growth_diagnostics(growth))
+    steps, phases, growth, step_notes = windows.answers(
+        end_ns, gpu_of, step_range, loaded.last_cuda_call_ns, frame_labels(events), capture.processes, verdicts.caps,
+        not ranges.empty, loaded.quick)
+    diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics + step_notes
     analysis = Analysis(
         schema=SCHEMA_ID,
         scope="quick" if loaded.quick else "full",
@@ -190,25 +189,19 @@ def _engine_run(reducers: list, facts: Facts, events: pd.DataFrame) -> dict:
 
 
 def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, facts: Facts, end_ns: int,
-           step_range: Optional[str], spike_window_ns: int) -> tuple[list, list, list, list, Optional[Lifetimes]]:
-    """The step tables (and why there are none when there are none), the phases, the spikes and
-    the allocations' lifetimes across the phases (byte_classes); `threads`: memory_threads() of the calls."""
-    gpu_of = facts.gpu_of
+           spike_window_ns: int, step_range: Optional[str]) -> tuple[StepWindows, list, Optional[Lifetimes]]:
+    """The reducers that need the steps found before the events, over the whole frame as one batch
+    again, grouped as before: the steps' and phases' windows (StepWindows), the spikes and the
+    allocations' lifetimes across the phases (byte_classes); `threads`: memory_threads() of the calls."""
     found = found_steps(loaded.ranges, threads, step_range,
                         (loaded.launches, loaded.launch_names) if step_range is None else None,
                         loaded.nvtx_steps if step_range is None else None)
-    # the whole frame as one batch again, grouped as before, for the reducers that need the steps,
-    # their phases and the NVTX ranges
     more = {"found_steps": found, "phases": step_phases(found.steps, found.ranges), "spike_window_ns": spike_window_ns,
             "nvtx_ranges": loaded.ranges, "memory_threads": threads, "end_ns": end_ns,
             "labels": partial(frame_labels, loaded.events)}
     answered = Engine([StepWindows(), ByteClassSums(), Spikes()], dataclasses.replace(facts, more=more)).run(
         [frame_batch(loaded.events, frame_groups(grouped, facts.kinds))], frame_live(loaded.events))
-    windows = answered["steps"]
-    steps, phases = windows.tables(end_ns, gpu_of, "step-range" if step_range is not None else "nvtx",
-                                   loaded.last_cuda_call_ns, frame_labels(loaded.events))
-    return steps, step_diagnostics(windows.series, steps, not loaded.ranges.empty, loaded.quick, step_range), phases, \
-        answered["spikes"], answered["byte_classes"]
+    return answered["steps"], answered["spikes"], answered["byte_classes"]
 
 
 def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:

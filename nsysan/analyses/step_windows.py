@@ -28,7 +28,9 @@ from .iteration_phases import with_iteration_phases
 from .iterations import find_iterations, with_iterations
 from .phases import phase_ranges, phases_of, range_paths, ranked
 from .groups import batch_series
-from .steps import OPEN_END, STEP_KINDS, find_step_ranges, holders_by_step, step_series, step_spans
+from .growth import growth_diagnostics, judge_all
+from .steps import OPEN_END, STEP_KINDS, find_step_ranges, holders_by_step, listed, step_diagnostics, step_series, \
+    step_spans
 from .windows import Windows
 
 KEPT = ("seq", "ts", "pid", "device", "bytes", "site", "nvtx")
@@ -66,7 +68,7 @@ class StepWindows(Reducer):
     """The windows of the steps and phases on each (process, device) series, and the allocations
     never freed of the processes with steps (see the module's docstring). Needs the facts'
     `found_steps` (FoundSteps; none: no steps and no phases, the series alone are found). Its
-    answer: itself, whose `tables()` are the step tables and the phases."""
+    answer: itself, whose `answers()` are the steps, phases and growth verdicts."""
 
     field = "steps"
     needs = ("found_steps",)
@@ -132,6 +134,18 @@ class StepWindows(Reducer):
         whose address another took while they were live, which no free reaches)."""
         self.windows.finish()
         return self
+
+    def answers(self, end_ns: int, gpu_of: Callable[[int, int], Optional[int]], step_range: Optional[str],
+                trace_end_ns: Optional[dict[int, int]], labels: Labels, processes: list, caps: list, has_ranges: bool,
+                quick: bool) -> tuple[list[StepSeries], list[Phase], list, list]:
+        """The document's steps (those listed), phases and growth verdicts (judged on every step, with
+        the capture's `processes` and `caps`), and the diagnostics about them (no_steps, memory_growth,
+        memory_kept_unevenly); `has_ranges`: the capture has NVTX ranges (see tables())."""
+        steps, phases = self.tables(end_ns, gpu_of, "step-range" if step_range is not None else "nvtx", trace_end_ns,
+                                    labels)
+        growth = judge_all(steps, processes, caps)
+        notes = step_diagnostics(self.series, steps, has_ranges, quick, step_range) + growth_diagnostics(growth)
+        return [listed(s) for s in steps], phases, growth, notes
 
     def tables(self, end_ns: int, gpu_of: Callable[[int, int], Optional[int]], found_by: str,
                trace_end_ns: Optional[dict[int, int]], labels: Labels) -> tuple[list[StepSeries], list[Phase]]:

@@ -38,11 +38,10 @@ from .bounds import cut_long_strings
 from .calls import CallStatSums, failed_call_list
 from .capture import capture_facts
 from .diagnostics import VMM_EVENT_APIS, capture_diagnostics
-from .growth import growth_diagnostics, judge_all
 from .ranks import assign_ranks
 from .stacks import referenced_stacks
 from .iterations import iteration_pids
-from .steps import find_step_ranges, listed, step_diagnostics
+from .steps import find_step_ranges
 from .streamed import RESIDENT
 from .explore import early_trace_ends, nvtx_spans, operator_spans, step_bands, step_span
 from .streamed_oom import VerdictLooks
@@ -125,19 +124,16 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         quick, described, lambda pid: labels.get(pid) or f"process {pid}", flow.live,
         lambda open_by_pid: _cut_short(look.first, look, quick.timeline.end_ns, open_by_pid))
     calls.close()  # the calls' chunks kept since the scan: read for the last time by the verdicts
-    windows = looks["steps"]  # the engine's StepWindows
-    steps, phases = windows.tables(quick.timeline.end_ns, gpu_of, "step-range" if step_range is not None else "nvtx",
-                                   last_calls, more["labels"]())
-    step_notes = step_diagnostics(windows.series, steps, not ranges.empty, False, step_range)
-    growth = judge_all(steps, capture.processes, verdicts.caps)
-    steps = [listed(s) for s in steps]  # after judging: the verdict sees every step
+    steps, phases, growth, step_notes = looks["steps"].answers(  # the engine's StepWindows
+        quick.timeline.end_ns, gpu_of, step_range, last_calls, more["labels"](), capture.processes, verdicts.caps,
+        not ranges.empty, False)
     diagnostics = list(schema.diagnostics) + list(flow.diagnostics) + notes + capture_diagnostics(
         schema, digest, pd.DataFrame({"family": pd.Series(dtype=object)}), ranges, last_calls, quick.groups,
         quick.peaks, failed, report_version,
         counted={"vmm_events": found.vmm_events, "calls_without_events": flow.call_window.calls_without_events},
         pools=quick.reserved.pools)
     diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics \
-        + step_notes + growth_diagnostics(growth) + ([not_streamed_note()] if NOT_STREAMED else [])
+        + step_notes + ([not_streamed_note()] if NOT_STREAMED else [])
     range_table, range_families = looks["ranges"]
     analysis = dataclasses.replace(
         quick, scope="full", capture=capture, sites=ranked, api_calls=api_calls.stats(), failed_calls=failed,
