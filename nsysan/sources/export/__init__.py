@@ -33,7 +33,10 @@ from .nsys import INSTALL_GLOBS, _major_minor, _version_key, export_arguments, e
 from .run_nsys import MAX_TIMEOUT_S, _export_into, _export_timeout
 from .sibling import _matching_sibling, report_session_start, sibling_mismatch
 
-_HASH_CHUNK = 1 << 20
+# 16 MiB at a time: the read and sha256 let go of the GIL for each chunk, and while the analyses
+# are imported beside the export (commands/analyze.py) taking it back can wait a switch interval
+# (5 ms): an 11 MB report read in 1 MiB chunks waited up to 0.1 s more before its export (issue 31).
+_HASH_CHUNK = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -130,18 +133,23 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
         return ExportResult(sibling, exported_with=None, from_cache=False, from_sibling=True)
 
     nsys_path = find_nsys(nsys, report=report)
-    # `nsys export --help` runs beside `nsys --version` and the report's hash: each is a wait (an nsys
-    # start, a read of the report) and the export needs all three; it starts sooner (issue 31). An
-    # error is the same one, told at the same point: the help's never fails (export_options).
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-export-help") as pool:
-        options = pool.submit(export_options, nsys_path)
-        version = nsys_version(nsys_path)
-        timeout = _export_timeout(timeout_s)
+    # `nsys --version` and `nsys export --help` run while this thread hashes the report: each is a
+    # wait (an nsys start, a read of the report) and the export needs all three; it starts sooner
+    # (issue 31). The errors are the same, told in the same order: nsys's version first, then the
+    # timeout setting, then the report; the help's never fails (export_options).
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="nsysan-nsys-probe") as pool:
+        version_later = pool.submit(nsys_version, nsys_path)
+        options_later = pool.submit(export_options, nsys_path)
         try:
-            key = f"{_content_digest(report)}-nsys{re.sub(r'[^0-9A-Za-z.]', '_', version)}"
+            digest, unreadable = _content_digest(report), None
         except OSError as err:
-            raise NsysanError(f"can't read {report} ({err.strerror}); check the file") from err
-        options.result()
+            digest, unreadable = "", err
+        version = version_later.result()
+        timeout = _export_timeout(timeout_s)
+        if unreadable is not None:
+            raise NsysanError(f"can't read {report} ({unreadable.strerror}); check the file") from unreadable
+        key = f"{digest}-nsys{re.sub(r'[^0-9A-Za-z.]', '_', version)}"
+        options_later.result()
     # Exports with NVTX payloads are other files than the ones made before nsysan asked for them.
     key += "-blobs" if export_arguments(nsys_path) else ""
     cache = resolve_cache_dir(cache_dir)
