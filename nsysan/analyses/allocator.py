@@ -198,8 +198,10 @@ class AllocatorSums(Reducer):
 
     Facts: `api_names` (the names of the batches' API codes; without them, as --quick reads no
     calls, nothing is judged), `allocator_blocks` (pair key -> (time, bytes) of its preallocated
-    block) and `allocator_peaks` (a callable: (pid, device, time) of each process's peak so far;
-    the streamed peaks are raised during the second look, the whole frame's are known before)."""
+    block) and `allocator_peaks`: (pid, device, time) of each process's peak, a list when they
+    are known before the events (the whole frame's: then the sums are made on the first look, the
+    only one), a callable giving them so far when they are raised as the events flow (the
+    streamed second look's: then the sums wait for the second look)."""
 
     field = "allocators"
     needs = ("api_names", "allocator_blocks", "allocator_peaks")
@@ -208,26 +210,35 @@ class AllocatorSums(Reducer):
     def start(self, facts) -> None:
         super().start(facts)
         self.names = facts.more.get("api_names")
-        self.rows = AllocatorRows(self.names or [])
+        self.second_look = callable(facts.more.get("allocator_peaks"))
         self.counts: dict[int, np.ndarray] = {}  # pair key -> COUNTS
+        self._restart()
 
     def add(self, b) -> None:
         if self.names is not None:
             for part in _slices(b):
-                self._count(part)
+                rows, pair, bits = self.rows.of(part)
+                self._count(part, rows, pair, bits)
+                if not self.second_look:
+                    self._sum(part, rows, pair, bits)
 
-    def _count(self, b) -> None:
-        rows, pair, bits = self.rows.of(b)
+    def _count(self, b, rows: np.ndarray, pair: np.ndarray, bits: np.ndarray) -> None:
         if len(rows):
             size = b.bytes[rows]
             mapped, segment = (bits & MAPPED) != 0, (bits & (OUTSIDE | MAPPED)) == 0
-            flags = np.stack([mapped, mapped & (size != SMALL_SEGMENT) & (size != LARGE_SEGMENT),
-                              mapped & (size == LARGE_SEGMENT), segment, segment & (size % SEGMENT_ALIGN != 0),
-                              segment & (size == SMALL_SEGMENT), segment & (size == LARGE_SEGMENT)], axis=1)
-            _add_by(self.counts, pair, flags.astype("int64"))
+            flags = [mapped, mapped & (size != SMALL_SEGMENT) & (size != LARGE_SEGMENT),
+                     mapped & (size == LARGE_SEGMENT), segment, segment & (size % SEGMENT_ALIGN != 0),
+                     segment & (size == SMALL_SEGMENT), segment & (size == LARGE_SEGMENT)]
+            code, distinct = pd.factorize(pair)
+            counted = np.stack([np.bincount(code[flag], minlength=len(distinct)) for flag in flags], axis=1)
+            for key, row in zip(distinct.tolist(), counted.astype("int64")):  # a few (process, device) pairs
+                self.counts[key] = self.counts[key] + row if key in self.counts else row
 
     def between(self) -> None:
-        self.rows = AllocatorRows(self.names or [])  # judged again from the start
+        self._restart()  # judged again from the start
+
+    def _restart(self) -> None:
+        self.rows = AllocatorRows(self.names or [])
         self.sums: dict[int, np.ndarray] = {}  # pair key -> live bytes per class
         self.classes: dict[int, np.ndarray] = {}  # pair key -> allocations per class
         self.at_peak: dict[int, np.ndarray] = {}  # pair key -> live bytes per class right after its peak
@@ -239,13 +250,16 @@ class AllocatorSums(Reducer):
     def again(self, b) -> None:
         if self.names is not None:
             for part in _slices(b):
-                self._sum(part)
+                self._sum(part, *self.rows.of(part))
 
-    def _sum(self, b) -> None:
-        rows, pair, bits = self.rows.of(b)
+    def _sum(self, b, rows: np.ndarray, pair: np.ndarray, bits: np.ndarray) -> None:
         for key, (ts, size) in self.facts.more["allocator_blocks"].items():  # a pair's preallocated block
             bits = bits | np.where((pair == key) & (b.ts[rows] == ts) & (b.bytes[rows] == size), BLOCK, 0)
-        _add_by_class(self.classes, pair, bits, np.ones(len(bits), "int64"))
+        if len(pair):
+            code, distinct = pd.factorize(pair)
+            counted = np.bincount(code * 8 + bits, minlength=len(distinct) * 8).reshape(-1, 8).astype("int64")
+            for key, row in zip(distinct.tolist(), counted):  # a few (process, device) pairs
+                self.classes[key] = self.classes[key] + row if key in self.classes else row
         live = self.live
         known = {"seq": np.concatenate([live["seq"], b.seq[rows]]), "pair": np.concatenate([live["pair"], pair]),
                  "cls": np.concatenate([live["cls"], bits]), "bytes": np.concatenate([live["bytes"], b.bytes[rows]])}
@@ -258,7 +272,8 @@ class AllocatorSums(Reducer):
         change_pair = np.concatenate([pair, known["pair"][at]])
         change_cls = np.concatenate([bits, known["cls"][at]])
         change = np.concatenate([b.bytes[rows], -known["bytes"][at]])
-        for pid, device, ts in self.facts.more["allocator_peaks"]():  # a new or raised peak: read after its time
+        peaks = self.facts.more["allocator_peaks"]
+        for pid, device, ts in peaks() if callable(peaks) else peaks:  # a new or raised peak: read after its time
             key = int(pair_key(np.array([pid]), np.array([device]))[0])
             if self.moments.get(key) != ts:
                 self.moments[key] = ts
@@ -334,17 +349,6 @@ def _slices(b) -> Iterator[SimpleNamespace]:
         yield SimpleNamespace(**{name: getattr(b, name)[a:a + SLICE_ROWS] for name in
                                  ("seq", "ts", "pid", "device", "kind", "is_alloc", "bytes", "pool", "partner_seq")},
                               calls={name: values[a:a + SLICE_ROWS] for name, values in b.calls.items()})
-
-
-def _add_by(sums: dict, keys: np.ndarray, values: np.ndarray) -> None:
-    """sums[key] += the rows of `values` (2-d, int64) with that key, for each key present."""
-    if not len(keys):
-        return
-    code, distinct = pd.factorize(keys)
-    total = np.zeros((len(distinct), values.shape[1]), "int64")
-    np.add.at(total, code, values)
-    for key, row in zip(distinct.tolist(), total):  # a few (process, device) pairs
-        sums[key] = sums[key] + row if key in sums else row
 
 
 def _add_by_class(sums: dict, keys: np.ndarray, classes: np.ndarray, values: np.ndarray) -> None:

@@ -285,7 +285,9 @@ class VerdictLooks:
         self.calls, self.ranges, self.gpu_of, self.total_memory = calls, ranges, gpu_of, total_memory
         self.process_names, self.duration_ns, self.more = process_names, duration_ns, more
         self.sums = AllocatorSums()
-        more["api_names"] = calls.api_names
+        self.look = None  # run_streamed's SecondLook, once the second pass begins
+        # the peaks are raised during the second look (a callable: the sums wait for it)
+        more.update(api_names=calls.api_names, allocator_blocks={}, allocator_peaks=self._peaks)
         self.first: Optional[FirstOom] = None
         self.second: Optional[SecondOom] = None
 
@@ -299,9 +301,7 @@ class VerdictLooks:
         found.bursts.finish()
         gpu_of = self.gpu_of
         blocks = self.more["allocator_blocks"] = preallocated_blocks(first.big_blocks, gpu_of, self.total_memory)
-        # the second look reads each process's peak as it is raised
-        self.more["allocator_peaks"] = lambda: [(s.pid, s.device, s.best_ts) for s in look.peaks
-                                                if s.pid is not None and s.best_seq >= 0]
+        self.look = look
         self.kinds = {}
         xla = xla_pids(self.ranges)  # XLA's allocator is never PyTorch's
         for s in look.peaks:
@@ -330,6 +330,11 @@ class VerdictLooks:
         self.second = SecondOom(moments, sites)
         sites.watchers.append(self.second)
         return self.second
+
+    def _peaks(self) -> list[tuple[int, int, int]]:
+        """Each process's peak so far (AllocatorSums reads it after the second look's batch)."""
+        return [(s.pid, s.device, s.best_ts) for s in self.look.peaks if s.pid is not None and s.best_seq >= 0] \
+            if self.look is not None else []
 
     def verdicts(self, quick, described, label: Callable[[int], str], final_live: dict,
                  cut_short: Callable[[dict], list]) -> Verdicts:

@@ -64,12 +64,12 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
 def _allocators(events: pd.DataFrame, peaks: list[Peak], gpu_of: Callable[[int, int], Optional[int]],
                 process_names: dict[int, str], preallocations: list[Preallocation], label: Callable[[int], str],
                 xla: frozenset) -> list[AllocatorUse]:
-    """The allocators (AllocatorSums) over the whole frame as one batch, its peaks known before;
+    """The allocators (AllocatorSums) over the whole frame as one batch, its peaks known before (one look);
     `xla`: the processes that ran XLA (diagnostics.xla_pids), whose allocator is never PyTorch's."""
     more = {"api_names": list(events["api"].cat.categories),
             "allocator_blocks": {int(pair_key(np.array([p.pid]), np.array([p.device]))[0]): (p.time_ns, p.bytes)
                                  for p in preallocations},
-            "allocator_peaks": lambda: [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]}
+            "allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]}
     sums = Engine([AllocatorSums()], Facts(list(events["kind"].cat.categories), gpu_of, more)).run(
         [frame_batch(events)], {})["allocators"]
     return sums.uses(peaks, lambda pid, device: None if pid in xla else sums.recognized(
