@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -19,6 +20,7 @@ import pytest
 
 from nsysan.sources import export
 from nsysan.errors import NsysanError
+from nsysan.sources.export import nsys_memo
 from nsysan.sources.export import ensure_sqlite, find_nsys, is_complete_export, nsys_version, report_version
 
 from conftest import CORPUS, FIXTURES  # nsys_path comes from conftest too
@@ -85,6 +87,11 @@ def fake_nsys(directory: Path, export_body: str, version: str = DEBIAN_NSYS_VERS
     )
     script.chmod(0o755)
     return script
+
+
+def export_files(cache: Path) -> list[str]:
+    """The suffixes of what the cache holds besides the memos of what nsys said (nsys_memo.py)."""
+    return [p.suffix for p in cache.iterdir() if p.name != nsys_memo.MEMO_SUBDIR]
 
 
 def copying_nsys(directory: Path, log: Path, version: str = DEBIAN_NSYS_VERSION, delay_s: float = 0) -> Path:
@@ -337,7 +344,7 @@ def test_partial_export_with_exit_1_is_refused_and_not_cached(tmp_path: Path) ->
     assert_one_line(caught.value)
     # V22 comes from 2022.4.2.1, the same version as this nsys: damaged, not too new.
     assert "ProtobufParseException" in caught.value.message and "damaged" in caught.value.message
-    assert [p.suffix for p in (tmp_path / "cache").iterdir()] == [".lock"]
+    assert export_files(tmp_path / "cache") == [".lock"]
 
 
 def test_partial_export_with_exit_0_is_refused_and_not_cached(tmp_path: Path) -> None:
@@ -349,7 +356,7 @@ def test_partial_export_with_exit_0_is_refused_and_not_cached(tmp_path: Path) ->
         ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache")
 
     assert_one_line(caught.value)
-    assert [p.suffix for p in (tmp_path / "cache").iterdir()] == [".lock"]
+    assert export_files(tmp_path / "cache") == [".lock"]
 
 
 def test_crash_quotes_only_nsys_error_line(tmp_path: Path) -> None:
@@ -399,7 +406,7 @@ def test_hang_is_stopped_at_the_timeout(tmp_path: Path) -> None:
     assert time.monotonic() - started < 10
     assert_one_line(caught.value)
     assert is_gone(int((tmp_path / "sleeper.pid").read_text()))  # the whole process group was killed
-    assert [p.suffix for p in (tmp_path / "cache").iterdir()] == [".lock"]
+    assert export_files(tmp_path / "cache") == [".lock"]
 
 
 def test_timeout_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -430,7 +437,7 @@ def test_ctrl_c_during_export_kills_nsys_and_leaves_no_entry(tmp_path: Path) -> 
 
     assert seen == [0.5]
     assert is_gone(int((tmp_path / "sleeper.pid").read_text()))
-    assert [p.suffix for p in (tmp_path / "cache").iterdir()] == [".lock"]
+    assert export_files(tmp_path / "cache") == [".lock"]
 
 
 def test_concurrent_analyses_export_once(tmp_path: Path) -> None:
@@ -587,6 +594,101 @@ def test_bad_input_is_one_clear_error(tmp_path: Path, kind: str, pattern: str) -
 
 
 # --- finding nsys --------------------------------------------------------------------------------
+
+
+# --- What nsys said, remembered per executable (nsys_memo.py) --------------------------------------
+
+def asked_nsys(directory: Path, log: Path, version: str = DEBIAN_NSYS_VERSION) -> Path:
+    """copying_nsys that also logs every call's arguments, --version and export --help included."""
+    script = copying_nsys(directory, directory / "exports.log", version=version)
+    body = script.read_text().split("\n", 1)[1]
+    script.write_text(f'#!/bin/sh\necho "$@" >> {shlex.quote(str(log))}\n{body}')
+    return script
+
+
+def calls(log: Path) -> list[str]:
+    """The calls made since the last look (the log is emptied)."""
+    seen = log.read_text().splitlines() if log.exists() else []
+    log.write_text("")
+    return [line.split()[0] if line.startswith("export --type") else line for line in seen]
+
+
+def as_a_new_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forget what this process heard from nsys, as the next `nsysan analyze` starts knowing nothing."""
+    monkeypatch.setattr(export.nsys, "_VERSIONS", {})
+    monkeypatch.setattr(export.nsys, "_OPTIONS", {})
+
+
+def test_an_analysis_after_the_first_asks_nsys_nothing_before_exporting(tmp_path, monkeypatch) -> None:
+    log = tmp_path / "calls.log"
+    nsys = asked_nsys(tmp_path / "bin", log)
+    cache = tmp_path / "cache"
+    as_a_new_process(monkeypatch)
+    first = ensure_sqlite(copy_alone(V22, tmp_path / "a"), nsys=nsys, cache_dir=cache)
+    assert sorted(calls(log)) == ["--version", "export", "export --help"]
+    memo = json.loads(next((cache / nsys_memo.MEMO_SUBDIR).iterdir()).read_text())
+    assert memo["version"] == DEBIAN_NSYS_VERSION and "force-overwrite" in memo["export_options"]
+    assert memo["nsys"]["path"] == os.path.realpath(nsys) and memo["nsys"]["size"] == nsys.stat().st_size
+
+    # another report (its bytes differ: a new export) with the same nsys: the export, nothing before it
+    as_a_new_process(monkeypatch)
+    other = copy_alone(V22, tmp_path / "b")
+    with other.open("ab") as out:
+        out.write(b"\0")
+    second = ensure_sqlite(other, nsys=nsys, cache_dir=cache)
+    assert calls(log) == ["export"]
+    assert second.exported_with == first.exported_with == DEBIAN_NSYS_VERSION and not second.from_cache
+    assert second.sqlite_path.name.split("-", 1)[1] == first.sqlite_path.name.split("-", 1)[1]
+
+    # the same nsys touched (reinstalled, upgraded in place): asked again
+    as_a_new_process(monkeypatch)
+    stat = nsys.stat()
+    os.utime(nsys, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert ensure_sqlite(other, nsys=nsys, cache_dir=cache).from_cache
+    assert sorted(calls(log)) == ["--version", "export --help"]
+
+    # replaced by another version at the same path: asked again, and its version keys the export
+    as_a_new_process(monkeypatch)
+    asked_nsys(tmp_path / "bin", log, version="2025.3.2.0")
+    third = ensure_sqlite(other, nsys=nsys, cache_dir=cache)
+    assert sorted(calls(log)) == ["--version", "export", "export --help"]
+    assert third.exported_with == "2025.3.2.0" and "-nsys2025.3.2.0" in third.sqlite_path.name
+
+
+@pytest.mark.parametrize("damage", [b"", b"\xff\xfe not text", b'{"nsys": ', b"[1, 2]",
+                                    b'{"nsys": null, "version": "2022.4.2.1", "export_options": []}'])
+def test_a_damaged_memo_is_ignored_and_made_again(tmp_path, monkeypatch, damage) -> None:
+    log = tmp_path / "calls.log"
+    nsys = asked_nsys(tmp_path / "bin", log)
+    report = copy_alone(V22, tmp_path / "in")
+    as_a_new_process(monkeypatch)
+    first = ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache")
+    (memo,) = (tmp_path / "cache" / nsys_memo.MEMO_SUBDIR).iterdir()
+    good = memo.read_bytes()
+    calls(log)
+    memo.write_bytes(damage)
+    as_a_new_process(monkeypatch)
+    assert ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache") == \
+        export.ExportResult(first.sqlite_path, DEBIAN_NSYS_VERSION, from_cache=True)
+    assert sorted(calls(log)) == ["--version", "export --help"]
+    assert memo.read_bytes() == good
+
+
+def test_a_memo_with_wrong_answers_for_its_nsys_is_not_believed(tmp_path, monkeypatch) -> None:
+    """A memo is read only for the executable it names: one copied from another nsys's is not."""
+    log = tmp_path / "calls.log"
+    nsys = asked_nsys(tmp_path / "bin", log)
+    report = copy_alone(V22, tmp_path / "in")
+    as_a_new_process(monkeypatch)
+    ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache")
+    (memo,) = (tmp_path / "cache" / nsys_memo.MEMO_SUBDIR).iterdir()
+    kept = json.loads(memo.read_text())
+    kept["nsys"]["path"] = str(tmp_path / "elsewhere" / "nsys")
+    memo.write_text(json.dumps(kept))
+    calls(log)
+    as_a_new_process(monkeypatch)
+    ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache")
+    assert sorted(calls(log)) == ["--version", "export --help"]
 
 
 def test_explicit_nsys_that_does_not_exist_is_named(tmp_path: Path) -> None:

@@ -30,11 +30,11 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from ..base.keep import keep_text
 from ..errors import NsysanError
 from ..model import Analysis
 
@@ -106,15 +106,16 @@ def analysis_key(content: str, options: Mapping[str, Any], exporter: Optional[st
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-def report_exporter(report: Path, nsys: Any) -> Optional[str]:
+def report_exporter(report: Path, nsys: Any, cache_dir: Optional[Path] = None) -> Optional[str]:
     """For a .nsys-rep/.qdrep: the version of the nsys that would export it and the export beside
-    it, which decide the document as much as the report's bytes; None for an export."""
+    it, which decide the document as much as the report's bytes; None for an export. The version
+    comes from the memo in the export cache at `cache_dir` when that nsys was asked before."""
     from ..sources import export
 
     if report.suffix.lower() not in export.REPORT_SUFFIXES:
         return None
     try:
-        found = export.nsys_version(export.find_nsys(nsys, report=report))
+        found = export.remembered_nsys_version(export.find_nsys(nsys, report=report), cache_dir)
     except NsysanError:
         found = "none"  # the export beside it is read, or the analysis fails (and nothing is kept)
     sibling = report.with_suffix(".sqlite")
@@ -166,20 +167,7 @@ def write_entry(entry: Path, analysis: Analysis) -> None:
 
     text = render_json(analysis)
     _last_written = (weakref.ref(analysis), text)
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        handle, tmp_name = tempfile.mkstemp(dir=entry.parent, prefix=f".{entry.name}.", suffix=".tmp")
-    except OSError:
-        return
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(text.encode("utf-8"))
-        os.replace(tmp_name, entry)
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_name)
+    keep_text(entry, text)
 
 
 def cached_analysis(path: Path, analyze: Callable[[], Analysis], *, nsys: Any, cache_dir: Optional[Path],
@@ -190,7 +178,7 @@ def cached_analysis(path: Path, analyze: Callable[[], Analysis], *, nsys: Any, c
     if os.environ.get("NSYSAN_ANALYSIS_CACHE", "").strip().lower() in ("0", "off", "no", "false"):
         return analyze()
     try:
-        key = analysis_key(content or file_digest(path), options, report_exporter(path, nsys))
+        key = analysis_key(content or file_digest(path), options, report_exporter(path, nsys, cache_dir))
         entry = entry_path(cache_dir, key)
     except (OSError, NsysanError):
         return analyze()  # unreadable input or cache: the analysis says what is wrong, if anything

@@ -30,6 +30,7 @@ from .input_files import REPORT_MAGIC, REPORT_SUFFIXES, SQLITE_MAGIC, SQLITE_SID
     files_read_for, is_complete_export, open_regular, read_regular, sqlite_truncation
 from .nsys import INSTALL_GLOBS, _major_minor, _version_key, export_arguments, export_options, exports_tables, \
     find_nsys, nsys_version, report_version
+from . import nsys_memo
 from .run_nsys import MAX_TIMEOUT_S, _export_into, _export_timeout
 from .sibling import _matching_sibling, report_session_start, sibling_mismatch
 
@@ -133,11 +134,15 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
         return ExportResult(sibling, exported_with=None, from_cache=False, from_sibling=True)
 
     nsys_path = find_nsys(nsys, report=report)
-    # `nsys --version` and `nsys export --help` run while this thread hashes the report: each is a
-    # wait (an nsys start, a read of the report) and the export needs all three; it starts sooner
-    # (issue 31). The errors are the same, told in the same order: nsys's version first, then the
-    # timeout setting, then the report; the help's never fails (export_options).
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="nsysan-nsys-probe") as pool:
+    cache = resolve_cache_dir(cache_dir)
+    # An nsys asked before (the same executable: path, size, mtime) is not asked again: its memo
+    # in the cache says what it said, and the export starts once the report is hashed.
+    probed = not nsys_memo.recall(nsys_path, cache)
+    # Otherwise `nsys --version` and `nsys export --help` run while this thread hashes the report:
+    # each is a wait (an nsys start, a read of the report) and the export needs all three; it
+    # starts sooner (issue 31). The errors are the same, told in the same order: nsys's version
+    # first, then the timeout setting, then the report; the help's never fails (export_options).
+    with ThreadPoolExecutor(max_workers=2 if probed else 1, thread_name_prefix="nsysan-nsys-probe") as pool:
         version_later = pool.submit(nsys_version, nsys_path)
         options_later = pool.submit(export_options, nsys_path)
         try:
@@ -149,10 +154,9 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
         if unreadable is not None:
             raise NsysanError(f"can't read {report} ({unreadable.strerror}); check the file") from unreadable
         key = f"{digest}-nsys{re.sub(r'[^0-9A-Za-z.]', '_', version)}"
-        options_later.result()
+        options = options_later.result()
     # Exports with NVTX payloads are other files than the ones made before nsysan asked for them.
     key += "-blobs" if export_arguments(nsys_path) else ""
-    cache = resolve_cache_dir(cache_dir)
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -160,6 +164,8 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
             f"can't use the export cache at {cache} ({err.strerror}); "
             f"set NSYSAN_CACHE_DIR to a writable directory"
         ) from err
+    if probed:
+        nsys_memo.remember(nsys_path, cache, version, options)
     entry = cache / f"{key}.sqlite"
     if _covers(entry, tables):
         return ExportResult(entry, exported_with=version, from_cache=True)
@@ -181,6 +187,12 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
             f"set NSYSAN_CACHE_DIR to a writable directory"
         ) from err
     return ExportResult(entry, exported_with=version, from_cache=False)
+
+
+def remembered_nsys_version(nsys_path: Path, cache_dir: Path | None = None) -> str:
+    """nsys_version, from the memo in the export cache when this nsys was asked before."""
+    nsys_memo.recall(nsys_path, resolve_cache_dir(cache_dir))
+    return nsys_version(nsys_path)
 
 
 # ---------------------------------------------------------------------------------------------

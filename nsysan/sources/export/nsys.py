@@ -3,7 +3,6 @@ and which Nsight Systems version captured a report."""
 
 from __future__ import annotations
 
-import functools
 import glob
 import os
 import re
@@ -95,9 +94,26 @@ def _numbers_in(text: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", text))
 
 
-@functools.lru_cache(maxsize=None)
+# What each nsys said, asked once per process, or learned from the memo of an earlier one
+# (nsys_memo.py): the answers an export needs before it can start.
+_VERSIONS: dict[Path, str] = {}
+_OPTIONS: dict[Path, frozenset[str]] = {}
+
+
+def learned(nsys: Path, version: str, options: frozenset[str]) -> None:
+    """Take `version` and `options` as what `nsys --version` and `nsys export --help` say."""
+    _VERSIONS[nsys] = version
+    _OPTIONS[nsys] = options
+
+
 def nsys_version(nsys: Path) -> str:
     """Return the version of the nsys at `nsys`, e.g. "2022.4.2.1" (from `nsys --version`)."""
+    if nsys not in _VERSIONS:
+        _VERSIONS[nsys] = _ask_version(nsys)
+    return _VERSIONS[nsys]
+
+
+def _ask_version(nsys: Path) -> str:
     try:
         done = subprocess.run(
             [str(nsys), "--version"], stdin=subprocess.DEVNULL, capture_output=True,
@@ -117,13 +133,18 @@ def nsys_version(nsys: Path) -> str:
     return match.group(1)
 
 
-@functools.lru_cache(maxsize=None)
 def export_options(nsys: Path) -> frozenset[str]:
     """The long options `nsys export --help` lists ("include-blobs", "lazy", ...), read once per nsys.
 
     Newer options are passed only where they exist: an unknown option fails the whole export.
     An nsys whose help can't be read gets none of them.
     """
+    if nsys not in _OPTIONS:
+        _OPTIONS[nsys] = _ask_export_options(nsys)
+    return _OPTIONS[nsys]
+
+
+def _ask_export_options(nsys: Path) -> frozenset[str]:
     try:
         done = subprocess.run(
             [str(nsys), "export", "--help"], stdin=subprocess.DEVNULL, capture_output=True,
