@@ -12,7 +12,10 @@ the same byte for byte (for every report given).
 Run from the repository root with nsysan importable (PYTHONPATH). The first report is timed; the
 others are only checked for identical documents. --keep-export writes the every-table export of the
 first report, xz-compressed, into DIR (for tools that can't run there, docs/performance.md).
---bare-rounds 0 leaves the bare exports out. The JSON records whether Python could cache its
+--bare-rounds 0 leaves the bare exports out. Each analysis starts with a cold export cache but,
+after the warm-up round, with what nsysan remembered of that nsys (its version and export options,
+`nsys-probes/` in the cache, sources/export/nsys_memo.py), as a user's next report with their usual
+nsys does; --cold-nsys-memo starts every analysis without it (nsys asked again each time). The JSON records whether Python could cache its
 bytecode (PYTHONDONTWRITEBYTECODE, PYTHONPYCACHEPREFIX): a Python that can't compiles every
 module it imports on every start, numpy, pandas and nsysan included (docs/performance.md).
 """
@@ -34,6 +37,10 @@ import time
 from pathlib import Path
 
 from nsysan.sources.export import export_arguments
+try:
+    from nsysan.sources.export.nsys_memo import MEMO_SUBDIR
+except ImportError:  # a tree from before the memo: nothing to keep
+    MEMO_SUBDIR = "nsys-probes"
 from nsysan.sources.schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES
 
 
@@ -69,6 +76,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--bare-rounds", type=int, default=3)
     parser.add_argument("--keep-export", type=Path)
+    parser.add_argument("--cold-nsys-memo", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rep-tables-"))
     (work / "bin").mkdir()
@@ -81,6 +89,18 @@ def main() -> None:
             return timed([sys.executable, "-m", "nsysan", "analyze", str(report), "--format", "json", "--nsys", str(nsys)],
                          env={**env, "NSYSAN_CACHE_DIR": str(cache)}, stdout=out)
 
+    def with_memo(way: str, cache: Path) -> bool:
+        """Put into `cache` the memo that `way`'s nsys left in an earlier round's cache; whether there was one."""
+        kept = work / f"memo-{way}"
+        if args.cold_nsys_memo or not kept.is_dir():
+            return False
+        shutil.copytree(kept, cache / MEMO_SUBDIR)
+        return True
+
+    def keep_memo(way: str, cache: Path) -> None:
+        if (cache / MEMO_SUBDIR).is_dir() and not (work / f"memo-{way}").exists():
+            shutil.copytree(cache / MEMO_SUBDIR, work / f"memo-{way}")
+
     def fresh(name: str) -> Path:
         nonlocal runs
         runs += 1
@@ -90,6 +110,7 @@ def main() -> None:
 
     result: dict = {"nsys": subprocess.run([str(args.nsys), "--version"], capture_output=True, text=True).stdout.strip(),
                     "cpus": os.cpu_count(), "python": platform.python_version(), "rounds": args.rounds,
+                    "nsys_memo": "cold every time" if args.cold_nsys_memo else "warm after the warm-up round",
                     "bytecode": {"dont_write": bool(sys.flags.dont_write_bytecode),
                                  "pycache_prefix": sys.pycache_prefix},
                     "first_export_tables": list(FIRST_EXPORT_TABLES), "exported_tables": list(EXPORTED_TABLES),
@@ -104,8 +125,11 @@ def main() -> None:
         for round_ in range(-1 if index == 0 else 0, rounds):  # round -1: warm-up, not counted
             for way, nsys in (("every_table", every), ("nsysan_choice", args.nsys)):
                 cache = fresh("cache")
+                memo_before = with_memo(way, cache)
                 documents[way] = fresh("doc") / "analysis.json"
                 row = analyze(report, nsys, cache, documents[way])
+                row["nsys_memo_before"] = memo_before
+                keep_memo(way, cache)
                 records = list(cache.glob("*.tables.json"))
                 row["tables_exported"] = json.loads(records[0].read_text())["tables"] if records else "no record"
                 if round_ >= 0:
