@@ -1,16 +1,61 @@
-"""Columns kept for a later pass in a temporary file of Arrow IPC streams, read back memory-mapped:
-the second look's batches (stream._BatchFile) and the API calls' chunks (stream_calls.MemoryCalls),
-each decoded once and read again without reading or decoding their table again."""
+"""What a later pass reads again, kept instead of read and decoded from its table again: the second
+look's batches (stream.EventFlow) and the API calls' chunks (stream_calls.MemoryCalls). A table
+of a chunk or so stays in memory; past that, a temporary file of Arrow IPC streams, read back
+memory-mapped."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 import weakref
-from typing import IO, Optional
+from typing import IO, Callable, Generic, Iterator, Optional, TypeVar
 
 import numpy as np
 import pyarrow as pa
+
+
+T = TypeVar("T")
+
+
+class Kept(Generic[T]):
+    """Entries kept in order for a later pass: as they are while they hold `most` rows in all (by
+    `rows(entry)`), past that every one written to a ColumnSpill as `groups(entry)` and made again
+    by `entry(groups)` as it is read; `complete` until a write fails (a full disk)."""
+
+    def __init__(self, most: int, rows: Callable[[T], int], groups: Callable[[T], dict],
+                 entry: Callable[[dict], T]) -> None:
+        self.most, self.rows, self.groups, self.entry = most, rows, groups, entry
+        self.held: list[T] = []
+        self.held_rows = 0
+        self.spill: Optional[ColumnSpill] = None
+
+    @property
+    def complete(self) -> bool:
+        return self.spill is None or self.spill.complete
+
+    def __len__(self) -> int:
+        return len(self.held) if self.spill is None else len(self.spill)
+
+    def add(self, entry: T) -> None:
+        if self.spill is None and self.held_rows + self.rows(entry) <= self.most:
+            self.held.append(entry)
+            self.held_rows += self.rows(entry)
+            return
+        self.spill = self.spill or ColumnSpill()
+        for each in self.held + [entry]:
+            self.spill.add(self.groups(each))
+        self.held = []
+
+    def __getitem__(self, i: int) -> T:
+        return self.held[i] if self.spill is None else self.entry(self.spill.read(i))
+
+    def __iter__(self) -> Iterator[T]:
+        return (self[i] for i in range(len(self)))
+
+    def close(self) -> None:
+        self.held = []
+        if self.spill is not None:
+            self.spill.close()
 
 
 class ColumnSpill:

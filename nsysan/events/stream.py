@@ -37,7 +37,7 @@ from .normalize import BAD_ROW_REASONS, _sizes_and_deltas, allocated_bytes, bad_
 from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs
 from .read_order import memory_chunks_look_unordered
 from .read_pools import usable_times
-from .spill import ColumnSpill
+from .spill import Kept
 
 _INT64_MAX = np.iinfo("int64").max
 # Rowids read at a time: a chunk's decoded rows and their temporaries stay some 30 MB, for each
@@ -112,51 +112,16 @@ def live_after(live: dict, batch: EventBatch) -> dict:
     return {name: values[still] for name, values in joined.items()}
 
 
-class _BatchFile:
-    """Batches kept for a second pass, in order: up to CHUNK_ROWIDS events (a chunk's worth, what
-    one batch holds anyway) in memory, past that in a ColumnSpill (Arrow IPC, read back
-    memory-mapped); `complete` until a write fails."""
+def _kept_batches() -> Kept[EventBatch]:
+    """Batches kept for a second pass: up to CHUNK_ROWIDS events (a chunk's worth, what one batch
+    holds anyway) in memory, `shared` and all (the second look reuses what the first made of
+    them); past that on disk, by group of equal lengths: a batch's own arrays ("") and its dicts
+    of arrays (an empty dict is no group, and read back empty)."""
+    def groups(batch: EventBatch) -> dict:
+        own = {f.name: getattr(batch, f.name) for f in dataclasses.fields(EventBatch) if f.type == "np.ndarray"}
+        return {"": own, **{name: getattr(batch, name) for name in ("closed", "calls", "pools") if getattr(batch, name)}}
 
-    def __init__(self) -> None:
-        self.spill: Optional[ColumnSpill] = None
-        self.held: list[EventBatch] = []
-        self.held_rows = 0
-
-    @property
-    def complete(self) -> bool:
-        return self.spill is None or self.spill.complete
-
-    def add(self, batch: EventBatch) -> None:
-        batch = dataclasses.replace(batch, live_before={})
-        if self.spill is None and self.held_rows + len(batch) <= CHUNK_ROWIDS:
-            self.held.append(batch)  # `shared` kept: the second look reuses what the first made of it
-            self.held_rows += len(batch)
-            return
-        self.spill = self.spill or ColumnSpill()
-        for kept in self.held + [batch]:
-            self.spill.add(_spilled_groups(kept))
-        self.held = []
-
-    def __iter__(self) -> Iterator[EventBatch]:
-        if self.spill is None:
-            yield from self.held
-            return
-        for entry in range(len(self.spill)):
-            groups = self.spill.read(entry)
-            yield EventBatch(**groups.pop(""), **groups)
-
-    def close(self) -> None:
-        self.held = []
-        if self.spill is not None:
-            self.spill.close()
-
-
-def _spilled_groups(batch: EventBatch) -> dict:
-    """The columns of a batch kept on disk, by group of equal lengths: its own arrays ("") and its
-    dicts of arrays (an empty dict is no group, and read back empty); not `shared` nor `live_before`."""
-    groups = {"": {f.name: getattr(batch, f.name) for f in dataclasses.fields(EventBatch) if f.type == "np.ndarray"}}
-    groups.update({name: getattr(batch, name) for name in ("closed", "calls", "pools") if getattr(batch, name)})
-    return groups
+    return Kept(CHUNK_ROWIDS, len, groups, lambda read: EventBatch(**read.pop(""), **read))
 
 
 class _OutOfOrder(Exception):
@@ -200,12 +165,12 @@ class EventFlow:
                 self._find_runs()  # a merge from the start, rather than after some batches
         while True:
             consumer = make()
-            kept = _BatchFile() if keep else None
+            kept = _kept_batches() if keep else None
             try:
                 for number, batch in enumerate(self._batches()):
                     consumer.add(batch)
                     if kept is not None:
-                        kept.add(batch)
+                        kept.add(dataclasses.replace(batch, live_before={}))
                     _give_back(number)
             except _OutOfOrder:
                 if kept is not None:

@@ -31,7 +31,7 @@ from ..model.memory import MAX_FAILED_CALLS
 from ..sources.schema import Schema
 from .normalize import join_on_call
 from .read import _call_columns, memory_call_chunks, memory_call_names, memory_call_ranges
-from .spill import ColumnSpill
+from .spill import Kept
 
 # Rowids of the API table read at a time (the memory calls among them, decoded: some 10 MB).
 CALL_CHUNK_ROWIDS = 1 << 18
@@ -72,7 +72,7 @@ class MemoryCalls:
         self.family_code = np.array([self.families.index(f) for f in family_of], "int64")
         self._stacks = self.schema.has_backtraces
         self._create_code = self.api_names.index("cuMemCreate") if "cuMemCreate" in self.api_names else -1
-        self._kept: Optional[_KeptChunks] = None  # the chunks the scan read, for every read after it
+        self._kept: Optional[Kept] = None  # the chunks the scan read, for every read after it
 
     def __bool__(self) -> bool:
         return len(self._ids) > 0
@@ -87,13 +87,15 @@ class MemoryCalls:
         alloc = self.families.index("alloc") if "alloc" in self.families else -1
         self.close()  # a scan reads the table anew
         self.chunks, self.first_starts = [], []
-        kept = _KeptChunks()
+        # up to a chunk's worth of calls in memory, past that in a file: the table is read once
+        kept = Kept(CALL_CHUNK_ROWIDS, lambda chunk: len(chunk[0]["ts"]), lambda chunk: dict(zip(("real", "chains"), chunk)),
+                    lambda read: (read["real"], read["chains"]))
         for rowids, real, chains in self.read():
             starts = [_FAR] + ([int(real["ts"].min())] if len(real["ts"]) else []) \
                 + ([int(chains["ts"].min())] if len(chains["ts"]) else [])
             self.chunks.append(rowids)
             self.first_starts.append(min(starts))
-            kept.add(real, chains)
+            kept.add((real, chains))
             n = len(real["ts"])
             if not n:
                 continue
@@ -142,7 +144,8 @@ class MemoryCalls:
         kept = self._kept
         if kept is not None:
             for i in range(len(self.chunks)) if chunks is None else chunks:
-                yield self.chunks[i], *kept.chunk(i)
+                real, chains = kept[i]
+                yield self.chunks[i], dict(real), dict(chains)  # new dicts: readers add and take columns
             return
         ids = self._ids.tolist()
         if chunks is None:
@@ -187,43 +190,6 @@ class MemoryCalls:
                   "end": columns.get("chain_end_ns", np.zeros(0, "int64")),
                   "ts": columns.get("chain_ts_ns", np.zeros(0, "int64"))}
         return real, chains
-
-
-class _KeptChunks:
-    """The chunks of calls a scan read, for the window's reads after it: up to CALL_CHUNK_ROWIDS
-    calls (a table of a chunk or so) in memory, past that in a ColumnSpill (Arrow IPC, read back
-    memory-mapped), so that the flow does not read and decode the API table a second time."""
-
-    def __init__(self) -> None:
-        self.held: list[tuple[dict, dict]] = []
-        self.held_rows = 0
-        self.spill: Optional[ColumnSpill] = None
-
-    @property
-    def complete(self) -> bool:
-        return self.spill is None or self.spill.complete
-
-    def add(self, real: dict, chains: dict) -> None:
-        if self.spill is None and self.held_rows + len(real["ts"]) <= CALL_CHUNK_ROWIDS:
-            self.held.append((real, chains))
-            self.held_rows += len(real["ts"])
-            return
-        self.spill = self.spill or ColumnSpill()
-        for held_real, held_chains in self.held + [(real, chains)]:
-            self.spill.add({"real": held_real, "chains": held_chains})
-        self.held = []
-
-    def chunk(self, i: int) -> tuple[dict, dict]:
-        """The i-th chunk's calls and call-stack rows, as new dicts (their readers add and take columns)."""
-        if self.spill is None:
-            return dict(self.held[i][0]), dict(self.held[i][1])
-        read = self.spill.read(i)
-        return read["real"], read["chains"]
-
-    def close(self) -> None:
-        self.held = []
-        if self.spill is not None:
-            self.spill.close()
 
 
 class CallWindow:
