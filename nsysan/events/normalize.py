@@ -62,11 +62,13 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
         key = _permuted(key, by_key, moved)
     order = by_key if kept is None else kept if by_key is None else kept[by_key]
     del kept, by_key, ts, op_code
-    whole = order
-    order = _without_copies(order, key, rows, diagnostics)
+    repeated = copies(key, rows, order)
     del key, rows["kind_null"], rows["correlation_null"]
-    if order is not whole:  # copies left out: no longer a reordering of every row
-        moved = None
+    if len(repeated):  # left out: then no longer a reordering of every row
+        diagnostics.append(copies_note(len(repeated)))
+        kept = np.ones(len(rows["ts"]) if order is None else len(order), bool)
+        kept[repeated] = False
+        order, moved = np.flatnonzero(kept) if order is None else order[kept], None
 
     def take(column: str) -> np.ndarray:
         # each decoded column reordered once, and let go of (order None: every row, in the
@@ -165,18 +167,27 @@ def decode_rows(raw: pd.DataFrame, schema: Schema) -> dict[str, np.ndarray]:
     return rows
 
 
-def exact_copies(rows: dict, at: np.ndarray) -> np.ndarray:
-    """Which of decode_rows' rows `at` (in canonical order) repeat an earlier one of them exactly.
+def copies(key: np.ndarray, rows: dict, order: Optional[np.ndarray] = None) -> np.ndarray:
+    """The positions in canonical order (`key`: the sort keys of decode_rows' rows `order`, all
+    of them for None) of the rows that repeat an earlier row exactly.
 
     An export written twice into one file (`nsys export --append`) holds every event twice, which
     would double the peak and turn every free into an orphan. No two real events are identical
-    (same time, process, device, address, size, kind, operation and API call)."""
-    return pd.DataFrame({
-        "ts": rows["ts"][at], "op": rows["op"][at], "pid": rows["global_pid"][at], "address": rows["address"][at],
-        "bytes": rows["bytes"][at], "device": rows["device"][at],
-        "kind": np.where(rows["kind_null"][at], -1, rows["kind_id"][at]),
-        "call": np.where(rows["correlation_null"][at], -1, rows["correlation"][at]),
-    }).duplicated().to_numpy()
+    (same time, process, device, address, size, kind, operation and API call). Only rows that
+    share their time and operation with a neighbour can be copies, so the full comparison runs on
+    those few."""
+    tied = tied_to_a_neighbour(key)
+    if tied is None:
+        return np.zeros(0, "int64")
+    at = np.flatnonzero(tied)
+    row = at if order is None else order[at]
+    repeated = pd.DataFrame({
+        "ts": rows["ts"][row], "op": rows["op"][row], "pid": rows["global_pid"][row], "address": rows["address"][row],
+        "bytes": rows["bytes"][row], "device": rows["device"][row],
+        "kind": np.where(rows["kind_null"][row], -1, rows["kind_id"][row]),
+        "call": np.where(rows["correlation_null"][row], -1, rows["correlation"][row]),
+    }).duplicated().to_numpy()  # in canonical order: the first copy is kept
+    return at[repeated]
 
 
 # Rows computed at a time by _sizes_and_deltas: its temporaries are a few arrays of one chunk.
@@ -199,24 +210,6 @@ def _sizes_and_deltas(alloc_bytes: np.ndarray, is_alloc: np.ndarray, partner: np
         sizes[out] = np.where(alloc, own, freed_size)
         deltas[out] = np.where(alloc, own, np.where(paired >= 0, -freed_size, 0))
     return sizes, deltas
-
-
-def _without_copies(order: Optional[np.ndarray], key: np.ndarray, rows: dict,
-                    diagnostics: list[Diagnostic]) -> Optional[np.ndarray]:
-    """`order` (rows in canonical order; `key`, their sort keys) without the rows that repeat an
-    earlier row exactly (exact_copies). Only rows that share their time and operation with a
-    neighbour in `order` can be copies, so the full comparison runs on those few."""
-    tied = tied_to_a_neighbour(key)
-    if tied is None:
-        return order
-    at = np.flatnonzero(tied) if order is None else order[tied]  # canonical order: the first copy is kept
-    copies = exact_copies(rows, at)
-    if not copies.any():
-        return order
-    diagnostics.append(copies_note(int(copies.sum())))
-    drop = np.zeros(len(rows["ts"]), bool)
-    drop[at[copies]] = True
-    return np.flatnonzero(~drop) if order is None else order[~drop[order]]
 
 
 def _moved_rows(order: Optional[np.ndarray]) -> Optional[np.ndarray]:

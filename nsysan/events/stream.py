@@ -33,7 +33,7 @@ from ..model import KINDS, Diagnostic
 from ..sources.reader import release_memory
 from ..sources.schema import Schema
 from .normalize import BAD_ROW_REASONS, _sizes_and_deltas, allocated_bytes, bad_rows_note, check_sums_fit, \
-    copies_note, decode_rows, exact_copies, overlapping_note, pair_allocs_and_frees, tied_to_a_neighbour
+    copies, copies_note, decode_rows, overlapping_note, pair_allocs_and_frees, tied_to_a_neighbour
 from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs
 from .read_order import memory_chunks_look_unordered
 from .read_pools import usable_times
@@ -367,18 +367,14 @@ class EventFlow:
         return batch
 
     def _without_copies(self, rows: dict) -> dict:
-        """The rows without those that repeat an earlier row exactly (normalize.exact_copies)."""
-        tied = tied_to_a_neighbour(rows["key"])
-        if tied is None:
+        """The rows without those that repeat an earlier row exactly (normalize.copies)."""
+        repeated = copies(rows["key"], rows)
+        if not len(repeated):
             return rows
-        at = np.flatnonzero(tied)
-        copies = exact_copies(rows, at)
-        if not copies.any():
-            return rows
-        self._copies += int(copies.sum())
-        drop = np.zeros(len(rows["key"]), bool)
-        drop[at[copies]] = True
-        return {name: values[~drop] for name, values in rows.items()}
+        self._copies += len(repeated)
+        kept = np.ones(len(rows["key"]), bool)
+        kept[repeated] = False
+        return {name: values[kept] for name, values in rows.items()}
 
     def _paired(self, seq, ts, pid, device, kind, is_alloc, address, size, pool, correlation) -> EventBatch:
         """The batch's frees paired with the allocation before them at their (process, address),
