@@ -3,6 +3,9 @@
     python benchmarks/rep_timeline.py OUT.jsonl ROUNDS NSYS REPORT   (with nsysan importable)
 
 Set TIMELINE_SWITCH=SECONDS to try another GIL switch interval (Python's default: 5 ms).
+Each round's export cache is cold but holds, after the warm-up round, nsysan's memo of what that
+nsys said (`nsys-probes/`, sources/export/nsys_memo.py), as a user's next report with their usual
+nsys does; TIMELINE_COLD_MEMO=1 leaves it out (nsys asked again every round).
 
 Each round runs a fresh process (cold export cache) through `child`, which marks, in wall seconds
 since the process was launched: nsysan's CLI imported, the imports' thread started and done,
@@ -10,7 +13,8 @@ since the process was launched: nsysan's CLI imported, the imports' thread start
 the exit. The marks are patched around nsysan's own functions; nothing else changes. For every
 table, give it an nsys that hides `--tables` (rep_tables_timing.py's every_table_nsys).
 Results: docs/performance.md ("Where nsysan's choice spends its time")."""
-import json, os, subprocess, sys, tempfile, time
+import json, os, shutil, subprocess, sys, tempfile, time
+MEMO_SUBDIR = "nsys-probes"  # nsysan.sources.export.nsys_memo's, not imported: a tree before it has none
 
 def child(launched: float) -> None:
     import threading
@@ -53,16 +57,22 @@ def main() -> None:
     if len(sys.argv) != 5:
         sys.exit("usage: python benchmarks/rep_timeline.py OUT.jsonl ROUNDS NSYS REPORT")
     out, rounds, nsys, report = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    kept = tempfile.mkdtemp(prefix="timeline-memo-")
     with open(out, "w") as log:
         for r in range(rounds + 1):  # round 0: warm-up
             cache = tempfile.mkdtemp(prefix="timeline-")
+            memo_before = r > 0 and not os.environ.get("TIMELINE_COLD_MEMO") and os.path.isdir(os.path.join(kept, MEMO_SUBDIR))
+            if memo_before:
+                shutil.copytree(os.path.join(kept, MEMO_SUBDIR), os.path.join(cache, MEMO_SUBDIR))
             env = {**os.environ, "NSYSAN_CACHE_DIR": cache, "NSYSAN_ANALYSIS_CACHE": "0"}
             launched = time.time()
             done = subprocess.run([sys.executable, __file__, "--child", str(launched), "analyze", report, "--format", "json",
                                    "--nsys", nsys], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             wall = time.time() - launched
+            if r == 0 and os.path.isdir(os.path.join(cache, MEMO_SUBDIR)):
+                shutil.copytree(os.path.join(cache, MEMO_SUBDIR), os.path.join(kept, MEMO_SUBDIR))
             line = [l for l in done.stderr.splitlines() if l.startswith("TIMELINE ")]
-            row = {"round": r, "rc": done.returncode, "wall_s": round(wall, 4), **(json.loads(line[0][9:]) if line else {"stderr": done.stderr[-300:]})}
+            row = {"round": r, "rc": done.returncode, "wall_s": round(wall, 4), "nsys_memo_before": memo_before, **(json.loads(line[0][9:]) if line else {"stderr": done.stderr[-300:]})}
             print(json.dumps(row), flush=True)
             if r:
                 log.write(json.dumps(row) + "\n")
