@@ -33,7 +33,7 @@ from .ranks import assign_ranks
 from .ranges import RangeSums, alloc_calls
 from .sites import rank_sites
 from .stacks import referenced_stacks, stack_bytes
-from .byte_classes import ByteClassSums, Lifetimes, byte_classes, step_phases
+from .byte_classes import ByteClassSums, byte_classes, step_phases
 from .step_windows import StepWindows, found_steps
 from .steps import memory_threads
 from .spikes import DEFAULT_WINDOW_NS, Spikes
@@ -83,7 +83,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         [frame_batch(events.iloc[:0], pools=loaded.pool_usage)], {})["pools"]
     # The analyses only read the frames, and numpy works without the GIL on large arrays: the
     # peaks, then the timeline, are found on a second core while the groups are numbered and
-    # summed (1.3 s -> 1.0 s at 1e7 events); then the API calls', ranges' and sites' tables, which
+    # summed (1.3 s -> 1.0 s at 1e7 events); then the API calls' and sites' tables, which
     # need no other result, while this core finds the steps and verdicts (at 1e7 events this
     # thread's share of the analyses fell from 4.6 s to 2.3 s of CPU; docs/performance.md).
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -96,13 +96,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         timeline_later = pool.submit(build_timeline, batch, facts, events, ranges, start_ns, end_ns)
         api_call_work = partial(api_call_stats, calls)
         site_work = partial(rank_sites, events, site_table) if not loaded.quick else partial(list)
-        range_facts = dataclasses.replace(facts, more={
-            "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges, "end_ns": end_ns,
-            "labels": partial(frame_labels, events),
-            "range_alloc_calls": None if schema.memory_usage_collected else alloc_calls(calls, ranges)})
-        range_work = partial(_engine_run, [RangeSums()], range_facts, events)
-        api_calls_later, sites_later, ranges_later = (pool.submit(work) for work in
-                                                      (api_call_work, site_work, range_work))
+        api_calls_later, sites_later = (pool.submit(work) for work in (api_call_work, site_work))
         answered = Engine([GroupSums(), NeverFreed(), LargestAllocations()], facts).run([batch],
                                                                                   frame_live(events))
         del batch  # its groups' running sums go with the timeline's (below), its partners now
@@ -112,8 +106,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         failed = find_failed_calls(calls, events, ranges)
         # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once (or by the pipeline already)
         threads = loaded.memory_threads if loaded.memory_threads is not None else memory_threads(calls)
-        windows, spikes, lifetimes = _steps(loaded, grouped, threads, facts, end_ns, spike_window_ns,
-                                            step_range)
+        counted = None if schema.memory_usage_collected else alloc_calls(calls, ranges)  # no sizes: the calls
+        windows, spikes, lifetimes, (range_table, range_families) = _steps(
+            loaded, grouped, threads, facts, end_ns, spike_window_ns, step_range, counted)
         timeline = timeline_later.result()
         grouped = grouped.without_live()  # the running sums are read by nothing after the steps and timeline
         peaks = peaks_later.result()
@@ -125,8 +120,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
                                  schema.duration_ns, grouped, quick=loaded.quick, pools=pools)
         # Whichever core is free takes what is left of the second core's queue, the last queued first.
-        range_table, range_families = _here_unless_started(ranges_later, range_work)["ranges"]
-        del grouped, range_work  # the order of 1e7 events into groups, 80 MB
+        del grouped  # the order of 1e7 events into groups, 80 MB
         timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns, loaded.operator_ranges,
                                answered.pop("largest"))
         diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
@@ -183,25 +177,23 @@ def _here_unless_started(later: Future, work: Callable[[], T]) -> T:
     return work() if later.cancel() else later.result()
 
 
-def _engine_run(reducers: list, facts: Facts, events: pd.DataFrame) -> dict:
-    """The answers of `reducers` over the whole frame as one batch (made by whichever core runs them)."""
-    return Engine(reducers, facts).run([frame_batch(events)], frame_live(events))
-
-
 def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, facts: Facts, end_ns: int,
-           spike_window_ns: int, step_range: Optional[str]) -> tuple[StepWindows, list, Optional[Lifetimes]]:
-    """The reducers that need the steps found before the events, over the whole frame as one batch
-    again, grouped as before: the steps' and phases' windows (StepWindows), the spikes and the
-    allocations' lifetimes across the phases (byte_classes); `threads`: memory_threads() of the calls."""
+           spike_window_ns: int, step_range: Optional[str], alloc_calls: Optional[dict]) -> tuple:
+    """The reducers that need the steps found before the events or the NVTX ranges, over the whole
+    frame as one batch again, grouped as before: the steps' and phases' windows (StepWindows), the
+    spikes, the allocations' lifetimes across the phases (byte_classes) and the NVTX ranges table
+    with its families; `threads`: memory_threads() of the calls, `alloc_calls`: ranges.alloc_calls
+    when sizes were not collected."""
     found = found_steps(loaded.ranges, threads, step_range,
                         (loaded.launches, loaded.launch_names) if step_range is None else None,
                         loaded.nvtx_steps if step_range is None else None)
     more = {"found_steps": found, "phases": step_phases(found.steps, found.ranges), "spike_window_ns": spike_window_ns,
-            "nvtx_ranges": loaded.ranges, "memory_threads": threads, "end_ns": end_ns,
-            "labels": partial(frame_labels, loaded.events)}
-    answered = Engine([StepWindows(), ByteClassSums(), Spikes()], dataclasses.replace(facts, more=more)).run(
+            "nvtx_ranges": loaded.ranges, "operator_ranges": loaded.operator_ranges, "memory_threads": threads,
+            "end_ns": end_ns, "labels": partial(frame_labels, loaded.events), "range_alloc_calls": alloc_calls}
+    answered = Engine([StepWindows(), ByteClassSums(), Spikes(), RangeSums()],
+                      dataclasses.replace(facts, more=more)).run(
         [frame_batch(loaded.events, frame_groups(grouped, facts.kinds))], frame_live(loaded.events))
-    return answered["steps"], answered["spikes"], answered["byte_classes"]
+    return answered["steps"], answered["spikes"], answered["byte_classes"], answered["ranges"]
 
 
 def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:
