@@ -19,6 +19,7 @@ from nsysan.analyses.byte_classes import ByteClassSums, byte_classes, step_phase
 from nsysan.analyses.explore import LargestAllocations
 from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
+from nsysan.analyses.oom import ReleaseBursts
 from nsysan.analyses.diagnostics import xla_pids
 from nsysan.analyses.iterations import iteration_pids
 from nsysan.analyses import pools
@@ -543,6 +544,64 @@ def test_allocators_of_one_batch_read_in_slices_are_the_same(monkeypatch):
     monkeypatch.setattr(importlib.import_module("nsysan.analyses.allocator"), "SLICE_ROWS", 5)
     for name in ALLOCATORS:
         assert allocator_uses(name) == frame(name).reserved.allocators
+
+
+# the caching allocators' bursts of frees: torch_oom's allocator gave up (the allocator OOM),
+# torch_emptycache's and torch_fraction_oom's emptied their caches (flushes)
+RELEASES = ["torch_oom_v25", "torch_emptycache_v25", "torch_fraction_oom_v25"]
+
+
+def cache_releases(name: str, bounds=()) -> list:
+    """The caching allocators' releases from ReleaseBursts over the fixture's events cut before
+    `bounds`, of the allocators the document recognized (as verdicts.find_verdicts asks)."""
+    analysis = frame(name)
+    bursts = answer(analysis, ReleaseBursts(), bounds, {"api_names": list(analysis.events["api"].cat.categories)})
+    caching = {(u.pid, u.device): u.allocator for u in analysis.reserved.allocators if u.allocator.startswith("pytorch")}
+    gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
+    return bursts.releases(caching, lambda pid, device: gpus.get((pid, device)), analysis.nvtx_ranges)
+
+
+def document_releases(name: str) -> list:
+    oom = frame(name).oom
+    return sorted([o.release for o in oom.allocator_ooms] + oom.cache_flushes, key=lambda r: (r.pid, r.start_ns))
+
+
+@pytest.mark.parametrize("name", RELEASES)
+def test_cache_releases_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    n = len(frame(name).events)
+    whole = cache_releases(name)
+    assert whole == document_releases(name) and whole  # what the command line's document holds
+    assert cache_releases(name, range(0, n, max(1, n // 7))) == whole
+    assert cache_releases(name, range(0, n, 3)) == whole
+
+
+def test_cache_releases_in_3_row_batches_hold_the_truth():
+    """torch_emptycache's empty_cache() gave back 36 segments, reserved 3,655,335,936 ->
+    1,254,096,896 B (fixtures/README.md), and the program went on; torch_fraction_oom's gave back
+    what step 2 had reserved beyond what the big request found; torch_oom's allocator gave up
+    inside the hoard of the step that raised, allocating nothing after, from what it had reserved."""
+    (flush,) = cache_releases("torch_emptycache_v25", range(0, len(frame("torch_emptycache_v25").events), 3))
+    assert (flush.blocks, flush.released_bytes, flush.followed_by_allocation) == (36, 3_655_335_936 - 1_254_096_896,
+                                                                                  True)
+    rows = truth("torch_fraction_oom_v25")
+    step2 = next(r for r in rows if r.get("step") == 2)
+    before = next(r for r in rows if r.get("event") == "before_big_request")
+    (flush,) = cache_releases("torch_fraction_oom_v25", range(0, len(frame("torch_fraction_oom_v25").events), 3))
+    assert flush.released_bytes == step2["reserved"] - before["reserved"] == 50_331_648
+    (gave_up,) = cache_releases("torch_oom_v25", range(0, len(frame("torch_oom_v25").events), 3))
+    assert (gave_up.nvtx_path, gave_up.followed_by_allocation) == ("step 5 > hoard", False)
+    # live before it: what PyTorch reserved after step 4 and cuBLAS's workspaces outside it
+    step4 = next(r for r in truth("torch_oom_v25") if r.get("step") == 4)
+    assert gave_up.live_before_bytes == step4["reserved"] + 134_481_920
+    assert [o.release for o in frame("torch_oom_v25").oom.allocator_ooms] == [gave_up]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_cache_releases_do_not_depend_on_where_the_batches_are_cut(data):
+    name = data.draw(st.sampled_from(RELEASES))
+    bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
+    assert cache_releases(name, bounds) == document_releases(name)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -15,17 +15,18 @@ cuMemCreate with a handle type the system refuses, 800, then again without it), 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 import pandas as pd
 
 from ..base.cuda_errors import OUT_OF_MEMORY, error_name
-from ..events.arrays import distinct_pairs
+from ..engine import Reducer
+from ..events.arrays import distinct_pairs, pair_key
 from ..events.nvtx import attribute_ranges
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocatorOom, CacheRelease, CutShort, OomFailure, OutOfMemory, \
     Probe
-from .allocator import category_code
 from .timeline import Groups
 
 # "retried at once": the same API succeeds on the thread within 10 ms after the failed call
@@ -47,15 +48,13 @@ GpuOf = Callable[[int, int], Optional[int]]
 
 def find_out_of_memory(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame, gpu_of: GpuOf,
                        total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: ToAllocations,
-                       caching_allocators: dict[tuple[int, int], str], end_ns: int,
+                       releases: list[CacheRelease], end_ns: int,
                        duration_ns: Optional[int], grouped: Groups) -> OutOfMemory:
-    """Every out-of-memory verdict of one capture. `caching_allocators` maps the (pid, device)
-    pairs whose memory a caching allocator manages to its kind (allocator.AllocatorSums.recognized): only
-    their free bursts are cache releases. `end_ns` is the end of the capture's data, `duration_ns`
+    """Every out-of-memory verdict of one capture. `releases`: the bursts of frees of the
+    (pid, device) pairs a caching allocator manages (ReleaseBursts.releases). `end_ns` is the end of the capture's data, `duration_ns`
     the session's recorded length (where nsys ends the ranges it found open); `grouped`: the
     events' (process, device, kind) groups (timeline.group_events)."""
     failures, probes, failed_count = _failed_calls(events, calls, ranges, gpu_of, total_memory, to_allocations)
-    releases = _cache_releases(events, caching_allocators, gpu_of, grouped)
     open_by_pid = _open_ranges(ranges, duration_ns or OPEN_END_NS)
     allocator_ooms, flushes = [], []
     for release in releases:
@@ -212,46 +211,136 @@ def _live_bytes_by_pid(events: pd.DataFrame, seq: int, rows: np.ndarray) -> dict
 # The call a caching allocator gives a segment back with; other frees on the device (NCCL's
 # cuMemUnmap at ncclCommDestroy, on ddp_leak_v25) are not its own.
 _RELEASE_API = {"pytorch_caching": "cudaFree", "pytorch_expandable": "cuMemUnmap"}  # else cudaFree
+RELEASE_APIS = ("cudaFree", "cuMemUnmap")
 
 
-def _cache_releases(events: pd.DataFrame, caching_allocators: dict[tuple[int, int], str],
-                    gpu_of: GpuOf, grouped: Groups) -> list[CacheRelease]:
-    """Bursts of frees by a caching allocator: BURST_MIN_BLOCKS or more matched frees in a row on
-    one (process, device), no allocation between them, each within BURST_GAP_NS of the last."""
-    releases: list[CacheRelease] = []
-    if not caching_allocators:
-        return releases
-    delta_all, ts_all = events["delta_bytes"].to_numpy(), events["ts_ns"].to_numpy()
-    api_codes = events["api"].cat.codes.to_numpy()
-    for (pid, device), kind in sorted(caching_allocators.items()):
-        # the allocator's own rows: its device allocations and its release call's frees
-        rows = grouped.rows(("device",), pid, device)
-        own = (delta_all[rows] > 0) | (api_codes[rows] == category_code(events["api"], _RELEASE_API.get(kind, "cudaFree")))
-        rows = rows[own]
-        if len(rows) == 0:
-            continue
-        delta, ts = delta_all[rows], ts_all[rows]
-        live = np.cumsum(delta)
+@dataclass
+class Bursts:
+    """The bursts of frees of one (pair, release API), batch by batch: the running live bytes of
+    its own rows (allocations and that API's frees), the burst still open, and the first
+    MAX_RELEASES bursts of BURST_MIN_BLOCKS frees or more."""
+
+    live: int = 0
+    rows: int = 0  # own rows so far
+    last_free: bool = False
+    last_ts: int = 0
+    last_alloc: int = -1  # own row number of the last allocation
+    open: Optional[list] = None  # [start row, start ts, tid, before, blocks, released, end row, end ts, after]
+    found: list = field(default_factory=list)
+
+    def add(self, delta: np.ndarray, ts: np.ndarray, tid: np.ndarray) -> None:
+        n = len(delta)
+        if not n:
+            return
+        number = self.rows + np.arange(n)
+        live = self.live + np.cumsum(delta)
         is_free = delta < 0
         # a burst: frees in a row, each within BURST_GAP_NS of the one before
-        continues = np.zeros(len(rows), bool)
-        continues[1:] = is_free[1:] & is_free[:-1] & (ts[1:] - ts[:-1] <= BURST_GAP_NS)
+        prev_free = np.concatenate([[self.last_free], is_free[:-1]])
+        prev_ts = np.concatenate([[self.last_ts], ts[:-1]])
+        continues = is_free & prev_free & (ts - prev_ts <= BURST_GAP_NS)
         starts = np.flatnonzero(is_free & ~continues)
-        burst_of = np.cumsum(is_free & ~continues) - 1  # burst number of each free
-        sizes = np.bincount(burst_of[is_free], minlength=len(starts)) if len(starts) else np.zeros(0, int)
-        ends = starts + sizes - 1
-        is_alloc = delta > 0
-        last_alloc = int(np.flatnonzero(is_alloc)[-1]) if is_alloc.any() else -1
-        for start, end in zip(starts[sizes >= BURST_MIN_BLOCKS].tolist(), ends[sizes >= BURST_MIN_BLOCKS].tolist()):
-            before = int(live[start - 1]) if start else 0
-            releases.append(CacheRelease(
-                pid=pid, device=device, gpu=gpu_of(pid, device), start_ns=int(ts[start]), end_ns=int(ts[end]),
-                blocks=end - start + 1, released_bytes=int(-delta[start:end + 1].sum()),
-                nvtx_path=str(events["nvtx_path"].iat[int(rows[start])]), live_before_bytes=before,
-                live_after_bytes=int(live[end]), followed_by_allocation=last_alloc > end))
-            if len(releases) >= MAX_RELEASES:
-                return releases
-    return releases
+        # the open burst ends at this batch's first row that does not continue it
+        if self.open is not None:
+            stop = int(np.argmin(continues)) if not continues.all() else n
+            if stop:
+                self.open[4] += stop
+                self.open[5] += int(-delta[:stop].sum())
+                self.open[6:9] = [int(number[stop - 1]), int(ts[stop - 1]), int(live[stop - 1])]
+            if stop < n:
+                self._close()
+        # new bursts: each start and the rows that continue it
+        if len(starts):
+            run_of = np.cumsum(is_free & ~continues) - 1
+            in_run = is_free & (run_of >= 0)
+            sizes = np.bincount(run_of[in_run], minlength=len(starts))
+            ends = starts + sizes - 1
+            # the bursts that end here while there is room to keep them, and the run still open
+            room = max(MAX_RELEASES - len(self.found), 0)
+            ending = np.flatnonzero((sizes >= BURST_MIN_BLOCKS) & (ends < n - 1))[:room].tolist()
+            for k in ending + ([len(starts) - 1] if ends[-1] == n - 1 else []):
+                a, z = int(starts[k]), int(ends[k])
+                self.open = [int(number[a]), int(ts[a]), int(tid[a]), int(live[a] - delta[a]), int(sizes[k]),
+                             int(-delta[a:z + 1].sum()),
+                             int(number[z]), int(ts[z]), int(live[z])]
+                if z < n - 1:
+                    self._close()
+        allocs = np.flatnonzero(delta > 0)
+        if len(allocs):
+            self.last_alloc = int(number[allocs[-1]])
+        self.live, self.rows = int(live[-1]), self.rows + n
+        self.last_free, self.last_ts = bool(is_free[-1]), int(ts[-1])
+
+    def finish(self) -> None:
+        if self.open is not None:
+            self._close()
+
+    def _close(self) -> None:
+        if self.open[4] >= BURST_MIN_BLOCKS and len(self.found) < MAX_RELEASES:
+            self.found.append(self.open)
+        self.open = None
+
+
+class ReleaseBursts(Reducer):
+    """Bursts of frees by a caching allocator: BURST_MIN_BLOCKS or more matched frees in a row on
+    one (process, device), no allocation between them, each within BURST_GAP_NS of the last; kept
+    per call an allocator releases with (RELEASE_APIS), since which allocator manages a pair is
+    known only after the events (allocator.AllocatorSums). `releases` makes the CacheRelease list.
+
+    Facts: `api_names` (the names of the batches' API codes; without them, as --quick reads no
+    calls, nothing is kept)."""
+
+    field = "cache_bursts"
+    needs = ("api_names",)
+
+    def start(self, facts) -> None:
+        super().start(facts)
+        names = facts.more.get("api_names")
+        self.release_codes = None if names is None else [names.index(a) if a in names else -2 for a in RELEASE_APIS]
+        self.bursts: dict[tuple[int, str], Bursts] = {}
+        self.device = list(facts.kinds).index("device") if "device" in facts.kinds else -2
+
+    def add(self, b) -> None:
+        device = np.flatnonzero(b.kind == self.device) if self.release_codes is not None else []
+        if not len(device):
+            return
+        pairs = pair_key(b.pid[device], b.device[device])
+        api = b.calls["api"][device]
+        for key in pd.unique(pairs).tolist():  # a few (process, device) pairs
+            mine = device[pairs == key]
+            for name, code in zip(RELEASE_APIS, self.release_codes):
+                own = mine[(b.delta[mine] > 0) | (api[pairs == key] == code)]
+                self.bursts.setdefault((key, name), Bursts()).add(b.delta[own], b.ts[own],
+                                                                  b.calls["tid"][own].astype("int64"))
+
+    def finish(self, live: dict) -> "ReleaseBursts":
+        """Itself, its open bursts closed (so far, when asked before the last batch)."""
+        for bursts in self.bursts.values():
+            bursts.finish()
+        return self
+
+    def releases(self, caching: dict[tuple[int, int], str], gpu_of: GpuOf, ranges: pd.DataFrame) -> list[CacheRelease]:
+        """The bursts of the pairs a caching allocator manages (`caching`: its kind), each named
+        by the NVTX path of its first free (`ranges`: the NVTX ranges)."""
+        found: list[CacheRelease] = []
+        for (pid, device), kind in sorted(caching.items()):
+            bursts = self.bursts.get((int(pair_key(np.array([pid]), np.array([device]))[0]),
+                                      _RELEASE_API.get(kind, "cudaFree")))
+            if bursts is None or not bursts.found:
+                continue
+            chosen = bursts.found[:MAX_RELEASES - len(found)]
+            points = pd.DataFrame({"pid": np.full(len(chosen), pid, "int64"),
+                                   "tid": np.array([b[2] for b in chosen], "int64"),
+                                   "ts_ns": np.array([b[1] for b in chosen], "int64")})
+            named = np.asarray(attribute_ranges(points, ranges)[1], dtype=object)
+            for (_, start_ns, _, before, blocks, released, end, end_ns, after), path in zip(chosen, named):
+                found.append(CacheRelease(
+                    pid=pid, device=device, gpu=gpu_of(pid, device), start_ns=start_ns, end_ns=end_ns, blocks=blocks,
+                    released_bytes=released, nvtx_path=str(path), live_before_bytes=before, live_after_bytes=after,
+                    followed_by_allocation=bursts.last_alloc > end))
+            if len(found) >= MAX_RELEASES:
+                break
+        return found
 
 
 # --- ranges left open, runs cut short --------------------------------------------------------

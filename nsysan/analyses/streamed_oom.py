@@ -3,9 +3,9 @@ analysis, streamed_full.py): the out-of-memory verdicts, the allocators, the cap
 diagnostics, equal to the whole frame's.
 
 The first pass finds the device each out-of-memory call most likely targeted (its thread's last
-event before it), counts the maps each process gave access to, and finds the bursts of frees of
-each (process, device) (the allocators are an engine reducer, allocator.AllocatorSums, listed in
-the flow's engine: `sums`). Knowing from it when each failure and each allocator's last release
+event before it) and counts the maps each process gave access to (the allocators and the bursts
+of frees of each (process, device) are engine reducers, allocator.AllocatorSums and
+oom.ReleaseBursts, listed in the flow's engine: `sums`, `bursts`). Knowing from it when each failure and each allocator's last release
 happened, the second pass keeps the live set at those few moments (as
 the peaks keep theirs: the allocations live before the batch, those closed, the batch's up to
 that event), with what the calls say of the largest (thread, API, site). A scan of the calls
@@ -23,130 +23,17 @@ import pandas as pd
 
 from ..base.cuda_errors import OUT_OF_MEMORY, error_name
 from ..events.nvtx import attribute_ranges
-from ..model import AllocatorOom, CacheRelease, Diagnostic, OomFailure, OutOfMemory, Probe, ReservedMemory
+from ..model import AllocatorOom, Diagnostic, OomFailure, OutOfMemory, Probe, ReservedMemory
 from .caps import memory_caps
 from .diagnostics import xla_pids
-from .oom import BURST_GAP_NS, BURST_MIN_BLOCKS, LIVE_LISTED, MAX_FAILURES, MAX_RELEASES, OPEN_END_NS, \
-    PROBE_RETRY_NS, _RELEASE_API, _open_ranges, gave_up_inside
+from .oom import LIVE_LISTED, MAX_FAILURES, OPEN_END_NS, PROBE_RETRY_NS, ReleaseBursts, _open_ranges, \
+    gave_up_inside
 from .streamed import RESIDENT, _rows, pair_key
-from .allocator import DEVICE, PREALLOCATION_SHARE, AllocatorSums
+from .allocator import PREALLOCATION_SHARE, AllocatorSums
 from .streamed_run import _pair
 from .verdicts import Verdicts, _oom_diagnostics, _reserved_diagnostics, verdict_caps, vmm_without_access
 
 _HIGH = np.iinfo("int64").max
-RELEASE_APIS = ("cudaFree", "cuMemUnmap")  # the calls a caching allocator gives segments back with
-
-
-@dataclass
-class Bursts:
-    """oom._cache_releases' bursts of one (pair, release API), found batch by batch: the running
-    live bytes of its own rows (allocations and that API's frees), the burst still open, and the
-    first MAX_RELEASES bursts of BURST_MIN_BLOCKS frees or more."""
-
-    live: int = 0
-    rows: int = 0  # own rows so far
-    last_free: bool = False
-    last_ts: int = 0
-    last_alloc: int = -1  # own row number of the last allocation
-    open: Optional[list] = None  # [start row, start ts, tid, before, blocks, released, end row, end ts, after]
-    found: list = field(default_factory=list)
-
-    def add(self, delta: np.ndarray, ts: np.ndarray, tid: np.ndarray) -> None:
-        n = len(delta)
-        if not n:
-            return
-        number = self.rows + np.arange(n)
-        live = self.live + np.cumsum(delta)
-        is_free = delta < 0
-        prev_free = np.concatenate([[self.last_free], is_free[:-1]])
-        prev_ts = np.concatenate([[self.last_ts], ts[:-1]])
-        continues = is_free & prev_free & (ts - prev_ts <= BURST_GAP_NS)
-        starts = np.flatnonzero(is_free & ~continues)
-        # the open burst ends at this batch's first row that does not continue it
-        if self.open is not None:
-            stop = int(np.argmin(continues)) if not continues.all() else n
-            if stop:
-                self.open[4] += stop
-                self.open[5] += int(-delta[:stop].sum())
-                self.open[6:9] = [int(number[stop - 1]), int(ts[stop - 1]), int(live[stop - 1])]
-            if stop < n:
-                self._close()
-        # new bursts: each start and the rows that continue it
-        if len(starts):
-            run_of = np.cumsum(is_free & ~continues) - 1
-            in_run = is_free & (run_of >= 0)
-            sizes = np.bincount(run_of[in_run], minlength=len(starts))
-            ends = starts + sizes - 1
-            # the bursts that end here while there is room to keep them, and the run still open
-            room = max(MAX_RELEASES - len(self.found), 0)
-            ending = np.flatnonzero((sizes >= BURST_MIN_BLOCKS) & (ends < n - 1))[:room].tolist()
-            for k in ending + ([len(starts) - 1] if ends[-1] == n - 1 else []):
-                a, z = int(starts[k]), int(ends[k])
-                self.open = [int(number[a]), int(ts[a]), int(tid[a]), int(live[a] - delta[a]), int(sizes[k]),
-                             int(-delta[a:z + 1].sum()),
-                             int(number[z]), int(ts[z]), int(live[z])]
-                if z < n - 1:
-                    self._close()
-        allocs = np.flatnonzero(delta > 0)
-        if len(allocs):
-            self.last_alloc = int(number[allocs[-1]])
-        self.live, self.rows = int(live[-1]), self.rows + n
-        self.last_free, self.last_ts = bool(is_free[-1]), int(ts[-1])
-
-    def finish(self) -> None:
-        if self.open is not None:
-            self._close()
-
-    def _close(self) -> None:
-        if self.open[4] >= BURST_MIN_BLOCKS and len(self.found) < MAX_RELEASES:
-            self.found.append(self.open)
-        self.open = None
-
-
-class CacheBursts:
-    """oom._cache_releases over the first pass: each (process, device)'s bursts of frees, per call
-    a caching allocator releases with (RELEASE_APIS), as running state."""
-
-    def __init__(self, api_names: list[str]) -> None:
-        self.release_codes = [api_names.index(a) if a in api_names else -2 for a in RELEASE_APIS]
-        self.bursts: dict[tuple[int, str], Bursts] = {}
-
-    def add(self, b) -> None:
-        device = np.flatnonzero(b.kind == DEVICE)
-        if not len(device):
-            return
-        pairs = pair_key(b.pid[device], b.device[device])
-        api = b.calls["api"][device]
-        for key in pd.unique(pairs).tolist():  # a few (process, device) pairs
-            mine = device[pairs == key]
-            for name, code in zip(RELEASE_APIS, self.release_codes):
-                own = mine[(b.delta[mine] > 0) | (api[pairs == key] == code)]
-                self.bursts.setdefault((key, name), Bursts()).add(b.delta[own], b.ts[own],
-                                                                  b.calls["tid"][own].astype("int64"))
-
-    def finish(self) -> None:
-        for bursts in self.bursts.values():
-            bursts.finish()
-
-    def releases(self, caching: dict[tuple[int, int], str], gpu_of, paths: Callable) -> list[CacheRelease]:
-        """_cache_releases of the pairs a caching allocator manages (`caching`: its kind);
-        `paths(pid, tids, times)`: the NVTX paths of events."""
-        found = []
-        for (pid, device), kind in sorted(caching.items()):
-            bursts = self.bursts.get((int(pair_key(np.array([pid]), np.array([device]))[0]),
-                                      _RELEASE_API.get(kind, "cudaFree")))
-            if bursts is None or not bursts.found:
-                continue
-            chosen = bursts.found[:MAX_RELEASES - len(found)]
-            named = paths(pid, np.array([b[2] for b in chosen], "int64"), np.array([b[1] for b in chosen], "int64"))
-            for (start, start_ts, _, before, blocks, released, end, end_ts, after), path in zip(chosen, named):
-                found.append(CacheRelease(
-                    pid=pid, device=device, gpu=gpu_of(pid, device), start_ns=start_ts, end_ns=end_ts, blocks=blocks,
-                    released_bytes=released, nvtx_path=str(path), live_before_bytes=before, live_after_bytes=after,
-                    followed_by_allocation=bursts.last_alloc > end))
-            if len(found) >= MAX_RELEASES:
-                break
-        return found
 
 
 def preallocated_blocks(big_blocks: list[pd.DataFrame], gpu_of, total_memory) -> dict[int, tuple[int, int]]:
@@ -177,12 +64,10 @@ class FirstOom:
         self.first_device: dict[int, int] = {}  # pid -> the device of its first event (pids that failed)
         self.map_code = calls.api_names.index("cuMemSetAccess") if "cuMemSetAccess" in calls.api_names else -2
         self.mapped: dict[int, int] = {}  # pid -> its events mapping memory (cuMemSetAccess)
-        self.bursts = CacheBursts(calls.api_names)
 
     def add(self, b) -> None:
         if len(b) == 0:
             return
-        self.bursts.add(b)
         tid = b.calls["tid"]
         for i, (pid, thread, ts) in enumerate(self.calls_failing):
             mine = np.flatnonzero(b.pid == pid)  # a few failing calls
@@ -284,7 +169,7 @@ class VerdictLooks:
         (listed in that engine): the API names, then the preallocated blocks and the peaks."""
         self.calls, self.ranges, self.gpu_of, self.total_memory = calls, ranges, gpu_of, total_memory
         self.process_names, self.duration_ns, self.more = process_names, duration_ns, more
-        self.sums = AllocatorSums()
+        self.sums, self.bursts = AllocatorSums(), ReleaseBursts()  # reducers of the flow's engine
         self.look = None  # run_streamed's SecondLook, once the second pass begins
         # the peaks are raised during the second look (a callable: the sums wait for it)
         more.update(api_names=calls.api_names, allocator_blocks={}, allocator_peaks=self._peaks)
@@ -298,7 +183,6 @@ class VerdictLooks:
     def second_pass(self, look, sites) -> SecondOom:
         """After the first pass (`look`: run_streamed's SecondLook, its peaks and FirstLook)."""
         first, found = look.first, self.first
-        found.bursts.finish()
         gpu_of = self.gpu_of
         blocks = self.more["allocator_blocks"] = preallocated_blocks(first.big_blocks, gpu_of, self.total_memory)
         self.look = look
@@ -309,7 +193,7 @@ class VerdictLooks:
                 self.kinds[(s.pid, s.device)] = self.sums.recognized(
                     s.pid, s.device, "python" in self.process_names.get(s.pid, "").lower())
         caching = {pair: kind for pair, kind in self.kinds.items() if kind and kind.startswith("pytorch")}
-        self.releases = found.bursts.releases(caching, gpu_of, self._paths)
+        self.releases = self.bursts.finish({}).releases(caching, gpu_of, self.ranges)
         self.open_by_pid = _open_ranges(self.ranges, self.duration_ns or OPEN_END_NS)
         pairs = [_pair(k) for k in first.pairs]
         self.failure_moments: list[Optional[Moment]] = []
@@ -366,11 +250,6 @@ class VerdictLooks:
                         diagnostics=diagnostics,
                         replaces=({"allocation_failed"} if oom.failures else set())
                         | ({"caching_allocator"} if allocators or preallocations else set()))
-
-    def _paths(self, pid: int, tids: np.ndarray, times: np.ndarray) -> np.ndarray:
-        """The NVTX path of events of `pid` on threads `tids` at `times` (the events' nvtx_path)."""
-        points = pd.DataFrame({"pid": np.full(len(tids), pid, "int64"), "tid": tids, "ts_ns": times})
-        return np.asarray(attribute_ranges(points, self.ranges)[1], dtype=object)
 
     def _failed_calls(self, described) -> tuple[list[OomFailure], list[Probe]]:
         """oom._failed_calls from the scan's failed calls, one more scan of the calls for their

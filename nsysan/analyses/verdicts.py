@@ -12,13 +12,13 @@ import pandas as pd
 
 from ..engine import Engine, Facts, frame_batch
 from ..events.arrays import pair_key
-from ..model import GPU_RESIDENT_KINDS, AllocatorUse, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, \
+from ..model import GPU_RESIDENT_KINDS, AllocatorUse, CacheRelease, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, \
     PoolUse, Preallocation, ReservedMemory
 from ..base.units import fmt_bytes, fmt_duration, fmt_time
 from .allocator import AllocatorSums, find_preallocations, is_value
 from .caps import memory_caps
 from .diagnostics import xla_pids
-from .oom import find_out_of_memory
+from .oom import ReleaseBursts, find_out_of_memory
 from .timeline import Groups
 
 MIN_VMM_GRANULARITY = 2 << 20  # cuMemCreate sizes are multiples of the granularity, 2 MiB on every GPU seen
@@ -44,10 +44,9 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
     allocator's segments from library workspaces needs: no allocator verdicts then. `grouped`:
     the events' (process, device, kind) groups (timeline.group_events)."""
     preallocations = find_preallocations(events, ranges, gpu_of, total_memory, label)
-    allocators = [] if quick else _allocators(events, peaks, gpu_of, process_names, preallocations, label,
-                                              frozenset(xla_pids(ranges)))
-    caching = {(u.pid, u.device): u.allocator for u in allocators if u.allocator.startswith("pytorch")}
-    oom = find_out_of_memory(events, calls, ranges, gpu_of, total_memory, to_allocations, caching, end_ns,
+    allocators, releases = ([], []) if quick else _allocators(events, ranges, peaks, gpu_of, process_names,
+                                                              preallocations, label)
+    oom = find_out_of_memory(events, calls, ranges, gpu_of, total_memory, to_allocations, releases, end_ns,
                              duration_ns, grouped)
     found_caps = verdict_caps(preallocations, oom)
     diagnostics = (_oom_diagnostics(oom, label) + _reserved_diagnostics(allocators, preallocations)
@@ -61,19 +60,24 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
                     | ({"caching_allocator"} if allocators or preallocations else set()))
 
 
-def _allocators(events: pd.DataFrame, peaks: list[Peak], gpu_of: Callable[[int, int], Optional[int]],
-                process_names: dict[int, str], preallocations: list[Preallocation], label: Callable[[int], str],
-                xla: frozenset) -> list[AllocatorUse]:
-    """The allocators (AllocatorSums) over the whole frame as one batch, its peaks known before (one look);
-    `xla`: the processes that ran XLA (diagnostics.xla_pids), whose allocator is never PyTorch's."""
+def _allocators(events: pd.DataFrame, ranges: pd.DataFrame, peaks: list[Peak],
+                gpu_of: Callable[[int, int], Optional[int]], process_names: dict[int, str],
+                preallocations: list[Preallocation],
+                label: Callable[[int], str]) -> tuple[list[AllocatorUse], list[CacheRelease]]:
+    """The allocators (AllocatorSums) and the bursts of frees of those that cache (ReleaseBursts)
+    over the whole frame as one batch, its peaks known before (one look); the processes that ran
+    XLA (diagnostics.xla_pids) never have PyTorch's allocator."""
     more = {"api_names": list(events["api"].cat.categories),
             "allocator_blocks": {int(pair_key(np.array([p.pid]), np.array([p.device]))[0]): (p.time_ns, p.bytes)
                                  for p in preallocations},
             "allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]}
-    sums = Engine([AllocatorSums()], Facts(list(events["kind"].cat.categories), gpu_of, more)).run(
-        [frame_batch(events)], {})["allocators"]
-    return sums.uses(peaks, lambda pid, device: None if pid in xla else sums.recognized(
+    answered = Engine([AllocatorSums(), ReleaseBursts()], Facts(list(events["kind"].cat.categories), gpu_of, more)).run(
+        [frame_batch(events)], {})
+    sums, xla = answered["allocators"], frozenset(xla_pids(ranges))
+    uses = sums.uses(peaks, lambda pid, device: None if pid in xla else sums.recognized(
         pid, device, "python" in process_names.get(pid, "").lower()), preallocations, gpu_of, label)
+    caching = {(u.pid, u.device): u.allocator for u in uses if u.allocator.startswith("pytorch")}
+    return uses, answered["cache_bursts"].releases(caching, gpu_of, ranges)
 
 
 def verdict_caps(preallocations: list[Preallocation], oom: OutOfMemory) -> list[MemoryCap]:
