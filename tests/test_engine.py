@@ -19,7 +19,10 @@ from nsysan.analyses.byte_classes import ByteClassSums, byte_classes, step_phase
 from nsysan.analyses.explore import LargestAllocations
 from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
-from nsysan.analyses.oom import ReleaseBursts
+from nsysan.analyses import verdicts
+from nsysan.analyses.calls import failed_call_rows
+from nsysan.analyses.oom import FailureDevices, ReleaseBursts, oom_calls
+from nsysan.analyses.verdicts import AccessMaps
 from nsysan.analyses.diagnostics import xla_pids
 from nsysan.analyses.iterations import iteration_pids
 from nsysan.analyses import pools
@@ -602,6 +605,44 @@ def test_cache_releases_do_not_depend_on_where_the_batches_are_cut(data):
     name = data.draw(st.sampled_from(RELEASES))
     bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
     assert cache_releases(name, bounds) == document_releases(name)
+
+
+def failure_devices(name: str, bounds=()) -> list:
+    """FailureDevices over the fixture's events cut before `bounds`: the device of each call that
+    ran out of memory (as verdicts.find_verdicts asks)."""
+    analysis = frame(name)
+    return answer(analysis, FailureDevices(), bounds, {"oom_calls": oom_calls(failed_call_rows(analysis.calls))})
+
+
+def test_failure_devices_are_the_same_on_one_batch_k_batches_and_3_row_batches():
+    """real_oom_v25's one failed cudaMalloc (truth: the 9th, error 2) targeted the device its
+    thread had allocated on; the document's failure says the same."""
+    n = len(frame("real_oom_v25").events)
+    failed = [r for r in truth("real_oom_v25") if r.get("truth") == "cudaMalloc" and r["error"] == 2]
+    whole = failure_devices("real_oom_v25")
+    assert whole == [f.device for f in frame("real_oom_v25").oom.failures] == [0] * len(failed) == [0]
+    assert failure_devices("real_oom_v25", range(0, n, max(1, n // 7))) == whole
+    assert failure_devices("real_oom_v25", range(0, n, 3)) == whole
+
+
+def unmapped(name: str, bounds=()) -> list:
+    """The vmm_without_access diagnostics from AccessMaps over the fixture's events cut before `bounds`."""
+    analysis = frame(name)
+    calls, labels = analysis.calls, {p.pid: p.label for p in analysis.capture.processes}
+    mapped = answer(analysis, AccessMaps(), bounds, {"api_names": list(analysis.events["api"].cat.categories)})
+    return verdicts._vmm_without_access(calls, mapped, lambda pid: labels.get(pid) or f"process {pid}")
+
+
+def test_access_maps_are_the_same_on_one_batch_k_batches_and_3_row_batches():
+    """ddp_leak_v25's ranks each made one of their 147 cuMemCreate never given access (test_oom.py);
+    every cuMemCreate of torch_expandable_v25 was mapped."""
+    n = len(frame("ddp_leak_v25").events)
+    whole = unmapped("ddp_leak_v25")
+    assert whole == [d for d in frame("ddp_leak_v25").diagnostics if d.code == "vmm_without_access"]
+    assert [d.message.split(": ")[1].split(" cuMemCreate")[0] for d in whole] == ["1 of its 147"] * 2
+    assert unmapped("ddp_leak_v25", range(0, n, max(1, n // 7))) == whole
+    n = len(frame("torch_expandable_v25").events)
+    assert unmapped("torch_expandable_v25", range(0, n, 3)) == unmapped("torch_expandable_v25") == []
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -48,13 +48,15 @@ GpuOf = Callable[[int, int], Optional[int]]
 
 def find_out_of_memory(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame, gpu_of: GpuOf,
                        total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: ToAllocations,
-                       releases: list[CacheRelease], end_ns: int,
+                       releases: list[CacheRelease], devices: list[Optional[int]], end_ns: int,
                        duration_ns: Optional[int], grouped: Groups) -> OutOfMemory:
     """Every out-of-memory verdict of one capture. `releases`: the bursts of frees of the
-    (pid, device) pairs a caching allocator manages (ReleaseBursts.releases). `end_ns` is the end of the capture's data, `duration_ns`
+    (pid, device) pairs a caching allocator manages (ReleaseBursts.releases); `devices`: the device of
+    each call of oom_calls (FailureDevices). `end_ns` is the end of the capture's data, `duration_ns`
     the session's recorded length (where nsys ends the ranges it found open); `grouped`: the
     events' (process, device, kind) groups (timeline.group_events)."""
-    failures, probes, failed_count = _failed_calls(events, calls, ranges, gpu_of, total_memory, to_allocations)
+    failures, probes, failed_count = _failed_calls(events, calls, ranges, gpu_of, total_memory, to_allocations,
+                                                   devices)
     open_by_pid = _open_ranges(ranges, duration_ns or OPEN_END_NS)
     allocator_ooms, flushes = [], []
     for release in releases:
@@ -87,7 +89,8 @@ def gave_up_inside(release: CacheRelease, opened: list[str]) -> bool:
 
 def _failed_calls(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame, gpu_of: GpuOf,
                   total_memory: Callable[[Optional[int]], Optional[int]],
-                  to_allocations: ToAllocations) -> tuple[list[OomFailure], list[Probe], int]:
+                  to_allocations: ToAllocations,
+                  devices: list[Optional[int]]) -> tuple[list[OomFailure], list[Probe], int]:
     if calls.empty:
         return [], [], 0
     failed_mask = ((calls["return_value"] != 0) & (calls["family"] != "info")).to_numpy()
@@ -115,7 +118,7 @@ def _failed_calls(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
         if len(failures) >= MAX_FAILURES:
             continue
         failures.append(_failure(events, calls, pid, tid, api, ts, code, str(path), retry, gpu_of, total_memory,
-                                 to_allocations))
+                                 to_allocations, devices[len(failures)]))
     return failures, probes, failed_count
 
 
@@ -132,10 +135,9 @@ def _retry_after(starts: Optional[np.ndarray], ts: int) -> Optional[int]:
 
 def _failure(events: pd.DataFrame, calls: pd.DataFrame, pid: int, tid: int, api: str, ts: int, code: int,
              path: str, retry: Optional[int], gpu_of: GpuOf, total_memory: Callable[[Optional[int]], Optional[int]],
-             to_allocations: ToAllocations) -> OomFailure:
+             to_allocations: ToAllocations, device: Optional[int]) -> OomFailure:
     same_api = calls["ts_ns"].to_numpy()[((calls["pid"] == pid) & (calls["api"] == api)).to_numpy()]
     call_number = int((same_api < ts).sum()) + 1
-    device = _device_of_call(events, pid, tid, ts)
     gpu = gpu_of(pid, device) if device is not None else None
     total = total_memory(gpu)
     process_live = gpu_live = None
@@ -153,17 +155,41 @@ def _failure(events: pd.DataFrame, calls: pd.DataFrame, pid: int, tid: int, api:
                       live_count=count, live_at_failure=live, retried_after_ns=retry)
 
 
-def _device_of_call(events: pd.DataFrame, pid: int, tid: int, ts: int) -> Optional[int]:
-    """The device a failed call most likely targeted (the API row has none): the device of the
-    thread's latest memory event before it, else the process's only or first device."""
-    if events.empty:
-        return None
-    mine = (events["pid"] == pid).to_numpy()
-    if not mine.any():
-        return None
-    thread = mine & (events["tid"] == tid).to_numpy() & (events["ts_ns"].to_numpy() <= ts)
-    source = thread if thread.any() else mine
-    return int(events["device"].to_numpy()[np.flatnonzero(source)[-1 if thread.any() else 0]])
+def oom_calls(failed: pd.DataFrame) -> list[tuple[int, int, int]]:
+    """(pid, tid, time) of the failed calls (calls.failed_call_rows) that ran out of memory, the
+    first MAX_FAILURES: the failures listed, whose devices FailureDevices finds."""
+    if failed.empty:
+        return []
+    rows = failed[(failed["return_value"] == OUT_OF_MEMORY).to_numpy()].head(MAX_FAILURES)
+    return list(zip(*(rows[c].astype("int64").tolist() for c in ("pid", "tid", "ts_ns")))) if len(rows) else []
+
+
+class FailureDevices(Reducer):
+    """The device each out-of-memory call most likely targeted (the API row has none): the device
+    of its thread's latest memory event at or before it, else its process's first event's (None:
+    the process has no memory event). Facts: `oom_calls` (oom_calls)."""
+
+    field = "failure_devices"
+    needs = ("oom_calls",)
+
+    def start(self, facts) -> None:
+        super().start(facts)
+        self.calls = facts.more.get("oom_calls") or []
+        self.thread_device = [-1] * len(self.calls)  # of its thread's latest event so far
+        self.first_device: dict[int, int] = {}  # pid -> the device of its first event (pids that failed)
+
+    def add(self, b) -> None:
+        for i, (pid, thread, ts) in enumerate(self.calls):  # a few failing calls
+            mine = np.flatnonzero(b.pid == pid)
+            if len(mine) and pid not in self.first_device:
+                self.first_device[pid] = int(b.device[mine[0]])
+            before = mine[(b.calls["tid"][mine] == thread) & (b.ts[mine] <= ts)]
+            if len(before):
+                self.thread_device[i] = int(b.device[before[-1]])
+
+    def finish(self, live: dict) -> list[Optional[int]]:
+        return [device if device >= 0 else self.first_device.get(pid)
+                for device, (pid, _, _) in zip(self.thread_device, self.calls)]
 
 
 def _gpu_rows(events: pd.DataFrame, gpu: Optional[int], pid: int, device: int, gpu_of: GpuOf) -> np.ndarray:

@@ -91,7 +91,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     def first(look) -> Each:
         looks["first"] = FirstCalls(calls)
         looks["threads"] = MemoryThreads()
-        return Each(looks["first"], verdict_looks.first_pass(), looks["threads"])
+        return Each(looks["first"], looks["threads"])
 
     def second(look) -> Each:
         found = looks["first"]
@@ -111,7 +111,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
                          also=(first, second), span=span, described=described, answers=looks, more=more,
-                         reducers=(verdict_looks.sums, verdict_looks.bursts))
+                         reducers=verdict_looks.reducers)
     found, sites, ranked = looks["first"], looks["second"], looks["ranked"][0]
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
     capture = _capture(quick, calls.threads, ranges, schema, report_version)

@@ -2,12 +2,12 @@
 analysis, streamed_full.py): the out-of-memory verdicts, the allocators, the caps and their
 diagnostics, equal to the whole frame's.
 
-The first pass finds the device each out-of-memory call most likely targeted (its thread's last
-event before it) and counts the maps each process gave access to (the allocators and the bursts
-of frees of each (process, device) are engine reducers, allocator.AllocatorSums and
-oom.ReleaseBursts, listed in the flow's engine: `sums`, `bursts`). Knowing from it when each failure and each allocator's last release
-happened, the second pass keeps the live set at those few moments (as
-the peaks keep theirs: the allocations live before the batch, those closed, the batch's up to
+The first pass is the flow engine's: the allocators (allocator.AllocatorSums), the caching
+allocators' bursts of frees (oom.ReleaseBursts), the device each out-of-memory call most likely
+targeted (oom.FailureDevices) and the maps each process gave access to (verdicts.AccessMaps), the
+whole frame's reducers, listed in VerdictLooks.reducers. Knowing from it when each failure and
+each allocator's last release happened, the second pass keeps the live set at those few moments
+(as the peaks keep theirs: the allocations live before the batch, those closed, the batch's up to
 that event), with what the calls say of the largest (thread, API, site). A scan of the calls
 adds, for the failed ones only, each one's number among its process's calls of that API and the
 retry that makes it a probe.
@@ -26,12 +26,12 @@ from ..events.nvtx import attribute_ranges
 from ..model import AllocatorOom, Diagnostic, OomFailure, OutOfMemory, Probe, ReservedMemory
 from .caps import memory_caps
 from .diagnostics import xla_pids
-from .oom import LIVE_LISTED, MAX_FAILURES, OPEN_END_NS, PROBE_RETRY_NS, ReleaseBursts, _open_ranges, \
-    gave_up_inside
+from .oom import LIVE_LISTED, MAX_FAILURES, OPEN_END_NS, PROBE_RETRY_NS, FailureDevices, ReleaseBursts, \
+    _open_ranges, gave_up_inside, oom_calls
 from .streamed import RESIDENT, _rows, pair_key
 from .allocator import PREALLOCATION_SHARE, AllocatorSums
 from .streamed_run import _pair
-from .verdicts import Verdicts, _oom_diagnostics, _reserved_diagnostics, verdict_caps, vmm_without_access
+from .verdicts import AccessMaps, Verdicts, _oom_diagnostics, _reserved_diagnostics, verdict_caps, vmm_without_access
 
 _HIGH = np.iinfo("int64").max
 
@@ -50,41 +50,6 @@ def preallocated_blocks(big_blocks: list[pd.DataFrame], gpu_of, total_memory) ->
             continue
         found[key] = (int(ts), int(size))
     return found
-
-
-class FirstOom:
-    """The first pass's consumer for the verdicts (see the module's docstring)."""
-
-    def __init__(self, calls) -> None:
-        failed = calls.failed
-        self.failing = failed[(failed["return_value"] == OUT_OF_MEMORY).to_numpy()].head(MAX_FAILURES) \
-            if not failed.empty else pd.DataFrame({c: np.zeros(0, "int64") for c in ("pid", "tid", "ts_ns")})
-        self.calls_failing = list(zip(*(self.failing[c].tolist() for c in ("pid", "tid", "ts_ns"))))
-        self.thread_device = np.full(len(self.failing), -1, "int64")  # of its thread's last event before it
-        self.first_device: dict[int, int] = {}  # pid -> the device of its first event (pids that failed)
-        self.map_code = calls.api_names.index("cuMemSetAccess") if "cuMemSetAccess" in calls.api_names else -2
-        self.mapped: dict[int, int] = {}  # pid -> its events mapping memory (cuMemSetAccess)
-
-    def add(self, b) -> None:
-        if len(b) == 0:
-            return
-        tid = b.calls["tid"]
-        for i, (pid, thread, ts) in enumerate(self.calls_failing):
-            mine = np.flatnonzero(b.pid == pid)  # a few failing calls
-            if len(mine) and pid not in self.first_device:
-                self.first_device[int(pid)] = int(b.device[mine[0]])
-            before = mine[(tid[mine] == thread) & (b.ts[mine] <= ts)]
-            if len(before):
-                self.thread_device[i] = int(b.device[before[-1]])
-        maps = b.pid[b.is_alloc & (b.calls["api"] == self.map_code)]
-        for pid, count in zip(*np.unique(maps, return_counts=True)):
-            self.mapped[int(pid)] = self.mapped.get(int(pid), 0) + int(count)
-
-    def device_of(self, i: int) -> Optional[int]:
-        """oom._device_of_call of failing call `i`."""
-        if self.thread_device[i] >= 0:
-            return int(self.thread_device[i])
-        return self.first_device.get(int(self.failing["pid"].iat[i]))
 
 
 @dataclass
@@ -169,20 +134,18 @@ class VerdictLooks:
         (listed in that engine): the API names, then the preallocated blocks and the peaks."""
         self.calls, self.ranges, self.gpu_of, self.total_memory = calls, ranges, gpu_of, total_memory
         self.process_names, self.duration_ns, self.more = process_names, duration_ns, more
-        self.sums, self.bursts = AllocatorSums(), ReleaseBursts()  # reducers of the flow's engine
+        # reducers of the flow's engine: the allocators, their bursts of frees, the failed calls' devices, the maps
+        self.reducers = self.sums, self.bursts, self.devices, self.maps = \
+            AllocatorSums(), ReleaseBursts(), FailureDevices(), AccessMaps()
         self.look = None  # run_streamed's SecondLook, once the second pass begins
         # the peaks are raised during the second look (a callable: the sums wait for it)
-        more.update(api_names=calls.api_names, allocator_blocks={}, allocator_peaks=self._peaks)
-        self.first: Optional[FirstOom] = None
+        more.update(api_names=calls.api_names, allocator_blocks={}, allocator_peaks=self._peaks,
+                    oom_calls=oom_calls(calls.failed))
         self.second: Optional[SecondOom] = None
-
-    def first_pass(self) -> FirstOom:
-        self.first = FirstOom(self.calls)
-        return self.first
 
     def second_pass(self, look, sites) -> SecondOom:
         """After the first pass (`look`: run_streamed's SecondLook, its peaks and FirstLook)."""
-        first, found = look.first, self.first
+        first = look.first
         gpu_of = self.gpu_of
         blocks = self.more["allocator_blocks"] = preallocated_blocks(first.big_blocks, gpu_of, self.total_memory)
         self.look = look
@@ -197,15 +160,14 @@ class VerdictLooks:
         self.open_by_pid = _open_ranges(self.ranges, self.duration_ns or OPEN_END_NS)
         pairs = [_pair(k) for k in first.pairs]
         self.failure_moments: list[Optional[Moment]] = []
-        for i in range(len(found.failing)):
-            device = found.device_of(i)
-            pid = int(found.failing["pid"].iat[i])
+        self.failure_devices = self.devices.finish({})
+        for (pid, _, ts), device in zip(self.more["oom_calls"], self.failure_devices):
             if device is None:
                 self.failure_moments.append(None)
                 continue
             gpu = gpu_of(pid, device)
             members = [(p, d) for p, d in pairs if gpu_of(p, d) == gpu] if gpu is not None else [(pid, device)]
-            self.failure_moments.append(Moment(int(found.failing["ts_ns"].iat[i]), False, _keys(members)))
+            self.failure_moments.append(Moment(ts, False, _keys(members)))
         self.release_moments: dict[int, Moment] = {}
         for i, release in enumerate(self.releases):
             if not release.followed_by_allocation and gave_up_inside(release, self.open_by_pid.get(release.pid, [])):
@@ -278,7 +240,7 @@ class VerdictLooks:
 
     def _failure(self, i: int, pid: int, tid: int, api: str, ts: int, code: int, path: str, retried: Optional[int],
                  number: int, described) -> OomFailure:
-        device = self.first.device_of(i)
+        device = self.failure_devices[i]
         gpu = self.gpu_of(pid, device) if device is not None else None
         total = self.total_memory(gpu)
         moment = self.failure_moments[i]
@@ -297,7 +259,7 @@ class VerdictLooks:
         """verdicts._vmm_without_access from the scan's cuMemCreate calls and the maps counted."""
         if not self.calls.count:
             return []
-        return vmm_without_access(dict(sorted(self.calls.created_by_pid.items())), self.first.mapped, label)
+        return vmm_without_access(dict(sorted(self.calls.created_by_pid.items())), self.maps.finish({}), label)
 
 
 def _retries_and_numbers(calls, failed: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from ..engine import Engine, Facts, frame_batch
+from ..engine import Engine, Facts, Reducer, frame_batch
 from ..events.arrays import pair_key
 from ..model import GPU_RESIDENT_KINDS, AllocatorUse, CacheRelease, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, \
     PoolUse, Preallocation, ReservedMemory
@@ -18,7 +18,8 @@ from ..base.units import fmt_bytes, fmt_duration, fmt_time
 from .allocator import AllocatorSums, find_preallocations, is_value
 from .caps import memory_caps
 from .diagnostics import xla_pids
-from .oom import ReleaseBursts, find_out_of_memory
+from .calls import failed_call_rows
+from .oom import FailureDevices, ReleaseBursts, find_out_of_memory, oom_calls
 from .timeline import Groups
 
 MIN_VMM_GRANULARITY = 2 << 20  # cuMemCreate sizes are multiples of the granularity, 2 MiB on every GPU seen
@@ -44,13 +45,14 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
     allocator's segments from library workspaces needs: no allocator verdicts then. `grouped`:
     the events' (process, device, kind) groups (timeline.group_events)."""
     preallocations = find_preallocations(events, ranges, gpu_of, total_memory, label)
-    allocators, releases = ([], []) if quick else _allocators(events, ranges, peaks, gpu_of, process_names,
-                                                              preallocations, label)
-    oom = find_out_of_memory(events, calls, ranges, gpu_of, total_memory, to_allocations, releases, end_ns,
-                             duration_ns, grouped)
+    looked = _looked(events, calls, peaks, gpu_of, preallocations, quick)
+    allocators, releases = _allocators(looked, ranges, peaks, gpu_of, process_names, preallocations, label) \
+        if not quick else ([], [])
+    oom = find_out_of_memory(events, calls, ranges, gpu_of, total_memory, to_allocations, releases,
+                             looked["failure_devices"], end_ns, duration_ns, grouped)
     found_caps = verdict_caps(preallocations, oom)
     diagnostics = (_oom_diagnostics(oom, label) + _reserved_diagnostics(allocators, preallocations)
-                   + _vmm_without_access(events, calls, label))
+                   + _vmm_without_access(calls, looked["access_maps"], label))
     return Verdicts(oom=oom, reserved=ReservedMemory(allocators=allocators, preallocations=preallocations,
                                                      pools=pools or []),
                     caps=memory_caps(groups, total_memory, found_caps),
@@ -60,24 +62,29 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
                     | ({"caching_allocator"} if allocators or preallocations else set()))
 
 
-def _allocators(events: pd.DataFrame, ranges: pd.DataFrame, peaks: list[Peak],
-                gpu_of: Callable[[int, int], Optional[int]], process_names: dict[int, str],
-                preallocations: list[Preallocation],
-                label: Callable[[int], str]) -> tuple[list[AllocatorUse], list[CacheRelease]]:
-    """The allocators (AllocatorSums) and the bursts of frees of those that cache (ReleaseBursts)
-    over the whole frame as one batch, its peaks known before (one look); the processes that ran
-    XLA (diagnostics.xla_pids) never have PyTorch's allocator."""
-    more = {"api_names": list(events["api"].cat.categories),
+def _looked(events: pd.DataFrame, calls: pd.DataFrame, peaks: list[Peak],
+            gpu_of: Callable[[int, int], Optional[int]], preallocations: list[Preallocation], quick: bool) -> dict:
+    """The verdicts' reducers over the whole frame as one batch, its peaks known before (one look):
+    the devices of the failed calls, the maps given access, and (unless `quick`: no API names nor
+    threads) the allocators and their bursts of frees."""
+    more = {"api_names": list(events["api"].cat.categories), "oom_calls": oom_calls(failed_call_rows(calls)),
             "allocator_blocks": {int(pair_key(np.array([p.pid]), np.array([p.device]))[0]): (p.time_ns, p.bytes)
                                  for p in preallocations},
             "allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]}
-    answered = Engine([AllocatorSums(), ReleaseBursts()], Facts(list(events["kind"].cat.categories), gpu_of, more)).run(
-        [frame_batch(events)], {})
-    sums, xla = answered["allocators"], frozenset(xla_pids(ranges))
+    reducers = [FailureDevices(), AccessMaps()] + ([] if quick else [AllocatorSums(), ReleaseBursts()])
+    return Engine(reducers, Facts(list(events["kind"].cat.categories), gpu_of, more)).run([frame_batch(events)], {})
+
+
+def _allocators(looked: dict, ranges: pd.DataFrame, peaks: list[Peak], gpu_of: Callable[[int, int], Optional[int]],
+                process_names: dict[int, str], preallocations: list[Preallocation],
+                label: Callable[[int], str]) -> tuple[list[AllocatorUse], list[CacheRelease]]:
+    """The allocators (AllocatorSums) and the bursts of frees of those that cache (ReleaseBursts);
+    the processes that ran XLA (diagnostics.xla_pids) never have PyTorch's allocator."""
+    sums, xla = looked["allocators"], frozenset(xla_pids(ranges))
     uses = sums.uses(peaks, lambda pid, device: None if pid in xla else sums.recognized(
         pid, device, "python" in process_names.get(pid, "").lower()), preallocations, gpu_of, label)
     caching = {(u.pid, u.device): u.allocator for u in uses if u.allocator.startswith("pytorch")}
-    return uses, answered["cache_bursts"].releases(caching, gpu_of, ranges)
+    return uses, looked["cache_bursts"].releases(caching, gpu_of, ranges)
 
 
 def verdict_caps(preallocations: list[Preallocation], oom: OutOfMemory) -> list[MemoryCap]:
@@ -206,19 +213,39 @@ def _reserved_diagnostics(allocators: list, preallocations: list[Preallocation])
     return found
 
 
-def _vmm_without_access(events: pd.DataFrame, calls: pd.DataFrame, label: Callable[[int], str]) -> list[Diagnostic]:
+def _vmm_without_access(calls: pd.DataFrame, mapped: dict, label: Callable[[int], str]) -> list[Diagnostic]:
     """Physical memory made with cuMemCreate that no memory event counts: nsys emits the event at
     cuMemSetAccess, one per mapped handle, so successful cuMemCreate calls beyond the
-    cuMemSetAccess events of a process were never made accessible."""
+    cuMemSetAccess events of a process (`mapped`: AccessMaps) were never made accessible."""
     if calls.empty:
         return []
     created = calls[((calls["api"] == "cuMemCreate") & (calls["return_value"] == 0)).to_numpy()]
     if created.empty:
         return []
-    mapped = is_value(events["api"], "cuMemSetAccess") & (events["op"].cat.codes.to_numpy() == 0) \
-        if not events.empty else np.zeros(0, bool)
-    per_pid = pd.Series(events["pid"].to_numpy()[mapped]).value_counts().to_dict() if mapped.any() else {}
-    return vmm_without_access(created["pid"].value_counts().sort_index().to_dict(), per_pid, label)
+    return vmm_without_access(created["pid"].value_counts().sort_index().to_dict(), mapped, label)
+
+
+class AccessMaps(Reducer):
+    """The memory events of cuMemSetAccess (the maps given access) per process, for
+    vmm_without_access. Facts: `api_names` (without cuMemSetAccess among them nothing is counted)."""
+
+    field = "access_maps"
+    needs = ("api_names",)
+
+    def start(self, facts) -> None:
+        super().start(facts)
+        names = facts.more.get("api_names") or []
+        self.code = names.index("cuMemSetAccess") if "cuMemSetAccess" in names else None
+        self.mapped: dict[int, int] = {}
+
+    def add(self, b) -> None:
+        if self.code is not None:
+            maps = b.pid[b.is_alloc & (b.calls["api"] == self.code)]
+            for pid, count in zip(*np.unique(maps, return_counts=True)):  # a few processes
+                self.mapped[int(pid)] = self.mapped.get(int(pid), 0) + int(count)
+
+    def finish(self, live: dict) -> dict[int, int]:
+        return self.mapped
 
 
 def vmm_without_access(created: dict, mapped: dict, label: Callable[[int], str]) -> list[Diagnostic]:
