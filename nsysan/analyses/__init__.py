@@ -31,7 +31,7 @@ from .peak import find_peaks, headline
 from .pools import PoolUses, reserve_adjustment
 from .ranks import assign_ranks
 from .ranges import RangeSums, alloc_calls
-from .sites import rank_sites
+from .sites import SiteRanks
 from .stacks import referenced_stacks, stack_bytes
 from .byte_classes import ByteClassSums, byte_classes, step_phases
 from .step_windows import StepWindows, found_steps
@@ -95,7 +95,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         batch, facts = frame_batch(events, frame_groups(grouped, kinds)), Facts(kinds, gpu_of)
         timeline_later = pool.submit(build_timeline, batch, facts, events, ranges, start_ns, end_ns)
         api_call_work = partial(api_call_stats, calls)
-        site_work = partial(rank_sites, events, site_table) if not loaded.quick else partial(list)
+        site_facts = dataclasses.replace(facts, more={"labels": partial(frame_labels, events),
+                                                      "site_table": lambda: site_table})
+        site_work = partial(_one_run, SiteRanks(), site_facts, events) if not loaded.quick else partial(list)
         api_calls_later, sites_later = (pool.submit(work) for work in (api_call_work, site_work))
         answered = Engine([GroupSums(), NeverFreed(), LargestAllocations()], facts).run([batch],
                                                                                   frame_live(events))
@@ -175,6 +177,11 @@ def _here_unless_started(later: Future, work: Callable[[], T]) -> T:
     """The result of `work`, queued for the second core as `later`, found on this one instead when
     the second has not started it yet (a queued future can still be cancelled; a running one cannot)."""
     return work() if later.cancel() else later.result()
+
+
+def _one_run(reducer, facts: Facts, events: pd.DataFrame):
+    """What `reducer` answers of the whole frame as one batch of its own (made by whichever core runs it)."""
+    return Engine([reducer], facts).run([frame_batch(events)], frame_live(events))[reducer.field]
 
 
 def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, facts: Facts, end_ns: int,

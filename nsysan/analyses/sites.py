@@ -7,10 +7,15 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from ..engine import Reducer
+from ..events.arrays import LOW, group_order
 from ..model import CallSite, Site
-from .grouping import Segments
+from .streamed import Keyed
 
 MAX_SITES = 100
+# per (site, process, kind): its allocations, their bytes, the frees paired with them and their
+# bytes, the live bytes after the last event so far and the most at once
+SITE_SUMS = ("allocations", "allocated", "freed", "freed_bytes", "live", "max_live")
 
 
 def call_site(label: str, site_table: dict[str, dict]) -> CallSite:
@@ -27,51 +32,82 @@ def _int_or_none(value) -> Optional[int]:
     return None if value is None or pd.isna(value) else int(value)
 
 
-def rank_sites(events: pd.DataFrame, site_table: dict[str, dict], limit: int = MAX_SITES) -> list[Site]:
-    """Sites by bytes allocated (largest first), per site, process and memory kind: the ranks of
-    a distributed job are not summed."""
-    if events.empty:
-        return []
-    labels, kinds = events["site"].cat.categories, events["kind"].cat.categories
-    # One group per (site, process, kind): codes packed into one integer, built in place (each
-    # full-length temporary is 80 MB at 1e7 events), groups summed in one pass each.
-    site_codes = events["site"].cat.codes.to_numpy()
-    no_site_row = site_codes < 0
-    group = site_codes.astype("int64")
-    pid_code, pids = pd.factorize(events["pid"].to_numpy())
-    group *= len(pids)
-    group += pid_code
-    del pid_code
-    group *= len(kinds)
-    group += events["kind"].cat.codes.to_numpy()
-    groups = len(labels) * len(pids) * len(kinds)
-    group[no_site_row] = 0
-    del no_site_row
-    seg = Segments(group, groups)
-    del group  # not needed once the events are sorted into groups, dropped before the sums make their own
-    # Each column brought into segment order once, not once per sum.
-    is_alloc = seg.in_group_order(events["op"].cat.codes.to_numpy() == 0)
-    sizes = seg.in_group_order(events["bytes"].to_numpy())
-    never_freed = is_alloc & seg.in_group_order(events["partner"].to_numpy() < 0)
-    allocations = seg.count(is_alloc, ordered=True)
-    allocated = seg.sum(np.where(is_alloc, sizes, 0), ordered=True)
-    max_live = seg.running_sum_max(events["delta_bytes"].to_numpy())
-    no_site = np.asarray(labels == "").repeat(len(pids) * len(kinds))
-    ranked = np.flatnonzero((allocations > 0) & ~no_site)
-    ranked = ranked[np.lexsort((-allocations[ranked], -allocated[ranked]))][:limit]
-    open_count, open_bytes = seg.count(never_freed, ordered=True), seg.sum(np.where(never_freed, sizes, 0), ordered=True)
-    del sizes, never_freed
-    api_codes = events["api"].cat.codes.to_numpy()
-    api_names = events["api"].cat.categories
-    sites = []
-    for g in ranked:  # one per listed site
-        start, stop = int(seg.starts[g]), int(seg.starts[g] + seg.sizes[g])
-        rows = seg.order[start:stop]
-        apis = sorted({str(api_names[a]) for a in np.unique(api_codes[rows[is_alloc[start:stop]]])})
-        site_and_pid, kind = divmod(int(g), len(kinds))
-        site, pid = divmod(site_and_pid, len(pids))
-        sites.append(Site(site=call_site(str(labels[site]), site_table), kind=str(kinds[kind]), apis=apis,
-                          allocations=int(allocations[g]), allocated_bytes=int(allocated[g]),
-                          never_freed_count=int(open_count[g]), never_freed_bytes=int(open_bytes[g]),
-                          max_live_bytes=int(max(max_live[g], 0)), pid=int(pids[pid])))
-    return sites
+class SiteRanks(Reducer):
+    """The sites table (`Analysis.sites`): sites by bytes allocated (largest first), per site,
+    process and memory kind (the ranks of a distributed job are not summed), with how many of
+    their allocations were never freed and the most they held at once.
+
+    One reducer on both paths: of each event it reads its site, the labelled column "site" of
+    `batch.calls` (a free's is its allocation's), and its API ("api"), named by engine.Labels
+    (the events frame's categories; on the streamed flow the site sums label each batch before
+    the second look). An allocation never freed is one no free of the flow pairs with
+    (`partner_seq`), so the never-freed sums are the allocations' less the paired frees' and
+    need no live set. Facts.more: "labels" and "site_table" (callables giving the
+    engine.Labels and the site table, label -> its SITE_COLUMNS, once the flow is done)."""
+
+    field = "sites"
+    needs = ("labels", "site_table")
+    second_look = True
+
+    def __init__(self, limit: int = MAX_SITES) -> None:
+        self.limit = limit
+
+    def start(self, facts) -> None:
+        super().start(facts)
+        # per (site, process, kind) group, in order of first appearance: keys site << 32 | pid << 8 | kind
+        self.groups = Keyed(SITE_SUMS, {"max_live": LOW})
+        self.pids = np.zeros(0, "int64")  # in order of first appearance (ties rank by it)
+        self.apis = np.zeros(0, "int64")  # group << 20 | API code, of each group's allocations
+
+    def add(self, batch) -> None:
+        """Nothing on the first look (the streamed flow's sites are known on the second)."""
+
+    def again(self, b) -> None:
+        if not len(b):
+            return
+        self.pids = pd.unique(np.concatenate([self.pids, pd.unique(b.pid)]))
+        site = b.calls["site"].astype("int64")
+        has = np.flatnonzero(site >= 0)  # streamed: a free whose allocation the flow never saw has none
+        if not len(has):
+            return
+        alloc, delta = b.is_alloc[has], b.delta[has]
+        code = self.groups.codes((site[has] << 32) | (b.pid[has].astype("int64") << 8) | b.kind[has].astype("int64"))
+        paired = ~alloc & (b.partner_seq[has] >= 0)
+        # one order of the batch's rows into groups for every sum, and the running live bytes
+        order = group_order(code, len(self.groups.index))
+        ordered = code[order]
+        starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+        at, g = ordered[starts], self.groups
+        for column, values in (("allocations", alloc), ("allocated", np.where(alloc, b.bytes[has], 0)),
+                               ("freed", paired), ("freed_bytes", np.where(paired, -delta, 0))):
+            g[column][at] += np.add.reduceat(values[order].astype("int64"), starts)
+        running = np.cumsum(delta[order].astype("int64"))
+        lengths = np.diff(np.append(starts, len(order)))
+        running -= np.repeat(running[starts] - delta[order][starts] - g["live"][at], lengths)
+        g["live"][at] = running[starts + lengths - 1]
+        g["max_live"][at] = np.maximum(g["max_live"][at], np.maximum.reduceat(running, starts))
+        api = b.calls["api"].astype("int64")[has][alloc]
+        self.apis = pd.unique(np.concatenate([self.apis, pd.unique((code[alloc] << 20) | api)]))
+
+    def finish(self, live: dict) -> list[Site]:
+        keys = np.array(self.groups.keys(), "int64")
+        if not len(keys):
+            return []
+        labels, site_table = self.facts.more["labels"](), self.facts.more["site_table"]()
+        g = self.groups
+        code, pid, kind = keys >> 32, (keys >> 8) & 0xFFFFFF, keys & 0xFF
+        site_rank = np.array([labels.site_rank(c) for c in code.tolist()], "int64")  # a few per site
+        named = np.array([labels.sites[c] != "" for c in code.tolist()], bool)
+        ranked = np.flatnonzero((g["allocations"] > 0) & named)
+        ranked = ranked[np.lexsort((kind[ranked], pd.Index(self.pids).get_indexer(pid[ranked]), site_rank[ranked],
+                                    -g["allocations"][ranked], -g["allocated"][ranked]))][:self.limit]
+        apis: dict[int, set] = {}
+        for pair in self.apis.tolist():  # a few per group
+            apis.setdefault(pair >> 20, set()).add(str(labels.apis[pair & 0xFFFFF]))
+        return [Site(site=call_site(str(labels.sites[code[i]]), site_table), kind=str(self.facts.kinds[kind[i]]),
+                     apis=sorted(apis.get(i, ())), allocations=int(g["allocations"][i]),
+                     allocated_bytes=int(g["allocated"][i]),
+                     never_freed_count=int(g["allocations"][i] - g["freed"][i]),
+                     never_freed_bytes=int(g["allocated"][i] - g["freed_bytes"][i]),
+                     max_live_bytes=int(max(g["max_live"][i], 0)), pid=int(pid[i]))
+                for i in ranked.tolist()]

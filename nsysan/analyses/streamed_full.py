@@ -4,9 +4,9 @@ bounded memory (issue 14).
 The memory events flow as in `--quick` (streamed_run.py), each batch joined to its API calls
 (events/stream_calls.py); one scan of the calls sums the API call stats, finds the failed calls,
 the threads and the calls' span; the first pass gathers the allocations' call stacks and the
-live bytes at each failed call; the second labels every allocation's site and sums per site
-(streamed_sites.py), attributing each event to its NVTX ranges for the ranges table (the engine's
-ranges.RangeSums); the timeline's bands, spans and focus come from the ranges, the threads with
+live bytes at each failed call; the second labels every event's site (streamed_sites.py) and
+attributes it to its NVTX ranges, for the engine's sites table (sites.SiteRanks) and ranges
+table (ranges.RangeSums); the timeline's bands, spans and focus come from the ranges, the threads with
 memory events and the memory movement (MemoryThreads, Movement); the steps, growth and phases from
 the engine's reducer (step_windows.py) as on the whole frame. Every section is the whole frame's;
 a section not streamed (none now) would be left empty and named by the diagnostic `not_streamed`
@@ -46,6 +46,7 @@ from .streamed import RESIDENT
 from .explore import early_trace_ends, nvtx_spans, operator_spans, step_bands, step_span
 from .streamed_oom import VerdictLooks
 from .streamed_run import _cut_short, _focus, _mini, gpus, run_streamed
+from .sites import SiteRanks
 from .streamed_sites import SiteSums
 from .timeline import top_level_bands
 from .byte_classes import byte_classes, step_phases
@@ -81,7 +82,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     # instances), and what the second pass's labels name
     more: dict = {"found_steps": stepped, "phases": step_phases(stepped.steps, stepped.ranges), "nvtx_ranges": ranges,
                   "operator_ranges": operator_ranges, "memory_threads": calls.threads,
-                  "labels": lambda: _labels(looks["second"], ranges)}
+                  "labels": lambda: _labels(looks["second"], ranges), "site_table": lambda: described.site_table}
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)
     verdict_looks = VerdictLooks(calls, ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns, more)
@@ -111,8 +112,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
                          also=(first, second), span=span, described=described, answers=looks, more=more,
-                         reducers=verdict_looks.reducers)
-    found, sites, ranked = looks["first"], looks["second"], looks["ranked"][0]
+                         reducers=(*verdict_looks.reducers, SiteRanks()))
+    found, sites = looks["first"], looks["second"]
     failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
     capture = _capture(quick, calls.threads, ranges, schema, report_version)
     labels = {p.pid: p.label for p in capture.processes}
@@ -136,7 +137,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         + step_notes + ([not_streamed_note()] if NOT_STREAMED else [])
     range_table, range_families = looks["ranges"]
     analysis = dataclasses.replace(
-        quick, scope="full", capture=capture, sites=ranked, api_calls=api_calls.stats(), failed_calls=failed,
+        quick, scope="full", capture=capture, sites=looks["sites"], api_calls=api_calls.stats(), failed_calls=failed,
         diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved,
         ranges=range_table, range_families=range_families,
         timeline=_explorable(quick.timeline, looks, ranges, operator_ranges, last_calls), steps=steps, growth=growth, phases=phases,
@@ -232,7 +233,9 @@ class Described:
 
     @property
     def site_table(self) -> dict:
-        return self._ranked()[1]
+        if "site_table" not in self.looks:  # once the second pass is done
+            self.looks["site_table"] = self.looks["second"].site_table()
+        return self.looks["site_table"]
 
     def allocations(self, rows: pd.DataFrame, free_ts: dict, peak=None) -> list[Allocation]:
         """analyses.to_allocations of the rows of listed allocations (live at `peak`)."""
@@ -271,12 +274,6 @@ class Described:
     def own_api(self, peak) -> str:
         """The API of the last allocation of `peak`'s own (not a module static) before it."""
         return self.looks["second"].at_peak[id(peak)][3]
-
-    def _ranked(self) -> tuple:
-        if "ranked" not in self.looks:
-            self.looks["second"].finish(self.flow.live)
-            self.looks["ranked"] = self.looks["second"].ranked()
-        return self.looks["ranked"]
 
 
 class FirstCalls:

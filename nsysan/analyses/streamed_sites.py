@@ -1,12 +1,13 @@
 """Call sites over a flow of event batches joined to their calls: events/stacks.call_sites' label
-for each allocation, and sites.rank_sites' sums per (site, process, kind), in bounded memory.
+for each allocation (and each free, its allocation's), in bounded memory; the engine's
+sites.SiteRanks sums and ranks them, on its second look at each batch labelled here.
 
 The label of an allocation depends only on its own call (Python stack, native stack), the NVTX
 and operator ranges open on its thread, its API name and its thread's name, so it is found batch
 by batch; a free takes its allocation's site from the live allocations carried across batches.
 What depends on the whole capture is made the way call_sites makes it: the stacks are numbered
 from every allocation's stack id (gathered by the first pass), and the sites are ordered (which
-breaks rank_sites' ties) by kind of source, then by first appearance.
+breaks SiteRanks' ties) by kind of source, then by first appearance.
 
 Every event of a batch (frees too) is attributed to its innermost NVTX range and operator once,
 here, for the consumers after this one as well: `batch_ranges`, and in the batch's `calls` as
@@ -24,17 +25,16 @@ from ..events.arrays import distinct_rows
 from ..events.nvtx import RangeLookup, range_paths
 from ..events.stacks import Stacks, _fallback_label, _site, native_stack_table, python_stack_table
 from ..events.normalize import join_on_call
-from ..model import LIVE_AT_START, Site
-from .sites import MAX_SITES, call_site
-from .streamed import RESIDENT, STATIC, Keyed, pair_key, running_sums
+from ..model import LIVE_AT_START
+from .sites import call_site
+from .streamed import RESIDENT, STATIC, pair_key
 
 ALLOCATION_INFO = ("seq", "site", "tid", "api", "nvtx_range", "stack", "operator")
-SITE_SUMS = ("allocations", "allocated", "never_freed_count", "never_freed_bytes", "live", "max_live")
-_LOW = np.iinfo("int64").min
 
 
 class SiteSums:
-    """The second pass's consumer: each allocation's site, the sums per (site, process, kind)."""
+    """The second pass's consumer: each event's site, API, NVTX range and operator (the batch's
+    labelled calls), and what the lists of allocations say of them (allocation_info)."""
 
     def __init__(self, conn, schema, wanted_chains: np.ndarray, calls_and_chains, api_names: list[str],
                  kinds: list[str], ranges: pd.DataFrame, operator_ranges: pd.DataFrame,
@@ -69,9 +69,6 @@ class SiteSums:
                                                                  else np.zeros(0, object), ""))
         self.labels: dict[str, int] = {}  # label -> code, in order of first appearance
         self.seen = {"operator": {}, "api": {}}  # labels of each fallback, in order of first appearance
-        self.groups = Keyed(SITE_SUMS, {"max_live": _LOW})
-        self.apis: dict[int, set] = {}  # group code -> API codes of its allocations
-        self.pids = np.zeros(0, "int64")  # in order of first appearance
         # the live allocations (what their frees need) and those never to be freed, with what
         # to_allocations lists of them: ALLOCATION_INFO, strings as codes into `strings`
         self.live = {c: np.zeros(0, "int64") for c in ALLOCATION_INFO}
@@ -90,14 +87,13 @@ class SiteSums:
         n = len(b)
         if n == 0:
             return
-        self.pids = pd.unique(np.concatenate([self.pids, b.pid]))
         self.batch_ranges = nvtx, operator = self._attribute(b)
         allocs = np.flatnonzero(b.is_alloc)
         info = self._label(b, allocs)
         site = np.full(n, -1, "int64")
         site[allocs] = info["site"]
         # the batch labelled for the engine's second look after this (engine.Labels): its events' API
-        # names, NVTX ranges, paths and operators, and its allocations' sites
+        # names, NVTX ranges, paths and operators, and its events' sites (the frees' set below, in `site`)
         named, others = np.zeros(n, "int64"), np.flatnonzero(~b.is_alloc)
         named[allocs] = info["nvtx_range"]
         slot, rows = pd.factorize(nvtx[others])  # the few ranges of the frees, a name each
@@ -116,30 +112,11 @@ class SiteSums:
         site[frees] = sites[np.searchsorted(seqs, b.partner_seq[frees])]
         closed = b.closed.get("seq", np.zeros(0, "int64"))
         gone = np.isin(seqs, np.concatenate([b.partner_seq[frees], closed]))
-        if len(closed):  # never to be freed: never freed
-            at = np.searchsorted(seqs, closed)
-            self._never_freed(sites[at], b.closed["pid"], b.closed["kind"], b.closed["bytes"])
-            self.closed.append({c: known[c][at] for c in ALLOCATION_INFO})
+        if len(closed):  # never to be freed: listed as never freed
+            self.closed.append({c: known[c][np.searchsorted(seqs, closed)] for c in ALLOCATION_INFO})
         self.live = {c: values[~gone] for c, values in known.items()}
         for watcher in self.watchers:  # what the calls say of this batch's and the live allocations
             watcher.add(b, known)
-        has = np.flatnonzero(site >= 0)
-        code = self.groups.codes((site[has] << 32) | (b.pid[has] << 8) | b.kind[has])
-        g = self.groups
-        alloc_rows = b.is_alloc[has]
-        np.add.at(g["allocations"], code[alloc_rows], 1)
-        np.add.at(g["allocated"], code[alloc_rows], b.bytes[has][alloc_rows])
-        running = running_sums(code, b.delta[has], g["live"])
-        np.maximum.at(g["max_live"], code, running)
-        api = self._api_codes(b)[has][alloc_rows]
-        for group, api_code in set(zip(code[alloc_rows].tolist(), api.tolist())):
-            self.apis.setdefault(group, set()).add(api_code)
-
-    def finish(self, live: dict) -> None:
-        """The allocations still live at the end (EventFlow.live) are never freed."""
-        if len(live["seq"]):
-            self._never_freed(self.live["site"][np.searchsorted(self.live["seq"], live["seq"])], live["pid"],
-                              live["kind"], live["bytes"])
 
     def allocation_info(self, seqs: np.ndarray, site_table: dict, peak=None) -> pd.DataFrame:
         """What to_allocations lists of each allocation never freed or `listed`, or live at `peak`
@@ -200,37 +177,15 @@ class SiteSums:
         return np.array([self.strings.setdefault(str(v), len(self.strings)) for v in distinct] or [0],
                         "int64")[slot] if len(values) else np.zeros(0, "int64")
 
-    def ranked(self, limit: int = MAX_SITES) -> tuple[list[Site], dict[str, dict]]:
-        """rank_sites' list, and the site table (label -> its SITE_COLUMNS)."""
-        order, rows = self._whole_frame_order()
-        final = np.array([order[label] for label in self.labels], "int64")  # code -> call_sites' key
+    def site_table(self) -> dict[str, dict]:
+        """label -> its SITE_COLUMNS (call_sites' rows, the first of each label)."""
+        rows = self._whole_frame_order()[1]
         table = pd.DataFrame(rows).drop_duplicates("label", ignore_index=True) if rows else pd.DataFrame()
-        site_table = table.set_index("label").to_dict("index") if not table.empty else {}
-        keys = np.array(self.groups.keys(), "int64")
-        if not len(keys):
-            return [], site_table
-        g = self.groups
-        code, pid, kind = keys >> 32, (keys >> 8) & 0xFFFFFF, keys & 0xFF
-        pid_rank = pd.Index(self.pids).get_indexer(pid)
-        ranked = np.flatnonzero(g["allocations"] > 0)
-        ranked = ranked[np.lexsort((kind[ranked], pid_rank[ranked], final[code[ranked]], -g["allocations"][ranked],
-                                    -g["allocated"][ranked]))][:limit]
-        labels = list(self.labels)
-        return [Site(site=call_site(labels[code[i]], site_table), kind=self.kinds[kind[i]],
-                     apis=sorted({self.api_names[a] for a in self.apis.get(int(i), ())}),
-                     allocations=int(g["allocations"][i]), allocated_bytes=int(g["allocated"][i]),
-                     never_freed_count=int(g["never_freed_count"][i]), never_freed_bytes=int(g["never_freed_bytes"][i]),
-                     max_live_bytes=int(max(g["max_live"][i], 0)), pid=int(pid[i]))
-                for i in ranked.tolist()], site_table
+        return table.set_index("label").to_dict("index") if not table.empty else {}
 
     def whole_frame_labels(self) -> list[str]:
         """The site labels in call_sites' order (its categories' order)."""
         return list(self._whole_frame_order()[0])
-
-    def _never_freed(self, site: np.ndarray, pid: np.ndarray, kind: np.ndarray, size: np.ndarray) -> None:
-        code = self.groups.codes((site.astype("int64") << 32) | (pid.astype("int64") << 8) | kind.astype("int64"))
-        np.add.at(self.groups["never_freed_count"], code, 1)
-        np.add.at(self.groups["never_freed_bytes"], code, size.astype("int64"))
 
     def _api_codes(self, b) -> np.ndarray:
         api = b.calls["api"]
