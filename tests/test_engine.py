@@ -29,6 +29,7 @@ from nsysan.analyses import pools
 from nsysan.analyses.pools import PoolUses, reserve_adjustment, reserve_at
 from nsysan.analyses.spikes import DEFAULT_WINDOW_NS, Spikes
 from nsysan.analyses.ranges import RangeSums
+from nsysan.analyses.sites import SiteRanks
 from nsysan.analyses.step_windows import StepWindows, found_steps
 from nsysan.analyses.steps import find_step_ranges, listed, memory_threads
 from nsysan.engine import Engine, Facts, frame_batch, frame_labels, frame_live, pieces
@@ -474,6 +475,84 @@ def test_ranges_do_not_depend_on_where_the_batches_are_cut(data):
     analysis = frame(name)
     bounds = data.draw(st.lists(st.integers(0, len(analysis.events)), max_size=12))
     assert range_table(name, bounds) == (analysis.ranges, analysis.range_families)
+
+
+# call stacks: native (known_bt_v25: the known program's functions; torch_pybt_v25: ATen's, on the
+# autograd thread) and Python (torch_pybt_v25), each allocation's site its call's
+SITED = ["known_bt_v25", "torch_pybt_v25"]
+_site_tables: dict = {}
+
+
+def ranked_sites(name: str, bounds=()) -> list:
+    """The sites table from SiteRanks over the fixture's events cut before `bounds`."""
+    if name not in _site_tables:
+        with open_readonly(FIXTURES / f"{name}.sqlite") as conn:
+            sites = load_events(conn, probe(conn, name)).sites
+        _site_tables[name] = sites.set_index("label").to_dict("index")
+    analysis = frame(name)
+    more = {"labels": partial(frame_labels, analysis.events), "site_table": lambda: _site_tables[name]}
+    return answer(analysis, SiteRanks(), bounds, more)
+
+
+@pytest.mark.parametrize("name", SITED)
+def test_sites_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    analysis = frame(name)
+    n = len(analysis.events)
+    whole = ranked_sites(name)
+    assert whole == analysis.sites  # what the command line's document holds
+    assert ranked_sites(name, range(0, n, max(1, n // 7))) == whole
+    assert ranked_sites(name, range(0, n, 3)) == whole
+
+
+def test_sites_of_known_bt_in_3_row_batches_are_the_truth():
+    """known_allocs.cu's functions, found in the native stacks: per site and memory kind, the
+    truth file's allocations, bytes and those never freed; the cudaMallocAsync pool's
+    allocations carry no stack frame of the program (an API site)."""
+    sites = ranked_sites("known_bt_v25", range(0, len(frame("known_bt_v25").events), 3))
+    kinds = {"cudaMallocHost": "pinned", "cudaMallocManaged": "managed"}
+    expected: dict = {}
+    for row in truth("known_bt_v25"):
+        if "site" in row:
+            label = f"{row['site']} (known)" if row["truth"] != "cudaMallocAsync" else \
+                "cudaMallocAsync in async pool [known]"
+            sums = expected.setdefault((label, kinds.get(row["truth"], "device")), [0, 0, 0, 0])
+            sums[0], sums[1] = sums[0] + 1, sums[1] + row["bytes"]
+            sums[2], sums[3] = sums[2] + (not row["freed"]), sums[3] + row["bytes"] * (not row["freed"])
+    assert {(s.site.label, s.kind): [s.allocations, s.allocated_bytes, s.never_freed_count, s.never_freed_bytes]
+            for s in sites} == expected
+    assert [s.site.label for s in sites][:2] == ["alloc_workspace (known)", "alloc_weights (known)"]
+    workspace = sites[0]  # nine 32 MiB blocks, one 512 MiB: at most 512 MiB at once
+    assert (workspace.max_live_bytes, workspace.apis) == (512 * MiB, ["cudaMalloc"])
+    assert [s.apis for s in sites if s.site.label == "other_kinds (known)" and s.kind == "device"] == \
+        [["cuMemAlloc", "cudaMallocPitch"]]
+
+
+def test_sites_of_torch_pybt_in_3_row_batches_are_the_truth():
+    """README: 90 of the 111 cudaMalloc calls carry a Python stack, the other 21 run on the
+    autograd thread (native sites); torch_train.py line 43 (`out = model(x)`) makes 74 of them,
+    2450.1 MiB, line 44 the loss's one 126 MiB block, line 19 (`model.to(dev)`) 8 blocks, 98 MiB;
+    the caching allocator frees none of them (--leak)."""
+    sites = ranked_sites("torch_pybt_v25", range(0, len(frame("torch_pybt_v25").events), 3))
+    mallocs = [s for s in sites if s.apis == ["cudaMalloc"]]
+    assert sum(s.allocations for s in mallocs) == 111
+    assert sum(s.allocations for s in mallocs if s.site.source == "python") == 90
+    python = [(s.site.label, s.allocations, round(s.allocated_bytes / MiB, 1)) for s in mallocs
+              if s.site.source == "python"]
+    assert python[:3] == [("main (torch_train.py:43)", 74, 2450.1), ("main (torch_train.py:44)", 1, 126.0),
+                          ("build (torch_train.py:19)", 8, 98.0)]
+    assert all((s.never_freed_count, s.never_freed_bytes, s.max_live_bytes) == (s.allocations, s.allocated_bytes,
+                                                                                  s.allocated_bytes)
+               for s in mallocs)
+    assert {s.pid for s in sites} == {476}
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_sites_do_not_depend_on_where_the_batches_are_cut(data):
+    name = data.draw(st.sampled_from(SITED))
+    analysis = frame(name)
+    bounds = data.draw(st.lists(st.integers(0, len(analysis.events)), max_size=12))
+    assert ranked_sites(name, bounds) == analysis.sites
 
 
 # framework allocators: PyTorch's caching allocator (torch_leak_v25, ddp_leak_v25's two ranks),
