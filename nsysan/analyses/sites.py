@@ -65,29 +65,40 @@ class SiteRanks(Reducer):
     def again(self, b) -> None:
         if not len(b):
             return
-        self.pids = pd.unique(np.concatenate([self.pids, pd.unique(b.pid)]))
-        site = b.calls["site"].astype("int64")
-        has = np.flatnonzero(site >= 0)  # streamed: a free whose allocation the flow never saw has none
-        if not len(has):
+        pid_code, pids = pd.factorize(b.pid)
+        self.pids = pd.unique(np.concatenate([self.pids, pids]))
+        site = b.calls["site"]
+        has = site >= 0  # streamed: a free whose allocation the flow never saw has none
+        rows = slice(None) if has.all() else np.flatnonzero(has)  # the whole frame: every row
+        if not has.any():
             return
-        alloc, delta = b.is_alloc[has], b.delta[has]
-        code = self.groups.codes((site[has] << 32) | (b.pid[has].astype("int64") << 8) | b.kind[has].astype("int64"))
-        paired = ~alloc & (b.partner_seq[has] >= 0)
-        # one order of the batch's rows into groups for every sum, and the running live bytes
-        order = group_order(code, len(self.groups.index))
-        ordered = code[order]
+        # each row's (site, process, kind) as a dense code of this batch, its rows brought
+        # together once for every sum; only the groups present are looked up among all so far
+        kinds = len(self.facts.kinds)
+        local = site[rows].astype("int64") * len(pids) + pid_code[rows]
+        local *= kinds
+        local += b.kind[rows]
+        order = group_order(local, (int(site[rows].max()) + 1) * len(pids) * kinds)
+        ordered = local[order]
         starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
-        at, g = ordered[starts], self.groups
-        for column, values in (("allocations", alloc), ("allocated", np.where(alloc, b.bytes[has], 0)),
+        present = ordered[starts]
+        site_code, rest = np.divmod(present, len(pids) * kinds)
+        g = self.groups
+        at = g.codes((site_code << 32) | (pids[rest // kinds].astype("int64") << 8) | (rest % kinds))
+        alloc, delta = b.is_alloc[rows], b.delta[rows]
+        paired = ~alloc & (b.partner_seq[rows] >= 0)
+        for column, values in (("allocations", alloc), ("allocated", np.where(alloc, b.bytes[rows], 0)),
                                ("freed", paired), ("freed_bytes", np.where(paired, -delta, 0))):
             g[column][at] += np.add.reduceat(values[order].astype("int64"), starts)
-        running = np.cumsum(delta[order].astype("int64"))
+        moves = delta[order].astype("int64")
+        running = np.cumsum(moves)  # the live bytes after each row, carried in from the batches before
         lengths = np.diff(np.append(starts, len(order)))
-        running -= np.repeat(running[starts] - delta[order][starts] - g["live"][at], lengths)
+        running -= np.repeat(running[starts] - moves[starts] - g["live"][at], lengths)
         g["live"][at] = running[starts + lengths - 1]
         g["max_live"][at] = np.maximum(g["max_live"][at], np.maximum.reduceat(running, starts))
-        api = b.calls["api"].astype("int64")[has][alloc]
-        self.apis = pd.unique(np.concatenate([self.apis, pd.unique((code[alloc] << 20) | api)]))
+        pairs = pd.unique((local[alloc] << 20) | b.calls["api"][rows][alloc].astype("int64"))
+        group = at[np.searchsorted(present, pairs >> 20)]
+        self.apis = pd.unique(np.concatenate([self.apis, (group << 20) | (pairs & 0xFFFFF)]))
 
     def finish(self, live: dict) -> list[Site]:
         keys = np.array(self.groups.keys(), "int64")
