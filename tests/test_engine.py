@@ -468,15 +468,6 @@ def test_operator_ranges_are_rows_of_their_own_in_7_batches():
     assert {"setup", "forward", "backward"} <= {r.name for r in ranges if not r.operator}
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data())
-def test_ranges_do_not_depend_on_where_the_batches_are_cut(data):
-    name = data.draw(st.sampled_from(RANGED))
-    analysis = frame(name)
-    bounds = data.draw(st.lists(st.integers(0, len(analysis.events)), max_size=12))
-    assert range_table(name, bounds) == (analysis.ranges, analysis.range_families)
-
-
 # call stacks: native (known_bt_v25: the known program's functions; torch_pybt_v25: ATen's, on the
 # autograd thread) and Python (torch_pybt_v25), each allocation's site its call's
 SITED = ["known_bt_v25", "torch_pybt_v25"]
@@ -496,12 +487,9 @@ def ranked_sites(name: str, bounds=()) -> list:
 
 @pytest.mark.parametrize("name", SITED)
 def test_sites_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
-    analysis = frame(name)
-    n = len(analysis.events)
-    whole = ranked_sites(name)
-    assert whole == analysis.sites  # what the command line's document holds
-    assert ranked_sites(name, range(0, n, max(1, n // 7))) == whole
-    assert ranked_sites(name, range(0, n, 3)) == whole
+    n = len(frame(name).events)
+    assert ranked_sites(name) == frame(name).sites  # what the command line's document holds
+    assert all(ranked_sites(name, cut) == frame(name).sites for cut in (range(0, n, max(1, n // 7)), range(0, n, 3)))
 
 
 def test_sites_of_known_bt_in_3_row_batches_are_the_truth():
@@ -546,13 +534,18 @@ def test_sites_of_torch_pybt_in_3_row_batches_are_the_truth():
     assert {s.pid for s in sites} == {476}
 
 
+# the tables read from the labelled calls: what each answers of a fixture cut anywhere, and the document's
+LABELLED = [(RANGED, range_table, lambda analysis: (analysis.ranges, analysis.range_families)),
+            (SITED, ranked_sites, lambda analysis: analysis.sites)]
+
+
+@pytest.mark.parametrize("names, answered, documented", LABELLED)
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_sites_do_not_depend_on_where_the_batches_are_cut(data):
-    name = data.draw(st.sampled_from(SITED))
-    analysis = frame(name)
-    bounds = data.draw(st.lists(st.integers(0, len(analysis.events)), max_size=12))
-    assert ranked_sites(name, bounds) == analysis.sites
+def test_labelled_tables_do_not_depend_on_where_the_batches_are_cut(names, answered, documented, data):
+    name = data.draw(st.sampled_from(names))
+    bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
+    assert answered(name, bounds) == documented(frame(name))
 
 
 # framework allocators: PyTorch's caching allocator (torch_leak_v25, ddp_leak_v25's two ranks),
