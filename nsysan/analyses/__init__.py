@@ -27,8 +27,8 @@ from .explore import allocation_groups, early_trace_ends, focus_window, LargestA
 from .diagnostics import capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
 from .groups import GroupSums, frame_groups
-from .peak import find_peaks, headline
-from .pools import PoolUses, reserve_adjustment
+from .peak import Peaks, headline, peaks_of
+from .pools import PoolUses
 from .ranks import assign_ranks
 from .ranges import RangeSums, alloc_calls
 from .sites import SiteRanks
@@ -87,9 +87,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     # need no other result, while this core finds the steps and verdicts (at 1e7 events this
     # thread's share of the analyses fell from 4.6 s to 2.3 s of CPU; docs/performance.md).
     with ThreadPoolExecutor(max_workers=1) as pool:
-        peaks_later = pool.submit(find_peaks, events, gpu_of,
-                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
-                                  reserve_adjustment(events, pool_uses.changes), groups_of)
+        peaks_later = pool.submit(_peaks, events, Facts(kinds, gpu_of, {"pool_uses": pool_uses}),
+                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations, groups_of)
         grouped = group_events(events)
         # the whole frame as one batch of the engine's (numpy views), grouped once for its reducers
         batch, facts = frame_batch(events, frame_groups(grouped, kinds)), Facts(kinds, gpu_of)
@@ -182,6 +181,11 @@ def _here_unless_started(later: Future, work: Callable[[], T]) -> T:
 def _one_run(reducer, facts: Facts, events: pd.DataFrame):
     """What `reducer` answers of the whole frame as one batch of its own (made by whichever core runs it)."""
     return Engine([reducer], facts).run([frame_batch(events)], frame_live(events))[reducer.field]
+
+
+def _peaks(events: pd.DataFrame, facts: Facts, total_memory, allocations, groups_of) -> list:
+    """The peaks (Peaks) over the whole frame as one batch, described by its rows."""
+    return peaks_of(_engine_run([Peaks()], facts, events)["peaks"], events, total_memory, allocations, groups_of)
 
 
 def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, facts: Facts, end_ns: int,

@@ -1,15 +1,19 @@
-"""Peaks: the highest live GPU-resident bytes per process and device, and per GPU."""
+"""Peaks: the highest live GPU-resident bytes per process and device, and per GPU, with what was
+live there: one reducer (`Peaks`) on both paths, the whole frame as one batch."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 import pandas as pd
 
-from ..events.arrays import category_codes, distinct_pairs
+from ..engine import Facts, Reducer
+from ..events.arrays import LOW, category_codes, pair_key
+from ..events.stream import EventBatch
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
-from .pools import ReserveChanges, reserve_at
+from .pools import reached_before
 from .stacks import stack_bytes
 
 LIVE_AT_PEAK = 20  # allocations listed per peak (largest first); live_count has them all
@@ -24,85 +28,205 @@ def resident_rows(events: pd.DataFrame) -> np.ndarray:
     return np.flatnonzero(events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy())
 
 
-def find_peaks(events: pd.DataFrame, gpu_of: Callable[[int, int], Optional[int]],
-               total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: ToAllocations,
-               reserve_changes: Optional[ReserveChanges] = None,
-               to_groups: Optional[ToGroups] = None) -> list[Peak]:
-    """Per (process, device) peaks, then per GPU across processes (pid None) when several share one.
+@dataclass
+class PeakSeries:
+    """GPU-resident live bytes (and pools' unused reserve) of one (process, device), or of every
+    process on one GPU (pid None), with the live set kept at its highest point so far."""
 
-    `reserve_changes` (see pools.reserve_adjustment) add the unused reserve of stream-ordered
-    memory pools to the live bytes: a pool holds what it reserved."""
-    rows = resident_rows(events)
-    if len(rows) == 0:
-        return []
-    pid = events["pid"].to_numpy()[rows]
-    device = events["device"].to_numpy()[rows]
-    # Distinct (pid, device) pairs packed into one integer each: a hash pass, not a frame's.
-    packed = distinct_pairs(pid, device, 16, 0xFFFF).tolist()
-    pairs = sorted((p >> 16, (p & 0xFFFF) - 0x10000 if p & 0x8000 else p & 0xFFFF) for p in packed)
-    gpu_by_pair = {(p, d): gpu_of(p, d) for p, d in pairs}
-    is_static = (events["kind"] == "static").to_numpy()[rows]
-    computes_on = set(pd.unique(pid[~is_static]).tolist())  # a hash pass, not a sort of 1e7 pids
-    peaks = []
-    for (p, d), gpu in gpu_by_pair.items():  # one per process and device
-        mine = (pid == p) & (device == d)
-        if p in computes_on and is_static[mine].all():
-            # Only module globals, loaded into every context the process opens (ddp_leak_v25's
-            # rank 1 on GPU 0), while it allocates on another GPU: not a peak of its own; they
-            # still count in that GPU's total.
-            continue
-        mine = rows[mine]
-        peaks.append(_peak_of(mine, events, p, d, gpu, total_memory(gpu), to_allocations, reserve_changes,
-                              to_groups))
-    sharing: dict[int, list[tuple[int, int]]] = {}
-    for (p, d), gpu in gpu_by_pair.items():
-        if gpu is not None:
-            sharing.setdefault(gpu, []).append((p, d))
-    for gpu, members in sorted(sharing.items()):  # several processes on one GPU
-        if len({p for p, _ in members}) > 1:
-            on_gpu = np.zeros(len(rows), bool)
-            for p, d in members:
-                on_gpu |= (pid == p) & (device == d)
-            peaks.append(_peak_of(rows[on_gpu], events, None, gpu, gpu, total_memory(gpu), to_allocations,
-                                  reserve_changes, to_groups))
-    return peaks
+    pid: Optional[int]
+    device: int
+    gpu: Optional[int]
+    members: np.ndarray  # pair keys
+    live: int = 0
+    reserve: int = 0
+    best: int = LOW
+    best_seq: int = -1
+    best_ts: int = 0
+    best_kind: int = 0
+    best_reserve: int = 0
+    reached_ts: int = 0  # when the best level was first reached: best_ts, or a pool's creation before it
+    live_set: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # the last allocation not of module statics, and the statics' bytes since (peak notes)
+    own_ts: Optional[int] = None
+    statics_since: int = 0
+    note_own_ts: Optional[int] = None
+    note_statics: int = 0
 
 
-def _peak_of(rows: np.ndarray, events: pd.DataFrame, pid: Optional[int], device: int,
-             gpu: Optional[int], total: Optional[int], to_allocations: ToAllocations,
-             reserve_changes: Optional[ReserveChanges] = None, to_groups: Optional[ToGroups] = None) -> Peak:
-    # Rows are in time order with frees first at equal times, so the running sum's first
-    # maximum is the earliest moment the peak was reached.
-    delta = events["delta_bytes"].to_numpy()[rows]
-    reserve = reserve_at(rows, reserve_changes) if reserve_changes is not None else None
-    live = np.cumsum(delta) + reserve if reserve is not None else np.cumsum(delta)
-    at = int(np.argmax(live))
-    seq = int(rows[at])  # the event's row in the full frame: its place in time
-    is_alloc = (category_codes(events["op"])[rows] == 0)
-    partner = events["partner"].to_numpy()[rows]
-    live_now = rows[is_alloc & (rows <= seq) & ((partner < 0) | (partner > seq))]
-    sizes = events["bytes"].to_numpy()[live_now]
-    largest = live_now[np.argsort(-sizes, kind="stable")[:LIVE_AT_PEAK]]
-    return Peak(made_of=made_of(events, live_now), pid=pid, device=device, gpu=gpu, peak_bytes=int(live[at]),
-                peak_time_ns=_reached(seq, int(events["ts_ns"].iat[seq]), reserve_changes,
-                                      bool(events["pool"].iat[seq])),
-                nvtx_range=str(events["nvtx_range"].iat[seq]),
-                api=str(events["api"].iat[seq]), total_memory_bytes=total, live_count=int(len(live_now)),
-                live_at_peak=to_allocations(events.iloc[largest]),
-                pool_reserve_bytes=int(reserve[at]) if reserve is not None else 0,
-                live_groups=to_groups(live_now) if to_groups else [], live_stacks=stack_bytes(events, live_now))
+class Peaks(Reducer):
+    """`peaks`, the series of them (PeakSeries, those with `best_seq` >= 0 reached a peak): per
+    (process, device) with GPU-resident memory, then per GPU across processes when several share
+    one. The first look finds the pairs (and whether any of a pair's rows is not a module static:
+    a process's statics alone, loaded into every context it opens while it allocates on another
+    GPU, are no peak of their own, as ddp_leak_v25's rank 1 on GPU 0); the second keeps each
+    series' running sum of live bytes plus the pools' unused reserve, its first highest point
+    (rows are in time order with frees first at equal times) and the allocations live there.
+    `Facts.more["pool_uses"]`: the pools' reducer (pools.PoolUses), whose `changes` the series
+    take at the next event of their pair at or after each (watched between the looks)."""
+
+    field = "peaks"
+    needs = ("pools", "pool_uses")
+    second_look = True
+
+    def start(self, facts: Facts) -> None:
+        super().start(facts)
+        self.resident = [i for i, name in enumerate(facts.kinds) if name in GPU_RESIDENT_KINDS]
+        self.static = list(facts.kinds).index("static") if "static" in facts.kinds else -1
+        self.pools = facts.more.get("pool_uses")
+        self.pairs: dict = {}  # pair key of resident rows -> whether any is not a module static
+        self.series: list[PeakSeries] = []
+
+    def add(self, b: EventBatch) -> None:
+        resident = np.isin(b.kind, self.resident)
+        if not resident.any():
+            return
+        keys = pair_key(b.pid[resident], b.device[resident])
+        for key, not_static in pd.Series(b.kind[resident] != self.static).groupby(keys).any().items():
+            self.pairs[int(key)] = self.pairs.get(int(key), False) or bool(not_static)
+
+    def between(self) -> None:
+        gpu_of = self.facts.gpu_of
+        pairs = sorted(pair_of(k) for k in self.pairs)
+        computes_on = {p for p, d in pairs if self.pairs[_key([p], [d])[0]]}
+        self.series = [PeakSeries(p, d, gpu_of(p, d), _key([p], [d])) for p, d in pairs
+                       if not (p in computes_on and not self.pairs[_key([p], [d])[0]])]
+        sharing: dict[int, list[tuple[int, int]]] = {}
+        for p, d in pairs:
+            if gpu_of(p, d) is not None:
+                sharing.setdefault(gpu_of(p, d), []).append((p, d))
+        for gpu, members in sorted(sharing.items()):
+            if len({p for p, _ in members}) > 1:
+                self.series.append(PeakSeries(None, gpu, gpu, _key([p for p, _ in members], [d for _, d in members])))
+        if self.pools is not None:  # the reserve changes the peaks take
+            self.pools.watch({int(m) for s in self.series for m in s.members.tolist()})
+        self.closed: list = []  # allocations closed in earlier batches (never freed: their address was taken)
+        self.last = None
+
+    def again(self, b: EventBatch) -> None:
+        if b is self.last:  # once a batch: the streamed sites ask for it before the engine's turn
+            return
+        self.last = b
+        if len(b):
+            self._peaks(b)
+        if len(b.closed.get("seq", [])):
+            self.closed.append(pd.DataFrame(b.closed))
+
+    def finish(self, live: dict) -> list[PeakSeries]:
+        self.last = None
+        return self.series
+
+    def _peaks(self, b: EventBatch) -> None:
+        resident = np.isin(b.kind, self.resident)
+        pairs = pair_key(b.pid, b.device)
+        changes = self.pools.changes if self.pools is not None else {}
+        for peak in self.series:  # a few series
+            rows = np.flatnonzero(resident & np.isin(pairs, peak.members))
+            if not len(rows):
+                continue
+            added = np.zeros(len(rows), "int64")
+            attached = []  # (index in rows, time, bytes) of each change taken
+            for member in peak.members.tolist():  # the pools' reserve changes at the next event
+                if member not in changes:
+                    continue
+                change_ts, change_bytes, used = changes[member]
+                mine = np.flatnonzero(pairs[rows] == member)
+                if not len(mine) or used >= len(change_ts):
+                    continue
+                ts = b.ts[rows[mine]]
+                upto = int(np.searchsorted(change_ts, ts[-1], side="right"))
+                at = np.searchsorted(ts, change_ts[used:upto], side="left")
+                np.add.at(added, mine[at], change_bytes[used:upto])
+                attached.append((mine[at], change_ts[used:upto], change_bytes[used:upto]))
+                changes[member] = (change_ts, change_bytes, upto)
+            reserve = peak.reserve + np.cumsum(added)
+            live = peak.live + np.cumsum(b.delta[rows]) + reserve
+            own = (b.kind[rows] != self.static) & (b.delta[rows] > 0)
+            at = int(np.argmax(live))
+            if live[at] > peak.best:
+                peak.best, peak.best_seq, peak.best_ts = int(live[at]), int(b.seq[rows[at]]), int(b.ts[rows[at]])
+                peak.reached_ts = _reached(at, attached, int(added[at] + b.delta[rows[at]]), peak.best_ts) \
+                    if b.pool[rows[at]] else peak.best_ts
+                peak.best_kind, peak.best_reserve = int(b.kind[rows[at]]), int(reserve[at])
+                peak.live_set = self._live_at(b, peak.best_seq, peak.members)
+                owns = np.flatnonzero(own[:at + 1])
+                if len(owns):
+                    peak.note_own_ts = int(b.ts[rows[owns[-1]]])
+                    peak.note_statics = int(b.delta[rows[owns[-1] + 1:at + 1]].sum())
+                else:
+                    peak.note_own_ts = peak.own_ts
+                    peak.note_statics = peak.statics_since + int(b.delta[rows[:at + 1]].sum())
+            owns = np.flatnonzero(own)
+            if len(owns):
+                peak.own_ts, peak.statics_since = int(b.ts[rows[owns[-1]]]), int(b.delta[rows[owns[-1] + 1:]].sum())
+            else:
+                peak.statics_since += int(b.delta[rows].sum())
+            peak.live, peak.reserve = int(live[-1] - reserve[-1]), int(reserve[-1])
+
+    def _live_at(self, b: EventBatch, seq: int, members: np.ndarray) -> pd.DataFrame:
+        """GPU-resident allocations of `members` live right after event `seq` of batch `b`: those
+        live before the batch, closed or made in it up to `seq`, and not freed by then."""
+        upto = int(np.searchsorted(b.seq, seq, side="right"))
+        allocs = np.flatnonzero(b.is_alloc[:upto])
+        allocs = allocs[np.isin(b.kind[allocs], self.resident)
+                        & np.isin(pair_key(b.pid[allocs], b.device[allocs]), members)]
+        frame = pd.concat([pd.DataFrame(b.live_before)] + self.closed +
+                          ([pd.DataFrame(b.closed)] if len(b.closed.get("seq", [])) else []) + [live_rows(b, allocs)],
+                          ignore_index=True)
+        freed = b.partner_seq[:upto]
+        # this batch's closed allocations (never to be freed: another allocation took their
+        # address) include those made after `seq`, which were not live at it
+        keep = (frame["seq"].to_numpy() <= seq) & ~np.isin(frame["seq"].to_numpy(), freed[freed >= 0]) \
+            & np.isin(frame["kind"].to_numpy(), self.resident) \
+            & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members)
+        return frame[keep].drop_duplicates("seq").sort_values("seq", ignore_index=True)
 
 
-def _reached(seq: int, ts: int, reserve_changes: Optional[ReserveChanges], is_pool: bool) -> int:
-    """When the level at event row `seq` (at `ts`) was first reached: earlier than the event when
-    it is a pool's allocation and the pool's reserve made the level before it (pools.reached_before;
-    streamed_second.SecondLook._peaks does the same)."""
-    if reserve_changes is None or not is_pool or not len(reserve_changes[0]):
+def live_rows(b: EventBatch, rows: np.ndarray) -> pd.DataFrame:
+    """Rows of batch `b` as the live sets list them (LIVE_COLUMNS but the pool flag)."""
+    return pd.DataFrame({"seq": b.seq[rows], "ts": b.ts[rows], "pid": b.pid[rows], "device": b.device[rows],
+                         "kind": b.kind[rows], "address": b.address[rows], "bytes": b.bytes[rows]})
+
+
+def _key(pids: list, devices: list) -> np.ndarray:
+    return pair_key(np.array(pids, "int64"), np.array(devices, "int64"))
+
+
+def pair_of(key: int) -> tuple[int, int]:
+    """(process, device) of a pair_key."""
+    return key >> 16, (key & 0xFFFF) - 0x10000 if key & 0x8000 else key & 0xFFFF
+
+
+def _reached(at: int, attached: list, increment: int, ts: int) -> int:
+    """When the level at row `at` of a batch's series was first reached: the earliest of the pool
+    changes attached to it (`attached`: (rows, times, bytes) per member) by which it already was
+    (a pool created with its reserve inside a cudaMallocAsync; pools.reached_before), else `ts`."""
+    parts = [(times[rows == at], amounts[rows == at]) for rows, times, amounts in attached]
+    when = np.concatenate([w for w, _ in parts]) if parts else np.zeros(0, "int64")
+    amount = np.concatenate([a for _, a in parts]) if parts else np.zeros(0, "int64")
+    if not len(when):
         return ts
-    at = int(np.searchsorted(reserve_changes[0], seq))
-    if at < len(reserve_changes[0]) and reserve_changes[0][at] == seq and reserve_changes[2][at] >= 0:
-        return int(reserve_changes[2][at])
-    return ts
+    reached = reached_before(np.zeros(len(when), "int64"), when.astype("int64"), amount.astype("int64"),
+                             np.array([increment], "int64"), np.array([ts], "int64"))[0]
+    return int(reached) if reached >= 0 else ts
+
+
+def peaks_of(series: list[PeakSeries], events: pd.DataFrame, total_memory: Callable[[Optional[int]], Optional[int]],
+             to_allocations: ToAllocations, to_groups: Optional[ToGroups] = None) -> list[Peak]:
+    """The peaks of the whole frame (`events`, whose rows are the series' seqs) from Peaks' series."""
+    peaks = []
+    for s in series:
+        if s.best_seq < 0:
+            continue
+        live_now = s.live_set["seq"].to_numpy() if len(s.live_set) else np.zeros(0, "int64")
+        largest = live_now[np.argsort(-events["bytes"].to_numpy()[live_now], kind="stable")[:LIVE_AT_PEAK]]
+        peaks.append(Peak(made_of=made_of(events, live_now), pid=s.pid, device=s.device, gpu=s.gpu,
+                          peak_bytes=s.best, peak_time_ns=s.reached_ts, nvtx_range=str(events["nvtx_range"].iat[s.best_seq]),
+                          api=str(events["api"].iat[s.best_seq]), total_memory_bytes=total_memory(s.gpu),
+                          live_count=int(len(live_now)), live_at_peak=to_allocations(events.iloc[largest]),
+                          pool_reserve_bytes=s.best_reserve,
+                          live_groups=to_groups(live_now) if to_groups else [],
+                          live_stacks=stack_bytes(events, live_now)))
+    return peaks
 
 
 def made_of(events: pd.DataFrame, rows: np.ndarray, limit: int = MADE_OF) -> list[Holder]:

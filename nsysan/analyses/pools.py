@@ -29,13 +29,10 @@ from ..engine import Facts, Reducer
 from ..events.arrays import HIGH, LOW, distinct_rows, pair_key, running_sums
 from ..events.read_pools import empty_pool_events
 from ..events.stream import EventBatch
-from ..model import GPU_RESIDENT_KINDS, PoolUse
+from ..model import PoolUse
 
 MAX_POINTS = 2000
 OPERATIONS = {"created": 1, "destroyed": 2, "trimmed": 3}  # 0: a pool allocation or free
-# pool reserve changes: event rows (sorted, distinct), the bytes added at each, and when the
-# level of each row was first reached (ns; -1: at the row's own time; see reached_before)
-ReserveChanges = tuple[np.ndarray, np.ndarray, np.ndarray]
 # the pools' sums of the first look, and what each starts from
 FIRST = {"count": 0, "used": 0, "peak_used": LOW, "peak_reserved": LOW, "end_reserved": 0, "trims": 0,
          "created": HIGH, "destroyed": LOW}
@@ -242,38 +239,6 @@ def _steps(codes: np.ndarray, values: np.ndarray, carry: np.ndarray) -> np.ndarr
     return steps
 
 
-def reserve_adjustment(events: pd.DataFrame, changes: dict) -> Optional[ReserveChanges]:
-    """The changes of each process's and device's pools' unused reserve (PoolUses.changes) to
-    add to `delta_bytes` for GPU-resident live bytes, as (event rows, bytes), the rows sorted and
-    distinct; None without pools. Each change goes to the first GPU-resident event of that
-    process and device at or after it (a trim between two events is counted at the next one:
-    peaks, taken at events, stay exact). A few rows, not a column of 1e7 zeros (reserve_at reads
-    them)."""
-    if not changes or events.empty:
-        return None
-    resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
-    pids, devices, ts = events["pid"].to_numpy(), events["device"].to_numpy(), events["ts_ns"].to_numpy()
-    at_rows, amounts, times = [], [], []
-    for pair, (when, amount, _) in changes.items():
-        pid, device = pair >> 16, ((pair & 0xFFFF) ^ 0x8000) - 0x8000  # pair_key's halves
-        rows = np.flatnonzero(resident & (pids == pid) & (devices == device))
-        if len(rows) == 0:
-            continue
-        at = np.searchsorted(ts[rows], when, side="left")
-        inside = at < len(rows)
-        at_rows.append(rows[at[inside]])
-        amounts.append(amount[inside].astype("int64"))
-        times.append(when[inside].astype("int64"))
-    if not at_rows:
-        return np.zeros(0, "int64"), np.zeros(0, "int64"), np.zeros(0, "int64")
-    targets, amount, when = np.concatenate(at_rows), np.concatenate(amounts), np.concatenate(times)
-    rows, slot = np.unique(targets, return_inverse=True)
-    summed = np.zeros(len(rows), "int64")
-    np.add.at(summed, slot, amount)  # several changes before one event add up
-    own = events["delta_bytes"].to_numpy()[rows]
-    return rows, summed, reached_before(slot, when, amount, summed + own, ts[rows])
-
-
 def reached_before(slot: np.ndarray, when: np.ndarray, amount: np.ndarray, increment: np.ndarray,
                    row_ts: np.ndarray) -> np.ndarray:
     """For each row the changes are attached to (`slot`: each change's row; `when`, `amount`: its
@@ -298,15 +263,3 @@ def reached_before(slot: np.ndarray, when: np.ndarray, amount: np.ndarray, incre
         hit_rows, at = np.unique(rows[hit], return_index=True)  # each row's earliest change that did
         reached[hit_rows] = when[hit[at]]
     return reached
-
-
-def reserve_at(rows: np.ndarray, changes: ReserveChanges) -> np.ndarray:
-    """The pools' unused reserve after each of `rows` (sorted event rows of one process and
-    device, or of one GPU): the running sum of the reserve_adjustment changes at those rows."""
-    change_rows, change_bytes = changes[0], changes[1]
-    per_row = np.zeros(len(rows), "int64")
-    at = np.searchsorted(rows, change_rows)
-    hit = at < len(rows)
-    hit[hit] = rows[at[hit]] == change_rows[hit]
-    per_row[at[hit]] = change_bytes[hit]
-    return np.cumsum(per_row)

@@ -17,9 +17,10 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..events.arrays import HIGH, LOW, pair_key, running_sums
+from ..events.arrays import HIGH, LOW, pair_key, running_sums  # (pair_key: the sites' and OOM looks')
 from ..events.stream import EventBatch
 from ..model import GPU_RESIDENT_KINDS, KINDS
+from .peak import live_rows as _rows  # (the sites' and OOM looks' too)
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]
 STATIC = KINDS.index("static")
@@ -62,7 +63,7 @@ class FirstLook:
 
     cut: Keyed = field(default_factory=lambda: Keyed(("live", "highest", "events", "last_ts"),
                                                      {"highest": LOW, "last_ts": LOW}))
-    pairs: dict = field(default_factory=dict)  # (pid, device) of resident events -> whether any is not static
+    pairs: dict = field(default_factory=dict)  # peak.Peaks' pairs, once this look is done
     first_ts: int = HIGH
     last_ts: int = LOW
     moved: float = 0.0
@@ -77,11 +78,7 @@ class FirstLook:
         if len(b) == 0:
             return
         self.first_ts, self.last_ts = min(self.first_ts, int(b.ts[0])), max(self.last_ts, int(b.ts[-1]))
-        resident = np.isin(b.kind, RESIDENT)
-        for key, not_static in pd.DataFrame({"k": pair_key(b.pid[resident], b.device[resident]),
-                                             "s": b.kind[resident] != STATIC}).groupby("k")["s"].any().items():
-            self.pairs[int(key)] = self.pairs.get(int(key), False) or bool(not_static)
-        self._cut(b, resident)
+        self._cut(b, np.isin(b.kind, RESIDENT))
         moving = np.flatnonzero(b.delta != 0)
         if len(moving):
             self.moved = float(np.cumsum(np.concatenate([[self.moved], np.abs(b.delta[moving]).astype("float64")]))[-1])
@@ -107,8 +104,3 @@ def no_rows() -> pd.DataFrame:
     """_rows of no row: the columns, empty."""
     return pd.DataFrame({c: np.zeros(0, "uint64" if c == "address" else "int64")
                          for c in ("seq", "ts", "pid", "device", "kind", "address", "bytes")})
-
-
-def _rows(b: EventBatch, rows: np.ndarray) -> pd.DataFrame:
-    return pd.DataFrame({"seq": b.seq[rows], "ts": b.ts[rows], "pid": b.pid[rows], "device": b.device[rows],
-                         "kind": b.kind[rows], "address": b.address[rows], "bytes": b.bytes[rows]})

@@ -26,7 +26,7 @@ from .caps import memory_caps
 from .diagnostics import capture_diagnostics
 from .explore import allocation_groups, focus_from_movement
 from .oom import CLIMBING_TAIL, NEAR_END_NS
-from .peak import LIVE_AT_PEAK, headline, made_of
+from .peak import LIVE_AT_PEAK, Peaks, PeakSeries, headline, made_of, pair_of as _pair  # (streamed_oom's)
 from .ranks import assign_ranks
 from .allocator import find_preallocations
 from .explore import LargestAllocations
@@ -41,8 +41,8 @@ from .sites import call_site
 from .spikes import Spikes
 from .stacks import stack_bytes
 from .steps import step_diagnostics
-from .streamed import FirstLook, no_rows, pair_key
-from .streamed_second import PeakSeries, SecondLook
+from .streamed import FirstLook, no_rows
+from .streamed_second import SecondLook
 from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
 
 
@@ -71,12 +71,14 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     more.update(spike_window_ns=spike_window_ns, end_ns=max([0, schema.duration_ns or 0, *span[1:]]),
                 pool_events=read_pool_events(conn, schema))
     more.setdefault("labels", Labels)
+    peak_look, more["pool_uses"] = Peaks(), PoolUses()
     fed = flow.feed(lambda: _Both(FirstLook(), also[0],
                                   Engine([GroupSums(), TimelineSeries(), NeverFreed(), LargestAllocations(),
-                                          StepWindows(), ByteClassSums(), Spikes(), PoolUses(), RangeSums(), *reducers],
-                                         Facts(flow.kinds, gpu_of, more))),
+                                          StepWindows(), ByteClassSums(), Spikes(), more["pool_uses"], RangeSums(),
+                                          peak_look, *reducers], Facts(flow.kinds, gpu_of, more))),
                      keep=True)
     first, engine = fed.main, fed.engine
+    first.pairs = peak_look.pairs  # (streamed_oom's)
     first.largest, first.allocations = engine.so_far("largest")  # for the second look (its free times)
     notes = list(flow.diagnostics)
     described = described or _Undescribed(flow.kinds)
@@ -86,12 +88,9 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
                  + ([first.last_ts] if has_events and first.last_ts < np.iinfo("int64").max // 4 else []))
 
     def second_look() -> _Both:
-        peaks = _peak_series(first, gpu_of)
-        pools = engine.reducer("pools")
-        pools.watch({int(m) for peak in peaks for m in peak.members.tolist()})  # the reserve changes the peaks take
         engine.between()  # (again, should the pass start over)
-        return _Both(SecondLook(first=first, peaks=peaks, changes=pools.changes, focus_target=0.05 * first.moved,
-                                cut_rows=_cut_rows(first, end_ns), pools=pools),
+        return _Both(SecondLook(first=first, peak_look=peak_look, focus_target=0.05 * first.moved,
+                                cut_rows=_cut_rows(first, end_ns), pools=more["pool_uses"]),
                      also[1], engine, again=True)
 
     second = flow.replay(second_look).main
@@ -200,10 +199,6 @@ class _Both:
             (self.engine.again if self.again else self.engine.add)(batch)
 
 
-def _pair(key: int) -> tuple[int, int]:
-    return key >> 16, (key & 0xFFFF) - 0x10000 if key & 0x8000 else key & 0xFFFF
-
-
 def _mini(rows: pd.DataFrame, kinds: list[str]) -> pd.DataFrame:
     """Allocation rows as a small events frame (EVENT_COLUMNS of a quick load), for the analyses
     that look at a few rows only (allocation groups, what made a peak, big blocks)."""
@@ -232,24 +227,6 @@ def _allocations(rows: pd.DataFrame, kinds: list[str], free_ts: dict) -> list[Al
                        site=site, stack_id=None, operator="")
             for seq, ts, pid, device, kind, address, size
             in rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False)]
-
-
-def _peak_series(first: FirstLook, gpu_of) -> list[PeakSeries]:
-    """find_peaks' series: each (process, device) with GPU-resident memory, then each GPU shared."""
-    computes_on = {_pair(k)[0] for k, not_static in first.pairs.items() if not_static}
-    pairs = sorted(_pair(k) for k in first.pairs)
-    series = [PeakSeries(p, d, gpu_of(p, d), pair_key(np.array([p]), np.array([d])))
-              for p, d in pairs if not (p in computes_on and not first.pairs[int(pair_key(np.array([p]),
-                                                                                        np.array([d]))[0])])]
-    sharing: dict[int, list[tuple[int, int]]] = {}
-    for p, d in pairs:
-        if gpu_of(p, d) is not None:
-            sharing.setdefault(gpu_of(p, d), []).append((p, d))
-    for gpu, members in sorted(sharing.items()):
-        if len({p for p, _ in members}) > 1:
-            series.append(PeakSeries(None, gpu, gpu, pair_key(np.array([p for p, _ in members]),
-                                                              np.array([d for _, d in members]))))
-    return series
 
 
 def _cut_rows(first: FirstLook, end_ns: int) -> dict:
