@@ -3,9 +3,9 @@
 What `run_analyses` finds over the whole events frame, found from running sums instead: the flow
 of events (events/stream.py) is read twice. The first look sums per (process, device, kind)
 group and per process, keeps the big blocks (this module, with the running sums and keyed columns both looks use);
-the second (streamed_second.py), knowing every group's span and the pools' reserve, downsamples
-the timeline, finds each peak with the live set at that moment and fills in what lies after a
-moment. Only the live allocations, the aggregates and the kept points stay in memory.
+the second (streamed_second.py), knowing every group's span, fills in what lies after a moment
+(the engine's reducers: the timeline, the peaks with what was live there, ...). Only the live
+allocations, the aggregates and the kept points stay in memory.
 analyses.md says what is exact (all of it).
 """
 

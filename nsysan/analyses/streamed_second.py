@@ -1,9 +1,10 @@
 """The second look at the flow of event batches (`--quick` streamed, in bounded memory).
 
-Knowing the first look's totals (streamed.py: every group's span, the largest allocations) and the
-pools' reserve, this pass finds each peak with the live set at that moment (kept at the highest
-point of each batch that beats the peak so far) and fills in what lies after a moment (the free
-times of listed allocations). analyses.md says what is exact (all of it).
+Knowing the first look's totals (streamed.py: every group's span, the largest allocations), this
+pass has the pools and the peaks (peak.Peaks) look at each batch first, so that the sites' look
+after it reads the live set of a peak raised in that batch, and fills in what lies after a moment
+(the free times of listed allocations, those live at the peaks among them). analyses.md says what
+is exact (all of it).
 """
 
 from __future__ import annotations

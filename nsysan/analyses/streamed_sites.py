@@ -144,7 +144,7 @@ class SiteSums:
         API of the series' last own allocation then (verdicts._module_load_note)."""
         api = self._api_codes(b)
         resident, pairs = np.isin(b.kind, RESIDENT), pair_key(b.pid, b.device)
-        for peak in self.look.peaks:  # a few series, as SecondLook._peaks finds them
+        for peak in self.look.peaks:  # a few series, as peak.Peaks finds them
             rows = np.flatnonzero(resident & np.isin(pairs, peak.members))
             own = rows[(b.kind[rows] != STATIC) & (b.delta[rows] > 0)]
             if peak.best_seq >= 0 and peak.live_set is not self._seen.get(id(peak)):
