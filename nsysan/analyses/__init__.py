@@ -185,7 +185,8 @@ def _one_run(reducer, facts: Facts, events: pd.DataFrame):
 
 def _peaks(events: pd.DataFrame, facts: Facts, total_memory, allocations, groups_of) -> list:
     """The peaks (Peaks) over the whole frame as one batch, described by its rows."""
-    return peaks_of(_engine_run([Peaks()], facts, events)["peaks"], events, total_memory, allocations, groups_of)
+    series = Engine([Peaks()], facts).run([frame_batch(events)], frame_live(events))["peaks"]
+    return peaks_of(series, events, total_memory, allocations, groups_of)
 
 
 def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, facts: Facts, end_ns: int,
