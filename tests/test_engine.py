@@ -21,7 +21,7 @@ from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
 from nsysan.analyses import verdicts
 from nsysan.analyses.calls import failed_call_rows
-from nsysan.analyses.oom import FailureDevices, ReleaseBursts, oom_calls
+from nsysan.analyses.oom import CutShortSums, FailureDevices, ReleaseBursts, oom_calls
 from nsysan.analyses.verdicts import AccessMaps
 from nsysan.analyses.diagnostics import xla_pids
 from nsysan.analyses.iterations import iteration_pids
@@ -764,14 +764,6 @@ def test_cache_releases_in_3_row_batches_hold_the_truth():
     assert [o.release for o in frame("torch_oom_v25").oom.allocator_ooms] == [gave_up]
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data())
-def test_cache_releases_do_not_depend_on_where_the_batches_are_cut(data):
-    name = data.draw(st.sampled_from(RELEASES))
-    bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
-    assert cache_releases(name, bounds) == document_releases(name)
-
-
 def failure_devices(name: str, bounds=()) -> list:
     """FailureDevices over the fixture's events cut before `bounds`: the device of each call that
     ran out of memory (as verdicts.find_verdicts asks)."""
@@ -808,6 +800,48 @@ def test_access_maps_are_the_same_on_one_batch_k_batches_and_3_row_batches():
     assert unmapped("ddp_leak_v25", range(0, n, max(1, n // 7))) == whole
     n = len(frame("torch_expandable_v25").events)
     assert unmapped("torch_expandable_v25", range(0, n, 3)) == unmapped("torch_expandable_v25") == []
+
+
+# runs cut short: torch_oom's and torch_fraction_oom's end inside ranges left open, torch_leak's does not
+CUT_SHORT = ["torch_oom_v25", "torch_fraction_oom_v25", "torch_leak_v25"]
+
+
+def cut_short(name: str, bounds=()) -> tuple:
+    """CutShortSums over the fixture's events cut before `bounds`: its sums, the live bytes at each
+    process's tail, and the runs cut short it judges with the document's open ranges and end."""
+    analysis = frame(name)
+    cut = answer(analysis, CutShortSums(), bounds)
+    opened = {c.pid: c.open_ranges for c in analysis.oom.cut_short if c.open_ranges}
+    return cut.sums, cut.tail, cut.judged(opened, analysis.timeline.end_ns)
+
+
+@pytest.mark.parametrize("name", CUT_SHORT)
+def test_cut_short_is_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    n = len(frame(name).events)
+    whole = cut_short(name)
+    assert whole[2] == frame(name).oom.cut_short  # what the command line's document holds
+    assert cut_short(name, range(0, n, max(1, n // 7))) == whole
+    assert cut_short(name, range(0, n, 3)) == whole
+
+
+def test_cut_short_in_3_row_batches_holds_the_truth():
+    """torch_oom_v25's trace ends at the OOM (fixtures/README.md): its last event is the
+    allocator's last release, inside `step 5 > hoard`, never closed; torch_leak_v25 ends well."""
+    (cut,) = cut_short("torch_oom_v25", range(0, len(frame("torch_oom_v25").events), 3))[2]
+    (gave_up,) = frame("torch_oom_v25").oom.allocator_ooms
+    assert (cut.open_ranges, cut.last_event_ns) == (["step 5", "hoard"], gave_up.release.end_ns)
+    assert cut_short("torch_leak_v25", range(0, len(frame("torch_leak_v25").events), 3))[2] == []
+
+
+@pytest.mark.parametrize("names, answered", [(RELEASES, cache_releases), (CUT_SHORT, cut_short)])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_verdict_reducers_do_not_depend_on_where_the_batches_are_cut(names, answered, data):
+    """The caching allocators' releases and the runs cut short (their one-batch answers are the
+    documents', tested above)."""
+    name = data.draw(st.sampled_from(names))
+    bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
+    assert answered(name, bounds) == answered(name)
 
 
 @pytest.mark.parametrize("name", NAMES)

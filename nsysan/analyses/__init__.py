@@ -119,7 +119,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         verdicts = find_verdicts(events, calls, ranges, peaks, groups, gpu_of,
                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
-                                 schema.duration_ns, grouped, quick=loaded.quick, pools=pools)
+                                 schema.duration_ns, quick=loaded.quick, pools=pools)
         # Whichever core is free takes what is left of the second core's queue, the last queued first.
         del grouped  # the order of 1e7 events into groups, 80 MB
         timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns, loaded.operator_ranges,

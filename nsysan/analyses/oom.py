@@ -27,7 +27,6 @@ from ..events.arrays import distinct_pairs, pair_key
 from ..events.nvtx import attribute_ranges
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocatorOom, CacheRelease, CutShort, OomFailure, OutOfMemory, \
     Probe
-from .timeline import Groups
 
 # "retried at once": the same API succeeds on the thread within 10 ms after the failed call
 # returned (torch_expandable_v25's failing cuMemCreate itself takes 18.6 ms; the retry comes 21 µs
@@ -49,12 +48,12 @@ GpuOf = Callable[[int, int], Optional[int]]
 def find_out_of_memory(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame, gpu_of: GpuOf,
                        total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: ToAllocations,
                        releases: list[CacheRelease], devices: list[Optional[int]], end_ns: int,
-                       duration_ns: Optional[int], grouped: Groups) -> OutOfMemory:
+                       duration_ns: Optional[int], cut: CutShortSums) -> OutOfMemory:
     """Every out-of-memory verdict of one capture. `releases`: the bursts of frees of the
     (pid, device) pairs a caching allocator manages (ReleaseBursts.releases); `devices`: the device of
     each call of oom_calls (FailureDevices). `end_ns` is the end of the capture's data, `duration_ns`
-    the session's recorded length (where nsys ends the ranges it found open); `grouped`: the
-    events' (process, device, kind) groups (timeline.group_events)."""
+    the session's recorded length (where nsys ends the ranges it found open); `cut`: what
+    tells a process cut short (CutShortSums)."""
     failures, probes, failed_count = _failed_calls(events, calls, ranges, gpu_of, total_memory, to_allocations,
                                                    devices)
     open_by_pid = _open_ranges(ranges, duration_ns or OPEN_END_NS)
@@ -72,7 +71,7 @@ def find_out_of_memory(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.Dat
         else:  # every range closed: an empty_cache() before a normal exit
             flushes.append(release)
     return OutOfMemory(failures=failures, failed_count=failed_count, probes=probes, allocator_ooms=allocator_ooms, cache_flushes=flushes,
-                       cut_short=_cut_short(events, open_by_pid, end_ns, grouped))
+                       cut_short=cut.judged(open_by_pid, end_ns))
 
 
 def gave_up_inside(release: CacheRelease, opened: list[str]) -> bool:
@@ -382,31 +381,66 @@ def _open_ranges(ranges: pd.DataFrame, end_ns: int) -> dict[int, list[str]]:
     return {int(pid): [str(n) for n in group["name"]] for pid, group in still_open.groupby("pid", sort=True)}
 
 
-def _cut_short(events: pd.DataFrame, open_by_pid: dict[int, list[str]], end_ns: int,
-               grouped: Groups) -> list[CutShort]:
-    """Processes whose capture ends while they were working: NVTX ranges never closed, or
-    GPU-resident live bytes at their highest at the end of the capture after rising over their
-    last events (a process that finished has stopped allocating well before the capture ends:
-    it still tears down, and nsys flushes)."""
-    # each process's GPU-resident events, in time order: its last row is its latest, and only
-    # those ending near the capture's end can be climbing
-    resident = {int(pid): grouped.rows(GPU_RESIDENT_KINDS, int(pid))
-                for pid in pd.unique(grouped.keys["pid"].to_numpy()).tolist()}
-    resident = {pid: rows for pid, rows in resident.items() if len(rows)}
-    ts_all = events["ts_ns"].to_numpy()
-    last_of = {pid: int(ts_all[rows[-1]]) for pid, rows in resident.items()}
-    found = []
-    for pid in sorted(set(open_by_pid) | set(last_of)):
-        opened = open_by_pid.get(pid, [])
-        climbing, end_live, last = False, 0, int(last_of.get(pid, 0))
-        if pid in last_of and (opened or end_ns - last <= NEAR_END_NS):
-            rows = resident[pid]
-            live = np.cumsum(events["delta_bytes"].to_numpy()[rows])
-            end_live = int(live[-1])
-            tail_start = int(len(live) * (1 - CLIMBING_TAIL))
-            climbing = bool(len(rows) >= 8 and end_live > 0 and end_live >= live.max()
-                            and end_live > live[tail_start] and end_ns - last <= NEAR_END_NS)
-        if opened or climbing:
-            found.append(CutShort(pid=int(pid), last_event_ns=last, open_ranges=opened, climbing=climbing,
-                                  end_live_bytes=end_live))
-    return found
+class CutShortSums(Reducer):
+    """What tells a process cut short, over its GPU-resident events: their count, the last one's
+    time, the live bytes at the end and at their highest (the first look), and the live bytes
+    after the first (1 - CLIMBING_TAIL) of them (the second, the count known). `judged` makes the
+    CutShort list."""
+
+    field = "cut_short"
+    second_look = True
+
+    def start(self, facts) -> None:
+        super().start(facts)
+        self.resident = [i for i, kind in enumerate(facts.kinds) if kind in GPU_RESIDENT_KINDS]
+        self.sums: dict[int, list[int]] = {}  # pid -> [events, last time, live at the end, highest]
+        self.tail: dict[int, list] = {}  # pid -> [events seen, live bytes so far, live at the tail's start]
+
+    def _mine(self, b):
+        """(pid, its resident rows) of the batch's processes (a few)."""
+        rows = np.flatnonzero(np.isin(b.kind, self.resident))
+        pids = b.pid[rows]
+        return [(pid, rows[pids == pid]) for pid in pd.unique(pids).tolist()]
+
+    def add(self, b) -> None:
+        for pid, mine in self._mine(b):
+            sums = self.sums.setdefault(int(pid), [0, 0, 0, np.iinfo("int64").min])
+            live = sums[2] + np.cumsum(b.delta[mine])
+            sums[:] = [sums[0] + len(mine), max(sums[1], int(b.ts[mine[-1]])), int(live[-1]),
+                       max(sums[3], int(live.max()))]
+
+    def between(self) -> None:
+        self.tail = {pid: [0, 0, None] for pid in self.sums}
+
+    def again(self, b) -> None:
+        for pid, mine in self._mine(b):
+            tail = self.tail[int(pid)]
+            wanted = int(self.sums[int(pid)][0] * (1 - CLIMBING_TAIL))
+            live = tail[1] + np.cumsum(b.delta[mine])
+            if tail[0] <= wanted < tail[0] + len(mine):
+                tail[2] = int(live[wanted - tail[0]])
+            tail[:2] = [tail[0] + len(mine), int(live[-1])]
+
+    def finish(self, live: dict) -> "CutShortSums":
+        return self
+
+    def judged(self, open_by_pid: dict[int, list[str]], end_ns: int) -> list[CutShort]:
+        """Processes whose capture ends while they were working: NVTX ranges never closed
+        (`open_by_pid`, _open_ranges), or GPU-resident live bytes at their highest at the end of
+        the capture (`end_ns`) after rising over their last events (a process that finished has
+        stopped allocating well before the capture ends: it still tears down, and nsys flushes)."""
+        found = []
+        for pid in sorted(set(open_by_pid) | set(self.sums)):
+            opened = open_by_pid.get(pid, [])
+            climbing, end_live, last = False, 0, 0
+            if pid in self.sums:
+                events, last, final, highest = self.sums[pid]
+                near_end = end_ns - last <= NEAR_END_NS
+                end_live = final if opened or near_end else 0
+                tail = self.tail.get(pid, [0, 0, None])[2]
+                climbing = bool(events >= 8 and end_live > 0 and end_live >= highest and tail is not None
+                                and end_live > tail and near_end)
+            if opened or climbing:
+                found.append(CutShort(pid=int(pid), last_event_ns=last, open_ranges=opened, climbing=climbing,
+                                      end_live_bytes=end_live))
+        return found

@@ -61,8 +61,6 @@ class Keyed:
 class FirstLook:
     """What one pass over the events sums up (see the module's docstring)."""
 
-    cut: Keyed = field(default_factory=lambda: Keyed(("live", "highest", "events", "last_ts"),
-                                                     {"highest": LOW, "last_ts": LOW}))
     pairs: dict = field(default_factory=dict)  # peak.Peaks' pairs, once this look is done
     first_ts: int = HIGH
     last_ts: int = LOW
@@ -78,7 +76,6 @@ class FirstLook:
         if len(b) == 0:
             return
         self.first_ts, self.last_ts = min(self.first_ts, int(b.ts[0])), max(self.last_ts, int(b.ts[-1]))
-        self._cut(b, np.isin(b.kind, RESIDENT))
         moving = np.flatnonzero(b.delta != 0)
         if len(moving):
             self.moved = float(np.cumsum(np.concatenate([[self.moved], np.abs(b.delta[moving]).astype("float64")]))[-1])
@@ -87,17 +84,6 @@ class FirstLook:
         big = allocs[(b.kind[allocs] == KINDS.index("device")) & (b.bytes[allocs] >= PREALLOCATION_BYTES)]
         if len(big):
             self.big_blocks.append(_rows(b, big))
-
-    def _cut(self, b: EventBatch, resident: np.ndarray) -> None:
-        rows = np.flatnonzero(resident)
-        if not len(rows):
-            return
-        c = self.cut
-        codes = c.codes(b.pid[rows])
-        live = running_sums(codes, b.delta[rows], c["live"])
-        np.maximum.at(c["highest"], codes, live)
-        np.add.at(c["events"], codes, 1)
-        np.maximum.at(c["last_ts"], codes, b.ts[rows])
 
 
 def no_rows() -> pd.DataFrame:

@@ -45,7 +45,7 @@ from .steps import find_step_ranges
 from .streamed import RESIDENT
 from .explore import early_trace_ends, nvtx_spans, operator_spans, step_bands, step_span
 from .streamed_oom import VerdictLooks
-from .streamed_run import _cut_short, _focus, _mini, gpus, run_streamed
+from .streamed_run import _focus, _mini, gpus, run_streamed
 from .sites import SiteRanks
 from .streamed_sites import SiteSums
 from .timeline import top_level_bands
@@ -120,10 +120,9 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     pids = sorted({p.pid for p in capture.processes if p.devices})
     digest = pd.DataFrame({"pid": np.array(pids, "int32")})  # the events' processes: what the diagnostics read
     last_calls = _last_cuda_calls(conn, schema, calls, ranges)
-    look = looks["look"]
     verdicts = verdict_looks.verdicts(
         quick, described, lambda pid: labels.get(pid) or f"process {pid}", flow.live,
-        lambda open_by_pid: _cut_short(look.first, look, quick.timeline.end_ns, open_by_pid))
+        lambda open_by_pid: looks["cut_short"].judged(open_by_pid, quick.timeline.end_ns))
     calls.close()  # the calls' chunks kept since the scan: read for the last time by the verdicts
     steps, phases, growth, step_notes = looks["steps"].answers(  # the engine's StepWindows
         quick.timeline.end_ns, gpu_of, step_range, last_calls, more["labels"](), capture.processes, verdicts.caps,

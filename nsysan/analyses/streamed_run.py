@@ -15,7 +15,7 @@ from ..events.load import QUICK_API
 from ..events.read_pools import read_pool_events
 from ..engine import Engine, Facts, Labels
 from ..events.stream import EventFlow
-from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, CutShort, OutOfMemory, Peak, ReservedMemory, \
+from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, OutOfMemory, Peak, ReservedMemory, \
     Source, Timeline
 from ..sources.schema import Schema
 from ..base.units import fmt_bytes, fmt_time
@@ -25,7 +25,7 @@ from .capture import capture_facts
 from .caps import memory_caps
 from .diagnostics import capture_diagnostics
 from .explore import allocation_groups, focus_from_movement
-from .oom import CLIMBING_TAIL, NEAR_END_NS
+from .oom import CutShortSums
 from .peak import LIVE_AT_PEAK, Peaks, PeakSeries, headline, made_of, pair_of as _pair  # (streamed_oom's)
 from .ranks import assign_ranks
 from .allocator import find_preallocations
@@ -75,7 +75,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     fed = flow.feed(lambda: _Both(FirstLook(), also[0],
                                   Engine([GroupSums(), TimelineSeries(), NeverFreed(), LargestAllocations(),
                                           StepWindows(), ByteClassSums(), Spikes(), more["pool_uses"], RangeSums(),
-                                          peak_look, *reducers], Facts(flow.kinds, gpu_of, more))),
+                                          peak_look, CutShortSums(), *reducers], Facts(flow.kinds, gpu_of, more))),
                      keep=True)
     first, engine = fed.main, fed.engine
     first.pairs = peak_look.pairs  # (streamed_oom's)
@@ -90,7 +90,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     def second_look() -> _Both:
         engine.between()  # (again, should the pass start over)
         return _Both(SecondLook(first=first, peak_look=peak_look, focus_target=0.05 * first.moved,
-                                cut_rows=_cut_rows(first, end_ns), pools=more["pool_uses"]),
+                                pools=more["pool_uses"]),
                      also[1], engine, again=True)
 
     second = flow.replay(second_look).main
@@ -112,7 +112,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     blocks = described.frame(pd.concat(first.big_blocks, ignore_index=True) if first.big_blocks else no_rows())
     preallocations = find_preallocations(blocks, described.ranges, gpu_of, total_memory, label)
     oom = OutOfMemory(failures=[], failed_count=0, probes=[], allocator_ooms=[], cache_flushes=[],
-                      cut_short=_cut_short(first, second, end_ns))
+                      cut_short=answered["cut_short"].judged({}, end_ns))
     caps = memory_caps(groups, total_memory, [])
     verdict_notes = _oom_diagnostics(oom, label) + _reserved_diagnostics([], preallocations)
     peaks = [with_note(p, preallocations, lambda s=s: _module_load_note(s, described.own_api(s)))
@@ -229,31 +229,6 @@ def _allocations(rows: pd.DataFrame, kinds: list[str], free_ts: dict) -> list[Al
             in rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False)]
 
 
-def _cut_rows(first: FirstLook, end_ns: int) -> dict:
-    c = first.cut
-    return {pid: int(int(c["events"][code]) * (1 - CLIMBING_TAIL)) for pid, code in c.index.items()
-            if end_ns - int(c["last_ts"][code]) <= NEAR_END_NS}
-
-
-def _cut_short(first: FirstLook, second: SecondLook, end_ns: int, open_by_pid: Optional[dict] = None) -> list[CutShort]:
-    """oom._cut_short: processes whose NVTX ranges never closed (`open_by_pid`, pid -> their names:
-    none read by --quick) or whose live bytes were still climbing at the end."""
-    c, found, open_by_pid = first.cut, [], open_by_pid or {}
-    for pid in sorted(set(c.index) | set(open_by_pid)):
-        opened = open_by_pid.get(pid, [])
-        climbing, last, end_live = False, 0, 0
-        if pid in c.index:
-            code = c.index[pid]
-            last = int(c["last_ts"][code])
-            if opened or end_ns - last <= NEAR_END_NS:
-                end_live = int(c["live"][code])
-            climbing = bool(pid in second.cut_rows and int(c["events"][code]) >= 8 and end_live > 0
-                            and end_live >= int(c["highest"][code]) and end_live > second.cut_value.get(pid, end_live)
-                            and end_ns - last <= NEAR_END_NS)
-        if opened or climbing:
-            found.append(CutShort(pid=int(pid), last_event_ns=last, open_ranges=opened, climbing=climbing,
-                                  end_live_bytes=end_live))
-    return found
 
 
 def _peak(series: PeakSeries, second: SecondLook, kinds: list[str], total_memory, described) -> Peak:

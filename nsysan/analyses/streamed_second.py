@@ -16,7 +16,7 @@ import numpy as np
 
 from ..events.stream import EventBatch
 from .peak import LIVE_AT_PEAK, Peaks, PeakSeries
-from .streamed import RESIDENT, FirstLook
+from .streamed import FirstLook
 
 
 @dataclass
@@ -26,10 +26,6 @@ class SecondLook:
     first: FirstLook
     peak_look: Peaks  # its second look at a batch, before the sites' (which read the live sets it keeps)
     focus_target: float
-    cut_rows: dict  # pid -> the index of the row whose live bytes tell "climbing"
-    cut_live: dict = field(default_factory=dict)
-    cut_seen: dict = field(default_factory=dict)
-    cut_value: dict = field(default_factory=dict)
     moved: float = 0.0
     focus_ts: Optional[int] = None
     free_ts: dict = field(default_factory=dict)  # allocation seq -> its free's time, for listed ones
@@ -62,7 +58,6 @@ class SecondLook:
             hit = np.isin(b.partner_seq[frees], np.fromiter(self.wanted, "int64"))
             for alloc, ts in zip(b.partner_seq[frees[hit]].tolist(), b.ts[frees[hit]].tolist()):
                 self.free_ts[alloc] = ts
-        self._cut(b)
         if self.focus_ts is None:
             moving = np.flatnonzero(b.delta != 0)
             moved = np.cumsum(np.concatenate([[self.moved], np.abs(b.delta[moving]).astype("float64")]))[1:]
@@ -70,14 +65,3 @@ class SecondLook:
             if at < len(moving):
                 self.focus_ts = int(b.ts[moving[at]])
             self.moved = float(moved[-1]) if len(moved) else self.moved
-
-    def _cut(self, b: EventBatch) -> None:
-        rows = np.flatnonzero(np.isin(b.kind, RESIDENT))
-        for pid, wanted in self.cut_rows.items():  # a few processes
-            mine = rows[b.pid[rows] == pid]
-            seen = self.cut_seen.get(pid, 0)
-            live = self.cut_live.get(pid, 0) + np.cumsum(b.delta[mine])
-            if seen <= wanted < seen + len(mine):
-                self.cut_value[pid] = int(live[wanted - seen])
-            self.cut_seen[pid] = seen + len(mine)
-            self.cut_live[pid] = int(live[-1]) if len(mine) else self.cut_live.get(pid, 0)

@@ -19,8 +19,7 @@ from .allocator import AllocatorSums, find_preallocations, is_value
 from .caps import memory_caps
 from .diagnostics import xla_pids
 from .calls import failed_call_rows
-from .oom import FailureDevices, ReleaseBursts, find_out_of_memory, oom_calls
-from .timeline import Groups
+from .oom import CutShortSums, FailureDevices, ReleaseBursts, find_out_of_memory, oom_calls
 
 MIN_VMM_GRANULARITY = 2 << 20  # cuMemCreate sizes are multiples of the granularity, 2 MiB on every GPU seen
 
@@ -39,17 +38,16 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
                   groups: list[GroupSummary], gpu_of: Callable[[int, int], Optional[int]],
                   total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: Callable,
                   process_names: dict[int, str], label: Callable[[int], str], end_ns: int,
-                  duration_ns: Optional[int], grouped: Groups, quick: bool = False,
+                  duration_ns: Optional[int], quick: bool = False,
                   pools: Optional[list[PoolUse]] = None) -> Verdicts:
     """`quick`: the events have no API names or threads (analyze --quick), which telling an
-    allocator's segments from library workspaces needs: no allocator verdicts then. `grouped`:
-    the events' (process, device, kind) groups (timeline.group_events)."""
+    allocator's segments from library workspaces needs: no allocator verdicts then."""
     preallocations = find_preallocations(events, ranges, gpu_of, total_memory, label)
     looked = _looked(events, calls, peaks, gpu_of, preallocations, quick)
     allocators, releases = _allocators(looked, ranges, peaks, gpu_of, process_names, preallocations, label) \
         if not quick else ([], [])
     oom = find_out_of_memory(events, calls, ranges, gpu_of, total_memory, to_allocations, releases,
-                             looked["failure_devices"], end_ns, duration_ns, grouped)
+                             looked["failure_devices"], end_ns, duration_ns, looked["cut_short"])
     found_caps = verdict_caps(preallocations, oom)
     diagnostics = (_oom_diagnostics(oom, label) + _reserved_diagnostics(allocators, preallocations)
                    + _vmm_without_access(calls, looked["access_maps"], label))
@@ -64,14 +62,14 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
 
 def _looked(events: pd.DataFrame, calls: pd.DataFrame, peaks: list[Peak],
             gpu_of: Callable[[int, int], Optional[int]], preallocations: list[Preallocation], quick: bool) -> dict:
-    """The verdicts' reducers over the whole frame as one batch, its peaks known before (one look):
-    the devices of the failed calls, the maps given access, and (unless `quick`: no API names nor
-    threads) the allocators and their bursts of frees."""
+    """The verdicts' reducers over the whole frame as one batch, its peaks known before: the devices
+    of the failed calls, the maps given access, what tells a process cut short, and (unless `quick`:
+    no API names nor threads) the allocators and their bursts of frees."""
     more = {"api_names": list(events["api"].cat.categories), "oom_calls": oom_calls(failed_call_rows(calls)),
             "allocator_blocks": {int(pair_key(np.array([p.pid]), np.array([p.device]))[0]): (p.time_ns, p.bytes)
                                  for p in preallocations},
             "allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]}
-    reducers = [FailureDevices(), AccessMaps()] + ([] if quick else [AllocatorSums(), ReleaseBursts()])
+    reducers = [FailureDevices(), AccessMaps(), CutShortSums()] + ([] if quick else [AllocatorSums(), ReleaseBursts()])
     return Engine(reducers, Facts(list(events["kind"].cat.categories), gpu_of, more)).run([frame_batch(events)], {})
 
 
