@@ -127,7 +127,7 @@ def _load_quick(conn: sqlite3.Connection, schema: Schema, progress: Progress) ->
     diagnostics: list[Diagnostic] = []
     progress("reading memory events", 0.0)
     # correlationId too: no API call is joined, but it tells two real events at the same time,
-    # address and size from a row written twice (see _without_copies)
+    # address and size from a row written twice (see normalize.copies)
     raw = read_memory_events(conn, schema)
     progress("matching allocations and frees", 0.5)  # no release_memory() yet: see _load
     pools = pool_usage(raw, schema)
