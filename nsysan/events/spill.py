@@ -11,7 +11,12 @@ import weakref
 from typing import IO, Callable, Generic, Iterator, Optional, TypeVar
 
 import numpy as np
-import pyarrow as pa
+
+try:  # optional at import time, as in sources/reader.py: without a working pyarrow nothing is
+    # spilled, and a later pass reads its table again
+    import pyarrow as pa
+except Exception:  # pragma: no cover - depends on the environment
+    pa = None
 
 
 T = TypeVar("T")
@@ -75,7 +80,8 @@ class ColumnSpill:
         return len(self.written)
 
     def add(self, groups: dict[str, dict[str, np.ndarray]]) -> None:
-        if not self.complete:
+        if not self.complete or pa is None:
+            self.complete = False
             return
         try:
             if self.file is None:
@@ -115,7 +121,7 @@ def _write_columns(file: IO[bytes], columns: dict) -> tuple[int, int, dict]:
     return start, file.tell() - start, {name: values.dtype for name, values in columns.items()}
 
 
-def _read_columns(source: pa.MemoryMappedFile, start: int, size: int, dtypes: dict) -> dict:
+def _read_columns(source: "pa.MemoryMappedFile", start: int, size: int, dtypes: dict) -> dict:
     source.seek(start)
     record = pa.ipc.open_stream(source.read_buffer(size)).read_next_batch()
     return {name: record.column(i).to_numpy(zero_copy_only=True).view(dtype) for i, (name, dtype) in
