@@ -338,6 +338,7 @@ SLOW_TESTS = frozenset({
     "test_streamed_verdicts.py::test_streamed_spike_within_a_range_names_its_calls_and_sites",
     "test_streamed_windows.py::test_range_windows_read_the_most_live_while_open",
     "test_engine.py::test_step_tables_of_two_ranks_in_3_row_batches",  # 1,516 batches
+    "test_stream_spill.py::test_a_full_disk_reads_the_tables_again_and_the_document_is_the_same",  # 3 s
 })
 
 

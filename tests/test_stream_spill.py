@@ -30,17 +30,17 @@ def same(a, b) -> bool:
     return a.dtype == b.dtype and np.array_equal(a, b)
 
 
-# known_mem_v25: an async pool (pool rows in batches); ddp_leak_v25: two ranks with API calls
-@pytest.mark.parametrize("name", ["known_mem_v25", "ddp_leak_v25"])
-def test_the_second_look_reads_back_the_first_passs_batches_from_the_spill_file(name, monkeypatch, tmp_path):
-    monkeypatch.setattr(stream, "CHUNK_ROWIDS", 8)  # every batch past the first 8 events is written
-    monkeypatch.setattr(stream_calls, "CALL_CHUNK_ROWIDS", 8)
+# known_mem_v25: an async pool (pool rows in batches), 52 events; ddp_leak_v25: two ranks with API calls
+@pytest.mark.parametrize("name, chunk", [("known_mem_v25", 8), ("ddp_leak_v25", 64)])
+def test_the_second_look_reads_back_the_first_passs_batches_from_the_spill_file(name, chunk, monkeypatch, tmp_path):
+    monkeypatch.setattr(stream, "CHUNK_ROWIDS", chunk)  # every batch past the first `chunk` events is written
+    monkeypatch.setattr(stream_calls, "CALL_CHUNK_ROWIDS", chunk)
     monkeypatch.setattr(spill.tempfile, "tempdir", str(tmp_path))
     conn = open_readonly(FIXTURES / f"{name}.sqlite")
     try:
         schema = probe(conn)
         calls = MemoryCalls(conn, schema)
-        calls.scan()  # its chunks of calls, past 8, kept in a file of their own, which the window reads
+        calls.scan()  # its chunks of calls, past a chunk's worth, kept in a file of their own, which the window reads
         assert len(list(tmp_path.iterdir())) == 1
         flow = EventFlow(conn, schema, call_window=CallWindow(calls))
         first = flow.feed(Kept, keep=True).batches
@@ -63,3 +63,30 @@ def test_the_second_look_reads_back_the_first_passs_batches_from_the_spill_file(
                 assert same(a, b), f.name
     assert any(len(b.pools["ts_ns"]) for b in second) == (name == "known_mem_v25")
     assert all(len(b.calls["tid"]) == len(b) for b in second) and any((b.calls["tid"] >= 0).any() for b in second)
+
+
+def test_a_full_disk_reads_the_tables_again_and_the_document_is_the_same(monkeypatch):
+    """With no file writable, the streamed full analysis reads the API table again for the window
+    and the memory table again for the second look: the same document as the whole frame's."""
+    from nsysan.pipeline import stages as pipeline
+    from nsysan.render.json import render_json
+
+    path = FIXTURES / "ddp_leak_v25.sqlite"
+    whole = render_json(pipeline.analyze_report(path, keep_events=False))
+    monkeypatch.setattr(stream, "CHUNK_ROWIDS", 64)
+    monkeypatch.setattr(stream_calls, "CALL_CHUNK_ROWIDS", 64)
+    tried = []
+
+    def disk_full(*args, **kwargs):
+        tried.append(args)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(spill, "_write_columns", disk_full)
+    read = []
+    real_read = stream_calls.MemoryCalls.read
+    monkeypatch.setattr(stream_calls.MemoryCalls, "read", lambda self, *a: read.append(self._kept) or real_read(self, *a))
+    assert render_json(pipeline.analyze_report(path, keep_events=False, max_memory=0)) == whole
+    # both spills tried, and failed: the calls' (a chunk's calls) and the batches' (a batch's own arrays)
+    assert {"return_value" in columns or "seq" in columns for _, columns in tried} == {True} and \
+        any("return_value" in columns for _, columns in tried) and any("seq" in columns for _, columns in tried)
+    assert read and all(kept is None for kept in read)  # every read of the calls from the table
