@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ..events.nvtx import attribute_ranges, thread_key
-from ..events.read import last_cuda_calls, read_calls, read_thread_names
+from ..events.read import last_cuda_calls, read_thread_names
 from ..events.read_nvtx import read_nvtx_ranges
 from ..events.read_launches import read_launches
 from ..events import stream
@@ -96,7 +96,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
 
     def second(look) -> Each:
         found = looks["first"]
-        looks["second"] = SiteSums(conn, schema, found.wanted_chains(), lambda: read_calls(conn, schema),
+        looks["second"] = SiteSums(conn, schema, found.wanted_chains(), calls.spans,
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
                                    listed=_listed(look.first), look=look,
                                    times=(look.first.first_ts, look.first.last_ts))

@@ -175,7 +175,7 @@ class MemoryCalls:
         n = len(raw)
         if n == 0:
             return {c: np.zeros(0, "int64") for c in (*_REAL, "return_value")}, \
-                {c: np.zeros(0, "int64") for c in (*_CHAIN, "ts")}
+                {c: np.zeros(0, "int64") for c in (*_CHAIN, "ts", "tid")}
         columns = _call_columns(raw, self.schema, self._stacks)
         position = raw["position"].to_numpy().astype("int64")
         if self._stacks:
@@ -188,8 +188,27 @@ class MemoryCalls:
                   "correlation": columns.get("chain_correlation_id", np.zeros(0, "int64")),
                   "chain": columns.get("chain_callchain_id", np.zeros(0, "int64")),
                   "end": columns.get("chain_end_ns", np.zeros(0, "int64")),
-                  "ts": columns.get("chain_ts_ns", np.zeros(0, "int64"))}
+                  "ts": columns.get("chain_ts_ns", np.zeros(0, "int64")),
+                  "tid": columns.get("chain_tid", np.zeros(0, "int32")).astype("int64")}
         return real, chains
+
+    def spans(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """What read.read_calls gives stacks.python_stack_table (ts_ns, end_ns, pid, tid and
+        correlation_id of the calls, and of the call-stack rows per (pid, correlation id)), from
+        the chunks the scan kept, in the same order: the API table is not read again whole."""
+        parts = list(self.read())
+        if not parts:
+            columns = ("ts_ns", "end_ns", "pid", "tid", "correlation_id")
+            return tuple(pd.DataFrame({c: np.zeros(0, "int64") for c in columns}) for _ in range(2))
+
+        def frame(part: int) -> pd.DataFrame:
+            rows = {c: np.concatenate([p[part][c] for p in parts]) for c in ("ts", "end", "pid", "tid", "correlation")}
+            return pd.DataFrame({"ts_ns": rows["ts"], "end_ns": rows["end"], "pid": rows["pid"], "tid": rows["tid"],
+                                 "correlation_id": rows["correlation"]})
+
+        chains = frame(2).groupby(["pid", "correlation_id"], as_index=False).agg(
+            tid=("tid", "first"), ts_ns=("ts_ns", "min"), end_ns=("end_ns", "max"))  # as read_calls groups them
+        return frame(1), chains
 
 
 class CallWindow:
