@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..events import LoadedEvents
+from ..events.stream import EventBatch
 from ..engine import Engine, Facts, frame_batch, frame_labels, frame_live
 from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Source
 from ..sources.schema import Schema
@@ -86,20 +87,24 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     # summed (1.3 s -> 1.0 s at 1e7 events); then the API calls' and sites' tables, which
     # need no other result, while this core finds the steps and verdicts (at 1e7 events this
     # thread's share of the analyses fell from 4.6 s to 2.3 s of CPU; docs/performance.md).
+    # The whole frame as one batch of the engine's (numpy views, and the few columns made of
+    # them: 0.3-0.7 s at 1e7 events), made once for every engine run below: each run gets the
+    # same columns with per-batch work of its own (`shared`), and the same live set.
+    whole, live = frame_batch(events), frame_live(events)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        peaks_later = pool.submit(_peaks, events, Facts(kinds, gpu_of, {"pool_uses": pool_uses}),
+        peaks_later = pool.submit(_peaks, whole, live, events, Facts(kinds, gpu_of, {"pool_uses": pool_uses}),
                                   lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations, groups_of)
         grouped = group_events(events)
         # the whole frame as one batch of the engine's (numpy views), grouped once for its reducers
-        batch, facts = frame_batch(events, frame_groups(grouped, kinds)), Facts(kinds, gpu_of)
+        batch, facts = _sharing(whole, frame_groups(grouped, kinds)), Facts(kinds, gpu_of)
         timeline_later = pool.submit(build_timeline, batch, facts, events, ranges, start_ns, end_ns)
         api_call_work = partial(api_call_stats, calls)
         site_facts = dataclasses.replace(facts, more={"labels": partial(frame_labels, events),
                                                       "site_table": lambda: site_table})
-        site_work = partial(_one_run, SiteRanks(), site_facts, events) if not loaded.quick else partial(list)
+        site_work = partial(_one_run, SiteRanks(), site_facts, whole, live) if not loaded.quick else partial(list)
         api_calls_later, sites_later = (pool.submit(work) for work in (api_call_work, site_work))
         answered = Engine([GroupSums(), NeverFreed(), LargestAllocations()], facts).run([batch],
-                                                                                  frame_live(events))
+                                                                                  dict(live))
         del batch  # its groups' running sums go with the timeline's (below), its partners now
         groups = answered["groups"]
         leaked = answered.pop("never_freed")["seq"].to_numpy()  # event rows, largest first
@@ -109,7 +114,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         threads = loaded.memory_threads if loaded.memory_threads is not None else memory_threads(calls)
         counted = None if schema.memory_usage_collected else alloc_calls(calls, ranges)  # no sizes: the calls
         windows, spikes, lifetimes, (range_table, range_families) = _steps(
-            loaded, grouped, threads, facts, end_ns, spike_window_ns, step_range, counted)
+            loaded, whole, live, grouped, threads, facts, end_ns, spike_window_ns, step_range, counted)
         timeline = timeline_later.result()
         grouped = grouped.without_live()  # the running sums are read by nothing after the steps and timeline
         peaks = peaks_later.result()
@@ -119,7 +124,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         verdicts = find_verdicts(events, calls, ranges, peaks, groups, gpu_of,
                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
-                                 schema.duration_ns, quick=loaded.quick, pools=pools)
+                                 schema.duration_ns, quick=loaded.quick, pools=pools, batch=_sharing(whole))
+        del whole  # its made columns (seq, partner_seq: 160 MB at 1e7 events), read by nothing after
         # Whichever core is free takes what is left of the second core's queue, the last queued first.
         del grouped  # the order of 1e7 events into groups, 80 MB
         timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns, loaded.operator_ranges,
@@ -178,21 +184,29 @@ def _here_unless_started(later: Future, work: Callable[[], T]) -> T:
     return work() if later.cancel() else later.result()
 
 
-def _one_run(reducer, facts: Facts, events: pd.DataFrame):
-    """What `reducer` answers of the whole frame as one batch of its own (made by whichever core runs it)."""
-    return Engine([reducer], facts).run([frame_batch(events)], frame_live(events))[reducer.field]
+def _sharing(whole: EventBatch, shared: Optional[dict] = None) -> EventBatch:
+    """The whole frame's batch `whole` (frame_batch), its columns shared, its per-batch work
+    (`shared`, made by the reducers as they need it) its own: one per engine run, as the runs on
+    the two cores would otherwise add to one dict at once."""
+    return dataclasses.replace(whole, shared=dict(shared or {}))
 
 
-def _peaks(events: pd.DataFrame, facts: Facts, total_memory, allocations, groups_of) -> list:
-    """The peaks (Peaks) over the whole frame as one batch, described by its rows."""
-    series = Engine([Peaks()], facts).run([frame_batch(events)], frame_live(events))["peaks"]
+def _one_run(reducer, facts: Facts, whole: EventBatch, live: dict):
+    """What `reducer` answers of the whole frame's batch `whole` (frame_live's `live`)."""
+    return Engine([reducer], facts).run([_sharing(whole)], dict(live))[reducer.field]
+
+
+def _peaks(whole: EventBatch, live: dict, events: pd.DataFrame, facts: Facts, total_memory, allocations,
+           groups_of) -> list:
+    """The peaks (Peaks) over the whole frame's batch `whole`, described by its rows."""
+    series = Engine([Peaks()], facts).run([_sharing(whole)], dict(live))["peaks"]
     return peaks_of(series, events, total_memory, allocations, groups_of)
 
 
-def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, facts: Facts, end_ns: int,
+def _steps(loaded: "LoadedEvents", whole: EventBatch, live: dict, grouped: Groups, threads: np.ndarray, facts: Facts, end_ns: int,
            spike_window_ns: int, step_range: Optional[str], alloc_calls: Optional[dict]) -> tuple:
     """The reducers that need the steps found before the events or the NVTX ranges, over the whole
-    frame as one batch again, grouped as before: the steps' and phases' windows (StepWindows), the
+    frame's batch `whole` again (frame_live's `live`), grouped as before: the steps' and phases' windows (StepWindows), the
     spikes, the allocations' lifetimes across the phases (byte_classes) and the NVTX ranges table
     with its families; `threads`: memory_threads() of the calls, `alloc_calls`: ranges.alloc_calls
     when sizes were not collected."""
@@ -204,7 +218,7 @@ def _steps(loaded: "LoadedEvents", grouped: Groups, threads: np.ndarray, facts: 
             "end_ns": end_ns, "labels": partial(frame_labels, loaded.events), "range_alloc_calls": alloc_calls}
     answered = Engine([StepWindows(), ByteClassSums(), Spikes(), RangeSums()],
                       dataclasses.replace(facts, more=more)).run(
-        [frame_batch(loaded.events, frame_groups(grouped, facts.kinds))], frame_live(loaded.events))
+        [_sharing(whole, frame_groups(grouped, facts.kinds))], dict(live))
     return answered["steps"], answered["spikes"], answered["byte_classes"], answered["ranges"]
 
 

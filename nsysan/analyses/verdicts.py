@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..engine import Engine, Facts, Reducer, frame_batch
 from ..events.arrays import pair_key
+from ..events.stream import EventBatch
 from ..model import GPU_RESIDENT_KINDS, AllocatorUse, CacheRelease, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, \
     PoolUse, Preallocation, ReservedMemory
 from ..base.units import fmt_bytes, fmt_duration, fmt_time
@@ -39,11 +40,13 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
                   total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: Callable,
                   process_names: dict[int, str], label: Callable[[int], str], end_ns: int,
                   duration_ns: Optional[int], quick: bool = False,
-                  pools: Optional[list[PoolUse]] = None) -> Verdicts:
+                  pools: Optional[list[PoolUse]] = None, batch: Optional[EventBatch] = None) -> Verdicts:
     """`quick`: the events have no API names or threads (analyze --quick), which telling an
-    allocator's segments from library workspaces needs: no allocator verdicts then."""
+    allocator's segments from library workspaces needs: no allocator verdicts then; `batch`: the
+    events as one batch (engine.frame_batch), when made already."""
     preallocations = find_preallocations(events, ranges, gpu_of, total_memory, label)
-    looked = _looked(events, calls, peaks, gpu_of, preallocations, quick)
+    looked = _looked(events, calls, peaks, gpu_of, preallocations, quick,
+                     batch if batch is not None else frame_batch(events))
     allocators, releases = _allocators(looked, ranges, peaks, gpu_of, process_names, preallocations, label) \
         if not quick else ([], [])
     oom = find_out_of_memory(events, calls, ranges, gpu_of, total_memory, to_allocations, releases,
@@ -61,7 +64,8 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
 
 
 def _looked(events: pd.DataFrame, calls: pd.DataFrame, peaks: list[Peak],
-            gpu_of: Callable[[int, int], Optional[int]], preallocations: list[Preallocation], quick: bool) -> dict:
+            gpu_of: Callable[[int, int], Optional[int]], preallocations: list[Preallocation], quick: bool,
+            batch: EventBatch) -> dict:
     """The verdicts' reducers over the whole frame as one batch, its peaks known before: the devices
     of the failed calls, the maps given access, what tells a process cut short, and (unless `quick`:
     no API names nor threads) the allocators and their bursts of frees."""
@@ -70,7 +74,7 @@ def _looked(events: pd.DataFrame, calls: pd.DataFrame, peaks: list[Peak],
                                  for p in preallocations},
             "allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]}
     reducers = [FailureDevices(), AccessMaps(), CutShortSums()] + ([] if quick else [AllocatorSums(), ReleaseBursts()])
-    return Engine(reducers, Facts(list(events["kind"].cat.categories), gpu_of, more)).run([frame_batch(events)], {})
+    return Engine(reducers, Facts(list(events["kind"].cat.categories), gpu_of, more)).run([batch], {})
 
 
 def _allocators(looked: dict, ranges: pd.DataFrame, peaks: list[Peak], gpu_of: Callable[[int, int], Optional[int]],
