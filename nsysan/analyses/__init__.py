@@ -28,7 +28,7 @@ from .explore import allocation_groups, early_trace_ends, focus_window, LargestA
 from .diagnostics import capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
 from .groups import GroupSums, frame_groups
-from .peak import Peaks, headline, peaks_of
+from .peak import Peaks, headline, peak_of
 from .pools import PoolUses
 from .ranks import assign_ranks
 from .ranges import RangeSums, alloc_calls
@@ -93,7 +93,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     whole, live = frame_batch(events), frame_live(events)
     with ThreadPoolExecutor(max_workers=1) as pool:
         peaks_later = pool.submit(_peaks, whole, live, events, Facts(kinds, gpu_of, {"pool_uses": pool_uses}),
-                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations, groups_of)
+                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations, site_table)
         grouped = group_events(events)
         # the whole frame as one batch of the engine's (numpy views), grouped once for its reducers
         batch, facts = _sharing(whole, frame_groups(grouped, kinds)), Facts(kinds, gpu_of)
@@ -197,10 +197,16 @@ def _one_run(reducer, facts: Facts, whole: EventBatch, live: dict):
 
 
 def _peaks(whole: EventBatch, live: dict, events: pd.DataFrame, facts: Facts, total_memory, allocations,
-           groups_of) -> list:
+           site_table: dict) -> list:
     """The peaks (Peaks) over the whole frame's batch `whole`, described by its rows."""
-    series = Engine([Peaks()], facts).run([_sharing(whole)], dict(live))["peaks"]
-    return peaks_of(series, events, total_memory, allocations, groups_of)
+    peaks = []
+    for s in Engine([Peaks()], facts).run([_sharing(whole)], dict(live))["peaks"]:
+        if s.best_seq >= 0:  # the live set's seqs are the frame's rows
+            rows = s.live_set["seq"].to_numpy() if len(s.live_set) else np.zeros(0, "int64")
+            event = str(events["api"].iat[s.best_seq]), str(events["nvtx_range"].iat[s.best_seq])
+            peaks.append(peak_of(s, events, rows, event, total_memory(s.gpu),
+                                 lambda at, rows=rows: allocations(events.iloc[rows[at]]), site_table))
+    return peaks
 
 
 def _steps(loaded: "LoadedEvents", whole: EventBatch, live: dict, grouped: Groups, threads: np.ndarray, facts: Facts, end_ns: int,

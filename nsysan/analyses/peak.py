@@ -14,6 +14,8 @@ from ..events.arrays import LOW, category_codes, pair_key
 from ..events.stream import EventBatch
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
 from .pools import reached_before
+from .explore import allocation_groups
+from .streamed import _rows
 from .stacks import stack_bytes
 
 LIVE_AT_PEAK = 20  # allocations listed per peak (largest first); live_count has them all
@@ -170,7 +172,7 @@ class Peaks(Reducer):
         allocs = allocs[np.isin(b.kind[allocs], self.resident)
                         & np.isin(pair_key(b.pid[allocs], b.device[allocs]), members)]
         frame = pd.concat([pd.DataFrame(b.live_before)] + self.closed +
-                          ([pd.DataFrame(b.closed)] if len(b.closed.get("seq", [])) else []) + [live_rows(b, allocs)],
+                          ([pd.DataFrame(b.closed)] if len(b.closed.get("seq", [])) else []) + [_rows(b, allocs)],
                           ignore_index=True)
         freed = b.partner_seq[:upto]
         # this batch's closed allocations (never to be freed: another allocation took their
@@ -179,12 +181,6 @@ class Peaks(Reducer):
             & np.isin(frame["kind"].to_numpy(), self.resident) \
             & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members)
         return frame[keep].drop_duplicates("seq").sort_values("seq", ignore_index=True)
-
-
-def live_rows(b: EventBatch, rows: np.ndarray) -> pd.DataFrame:
-    """Rows of batch `b` as the live sets list them (LIVE_COLUMNS but the pool flag)."""
-    return pd.DataFrame({"seq": b.seq[rows], "ts": b.ts[rows], "pid": b.pid[rows], "device": b.device[rows],
-                         "kind": b.kind[rows], "address": b.address[rows], "bytes": b.bytes[rows]})
 
 
 def _key(pids: list, devices: list) -> np.ndarray:
@@ -210,23 +206,17 @@ def _reached(at: int, attached: list, increment: int, ts: int) -> int:
     return int(reached) if reached >= 0 else ts
 
 
-def peaks_of(series: list[PeakSeries], events: pd.DataFrame, total_memory: Callable[[Optional[int]], Optional[int]],
-             to_allocations: ToAllocations, to_groups: Optional[ToGroups] = None) -> list[Peak]:
-    """The peaks of the whole frame (`events`, whose rows are the series' seqs) from Peaks' series."""
-    peaks = []
-    for s in series:
-        if s.best_seq < 0:
-            continue
-        live_now = s.live_set["seq"].to_numpy() if len(s.live_set) else np.zeros(0, "int64")
-        largest = live_now[np.argsort(-events["bytes"].to_numpy()[live_now], kind="stable")[:LIVE_AT_PEAK]]
-        peaks.append(Peak(made_of=made_of(events, live_now), pid=s.pid, device=s.device, gpu=s.gpu,
-                          peak_bytes=s.best, peak_time_ns=s.reached_ts, nvtx_range=str(events["nvtx_range"].iat[s.best_seq]),
-                          api=str(events["api"].iat[s.best_seq]), total_memory_bytes=total_memory(s.gpu),
-                          live_count=int(len(live_now)), live_at_peak=to_allocations(events.iloc[largest]),
-                          pool_reserve_bytes=s.best_reserve,
-                          live_groups=to_groups(live_now) if to_groups else [],
-                          live_stacks=stack_bytes(events, live_now)))
-    return peaks
+def peak_of(s: PeakSeries, frame: pd.DataFrame, rows: np.ndarray, event: tuple[str, str], total: Optional[int],
+            listed: Callable[[np.ndarray], list[Allocation]], site_table: dict) -> Peak:
+    """The Peak of series `s` (one that reached its peak), its live set described by the `rows` of
+    `frame` (an events frame: the whole frame, or the streamed flow's rows of the live set), in
+    seq order; `event`: the API name and NVTX range of the event that reached it; `listed`: the
+    allocations of the live set's positions given, largest first."""
+    largest = np.argsort(-frame["bytes"].to_numpy()[rows], kind="stable")[:LIVE_AT_PEAK]
+    return Peak(made_of=made_of(frame, rows), pid=s.pid, device=s.device, gpu=s.gpu, peak_bytes=s.best,
+                peak_time_ns=s.reached_ts, nvtx_range=event[1], api=event[0], total_memory_bytes=total,
+                live_count=int(len(rows)), live_at_peak=listed(largest), pool_reserve_bytes=s.best_reserve,
+                live_groups=allocation_groups(frame, rows, site_table), live_stacks=stack_bytes(frame, rows))
 
 
 def made_of(events: pd.DataFrame, rows: np.ndarray, limit: int = MADE_OF) -> list[Holder]:

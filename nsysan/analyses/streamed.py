@@ -20,7 +20,6 @@ import pandas as pd
 from ..events.arrays import HIGH, LOW, pair_key, running_sums  # (pair_key: the sites' and OOM looks')
 from ..events.stream import EventBatch
 from ..model import GPU_RESIDENT_KINDS, KINDS
-from .peak import live_rows as _rows  # (the sites' and OOM looks' too)
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]
 STATIC = KINDS.index("static")
@@ -90,3 +89,9 @@ def no_rows() -> pd.DataFrame:
     """_rows of no row: the columns, empty."""
     return pd.DataFrame({c: np.zeros(0, "uint64" if c == "address" else "int64")
                          for c in ("seq", "ts", "pid", "device", "kind", "address", "bytes")})
+
+
+def _rows(b: EventBatch, rows: np.ndarray) -> pd.DataFrame:
+    """Rows of batch `b` as the live sets list them (LIVE_COLUMNS but the pool flag)."""
+    return pd.DataFrame({"seq": b.seq[rows], "ts": b.ts[rows], "pid": b.pid[rows], "device": b.device[rows],
+                         "kind": b.kind[rows], "address": b.address[rows], "bytes": b.bytes[rows]})

@@ -26,7 +26,7 @@ from .caps import memory_caps
 from .diagnostics import capture_diagnostics
 from .explore import allocation_groups, focus_from_movement
 from .oom import CutShortSums
-from .peak import LIVE_AT_PEAK, Peaks, PeakSeries, headline, made_of, pair_of as _pair  # (streamed_oom's)
+from .peak import Peaks, PeakSeries, headline, peak_of, pair_of as _pair  # (streamed_oom's)
 from .ranks import assign_ranks
 from .allocator import find_preallocations
 from .explore import LargestAllocations
@@ -233,17 +233,9 @@ def _allocations(rows: pd.DataFrame, kinds: list[str], free_ts: dict) -> list[Al
 
 def _peak(series: PeakSeries, second: SecondLook, kinds: list[str], total_memory, described) -> Peak:
     live = series.live_set
-    largest = live.sort_values("bytes", ascending=False, kind="stable").head(LIVE_AT_PEAK)
-    mini = described.frame(live, series)
-    api, nvtx = described.peak_event(series) or \
-        ("(module load)" if kinds[series.best_kind] == "static" else QUICK_API, "")
-    return Peak(made_of=made_of(mini, np.arange(len(mini))), pid=series.pid, device=series.device, gpu=series.gpu,
-                peak_bytes=series.best, peak_time_ns=series.reached_ts, nvtx_range=nvtx, api=api,
-                total_memory_bytes=total_memory(series.gpu), live_count=int(len(live)),
-                live_at_peak=described.allocations(largest, second.free_ts, series),
-                pool_reserve_bytes=series.best_reserve,
-                live_groups=allocation_groups(mini, np.arange(len(mini)), described.site_table),
-                live_stacks=stack_bytes(mini, np.arange(len(mini))))
+    event = described.peak_event(series) or ("(module load)" if kinds[series.best_kind] == "static" else QUICK_API, "")
+    return peak_of(series, described.frame(live, series), np.arange(len(live)), event, total_memory(series.gpu),
+                   lambda at: described.allocations(live.iloc[at], second.free_ts, series), described.site_table)
 
 
 def _module_load_note(series: PeakSeries, own_api: Optional[str] = None) -> str:
