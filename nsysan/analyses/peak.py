@@ -168,16 +168,23 @@ class Peaks(Reducer):
         """GPU-resident allocations of `members` live right after event `seq` of batch `b`: those
         live before the batch, closed or made in it up to `seq`, and not freed by then."""
         upto = int(np.searchsorted(b.seq, seq, side="right"))
-        allocs = np.flatnonzero(b.is_alloc[:upto])
+        freed = b.partner_seq[:upto]
+        freed = freed[freed >= 0]
+        # the batch's allocations freed by then left out by their place before any row is copied
+        # (the whole frame: a live set, not every allocation made before the peak)
+        at = np.searchsorted(b.seq[:upto], freed)
+        at = at[at < upto][b.seq[at[at < upto]] == freed[at < upto]]
+        gone = np.zeros(upto, bool)
+        gone[at] = True
+        allocs = np.flatnonzero(b.is_alloc[:upto] & ~gone)
         allocs = allocs[np.isin(b.kind[allocs], self.resident)
                         & np.isin(pair_key(b.pid[allocs], b.device[allocs]), members)]
         frame = pd.concat([pd.DataFrame(b.live_before)] + self.closed +
                           ([pd.DataFrame(b.closed)] if len(b.closed.get("seq", [])) else []) + [_rows(b, allocs)],
                           ignore_index=True)
-        freed = b.partner_seq[:upto]
         # this batch's closed allocations (never to be freed: another allocation took their
         # address) include those made after `seq`, which were not live at it
-        keep = (frame["seq"].to_numpy() <= seq) & ~np.isin(frame["seq"].to_numpy(), freed[freed >= 0]) \
+        keep = (frame["seq"].to_numpy() <= seq) & ~np.isin(frame["seq"].to_numpy(), freed) \
             & np.isin(frame["kind"].to_numpy(), self.resident) \
             & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members)
         return frame[keep].drop_duplicates("seq").sort_values("seq", ignore_index=True)
