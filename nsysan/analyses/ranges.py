@@ -19,6 +19,7 @@ from ..events.nvtx import MAX_NVTX_DEPTH, attribute_ranges, range_paths
 from ..model import GPU_RESIDENT_KINDS, RangeFamily, RangeStat
 from ..model.memory import range_family
 from .grouping import Segments
+from .groups import batch_groups
 from .windows import Windows
 
 MAX_RANGES = 200
@@ -104,16 +105,22 @@ class RangeSums(Reducer):
 
     def _resident(self, b) -> None:
         """Each process's GPU-resident live bytes after each of its events, into the windows of its
-        ranges (the value carried in at a range's start, or after an event inside)."""
-        rows = np.flatnonzero(np.isin(b.kind, self.resident))
-        if not len(rows):
-            return
-        pid, live = b.pid[rows], np.zeros(len(rows), "int64")
-        for p in pd.unique(pid).tolist():  # the few processes of the batch
-            mine = np.flatnonzero(pid == p)
-            live[mine] = self.live.get(p, 0) + np.cumsum(b.delta[rows[mine]])
-            self.live[p] = int(live[mine[-1]])
-        self.windows.add(pid.astype("int64"), b.ts[rows], live)
+        ranges (the value carried in at a range's start, or after an event inside): from the
+        batch's (process, device, kind) groups and their running sums, made once for every
+        reducer (groups.batch_groups; the whole frame's are the timeline's), not found again."""
+        found = batch_groups(b)
+        pids = found.keys >> 24
+        resident = np.flatnonzero(np.isin(found.keys & 0xFF, self.resident))
+        for p in pd.unique(pids[resident]).tolist():  # the few processes of the batch
+            parts = [found.members(g) for g in resident[pids[resident] == p].tolist()]
+            if len(parts) == 1:  # one device and kind: its running sums are the process's
+                rows, live = parts[0]
+            else:  # merged in event order, summed again
+                rows = np.sort(np.concatenate([rows for rows, _ in parts]))
+                live = np.cumsum(b.delta[rows])
+            live = live + self.live.get(p, 0)
+            self.live[p] = int(live[-1])
+            self.windows.add_series(p, b.ts[rows], live)
 
     def _moved(self, b) -> None:
         """Per name: allocations and bytes allocated inside (each allocation's ranges), bytes freed
@@ -121,16 +128,19 @@ class RangeSums(Reducer):
         allocs = b.is_alloc
         frees = ~allocs & (b.partner_seq >= 0)  # a free of an allocation seen
         sized = b.bytes.astype("int64", copy=False)
-        codes = {}
+        allocated, freed = np.where(allocs, sized, 0), np.where(frees, sized, 0)  # once for every column
+        codes = {"operator": np.zeros(int(allocs.sum()), "int64")}
         for column in NVTX_COLUMNS:
+            if column == "operator" and self.operators.empty:
+                continue  # no operator range: every event's is none, and no row is an operator's
             code = b.calls[column]
             groups = int(code.max()) + 1
             seg = Segments(code, groups)
             table = self._grow(column, groups)[:, :groups]
             table[0] += seg.count(allocs)
-            table[1] += seg.sum(np.where(allocs, sized, 0))
+            table[1] += seg.sum(allocated)
             if column != "nvtx_path":
-                table[2] += seg.sum(np.where(frees, sized, 0))
+                table[2] += seg.sum(freed)
                 codes[column] = code[allocs].astype("int64")
         # the allocations freed in this batch leave it unfreed no more, nor those of earlier ones
         partners = b.partner_seq[frees]
