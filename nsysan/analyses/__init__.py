@@ -28,7 +28,7 @@ from .explore import allocation_groups, early_trace_ends, focus_window, LargestA
 from .diagnostics import capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
 from .groups import GroupSums, frame_groups
-from .peak import Peaks, headline, peak_of
+from .peak import Peaks, headline, module_load_note, peak_of
 from .pools import PoolUses
 from .ranks import assign_ranks
 from .ranges import RangeSums, alloc_calls
@@ -117,14 +117,15 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
             loaded, whole, live, grouped, threads, facts, end_ns, spike_window_ns, step_range, counted)
         timeline = timeline_later.result()
         grouped = grouped.without_live()  # the running sums are read by nothing after the steps and timeline
-        peaks = peaks_later.result()
+        peaks, load_notes = peaks_later.result()
         capture = _with_ranks(capture_facts(schema, groups, threads, report_version,
                                             not ranges.empty or schema.has_nvtx_table), groups, schema)
         labels = {p.pid: p.label for p in capture.processes}
         verdicts = find_verdicts(events, calls, ranges, peaks, groups, gpu_of,
                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
-                                 schema.duration_ns, quick=loaded.quick, pools=pools, batch=_sharing(whole))
+                                 schema.duration_ns, quick=loaded.quick, pools=pools, batch=_sharing(whole),
+                                 load_notes=load_notes)
         del whole  # its made columns (seq, partner_seq: 160 MB at 1e7 events), read by nothing after
         # Whichever core is free takes what is left of the second core's queue, the last queued first.
         del grouped  # the order of 1e7 events into groups, 80 MB
@@ -198,15 +199,18 @@ def _one_run(reducer, facts: Facts, whole: EventBatch, live: dict):
 
 def _peaks(whole: EventBatch, live: dict, events: pd.DataFrame, facts: Facts, total_memory, allocations,
            site_table: dict) -> list:
-    """The peaks (Peaks) over the whole frame's batch `whole`, described by its rows."""
-    peaks = []
+    """The peaks (Peaks) over the whole frame's batch `whole`, described by its rows, and what a
+    module load that reached each stood on (peak.module_load_note)."""
+    peaks, notes = [], []
     for s in Engine([Peaks()], facts).run([_sharing(whole)], dict(live))["peaks"]:
         if s.best_seq >= 0:  # the live set's seqs are the frame's rows
             rows = s.live_set["seq"].to_numpy() if len(s.live_set) else np.zeros(0, "int64")
             event = str(events["api"].iat[s.best_seq]), str(events["nvtx_range"].iat[s.best_seq])
             peaks.append(peak_of(s, events, rows, event, total_memory(s.gpu),
                                  lambda at, rows=rows: allocations(events.iloc[rows[at]]), site_table))
-    return peaks
+            notes.append(partial(module_load_note, s, str(events["api"].iat[s.note_own_seq])
+                                 if s.note_own_seq >= 0 else None))
+    return peaks, notes
 
 
 def _steps(loaded: "LoadedEvents", whole: EventBatch, live: dict, grouped: Groups, threads: np.ndarray, facts: Facts, end_ns: int,

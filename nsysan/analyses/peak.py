@@ -9,7 +9,9 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
+from ..base.units import fmt_bytes, fmt_time
 from ..engine import Facts, Reducer
+from ..events.load import QUICK_API
 from ..events.arrays import LOW, category_codes, pair_key
 from ..events.stream import EventBatch
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
@@ -50,8 +52,10 @@ class PeakSeries:
     live_set: pd.DataFrame = field(default_factory=pd.DataFrame)
     # the last allocation not of module statics, and the statics' bytes since (peak notes)
     own_ts: Optional[int] = None
+    own_seq: int = -1
     statics_since: int = 0
     note_own_ts: Optional[int] = None
+    note_own_seq: int = -1
     note_statics: int = 0
 
 
@@ -152,14 +156,15 @@ class Peaks(Reducer):
                 peak.live_set = self._live_at(b, peak.best_seq, peak.members)
                 owns = np.flatnonzero(own[:at + 1])
                 if len(owns):
-                    peak.note_own_ts = int(b.ts[rows[owns[-1]]])
+                    peak.note_own_ts, peak.note_own_seq = int(b.ts[rows[owns[-1]]]), int(b.seq[rows[owns[-1]]])
                     peak.note_statics = int(b.delta[rows[owns[-1] + 1:at + 1]].sum())
                 else:
-                    peak.note_own_ts = peak.own_ts
+                    peak.note_own_ts, peak.note_own_seq = peak.own_ts, peak.own_seq
                     peak.note_statics = peak.statics_since + int(b.delta[rows[:at + 1]].sum())
             owns = np.flatnonzero(own)
             if len(owns):
-                peak.own_ts, peak.statics_since = int(b.ts[rows[owns[-1]]]), int(b.delta[rows[owns[-1] + 1:]].sum())
+                peak.own_ts, peak.own_seq = int(b.ts[rows[owns[-1]]]), int(b.seq[rows[owns[-1]]])
+                peak.statics_since = int(b.delta[rows[owns[-1] + 1:]].sum())
             else:
                 peak.statics_since += int(b.delta[rows].sum())
             peak.live, peak.reserve = int(live[-1] - reserve[-1]), int(reserve[-1])
@@ -224,6 +229,16 @@ def peak_of(s: PeakSeries, frame: pd.DataFrame, rows: np.ndarray, event: tuple[s
                 peak_time_ns=s.reached_ts, nvtx_range=event[1], api=event[0], total_memory_bytes=total,
                 live_count=int(len(rows)), live_at_peak=listed(largest), pool_reserve_bytes=s.best_reserve,
                 live_groups=allocation_groups(frame, rows, site_table), live_stacks=stack_bytes(frame, rows))
+
+
+def module_load_note(s: PeakSeries, own_api: Optional[str]) -> str:
+    """What a peak reached by a module load (a few bytes of kernel-image statics) stands on: the
+    statics counted since the series' last own allocation, and that allocation's API (`own_api`;
+    None: unknown to a quick analysis)."""
+    if s.note_own_ts is None:
+        return "reached by module statics (kernel-image globals loaded with the GPU code)"
+    return (f"a module load added {fmt_bytes(s.note_statics)} of kernel-image statics at that moment, on top "
+            f"of the level {own_api or QUICK_API} reached at {fmt_time(s.note_own_ts)}")
 
 
 def made_of(events: pd.DataFrame, rows: np.ndarray, limit: int = MADE_OF) -> list[Holder]:

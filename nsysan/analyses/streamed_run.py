@@ -18,7 +18,6 @@ from ..events.stream import EventFlow
 from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, OutOfMemory, Peak, ReservedMemory, \
     Source, Timeline
 from ..sources.schema import Schema
-from ..base.units import fmt_bytes, fmt_time
 from .answers import gather_answers
 from .bounds import cut_long_strings
 from .capture import capture_facts
@@ -26,7 +25,7 @@ from .caps import memory_caps
 from .diagnostics import capture_diagnostics
 from .explore import allocation_groups, focus_from_movement
 from .oom import CutShortSums
-from .peak import Peaks, PeakSeries, headline, peak_of, pair_of as _pair  # (streamed_oom's)
+from .peak import Peaks, PeakSeries, headline, module_load_note, peak_of, pair_of as _pair  # (streamed_oom's)
 from .ranks import assign_ranks
 from .allocator import find_preallocations
 from .explore import LargestAllocations
@@ -115,7 +114,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
                       cut_short=answered["cut_short"].judged({}, end_ns))
     caps = memory_caps(groups, total_memory, [])
     verdict_notes = _oom_diagnostics(oom, label) + _reserved_diagnostics([], preallocations)
-    peaks = [with_note(p, preallocations, lambda s=s: _module_load_note(s, described.own_api(s)))
+    peaks = [with_note(p, preallocations, lambda s=s: module_load_note(s, described.own_api(s)))
              for p, s in zip(peaks, [s for s in second.peaks if s.best_seq >= 0])]
     leaks = answered["never_freed"]
     never_freed = described.allocations(leaks.head(500), {})
@@ -236,15 +235,6 @@ def _peak(series: PeakSeries, second: SecondLook, kinds: list[str], total_memory
     event = described.peak_event(series) or ("(module load)" if kinds[series.best_kind] == "static" else QUICK_API, "")
     return peak_of(series, described.frame(live, series), np.arange(len(live)), event, total_memory(series.gpu),
                    lambda at: described.allocations(live.iloc[at], second.free_ts, series), described.site_table)
-
-
-def _module_load_note(series: PeakSeries, own_api: Optional[str] = None) -> str:
-    """verdicts._module_load_note from the statics counted since the series' last own allocation
-    (`own_api`: its API, unknown to a quick analysis)."""
-    if series.note_own_ts is None:
-        return "reached by module statics (kernel-image globals loaded with the GPU code)"
-    return (f"a module load added {fmt_bytes(series.note_statics)} of kernel-image statics at that moment, on top "
-            f"of the level {own_api or QUICK_API} reached at {fmt_time(series.note_own_ts)}")
 
 
 def _focus(first: FirstLook, second: SecondLook, bands: list = (), trace_ends: list = (),

@@ -141,7 +141,7 @@ class SiteSums:
     def _peaks(self, b, known: dict) -> None:
         """What the peaks that this batch raised hold: their live allocations' information (from
         the live ones and this batch's), the API and NVTX range of the event at the peak, and the
-        API of the series' last own allocation then (verdicts._module_load_note)."""
+        API of the series' last own allocation then (peak.module_load_note)."""
         api = self._api_codes(b)
         resident, pairs = np.isin(b.kind, RESIDENT), pair_key(b.pid, b.device)
         for peak in self.look.peaks:  # a few series, as peak.Peaks finds them

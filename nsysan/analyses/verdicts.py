@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -13,10 +13,10 @@ import pandas as pd
 from ..engine import Engine, Facts, Reducer, frame_batch
 from ..events.arrays import pair_key
 from ..events.stream import EventBatch
-from ..model import GPU_RESIDENT_KINDS, AllocatorUse, CacheRelease, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, \
+from ..model import AllocatorUse, CacheRelease, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, \
     PoolUse, Preallocation, ReservedMemory
 from ..base.units import fmt_bytes, fmt_duration, fmt_time
-from .allocator import AllocatorSums, find_preallocations, is_value
+from .allocator import AllocatorSums, find_preallocations
 from .caps import memory_caps
 from .diagnostics import xla_pids
 from .calls import failed_call_rows
@@ -40,10 +40,12 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
                   total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: Callable,
                   process_names: dict[int, str], label: Callable[[int], str], end_ns: int,
                   duration_ns: Optional[int], quick: bool = False,
-                  pools: Optional[list[PoolUse]] = None, batch: Optional[EventBatch] = None) -> Verdicts:
+                  pools: Optional[list[PoolUse]] = None, batch: Optional[EventBatch] = None, *,
+                  load_notes: Sequence[Callable[[], str]]) -> Verdicts:
     """`quick`: the events have no API names or threads (analyze --quick), which telling an
     allocator's segments from library workspaces needs: no allocator verdicts then; `batch`: the
-    events as one batch (engine.frame_batch), when made already."""
+    events as one batch (engine.frame_batch), when made already; `load_notes`: each peak's
+    peak.module_load_note, for a peak reached by a module load."""
     preallocations = find_preallocations(events, ranges, gpu_of, total_memory, label)
     looked = _looked(events, calls, peaks, gpu_of, preallocations, quick,
                      batch if batch is not None else frame_batch(events))
@@ -57,7 +59,7 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
     return Verdicts(oom=oom, reserved=ReservedMemory(allocators=allocators, preallocations=preallocations,
                                                      pools=pools or []),
                     caps=memory_caps(groups, total_memory, found_caps),
-                    peaks=_with_notes(peaks, events, preallocations), diagnostics=diagnostics,
+                    peaks=[with_note(p, preallocations, note) for p, note in zip(peaks, load_notes)], diagnostics=diagnostics,
                     # the live set at the failure beats a count; a recognized allocator beats a guess
                     replaces=({"allocation_failed"} if oom.failures else set())
                     | ({"caching_allocator"} if allocators or preallocations else set()))
@@ -103,14 +105,6 @@ def verdict_caps(preallocations: list[Preallocation], oom: OutOfMemory) -> list[
 
 # --- peaks that need a word --------------------------------------------------------------------
 
-def _with_notes(peaks: list[Peak], events: pd.DataFrame, preallocations: list[Preallocation]) -> list[Peak]:
-    """Peaks whose `api` alone would mislead, with a note: a module load that added a few statics
-    on top of a level reached earlier, and preallocated blocks."""
-    if events.empty:
-        return peaks
-    return [with_note(peak, preallocations, lambda: _module_load_note(peak, events)) for peak in peaks]
-
-
 def with_note(peak: Peak, preallocations: list[Preallocation], module_load_note: Callable[[], str]) -> Peak:
     """The peak with its note: the preallocated block under it, and `module_load_note()` when a
     module load reached it."""
@@ -126,23 +120,6 @@ def with_note(peak: Peak, preallocations: list[Preallocation], module_load_note:
     if peak.api == "(module load)" and peak.peak_time_ns > 0:
         parts.append(module_load_note())
     return dataclasses.replace(peak, note="; ".join(p for p in parts if p)) if parts else peak
-
-
-def _module_load_note(peak: Peak, events: pd.DataFrame) -> str:
-    resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
-    mine = resident & (events["device"].to_numpy() == peak.device)
-    if peak.pid is not None:
-        mine &= events["pid"].to_numpy() == peak.pid
-    rows = np.flatnonzero(mine)
-    seq = int(np.searchsorted(events["ts_ns"].to_numpy(), peak.peak_time_ns, side="right")) - 1
-    rows = rows[rows <= seq]
-    own = rows[~is_value(events["kind"], "static")[rows] & (events["delta_bytes"].to_numpy()[rows] > 0)]
-    if len(own) == 0:
-        return "reached by module statics (kernel-image globals loaded with the GPU code)"
-    last = int(own[-1])
-    statics = int(events["delta_bytes"].to_numpy()[rows[rows > last]].sum())
-    return (f"a module load added {fmt_bytes(statics)} of kernel-image statics at that moment, on top of the "
-            f"level {events['api'].iat[last]} reached at {fmt_time(int(events['ts_ns'].iat[last]))}")
 
 
 # --- diagnostics -------------------------------------------------------------------------------
