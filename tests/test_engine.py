@@ -429,6 +429,12 @@ def test_peaks_of_two_ranks_in_7_batches():
     live = set(gpu0[9])
     assert set(rank0[9]) < live and live - set(rank0[9]) <= statics
     assert gpu0[3] - rank0[3] == events["bytes"].to_numpy()[sorted(live - set(rank0[9]))].sum() > 0
+    # rank 0's peak and GPU 0's are reached by module loads: 324 B and 984 B of statics on top of
+    # the level rank 0's cudaMalloc reached at 13.629 s (peak.module_load_note)
+    assert (rank0[8], gpu0[8]) == (324, 984) and rank0[7] == gpu0[7] and round(rank0[7] / 1e6) == 13_629
+    assert [p.note for p in frame("ddp_leak_v25").peaks if p.device == 0] == [
+        f"a module load added {n} B of kernel-image statics at that moment, on top of the level cudaMalloc reached "
+        "at 13.629 s" for n in (324, 984)]
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
