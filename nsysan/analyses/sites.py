@@ -80,25 +80,29 @@ class SiteRanks(Reducer):
         local += b.kind[rows]
         order = group_order(local, (int(site[rows].max()) + 1) * len(pids) * kinds)
         ordered = local[order]
+        del local  # from here on every column is read in group order, a temporary at a time
         starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
         present = ordered[starts]
         site_code, rest = np.divmod(present, len(pids) * kinds)
         g = self.groups
         at = g.codes((site_code << 32) | (pids[rest // kinds].astype("int64") << 8) | (rest % kinds))
-        alloc, delta = b.is_alloc[rows], b.delta[rows]
-        paired = ~alloc & (b.partner_seq[rows] >= 0)
-        for column, values in (("allocations", alloc), ("allocated", np.where(alloc, b.bytes[rows], 0)),
-                               ("freed", paired), ("freed_bytes", np.where(paired, -delta, 0))):
-            g[column][at] += np.add.reduceat(values[order].astype("int64"), starts)
-        moves = delta[order].astype("int64")
+        alloc = b.is_alloc[rows][order]
+        pairs = pd.unique((ordered[alloc] << 20) | b.calls["api"][rows][order][alloc].astype("int64"))
+        del ordered
+        group = at[np.searchsorted(present, pairs >> 20)]
+        self.apis = pd.unique(np.concatenate([self.apis, (group << 20) | (pairs & 0xFFFFF)]))
+        paired = ~alloc & (b.partner_seq[rows][order] >= 0)
+        moves = b.delta[rows][order].astype("int64", copy=False)
+        g["allocations"][at] += np.add.reduceat(alloc, starts, dtype="int64")
+        g["allocated"][at] += np.add.reduceat(np.where(alloc, b.bytes[rows][order], 0), starts)
+        g["freed"][at] += np.add.reduceat(paired, starts, dtype="int64")
+        g["freed_bytes"][at] -= np.add.reduceat(np.where(paired, moves, 0), starts)
+        del alloc, paired
         running = np.cumsum(moves)  # the live bytes after each row, carried in from the batches before
         lengths = np.diff(np.append(starts, len(order)))
         running -= np.repeat(running[starts] - moves[starts] - g["live"][at], lengths)
         g["live"][at] = running[starts + lengths - 1]
         g["max_live"][at] = np.maximum(g["max_live"][at], np.maximum.reduceat(running, starts))
-        pairs = pd.unique((local[alloc] << 20) | b.calls["api"][rows][alloc].astype("int64"))
-        group = at[np.searchsorted(present, pairs >> 20)]
-        self.apis = pd.unique(np.concatenate([self.apis, (group << 20) | (pairs & 0xFFFFF)]))
 
     def finish(self, live: dict) -> list[Site]:
         keys = np.array(self.groups.keys(), "int64")
