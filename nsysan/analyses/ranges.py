@@ -129,19 +129,18 @@ class RangeSums(Reducer):
         frees = ~allocs & (b.partner_seq >= 0)  # a free of an allocation seen
         sized = b.bytes.astype("int64", copy=False)
         allocated, freed = np.where(allocs, sized, 0), np.where(frees, sized, 0)  # once for every column
-        codes = {"operator": np.zeros(int(allocs.sum()), "int64")}
-        for column in NVTX_COLUMNS:
-            if column == "operator" and self.operators.empty:
-                continue  # no operator range: every event's is none, and no row is an operator's
+        # float sums of integers are exact while every partial sum stays below 2^53 (8 PiB; the
+        # sizes' float sum, with room for its rounding): then one bincount per sum, else the exact
+        # segments (a counting sort of the codes, 0.45 s at 1e7 events)
+        exact_floats = float(np.abs(sized).sum(dtype="float64")) < 2.0 ** 52
+        columns = [c for c in NVTX_COLUMNS if c != "operator" or not self.operators.empty]  # else all none
+        for column in columns:
             code = b.calls[column]
             groups = int(code.max()) + 1
-            seg = Segments(code, groups)
             table = self._grow(column, groups)[:, :groups]
-            table[0] += seg.count(allocs)
-            table[1] += seg.sum(allocated)
-            if column != "nvtx_path":
-                table[2] += seg.sum(freed)
-                codes[column] = code[allocs].astype("int64")
+            sums = _code_sums(code, groups, allocs, allocated, freed if column != "nvtx_path" else None, exact_floats)
+            for i, summed in enumerate(sums):
+                table[i] += summed
         # the allocations freed in this batch leave it unfreed no more, nor those of earlier ones
         partners = b.partner_seq[frees]
         inside = partners[partners >= b.seq[0]]
@@ -149,9 +148,11 @@ class RangeSums(Reducer):
         # a batch numbers its rows one after another (the whole frame: 0..n-1), so a row is a difference
         freed_here[inside - b.seq[0] if b.seq[-1] - b.seq[0] == len(b) - 1 else np.searchsorted(b.seq, inside)] = True
         kept = ~np.isin(self.unfreed["seq"], partners[partners < b.seq[0]])
-        fresh = ~freed_here[allocs]
-        now = {"seq": b.seq[allocs], "bytes": sized[allocs], **codes}
-        self.unfreed = {c: np.concatenate([self.unfreed[c][kept], now[c][fresh]]) for c in self.unfreed}
+        fresh = np.flatnonzero(allocs & ~freed_here)  # not freed in this batch: a few at 1e7 events
+        now = {"seq": b.seq[fresh], "bytes": sized[fresh],
+               **{c: b.calls[c][fresh].astype("int64") if c in columns else np.zeros(len(fresh), "int64")
+                  for c in ("nvtx_range", "operator")}}
+        self.unfreed = {c: np.concatenate([self.unfreed[c][kept], now[c]]) for c in self.unfreed}
         closed = b.closed.get("seq", np.zeros(0, "int64"))
         if len(closed):  # never to be freed: still live at the end, for the whole frame
             gone = np.isin(self.unfreed["seq"], closed)
@@ -177,6 +178,21 @@ class RangeSums(Reducer):
         table = self.sums[column]
         names = list(getattr(labels, NVTX_COLUMNS[column]))[:table.shape[1]]
         return pd.DataFrame(table[:len(columns)].T.copy(), columns=list(columns), index=pd.Index(names, dtype=object))
+
+
+def _code_sums(code: np.ndarray, groups: int, allocs: np.ndarray, allocated: np.ndarray,
+               freed: Optional[np.ndarray], exact_floats: bool) -> list[np.ndarray]:
+    """Per code 0..groups-1 (rows of other codes count nowhere): the allocations, the bytes
+    `allocated` and (unless None) `freed`; `exact_floats`: every sum is below 2^53."""
+    if not exact_floats:
+        seg = Segments(code, groups)
+        return [seg.count(allocs), seg.sum(allocated)] + ([seg.sum(freed)] if freed is not None else [])
+    shifted = code.astype(np.intp) + 1  # a code below 0 (none) into bin 0, dropped
+    inside = shifted >= 0
+    if not inside.all():
+        shifted = np.where(inside, shifted, 0)
+    return [np.bincount(shifted, weights=values, minlength=groups + 1)[1:groups + 1].astype("int64")
+            for values in ((allocs, allocated) if freed is None else (allocs, allocated, freed))]
 
 
 def range_spans(ranges: pd.DataFrame, operators: pd.DataFrame, end_ns: int) -> pd.DataFrame:
