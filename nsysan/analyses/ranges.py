@@ -126,13 +126,14 @@ class RangeSums(Reducer):
         """Per name: allocations and bytes allocated inside (each allocation's ranges), bytes freed
         inside (each free's own); per path, the allocations and their bytes."""
         allocs = b.is_alloc
-        frees = ~allocs & (b.partner_seq >= 0)  # a free of an allocation seen
+        frees = b.partner_seq >= 0  # a free of an allocation seen (an allocation's is -1)
         sized = b.bytes.astype("int64", copy=False)
         allocated, freed = np.where(allocs, sized, 0), np.where(frees, sized, 0)  # once for every column
-        # float sums of integers are exact while every partial sum stays below 2^53 (8 PiB; the
-        # sizes' float sum, with room for its rounding): then one bincount per sum, else the exact
+        # float sums of integers are exact while every partial sum stays below 2^53 (8 PiB; sizes
+        # of no sign, their float sums with room for its rounding): then one bincount per sum, else the exact
         # segments (a counting sort of the codes, 0.45 s at 1e7 events)
-        exact_floats = float(np.abs(sized).sum(dtype="float64")) < 2.0 ** 52
+        exact_floats = (not len(sized) or int(sized.min()) >= 0) and \
+            float(allocated.sum(dtype="float64")) + float(freed.sum(dtype="float64")) < 2.0 ** 52
         columns = [c for c in NVTX_COLUMNS if c != "operator" or not self.operators.empty]  # else all none
         for column in columns:
             code = b.calls[column]
@@ -187,10 +188,10 @@ def _code_sums(code: np.ndarray, groups: int, allocs: np.ndarray, allocated: np.
     if not exact_floats:
         seg = Segments(code, groups)
         return [seg.count(allocs), seg.sum(allocated)] + ([seg.sum(freed)] if freed is not None else [])
-    shifted = code.astype(np.intp) + 1  # a code below 0 (none) into bin 0, dropped
-    inside = shifted >= 0
-    if not inside.all():
-        shifted = np.where(inside, shifted, 0)
+    shifted = code.astype(np.intp)
+    shifted += 1  # a code below 0 (none) into bin 0, dropped
+    if len(code) and int(code.min()) < -1:
+        shifted = np.maximum(shifted, 0)
     return [np.bincount(shifted, weights=values, minlength=groups + 1)[1:groups + 1].astype("int64")
             for values in ((allocs, allocated) if freed is None else (allocs, allocated, freed))]
 
