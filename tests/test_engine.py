@@ -61,6 +61,11 @@ def answer(analysis, reducer, bounds=(), more=None) -> object:
     return engine.run(pieces(frame_batch(events), sorted(set(bounds))), frame_live(events))[reducer.field]
 
 
+def cuts(n: int, rows: int = 3) -> tuple[range, range]:
+    """The bounds of k batches (about 7) and of `rows`-row batches over n events."""
+    return range(0, n, max(1, n // 7)), range(0, n, rows)
+
+
 def never_freed_seqs(analysis, bounds=()) -> list[int]:
     return answer(analysis, NeverFreed(), bounds)["seq"].tolist()
 
@@ -71,8 +76,8 @@ def test_group_sums_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
     n = len(analysis.events)
     whole = answer(analysis, GroupSums())
     assert whole == analysis.groups  # what the command line's document holds
-    assert answer(analysis, GroupSums(), range(0, n, max(1, n // 7))) == whole
-    assert answer(analysis, GroupSums(), range(0, n, 3)) == whole
+    for cut in cuts(n):
+        assert answer(analysis, GroupSums(), cut) == whole
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -84,8 +89,8 @@ def test_never_freed_is_the_same_on_one_batch_k_batches_and_3_row_batches(name):
     listed = [(a.pid, a.address, a.bytes, a.alloc_time_ns) for a in analysis.never_freed]
     events = analysis.events.iloc[whole[:len(listed)]]
     assert listed == list(zip(events["pid"], events["address"], events["bytes"], events["ts_ns"]))
-    assert never_freed_seqs(analysis, range(0, n, max(1, n // 7))) == whole
-    assert never_freed_seqs(analysis, range(0, n, 3)) == whole
+    for cut in cuts(n):
+        assert never_freed_seqs(analysis, cut) == whole
 
 
 def test_group_sums_and_never_freed_of_known_mem_are_the_truth():
@@ -111,7 +116,7 @@ def test_largest_allocations_are_the_same_on_one_batch_k_batches_and_3_row_batch
     listed = analysis.timeline.allocations  # what the document holds: largest first, then earliest
     assert count == analysis.timeline.allocations_total == int((analysis.events["op"] == "alloc").sum())
     assert list(zip(rows["bytes"], rows["ts"])) == [(a.bytes, a.alloc_time_ns) for a in listed]
-    for bounds in (range(0, n, max(1, n // 7)), range(0, n, 3)):
+    for bounds in cuts(n):
         for limit in (5, 300):  # a top 5 kept across the cuts, and every one
             cut, whole = answer(analysis, LargestAllocations(limit), bounds), answer(analysis, LargestAllocations(limit))
             assert cut[0]["seq"].tolist() == whole[0]["seq"].tolist() and cut[1] == whole[1]
@@ -150,8 +155,8 @@ def test_byte_classes_are_the_same_on_one_batch_k_batches_and_3_row_batches(name
     whole = bytes_classed(analysis)
     assert len(whole) == 1 and whole == analysis.byte_classes  # what the command line's document holds
     assert whole[0].peak.live_bytes > 0 and whole[0].step_count == 5
-    assert bytes_classed(analysis, range(0, n, max(1, n // 7))) == whole
-    assert bytes_classed(analysis, range(0, n, 3)) == whole
+    for cut in cuts(n):
+        assert bytes_classed(analysis, cut) == whole
 
 
 def spikes_of(analysis, bounds=()) -> list:
@@ -176,8 +181,8 @@ def test_spikes_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
     whole = spikes_of(analysis)
     assert whole == analysis.spikes  # what the command line's document holds
     assert {s.found_by for s in whole} == {"window", "range"}
-    assert spikes_of(analysis, range(0, n, max(1, n // 7))) == whole
-    assert spikes_of(analysis, range(0, n, 3)) == whole
+    for cut in cuts(n):
+        assert spikes_of(analysis, cut) == whole
 
 
 def test_spikes_of_known_mem_are_the_truth():
@@ -262,8 +267,8 @@ def test_step_tables_and_phases_are_the_same_on_one_batch_k_batches_and_3_row_ba
     whole = stepped(name)
     assert whole == (analysis.steps, analysis.phases)  # what the command line's document holds
     assert whole[0] and whole[1]
-    assert stepped(name, range(0, n, max(1, n // 7))) == whole
-    assert stepped(name, range(0, n, 3)) == whole
+    for cut in cuts(n):
+        assert stepped(name, cut) == whole
 
 
 HOLDERS = {"torch_leak_v25": [("cudaMalloc in forward [python3]", 1015153664, 30),
@@ -380,7 +385,7 @@ def test_peaks_are_the_same_on_one_batch_k_batches_and_3_row_batches(name, rows)
     whole = peaks_answer(name)
     assert whole and the_document_s(whole, name)
     n = len(frame(name).events)
-    for bounds in (range(0, n, max(1, n // 7)), range(0, n, rows)):
+    for bounds in cuts(n, rows):
         assert peaks_answer(name, bounds) == whole
 
 
@@ -456,7 +461,7 @@ def test_pools_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
     n = len(analysis.events)
     whole, changes = pool_answer(name)
     assert whole == analysis.reserved.pools  # what the command line's document holds
-    for bounds in (range(0, n, max(1, n // 7)), range(0, n, 3)):
+    for bounds in cuts(n):
         cut, cut_changes = pool_answer(name, bounds)
         assert cut == whole and same_changes(cut_changes, changes)
 
@@ -521,8 +526,8 @@ def test_ranges_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
     n = len(analysis.events)
     whole = range_table(name)
     assert whole == (analysis.ranges, analysis.range_families)  # what the command line's document holds
-    assert range_table(name, range(0, n, max(1, n // 7))) == whole
-    assert range_table(name, range(0, n, 3)) == whole
+    for cut in cuts(n):
+        assert range_table(name, cut) == whole
 
 
 @pytest.mark.parametrize("name", ["known_mem_v25", "torch_ops_v25"])
@@ -599,7 +604,7 @@ def ranked_sites(name: str, bounds=()) -> list:
 def test_sites_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
     n = len(frame(name).events)
     assert ranked_sites(name) == frame(name).sites  # what the command line's document holds
-    assert all(ranked_sites(name, cut) == frame(name).sites for cut in (range(0, n, max(1, n // 7)), range(0, n, 3)))
+    assert all(ranked_sites(name, cut) == frame(name).sites for cut in cuts(n))
 
 
 def test_sites_of_known_bt_in_3_row_batches_are_the_truth():
@@ -697,8 +702,8 @@ def test_allocators_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
     n = len(analysis.events)
     whole = allocator_uses(name)
     assert whole == analysis.reserved.allocators and whole  # what the command line's document holds
-    assert allocator_uses(name, range(0, n, max(1, n // 7))) == whole
-    assert allocator_uses(name, range(0, n, 3)) == whole
+    for cut in cuts(n):
+        assert allocator_uses(name, cut) == whole
     assert allocator_uses(name, range(0, n, 3), raised=True) == whole  # summed on the second look
 
 
@@ -756,8 +761,8 @@ def test_cache_releases_are_the_same_on_one_batch_k_batches_and_3_row_batches(na
     n = len(frame(name).events)
     whole = cache_releases(name)
     assert whole == document_releases(name) and whole  # what the command line's document holds
-    assert cache_releases(name, range(0, n, max(1, n // 7))) == whole
-    assert cache_releases(name, range(0, n, 3)) == whole
+    for cut in cuts(n):
+        assert cache_releases(name, cut) == whole
 
 
 def test_cache_releases_in_3_row_batches_hold_the_truth():
@@ -795,8 +800,8 @@ def test_failure_devices_are_the_same_on_one_batch_k_batches_and_3_row_batches()
     failed = [r for r in truth("real_oom_v25") if r.get("truth") == "cudaMalloc" and r["error"] == 2]
     whole = failure_devices("real_oom_v25")
     assert whole == [f.device for f in frame("real_oom_v25").oom.failures] == [0] * len(failed) == [0]
-    assert failure_devices("real_oom_v25", range(0, n, max(1, n // 7))) == whole
-    assert failure_devices("real_oom_v25", range(0, n, 3)) == whole
+    for cut in cuts(n):
+        assert failure_devices("real_oom_v25", cut) == whole
 
 
 def unmapped(name: str, bounds=()) -> list:
@@ -837,8 +842,8 @@ def test_cut_short_is_the_same_on_one_batch_k_batches_and_3_row_batches(name):
     n = len(frame(name).events)
     whole = cut_short(name)
     assert whole[2] == frame(name).oom.cut_short  # what the command line's document holds
-    assert cut_short(name, range(0, n, max(1, n // 7))) == whole
-    assert cut_short(name, range(0, n, 3)) == whole
+    for cut in cuts(n):
+        assert cut_short(name, cut) == whole
 
 
 def test_cut_short_in_3_row_batches_holds_the_truth():
