@@ -13,11 +13,10 @@ from ..base.units import fmt_bytes, fmt_time
 from ..engine import Facts, Reducer
 from ..events.load import QUICK_API
 from ..events.arrays import LOW, category_codes, pair_key
-from ..events.stream import EventBatch
+from ..events.stream import EventBatch, batch_rows
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
 from .pools import reached_before
 from .explore import allocation_groups
-from .streamed import _rows
 from .stacks import stack_bytes
 
 LIVE_AT_PEAK = 20  # allocations listed per peak (largest first); live_count has them all
@@ -185,7 +184,7 @@ class Peaks(Reducer):
         allocs = allocs[np.isin(b.kind[allocs], self.resident)
                         & np.isin(pair_key(b.pid[allocs], b.device[allocs]), members)]
         frame = pd.concat([pd.DataFrame(b.live_before)] + self.closed +
-                          ([pd.DataFrame(b.closed)] if len(b.closed.get("seq", [])) else []) + [_rows(b, allocs)],
+                          ([pd.DataFrame(b.closed)] if len(b.closed.get("seq", [])) else []) + [batch_rows(b, allocs)],
                           ignore_index=True)
         # this batch's closed allocations (never to be freed: another allocation took their
         # address) include those made after `seq`, which were not live at it

@@ -17,8 +17,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..events.arrays import HIGH, LOW, pair_key, running_sums  # (pair_key: the sites' and OOM looks')
-from ..events.stream import EventBatch
+from ..events.arrays import HIGH, LOW
+from ..events.stream import EventBatch, batch_rows
 from ..model import GPU_RESIDENT_KINDS, KINDS
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]
@@ -82,16 +82,11 @@ class FirstLook:
         allocs = np.flatnonzero(b.is_alloc)
         big = allocs[(b.kind[allocs] == KINDS.index("device")) & (b.bytes[allocs] >= PREALLOCATION_BYTES)]
         if len(big):
-            self.big_blocks.append(_rows(b, big))
+            self.big_blocks.append(batch_rows(b, big))
 
 
 def no_rows() -> pd.DataFrame:
-    """_rows of no row: the columns, empty."""
+    """batch_rows of no row: the columns, empty."""
     return pd.DataFrame({c: np.zeros(0, "uint64" if c == "address" else "int64")
                          for c in ("seq", "ts", "pid", "device", "kind", "address", "bytes")})
 
-
-def _rows(b: EventBatch, rows: np.ndarray) -> pd.DataFrame:
-    """Rows of batch `b` as the live sets list them (LIVE_COLUMNS but the pool flag)."""
-    return pd.DataFrame({"seq": b.seq[rows], "ts": b.ts[rows], "pid": b.pid[rows], "device": b.device[rows],
-                         "kind": b.kind[rows], "address": b.address[rows], "bytes": b.bytes[rows]})

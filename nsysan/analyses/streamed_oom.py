@@ -22,18 +22,18 @@ import numpy as np
 import pandas as pd
 
 from ..base.cuda_errors import OUT_OF_MEMORY, error_name
+from ..events.arrays import HIGH, pair_key
 from ..events.nvtx import attribute_ranges
+from ..events.stream import batch_rows
 from ..model import AllocatorOom, Diagnostic, OomFailure, OutOfMemory, Probe, ReservedMemory
 from .caps import memory_caps
 from .diagnostics import xla_pids
 from .oom import LIVE_LISTED, MAX_FAILURES, OPEN_END_NS, PROBE_RETRY_NS, FailureDevices, ReleaseBursts, \
     _open_ranges, gave_up_inside, oom_calls
-from .streamed import RESIDENT, _rows, pair_key
+from .streamed import RESIDENT
 from .allocator import PREALLOCATION_SHARE, AllocatorSums
 from .streamed_run import _pair
 from .verdicts import AccessMaps, Verdicts, _oom_diagnostics, _reserved_diagnostics, verdict_caps, vmm_without_access
-
-_HIGH = np.iinfo("int64").max
 
 
 def preallocated_blocks(big_blocks: list[pd.DataFrame], gpu_of, total_memory) -> dict[int, tuple[int, int]]:
@@ -63,7 +63,7 @@ class Moment:
     resolved: bool = False
     count: int = 0
     by_pid: dict = field(default_factory=dict)  # pid -> its live bytes
-    largest: pd.DataFrame = field(default_factory=pd.DataFrame)  # the LIVE_LISTED largest: _rows columns
+    largest: pd.DataFrame = field(default_factory=pd.DataFrame)  # the LIVE_LISTED largest: batch_rows columns
 
 
 class SecondOom:
@@ -88,7 +88,7 @@ class SecondOom:
                 target = int(b.seq[cut - 1]) if cut else -1
                 allocs = np.flatnonzero(b.is_alloc & (b.seq <= target))
                 freed = b.partner_seq[(b.partner_seq >= 0) & (b.seq <= target)]
-                self._resolve(moment, [pd.DataFrame(b.live_before)] + self.closed + [_rows(b, allocs)], freed,
+                self._resolve(moment, [pd.DataFrame(b.live_before)] + self.closed + [batch_rows(b, allocs)], freed,
                               [known])
         frees = np.flatnonzero(b.partner_seq >= 0)
         if self.wanted and len(frees):
@@ -269,7 +269,7 @@ def _retries_and_numbers(calls, failed: pd.DataFrame) -> tuple[np.ndarray, np.nd
     api = np.array([calls.api_names.index(a) for a in failed["api"]], "int64")
     pid, tid = failed["pid"].to_numpy().astype("int64"), failed["tid"].to_numpy().astype("int64")
     ts, end = failed["ts_ns"].to_numpy().astype("int64"), failed["end_ns"].to_numpy().astype("int64")
-    next_start = np.full(len(failed), _HIGH, "int64")
+    next_start = np.full(len(failed), HIGH, "int64")
     before = np.zeros(len(failed), "int64")
     by_api = pd.DataFrame({"pid": pid, "api": api}).groupby(["pid", "api"]).indices
     by_thread = pd.DataFrame({"pid": pid, "tid": tid, "api": api}).groupby(["pid", "tid", "api"]).indices
@@ -285,7 +285,7 @@ def _retries_and_numbers(calls, failed: pd.DataFrame) -> tuple[np.ndarray, np.nd
             at = np.searchsorted(starts, end[rows], side="left")
             found = at < len(starts)
             next_start[rows[found]] = np.minimum(next_start[rows[found]], starts[at[found]])
-    retry = np.where((next_start < _HIGH) & (next_start <= end + PROBE_RETRY_NS), next_start - end, -1)
+    retry = np.where((next_start < HIGH) & (next_start <= end + PROBE_RETRY_NS), next_start - end, -1)
     return retry, before + 1
 
 

@@ -21,13 +21,13 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..events.arrays import distinct_rows
+from ..events.arrays import distinct_rows, pair_key
 from ..events.nvtx import RangeLookup, range_paths
 from ..events.stacks import Stacks, _fallback_label, _site, native_stack_table, python_stack_table
 from ..events.normalize import join_on_call
 from ..model import LIVE_AT_START
 from .sites import call_site
-from .streamed import RESIDENT, STATIC, pair_key
+from .streamed import RESIDENT, STATIC
 
 ALLOCATION_INFO = ("seq", "site", "tid", "api", "nvtx_range", "stack", "operator")
 

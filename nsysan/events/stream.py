@@ -100,6 +100,13 @@ def _give_back(batch_number: int) -> None:
         release_memory()
 
 
+def batch_rows(batch: EventBatch, rows: np.ndarray) -> pd.DataFrame:
+    """Rows of `batch` as the live sets list them (LIVE_COLUMNS but the pool flag)."""
+    return pd.DataFrame({"seq": batch.seq[rows], "ts": batch.ts[rows], "pid": batch.pid[rows],
+                         "device": batch.device[rows], "kind": batch.kind[rows], "address": batch.address[rows],
+                         "bytes": batch.bytes[rows]})
+
+
 def live_after(live: dict, batch: EventBatch) -> dict:
     """The live allocations after `batch`, from those before it: its allocations joined, those it
     freed or closed gone (what `_paired` carries)."""
