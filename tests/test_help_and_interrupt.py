@@ -52,8 +52,9 @@ def test_choices_and_values_are_named_in_help():
 def test_shell_completion_can_be_installed():
     top = nsysan("--help").stdout
     assert "--install-completion" in top and "--show-completion" in top
-    script = nsysan("--show-completion", "bash").stdout
-    assert "_nsysan_completion" in script and "complete " in script
+    shown = nsysan("--show-completion", "bash")
+    script = shown.stdout
+    assert "_nsysan_completion" in script and "complete " in script, (shown.returncode, shown.stderr)
     # and it completes: "nsysan an<TAB>" is "analyze"
     done = nsysan(_NSYSAN_COMPLETE="complete_bash", COMP_WORDS="nsysan an", COMP_CWORD="1")
     assert done.stdout.split() == ["analyze"]
