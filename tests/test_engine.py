@@ -28,6 +28,7 @@ from nsysan.analyses.iterations import iteration_pids
 from nsysan.analyses import pools
 from nsysan.analyses.peak import Peaks
 from nsysan.analyses.pools import PoolUses
+from nsysan.analyses.preallocations import BigBlocks, find_preallocations, preallocated
 from nsysan.analyses.spikes import DEFAULT_WINDOW_NS, Spikes
 from nsysan.analyses.ranges import RangeSums
 from nsysan.analyses.sites import SiteRanks
@@ -734,6 +735,38 @@ def test_allocators_of_one_batch_read_in_slices_are_the_same(monkeypatch):
     monkeypatch.setattr(importlib.import_module("nsysan.analyses.allocator"), "SLICE_ROWS", 5)
     for name in ALLOCATORS:
         assert allocator_uses(name) == frame(name).reserved.allocators
+
+
+def preallocations(name: str, bounds=()) -> list:
+    """reserved.preallocations from BigBlocks over the fixture's events cut before `bounds`, the
+    blocks described by their rows of the events frame (as verdicts.find_verdicts does)."""
+    analysis = frame(name)
+    gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
+    totals = {g.id: g.total_memory_bytes for g in analysis.capture.gpus}
+    labels = {p.pid: p.label for p in analysis.capture.processes}
+
+    def gpu_of(pid: int, device: int):
+        return gpus.get((pid, device))
+
+    blocks = preallocated(answer(analysis, BigBlocks(), bounds), gpu_of, totals.get)
+    return find_preallocations(analysis.events.iloc[blocks["seq"].to_numpy()], analysis.nvtx_ranges, gpu_of,
+                               totals.get, lambda pid: labels.get(pid) or f"process {pid}")
+
+
+@pytest.mark.parametrize("name", ["jax_prealloc_v25", "real_oom_v25"])
+def test_preallocations_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    """jax_prealloc_v25: XLA preallocated its bytes_limit (the truth file) in one block; real_oom_v25's
+    eight 16 GiB blocks are each under a quarter of the GPU's 150,109,880,320 B: no pool."""
+    n = len(frame(name).events)
+    whole = preallocations(name)
+    assert whole == frame(name).reserved.preallocations  # what the command line's document holds
+    for cut in cuts(n):
+        assert preallocations(name, cut) == whole
+    if name == "jax_prealloc_v25":
+        limit = {r["bytes_limit"] for r in truth(name) if "bytes_limit" in r}
+        assert [(p.framework, {p.bytes}) for p in whole] == [("XLA", limit)]
+    else:
+        assert whole == [] and len(answer(frame(name), BigBlocks(), range(0, n, 3))) == 9  # 8 x 16 GiB, the 1 GiB retry
 
 
 # the caching allocators' bursts of frees: torch_oom's allocator gave up (the allocator OOM),

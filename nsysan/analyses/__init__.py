@@ -30,6 +30,7 @@ from .never_freed import MAX_LISTED, NeverFreed
 from .groups import GroupSums, frame_groups
 from .peak import Peaks, headline, module_load_note, peak_of
 from .pools import PoolUses
+from .preallocations import BigBlocks
 from .ranks import assign_ranks
 from .ranges import RangeSums, alloc_calls
 from .sites import SiteRanks
@@ -103,7 +104,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                                       "site_table": lambda: site_table})
         site_work = partial(_one_run, SiteRanks(), site_facts, whole, live) if not loaded.quick else partial(list)
         api_calls_later, sites_later = (pool.submit(work) for work in (api_call_work, site_work))
-        answered = Engine([GroupSums(), NeverFreed(), LargestAllocations()], facts).run([batch],
+        answered = Engine([GroupSums(), NeverFreed(), LargestAllocations(), BigBlocks()], facts).run([batch],
                                                                                   dict(live))
         del batch  # its groups' running sums go with the timeline's (below), its partners now
         groups = answered["groups"]
@@ -125,7 +126,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
                                  schema.duration_ns, quick=loaded.quick, pools=pools, batch=_sharing(whole),
-                                 load_notes=load_notes)
+                                 load_notes=load_notes, big_blocks=answered.pop("big_blocks"))
         del whole  # its made columns (seq, partner_seq: 160 MB at 1e7 events), read by nothing after
         # Whichever core is free takes what is left of the second core's queue, the last queued first.
         del grouped  # the order of 1e7 events into groups, 80 MB

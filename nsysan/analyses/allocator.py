@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from ..base.units import fmt_bytes, fmt_percent, fmt_time
+from ..base.units import fmt_bytes
 from ..engine import Reducer
 from ..events.arrays import pair_key, previous_in_group
 from ..model import KINDS, AllocatorUse, Peak, Preallocation
@@ -31,7 +31,6 @@ SMALL_SEGMENT, LARGE_SEGMENT = 2 * MiB, 20 * MiB
 # workspace right after (cuBLAS: 1 KiB, 128 KiB, then 64 MiB 75 µs later on torch_leak_v25; the
 # allocator's own 32 MiB segment 150 µs after that is not part of it).
 LIBRARY_BURST_NS = 1_000_000
-PREALLOCATION_SHARE = 0.25  # one block this large a share of the GPU is a preallocated pool
 VMM_MAP_API = "cuMemSetAccess"
 _DIRECT_APIS = ("cudaMalloc", "cuMemAlloc", VMM_MAP_API)
 
@@ -472,42 +471,4 @@ def _message(kind: str, who: str, gpu: Optional[int], device: int, inside: int, 
         text += (f". {fmt_bytes(outside)} was allocated outside it ({outside_count} allocations: library "
                  "workspaces and buffers, such as cuBLAS's and NCCL's, made directly with cudaMalloc or the "
                  "virtual-memory API)")
-    return text + "."
-
-
-def find_preallocations(events: pd.DataFrame, ranges: pd.DataFrame, gpu_of: GpuOf,
-                        total_memory: Callable[[Optional[int]], Optional[int]],
-                        label: Callable[[int], str]) -> list[Preallocation]:
-    """Single blocks of at least PREALLOCATION_SHARE of their GPU (the first per process and device)."""
-    if events.empty:
-        return []
-    size = events["bytes"].to_numpy()
-    big = np.flatnonzero((events["op"].cat.codes.to_numpy() == 0) & (events["kind"] == "device").to_numpy()
-                         & (size >= 1 << 30))
-    found, seen = [], set()
-    for row in big.tolist():  # blocks of a GiB or more: a handful at most
-        pid, device = int(events["pid"].iat[row]), int(events["device"].iat[row])
-        gpu = gpu_of(pid, device)
-        total = total_memory(gpu)
-        if not total or size[row] < PREALLOCATION_SHARE * total or (pid, device) in seen:
-            continue
-        seen.add((pid, device))
-        names = ranges["name"].to_numpy()[ranges["pid"].to_numpy() == pid] if not ranges.empty else []
-        framework = "XLA" if any(str(n).startswith("Xla") for n in names) else ""
-        found.append(Preallocation(
-            pid=pid, device=device, gpu=gpu, bytes=int(size[row]), time_ns=int(events["ts_ns"].iat[row]),
-            api=str(events["api"].iat[row]), share_of_gpu=float(size[row] / total), framework=framework,
-            message=_prealloc_message(label(pid), gpu, int(size[row]), float(size[row] / total),
-                                      int(events["ts_ns"].iat[row]), framework)))
-    return found
-
-
-def _prealloc_message(who: str, gpu: Optional[int], size: int, share: float, ts: int, framework: str) -> str:
-    what = "XLA (JAX) preallocated" if framework == "XLA" else "one block reserved"
-    text = (f"{who}: {what} {fmt_bytes(size)} ({fmt_percent(share)} of GPU {gpu}) in one block at {fmt_time(ts)}. "
-            "The trace shows this reservation, not the use inside it, so its peak is the reservation's size")
-    if framework == "XLA":
-        text += (". To see the real use, run with XLA_PYTHON_CLIENT_PREALLOCATE=false (allocate on demand) or "
-                 "XLA_PYTHON_CLIENT_ALLOCATOR=platform (every buffer its own cudaMalloc/cudaFree, so the "
-                 "growth per step shows as for PyTorch)")
     return text + "."

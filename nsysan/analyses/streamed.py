@@ -2,7 +2,7 @@
 
 What `run_analyses` finds over the whole events frame, found from running sums instead: the flow
 of events (events/stream.py) is read twice. The first look sums per (process, device, kind)
-group and per process, keeps the big blocks (this module, with the running sums and keyed columns both looks use);
+group and per process (this module, with the running sums and keyed columns both looks use);
 the second (streamed_second.py), knowing every group's span, fills in what lies after a moment
 (the engine's reducers: the timeline, the peaks with what was live there, ...). Only the live
 allocations, the aggregates and the kept points stay in memory.
@@ -18,12 +18,11 @@ import numpy as np
 import pandas as pd
 
 from ..events.arrays import HIGH, LOW
-from ..events.stream import EventBatch, batch_rows
+from ..events.stream import EventBatch, no_rows
 from ..model import GPU_RESIDENT_KINDS, KINDS
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]
 STATIC = KINDS.index("static")
-PREALLOCATION_BYTES = 1 << 30  # find_preallocations looks at blocks of a GiB or more
 
 
 @dataclass
@@ -69,7 +68,7 @@ class FirstLook:
     # once this look is done, for the second look and the consumers after it
     allocations: int = 0
     largest: pd.DataFrame = field(default_factory=lambda: no_rows())
-    big_blocks: list = field(default_factory=list)
+    big_blocks: pd.DataFrame = field(default_factory=lambda: no_rows())  # preallocations.BigBlocks' answer
 
     def add(self, b: EventBatch) -> None:
         if len(b) == 0:
@@ -79,14 +78,4 @@ class FirstLook:
         if len(moving):
             self.moved = float(np.cumsum(np.concatenate([[self.moved], np.abs(b.delta[moving]).astype("float64")]))[-1])
             self.last_moving_ts = int(b.ts[moving[-1]])
-        allocs = np.flatnonzero(b.is_alloc)
-        big = allocs[(b.kind[allocs] == KINDS.index("device")) & (b.bytes[allocs] >= PREALLOCATION_BYTES)]
-        if len(big):
-            self.big_blocks.append(batch_rows(b, big))
-
-
-def no_rows() -> pd.DataFrame:
-    """batch_rows of no row: the columns, empty."""
-    return pd.DataFrame({c: np.zeros(0, "uint64" if c == "address" else "int64")
-                         for c in ("seq", "ts", "pid", "device", "kind", "address", "bytes")})
 

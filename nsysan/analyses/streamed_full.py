@@ -334,7 +334,7 @@ def _nvtx_path(pid: int, tid: int, ts: int, ranges: pd.DataFrame) -> str:
 
 def _listed(first) -> np.ndarray:
     """The allocations run_streamed lists whether freed or not: the largest, the big blocks."""
-    parts = [first.largest] + list(first.big_blocks)
+    parts = [first.largest, first.big_blocks]
     return np.concatenate([p["seq"].to_numpy() for p in parts if not p.empty] or [np.zeros(0, "int64")])
 
 

@@ -31,25 +31,10 @@ from .diagnostics import xla_pids
 from .oom import LIVE_LISTED, MAX_FAILURES, OPEN_END_NS, PROBE_RETRY_NS, FailureDevices, ReleaseBursts, \
     _open_ranges, gave_up_inside, oom_calls
 from .streamed import RESIDENT
-from .allocator import PREALLOCATION_SHARE, AllocatorSums
+from .allocator import AllocatorSums
+from .preallocations import block_keys, preallocated
 from .streamed_run import _pair
 from .verdicts import AccessMaps, Verdicts, _oom_diagnostics, _reserved_diagnostics, verdict_caps, vmm_without_access
-
-
-def preallocated_blocks(big_blocks: list[pd.DataFrame], gpu_of, total_memory) -> dict[int, tuple[int, int]]:
-    """pair key -> (time, bytes) of the block find_preallocations finds on it (from the first
-    pass's blocks of a GiB or more, in time order)."""
-    found: dict[int, tuple[int, int]] = {}
-    if not big_blocks:
-        return found
-    frame = pd.concat(big_blocks, ignore_index=True).sort_values("seq", kind="stable")
-    for pid, device, size, ts in frame[["pid", "device", "bytes", "ts"]].itertuples(index=False):  # a handful
-        total = total_memory(gpu_of(int(pid), int(device)))
-        key = int(pair_key(np.array([pid]), np.array([device]))[0])
-        if not total or size < PREALLOCATION_SHARE * total or key in found:
-            continue
-        found[key] = (int(ts), int(size))
-    return found
 
 
 @dataclass
@@ -147,7 +132,7 @@ class VerdictLooks:
         """After the first pass (`look`: run_streamed's SecondLook, its peaks and FirstLook)."""
         first = look.first
         gpu_of = self.gpu_of
-        blocks = self.more["allocator_blocks"] = preallocated_blocks(first.big_blocks, gpu_of, self.total_memory)
+        blocks = self.more["allocator_blocks"] = block_keys(preallocated(first.big_blocks, gpu_of, self.total_memory))
         self.look = look
         self.kinds = {}
         xla = xla_pids(self.ranges)  # XLA's allocator is never PyTorch's

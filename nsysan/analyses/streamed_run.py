@@ -27,7 +27,7 @@ from .explore import allocation_groups, focus_from_movement
 from .oom import CutShortSums
 from .peak import Peaks, PeakSeries, headline, module_load_note, peak_of, pair_of as _pair  # (streamed_oom's)
 from .ranks import assign_ranks
-from .allocator import find_preallocations
+from .preallocations import BigBlocks, find_preallocations, preallocated
 from .explore import LargestAllocations
 from .byte_classes import ByteClassSums
 from .step_windows import StepWindows
@@ -40,7 +40,8 @@ from .sites import call_site
 from .spikes import Spikes
 from .stacks import stack_bytes
 from .steps import step_diagnostics
-from .streamed import FirstLook, no_rows
+from .streamed import FirstLook
+from ..events.stream import no_rows
 from .streamed_second import SecondLook
 from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
 
@@ -74,11 +75,12 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     fed = flow.feed(lambda: _Both(FirstLook(), also[0],
                                   Engine([GroupSums(), TimelineSeries(), NeverFreed(), LargestAllocations(),
                                           StepWindows(), ByteClassSums(), Spikes(), more["pool_uses"], RangeSums(),
-                                          peak_look, CutShortSums(), *reducers], Facts(flow.kinds, gpu_of, more))),
+                                          peak_look, CutShortSums(), BigBlocks(), *reducers], Facts(flow.kinds, gpu_of, more))),
                      keep=True)
     first, engine = fed.main, fed.engine
     first.pairs = peak_look.pairs  # (streamed_oom's)
     first.largest, first.allocations = engine.so_far("largest")  # for the second look (its free times)
+    first.big_blocks = engine.so_far("big_blocks")  # (the preallocations: AllocatorSums' second look)
     notes = list(flow.diagnostics)
     described = described or _Undescribed(flow.kinds)
     has_events = flow.events > 0
@@ -108,7 +110,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     def label(pid: int) -> str:
         return labels.get(pid) or f"process {pid}"
 
-    blocks = described.frame(pd.concat(first.big_blocks, ignore_index=True) if first.big_blocks else no_rows())
+    blocks = described.frame(preallocated(first.big_blocks, gpu_of, total_memory))
     preallocations = find_preallocations(blocks, described.ranges, gpu_of, total_memory, label)
     oom = OutOfMemory(failures=[], failed_count=0, probes=[], allocator_ooms=[], cache_flushes=[],
                       cut_short=answered["cut_short"].judged({}, end_ns))

@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 
 from ..engine import Engine, Facts, Reducer, frame_batch
-from ..events.arrays import pair_key
 from ..events.stream import EventBatch
 from ..model import AllocatorUse, CacheRelease, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, \
     PoolUse, Preallocation, ReservedMemory
 from ..base.units import fmt_bytes, fmt_duration, fmt_time
-from .allocator import AllocatorSums, find_preallocations
+from .allocator import AllocatorSums
+from .preallocations import block_keys, find_preallocations, preallocated
 from .caps import memory_caps
 from .diagnostics import xla_pids
 from .calls import failed_call_rows
@@ -41,13 +41,14 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
                   process_names: dict[int, str], label: Callable[[int], str], end_ns: int,
                   duration_ns: Optional[int], quick: bool = False,
                   pools: Optional[list[PoolUse]] = None, batch: Optional[EventBatch] = None, *,
-                  load_notes: Sequence[Callable[[], str]]) -> Verdicts:
+                  load_notes: Sequence[Callable[[], str]], big_blocks: pd.DataFrame) -> Verdicts:
     """`quick`: the events have no API names or threads (analyze --quick), which telling an
     allocator's segments from library workspaces needs: no allocator verdicts then; `batch`: the
     events as one batch (engine.frame_batch), when made already; `load_notes`: each peak's
-    peak.module_load_note, for a peak reached by a module load."""
-    preallocations = find_preallocations(events, ranges, gpu_of, total_memory, label)
-    looked = _looked(events, calls, peaks, gpu_of, preallocations, quick,
+    peak.module_load_note, for a peak reached by a module load; `big_blocks`: BigBlocks' answer."""
+    blocks = preallocated(big_blocks, gpu_of, total_memory)
+    preallocations = find_preallocations(events.iloc[blocks["seq"].to_numpy()], ranges, gpu_of, total_memory, label)
+    looked = _looked(events, calls, peaks, gpu_of, block_keys(blocks), quick,
                      batch if batch is not None else frame_batch(events))
     allocators, releases = _allocators(looked, ranges, peaks, gpu_of, process_names, preallocations, label) \
         if not quick else ([], [])
@@ -66,14 +67,12 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFram
 
 
 def _looked(events: pd.DataFrame, calls: pd.DataFrame, peaks: list[Peak],
-            gpu_of: Callable[[int, int], Optional[int]], preallocations: list[Preallocation], quick: bool,
-            batch: EventBatch) -> dict:
+            gpu_of: Callable[[int, int], Optional[int]], blocks: dict, quick: bool, batch: EventBatch) -> dict:
     """The verdicts' reducers over the whole frame as one batch, its peaks known before: the devices
     of the failed calls, the maps given access, what tells a process cut short, and (unless `quick`:
     no API names nor threads) the allocators and their bursts of frees."""
     more = {"api_names": list(events["api"].cat.categories), "oom_calls": oom_calls(failed_call_rows(calls)),
-            "allocator_blocks": {int(pair_key(np.array([p.pid]), np.array([p.device]))[0]): (p.time_ns, p.bytes)
-                                 for p in preallocations},
+            "allocator_blocks": blocks,
             "allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]}
     reducers = [FailureDevices(), AccessMaps(), CutShortSums()] + ([] if quick else [AllocatorSums(), ReleaseBursts()])
     return Engine(reducers, Facts(list(events["kind"].cat.categories), gpu_of, more)).run([batch], {})

@@ -107,6 +107,12 @@ def batch_rows(batch: EventBatch, rows: np.ndarray) -> pd.DataFrame:
                          "bytes": batch.bytes[rows]})
 
 
+def no_rows() -> pd.DataFrame:
+    """batch_rows of no row: the columns, empty."""
+    return pd.DataFrame({c: np.zeros(0, "uint64" if c == "address" else "int64")
+                         for c in ("seq", "ts", "pid", "device", "kind", "address", "bytes")})
+
+
 def live_after(live: dict, batch: EventBatch) -> dict:
     """The live allocations after `batch`, from those before it: its allocations joined, those it
     freed or closed gone (what `_paired` carries)."""
