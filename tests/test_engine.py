@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import nsysan
 from nsysan.analyses.allocator import AllocatorSums
 from nsysan.analyses.byte_classes import ByteClassSums, byte_classes, step_phases
-from nsysan.analyses.explore import LargestAllocations
+from nsysan.analyses.explore import FOCUS_PAD, FOCUS_SKIP, Explorable, LargestAllocations
 from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
 from nsysan.analyses import verdicts
@@ -506,14 +506,19 @@ RANGED = ["known_mem_v25", "ddp_leak_v25", "torch_ops_v25"]
 MiB = 1 << 20
 
 
+def operator_ranges(name: str):
+    """The fixture's operator ranges (read_nvtx_ranges'), which the Analysis does not keep."""
+    conn = open_readonly(FIXTURES / f"{name}.sqlite")
+    try:
+        return read_nvtx_ranges(conn, probe(conn, name))[1]
+    finally:
+        conn.close()
+
+
 def range_table(name: str, bounds=()) -> tuple:
     """The ranges table and families from RangeSums over the fixture's events cut before `bounds`."""
     analysis = frame(name)
-    conn = open_readonly(FIXTURES / f"{name}.sqlite")
-    try:
-        operators = read_nvtx_ranges(conn, probe(conn, name))[1]
-    finally:
-        conn.close()
+    operators = operator_ranges(name)
     more = {"nvtx_ranges": analysis.nvtx_ranges, "operator_ranges": operators, "end_ns": analysis.timeline.end_ns,
             "labels": partial(frame_labels, analysis.events)}
     return answer(analysis, RangeSums(), bounds, more)
@@ -957,3 +962,79 @@ def test_an_allocation_whose_address_is_taken_while_live_is_never_freed_on_both_
     assert streamed.groups == whole.groups
     assert [(a.bytes, a.address) for a in streamed.never_freed] == [(a.bytes, a.address) for a in whole.never_freed]
     assert 128 << 20 in [a.bytes for a in whole.never_freed]
+
+
+# NVTX steps with a warm-up left out (torch_leak), on two ranks (ddp_leak), a warm-up kept
+# (torch_oom), operator spans (torch_ops), no steps (known_mem)
+EXPLORED = ["torch_leak_v25", "ddp_leak_v25", "torch_oom_v25", "torch_ops_v25", "known_mem_v25"]
+
+
+def explored(name: str, bounds=()) -> tuple:
+    """What Explorable answers over the fixture's events cut before `bounds`: the timeline's
+    bands, focus window, NVTX and operator spans as the document's timeline gets them, and the
+    movement summed (the floats compared as they are)."""
+    analysis = frame(name)
+    more = {"nvtx_ranges": analysis.nvtx_ranges, "operator_ranges": operator_ranges(name)}
+    found = answer(analysis, Explorable(), bounds, more)
+    timeline = found.timeline(analysis.timeline, analysis.timeline.trace_ends)
+    return (timeline.bands, timeline.focus_start_ns, timeline.focus_end_ns, timeline.spans, timeline.operator_spans,
+            found.moved, found.first_ts, found.last_ts, found.steps, found.moved_in_steps)
+
+
+@pytest.mark.parametrize("name", EXPLORED)
+def test_explorable_timeline_is_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    analysis = frame(name)
+    whole = explored(name)
+    document = analysis.timeline  # what the command line's document holds
+    assert whole[:5] == (document.bands, document.focus_start_ns, document.focus_end_ns, document.spans,
+                         document.operator_spans)
+    # the movement, as the events frame has it: the sum of |delta bytes|, the first event where 5%
+    # of it had moved, the last that moved memory
+    moving = analysis.events[analysis.events["delta_bytes"] != 0]
+    moved = moving["delta_bytes"].abs().astype("float64").cumsum().to_numpy()
+    assert whole[5] == moved[-1]
+    assert whole[6:8] == (moving["ts_ns"].iat[int(np.argmax(moved >= FOCUS_SKIP * moved[-1]))], moving["ts_ns"].iat[-1])
+    for cut in cuts(len(analysis.events)):
+        assert explored(name, cut) == whole
+
+
+def test_explorable_focus_of_torch_leak_is_its_steps_after_the_warm_up():
+    # torch_train.py --steps 6: "setup", then "step 0".."step 5" on the main thread; the memory
+    # moves in the steps, so the page opens on them; step 0 (488 ms: cuDNN and the caching
+    # allocator set up) outlasts steps 1-5 together (101 ms), so it is left out as warm-up, as the
+    # growth verdict leaves it out
+    bands, start, end = explored("torch_leak_v25", range(0, 1400, 3))[:3]
+    assert [b.name for b in bands] == ["setup"] + [f"step {k}" for k in range(6)]
+    steps = bands[1:]
+    lengths = [b.end_ns - b.start_ns for b in steps]
+    assert lengths[0] > sum(lengths[1:])
+    assert (start, end) == focus_of(steps[0].end_ns, steps[-1].end_ns)
+
+
+def test_explorable_focus_after_the_warm_up_of_every_rank():
+    # ddp_train.py: two ranks, "step 0" (328 and 332 ms) then steps 1-7 (2-7 ms each); the page
+    # opens where the later rank's warm-up ends, widened to the start of the step it cuts (rank 0's
+    # step 2), so the steady steps fill it instead of 10% of it
+    bands, start, end = explored("ddp_leak_v25", range(0, 4600, 7))[:3]
+    steps = [b for b in bands if b.name.startswith("step ")]
+    assert sorted({b.pid for b in steps}) == [2146, 2147] and len(steps) == 16
+    warm_up_end = max(b.end_ns for b in steps if b.name == "step 0")
+    cut = [b for b in steps if b.start_ns < warm_up_end < b.end_ns]
+    assert [b.name for b in cut] == ["step 2"]
+    assert (start, end) == focus_of(cut[0].start_ns, max(b.end_ns for b in steps))
+
+
+def test_explorable_focus_keeps_a_warm_up_that_does_not_dominate():
+    # torch_oom_v25: step 5 runs out of memory and is the longest (1.18 s against step 0's 0.43 s):
+    # every step stays in the view
+    bands, start, end = explored("torch_oom_v25", range(0, 2000, 3))[:3]
+    steps = [b for b in bands if b.name.startswith("step ")]
+    lengths = {b.name: b.end_ns - b.start_ns for b in steps}
+    assert max(lengths, key=lengths.get) == "step 5" and lengths["step 5"] > lengths["step 0"]
+    assert (start, end) == focus_of(min(b.start_ns for b in steps), max(b.end_ns for b in steps))
+
+
+def focus_of(start: int, end: int) -> tuple[int, int]:
+    """The focus of the span from `start` to `end`: padded by FOCUS_PAD of it on each side."""
+    pad = int(FOCUS_PAD * (end - start))
+    return start - pad, end + pad

@@ -17,14 +17,13 @@ import pandas as pd
 from ..events import LoadedEvents
 from ..events.stream import EventBatch
 from ..engine import Engine, Facts, frame_batch, frame_labels, frame_live
-from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Source
+from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Source, Timeline
 from ..sources.schema import Schema
 from .allocations import to_allocations
 from .bounds import cut_long_strings
 from .capture import capture_facts
 from .calls import api_call_stats, find_failed_calls
-from .explore import allocation_groups, early_trace_ends, focus_window, LargestAllocations, nvtx_spans, \
-    operator_spans
+from .explore import Explorable, Explored, allocation_groups, early_trace_ends, LargestAllocations
 from .diagnostics import capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
 from .groups import GroupSums, frame_groups
@@ -40,7 +39,7 @@ from .step_windows import StepWindows, found_steps
 from .steps import memory_threads
 from .spikes import DEFAULT_WINDOW_NS, Spikes
 from .answers import gather_answers
-from .timeline import Groups, build_timeline, group_events
+from .timeline import Groups, TimelineSeries, group_events
 from .verdicts import find_verdicts
 
 
@@ -98,7 +97,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         grouped = group_events(events)
         # the whole frame as one batch of the engine's (numpy views), grouped once for its reducers
         batch, facts = _sharing(whole, frame_groups(grouped, kinds)), Facts(kinds, gpu_of)
-        timeline_later = pool.submit(build_timeline, batch, facts, events, ranges, start_ns, end_ns)
+        timeline_later = pool.submit(_timeline, batch, dataclasses.replace(facts, more={
+            "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges}), start_ns, end_ns)
         api_call_work = partial(api_call_stats, calls)
         site_facts = dataclasses.replace(facts, more={"labels": partial(frame_labels, events),
                                                       "site_table": lambda: site_table})
@@ -116,7 +116,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         counted = None if schema.memory_usage_collected else alloc_calls(calls, ranges)  # no sizes: the calls
         windows, spikes, lifetimes, (range_table, range_families) = _steps(
             loaded, whole, live, grouped, threads, facts, end_ns, spike_window_ns, step_range, counted)
-        timeline = timeline_later.result()
+        timeline, explored = timeline_later.result()
         grouped = grouped.without_live()  # the running sums are read by nothing after the steps and timeline
         peaks, load_notes = peaks_later.result()
         capture = _with_ranks(capture_facts(schema, groups, threads, report_version,
@@ -130,8 +130,10 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         del whole  # its made columns (seq, partner_seq: 160 MB at 1e7 events), read by nothing after
         # Whichever core is free takes what is left of the second core's queue, the last queued first.
         del grouped  # the order of 1e7 events into groups, 80 MB
-        timeline = _explorable(timeline, events, ranges, allocations, loaded.last_cuda_call_ns, loaded.operator_ranges,
-                               answered.pop("largest"))
+        largest, allocations_total = answered.pop("largest")
+        timeline = dataclasses.replace(explored.timeline(timeline, early_trace_ends(ranges, loaded.last_cuda_call_ns)),
+                                       allocations=allocations(events.iloc[largest["seq"].to_numpy()]),
+                                       allocations_total=allocations_total)
         diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
             schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version,
             quick=loaded.quick, pools=pools)
@@ -238,16 +240,11 @@ def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:
     return dataclasses.replace(capture, processes=processes)
 
 
-def _explorable(timeline, events: pd.DataFrame, ranges: pd.DataFrame, allocations, last_cuda_call_ns,
-                operator_ranges: pd.DataFrame, largest: tuple[pd.DataFrame, int]):
-    """The timeline with what a page needs to explore it (analyses/explore.py); `largest`:
-    LargestAllocations' answer."""
-    trace_ends = early_trace_ends(ranges, last_cuda_call_ns)
-    focus_start, focus_end = focus_window(events, timeline.bands, trace_ends)
-    listed, total = allocations(events.iloc[largest[0]["seq"].to_numpy()]), largest[1]
-    return dataclasses.replace(timeline, focus_start_ns=focus_start, focus_end_ns=focus_end,
-                               spans=nvtx_spans(ranges, events), allocations=listed, allocations_total=total,
-                               trace_ends=trace_ends, operator_spans=operator_spans(operator_ranges, events))
+def _timeline(batch: EventBatch, facts: Facts, start_ns: int, end_ns: int) -> tuple[Timeline, Explored]:
+    """The whole frame's timeline series (TimelineSeries over the frame as one `batch`) from
+    `start_ns` to `end_ns`, and what its explorable parts read of the events (Explorable)."""
+    answered = Engine([TimelineSeries(), Explorable()], facts).run([batch], {})
+    return Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=answered["timeline"]), answered["explorable"]
 
 
 def _capture_span(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,

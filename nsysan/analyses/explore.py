@@ -20,11 +20,13 @@ import pandas as pd
 from ..engine import Facts, Reducer
 from ..events.arrays import category_codes, distinct_rows
 from ..events.stream import EventBatch
+from ..events.columns import empty_ranges
+from ..events.nvtx import thread_key
 from ..events.read import TRACE_GOES_ON
 from ..model import AllocationGroup, Band, NvtxSpan, TraceEnd
 from ..model.memory import range_family, site_in_family
 from .sites import call_site
-from .timeline import longest_per_process
+from .timeline import longest_per_process, top_level_bands
 
 MAX_SPANS = 2000
 MAX_OPERATOR_SPANS = 2000
@@ -38,6 +40,7 @@ FOCUS_PAD = 0.03  # of the focus span, on each side
 WARM_UP_AFTER = 3  # later steps a process needs for its first one to be left out of the focus (after_warm_up)
 
 _FINITE = np.iinfo("int64").max // 4  # a range left open has a huge end
+_NO_RANGES = empty_ranges()
 STEP_REPEATS = 3
 _NUMBER = re.compile(r"\d+")
 _STEP_WORD = re.compile(r"step|iter|epoch|batch", re.IGNORECASE)
@@ -58,31 +61,6 @@ def step_bands(bands: list[Band]) -> list[Band]:
     return [b for b in bands if _NUMBER.sub("#", b.name) == best]  # every process's steps
 
 
-def focus_window(events: pd.DataFrame, bands: list[Band], trace_ends: list[TraceEnd]) -> tuple[Optional[int], Optional[int]]:
-    """The span where memory moves, in ns (focus_from_movement over the events). (None, None)
-    without events that move memory."""
-    delta = events["delta_bytes"].to_numpy()
-    moving = np.count_nonzero(delta)
-    if moving == 0:
-        return None, None
-    if moving == len(delta):  # every event moves memory: no list of rows, no copy of the times
-        ts, moved = events["ts_ns"].to_numpy(), delta.astype("float64")
-    else:
-        rows = np.flatnonzero(delta)
-        ts, moved = events["ts_ns"].to_numpy()[rows], delta[rows].astype("float64")
-        del rows
-    np.abs(moved, out=moved)
-    np.cumsum(moved, out=moved)  # in place: one array of n floats, not three
-
-    def moved_between(start: int, end: int) -> float:
-        inside = moved[np.searchsorted(ts, end, side="right") - 1] if ts[0] <= end else 0.0
-        inside -= moved[np.searchsorted(ts, start, side="left") - 1] if ts[0] < start else 0.0
-        return inside
-
-    first = int(ts[min(int(np.searchsorted(moved, FOCUS_SKIP * moved[-1], side="left")), len(ts) - 1)])
-    return focus_from_movement(first, int(ts[-1]), float(moved[-1]), moved_between, bands, trace_ends)
-
-
 def focus_from_movement(first: int, last: int, total_moved: float, moved_between: Callable[[int, int], float],
                         bands: list[Band], trace_ends: list[TraceEnd]) -> tuple[int, int]:
     """The span where memory moves, in ns: the steps when there are (step_bands; from the end of a
@@ -91,7 +69,7 @@ def focus_from_movement(first: int, last: int, total_moved: float, moved_between
     the movement, `total_moved`, has happened) to `last` (the last event that moves memory);
     widened to the NVTX bands it cuts (whole steps), and to the ranges that follow an early end of
     the CUDA trace. `moved_between(start, end)`: the movement from `start` to `end`, both included
-    (what the streamed analysis sums as the events pass: streamed_full.Movement)."""
+    (what Explorable sums on its second look)."""
     steps = step_bands(bands)
     if steps:
         start, end = step_span(steps)
@@ -141,34 +119,143 @@ def step_span(steps: list[Band]) -> tuple[int, int]:
     return min(b.start_ns for b in steps), max(b.end_ns for b in steps)
 
 
-def nvtx_spans(ranges: pd.DataFrame, events: pd.DataFrame, limit: int = MAX_SPANS) -> list[NvtxSpan]:
+def nvtx_spans(ranges: pd.DataFrame, threads: pd.DataFrame, limit: int = MAX_SPANS) -> list[NvtxSpan]:
     """Ranges of each process's main thread (tid == pid), all depths, in time order; the longest
-    `limit` when there are more."""
+    `limit` when there are more (`threads`: the pid column of the threads with memory events)."""
     if ranges.empty:
         return []
-    return _spans(ranges[(ranges["tid"] == ranges["pid"]).to_numpy()], events, limit)
+    return _spans(ranges[(ranges["tid"] == ranges["pid"]).to_numpy()], threads, limit)
 
 
-def operator_spans(operators: pd.DataFrame, events: pd.DataFrame, limit: int = MAX_OPERATOR_SPANS) -> list[NvtxSpan]:
+def operator_spans(operators: pd.DataFrame, threads: pd.DataFrame, limit: int = MAX_OPERATOR_SPANS) -> list[NvtxSpan]:
     """PyTorch's operator ranges on every thread (an autograd thread runs the backward pass's), at
     their depth among operators, in time order; the longest `limit` when there are more: the page
     draws a span once it is a pixel wide, so the longest are the ones a zoom shows first."""
     if operators.empty:
         return []
-    return _spans(operators, events, limit)
+    return _spans(operators, threads, limit)
 
 
-def _spans(mine: pd.DataFrame, events: pd.DataFrame, limit: int) -> list[NvtxSpan]:
+def _spans(mine: pd.DataFrame, threads: pd.DataFrame, limit: int) -> list[NvtxSpan]:
     """The ranges of the processes with events (all, without events), ends of ranges left open
     at their start, the longest `limit` shared among the processes, in time order."""
-    if not events.empty:
-        mine = mine[mine["pid"].isin(pd.unique(events["pid"].to_numpy())).to_numpy()]  # a hash pass, not a sort
+    if not threads.empty:
+        mine = mine[mine["pid"].isin(pd.unique(threads["pid"].to_numpy())).to_numpy()]  # a hash pass, not a sort
     ends = mine["end_ns"].to_numpy()
     mine = mine.assign(end_ns=np.where(ends < _FINITE, ends, mine["start_ns"].to_numpy()))
     mine = longest_per_process(mine, limit).sort_values(["start_ns", "depth"], kind="stable")
     return [NvtxSpan(int(p), int(t), str(n), int(s), int(e), int(d))
             for p, t, n, s, e, d in mine[["pid", "tid", "name", "start_ns", "end_ns", "depth"]]
             .itertuples(index=False)]  # capped list
+
+
+class Explorable(Reducer):
+    """What the timeline's explorable parts read of the events: the threads with memory events,
+    whose NVTX ranges (Facts.more's) make the bands and spans, and where memory moves (the focus
+    window). The first look gathers the threads and sums the movement (|delta bytes|, one
+    running sum in event order, so the same floats however the batches are cut); between the
+    looks the bands are made, and the second look finds where FOCUS_SKIP of the movement had
+    happened and how much moved inside the steps (step_bands). Its answer: `Explored`."""
+
+    field = "explorable"
+    needs = ("nvtx_ranges", "operator_ranges")
+    second_look = True
+
+    def start(self, facts: Facts) -> None:
+        super().start(facts)
+        self.ranges = facts.more.get("nvtx_ranges", _NO_RANGES)
+        self.operators = facts.more.get("operator_ranges", _NO_RANGES)
+        self.keys = np.zeros(0, "int64")  # thread_key of each thread with events (when there are ranges)
+        self.moved, self.last_ts = 0.0, None
+
+    def add(self, b: EventBatch) -> None:
+        if len(b) and not (self.ranges.empty and self.operators.empty):
+            self.keys = pd.unique(np.concatenate([self.keys, thread_key(b.pid, b.calls["tid"])]))
+        ts, moved = _movement(b, self.moved)
+        if len(ts):
+            self.moved, self.last_ts = float(moved[-1]), int(ts[-1])
+
+    def between(self) -> None:
+        self.threads = pd.DataFrame({"pid": self.keys >> 24, "tid": self.keys & 0xFFFFFF})
+        self.bands = top_level_bands(self.ranges, self.threads)
+        steps = step_bands(self.bands)
+        self.steps = step_span(steps) if steps else None
+        self.running, self.first_ts = 0.0, None
+        self.before_steps = self.through_steps = 0.0  # the movement before the steps' start, through their end
+
+    def again(self, b: EventBatch) -> None:
+        if self.first_ts is not None and self.steps is None:
+            return
+        ts, moved = _movement(b, self.running)
+        if not len(ts):
+            return
+        if self.first_ts is None:
+            at = int(np.searchsorted(moved, FOCUS_SKIP * self.moved, side="left"))
+            self.first_ts = int(ts[at]) if at < len(ts) else None
+        if self.steps is not None:
+            before = int(np.searchsorted(ts, self.steps[0], side="left"))
+            through = int(np.searchsorted(ts, self.steps[1], side="right"))
+            self.before_steps = float(moved[before - 1]) if before else self.before_steps
+            self.through_steps = float(moved[through - 1]) if through else self.through_steps
+        self.running = float(moved[-1])
+
+    def finish(self, live: dict) -> "Explored":
+        return Explored(self.ranges, self.operators, self.threads, self.bands, self.moved, self.first_ts,
+                        self.last_ts, self.steps, self.through_steps - self.before_steps)
+
+
+def _movement(b: EventBatch, before: float) -> tuple[np.ndarray, np.ndarray]:
+    """The times of the batch's events that move memory and the movement (sum of |delta bytes|)
+    through each, `before` it included: a running sum in event order, added to as the whole
+    frame's would be (`before` added to the first), in place (one array of floats)."""
+    moving = np.count_nonzero(b.delta)
+    if moving == len(b.delta):  # every event moves memory: no list of rows, no copy of the times
+        ts, moved = b.ts, b.delta.astype("float64")
+    else:
+        rows = np.flatnonzero(b.delta)
+        ts, moved = b.ts[rows], b.delta[rows].astype("float64")
+    if len(moved):
+        np.abs(moved, out=moved)
+        moved[0] += before
+        np.cumsum(moved, out=moved)
+    return ts, moved
+
+
+@dataclasses.dataclass(eq=False)
+class Explored:
+    """Explorable's answer: the threads with memory events (pid, tid), the NVTX bands, and the
+    memory movement: in all, where FOCUS_SKIP of it had happened (`first_ts`), the last event
+    that moved memory (`last_ts`, None: none did) and what moved in the `steps`' span."""
+
+    ranges: pd.DataFrame
+    operators: pd.DataFrame
+    threads: pd.DataFrame
+    bands: list[Band]
+    moved: float
+    first_ts: Optional[int]
+    last_ts: Optional[int]
+    steps: Optional[tuple[int, int]]
+    moved_in_steps: float
+
+    def timeline(self, timeline, trace_ends: list[TraceEnd]):
+        """`timeline` with its bands, focus window, NVTX and operator spans, and `trace_ends`
+        (early_trace_ends)."""
+        start, end = self.focus(trace_ends)
+        return dataclasses.replace(timeline, bands=self.bands, trace_ends=trace_ends, focus_start_ns=start,
+                                   focus_end_ns=end, spans=nvtx_spans(self.ranges, self.threads),
+                                   operator_spans=operator_spans(self.operators, self.threads))
+
+    def focus(self, trace_ends: list[TraceEnd]) -> tuple[Optional[int], Optional[int]]:
+        """The span where memory moves, in ns (focus_from_movement); (None, None) without events
+        that move memory."""
+        if self.last_ts is None:
+            return None, None
+        first = self.first_ts if self.first_ts is not None else self.last_ts
+        return focus_from_movement(first, self.last_ts, self.moved, self._moved_between, self.bands, trace_ends)
+
+    def _moved_between(self, start: int, end: int) -> float:
+        assert (start, end) == self.steps, "the movement was summed for the steps alone"
+        return self.moved_in_steps
 
 
 class LargestAllocations(Reducer):

@@ -12,7 +12,6 @@ analyses.md says what is exact (all of it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -62,8 +61,6 @@ class FirstLook:
     pairs: dict = field(default_factory=dict)  # peak.Peaks' pairs, once this look is done
     first_ts: int = HIGH
     last_ts: int = LOW
-    moved: float = 0.0
-    last_moving_ts: Optional[int] = None
     # the largest allocations and how many there were (explore.LargestAllocations' answer), set
     # once this look is done, for the second look and the consumers after it
     allocations: int = 0
@@ -74,8 +71,4 @@ class FirstLook:
         if len(b) == 0:
             return
         self.first_ts, self.last_ts = min(self.first_ts, int(b.ts[0])), max(self.last_ts, int(b.ts[-1]))
-        moving = np.flatnonzero(b.delta != 0)
-        if len(moving):
-            self.moved = float(np.cumsum(np.concatenate([[self.moved], np.abs(b.delta[moving]).astype("float64")]))[-1])
-            self.last_moving_ts = int(b.ts[moving[-1]])
 

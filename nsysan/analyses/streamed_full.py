@@ -6,8 +6,8 @@ The memory events flow as in `--quick` (streamed_run.py), each batch joined to i
 the threads and the calls' span; the first pass gathers the allocations' call stacks and the
 live bytes at each failed call; the second labels every event's site (streamed_sites.py) and
 attributes it to its NVTX ranges, for the engine's sites table (sites.SiteRanks) and ranges
-table (ranges.RangeSums); the timeline's bands, spans and focus come from the ranges, the threads with
-memory events and the memory movement (MemoryThreads, Movement); the steps, growth and phases from
+table (ranges.RangeSums); the timeline's bands, spans and focus from the engine's explore.Explorable
+as on the whole frame; the steps, growth and phases from
 the engine's reducer (step_windows.py) as on the whole frame. Every section is the whole frame's;
 a section not streamed (none now) would be left empty and named by the diagnostic `not_streamed`
 (NOT_STREAMED), with how to get it.
@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..events.nvtx import attribute_ranges, thread_key
+from ..events.nvtx import attribute_ranges
 from ..events.read import last_cuda_calls, read_thread_names
 from ..events.read_nvtx import read_nvtx_ranges
 from ..events.read_launches import read_launches
@@ -43,12 +43,11 @@ from .stacks import referenced_stacks
 from .iterations import iteration_pids
 from .steps import find_step_ranges
 from .streamed import RESIDENT
-from .explore import early_trace_ends, nvtx_spans, operator_spans, step_bands, step_span
+from .explore import early_trace_ends
 from .streamed_oom import VerdictLooks
-from .streamed_run import _focus, _mini, gpus, run_streamed
+from .streamed_run import _mini, gpus, run_streamed
 from .sites import SiteRanks
 from .streamed_sites import SiteSums
-from .timeline import top_level_bands
 from .byte_classes import byte_classes, step_phases
 from .step_windows import found_steps
 
@@ -89,25 +88,20 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
 
     span = _span(calls, ranges)
 
-    def first(look) -> Each:
+    def first(look) -> FirstCalls:
         looks["first"] = FirstCalls(calls)
-        looks["threads"] = MemoryThreads()
-        return Each(looks["first"], looks["threads"])
+        return looks["first"]
 
-    def second(look) -> Each:
+    def second(look) -> SiteSums:
         found = looks["first"]
         looks["second"] = SiteSums(conn, schema, found.wanted_chains(), calls.spans,
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
                                    listed=_listed(look.first), look=look,
                                    times=(look.first.first_ts, look.first.last_ts))
-        looks["bands"] = top_level_bands(ranges, looks["threads"].frame())
-        steps = step_bands(looks["bands"])
-        looks["movement"] = Movement(step_span(steps) if steps else None)
-        looks["look"] = look
         verdict_looks.second_pass(look, looks["second"])  # fed by SiteSums, as its watchers
         # SiteSums feeds the verdicts' consumers, its watchers, and labels the batches for the
         # engine's second look (the spikes', the ranges table's)
-        return Each(looks["second"], looks["movement"])
+        return looks["second"]
 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
@@ -139,23 +133,12 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         quick, scope="full", capture=capture, sites=looks["sites"], api_calls=api_calls.stats(), failed_calls=failed,
         diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved,
         ranges=range_table, range_families=range_families,
-        timeline=_explorable(quick.timeline, looks, ranges, operator_ranges, last_calls), steps=steps, growth=growth, phases=phases,
+        timeline=looks["explorable"].timeline(quick.timeline, early_trace_ends(ranges, last_calls)), steps=steps, growth=growth, phases=phases,
         byte_classes=byte_classes(looks["byte_classes"], verdicts.reserved, growth, gpu_of))
     answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, False,
                              {pid: label for pid, label in labels.items() if label}, analysis.byte_classes)
     analysis = dataclasses.replace(analysis, answers=answers)
     return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(sites.registry.stacks, analysis)))
-
-
-def _explorable(timeline, looks: dict, ranges: pd.DataFrame, operator_ranges: pd.DataFrame, last_calls: dict):
-    """analyses._explorable's NVTX parts: the bands, spans, trace ends and focus."""
-    trace_ends = early_trace_ends(ranges, last_calls)
-    look = looks["look"]
-    focus = _focus(look.first, look, looks["bands"], trace_ends, looks["movement"].moved_between)
-    threads = looks["threads"].frame()
-    return dataclasses.replace(timeline, bands=looks["bands"], trace_ends=trace_ends, focus_start_ns=focus[0],
-                               focus_end_ns=focus[1], spans=nvtx_spans(ranges, threads),
-                               operator_spans=operator_spans(operator_ranges, threads))
 
 
 def not_streamed_note() -> Diagnostic:
@@ -165,62 +148,6 @@ def not_streamed_note() -> Diagnostic:
         f"sections are not computed that way yet and are left empty: {', '.join(NOT_STREAMED)}; analyze it "
         "with nsysan.analyze(path, keep_events=True) on a machine with about 250 bytes of memory per event "
         "for all of them, or with --quick for the memory-table answers alone")
-
-
-class Each:
-    """Hands each batch to every one of `consumers`, in order."""
-
-    def __init__(self, *consumers) -> None:
-        self.consumers = consumers
-
-    def add(self, batch) -> None:
-        for consumer in self.consumers:
-            consumer.add(batch)
-
-
-class MemoryThreads:
-    """The first pass's consumer of the threads with memory events (what the timeline's bands and
-    spans read of the events: top_level_bands, nvtx_spans)."""
-
-    def __init__(self) -> None:
-        self.keys = np.zeros(0, "int64")  # thread_key of each thread with events
-
-    def add(self, b) -> None:
-        if len(b):
-            self.keys = pd.unique(np.concatenate([self.keys, thread_key(b.pid, b.calls["tid"])]))
-
-    def frame(self) -> pd.DataFrame:
-        return pd.DataFrame({"pid": self.keys >> 24, "tid": self.keys & 0xFFFFFF})
-
-
-class Movement:
-    """The second pass's consumer of the memory movement (sum of |delta bytes|) before the steps'
-    start and through their end (explore.focus_from_movement's `moved_between`), as
-    explore.focus_window's cumulative sum makes it, in the same order, so the same floats."""
-
-    def __init__(self, steps: Optional[tuple[int, int]]) -> None:
-        self.steps = steps
-        self.moved = self.before_start = self.through_end = 0.0
-
-    def add(self, b) -> None:
-        moving = np.flatnonzero(b.delta != 0) if self.steps is not None else ()
-        if not len(moving):
-            return
-        ts = b.ts[moving]
-        moved = np.cumsum(np.concatenate([[self.moved], np.abs(b.delta[moving].astype("float64"))]))
-        start, end = self.steps
-        before = int(np.searchsorted(ts, start, side="left"))
-        if before:
-            self.before_start = float(moved[before])
-        through = int(np.searchsorted(ts, end, side="right"))
-        if through:
-            self.through_end = float(moved[through])
-        self.moved = float(moved[-1])
-
-    def moved_between(self, start: int, end: int) -> float:
-        """The movement of the events from the steps' `start` to their `end`, both included."""
-        assert (start, end) == self.steps, "the movement was summed for the steps alone"
-        return self.through_end - self.before_start
 
 
 class Described:

@@ -23,12 +23,11 @@ from .bounds import cut_long_strings
 from .capture import capture_facts
 from .caps import memory_caps
 from .diagnostics import capture_diagnostics
-from .explore import allocation_groups, focus_from_movement
+from .explore import Explorable, LargestAllocations, allocation_groups
 from .oom import CutShortSums
 from .peak import Peaks, PeakSeries, headline, module_load_note, peak_of, pair_of as _pair  # (streamed_oom's)
 from .ranks import assign_ranks
 from .preallocations import BigBlocks, find_preallocations, preallocated
-from .explore import LargestAllocations
 from .byte_classes import ByteClassSums
 from .step_windows import StepWindows
 from .groups import GroupSums
@@ -73,7 +72,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     more.setdefault("labels", Labels)
     peak_look, more["pool_uses"] = Peaks(), PoolUses()
     fed = flow.feed(lambda: _Both(FirstLook(), also[0],
-                                  Engine([GroupSums(), TimelineSeries(), NeverFreed(), LargestAllocations(),
+                                  Engine([GroupSums(), TimelineSeries(), Explorable(), NeverFreed(), LargestAllocations(),
                                           StepWindows(), ByteClassSums(), Spikes(), more["pool_uses"], RangeSums(),
                                           peak_look, CutShortSums(), BigBlocks(), *reducers], Facts(flow.kinds, gpu_of, more))),
                      keep=True)
@@ -90,8 +89,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
 
     def second_look() -> _Both:
         engine.between()  # (again, should the pass start over)
-        return _Both(SecondLook(first=first, peak_look=peak_look, focus_target=0.05 * first.moved,
-                                pools=more["pool_uses"]),
+        return _Both(SecondLook(first=first, peak_look=peak_look, pools=more["pool_uses"]),
                      also[1], engine, again=True)
 
     second = flow.replay(second_look).main
@@ -121,11 +119,10 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     leaks = answered["never_freed"]
     never_freed = described.allocations(leaks.head(500), {})
     leaked = described.frame(leaks)
-    timeline = Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=answered["timeline"], bands=[])
-    focus = _focus(first, second)
+    timeline = answered["explorable"].timeline(
+        Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=answered["timeline"]), [])
     largest = described.allocations(first.largest, second.free_ts)
-    timeline = dataclasses.replace(timeline, focus_start_ns=focus[0], focus_end_ns=focus[1], spans=[],
-                                   allocations=largest, allocations_total=first.allocations, trace_ends=[])
+    timeline = dataclasses.replace(timeline, allocations=largest, allocations_total=first.allocations)
     pids = sorted({g.pid for g in groups})
     # capture_diagnostics reads the events' processes and API names alone: one row per process
     digest = pd.DataFrame({"pid": np.array(pids, "int32"), "api": pd.Categorical([QUICK_API] * len(pids))})
@@ -237,14 +234,3 @@ def _peak(series: PeakSeries, second: SecondLook, kinds: list[str], total_memory
     event = described.peak_event(series) or ("(module load)" if kinds[series.best_kind] == "static" else QUICK_API, "")
     return peak_of(series, described.frame(live, series), np.arange(len(live)), event, total_memory(series.gpu),
                    lambda at: described.allocations(live.iloc[at], second.free_ts, series), described.site_table)
-
-
-def _focus(first: FirstLook, second: SecondLook, bands: list = (), trace_ends: list = (),
-           moved_between=None) -> tuple[Optional[int], Optional[int]]:
-    """explore.focus_window from the looks' movement: where FOCUS_SKIP of it had happened, the
-    last move, and (the full analysis) the NVTX bands, trace ends and `moved_between` the steps."""
-    if first.last_moving_ts is None:
-        return None, None
-    start = second.focus_ts if second.focus_ts is not None else first.last_moving_ts
-    return focus_from_movement(start, first.last_moving_ts, first.moved, moved_between, list(bands),
-                               list(trace_ends))

@@ -25,9 +25,6 @@ class SecondLook:
 
     first: FirstLook
     peak_look: Peaks  # its second look at a batch, before the sites' (which read the live sets it keeps)
-    focus_target: float
-    moved: float = 0.0
-    focus_ts: Optional[int] = None
     free_ts: dict = field(default_factory=dict)  # allocation seq -> its free's time, for listed ones
     wanted: set = field(default_factory=set)
     # pools.PoolUses: its second look at a batch queues the pools' reserve changes in `changes`, which
@@ -58,10 +55,4 @@ class SecondLook:
             hit = np.isin(b.partner_seq[frees], np.fromiter(self.wanted, "int64"))
             for alloc, ts in zip(b.partner_seq[frees[hit]].tolist(), b.ts[frees[hit]].tolist()):
                 self.free_ts[alloc] = ts
-        if self.focus_ts is None:
-            moving = np.flatnonzero(b.delta != 0)
-            moved = np.cumsum(np.concatenate([[self.moved], np.abs(b.delta[moving]).astype("float64")]))[1:]
-            at = int(np.searchsorted(moved, self.focus_target, side="left"))
-            if at < len(moving):
-                self.focus_ts = int(b.ts[moving[at]])
-            self.moved = float(moved[-1]) if len(moved) else self.moved
+

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from ..engine import Engine, Facts, Reducer
+from ..engine import Facts, Reducer
 from ..events.nvtx import thread_key
 from .groups import batch_groups
 from .grouping import Segments
-from ..model import Band, Series, Timeline
+from ..model import Band, Series
 
 if TYPE_CHECKING:
     from ..events.stream import EventBatch
@@ -107,12 +107,6 @@ def group_events(events: pd.DataFrame) -> Groups:
     return Groups(keys, segments.running_sums(events["delta_bytes"].to_numpy()), segments)
 
 
-def build_timeline(batch: "EventBatch", facts: Facts, events: pd.DataFrame, ranges: pd.DataFrame, start_ns: int,
-                   end_ns: int) -> Timeline:
-    """The whole frame's timeline: its series (TimelineSeries over the frame as one `batch`) and
-    the NVTX bands."""
-    series = Engine([TimelineSeries()], facts).run([batch], {})["timeline"]
-    return Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=series, bands=top_level_bands(ranges, events))
 
 
 class TimelineSeries(Reducer):
@@ -207,8 +201,9 @@ def longest_per_process(ranges: pd.DataFrame, limit: int) -> pd.DataFrame:
     return ranges[rank <= quota]
 
 
-def top_level_bands(ranges: pd.DataFrame, events: pd.DataFrame, limit: int = MAX_BANDS) -> list[Band]:
-    """Outermost NVTX ranges of each process's main thread (e.g. "setup", "step 0", "step 1").
+def top_level_bands(ranges: pd.DataFrame, threads: pd.DataFrame, limit: int = MAX_BANDS) -> list[Band]:
+    """Outermost NVTX ranges of each process's main thread (e.g. "setup", "step 0", "step 1"), of
+    the processes of `threads` (pid, tid: the threads with memory events; all processes when none).
 
     The main thread (tid == pid) carries the phases of a program; worker threads (PyTorch's
     autograd threads, for one) carry library ranges such as cub sorts. A process whose main
@@ -218,15 +213,15 @@ def top_level_bands(ranges: pd.DataFrame, events: pd.DataFrame, limit: int = MAX
         return []
     top = ranges[ranges["depth"] == 1]
     # distinct values by a hash pass: np.unique and np.isin sort all 1e7 events' keys
-    pids = pd.unique(events["pid"].to_numpy()) if not events.empty else np.unique(top["pid"].to_numpy())
+    pids = pd.unique(threads["pid"].to_numpy()) if not threads.empty else np.unique(top["pid"].to_numpy())
     top = top[top["pid"].isin(pids).to_numpy()]
     on_main = (top["tid"] == top["pid"]).to_numpy()
     has_main = top.loc[on_main, "pid"].unique()
-    if events.empty:
+    if threads.empty:
         by_allocator = np.zeros(len(top), bool)
     else:
-        threads = pd.unique(thread_key(events["pid"].to_numpy(), events["tid"].to_numpy()))
-        by_allocator = np.isin(thread_key(top["pid"].to_numpy(), top["tid"].to_numpy()), threads)
+        keys = pd.unique(thread_key(threads["pid"].to_numpy(), threads["tid"].to_numpy()))
+        by_allocator = np.isin(thread_key(top["pid"].to_numpy(), top["tid"].to_numpy()), keys)
     top = top[on_main | (~top["pid"].isin(has_main).to_numpy() & by_allocator)]
     end_cap = top["end_ns"].where(top["end_ns"] < np.iinfo("int64").max // 4, top["start_ns"])
     top = top.assign(end_ns=end_cap)
