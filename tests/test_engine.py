@@ -20,10 +20,10 @@ from nsysan.analyses.explore import FOCUS_PAD, FOCUS_SKIP, Explorable, LargestAl
 from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
 from nsysan.analyses import verdicts
-from nsysan.analyses.calls import failed_call_rows
+from nsysan.analyses.calls import FailedCalls, failed_call_rows
 from nsysan.analyses.oom import CutShortSums, FailureDevices, ReleaseBursts, oom_calls
 from nsysan.analyses.verdicts import AccessMaps
-from nsysan.analyses.diagnostics import xla_pids
+from nsysan.analyses.diagnostics import VmmEvents, xla_pids
 from nsysan.analyses.iterations import iteration_pids
 from nsysan.analyses import pools
 from nsysan.analyses.peak import Peaks
@@ -36,7 +36,7 @@ from nsysan.analyses.step_windows import StepWindows, found_steps
 from nsysan.analyses.steps import find_step_ranges, listed, memory_threads
 from nsysan.engine import Engine, Facts, frame_batch, frame_labels, frame_live, pieces
 from nsysan.events import load_events, spill, stream
-from nsysan.events.read import last_cuda_calls
+from nsysan.events.read import last_cuda_calls, latest_ends
 from nsysan.events.read_launches import read_launches
 from nsysan.events.read_nvtx import read_nvtx_ranges
 from nsysan.sources.schema import open_readonly, probe
@@ -244,8 +244,10 @@ def stepped(name: str, bounds=()) -> tuple[list, list]:
             schema = probe(conn, name)
             nvtx = find_step_ranges(analysis.nvtx_ranges, threads)
             launches = read_launches(conn, schema, iteration_pids(threads, nvtx, schema.capture_start_pids))
+            calls = analysis.calls
+            ends = latest_ends(calls["pid"].to_numpy(), calls["end_ns"].to_numpy(), {})
             _found[name] = (found_steps(analysis.nvtx_ranges, threads, None, launches, nvtx),
-                            last_cuda_calls(conn, schema, analysis.calls, analysis.nvtx_ranges))
+                            last_cuda_calls(conn, schema, ends, analysis.nvtx_ranges))
         finally:
             conn.close()
     found, trace_ends = _found[name]
@@ -840,6 +842,48 @@ def test_failure_devices_are_the_same_on_one_batch_k_batches_and_3_row_batches()
     assert whole == [f.device for f in frame("real_oom_v25").oom.failures] == [0] * len(failed) == [0]
     for cut in cuts(n):
         assert failure_devices("real_oom_v25", cut) == whole
+
+
+def failed_calls(name: str, bounds=()) -> list:
+    """FailedCalls over the fixture's events cut before `bounds`: its failed calls with the live
+    bytes of their process then."""
+    analysis = frame(name)
+    return answer(analysis, FailedCalls(), bounds, {"failed_call_rows": failed_call_rows(analysis.calls),
+                                                    "nvtx_ranges": analysis.nvtx_ranges})
+
+
+@pytest.mark.parametrize("name", ["real_oom_v25", "torch_expandable_v25"])
+def test_failed_calls_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    whole = failed_calls(name)
+    assert whole == frame(name).failed_calls and len(whole) == 1
+    for cut in cuts(len(frame(name).events)):
+        assert failed_calls(name, cut) == whole
+
+
+def test_failed_calls_in_3_row_batches_hold_the_truth():
+    """real_oom_v25's 9th cudaMalloc failed (error 2, in NVTX range fill) with the 8 blocks of
+    16 GiB before it live; torch_expandable_v25's refused cuMemCreate (a probe) came before its
+    process had any GPU memory."""
+    failing = next(r for r in truth("real_oom_v25") if r.get("error") == 2)
+    (oom,) = failed_calls("real_oom_v25", range(0, len(frame("real_oom_v25").events), 3))
+    assert (oom.api, oom.return_value, oom.nvtx_range) == ("cudaMalloc", 2, "fill")
+    assert oom.live_bytes == failing["i"] * failing["bytes"] == 8 * (16 << 30)
+    (probe,) = failed_calls("torch_expandable_v25", range(0, len(frame("torch_expandable_v25").events), 3))
+    assert (probe.api, probe.error, probe.live_bytes) == ("cuMemCreate", "CUDA_ERROR_NOT_PERMITTED", 0)
+
+
+@pytest.mark.parametrize("name, count", [("torch_expandable_v25", 273), ("ddp_leak_v25", 2 * 292)])
+def test_vmm_events_are_the_same_on_one_batch_k_batches_and_3_row_batches(name, count):
+    """torch_expandable_v25 gives access to 273 expandable segments (cuMemSetAccess; their bytes
+    are PyTorch's reserve, test_analyses.py) and unmaps none; ddp_leak_v25's ranks map and unmap
+    292 between them: the virtual_memory_api diagnostic counts them."""
+    analysis = frame(name)
+    more = {"api_names": list(analysis.events["api"].cat.categories)}
+    assert answer(analysis, VmmEvents(), (), more) == count
+    for cut in cuts(len(analysis.events)):
+        assert answer(analysis, VmmEvents(), cut, more) == count
+    (note,) = [d for d in analysis.diagnostics if d.code == "virtual_memory_api"]
+    assert note.message.startswith(f"{count} events come from the driver's virtual-memory API")
 
 
 def unmapped(name: str, bounds=()) -> list:

@@ -22,9 +22,9 @@ from ..sources.schema import Schema
 from .allocations import to_allocations
 from .bounds import cut_long_strings
 from .capture import capture_facts
-from .calls import api_call_stats, find_failed_calls
+from .calls import FailedCalls, api_call_stats, failed_call_rows
 from .explore import Explorable, Explored, allocation_groups, early_trace_ends, LargestAllocations
-from .diagnostics import capture_diagnostics
+from .diagnostics import VmmEvents, capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
 from .groups import GroupSums, frame_groups
 from .peak import Peaks, headline, module_load_note, peak_of
@@ -104,13 +104,14 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                                       "site_table": lambda: site_table})
         site_work = partial(_one_run, SiteRanks(), site_facts, whole, live) if not loaded.quick else partial(list)
         api_calls_later, sites_later = (pool.submit(work) for work in (api_call_work, site_work))
-        answered = Engine([GroupSums(), NeverFreed(), LargestAllocations(), BigBlocks()], facts).run([batch],
-                                                                                  dict(live))
+        call_facts = {"failed_call_rows": failed_call_rows(calls), "nvtx_ranges": ranges,
+                      "api_names": list(events["api"].cat.categories)}
+        answered = Engine([GroupSums(), NeverFreed(), LargestAllocations(), BigBlocks(), FailedCalls(), VmmEvents()],
+                          dataclasses.replace(facts, more=call_facts)).run([batch], dict(live))
         del batch  # its groups' running sums go with the timeline's (below), its partners now
-        groups = answered["groups"]
+        groups, failed = answered["groups"], answered["failed_calls"]
         leaked = answered.pop("never_freed")["seq"].to_numpy()  # event rows, largest first
         never_freed, never_freed_total = allocations(events.iloc[leaked[:MAX_LISTED]]), len(leaked)
-        failed = find_failed_calls(calls, events, ranges)
         # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once (or by the pipeline already)
         threads = loaded.memory_threads if loaded.memory_threads is not None else memory_threads(calls)
         counted = None if schema.memory_usage_collected else alloc_calls(calls, ranges)  # no sizes: the calls
@@ -136,7 +137,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                        allocations_total=allocations_total)
         diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
             schema, events, calls, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version,
-            quick=loaded.quick, pools=pools)
+            quick=loaded.quick, vmm_events=answered["vmm_events"], pools=pools)
         sites = _here_unless_started(sites_later, site_work)
         api_calls = _here_unless_started(api_calls_later, api_call_work)
     peaks = verdicts.peaks

@@ -6,11 +6,12 @@ import numpy as np
 import pandas as pd
 
 from ..base import apis
+from ..engine import Reducer
 from ..events.nvtx import attribute_ranges
-from ..model import ApiCallStat, FailedCall
+from ..model import GPU_RESIDENT_KINDS, ApiCallStat, FailedCall
 from ..model.memory import MAX_FAILED_CALLS
 from .grouping import Segments
-from .peak import resident_rows
+from .groups import batch_series
 
 # Calls summed at a time: a chunk's durations and masks stay small beside the calls frame.
 CALL_CHUNK = 1 << 20
@@ -70,50 +71,51 @@ class CallStatSums:
                 for k, (_, calls_, failed_, total, longest) in ordered]
 
 
-def find_failed_calls(calls: pd.DataFrame, events: pd.DataFrame, ranges: pd.DataFrame) -> list[FailedCall]:
-    """Memory API calls that returned an error, with the NVTX range and live bytes at that moment."""
-    failed = failed_call_rows(calls)
-    if failed.empty:
-        return []
-    return failed_call_list(failed, _live_at(failed, events), ranges)
-
-
 def failed_call_rows(calls: pd.DataFrame) -> pd.DataFrame:
-    """The calls find_failed_calls lists: the first MAX_FAILED_CALLS that returned an error (not
-    counting the informational calls)."""
+    """The calls `Analysis.failed_calls` lists: the first MAX_FAILED_CALLS that returned an error
+    (not counting the informational calls)."""
     if calls.empty:
         return calls
     return calls[((calls["return_value"] != 0) & (calls["family"] != "info")).to_numpy()].head(MAX_FAILED_CALLS)
 
 
-def failed_call_list(failed: pd.DataFrame, live: np.ndarray, ranges: pd.DataFrame) -> list[FailedCall]:
-    """failed_call_rows as FailedCalls, with the live bytes of each one's process then (`live`,
-    -1 when sizes are unknown) and its NVTX range."""
-    if failed.empty:
-        return []
-    nvtx, _ = attribute_ranges(failed, ranges)
-    return [FailedCall(pid=int(pid), tid=int(tid), api=str(api), time_ns=int(ts), return_value=int(code),
-                       error=apis.error_name(str(api), int(code)), nvtx_range=str(name),
-                       live_bytes=None if lb < 0 else int(lb))
-            for pid, tid, api, ts, code, name, lb
-            in zip(failed["pid"], failed["tid"], failed["api"], failed["ts_ns"], failed["return_value"],
-                   np.asarray(nvtx), live)]  # capped list
+class FailedCalls(Reducer):
+    """`Analysis.failed_calls`: the calls of failed_call_rows, each with its NVTX range and the live
+    GPU-resident bytes of its process at its time (None when no memory event was seen: sizes
+    unknown). Facts.more: "failed_call_rows" (failed_call_rows of every call), "nvtx_ranges"."""
 
+    field = "failed_calls"
+    needs = ("failed_call_rows", "nvtx_ranges")
 
-def _live_at(points: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
-    """Live GPU-resident bytes of each point's process at its time (-1 when sizes are unknown)."""
-    result = np.full(len(points), -1, "int64")
-    if events.empty:
-        return result
-    rows = resident_rows(events)
-    result[:] = 0
-    event_pid = events["pid"].to_numpy()[rows]
-    for pid in np.unique(points["pid"].to_numpy()):  # one per process
-        mine = np.flatnonzero(points["pid"].to_numpy() == pid)
-        theirs = rows[event_pid == pid]
-        if len(theirs) == 0:
-            continue
-        live = np.cumsum(events["delta_bytes"].to_numpy()[theirs])
-        at = np.searchsorted(events["ts_ns"].to_numpy()[theirs], points["ts_ns"].to_numpy()[mine], side="right") - 1
-        result[mine] = np.where(at >= 0, live[np.maximum(at, 0)], 0)
-    return result
+    def start(self, facts) -> None:
+        super().start(facts)
+        self.failed = facts.more["failed_call_rows"]
+        self.pid = self.failed["pid"].to_numpy().astype("int64") if len(self.failed) else np.zeros(0, "int64")
+        self.ts = self.failed["ts_ns"].to_numpy().astype("int64") if len(self.failed) else np.zeros(0, "int64")
+        self.live = np.zeros(len(self.pid), "int64")
+        self.carried: dict[int, int] = {}  # pid -> its GPU-resident live bytes so far
+        self.resident = [i for i, kind in enumerate(facts.kinds) if kind in GPU_RESIDENT_KINDS]
+        self.seen = False  # a memory event: sizes are known
+
+    def add(self, b) -> None:
+        self.seen = self.seen or len(b) > 0
+        if not len(self.pid) or not len(b):
+            return
+        for (pid, _), rows, live in batch_series(b, self.resident, per_device=False):  # the few processes
+            mine = np.flatnonzero(self.pid == pid)
+            live = live + self.carried.get(pid, 0)
+            self.carried[pid] = int(live[-1])
+            at = np.searchsorted(b.ts[rows], self.ts[mine], side="right") - 1
+            self.live[mine[at >= 0]] = live[at[at >= 0]]
+
+    def finish(self, live: dict) -> list[FailedCall]:
+        if not len(self.pid):
+            return []
+        nvtx, _ = attribute_ranges(self.failed, self.facts.more["nvtx_ranges"])
+        failed = self.failed
+        return [FailedCall(pid=int(pid), tid=int(tid), api=str(api), time_ns=int(ts), return_value=int(code),
+                           error=apis.error_name(str(api), int(code)), nvtx_range=str(name),
+                           live_bytes=int(held) if self.seen else None)
+                for pid, tid, api, ts, code, name, held
+                in zip(failed["pid"], failed["tid"], failed["api"], failed["ts_ns"], failed["return_value"],
+                       np.asarray(nvtx), self.live)]  # capped list

@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from ..engine import Reducer
 from ..model import Diagnostic, FailedCall, GroupSummary, Peak, PoolUse
 from ..events.read import TRACE_GOES_ON
 from ..sources.schema import Schema
@@ -108,19 +109,19 @@ _NSYS_FOR_CUDA = {12: (2022, 5), 13: (2025, 3)}
 def capture_diagnostics(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame,
                         last_cuda_call_ns: dict[int, int], groups: list[GroupSummary], peaks: list[Peak],
                         failed: list[FailedCall], report_version: Optional[str],
-                        quick: bool = False, counted: Optional[dict[str, int]] = None,
+                        quick: bool = False, vmm_events: int = 0, calls_without_events: Optional[int] = None,
                         pools: Sequence[PoolUse] = ()) -> list[Diagnostic]:
-    """`counted`: what the frames would tell, counted by a flow of batches instead (streamed_full.py):
-    "vmm_events", "calls_without_events"; `pools`: the stream-ordered memory pools (pools.PoolUses)."""
+    """`vmm_events`: VmmEvents' count; `calls_without_events`: the successful allocation calls
+    without a memory event, counted by a flow of batches (streamed_full.py; else from the calls
+    frame); `pools`: the stream-ordered memory pools (pools.PoolUses)."""
     found: list[Diagnostic] = []
-    counted = counted or {}
     found += _collection(schema, events, calls, quick)
     found += _incomplete_trace(schema, last_cuda_call_ns, ranges, report_version)
     found += _orphan_frees(groups)
-    found += _allocations_without_events(schema, events, calls, counted.get("calls_without_events"))
+    found += _allocations_without_events(schema, events, calls, calls_without_events)
     found += _static_memory(groups)
     found += _caching_allocator(schema, events, groups, ranges, pools)
-    found += _vmm(events, counted.get("vmm_events"))
+    found += _vmm(vmm_events)
     found += _capacity(peaks)
     found += _failures(failed)
     return found
@@ -294,9 +295,27 @@ def _caching_allocator(schema: Schema, events: pd.DataFrame, groups: list[GroupS
 VMM_EVENT_APIS = ("cuMemSetAccess", "cuMemUnmap", "cuMemMap")
 
 
-def _vmm(events: pd.DataFrame, count: Optional[int] = None) -> list[Diagnostic]:
-    if count is None:
-        count = int(events["api"].isin(VMM_EVENT_APIS).to_numpy().sum()) if not events.empty else 0
+class VmmEvents(Reducer):
+    """How many memory events the driver's virtual-memory API made (the diagnostic
+    virtual_memory_api). Facts.more: "api_names" (what the batches' "api" codes name)."""
+
+    field = "vmm_events"
+    needs = ("api_names",)
+
+    def start(self, facts) -> None:
+        super().start(facts)
+        self.codes = [i for i, name in enumerate(facts.more["api_names"]) if name in VMM_EVENT_APIS]
+        self.count = 0
+
+    def add(self, b) -> None:
+        if self.codes and len(b):
+            self.count += int(np.isin(b.calls["api"], self.codes).sum())
+
+    def finish(self, live: dict) -> int:
+        return self.count
+
+
+def _vmm(count: int) -> list[Diagnostic]:
     if not count:
         return []
     return [Diagnostic("info", "virtual_memory_api",

@@ -5,7 +5,7 @@ for the whole frame and the streamed flow alike."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import pandas as pd
@@ -59,16 +59,19 @@ def batch_groups(b: "EventBatch") -> BatchGroups:
     return made
 
 
-def batch_series(b: "EventBatch", kinds: list[int]) -> list[tuple[tuple[int, int], np.ndarray, np.ndarray]]:
+def batch_series(b: "EventBatch", kinds: list[int], per_device: bool = True) \
+        -> list[tuple[tuple[int, Optional[int]], np.ndarray, np.ndarray]]:
     """Each (process, device) series of the batch's events of `kinds` (codes), in (pid, device)
-    order: its rows, in time order, and its running live bytes over the batch from 0 (several
-    kinds together: merged in event order, summed again). Made once per batch for every reducer
-    that reads them."""
+    order (`per_device` false: each process's, its devices together, keyed (pid, None)): its
+    rows, in time order, and its running live bytes over the batch from 0 (several kinds or
+    devices together: merged in event order, summed again). Made once per batch for every
+    reducer that reads them."""
     made = b.shared.setdefault("series", {})
-    if tuple(kinds) not in made:
+    if (tuple(kinds), per_device) not in made:
         found = batch_groups(b) if len(b) else None
         key = found.keys if found is not None else np.zeros(0, "int64")
-        pid, device = key >> 24, ((key >> 8) & 0xFFFF) - 1
+        pid = key >> 24
+        device = ((key >> 8) & 0xFFFF) - 1 if per_device else np.zeros(len(key), "int64")  # one for all
         chosen = np.flatnonzero(np.isin(key & 0xFF, kinds))
         series = []
         for p, d in sorted({(int(pid[g]), int(device[g])) for g in chosen.tolist()}):  # a few series
@@ -78,9 +81,9 @@ def batch_series(b: "EventBatch", kinds: list[int]) -> list[tuple[tuple[int, int
             else:
                 rows = np.sort(np.concatenate([rows for rows, _ in parts]), kind="stable")
                 live = np.cumsum(b.delta[rows])
-            series.append(((p, d), rows, live))
-        made[tuple(kinds)] = series
-    return made[tuple(kinds)]
+            series.append(((p, d if per_device else None), rows, live))
+        made[(tuple(kinds), per_device)] = series
+    return made[(tuple(kinds), per_device)]
 
 
 class GroupSums(Reducer):

@@ -26,11 +26,6 @@ ToAllocations = Callable[[pd.DataFrame], list[Allocation]]
 ToGroups = Callable[[np.ndarray], list[AllocationGroup]]  # alloc rows -> grouped by site and range
 
 
-def resident_rows(events: pd.DataFrame) -> np.ndarray:
-    """Rows of memory that sits on the GPU (device, array, static), in time order."""
-    return np.flatnonzero(events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy())
-
-
 @dataclass
 class PeakSeries:
     """GPU-resident live bytes (and pools' unused reserve) of one (process, device), or of every

@@ -19,7 +19,7 @@ from ..events.nvtx import MAX_NVTX_DEPTH, attribute_ranges, range_paths
 from ..model import GPU_RESIDENT_KINDS, RangeFamily, RangeStat
 from ..model.memory import range_family
 from .grouping import Segments
-from .groups import batch_groups
+from .groups import batch_series
 from .windows import Windows
 
 MAX_RANGES = 200
@@ -106,18 +106,8 @@ class RangeSums(Reducer):
     def _resident(self, b) -> None:
         """Each process's GPU-resident live bytes after each of its events, into the windows of its
         ranges (the value carried in at a range's start, or after an event inside): from the
-        batch's (process, device, kind) groups and their running sums, made once for every
-        reducer (groups.batch_groups; the whole frame's are the timeline's), not found again."""
-        found = batch_groups(b)
-        pids = found.keys >> 24
-        resident = np.flatnonzero(np.isin(found.keys & 0xFF, self.resident))
-        for p in pd.unique(pids[resident]).tolist():  # the few processes of the batch
-            parts = [found.members(g) for g in resident[pids[resident] == p].tolist()]
-            if len(parts) == 1:  # one device and kind: its running sums are the process's
-                rows, live = parts[0]
-            else:  # merged in event order, summed again
-                rows = np.sort(np.concatenate([rows for rows, _ in parts]))
-                live = np.cumsum(b.delta[rows])
+        batch's per-process series (groups.batch_series, made once for every reducer)."""
+        for (p, _), rows, live in batch_series(b, self.resident, per_device=False):  # the few processes
             live = live + self.live.get(p, 0)
             self.live[p] = int(live[-1])
             self.windows.add_series(p, b.ts[rows], live)

@@ -3,8 +3,9 @@ bounded memory (issue 14).
 
 The memory events flow as in `--quick` (streamed_run.py), each batch joined to its API calls
 (events/stream_calls.py); one scan of the calls sums the API call stats, finds the failed calls,
-the threads and the calls' span; the first pass gathers the allocations' call stacks and the
-live bytes at each failed call; the second labels every event's site (streamed_sites.py) and
+the threads and the calls' span; the first pass gathers the allocations' call stacks (and the
+engine's reducers the live bytes at each failed call, calls.FailedCalls, and the driver's
+virtual-memory events, diagnostics.VmmEvents); the second labels every event's site (streamed_sites.py) and
 attributes it to its NVTX ranges, for the engine's sites table (sites.SiteRanks) and ranges
 table (ranges.RangeSums); the timeline's bands, spans and focus from the engine's explore.Explorable
 as on the whole frame; the steps, growth and phases from
@@ -35,14 +36,13 @@ from ..model import Allocation, Analysis, Diagnostic, Source
 from ..sources.schema import Schema
 from .answers import gather_answers
 from .bounds import cut_long_strings
-from .calls import CallStatSums, failed_call_list
+from .calls import CallStatSums, FailedCalls
 from .capture import capture_facts
-from .diagnostics import VMM_EVENT_APIS, capture_diagnostics
+from .diagnostics import VmmEvents, capture_diagnostics
 from .ranks import assign_ranks
 from .stacks import referenced_stacks
 from .iterations import iteration_pids
 from .steps import find_step_ranges
-from .streamed import RESIDENT
 from .explore import early_trace_ends
 from .streamed_oom import VerdictLooks
 from .streamed_run import _mini, gpus, run_streamed
@@ -80,7 +80,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     # (and the operator ranges: the ranges table's) and memory threads (the spikes' range
     # instances), and what the second pass's labels name
     more: dict = {"found_steps": stepped, "phases": step_phases(stepped.steps, stepped.ranges), "nvtx_ranges": ranges,
-                  "operator_ranges": operator_ranges, "memory_threads": calls.threads,
+                  "operator_ranges": operator_ranges, "memory_threads": calls.threads, "failed_call_rows": calls.failed,
                   "labels": lambda: _labels(looks["second"], ranges), "site_table": lambda: described.site_table}
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)
@@ -88,8 +88,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
 
     span = _span(calls, ranges)
 
-    def first(look) -> FirstCalls:
-        looks["first"] = FirstCalls(calls)
+    def first(look) -> CallChains:
+        looks["first"] = CallChains()
         return looks["first"]
 
     def second(look) -> SiteSums:
@@ -106,14 +106,13 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
                          also=(first, second), span=span, described=described, answers=looks, more=more,
-                         reducers=(*verdict_looks.reducers, SiteRanks()))
-    found, sites = looks["first"], looks["second"]
-    failed = failed_call_list(calls.failed, found.failed_live(flow.events > 0), ranges)
+                         reducers=(*verdict_looks.reducers, SiteRanks(), FailedCalls(), VmmEvents()))
+    sites, failed = looks["second"], looks["failed_calls"]
     capture = _capture(quick, calls.threads, ranges, schema, report_version)
     labels = {p.pid: p.label for p in capture.processes}
     pids = sorted({p.pid for p in capture.processes if p.devices})
     digest = pd.DataFrame({"pid": np.array(pids, "int32")})  # the events' processes: what the diagnostics read
-    last_calls = _last_cuda_calls(conn, schema, calls, ranges)
+    last_calls = last_cuda_calls(conn, schema, calls.last_end_by_pid, ranges)
     verdicts = verdict_looks.verdicts(
         quick, described, lambda pid: labels.get(pid) or f"process {pid}", flow.live,
         lambda open_by_pid: looks["cut_short"].judged(open_by_pid, quick.timeline.end_ns))
@@ -124,7 +123,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     diagnostics = list(schema.diagnostics) + list(flow.diagnostics) + notes + capture_diagnostics(
         schema, digest, pd.DataFrame({"family": pd.Series(dtype=object)}), ranges, last_calls, quick.groups,
         quick.peaks, failed, report_version,
-        counted={"vmm_events": found.vmm_events, "calls_without_events": flow.call_window.calls_without_events},
+        vmm_events=looks["vmm_events"], calls_without_events=flow.call_window.calls_without_events,
         pools=quick.reserved.pools)
     diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics \
         + step_notes + ([not_streamed_note()] if NOT_STREAMED else [])
@@ -202,47 +201,19 @@ class Described:
         return self.looks["second"].at_peak[id(peak)][3]
 
 
-class FirstCalls:
-    """The first pass's consumer for the calls: the allocations' call stacks, the events of the
-    driver's virtual-memory API, and the live GPU-resident bytes of each failed call's process at
-    its time (calls._live_at)."""
+class CallChains:
+    """The first pass's consumer of the call stacks of the allocations (what the site sums read)."""
 
-    def __init__(self, calls: MemoryCalls) -> None:
+    def __init__(self) -> None:
         self.chains: list[np.ndarray] = []
-        self.vmm_events = 0
-        self.vmm_codes = [i for i, name in enumerate(calls.api_names) if name in VMM_EVENT_APIS]
-        failed = calls.failed
-        self.failed_pid = failed["pid"].to_numpy().astype("int64") if not failed.empty else np.zeros(0, "int64")
-        self.failed_ts = failed["ts_ns"].to_numpy().astype("int64") if not failed.empty else np.zeros(0, "int64")
-        self.live = np.zeros(len(self.failed_ts), "int64")
-        self.carry: dict[int, int] = {}  # pid -> its live GPU-resident bytes so far
 
     def add(self, b) -> None:
-        if len(b) == 0:
-            return
-        chain = b.calls["chain"][b.is_alloc]
+        chain = b.calls["chain"][b.is_alloc] if len(b) else np.zeros(0, "int64")
         if (chain >= 0).any():
             self.chains.append(np.unique(chain[chain >= 0]))
-        if self.vmm_codes:
-            self.vmm_events += int(np.isin(b.calls["api"], self.vmm_codes).sum())
-        if not len(self.failed_pid):
-            return
-        resident = np.isin(b.kind, RESIDENT)
-        for pid in np.unique(self.failed_pid).tolist():  # the few processes with failed calls
-            rows = np.flatnonzero(resident & (b.pid == pid))
-            if not len(rows):
-                continue
-            live = self.carry.get(pid, 0) + np.cumsum(b.delta[rows])
-            mine = np.flatnonzero(self.failed_pid == pid)
-            at = np.searchsorted(b.ts[rows], self.failed_ts[mine], side="right") - 1
-            self.live[mine[at >= 0]] = live[at[at >= 0]]
-            self.carry[pid] = int(live[-1])
 
     def wanted_chains(self) -> np.ndarray:
         return np.unique(np.concatenate(self.chains)) if self.chains else np.zeros(0, "int64")
-
-    def failed_live(self, has_events: bool) -> np.ndarray:
-        return self.live if has_events else np.full(len(self.live), -1, "int64")
 
 
 def _labels(sites: SiteSums, ranges: pd.DataFrame) -> Labels:
@@ -282,10 +253,4 @@ def _capture(quick: Analysis, threads: np.ndarray, ranges: pd.DataFrame, schema:
     capture = capture_facts(schema, quick.groups, threads, version, not ranges.empty or schema.has_nvtx_table)
     return dataclasses.replace(capture, processes=assign_ranks(capture.processes, quick.groups,
                                                                schema.rank_environment, schema.launched_pids))
-
-
-def _last_cuda_calls(conn: sqlite3.Connection, schema: Schema, calls: MemoryCalls, ranges: pd.DataFrame) -> dict:
-    """read.last_cuda_calls from the scan's last end per process instead of the calls frame."""
-    frame = pd.DataFrame({"pid": list(calls.last_end_by_pid), "end_ns": list(calls.last_end_by_pid.values())})
-    return last_cuda_calls(conn, schema, frame if len(frame) else pd.DataFrame(), ranges)
 

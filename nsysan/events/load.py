@@ -22,7 +22,7 @@ from .columns import EVENT_COLUMNS, empty_calls, empty_chains, empty_ranges, emp
 from .normalize import normalize
 from .nvtx import attribute_operators, attribute_ranges
 from .read_nvtx import read_nvtx_ranges
-from .read import last_cuda_calls, read_calls_and_rows, read_memory_events, read_memory_events_alone, \
+from .read import last_cuda_calls, latest_ends, read_calls_and_rows, read_memory_events, read_memory_events_alone, \
     read_thread_names
 from .read_code import code_call_ids, read_code_calls
 from .read_launches import empty_launches
@@ -107,7 +107,8 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
     found = call_sites(conn, schema, events, calls, chains, thread_names, diagnostics)
     events["site"], events["stack"] = found.labels, found.stack
     events = events[list(EVENT_COLUMNS)]
-    last_calls = last_cuda_calls(conn, schema, calls, ranges)
+    last_calls = last_cuda_calls(conn, schema, latest_ends(calls["pid"].to_numpy(), calls["end_ns"].to_numpy(), {}),
+                                 ranges)
     pool_events = read_pool_events(conn, schema)
     progress("done", 1.0)
     return LoadedEvents(events=events, calls=calls, ranges=ranges, sites=found.sites, thread_names=thread_names,

@@ -309,9 +309,19 @@ TAIL_ROWS = 200_000
 TRACE_GOES_ON = 3  # NVTX ranges starting after a process's last CUDA call that mean "incomplete"
 
 
-def last_cuda_calls(conn: sqlite3.Connection, schema: Schema, calls: pd.DataFrame,
-                     ranges: pd.DataFrame) -> dict[int, int]:
-    """When each process's CUDA trace ends (end of its last API call of any kind).
+def latest_ends(pid: np.ndarray, end: np.ndarray, into: dict[int, int]) -> dict[int, int]:
+    """`into`, each process's latest call end, with the calls of `pid` and `end` (a chunk of
+    them, or the whole calls frame's) merged in."""
+    ends = pd.Series(end).groupby(pid).max()
+    for p, e in zip(ends.index.tolist(), ends.tolist()):
+        into[p] = max(into.get(p, e), e)
+    return into
+
+
+def last_cuda_calls(conn: sqlite3.Connection, schema: Schema, last_memory_calls: dict[int, int],
+                    ranges: pd.DataFrame) -> dict[int, int]:
+    """When each process's CUDA trace ends (end of its last API call of any kind), given the end of
+    its last memory call (`last_memory_calls`: latest_ends of the memory calls).
 
     A trace that stops while the process visibly goes on (NVTX ranges later) lost its end: a
     crash before nsys flushed, or an nsys too old for the driver. The full answer needs a scan
@@ -322,7 +332,7 @@ def last_cuda_calls(conn: sqlite3.Connection, schema: Schema, calls: pd.DataFram
     if ranges.empty or not schema.has(table, "globalTid", "start"):
         return {}
     end = '"end"' if schema.has(table, "end") else "start"
-    last = calls.groupby("pid")["end_ns"].max().to_dict() if not calls.empty else {}
+    last = dict(last_memory_calls)
 
     known = sorted(int(p) for p in last)
 

@@ -30,7 +30,7 @@ from ..base.cuda_errors import OUT_OF_MEMORY
 from ..model.memory import MAX_FAILED_CALLS
 from ..sources.schema import Schema
 from .normalize import join_on_call
-from .read import _call_columns, memory_call_chunks, memory_call_names, memory_call_ranges
+from .read import _call_columns, latest_ends, memory_call_chunks, memory_call_names, memory_call_ranges
 from .spill import Kept
 
 # Rowids of the API table read at a time (the memory calls among them, decoded: some 10 MB).
@@ -122,9 +122,7 @@ class MemoryCalls:
             finite = real["end"][real["end"] < _FAR]
             if len(finite):
                 self.last_end = max(self.last_end if self.last_end is not None else int(finite.max()), int(finite.max()))
-            ends = pd.Series(real["end"]).groupby(real["pid"]).max()
-            for pid, end in zip(ends.index.tolist(), ends.tolist()):
-                self.last_end_by_pid[pid] = max(self.last_end_by_pid.get(pid, end), end)
+            latest_ends(real["pid"], real["end"], self.last_end_by_pid)
             self.successful_allocations += int(((family == alloc) & (real["return_value"] == 0)).sum())
         self.failed = pd.concat(failed, ignore_index=True) if failed else pd.DataFrame()
         if kept.complete:
