@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 
-def run_once(checkout: Path, export: Path) -> tuple[float, float, float]:
+def run_once(checkout: Path, export: Path, options: tuple = ()) -> tuple[float, float, float]:
     """Wall time (s), CPU time of the process (user + system, s) and its peak resident memory (MiB).
 
     The CPU time moves less than the wall time when other processes load the machine (it is not
@@ -31,7 +31,7 @@ def run_once(checkout: Path, export: Path) -> tuple[float, float, float]:
     # Run in the checkout: `python -m` puts the working directory first on sys.path, ahead of
     # PYTHONPATH, so from another checkout's root both sides would run that checkout's nsysan.
     process = subprocess.Popen([sys.executable, "-m", "nsysan", "analyze", str(export.resolve()), "--format", "json",
-                                "--no-progress"], env=env, stdout=subprocess.DEVNULL, cwd=checkout.resolve())
+                                "--no-progress", *options], env=env, stdout=subprocess.DEVNULL, cwd=checkout.resolve())
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - began
     if status:
@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--after", type=Path, required=True, help="checkout with the change")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--options", default="", help="more options of nsysan analyze, e.g. '--max-memory 0'")
     args = parser.parse_args()
     for export in args.exports:
         subprocess.run(["cat", str(export)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
@@ -56,7 +57,7 @@ def main() -> None:
     for _ in range(args.repeat):  # every export and checkout once, then again
         for export in args.exports:
             for name, checkout in checkouts:
-                wall, used, rss = run_once(checkout, export)
+                wall, used, rss = run_once(checkout, export, tuple(args.options.split()))
                 times[(export, name)].append(wall)
                 cpu[(export, name)].append(used)
                 peak[(export, name)].append(rss)

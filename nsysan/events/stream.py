@@ -253,33 +253,43 @@ class EventFlow:
 
     def _merged_runs(self) -> Iterator[EventBatch]:
         """A k-way merge of the table's time-ordered runs (memory_sorted_runs), a chunk of each
-        waiting at a time: rows before the latest time every unfinished run has reached are final."""
-        # the runs' chunks together as long as one chunk: a batch stays CHUNK_ROWIDS rows or so
+        waiting at a time: rows before the latest time every unfinished run has reached are final.
+        A batch is emitted once some CHUNK_ROWIDS rows are final (the run that holds the others
+        back reads on): the runs, reached in turns, would otherwise make lumpy batches of a few
+        rows to a chunk's, and each batch costs every analysis a fixed toll."""
+        # the runs' chunks together as long as one chunk
         sources = [self._chunks(run, max(CHUNK_ROWIDS // len(self.runs), 1)) for run in self.runs]
         buffers = [_no_rows() for _ in sources]
         done = [False] * len(sources)
+
+        def read(i: int) -> None:
+            rows = next(sources[i], None)
+            if rows is None:
+                done[i] = True
+            else:
+                buffers[i] = {name: np.concatenate([buffers[i][name], rows[name]]) for name in _ROW}
+
         while True:
-            for i, source in enumerate(sources):
+            for i in range(len(sources)):
                 # a run's rows at its buffer's last time may go on in its next chunk
                 while not done[i] and (not len(buffers[i]["ts"]) or buffers[i]["ts"][0] == buffers[i]["ts"][-1]):
-                    rows = next(source, None)
-                    if rows is None:
-                        done[i] = True
-                    else:
-                        buffers[i] = {name: np.concatenate([buffers[i][name], rows[name]]) for name in _ROW}
-            open_runs = [int(b["ts"][-1]) for b, finished in zip(buffers, done) if not finished]
-            if not open_runs:
-                ready = [len(b["ts"]) for b in buffers]
-            else:
-                until = min(open_runs)
-                ready = [int(np.searchsorted(b["ts"], until, side="left")) for b in buffers]
+                    read(i)
+            while True:
+                open_runs = [(int(b["ts"][-1]), i) for i, b in enumerate(buffers) if not done[i]]
+                until = min(open_runs)[0] if open_runs else None
+                ready = [len(b["ts"]) if until is None else int(np.searchsorted(b["ts"], until, side="left"))
+                         for b in buffers]
+                if until is None or sum(ready) >= CHUNK_ROWIDS:
+                    break
+                read(min(open_runs)[1])  # the run that holds the others back
+            # the runs in rowid order, each in export order: a stable sort by key keeps export order at a tie
             out = {name: np.concatenate([b[name][:n] for b, n in zip(buffers, ready)]) for name in _ROW}
             buffers = [{name: values[n:] for name, values in b.items()} for b, n in zip(buffers, ready)]
-            order = np.lexsort((out["position"], out["key"]))
+            order = np.argsort(out["key"], kind="stable")
             batch = self._emit({name: values[order] for name, values in out.items()})
             if batch is not None:
                 yield batch
-            if not open_runs:
+            if until is None:
                 return
 
     def _one_scan(self) -> Iterator[EventBatch]:
