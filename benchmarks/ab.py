@@ -7,6 +7,7 @@ Each export is analyzed by both checkouts in turn (round robin over exports and 
 a slow spell of a shared machine hits all alike); the median wall time of each, the ratio after /
 before, and each export's time after the change relative to the first export's are printed (as
 JSON with --json), with each one's median CPU time and peak resident memory. A checkout is a directory holding the `nsysan` package (a git worktree).
+`--options=--max-memory 0` times the forced small batches (the streamed path) instead of the default command line.
 """
 
 from __future__ import annotations
