@@ -41,7 +41,7 @@ try:
     from nsysan.sources.export.nsys_memo import MEMO_SUBDIR
 except ImportError:  # a tree from before the memo: nothing to keep
     MEMO_SUBDIR = "nsys-probes"
-from nsysan.sources.schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES
+from nsysan.sources.sqlite_file import EXPORTED_TABLES, FIRST_EXPORT_TABLES
 
 
 def timed(command: list[str], env: dict[str, str] | None = None, stdout=subprocess.DEVNULL) -> dict:

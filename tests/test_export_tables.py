@@ -20,7 +20,7 @@ from nsysan.sources import export
 from nsysan.cli import main
 from nsysan.errors import NsysanError
 from nsysan.sources.export import ensure_sqlite, recorded_tables
-from nsysan.sources.schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES, LAUNCH_TABLES
+from nsysan.sources.sqlite_file import EXPORTED_TABLES, FIRST_EXPORT_TABLES, LAUNCH_TABLES
 
 from conftest import FIXTURES, analysis_of
 from test_export import HELP_2022, HELP_2025, V22, V22_SQLITE, V25_SQLITE, copy_alone, fake_nsys
@@ -318,7 +318,7 @@ def test_every_table_nsysan_names_is_exported():
     must be covered."""
     import re
 
-    from nsysan.sources.schema import tables_missing
+    from nsysan.sources.sqlite_file import tables_missing
 
     known: set[str] = set()
     for path in FIXTURES.glob("*.sqlite"):
@@ -334,7 +334,7 @@ def test_every_table_nsysan_names_is_exported():
 
 
 def test_what_a_recorded_tables_list_covers():
-    from nsysan.sources.schema import tables_missing
+    from nsysan.sources.sqlite_file import tables_missing
 
     assert tables_missing(None) == []  # an export of every table
     assert tables_missing(EXPORTED_TABLES) == []

@@ -27,8 +27,8 @@ from ..events.read_launches import read_launches
 from ..events.read_start import read_capture_start
 from ..model import Analysis, Diagnostic, Source
 from ..model.capture import path_text
-from ..sources.schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES, LAUNCH_TABLES, Schema, open_readonly, probe, \
-    refuse_missing_tables
+from ..sources.schema import Schema, open_readonly, probe, refuse_missing_tables
+from ..sources.sqlite_file import EXPORTED_TABLES, FIRST_EXPORT_TABLES, LAUNCH_TABLES
 from ..base.units import check_duration_ns
 from ..sources.snapshot import committed_state
 
@@ -221,7 +221,7 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
     processes whose NVTX ranges give no steps are read too (analyses/iterations.py).
     `own_export`: made by nsysan's export cache, which knows what it holds; any other export
     made with `--tables` must hold every table nsysan reads. Without `launches_held` (a cached
-    export made without schema.LAUNCH_TABLES) the launches are not read: the processes whose
+    export made without sqlite_file.LAUNCH_TABLES) the launches are not read: the processes whose
     launches are wanted come back last (empty: none), for the caller to read them from an export
     that holds those tables."""
     with committed_state(sqlite_path, scratch) as readable:

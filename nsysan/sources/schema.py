@@ -1,6 +1,6 @@
-"""Open an nsys SQLite export read-only and probe what it holds.
+"""Probe what an nsys SQLite export holds about its capture -> Schema.
 
-Only this module and `events/read.py` know nsys table and column names. Exports from nsys 2020.3 to
+Only this module, sqlite_file.py and `events/read*.py` know nsys table and column names. Exports from nsys 2020.3 to
 2026 differ: the version table was renamed (`EXPORT_META_DATA` -> `META_DATA_EXPORT`), columns
 were added mid-table, ENUM tables appeared in schema 3.0 and the 2022.4 `--lazy=false` export
 leaves them empty, capture options are recorded only from 2023.3 on. So everything is probed by
@@ -9,87 +9,20 @@ name, with the known values as fallback (see ../shared/docs/nsys-schema.md).
 
 from __future__ import annotations
 
-import fnmatch
-import os
 import re
 import sqlite3
-import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Optional
 
 from ..errors import NsysanError
+from .sqlite_file import COMPLETE_EXPORT_TABLES, EXPORT_META_TABLES, EXPORTED_TABLES, cell_text, connect_readonly, \
+    tables_missing, tables_requested
 
 if TYPE_CHECKING:
     # The model is imported where its classes are made, not with this module: the export imports this
     # module before nsys starts, and the model comes meanwhile, on the analyses' thread (issue 31).
     from ..model import Diagnostic, Gpu
-
-# A complete export has at least one of these. nsys 2022.4 fails on 2023.1-2023.3.1 reports
-# (ProtobufParseException, exit 1) yet leaves a file holding only StringIds and ProcessStreams:
-# checking that the output exists is not enough.
-COMPLETE_EXPORT_TABLES = frozenset({
-    "TARGET_INFO_SESSION_START_TIME", "ANALYSIS_DETAILS", "EXPORT_META_DATA",
-    "META_DATA_EXPORT", "CUPTI_ACTIVITY_KIND_RUNTIME",
-})
-# Up to 2023.2 the export metadata is EXPORT_META_DATA/EXPORT_INPUT_FILE, from 2023.3 on it is
-# META_DATA_EXPORT/EXPORT_PARAM_INPUT_FILE; both are (name, value) tables.
-EXPORT_META_TABLES = ("EXPORT_META_DATA", "META_DATA_EXPORT")
-EXPORT_INPUT_KEYS = ("EXPORT_INPUT_FILE", "EXPORT_PARAM_INPUT_FILE")
-
-# Every table nsysan reads, by its exact name: what nsysan exports where nsys has `--tables`
-# (2023.4 on): on a 150-step GPT-2 training capture (nsys 2025.3.1, docs/export_timings_v25.json)
-# 0.60-0.65 s and 11.3 MB against 1.62-1.84 s and 30.8 MB for every table. Names only: nsys
-# 2025.3.1 matched no table with the glob patterns `TARGET_INFO_*`, `META_DATA_*`, `ENUM_*`, and
-# exports none of those it is not given (not even META_DATA_EXPORT); a name the report lacks is
-# no error. A table read anywhere must be named here (tests/test_export_tables.py checks that),
-# since a cached export holds these and no others. Presence counts too, not only rows: an empty
-# NVTX_EVENTS or CUPTI_ACTIVITY_KIND_RUNTIME says what was traced (Schema.has_nvtx_table).
-EXPORTED_TABLES = (
-    "StringIds", "ThreadNames", "PROCESSES", "ANALYSIS_DETAILS", "DIAGNOSTIC_EVENT",
-    "META_DATA_EXPORT", "META_DATA_CAPTURE", "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV",
-    "TARGET_INFO_GPU", "TARGET_INFO_CUDA_DEVICE", "ENUM_CUDA_MEM_KIND", "ENUM_CUDA_DEV_MEM_EVENT_OPER",
-    "CUDA_GPU_MEMORY_USAGE_EVENTS", "CUDA_GPU_MEMORY_POOL_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME",
-    "CUDA_CALLCHAINS", "NVTX_EVENTS", "NVTX_PAYLOAD_SCHEMAS", "NVTX_PAYLOAD_SCHEMA_ENTRIES",
-    "CUPTI_ACTIVITY_KIND_KERNEL",  # the launch sequence of steps without NVTX (events/read_launches.py)
-    "TARGET_INFO_CUDA_CONTEXT_INFO",  # which GPUs each process holds a context on (events/read_code.py)
-)
-# Exported only when a process's steps must be found from its launches (no NVTX range gives them,
-# analyses/iterations.py): the kernel table names each launch's kernel, and on the GPT-2 capture
-# it is 121k of 630k rows, the most of what `--tables` exports (x1.31 faster than every table with
-# it, x2.8 without). nsysan exports FIRST_EXPORT_TABLES, then adds these to the cached export
-# (pipeline/stages.py) when the first export's NVTX and API tables leave a process without steps.
-LAUNCH_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL",)
-FIRST_EXPORT_TABLES = tuple(t for t in EXPORTED_TABLES if t not in LAUNCH_TABLES)
-# What an export asked for them holds whatever the capture was (every report has strings and
-# export metadata, 2023.4 on): without them, nsys did not take the list as meant.
-ALWAYS_EXPORTED = ("StringIds", "META_DATA_EXPORT")
-
-
-def tables_requested(export_params: dict[str, str]) -> Optional[tuple[str, ...]]:
-    """The `--tables` an export was made with (as its META_DATA_EXPORT records them), or None
-    for an export of every table."""
-    listed = export_params.get("EXPORT_PARAM_TABLES_TO_EXPORT", "")
-    names = tuple(name for name in re.split(r"[,;\s]+", listed) if name)
-    return names or None
-
-
-def tables_missing(requested: Optional[Sequence[str]], needed: Sequence[str] = EXPORTED_TABLES) -> list[str]:
-    """The `needed` tables that an export of `requested` (None: every table) may lack: those no
-    requested name covers, nor a pattern, read as a glob or as a regular expression (which of the
-    two nsys means is not documented; either one covering a table counts), in any case."""
-    if requested is None:
-        return []
-    return [n for n in needed if not any(_pattern_covers(r, n) for r in requested)]
-
-
-def _pattern_covers(pattern: str, table: str) -> bool:
-    if fnmatch.fnmatchcase(table.upper(), pattern.upper()):
-        return True
-    try:
-        return re.fullmatch(pattern, table, re.IGNORECASE) is not None
-    except re.error:
-        return False
 
 
 def refuse_missing_tables(schema: "Schema", name: str) -> None:
@@ -198,69 +131,6 @@ class Schema:
         return "NVTX_EVENTS" in self.tables
 
 
-def connect_readonly(path: Path) -> sqlite3.Connection:
-    """Open an SQLite file so that nothing can be written to it or next to it.
-
-    The path is percent-encoded because it becomes a URI ('?', '#' and '%' in names work).
-    immutable=1: no locks, no journal, no -wal/-shm files beside a file that may sit in a
-    read-only folder. Text is decoded leniently: some exports hold binary protobuf blobs in TEXT
-    columns (TARGET_INFO_SYSTEM_ENV.GpuInfo in 2022.4).
-    """
-    # os.fsencode: a name with bytes that are not UTF-8 (a surrogate in Python) keeps its bytes.
-    uri = f"file:{urllib.parse.quote(os.fsencode(Path(path).absolute()))}?mode=ro&immutable=1"
-    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-    conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
-    return conn
-
-
-def table_names(conn: sqlite3.Connection) -> set[str]:
-    return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-
-
-def holds_complete_export(conn: sqlite3.Connection) -> bool:
-    """Whether the database has at least one of COMPLETE_EXPORT_TABLES (see there)."""
-    return not table_names(conn).isdisjoint(COMPLETE_EXPORT_TABLES)
-
-
-def exported_input_name(conn: sqlite3.Connection) -> Optional[str]:
-    """The report file name an export records as its input, or None when it records none."""
-    return export_identity(conn).input_name
-
-
-def export_parameters(conn: sqlite3.Connection) -> dict[str, str]:
-    """The (name, value) rows of the export's metadata table (EXPORT_META_DATA or META_DATA_EXPORT)."""
-    tables = table_names(conn)
-    found: dict[str, str] = {}
-    for table in EXPORT_META_TABLES:
-        if table in tables:
-            found.update((_text(k), _text(v)) for k, v in conn.execute(f"SELECT name, value FROM {table}"))
-    return found
-
-
-@dataclass(frozen=True)
-class ExportIdentity:
-    """What an export records about the report it was made from."""
-
-    input_name: Optional[str]        # EXPORT_INPUT_FILE / EXPORT_PARAM_INPUT_FILE
-    exporter_version: Optional[str]  # EXPORT_PRODUCT_VERSION: the nsys that exported it
-    session_starts: tuple[str, ...]  # TARGET_INFO_SESSION_START_TIME utcTime and localTime, as text
-
-
-def export_identity(conn: sqlite3.Connection) -> ExportIdentity:
-    """The input name, exporter version and capture start an export records (each may be missing)."""
-    tables = table_names(conn)
-    meta: dict[str, str] = {}
-    for table in EXPORT_META_TABLES:
-        if table in tables:
-            meta.update((str(k), str(v)) for k, v in conn.execute(
-                f"SELECT name, value FROM {table} WHERE name IN (?, ?, 'EXPORT_PRODUCT_VERSION')", EXPORT_INPUT_KEYS))
-    starts: list[str] = []
-    if "TARGET_INFO_SESSION_START_TIME" in tables:
-        for row in conn.execute("SELECT utcTime, localTime FROM TARGET_INFO_SESSION_START_TIME LIMIT 1"):
-            starts += [str(value) for value in row if value is not None]
-    return ExportIdentity(next((meta[k] for k in EXPORT_INPUT_KEYS if k in meta), None),
-                          meta.get("EXPORT_PRODUCT_VERSION"), tuple(starts))
-
 
 def open_readonly(path: Path, name: Optional[str] = None) -> sqlite3.Connection:
     """Open an export read-only (see connect_readonly), or say why it can't be read.
@@ -334,7 +204,7 @@ def _name_values(conn: sqlite3.Connection, schema: Schema, table: str) -> list[t
     if not schema.has(table, "name", "value"):
         return []
     rows = conn.execute(f"SELECT name, value FROM {_quote(table)}").fetchall()
-    return [(_text(n), _text(v)) for n, v in rows]
+    return [(cell_text(n), cell_text(v)) for n, v in rows]
 
 
 # A time shift (--ts-normalize: the session's UTC start, ~1.8e18 ns in 2026) is undone by a
@@ -389,7 +259,7 @@ def _read_capture_meta(conn: sqlite3.Connection, schema: Schema) -> None:
     rows = conn.execute("SELECT name, CAST(substr(value, 1, 100) AS TEXT) FROM META_DATA_CAPTURE "
                         "WHERE name NOT GLOB '*ENVIRONMENT*'").fetchall()
     for name, value in rows:
-        key, text = _text(name), _text(value).strip().lower()
+        key, text = cell_text(name), cell_text(value).strip().lower()
         for suffix, attribute in _CAPTURE_FLAGS.items():
             if key.endswith(suffix):
                 found.setdefault(attribute, []).append(text == "true")
@@ -399,13 +269,13 @@ def _read_capture_meta(conn: sqlite3.Connection, schema: Schema) -> None:
             schema.memory_backtrace_threshold_ns = max(schema.memory_backtrace_threshold_ns or 0, _int(text))
     for attribute, flags in found.items():
         setattr(schema, attribute, any(flags))
-    kinds = [[_text(value).strip().lower() == "true" for name, value in rows if _text(name).endswith(suffix)]
+    kinds = [[cell_text(value).strip().lower() == "true" for name, value in rows if cell_text(name).endswith(suffix)]
              for suffix in _OTHER_BACKTRACES]
     if all(kinds):
         schema.all_backtraces_requested = all(any(flags) for flags in kinds) and bool(schema.backtraces_requested)
     schema.pytorch_nvtx = _pytorch_nvtx(conn, schema)
-    schema.captured_event_types = tuple(dict.fromkeys(_text(value) for name, value in rows
-                                                      if _text(name) == "CAPTURE_EVENT_TYPE"))
+    schema.captured_event_types = tuple(dict.fromkeys(cell_text(value) for name, value in rows
+                                                      if cell_text(name) == "CAPTURE_EVENT_TYPE"))
     schema.profiled_command = _profiled_command(conn)
 
 
@@ -421,7 +291,7 @@ def _pytorch_nvtx(conn: sqlite3.Connection, schema: Schema) -> str:
     `sizes = `, "autograd-nvtx" without; "" when the first NVTX rows hold no operator."""
     if not schema.has("NVTX_EVENTS", "text"):
         return ""
-    texts = [_text(t) for (t,) in conn.execute(
+    texts = [cell_text(t) for (t,) in conn.execute(
         "SELECT CAST(substr(text, 1, 200) AS TEXT) FROM (SELECT text FROM NVTX_EVENTS LIMIT ?)",
         (PYTORCH_PROBE_ROWS,)) if t is not None]
     operators = [t for t in texts if ", seq = " in t or ", op_id = " in t]
@@ -441,10 +311,10 @@ def _profiled_command(conn: sqlite3.Connection) -> tuple[str, ...]:
                         (COMMAND_ARGUMENT_CHARS,)).fetchall()
     parts = {}
     for name, value in rows:
-        key = _text(name)
+        key = cell_text(name)
         position = -1 if key.endswith(":COMMAND") else _int(key.rsplit("_", 1)[-1])
         if position is not None and position < COMMAND_ARGUMENTS:
-            parts[position] = _text(value)
+            parts[position] = cell_text(value)
     return tuple(parts[k] for k in sorted(parts)) if -1 in parts else ()
 
 
@@ -466,13 +336,13 @@ def _read_rank_environment(conn: sqlite3.Connection, schema: Schema) -> None:
     sql = ("SELECT name, CAST(substr(value, 1, 100) AS TEXT) FROM META_DATA_CAPTURE "
            f"WHERE name GLOB 'PROCESS_*:ENVIRONMENT_VARIABLE' AND ({keys})")
     for name, value in conn.execute(sql):
-        index = _PROCESS_KEY.match(_text(name))
-        key, _, raw = _text(value).partition("=")
+        index = _PROCESS_KEY.match(cell_text(name))
+        key, _, raw = cell_text(value).partition("=")
         number = _int(raw.strip().strip('"'))
         if index and key in RANK_KEYS and number is not None:
             schema.rank_environment.setdefault(int(index.group(1)), {})[key] = str(number)
     for name, value in conn.execute("SELECT name, value FROM META_DATA_CAPTURE WHERE name GLOB 'PROCESS_*:PID'"):
-        index, pid = _PROCESS_KEY.match(_text(name)), _int(value)
+        index, pid = _PROCESS_KEY.match(cell_text(name)), _int(value)
         if index and pid is not None:
             schema.launched_pids[int(index.group(1))] = pid
 
@@ -480,12 +350,12 @@ def _read_rank_environment(conn: sqlite3.Connection, schema: Schema) -> None:
 def _read_enums(conn: sqlite3.Connection, schema: Schema) -> None:
     if schema.has("ENUM_CUDA_MEM_KIND", "id", "name"):
         for enum_id, enum_name in conn.execute("SELECT id, name FROM ENUM_CUDA_MEM_KIND"):
-            suffix = _text(enum_name).removeprefix("CUDA_MEMOPR_MEMORY_KIND_")
+            suffix = cell_text(enum_name).removeprefix("CUDA_MEMOPR_MEMORY_KIND_")
             if suffix in MEM_KIND_BY_NAME and isinstance(enum_id, int):
                 schema.mem_kinds[enum_id] = MEM_KIND_BY_NAME[suffix]
     if schema.has("ENUM_CUDA_DEV_MEM_EVENT_OPER", "id", "name"):
         for enum_id, enum_name in conn.execute("SELECT id, name FROM ENUM_CUDA_DEV_MEM_EVENT_OPER"):
-            text = _text(enum_name).upper()
+            text = cell_text(enum_name).upper()
             if isinstance(enum_id, int) and text.endswith("DEALLOCATION"):
                 schema.mem_ops[enum_id] = "free"
             elif isinstance(enum_id, int) and text.endswith("ALLOCATION"):
@@ -528,10 +398,10 @@ def _read_gpus(conn: sqlite3.Connection, schema: Schema) -> None:
             if gpu_id is None or gpu_id in seen:
                 continue
             seen.add(gpu_id)
-            schema.gpus.append(Gpu(id=gpu_id, name=_text(rec.get("name")) or f"GPU {gpu_id}",
+            schema.gpus.append(Gpu(id=gpu_id, name=cell_text(rec.get("name")) or f"GPU {gpu_id}",
                                    total_memory_bytes=_int(rec.get("totalMemory")) or None,
-                                   uuid=_text(rec.get("uuid")) or None,
-                                   bus=_text(rec.get("busLocation")) or None))
+                                   uuid=cell_text(rec.get("uuid")) or None,
+                                   bus=cell_text(rec.get("busLocation")) or None))
     if schema.has("TARGET_INFO_CUDA_DEVICE", "gpuId", "cudaId", "pid"):
         for row in conn.execute("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE"):
             gpu_id, cuda_id, pid = (_int(v) for v in row)
@@ -543,7 +413,7 @@ def _read_processes(conn: sqlite3.Connection, schema: Schema) -> None:
     if schema.has("PROCESSES", "pid", "name"):
         for pid, name in conn.execute("SELECT pid, name FROM PROCESSES"):
             if isinstance(pid, int):
-                schema.process_names[pid] = _short(_text(name))
+                schema.process_names[pid] = _short(cell_text(name))
 
 
 _NSYS_TROUBLE = re.compile(r"lost|drop|overflow|truncat|fail|not supported|incomplete|corrupt", re.I)
@@ -559,7 +429,7 @@ def _read_nsys_diagnostics(conn: sqlite3.Connection, schema: Schema) -> None:
     rows = conn.execute("SELECT DISTINCT severity, substr(text, 1, 300) FROM DIAGNOSTIC_EVENT "
                         "WHERE severity IN (2, 3) LIMIT 200").fetchall()
     for severity, text in rows:
-        text = _text(text)
+        text = cell_text(text)
         if severity == 3 or _NSYS_TROUBLE.search(text):
             schema.diagnostics.append(Diagnostic(
                 "warning", "nsys_diagnostic", f"nsys reported during the capture: {_one_line(text)}"))
@@ -573,13 +443,6 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())[:300]
 
 
-def _text(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
 
 def _int(value: object) -> Optional[int]:
     """An integer cell as int, or None when it is NULL, not a whole number or beyond 64 bits
@@ -590,7 +453,7 @@ def _int(value: object) -> Optional[int]:
         value = int(value) if value.is_integer() else None
     elif not isinstance(value, int):
         try:
-            value = int(_text(value).strip())
+            value = int(cell_text(value).strip())
         except ValueError:
             return None
     return value if value is not None and -2**63 <= value < 2**63 else None

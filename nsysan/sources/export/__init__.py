@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import NsysanError
-from ..schema import EXPORTED_TABLES, FIRST_EXPORT_TABLES, connect_readonly, export_parameters, tables_missing, \
+from ..sqlite_file import EXPORTED_TABLES, FIRST_EXPORT_TABLES, connect_readonly, export_parameters, tables_missing, \
     tables_requested
 
 # Split by stage; every name used outside stays importable from nsysan.sources.export.

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ...errors import NsysanError
-from ..schema import connect_readonly, holds_complete_export
+from ..sqlite_file import connect_readonly, holds_complete_export
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
@@ -93,7 +93,7 @@ def read_regular(path: Path, what: str, limit: int) -> bytes:
 def is_complete_export(path: Path) -> bool:
     """Return True when `path` is a SQLite file holding a whole nsys export, not a leftover.
 
-    True needs at least one of schema.COMPLETE_EXPORT_TABLES; a file with only StringIds and
+    True needs at least one of sqlite_file.COMPLETE_EXPORT_TABLES; a file with only StringIds and
     ProcessStreams is what a failed nsys export leaves behind, and a file shorter than its
     header says is what a full disk or an interrupted copy leaves behind.
     """

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ...errors import NsysanError
-from ..schema import ALWAYS_EXPORTED, connect_readonly, table_names
+from ..sqlite_file import ALWAYS_EXPORTED, connect_readonly, table_names
 from .input_files import is_complete_export
 from .nsys import _major_minor, _version_key, export_arguments, exports_tables, report_version
 

@@ -11,7 +11,7 @@ import sqlite3
 import stat
 from pathlib import Path
 
-from ..schema import ExportIdentity, connect_readonly, export_identity
+from ..sqlite_file import ExportIdentity, connect_readonly, export_identity
 from ..snapshot import live_writer, pending_state
 from .input_files import describe_file_type, is_complete_export
 from .nsys import _is_version, _report_ends, _version_key, report_version
