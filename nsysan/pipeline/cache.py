@@ -37,13 +37,13 @@ from typing import Any, Callable, Mapping, Optional
 from ..base.keep import keep_text
 from ..errors import NsysanError
 from ..model import Analysis
+from ..sources.export.input_files import file_digest
 
 SUBDIR = "analyses"
 # Options of analyze_report that decide how an analysis runs, never what its document says: the
 # whole-frame and streamed paths give the same document (tests/test_bounded_memory.py), and
 # progress and the raw frames are not in it.
 NOT_IN_DOCUMENT = frozenset({"progress", "keep_events", "max_memory", "cache_dir"})
-_HASH_CHUNK = 1 << 20
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,18 +56,6 @@ def code_digest() -> str:
         digest.update(str(source.relative_to(package)).encode() + b"\0")
         with contextlib.suppress(OSError):
             digest.update(source.read_bytes())
-    return digest.hexdigest()
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes, read in chunks; OSError for anything but a regular file (opening
-    a FIFO to read would wait for a writer forever: the analysis then says what the input is)."""
-    from ..sources.export.input_files import open_regular
-
-    digest = hashlib.sha256()
-    with open_regular(path) as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -10,7 +10,6 @@ report's content and the nsys version. Nothing is ever written next to the repor
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -26,18 +25,14 @@ from ..sqlite_file import EXPORTED_TABLES, FIRST_EXPORT_TABLES, connect_readonly
     tables_requested
 
 # Split by stage; every name used outside stays importable from nsysan.sources.export.
-from .input_files import REPORT_MAGIC, REPORT_SUFFIXES, SQLITE_MAGIC, SQLITE_SIDE_FILES, _input_kind, describe_file_type, \
-    files_read_for, is_complete_export, open_regular, read_regular, sqlite_truncation
+from .input_files import REPORT_SUFFIXES, SQLITE_SIDE_FILES, _input_kind, describe_file_type, file_digest, \
+    files_read_for, is_complete_export, open_regular, read_regular
 from .nsys import INSTALL_GLOBS, _major_minor, _version_key, export_arguments, export_options, exports_tables, \
     find_nsys, nsys_version, report_version
 from . import nsys_memo
-from .run_nsys import MAX_TIMEOUT_S, _export_into, _export_timeout
-from .sibling import _matching_sibling, report_session_start, sibling_mismatch
+from .run_nsys import _export_into, _export_timeout
+from .sibling import _matching_sibling, sibling_mismatch
 
-# 16 MiB at a time: the read and sha256 let go of the GIL for each chunk, and while the analyses
-# are imported beside the export (commands/analyze.py) taking it back can wait a switch interval
-# (5 ms): an 11 MB report read in 1 MiB chunks waited up to 0.1 s more before its export (issue 31).
-_HASH_CHUNK = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -75,15 +70,6 @@ def default_cache_dir(platform: str = sys.platform) -> Path:
     import platformdirs  # only off Linux, where it knows the folder's conventions
 
     return Path(platformdirs.user_cache_dir("nsysan", appauthor=False))
-
-
-def _content_digest(path: Path) -> str:
-    """sha256 of the file's bytes, read in chunks so large reports stay out of memory."""
-    digest = hashlib.sha256()
-    with open_regular(path) as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @contextlib.contextmanager
@@ -146,7 +132,7 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
         version_later = pool.submit(nsys_version, nsys_path)
         options_later = pool.submit(export_options, nsys_path)
         try:
-            digest, unreadable = _content_digest(report), None
+            digest, unreadable = file_digest(report), None
         except OSError as err:
             digest, unreadable = "", err
         version = version_later.result()
