@@ -22,7 +22,7 @@ from .columns import EVENT_COLUMNS, empty_calls, empty_chains, empty_ranges, emp
 from .normalize import normalize
 from .nvtx import attribute_operators, attribute_ranges
 from .read_nvtx import read_nvtx_ranges
-from .read import last_cuda_calls, latest_ends, read_calls_and_rows, read_memory_events, read_memory_events_alone, \
+from .read import last_calls_tail, last_cuda_calls, latest_ends, read_alone, read_calls_and_rows, read_memory_events, \
     read_thread_names
 from .read_code import code_call_ids, read_code_calls
 from .read_launches import empty_launches
@@ -85,30 +85,34 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
     diagnostics: list[Diagnostic] = []
     thread_names = read_thread_names(conn, schema)
     progress("reading memory events and API calls", 0.0)
-    # The two big tables are read at the same time: the driver releases the GIL while SQLite
-    # scans, so on two cores this halves the longest part of a large analysis (measured: 1.18 s
-    # -> 0.60 s for both reads of the 1e6-event benchmark export).
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        memory_rows = pool.submit(read_memory_events_alone, conn, schema)
+    # The tables are read at the same time: the driver releases the GIL while SQLite scans, so
+    # on two cores this halves the longest part of a large analysis (measured: 1.18 s -> 0.60 s
+    # for both reads of the 1e6-event benchmark export). The NVTX ranges, and the API table's
+    # tail (last_cuda_calls) while the events are matched, too: on the GPT-2 capture 8 and 25 ms
+    # of scans, beside the 258k API rows' (issue 31).
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        memory_rows = pool.submit(read_alone, read_memory_events, conn, schema)
+        nvtx = pool.submit(read_alone, read_nvtx_ranges, conn, schema)
         calls, chains, code_rows = read_calls_and_rows(conn, schema, code_call_ids(conn, schema))
-        ranges, operator_ranges = read_nvtx_ranges(conn, schema)
+        ranges, operator_ranges = nvtx.result()
+        last_memory_calls = latest_ends(calls["pid"].to_numpy(), calls["end_ns"].to_numpy(), {})
+        tail = pool.submit(read_alone, last_calls_tail, conn, schema, last_memory_calls, ranges)
         raw = memory_rows.result()
-    # No release_memory() here: the reads convert batch by batch, so little is left to give
-    # back, and what malloc_trim gives back is faulted in again by the normalizing just after
-    # (1e7 events, command line: 0.6 s, for 15 MB less peak). After it, the raw columns are gone.
-    progress("matching allocations and frees", 0.5)
-    pools = pool_usage(raw, schema)
-    events = normalize(raw, calls, chains, schema, diagnostics)
-    del raw
-    release_memory()
-    progress("attributing NVTX ranges and sites", 0.8)
-    events["nvtx_range"], events["nvtx_path"] = attribute_ranges(events, ranges)
-    events["operator"] = attribute_operators(events, operator_ranges)
-    found = call_sites(conn, schema, events, calls, chains, thread_names, diagnostics)
-    events["site"], events["stack"] = found.labels, found.stack
-    events = events[list(EVENT_COLUMNS)]
-    last_calls = last_cuda_calls(conn, schema, latest_ends(calls["pid"].to_numpy(), calls["end_ns"].to_numpy(), {}),
-                                 ranges)
+        # No release_memory() here: the reads convert batch by batch, so little is left to give
+        # back, and what malloc_trim gives back is faulted in again by the normalizing just after
+        # (1e7 events, command line: 0.6 s, for 15 MB less peak). After it, the raw columns are gone.
+        progress("matching allocations and frees", 0.5)
+        pools = pool_usage(raw, schema)
+        events = normalize(raw, calls, chains, schema, diagnostics)
+        del raw
+        release_memory()
+        progress("attributing NVTX ranges and sites", 0.8)
+        events["nvtx_range"], events["nvtx_path"] = attribute_ranges(events, ranges)
+        events["operator"] = attribute_operators(events, operator_ranges)
+        found = call_sites(conn, schema, events, calls, chains, thread_names, diagnostics)
+        events["site"], events["stack"] = found.labels, found.stack
+        events = events[list(EVENT_COLUMNS)]
+        last_calls = last_cuda_calls(conn, schema, last_memory_calls, ranges, tail.result())
     pool_events = read_pool_events(conn, schema)
     progress("done", 1.0)
     return LoadedEvents(events=events, calls=calls, ranges=ranges, sites=found.sites, thread_names=thread_names,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from pathlib import Path
-from typing import Collection, Iterator, Optional
+from typing import Any, Callable, Collection, Iterator, Optional, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -202,13 +202,14 @@ def _call_columns(raw: pd.DataFrame, schema: Schema, stacks: bool,
     return columns
 
 
-def read_memory_events_alone(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
-    """read_memory_events on a connection of its own (it runs on another thread)."""
+def read_alone(read: Callable[..., T], conn: sqlite3.Connection, schema: Schema, *more: Any) -> T:
+    """`read(conn, schema, *more)` on a connection of its own (it runs on another thread)."""
     path = database_path(conn)
-    if path is None:  # an in-memory database: share the connection, serially
-        return read_memory_events(conn, schema)
+    if path is None:  # an in-memory database: share the connection
+        return read(conn, schema, *more)
     with contextlib.closing(connect_readonly(Path(path))) as own:
-        return read_memory_events(own, schema)
+        return read(own, schema, *more)
+
 
 
 MEMORY_TABLE = "CUDA_GPU_MEMORY_USAGE_EVENTS"
@@ -304,6 +305,7 @@ def _memory_select(schema: Schema) -> str:
 
 
 TAIL_ROWS = 200_000
+T = TypeVar("T")
 
 
 TRACE_GOES_ON = 3  # NVTX ranges starting after a process's last CUDA call that mean "incomplete"
@@ -319,7 +321,7 @@ def latest_ends(pid: np.ndarray, end: np.ndarray, into: dict[int, int]) -> dict[
 
 
 def last_cuda_calls(conn: sqlite3.Connection, schema: Schema, last_memory_calls: dict[int, int],
-                    ranges: pd.DataFrame) -> dict[int, int]:
+                    ranges: pd.DataFrame, tail: Optional[list[tuple]] = None) -> dict[int, int]:
     """When each process's CUDA trace ends (end of its last API call of any kind), given the end of
     its last memory call (`last_memory_calls`: latest_ends of the memory calls).
 
@@ -327,24 +329,39 @@ def last_cuda_calls(conn: sqlite3.Connection, schema: Schema, last_memory_calls:
     crash before nsys flushed, or an nsys too old for the driver. The full answer needs a scan
     of the whole API table, so it is computed only for processes that look suspicious from the
     memory calls and the last rows of the table (nsys writes rows in time order up to 2025.3).
+    `tail`: last_calls_tail's rows, read already (events/load.py reads them beside its other work).
     """
     table = "CUPTI_ACTIVITY_KIND_RUNTIME"
     if ranges.empty or not schema.has(table, "globalTid", "start"):
         return {}
-    end = '"end"' if schema.has(table, "end") else "start"
     last = dict(last_memory_calls)
 
-    known = sorted(int(p) for p in last)
-
-    def merge(where: str) -> None:
-        for pid, ts in _last_ends(conn, table, end, where, known):
+    def merge(rows: list[tuple]) -> None:
+        for pid, ts in rows:
             if isinstance(pid, int) and isinstance(ts, int):
                 last[pid] = max(last.get(pid, ts - schema.time_offset_ns), ts - schema.time_offset_ns)
 
-    merge(f"WHERE rowid > (SELECT max(rowid) FROM {table}) - {TAIL_ROWS}")
+    known = sorted(int(p) for p in last_memory_calls)
+    merge(tail if tail is not None else last_calls_tail(conn, schema, last_memory_calls, ranges) or [])
     if _ranges_after(last, ranges):
-        merge("")  # the whole table, only when the tail leaves a process looking cut short
+        # the whole table, only when the tail leaves a process looking cut short
+        merge(_last_ends(conn, table, _end_column(schema), "", known))
     return last
+
+
+def last_calls_tail(conn: sqlite3.Connection, schema: Schema, last_memory_calls: dict[int, int],
+                    ranges: pd.DataFrame) -> Optional[list[tuple]]:
+    """(pid, latest end) of the API table's last TAIL_ROWS rows, per process: last_cuda_calls'
+    first scan (None where it reads nothing)."""
+    table = "CUPTI_ACTIVITY_KIND_RUNTIME"
+    if ranges.empty or not schema.has(table, "globalTid", "start"):
+        return None
+    return _last_ends(conn, table, _end_column(schema), f"WHERE rowid > (SELECT max(rowid) FROM {table}) - {TAIL_ROWS}",
+                      sorted(int(p) for p in last_memory_calls))
+
+
+def _end_column(schema: Schema) -> str:
+    return '"end"' if schema.has("CUPTI_ACTIVITY_KIND_RUNTIME", "end") else "start"
 
 
 def _last_ends(conn: sqlite3.Connection, table: str, end: str, where: str, pids: list[int]) -> list[tuple]:

@@ -54,14 +54,20 @@ def avoid_transparent_huge_pages() -> None:
     libc.prctl(pr_set_thp_disable, 1, 0, 0, 0)
 
 
-@functools.cache  # find_library runs `ldconfig -p` (1-2 ms), and three callers ask at start-up
+@functools.cache  # three callers ask at start-up
 def glibc():
     """The C library through ctypes when it is glibc (the one with malloc_trim), else None."""
-    try:
-        import ctypes
-        import ctypes.util
+    import ctypes
 
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None  # glibc only
-    except OSError:  # no C library to load (not Linux)
-        return None
+    try:
+        # glibc's soname first: find_library runs `ldconfig -p` in a child process (5-7 ms of
+        # the command's start, before its export: issue 31), and names this file on glibc anyway
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc's name here: ask where the C library is
+        try:
+            import ctypes.util
+
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        except OSError:  # no C library to load (not Linux)
+            return None
+    return libc if hasattr(libc, "malloc_trim") else None  # glibc only

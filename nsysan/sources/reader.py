@@ -116,6 +116,10 @@ def read_table(conn: sqlite3.Connection, table: str, select: str, columns: list[
 
 # Rowids per chunk of read_converted: a chunk's raw columns (8 bytes a value) stay a few dozen MB.
 CHUNK_ROWIDS = 1 << 20
+# A smaller table is cut into one chunk per core, of at least this many rowids (a connection and
+# a thread each): the GPT-2 capture's 258k API rows were one 35 ms scan on one core while the
+# others waited (issue 31).
+SPLIT_MIN_ROWIDS = 1 << 16
 
 
 def read_converted(conn: sqlite3.Connection, table: str, select: str, columns: list[str],
@@ -134,11 +138,13 @@ def read_converted(conn: sqlite3.Connection, table: str, select: str, columns: l
     ranges = _rowid_ranges(conn, table, 1) if path else None
     if ranges:
         low, high = ranges[0]
+        cores = workers or usable_cpus()
+        step = min(CHUNK_ROWIDS, max(SPLIT_MIN_ROWIDS, -(-(high - low + 1) // cores)))
         condition = f" AND ({where})" if where else ""
         sqls = [f"SELECT {select} FROM {table} WHERE rowid BETWEEN {a} AND {b}{condition}"
-                for a, b in chunk_grid(conn, table, low, high, CHUNK_ROWIDS)]
+                for a, b in chunk_grid(conn, table, low, high, step)]
         try:
-            with ThreadPoolExecutor(max_workers=min(len(sqls), workers or usable_cpus())) as pool:
+            with ThreadPoolExecutor(max_workers=min(len(sqls), cores)) as pool:
                 parts = list(pool.map(lambda sql: convert(_read_with_adbc(path, sql, columns)), sqls))
         except Exception:  # noqa: BLE001 - any driver failure: the whole-table path, with its own fallback
             parts = None
