@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import nsysan
 from nsysan.analyses.allocator import AllocatorSums
+from nsysan.analyses.capture import EventSpan
 from nsysan.analyses.byte_classes import ByteClassSums, byte_classes, step_phases
 from nsysan.analyses.explore import FOCUS_PAD, FOCUS_SKIP, Explorable, LargestAllocations
 from nsysan.analyses.groups import GroupSums
@@ -121,6 +122,17 @@ def test_largest_allocations_are_the_same_on_one_batch_k_batches_and_3_row_batch
         for limit in (5, 300):  # a top 5 kept across the cuts, and every one
             cut, whole = answer(analysis, LargestAllocations(limit), bounds), answer(analysis, LargestAllocations(limit))
             assert cut[0]["seq"].tolist() == whole[0]["seq"].tolist() and cut[1] == whole[1]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_event_span_is_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    analysis = frame(name)
+    ts = analysis.events["ts_ns"]
+    whole = answer(analysis, EventSpan())
+    assert (whole.first_ts, whole.last_ts, whole.last_finite_ts) == (ts.min(), ts.max(), ts.max())
+    assert analysis.timeline.start_ns <= whole.first_ts <= whole.last_ts <= analysis.timeline.end_ns
+    for cut in cuts(len(ts)):
+        assert answer(analysis, EventSpan(), cut) == whole
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -17,11 +17,11 @@ import pandas as pd
 from ..events import LoadedEvents
 from ..events.stream import EventBatch
 from ..engine import Engine, Facts, frame_batch, frame_labels, frame_live
-from ..model import SCHEMA_ID, Analysis, Capture, Diagnostic, Source, Timeline
+from ..model import SCHEMA_ID, Analysis, Capture, Source, Timeline
 from ..sources.schema import Schema
 from .allocations import to_allocations
 from .bounds import cut_long_strings
-from .capture import capture_facts
+from .capture import FINITE, EventSpan, Span, capture_facts
 from .calls import FailedCalls, api_call_stats, failed_call_rows
 from .explore import Explorable, Explored, allocation_groups, early_trace_ends, LargestAllocations
 from .diagnostics import VmmEvents, capture_diagnostics
@@ -74,7 +74,6 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
             return schema.cuda_device_to_gpu.get((pid, device))
         return device if device in gpu_totals or not gpu_totals else None
 
-    start_ns, end_ns = _capture_span(schema, events, calls, ranges)
     kinds = list(events["kind"].cat.categories)
     # The pools first (the peaks take their reserve changes); they read the pool rows alone, so
     # their batch holds no event (as a flow's batch of pool rows alone does): none of the frame's
@@ -91,6 +90,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     # them: 0.3-0.7 s at 1e7 events), made once for every engine run below: each run gets the
     # same columns with per-batch work of its own (`shared`), and the same live set.
     whole, live = frame_batch(events), frame_live(events)
+    start_ns, end_ns = _capture_span(schema, _one_run(EventSpan(), Facts(kinds), whole, live), calls, ranges)
     with ThreadPoolExecutor(max_workers=1) as pool:
         peaks_later = pool.submit(_peaks, whole, live, events, Facts(kinds, gpu_of, {"pool_uses": pool_uses}),
                                   lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations, site_table)
@@ -248,14 +248,15 @@ def _timeline(batch: EventBatch, facts: Facts, start_ns: int, end_ns: int) -> tu
     return Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=answered["timeline"]), answered["explorable"]
 
 
-def _capture_span(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,
-                  ranges: pd.DataFrame) -> tuple[int, int]:
-    starts = [0]
-    ends = [schema.duration_ns or 0]
-    for frame, end_column in ((events, "ts_ns"), (calls, "end_ns"), (ranges, "end_ns")):
+def _capture_span(schema: Schema, events: Span, calls: pd.DataFrame, ranges: pd.DataFrame) -> tuple[int, int]:
+    """From the earliest start to the latest finite end of the events (EventSpan's), calls and
+    ranges, and to the capture's end at least."""
+    starts = [0] + ([events.first_ts] if events.first_ts is not None else [])
+    ends = [schema.duration_ns or 0] + ([events.last_finite_ts] if events.last_finite_ts is not None else [])
+    for frame, end_column in ((calls, "end_ns"), (ranges, "end_ns")):
         if not frame.empty:
             starts.append(int(frame["ts_ns" if "ts_ns" in frame else "start_ns"].min()))
-            finite = frame[end_column][frame[end_column] < np.iinfo("int64").max // 4]
+            finite = frame[end_column][frame[end_column] < FINITE]
             if not finite.empty:
                 ends.append(int(finite.max()))
     return min(starts), max(ends)

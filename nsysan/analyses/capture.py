@@ -1,12 +1,17 @@
 """The capture's facts (`Analysis.capture`): what the schema says, and the processes that made
-memory events or calls, one function for the whole frame and the streamed flow."""
+memory events or calls, one function for the whole frame and the streamed flow; and the span of
+the events' times (EventSpan), one reducer for both."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
+from ..engine import Reducer
+from ..events.arrays import HIGH, LOW
+from ..events.stream import EventBatch
 from ..model import Capture, GroupSummary, Process
 from ..sources.schema import Schema
 from .diagnostics import crash_rerun_command, flags_used
@@ -33,3 +38,41 @@ def capture_facts(schema: Schema, groups: list[GroupSummary], thread_pairs: np.n
         nvtx=nvtx, cuda_driver_version=schema.cuda_driver_version,
         gpus=list(schema.gpus), processes=processes, flags_used=flags_used(schema),
         session_start_utc_ns=schema.session_start_utc_ns, crash_rerun_command=crash_rerun_command(schema))
+
+
+FINITE = np.iinfo("int64").max // 4  # later times are no time (a range left open has a huge end)
+
+
+@dataclass
+class Span:
+    """The earliest and latest time of the events, and the latest that is finite (below FINITE);
+    None without events."""
+
+    first_ts: Optional[int] = None
+    last_ts: Optional[int] = None
+    last_finite_ts: Optional[int] = None
+
+
+class EventSpan(Reducer):
+    """The span of the events' times (`Span`): the capture's span starts at the first and ends at
+    the last finite one at least (with the calls' and ranges'), and the NVTX ranges' lookups span
+    the first to the last (events.nvtx.RangeLookup). Each batch is in time order."""
+
+    field = "event_span"
+
+    def start(self, facts) -> None:
+        super().start(facts)
+        self.first, self.last, self.last_finite = HIGH, LOW, LOW
+
+    def add(self, b: EventBatch) -> None:
+        if not len(b):
+            return
+        self.first, self.last = min(self.first, int(b.ts[0])), max(self.last, int(b.ts[-1]))
+        finite = int(np.searchsorted(b.ts, FINITE, side="left"))
+        if finite:
+            self.last_finite = max(self.last_finite, int(b.ts[finite - 1]))
+
+    def finish(self, live: dict) -> Span:
+        if self.last == LOW:
+            return Span()
+        return Span(self.first, self.last, self.last_finite if self.last_finite != LOW else None)

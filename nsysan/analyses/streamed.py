@@ -12,13 +12,14 @@ analyses.md says what is exact (all of it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 
-from ..events.arrays import HIGH, LOW
 from ..events.stream import EventBatch, no_rows
 from ..model import GPU_RESIDENT_KINDS, KINDS
+from .capture import Span
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]
 STATIC = KINDS.index("static")
@@ -59,8 +60,7 @@ class FirstLook:
     """What one pass over the events sums up (see the module's docstring)."""
 
     pairs: dict = field(default_factory=dict)  # peak.Peaks' pairs, once this look is done
-    first_ts: int = HIGH
-    last_ts: int = LOW
+    span: Optional[Span] = None  # capture.EventSpan's answer
     # the largest allocations and how many there were (explore.LargestAllocations' answer), set
     # once this look is done, for the second look and the consumers after it
     allocations: int = 0
@@ -68,7 +68,5 @@ class FirstLook:
     big_blocks: pd.DataFrame = field(default_factory=lambda: no_rows())  # preallocations.BigBlocks' answer
 
     def add(self, b: EventBatch) -> None:
-        if len(b) == 0:
-            return
-        self.first_ts, self.last_ts = min(self.first_ts, int(b.ts[0])), max(self.last_ts, int(b.ts[-1]))
+        pass
 

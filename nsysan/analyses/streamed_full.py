@@ -93,11 +93,11 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
         return looks["first"]
 
     def second(look) -> SiteSums:
-        found = looks["first"]
+        found, span = looks["first"], look.first.span
         looks["second"] = SiteSums(conn, schema, found.wanted_chains(), calls.spans,
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
                                    listed=_listed(look.first), look=look,
-                                   times=(look.first.first_ts, look.first.last_ts))
+                                   times=(span.first_ts, span.last_ts) if span.first_ts is not None else None)
         verdict_looks.second_pass(look, looks["second"])  # fed by SiteSums, as its watchers
         # SiteSums feeds the verdicts' consumers, its watchers, and labels the batches for the
         # engine's second look (the spikes', the ranges table's)

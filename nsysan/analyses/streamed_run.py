@@ -20,7 +20,7 @@ from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, OutOfMemory, Peak, R
 from ..sources.schema import Schema
 from .answers import gather_answers
 from .bounds import cut_long_strings
-from .capture import capture_facts
+from .capture import EventSpan, capture_facts
 from .caps import memory_caps
 from .diagnostics import capture_diagnostics
 from .explore import Explorable, LargestAllocations, allocation_groups
@@ -74,7 +74,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     fed = flow.feed(lambda: _Both(FirstLook(), also[0],
                                   Engine([GroupSums(), TimelineSeries(), Explorable(), NeverFreed(), LargestAllocations(),
                                           StepWindows(), ByteClassSums(), Spikes(), more["pool_uses"], RangeSums(),
-                                          peak_look, CutShortSums(), BigBlocks(), *reducers], Facts(flow.kinds, gpu_of, more))),
+                                          peak_look, CutShortSums(), BigBlocks(), EventSpan(), *reducers], Facts(flow.kinds, gpu_of, more))),
                      keep=True)
     first, engine = fed.main, fed.engine
     first.pairs = peak_look.pairs  # (streamed_oom's)
@@ -82,10 +82,10 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     first.big_blocks = engine.so_far("big_blocks")  # (the preallocations: AllocatorSums' second look)
     notes = list(flow.diagnostics)
     described = described or _Undescribed(flow.kinds)
-    has_events = flow.events > 0
-    start_ns = min([0, *span[:1]] + ([first.first_ts] if has_events else []))
+    first.span = events = engine.so_far("event_span")
+    start_ns = min([0, *span[:1]] + ([events.first_ts] if events.first_ts is not None else []))
     end_ns = max([0, schema.duration_ns or 0, *span[1:]]
-                 + ([first.last_ts] if has_events and first.last_ts < np.iinfo("int64").max // 4 else []))
+                 + ([events.last_finite_ts] if events.last_finite_ts is not None else []))
 
     def second_look() -> _Both:
         engine.between()  # (again, should the pass start over)
