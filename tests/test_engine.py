@@ -21,7 +21,7 @@ from nsysan.analyses.explore import FOCUS_PAD, FOCUS_SKIP, Explorable, LargestAl
 from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
 from nsysan.analyses import verdicts
-from nsysan.analyses.calls import FailedCalls, failed_call_rows
+from nsysan.analyses.calls import FailedCalls, call_outcomes
 from nsysan.analyses.oom import CutShortSums, FailureDevices, ReleaseBursts, oom_calls
 from nsysan.analyses.verdicts import AccessMaps
 from nsysan.analyses.diagnostics import VmmEvents, xla_pids
@@ -842,7 +842,7 @@ def failure_devices(name: str, bounds=()) -> list:
     """FailureDevices over the fixture's events cut before `bounds`: the device of each call that
     ran out of memory (as verdicts.find_verdicts asks)."""
     analysis = frame(name)
-    return answer(analysis, FailureDevices(), bounds, {"oom_calls": oom_calls(failed_call_rows(analysis.calls))})
+    return answer(analysis, FailureDevices(), bounds, {"oom_calls": oom_calls(call_outcomes(analysis.calls).failed)})
 
 
 def test_failure_devices_are_the_same_on_one_batch_k_batches_and_3_row_batches():
@@ -860,7 +860,7 @@ def failed_calls(name: str, bounds=()) -> list:
     """FailedCalls over the fixture's events cut before `bounds`: its failed calls with the live
     bytes of their process then."""
     analysis = frame(name)
-    return answer(analysis, FailedCalls(), bounds, {"failed_call_rows": failed_call_rows(analysis.calls),
+    return answer(analysis, FailedCalls(), bounds, {"failed_call_rows": call_outcomes(analysis.calls).failed,
                                                     "nvtx_ranges": analysis.nvtx_ranges})
 
 

@@ -22,7 +22,7 @@ from ..sources.schema import Schema
 from .allocations import to_allocations
 from .bounds import cut_long_strings
 from .capture import FINITE, EventSpan, Span, capture_facts
-from .calls import FailedCalls, api_call_stats, failed_call_rows
+from .calls import FailedCalls, api_call_stats, call_outcomes
 from .explore import Explorable, Explored, allocation_groups, early_trace_ends, LargestAllocations
 from .diagnostics import VmmEvents, capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
@@ -104,7 +104,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                                       "site_table": lambda: site_table})
         site_work = partial(_one_run, SiteRanks(), site_facts, whole, live) if not loaded.quick else partial(list)
         api_calls_later, sites_later = (pool.submit(work) for work in (api_call_work, site_work))
-        call_facts = {"failed_call_rows": failed_call_rows(calls), "nvtx_ranges": ranges,
+        call_facts = {"failed_call_rows": call_outcomes(calls).failed, "nvtx_ranges": ranges,
                       "api_names": list(events["api"].cat.categories)}
         answered = Engine([GroupSums(), NeverFreed(), LargestAllocations(), BigBlocks(), FailedCalls(), VmmEvents()],
                           dataclasses.replace(facts, more=call_facts)).run([batch], dict(live))

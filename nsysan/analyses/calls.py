@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 import pandas as pd
 
 from ..base import apis
+from ..base.cuda_errors import OUT_OF_MEMORY
 from ..engine import Reducer
 from ..events.nvtx import attribute_ranges
 from ..model import GPU_RESIDENT_KINDS, ApiCallStat, FailedCall
@@ -23,17 +26,26 @@ def api_call_stats(calls: pd.DataFrame) -> list[ApiCallStat]:
     if calls.empty:
         return []
     sums = CallStatSums(list(calls["api"].cat.categories), list(calls["family"].cat.categories))
-    api, family = calls["api"].cat.codes.to_numpy(), calls["family"].cat.codes.to_numpy()
-    ts, end, code = calls["ts_ns"].to_numpy(), calls["end_ns"].to_numpy(), calls["return_value"].to_numpy()
-    for low in range(0, len(calls), CALL_CHUNK):
-        part = slice(low, low + CALL_CHUNK)
-        sums.add(api[part], family[part], ts[part], end[part], code[part])
+    for chunk, family in frame_chunks(calls, CALL_CHUNK):
+        sums.add(chunk, family)
     return sums.stats()
 
 
+def frame_chunks(calls: pd.DataFrame, rows: int) -> Iterator[tuple[dict, np.ndarray]]:
+    """The calls frame in chunks of `rows` calls, as MemoryCalls.scan hands its chunks to a sum:
+    the calls' "api" (codes), "pid", "tid", "ts", "end" and "return_value", and their family codes."""
+    columns = {"api": calls["api"].cat.codes.to_numpy(), "pid": calls["pid"].to_numpy(), "tid": calls["tid"].to_numpy(),
+               "ts": calls["ts_ns"].to_numpy(), "end": calls["end_ns"].to_numpy(),
+               "return_value": calls["return_value"].to_numpy()}
+    family = calls["family"].cat.codes.to_numpy()
+    for low in range(0, len(calls), max(rows, 1)):
+        part = slice(low, low + rows)
+        yield {name: column[part] for name, column in columns.items()}, family[part]
+
+
 class CallStatSums:
-    """api_call_stats' sums, chunk after chunk of calls in the calls frame's order (also a flow of
-    chunks read from the export: analyses/streamed_full.py hands it each chunk MemoryCalls.scan reads)."""
+    """api_call_stats' sums, chunk after chunk of calls in their order (the calls frame's,
+    frame_chunks; the streamed flow's, each chunk MemoryCalls.scan reads)."""
 
     def __init__(self, api_names: list[str], families: list[str]) -> None:
         self.api_names, self.families = api_names, families
@@ -46,12 +58,13 @@ class CallStatSums:
         self.rows = 0
         self.found: dict[int, list[int]] = {}  # key -> [first row, calls, failed, total, longest]
 
-    def add(self, api: np.ndarray, family: np.ndarray, ts: np.ndarray, end: np.ndarray, code: np.ndarray) -> None:
-        """One chunk: each call's API and family codes, start, end and return value."""
-        seg = Segments((api.astype("int32") + 1) * self.width + family + 1, self.pairs)
-        time = seg.in_group_order(end)
-        time -= seg.in_group_order(ts)
-        failed = seg.count(seg.in_group_order(code) != 0, ordered=True)
+    def add(self, calls: dict, family: np.ndarray) -> None:
+        """One chunk (frame_chunks' columns): each call's API code, start, end and return value, and
+        its family code."""
+        seg = Segments((calls["api"].astype("int32") + 1) * self.width + family + 1, self.pairs)
+        time = seg.in_group_order(calls["end"])
+        time -= seg.in_group_order(calls["ts"])
+        failed = seg.count(seg.in_group_order(calls["return_value"]) != 0, ordered=True)
         total, longest = seg.sum(time, ordered=True), seg.max(time, ordered=True)
         for k in np.flatnonzero(seg.present).tolist():  # the pairs in this chunk
             first = self.rows + int(seg.order[seg.starts[k]])  # the stable order keeps each pair's rows in order
@@ -60,7 +73,7 @@ class CallStatSums:
             entry[2] += int(failed[k])
             entry[3] += int(total[k])
             entry[4] = max(entry[4], int(longest[k]))
-        self.rows += len(api)
+        self.rows += len(family)
 
     def stats(self) -> list[ApiCallStat]:
         ordered = sorted(self.found.items(), key=lambda item: item[1][0])  # as pandas' groupby(sort=False) lists them
@@ -71,18 +84,61 @@ class CallStatSums:
                 for k, (_, calls_, failed_, total, longest) in ordered]
 
 
+class CallOutcomes:
+    """How the memory API calls ended, chunk after chunk of them in their order (the whole calls
+    frame is one chunk, call_outcomes; the streamed flow's are the chunks MemoryCalls.scan reads):
+    the first MAX_FAILED_CALLS that returned an error, not counting the informational calls
+    (`failed`: the rows `Analysis.failed_calls` lists), how many of all of those ran out of memory
+    (`out_of_memory`), and the successful cuMemCreate calls per process (`created_by_pid`)."""
+
+    def __init__(self, api_names: list[str], families: list[str]) -> None:
+        self.api_names = np.array(api_names, dtype=object)
+        self.info = families.index("info") if "info" in families else -1
+        self.create = api_names.index("cuMemCreate") if "cuMemCreate" in api_names else -1
+        self.parts: list[pd.DataFrame] = []
+        self.found = 0  # failed calls kept so far
+        self.out_of_memory = 0
+        self.created_by_pid: dict[int, int] = {}
+
+    def add(self, calls: dict, family: np.ndarray) -> None:
+        """One chunk: frame_chunks' columns, and each call's family code."""
+        code = calls["return_value"]
+        refused = (code != 0) & (family != self.info)
+        self.out_of_memory += int((refused & (code == OUT_OF_MEMORY)).sum())
+        if self.found < MAX_FAILED_CALLS:
+            rows = np.flatnonzero(refused)[:MAX_FAILED_CALLS - self.found]
+            self.found += len(rows)
+            self.parts.append(pd.DataFrame({
+                "ts_ns": calls["ts"][rows], "pid": calls["pid"][rows], "tid": calls["tid"][rows],
+                "api": self.api_names[calls["api"][rows]], "return_value": code[rows], "end_ns": calls["end"][rows]}))
+        if self.create >= 0:  # physical memory made, per process (verdicts' vmm_without_access)
+            made = calls["pid"][(calls["api"] == self.create) & (code == 0)]
+            for pid, count in zip(*np.unique(made, return_counts=True)):
+                self.created_by_pid[int(pid)] = self.created_by_pid.get(int(pid), 0) + int(count)
+
+    @property
+    def failed(self) -> pd.DataFrame:
+        parts = [part for part in self.parts if len(part)]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
 def failed_call_rows(calls: pd.DataFrame) -> pd.DataFrame:
-    """The calls `Analysis.failed_calls` lists: the first MAX_FAILED_CALLS that returned an error
-    (not counting the informational calls)."""
-    if calls.empty:
-        return calls
-    return calls[((calls["return_value"] != 0) & (calls["family"] != "info")).to_numpy()].head(MAX_FAILED_CALLS)
+    """CallOutcomes.failed of the calls frame."""
+    return call_outcomes(calls).failed
+
+
+def call_outcomes(calls: pd.DataFrame) -> CallOutcomes:
+    """CallOutcomes of the calls frame, as one chunk."""
+    outcomes = CallOutcomes(list(calls["api"].cat.categories), list(calls["family"].cat.categories))
+    for chunk, family in frame_chunks(calls, len(calls)):
+        outcomes.add(chunk, family)
+    return outcomes
 
 
 class FailedCalls(Reducer):
-    """`Analysis.failed_calls`: the calls of failed_call_rows, each with its NVTX range and the live
+    """`Analysis.failed_calls`: the failed calls (CallOutcomes), each with its NVTX range and the live
     GPU-resident bytes of its process at its time (None when no memory event was seen: sizes
-    unknown). Facts.more: "failed_call_rows" (failed_call_rows of every call), "nvtx_ranges"."""
+    unknown). Facts.more: "failed_call_rows" (CallOutcomes.failed), "nvtx_ranges"."""
 
     field = "failed_calls"
     needs = ("failed_call_rows", "nvtx_ranges")

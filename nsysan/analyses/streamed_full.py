@@ -36,7 +36,7 @@ from ..model import Allocation, Analysis, Diagnostic, Source
 from ..sources.schema import Schema
 from .answers import gather_answers
 from .bounds import cut_long_strings
-from .calls import CallStatSums, FailedCalls
+from .calls import CallOutcomes, CallStatSums, FailedCalls
 from .capture import capture_facts
 from .diagnostics import VmmEvents, capture_diagnostics
 from .ranks import assign_ranks
@@ -66,8 +66,13 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     now, left empty)."""
     ahead = order_ahead(conn, stream.CHUNK_ROWIDS, stream.MOST_RUNS)  # meanwhile, on a second thread
     calls = MemoryCalls(conn, schema)
-    api_calls = CallStatSums(calls.api_names, calls.families)
-    calls.scan(lambda real, family: api_calls.add(real["api"], family, real["ts"], real["end"], real["return_value"]))
+    api_calls, outcomes = CallStatSums(calls.api_names, calls.families), CallOutcomes(calls.api_names, calls.families)
+
+    def summed(chunk: dict, family: np.ndarray) -> None:  # each chunk of calls the scan reads
+        api_calls.add(chunk, family)
+        outcomes.add(chunk, family)
+
+    calls.scan(summed)
     ranges, operator_ranges = read_nvtx_ranges(conn, schema)
     thread_names = read_thread_names(conn, schema)
     nvtx_steps = find_step_ranges(ranges, calls.threads, step_range)
@@ -80,7 +85,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     # (and the operator ranges: the ranges table's) and memory threads (the spikes' range
     # instances), and what the second pass's labels name
     more: dict = {"found_steps": stepped, "phases": step_phases(stepped.steps, stepped.ranges), "nvtx_ranges": ranges,
-                  "operator_ranges": operator_ranges, "memory_threads": calls.threads, "failed_call_rows": calls.failed,
+                  "operator_ranges": operator_ranges, "memory_threads": calls.threads,
+                  "failed_call_rows": outcomes.failed,
                   "labels": lambda: _labels(looks["second"], ranges), "site_table": lambda: described.site_table}
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)

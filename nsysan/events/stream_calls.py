@@ -29,6 +29,7 @@ from ..base import apis
 from ..base.cuda_errors import OUT_OF_MEMORY
 from ..model.memory import MAX_FAILED_CALLS
 from ..sources.schema import Schema
+from .arrays import distinct_pairs
 from .normalize import join_on_call
 from .read import _call_columns, latest_ends, memory_call_chunks, memory_call_names, memory_call_ranges
 from .spill import Kept
@@ -103,8 +104,9 @@ class MemoryCalls:
             family = self.family_code[real["api"]]
             if each_chunk is not None:
                 each_chunk(real, family)
-            self.threads = pd.unique(np.concatenate([self.threads, real["pid"].astype("int64") << 24
-                                                     | (real["tid"].astype("int64") & 0xFFFFFF)]))
+            # steps.memory_threads of the chunk, after those of the chunks before
+            threads = distinct_pairs(real["pid"], real["tid"], 24, 0xFFFFFF)
+            self.threads = pd.unique(np.concatenate([self.threads, threads]))
             refused = (real["return_value"] != 0) & (family != info)
             self.out_of_memory += int((refused & (real["return_value"] == OUT_OF_MEMORY)).sum())
             if found < MAX_FAILED_CALLS:
