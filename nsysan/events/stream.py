@@ -259,32 +259,36 @@ class EventFlow:
         rows to a chunk's, and each batch costs every analysis a fixed toll."""
         # the runs' chunks together as long as one chunk
         sources = [self._chunks(run, max(CHUNK_ROWIDS // len(self.runs), 1)) for run in self.runs]
-        buffers = [_no_rows() for _ in sources]
+        # per run, its chunks read and not emitted yet (each in time order, the first maybe cut
+        # short), joined only when emitted: a copy of every row less than joining at each read
+        pending: list[list[dict]] = [[] for _ in sources]
         done = [False] * len(sources)
 
         def read(i: int) -> None:
             rows = next(sources[i], None)
             if rows is None:
                 done[i] = True
-            else:
-                buffers[i] = {name: np.concatenate([buffers[i][name], rows[name]]) for name in _ROW}
+            elif len(rows["ts"]):
+                pending[i].append(rows)
 
         while True:
             for i in range(len(sources)):
-                # a run's rows at its buffer's last time may go on in its next chunk
-                while not done[i] and (not len(buffers[i]["ts"]) or buffers[i]["ts"][0] == buffers[i]["ts"][-1]):
+                # a run's rows at its last time read may go on in its next chunk
+                while not done[i] and (not pending[i] or pending[i][0]["ts"][0] == pending[i][-1]["ts"][-1]):
                     read(i)
             while True:
-                open_runs = [(int(b["ts"][-1]), i) for i, b in enumerate(buffers) if not done[i]]
+                open_runs = [(int(chunks[-1]["ts"][-1]), i) for i, chunks in enumerate(pending) if not done[i]]
                 until = min(open_runs)[0] if open_runs else None
-                ready = [len(b["ts"]) if until is None else int(np.searchsorted(b["ts"], until, side="left"))
-                         for b in buffers]
-                if until is None or sum(ready) >= CHUNK_ROWIDS:
+                ready = [[len(c["ts"]) if until is None else int(np.searchsorted(c["ts"], until, side="left"))
+                          for c in chunks] for chunks in pending]
+                if until is None or sum(map(sum, ready)) >= CHUNK_ROWIDS:
                     break
                 read(min(open_runs)[1])  # the run that holds the others back
             # the runs in rowid order, each in export order: a stable sort by key keeps export order at a tie
-            out = {name: np.concatenate([b[name][:n] for b, n in zip(buffers, ready)]) for name in _ROW}
-            buffers = [{name: values[n:] for name, values in b.items()} for b, n in zip(buffers, ready)]
+            parts = [(c, n) for chunks, counts in zip(pending, ready) for c, n in zip(chunks, counts) if n]
+            out = {name: np.concatenate([c[name][:n] for c, n in parts] or [_no_rows()[name]]) for name in _ROW}
+            pending = [[{name: values[n:] for name, values in c.items()} if n else c
+                        for c, n in zip(chunks, counts) if n < len(c["ts"])] for chunks, counts in zip(pending, ready)]
             order = np.argsort(out["key"], kind="stable")
             batch = self._emit({name: values[order] for name, values in out.items()})
             if batch is not None:
@@ -343,11 +347,13 @@ class EventFlow:
         self._bad_reasons += np.bincount(rows["reason"][bad], minlength=len(BAD_ROW_REASONS))
         self._allocated += allocated_bytes(rows["bytes"], rows["op"], bad)
         # pool rows stay for the pools even when left out of the events, if they have a time
-        keep = np.flatnonzero(~bad | ((rows["pool_address"] != 0) & usable_times(rows["ts"], rows["ts_bad"], offset)))
-        kept = {name: rows[name][keep] for name in _ROW if name in rows}
+        kept = {name: rows[name] for name in _ROW if name in rows}
+        if bad.any():
+            keep = np.flatnonzero(~bad | ((rows["pool_address"] != 0) & usable_times(rows["ts"], rows["ts_bad"], offset)))
+            kept, bad = {name: values[keep] for name, values in kept.items()}, bad[keep]
         alloc = kept["op"] == 0
         kept["key"] = (kept["ts"] - offset) * 2 + alloc
-        kept["flags"] = np.where(bad[keep], 0, IS_EVENT).astype("int8") | np.where(alloc, IS_POOL_ALLOC, 0).astype("int8")
+        kept["flags"] = np.where(bad, 0, IS_EVENT).astype("int8") | np.where(alloc, IS_POOL_ALLOC, 0).astype("int8")
         return kept
 
     def _emit(self, rows: dict) -> Optional[EventBatch]:
