@@ -13,7 +13,7 @@ from rich.text import Text
 from ..errors import printable
 from ..model import LIVE_AT_START, Allocation, Analysis, CallSite, Peak, RangeFamily, StepSeries
 from ..model.memory import grouped_ranges
-from .layout import NAME, NUMBER, WORD, Column, Lines, Parts, Sheet
+from .layout import NAME, WORD, Column, Lines, Parts, Sheet
 from .oom import DRAWN_CODES, oom_and_reserved
 from ..base.units import fmt_bytes, fmt_duration, fmt_durations, fmt_frame, fmt_share, fmt_time, fmt_times
 
@@ -144,14 +144,10 @@ def _capture_panel(analysis: Analysis) -> Panel:
     return Panel(body, title=Text(_t(f"nsysan · {src.name}{exported}")), title_align="left", box=box.ROUNDED)
 
 
-def _col(header: str, kind: str = NUMBER, drop: int = 0) -> Column:
-    return Column(header, kind, drop)
-
-
 def _peaks_table(analysis: Analysis, top: int) -> Sheet:
     table = Sheet("Peak GPU memory (device + array + static) per process and GPU",
-                  _col("process"), _col("device"), _col("peak"), _col("at"), _col("NVTX range", NAME, 3),
-                  _col("reached by", WORD, 2), _col("of GPU", drop=1), _col("live allocs", drop=4))
+                  Column("process"), Column("device"), Column("peak"), Column("at"), Column("NVTX range", NAME, 3),
+                  Column("reached by", WORD, 2), Column("of GPU", drop=1), Column("live allocs", drop=4))
     peaks, more = _largest(analysis.peaks, lambda p: p.peak_bytes, max(top, LIST_ROWS))
     if more:
         table.caption = f"… and {more} more, with smaller peaks (see --format json)"
@@ -170,8 +166,8 @@ def _live_at_peak_table(peak: Peak, top: int) -> Sheet:
     more = peak.live_count - len(shown)
     title = (f"Live at the peak of process {peak.pid} on device {peak.device} "
              f"({fmt_bytes(peak.peak_bytes)} at {fmt_time(peak.peak_time_ns)})")
-    table = Sheet(title, _col("size"), _col("kind", WORD, 2), _col("API", WORD, 1), _col("site", NAME),
-                  _col("NVTX range", NAME, 3), _col("age"))
+    table = Sheet(title, Column("size"), Column("kind", WORD, 2), Column("API", WORD, 1), Column("site", NAME),
+                  Column("NVTX range", NAME, 3), Column("age"))
     ages = fmt_durations([peak.peak_time_ns - alloc.alloc_time_ns for alloc in shown])
     # a block live when the capture began is older than the capture: its age is not known
     ages = ["unknown" if alloc.api == LIVE_AT_START else age for alloc, age in zip(shown, ages)]
@@ -184,9 +180,9 @@ def _live_at_peak_table(peak: Peak, top: int) -> Sheet:
 
 
 def _groups_table(analysis: Analysis, top: int) -> Sheet:
-    table = Sheet("Memory by process, device and kind", _col("process"), _col("dev"), _col("kind", WORD),
-                  _col("peak"), _col("at end"), _col("allocs", drop=2), _col("frees", drop=1),
-                  _col("allocated", drop=3), _col("never freed"))
+    table = Sheet("Memory by process, device and kind", Column("process"), Column("dev"), Column("kind", WORD),
+                  Column("peak"), Column("at end"), Column("allocs", drop=2), Column("frees", drop=1),
+                  Column("allocated", drop=3), Column("never freed"))
     groups, more = _largest(analysis.groups, lambda g: g.peak_bytes, max(top, LIST_ROWS))
     if more:
         table.caption = f"… and {more} more, with smaller peaks (see --format json)"
@@ -211,8 +207,8 @@ def _never_freed_table(analysis: Analysis, top: int) -> Sheet:
     total = analysis.never_freed_bytes
     count = analysis.never_freed_total
     title = f"Never freed during the capture: {count} allocations, {fmt_bytes(total)}"
-    table = Sheet(title, _col("size"), _col("kind", WORD, 3), _col("API", WORD, 1), _col("site", NAME),
-                  _col("NVTX range", NAME, 4), _col("process", drop=2), _col("allocated at"))
+    table = Sheet(title, Column("size"), Column("kind", WORD, 3), Column("API", WORD, 1), Column("site", NAME),
+                  Column("NVTX range", NAME, 4), Column("process", drop=2), Column("allocated at"))
     _allocation_rows(table, analysis.never_freed[:top])
     if count > top:
         table.caption = f"… and {count - min(top, len(analysis.never_freed))} more (see --format json)"
@@ -222,9 +218,9 @@ def _never_freed_table(analysis: Analysis, top: int) -> Sheet:
 def _sites_table(analysis: Analysis, top: int) -> Sheet:
     # Sites are per process; the column is shown when there is more than one to tell apart.
     several = len({s.pid for s in analysis.sites}) > 1
-    table = Sheet("Top allocation sites", _col("site", NAME), *([_col("process")] if several else []),
-                  _col("kind", WORD, 2), _col("allocs", drop=1), _col("allocated", drop=3), _col("never freed"),
-                  _col("max live"))
+    table = Sheet("Top allocation sites", Column("site", NAME), *([Column("process")] if several else []),
+                  Column("kind", WORD, 2), Column("allocs", drop=1), Column("allocated", drop=3), Column("never freed"),
+                  Column("max live"))
     for s in analysis.sites[:top]:
         never = fmt_bytes(s.never_freed_bytes) + f" ({s.never_freed_count})" if s.never_freed_count else "-"
         process = [str(s.pid) if s.pid is not None else "-"] if several else []
@@ -264,8 +260,9 @@ def _ranges_table(analysis: Analysis, top: int, operators: bool = False) -> Shee
     never twice in one."""
     title = ("PyTorch operator ranges (innermost operator of each allocation)" if operators
              else "NVTX ranges (innermost range of each allocation)")
-    table = Sheet(title, _col("operator" if operators else "range", NAME), _col("instances", drop=1),
-                  _col("allocated"), _col("freed", drop=2), _col("still live at end"), _col("max live while open"))
+    table = Sheet(title, Column("operator" if operators else "range", NAME), Column("instances", drop=1),
+                  Column("allocated"), Column("freed", drop=2), Column("still live at end"),
+                  Column("max live while open"))
     # the user's ranges of one family ("step 0" ... "step 9") are its one row, as on the page
     rows = [r for r in analysis.ranges if r.operator] if operators else \
         sorted(grouped_ranges(analysis.ranges, analysis.range_families if analysis.capture.memory_usage_collected else []),
@@ -278,9 +275,9 @@ def _ranges_table(analysis: Analysis, top: int, operators: bool = False) -> Shee
 
 
 def _calls_table(analysis: Analysis, top: int) -> Sheet:
-    table = Sheet("Memory API calls (sizes unknown without --cuda-memory-usage)", _col("API", NAME),
-                  _col("family", WORD, 1), _col("calls"), _col("failed"), _col("total time", drop=2),
-                  _col("longest", drop=3))
+    table = Sheet("Memory API calls (sizes unknown without --cuda-memory-usage)", Column("API", NAME),
+                  Column("family", WORD, 1), Column("calls"), Column("failed"), Column("total time", drop=2),
+                  Column("longest", drop=3))
     shown = analysis.api_calls[: max(top, 15)]
     totals = fmt_durations([c.total_time_ns for c in shown])
     longest = fmt_durations([c.max_time_ns for c in shown])
@@ -290,8 +287,8 @@ def _calls_table(analysis: Analysis, top: int) -> Sheet:
 
 
 def _failed_table(analysis: Analysis, top: int) -> Sheet:
-    table = Sheet("Failed memory calls", _col("at"), _col("process", drop=2), _col("API", WORD), _col("error", WORD),
-                  _col("NVTX range", NAME), _col("live then", drop=1))
+    table = Sheet("Failed memory calls", Column("at"), Column("process", drop=2), Column("API", WORD),
+                  Column("error", WORD), Column("NVTX range", NAME), Column("live then", drop=1))
     shown = analysis.failed_calls[:top]
     for f, at in zip(shown, fmt_times([f.time_ns for f in shown])):
         table.add_row(at, str(f.pid), _t(f.api), f.error, _t(f.nvtx_range or "-"),
@@ -362,8 +359,8 @@ def _steps_table(series: StepSeries, top: int) -> Sheet:
     title = f"Steps of process {series.pid} on device {series.device}: live device + array memory"
     if series.found_by == "kernels":
         title += " (no NVTX steps: found from the kernel sequence)"
-    table = Sheet(title, _col("step", NAME), _col("start", drop=3), _col("length", drop=2), _col("at end"),
-                  _col("change"), _col("peak"), _col("allocated", drop=1), _col("kept"))
+    table = Sheet(title, Column("step", NAME), Column("start", drop=3), Column("length", drop=2), Column("at end"),
+                  Column("change"), Column("peak"), Column("allocated", drop=1), Column("kept"))
     table.caption = "kept: allocated in the step and still live at the end of the capture"
     steps = series.steps
     head = max(1, top // 3)
@@ -374,9 +371,8 @@ def _steps_table(series: StepSeries, top: int) -> Sheet:
     for i, (step, start, length) in enumerate(zip(shown, starts, lengths)):
         if len(shown) < found and i == head:
             table.add_row(f"… {found - len(shown)} more", *[""] * 7)
-        change = ("+" if step.delta_bytes > 0 else "") + fmt_bytes(step.delta_bytes)
         note = "" if step.closed else " (open)"
-        table.add_row(_t(step.name + note), start, length, fmt_bytes(step.end_live_bytes), change,
+        table.add_row(_t(step.name + note), start, length, fmt_bytes(step.end_live_bytes), _signed(step.delta_bytes),
                       fmt_bytes(step.peak_live_bytes), fmt_bytes(step.allocated_bytes),
                       fmt_bytes(step.kept_bytes) if step.kept_bytes else "-")
     return table
@@ -385,8 +381,8 @@ def _steps_table(series: StepSeries, top: int) -> Sheet:
 def _phases_table(analysis: Analysis, top: int) -> Sheet:
     """Per NVTX range path, what its instances cost (device + array bytes), the largest rises first."""
     table = Sheet("What each phase costs (live device + array memory; median over its instances)",
-                  _col("process", drop=2), _col("range", NAME), _col("instances", drop=3), _col("at start"),
-                  _col("rise"), _col("max rise", drop=4), _col("change"), _col("change from … to", drop=1))
+                  Column("process", drop=2), Column("range", NAME), Column("instances", drop=3), Column("at start"),
+                  Column("rise"), Column("max rise", drop=4), Column("change"), Column("change from … to", drop=1))
     for p in analysis.phases[:top]:
         spread = (f"{_signed(p.net_min_bytes)} … {_signed(p.net_max_bytes)}" if p.net_min_bytes != p.net_max_bytes
                   else _signed(p.net_min_bytes))
@@ -398,8 +394,8 @@ def _phases_table(analysis: Analysis, top: int) -> Sheet:
 
 def _spikes_table(analysis: Analysis, top: int) -> Sheet:
     """The largest sudden rises of live memory, with what made them and how much came back."""
-    table = Sheet("Spikes: the largest sudden rises of live device + array memory", _col("process", drop=1),
-                  _col("peak at"), _col("rise"), _col("range", NAME), _col("site", NAME), _col("freed after"))
+    table = Sheet("Spikes: the largest sudden rises of live device + array memory", Column("process", drop=1),
+                  Column("peak at"), Column("rise"), Column("range", NAME), Column("site", NAME), Column("freed after"))
     shown = sorted(analysis.spikes, key=lambda s: -s.rise_bytes)[:top]
     for spike, at in zip(shown, fmt_times([s.peak_ns for s in shown])):
         made = spike.sites[0].site if spike.sites else ", ".join(spike.apis)

@@ -43,8 +43,6 @@ def evaluate_limits(analysis: Analysis, baseline: Optional[Analysis], limits: Li
     if limits.empty:
         raise NsysanError("no limits to check: give at least one (--max-peak 8GiB, ...) or a "
                           "[tool.nsysan.check] table in pyproject.toml")
-    if limits.max_growth_per_step is not None and not any(g.verdict in MEASURED_GROWTH for g in analysis.growth):
-        _refuse_if_not_streamed(analysis, "--max-growth-per-step needs steps", section="growth")
     comparison = compare_analyses(baseline if baseline is not None else analysis, analysis)
     units = _units(analysis, baseline, comparison.processes, limits.per)
     outcomes: list[Outcome] = []
@@ -329,25 +327,7 @@ def _death(analysis: Analysis, fatal: Any) -> str:
     return "out of memory without a failing call: " + "; ".join(parts or [fatal.found_by])
 
 
-def _refuse_if_not_streamed(analysis: Analysis, need: str, codes: tuple[str, ...] = (),
-                            section: Optional[str] = None) -> None:
-    """Stop when a limit needs what the streamed full analysis of a large export did not compute
-    (its diagnostic `not_streamed`; analyses/streamed_full.py): absent is not the same as held."""
-    note = next((d for d in analysis.diagnostics if d.code == "not_streamed"), None)
-    if note is None:
-        return
-    from ..analyses.streamed_full import NOT_STREAMED, NOT_STREAMED_CODES
-
-    if (codes and not set(codes) & set(NOT_STREAMED_CODES)) or (section is not None and section not in NOT_STREAMED):
-        return
-    raise NsysanError(f"{analysis.source.name}: {need}, which this analysis did not compute: the export is large "
-                      "enough to be analyzed in bounded memory, where some sections are not computed yet (the "
-                      "diagnostic not_streamed names them); check it from "
-                      "nsysan.analyze(path, keep_events=True) on a machine with the memory for it")
-
-
 def _warnings(analysis: Analysis, codes: tuple[str, ...]) -> list[Outcome]:
-    _refuse_if_not_streamed(analysis, f"--no-warnings {','.join(codes)} needs the verdicts that raise them", codes)
     if codes == ("all",):
         found = [d for d in analysis.diagnostics if d.severity in ("warning", "error")]
         codes = tuple(sorted({d.code for d in found})) or ("all",)
