@@ -101,12 +101,6 @@ def _identity(path: Path) -> object:
         return os.path.realpath(path)
 
 
-def refuse_inputs(targets: Iterable[Path]) -> None:
-    """Raise NsysanError now, before the analysis, if an output would replace an input."""
-    for target in targets:
-        _refuse_if_input(Path(target))
-
-
 def _refuse_if_input(path: Path) -> None:
     try:
         found = os.stat(path)  # follows symlinks: the file that would be replaced

@@ -8,7 +8,6 @@ from typing import Optional
 from markupsafe import Markup
 
 from rich.console import Console
-from rich.text import Text
 
 from ..errors import printable
 from ..model.history import METRICS, History, HistoryRun
