@@ -80,7 +80,6 @@ def read_table(conn: sqlite3.Connection, table: str, select: str, columns: list[
     ranges = _rowid_ranges(conn, table, workers or usable_cpus()) if path else None
     if not ranges:
         return read_frame(conn, one_scan, columns)
-    condition = f" AND ({where})" if where else ""
     # Each range writes into its own slice of one array per column, sized for the rowid span:
     # np.empty pages cost nothing until written, and when every rowid is a row (exports are
     # written by appending, so they are) the arrays come out whole, without a 700 MB copy.
@@ -93,7 +92,7 @@ def read_table(conn: sqlite3.Connection, table: str, select: str, columns: list[
     for low, high in ranges:
         at = low - ranges[0][0]
         slices.append([_Filled(high - low + 1, column[at:at + high - low + 1]) for column in whole])
-    sqls = [f"SELECT {select} FROM {table} WHERE rowid BETWEEN {low} AND {high}{condition}" for low, high in ranges]
+    sqls = _range_queries(table, select, ranges, where)
     try:
         with ThreadPoolExecutor(max_workers=len(sqls)) as pool:
             chunks = list(pool.map(lambda job: _read_parts(path, job[0], columns, job[1]), zip(sqls, slices)))
@@ -140,9 +139,7 @@ def read_converted(conn: sqlite3.Connection, table: str, select: str, columns: l
         low, high = ranges[0]
         cores = workers or usable_cpus()
         step = min(CHUNK_ROWIDS, max(SPLIT_MIN_ROWIDS, -(-(high - low + 1) // cores)))
-        condition = f" AND ({where})" if where else ""
-        sqls = [f"SELECT {select} FROM {table} WHERE rowid BETWEEN {a} AND {b}{condition}"
-                for a, b in chunk_grid(conn, table, low, high, step)]
+        sqls = _range_queries(table, select, chunk_grid(conn, table, low, high, step), where)
         try:
             with ThreadPoolExecutor(max_workers=min(len(sqls), cores)) as pool:
                 parts = list(pool.map(lambda sql: convert(_read_with_adbc(path, sql, columns)), sqls))
@@ -162,16 +159,14 @@ def read_chunks(conn: sqlite3.Connection, table: str, select: str, columns: list
     scans). A table without a usable rowid, or one the fast driver can't read, comes as one frame."""
     path = database_path(conn) if _adbc is not None else None
     ranges = _rowid_ranges(conn, table, 1) if path else None
-    condition = f" AND ({where})" if where else ""
     if not ranges:
         span = f"rowid BETWEEN {rowids[0]} AND {rowids[1]}" if rowids else ""
         both = " AND ".join(f"({c})" for c in (span, where) if c)
         yield read_frame(conn, f"SELECT {select} FROM {table}" + (f" WHERE {both}" if both else ""), columns)
         return
     low, high = rowids or ranges[0]
-    sqls = [f"SELECT {select} FROM {table} WHERE rowid BETWEEN {a} AND {b}{condition}"
-            for a, b in chunk_grid(conn, table, low, high, chunk_rowids or CHUNK_ROWIDS)]
-    yield from _read_ahead(conn, path, sqls, columns)
+    grid = chunk_grid(conn, table, low, high, chunk_rowids or CHUNK_ROWIDS)
+    yield from _read_ahead(conn, path, _range_queries(table, select, grid, where), columns)
 
 
 def chunk_grid(conn: sqlite3.Connection, table: str, low: int, high: int, step: int) -> list[tuple[int, int]]:
@@ -206,9 +201,13 @@ def read_rowid_ranges(conn: sqlite3.Connection, table: str, select: str, columns
     (read_chunks' chunks, in any order), one frame per range in that order, the next read on a
     second thread while the caller works on this one."""
     path = database_path(conn) if _adbc is not None else None
+    yield from _read_ahead(conn, path, _range_queries(table, select, ranges, where), columns)
+
+
+def _range_queries(table: str, select: str, ranges: list[tuple[int, int]], where: str = "") -> list[str]:
+    """`SELECT {select} FROM {table} [WHERE {where}]` of the rows of each rowid range, one query each."""
     condition = f" AND ({where})" if where else ""
-    yield from _read_ahead(conn, path, [f"SELECT {select} FROM {table} WHERE rowid BETWEEN {a} AND {b}{condition}"
-                                        for a, b in ranges], columns)
+    return [f"SELECT {select} FROM {table} WHERE rowid BETWEEN {low} AND {high}{condition}" for low, high in ranges]
 
 
 def _read_ahead(conn: sqlite3.Connection, path: Optional[str], sqls: list[str],
