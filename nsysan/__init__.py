@@ -194,13 +194,9 @@ def check(report: Run, baseline: Optional[Run] = None, *, max_peak: Optional[Siz
     (2, 3)
     """
     from .runs.gate import evaluate_limits
-    from .runs.limits import Limits, read_config_file
+    from .runs.limits import Limits, read_named_config
 
-    defaults = None
-    if config is not None:
-        defaults = read_config_file(_path(config, "config"))  # a missing file, a FIFO or a device is said there
-        if defaults is None:
-            raise NsysanError(f"config {config}: no [tool.nsysan.check] table in it")
+    defaults = read_named_config(_path(config, "config"), "config") if config is not None else None
     if not isinstance(no_warnings, (str, bool, type(None), list, tuple)):
         raise NsysanError(f"--no-warnings {no_warnings!r}: give diagnostic codes as a string or a list of strings, "
                           "or all")

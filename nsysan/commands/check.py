@@ -123,14 +123,9 @@ def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsy
     # `nsysan analyze` waits for its imports before its export can start (issue 31).
     from ..pipeline.report_or_document import load_or_analyze
     from ..runs.gate import evaluate_limits
-    from ..runs.limits import Limits, load_config, read_config_file
+    from ..runs.limits import Limits, load_config, read_named_config
 
-    if config is not None:
-        defaults = read_config_file(config)  # a missing file, a FIFO or a device is said there
-        if defaults is None:
-            raise NsysanError(f"--config {config}: no [tool.nsysan.check] table in it")
-    else:
-        _, defaults = load_config(Path.cwd())
+    defaults = read_named_config(config, "--config") if config is not None else load_config(Path.cwd())[1]
     limits = Limits.parse(**given, defaults=defaults)
     if limits.max_peak_increase is not None and baseline is None:
         raise NsysanError("--max-peak-increase needs a baseline: add --baseline BASE (a report or its analysis.json)")

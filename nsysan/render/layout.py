@@ -222,12 +222,17 @@ def cut_name(name: str, width: int) -> str:
     if best:
         return best + ELLIPSIS
     # No boundary early enough: cut the first word itself (a mangled symbol wider than LONGEST_WORD).
-    cut = ""
-    for ch in name:
-        if cell_len(cut + ch) + 1 > width:
+    return _head(name, width - 1) + ELLIPSIS
+
+
+def _head(text: str, width: int) -> str:
+    """The longest start of `text` that fits in `width` cells."""
+    head = ""
+    for ch in text:
+        if cell_len(head + ch) > width:
             break
-        cut += ch
-    return cut + ELLIPSIS
+        head += ch
+    return head
 
 
 def _first_word_width(name: str) -> int:
@@ -283,11 +288,7 @@ def wrap(text: str, width: int) -> list[str]:
                 if line:
                     lines.append(line)
                     line = ""
-                piece = ""
-                for ch in word:
-                    if cell_len(piece + ch) > width:
-                        break
-                    piece += ch
+                piece = _head(word, width)
                 lines.append(piece)
                 word = word[len(piece):]
             if not line:

@@ -142,6 +142,14 @@ def load_config(start: Path) -> tuple[Optional[Path], dict[str, Any]]:
     return None, {}
 
 
+def read_named_config(path: Path, option: str) -> dict[str, Any]:
+    """The check table of the config file named by `option` (--config): NsysanError when it has none."""
+    table = read_config_file(path)  # a missing file, a FIFO or a device is said there
+    if table is None:
+        raise NsysanError(f"{option} {path}: no [tool.nsysan.check] table in it")
+    return table
+
+
 def read_config_file(path: Path) -> Optional[dict[str, Any]]:
     """The check table of one file: `[tool.nsysan.check]`, or `[check]` in an nsysan.toml; None
     when it has none. Unknown keys and unreadable files are NsysanError."""

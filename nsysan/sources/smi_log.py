@@ -175,17 +175,13 @@ def parse_tz(spec: str) -> dt.tzinfo:
                           "or an offset like +02:00") from err
 
 
-def header_names_raw(line: str) -> list[str]:
-    return [field.strip() for field in line[:MAX_LINE].split(",")]
-
-
 def _normalize(name: str) -> str:
     return name.strip().lower()
 
 
 def _header_names(line: str) -> Optional[list[str]]:
     """The header's names (lower case, units kept for now), or None when the line is data."""
-    names = [_normalize(n) for n in header_names_raw(line)]
+    names = [_normalize(n) for n in line[:MAX_LINE].split(",")]
     known = [n for n in names if _HEADER_UNIT.sub("", n).strip() in COLUMN_ALIASES]
     return names if known else None
 
