@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence, TypeVar, Union
 
 from ..sources import export
 from ..runtime import memory_budget
@@ -224,45 +225,37 @@ def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: 
     export made without sqlite_file.LAUNCH_TABLES) the launches are not read: the processes whose
     launches are wanted come back last (empty: none), for the caller to read them from an export
     that holds those tables."""
-    with committed_state(sqlite_path, scratch) as readable:
-        conn = open_readonly(readable, name=sqlite_path.name)
-        try:
-            schema = probe(conn, report.name)
-            if not own_export:
-                refuse_missing_tables(schema, sqlite_path.name)
-            started = read_capture_start(conn, schema)  # on schema's diagnostics: every path says it
-            if started is not None:
-                schema.diagnostics.append(capture_start_diagnostic(started, rerun_command(schema)))
-                schema.capture_start_pids = started.pids
-            rows = memory_rowid_span(conn, schema) if may_stream_from is not None else -1
+    with _export_connection(report, sqlite_path, scratch) as conn:
+        schema = probe(conn, report.name)
+        if not own_export:
+            refuse_missing_tables(schema, sqlite_path.name)
+        started = read_capture_start(conn, schema)  # on schema's diagnostics: every path says it
+        if started is not None:
+            schema.diagnostics.append(capture_start_diagnostic(started, rerun_command(schema)))
+            schema.capture_start_pids = started.pids
+        rows = memory_rowid_span(conn, schema) if may_stream_from is not None else -1
 
-            def too_many(rows: int) -> bool:
-                return rows >= (may_stream_from or 0) and (
-                    rows >= STREAM_QUICK_FROM_ROWS or not memory_budget.fits(rows, quick, budget))
-            # The span is the rows of an export (two b-tree descents); a table whose rowids jump
-            # (a row moved to rowid 2^32) has far fewer: counted (one scan, 0.1 s at 1e7 rows)
-            # before it is streamed for rows it doesn't have.
-            schema_only = too_many(rows) and too_many(memory_row_count(conn, schema))
-            try:
-                loaded = load_events(conn, schema, say, quick=quick) if not schema_only else None
-                launch_pids: list[int] = []
-                if loaded is not None and not quick and step_range is None:
-                    loaded.memory_threads = threads = memory_threads(loaded.calls)
-                    loaded.nvtx_steps = find_step_ranges(loaded.ranges, threads)
-                    launch_pids = iteration_pids(threads, loaded.nvtx_steps, schema.capture_start_pids)
-                    if launches_held:
-                        loaded.launches, loaded.launch_names = read_launches(conn, schema, launch_pids)
-                        launch_pids = []
-                runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}
-                code_calls = None if quick or loaded is None else read_code_trace(conn, schema, loaded.code_calls)
-            except NsysanError as err:  # events.py does not know the report's name; with several, it matters
-                raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
-        except sqlite3.DatabaseError as err:  # a damaged file found half-way through reading it
-            # worded as events/load.py words it: where the damage is found first depends on the reads
-            raise NsysanError(f"{report.name}: the export could not be read ({err}); it may be truncated or "
-                              "damaged") from err
-        finally:
-            conn.close()
+        def too_many(rows: int) -> bool:
+            return rows >= (may_stream_from or 0) and (
+                rows >= STREAM_QUICK_FROM_ROWS or not memory_budget.fits(rows, quick, budget))
+        # The span is the rows of an export (two b-tree descents); a table whose rowids jump
+        # (a row moved to rowid 2^32) has far fewer: counted (one scan, 0.1 s at 1e7 rows)
+        # before it is streamed for rows it doesn't have.
+        schema_only = too_many(rows) and too_many(memory_row_count(conn, schema))
+        try:
+            loaded = load_events(conn, schema, say, quick=quick) if not schema_only else None
+            launch_pids: list[int] = []
+            if loaded is not None and not quick and step_range is None:
+                loaded.memory_threads = threads = memory_threads(loaded.calls)
+                loaded.nvtx_steps = find_step_ranges(loaded.ranges, threads)
+                launch_pids = iteration_pids(threads, loaded.nvtx_steps, schema.capture_start_pids)
+                if launches_held:
+                    loaded.launches, loaded.launch_names = read_launches(conn, schema, launch_pids)
+                    launch_pids = []
+            runs = read_cuda_activity(conn, schema, loaded.calls) if activity else {}
+            code_calls = None if quick or loaded is None else read_code_trace(conn, schema, loaded.code_calls)
+        except NsysanError as err:  # events.py does not know the report's name; with several, it matters
+            raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
     return schema, loaded, runs, code_calls, launch_pids
 
 
@@ -274,10 +267,19 @@ def _read_launches(report: Path, sqlite_path: Path, scratch: Path, pids: list[in
 
 def _on_export(report: Path, sqlite_path: Path, scratch: Path, read: Callable[[sqlite3.Connection, Schema], T]) -> T:
     """`read` of the committed state of the export at `sqlite_path`, on its own schema."""
+    with _export_connection(report, sqlite_path, scratch) as conn:
+        return read(conn, probe(conn, report.name))
+
+
+@contextlib.contextmanager
+def _export_connection(report: Path, sqlite_path: Path, scratch: Path) -> Iterator[sqlite3.Connection]:
+    """The committed state of the export at `sqlite_path`, open read-only, closed after; a damaged
+    file found half-way through reading it is one NsysanError naming the report (worded as
+    events/load.py words it: where the damage is found first depends on the reads)."""
     with committed_state(sqlite_path, scratch) as readable:
         conn = open_readonly(readable, name=sqlite_path.name)
         try:
-            return read(conn, probe(conn, report.name))
+            yield conn
         except sqlite3.DatabaseError as err:
             raise NsysanError(f"{report.name}: the export could not be read ({err}); it may be truncated or "
                               "damaged") from err
@@ -293,19 +295,13 @@ def _streamed(report: Path, sqlite_path: Path, scratch: Path, schema: Schema, so
     from ..analyses.streamed_full import run_streamed_full
     from ..analyses.streamed_run import run_streamed
 
-    with committed_state(sqlite_path, scratch) as readable:
-        conn = open_readonly(readable, name=sqlite_path.name)
+    with _export_connection(report, sqlite_path, scratch) as conn:
         try:
             analysis = (run_streamed if quick else run_streamed_full)(conn, schema, source, version, step_range,
                                                                       spike_window_ns)
             return analysis, None if quick else read_code_trace(conn, schema)
-        except sqlite3.DatabaseError as err:
-            raise NsysanError(f"{report.name}: the export could not be read ({err}); it may be truncated or "
-                              "damaged") from err
         except NsysanError as err:
             raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
-        finally:
-            conn.close()
 
 
 def _format(path: Path) -> str:
