@@ -90,3 +90,34 @@ def test_a_full_disk_reads_the_tables_again_and_the_document_is_the_same(monkeyp
     assert {"return_value" in columns or "seq" in columns for _, columns in tried} == {True} and \
         any("return_value" in columns for _, columns in tried) and any("seq" in columns for _, columns in tried)
     assert read and all(kept is None for kept in read)  # every read of the calls from the table
+
+
+def test_batches_made_ahead_come_in_order_raise_on_the_callers_thread_and_stop_with_it():
+    """stream._made_ahead: the first pass's batches are made on a thread of their own, at most one
+    ahead of the analyses; what the maker raises reaches the caller after the batches before it,
+    and a caller that stops early stops the maker (its generator closed, its thread gone)."""
+    import threading
+
+    made, closed = [], []
+
+    def batches(n: int, fail: bool):
+        try:
+            for i in range(n):
+                made.append(i)
+                yield i
+            if fail:
+                raise ValueError("a damaged row")
+        finally:
+            closed.append(n)
+
+    got = []
+    with pytest.raises(ValueError, match="a damaged row"):
+        for batch in stream._made_ahead(batches(10, True)):
+            got.append(batch)
+    assert got == list(range(10)) and closed == [10]
+    made.clear()
+    early = stream._made_ahead(batches(1000, False))
+    assert next(early) == 0
+    early.close()
+    assert closed == [10, 1000] and len(made) <= 3  # one taken, one handed over, one being made
+    assert not [t for t in threading.enumerate() if t.name == "nsysan-batches"]

@@ -22,7 +22,9 @@ pool rows of its timestamps (`EventBatch.pools`, in pool_usage_of's order).
 from __future__ import annotations
 
 import dataclasses
+import queue
 import sqlite3
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, TypeVar
 
@@ -137,6 +139,53 @@ def _kept_batches() -> Kept[EventBatch]:
     return Kept(CHUNK_ROWIDS, len, groups, lambda read: EventBatch(**read.pop(""), **read))
 
 
+def _made_ahead(batches: Iterator[T]) -> Iterator[T]:
+    """The items of `batches`, each made on a thread of its own while the caller takes the one
+    before: the first pass's reading, decoding, ordering, pairing and joining to the calls go on
+    beside the analyses (numpy, the SQLite driver and Arrow let go of the GIL for most of it), one
+    batch ahead at most. What `batches` raises is raised here; when the caller stops early, the
+    thread stops after the batch it is making."""
+    handed: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def offer(item: tuple) -> bool:
+        while not stop.is_set():
+            try:
+                handed.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def make() -> None:
+        try:
+            for batch in batches:
+                if not offer((batch, None)):
+                    return
+            offer((_END, None))
+        except BaseException as err:  # noqa: BLE001 - raised again on the caller's thread
+            offer((_END, err))
+        finally:
+            batches.close()
+
+    thread = threading.Thread(target=make, name="nsysan-batches", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, err = handed.get()
+            if err is not None:
+                raise err
+            if item is _END:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+_END = object()
+
+
 class _OutOfOrder(Exception):
     """A chunk starts before rows already emitted: the flow starts again as a merge."""
 
@@ -180,7 +229,7 @@ class EventFlow:
             consumer = make()
             kept = _kept_batches() if keep else None
             try:
-                for number, batch in enumerate(self._batches()):
+                for number, batch in enumerate(_made_ahead(self._batches())):
                     consumer.add(batch)
                     if kept is not None:
                         kept.add(dataclasses.replace(batch, live_before={}))
