@@ -148,10 +148,7 @@ class HowToAnalyze:
             # nsys exports while the analyses (pandas, pyarrow: 0.5-0.7 s of a start) are imported
             # beside it: analyze_report's checks before its export are the command's, done already,
             # but for --log's files (read first there, so a bad one fails before any export).
-            # filelock first: the export takes its lock after `nsys --version` and the report's hash,
-            # during which it is imported here; imported there, beside these, it waited for the GIL
-            # (issue 31)
-            _import_in_background("filelock", "nsysan.pipeline.stages", "nsysan.analyses.what_if", *renderers)
+            _import_in_background("nsysan.pipeline.stages", "nsysan.analyses.what_if", *renderers)
             exported = analysis_export(report, nsys=self.nsys, cache_dir=self.cache_dir, progress=say)
         from ..analyses.what_if import with_what_if
         from ..pipeline.stages import analyze_report
