@@ -200,57 +200,88 @@ def ranked_ranges(spans: pd.DataFrame, max_live: np.ndarray, moved: pd.DataFrame
     """The rows of the ranges table from the range instances `spans` (range_spans), the highest
     live bytes while each was open, and per name what moved inside (`moved`: MOVED) and inside
     it or a range nested in it (`nested`: nested_sums); a name without events has zeros. With
-    them the families (range_families), summed over every name before the rows are capped."""
-    spans = spans.assign(max_live=max_live)
-    per_name = spans.groupby("name", sort=False).agg(
-        instances=("name", "size"), total_time=("end_ns", "sum"), started=("start_ns", "sum"),
-        max_live=("max_live", "max"), operator=("operator", "max"), first_start=("start_ns", "min"))
-    per_name["total_time"] -= per_name["started"]
-    per_name = per_name.join(moved, how="left").join(nested, how="left").fillna(0)
-    # an operator's bytes are its innermost operator's alone (operators nest in user ranges, not
-    # in paths), so its nested counts are its own
-    operator = per_name["operator"].to_numpy(bool)
-    for own, within in (("allocations", "nested_allocations"), ("allocated", "nested_allocated")):
-        per_name.loc[operator, within] = per_name.loc[operator, own]
+    them the families (range_families), summed over every name before the rows are capped.
+
+    In plain Python, a few hundred names: pandas' groupby, joins and sorts took 40 ms of the GPT-2
+    capture's analysis on the GPU machine (issue 31). Where a name is missing from `moved` or
+    `nested`, their columns are floats (as pandas' join made them): the same values come out."""
+    per_name: dict[str, dict] = {}
+    for name, start, end, live, operator in zip(spans["name"].tolist(), spans["start_ns"].tolist(),
+                                               spans["end_ns"].tolist(), np.asarray(max_live).tolist(),
+                                               spans["operator"].tolist()):
+        if name is None or name != name:  # no name (NaN): no row, as pandas' groupby leaves it out
+            continue
+        row = per_name.get(name)
+        if row is None:
+            per_name[name] = {"instances": 1, "total_time": end - start, "max_live": live, "operator": bool(operator),
+                              "first_start": start}
+        else:
+            row["instances"] += 1
+            row["total_time"] += end - start
+            row["max_live"] = max(row["max_live"], live)
+            row["operator"] = row["operator"] or bool(operator)
+            row["first_start"] = min(row["first_start"], start)
+    for table in (moved, nested):
+        found = dict(zip(table.index.tolist(), table.to_numpy().tolist()))
+        as_float = any(name not in found for name in per_name)
+        for name, row in per_name.items():
+            values = found.get(name)
+            for i, column in enumerate(table.columns):
+                value = 0 if values is None else values[i]
+                row[column] = float(value) if as_float else value
+    for row in per_name.values():
+        # an operator's bytes are its innermost operator's alone (operators nest in user ranges, not
+        # in paths), so its nested counts are its own
+        if row["operator"]:
+            for own, within in (("allocations", "nested_allocations"), ("allocated", "nested_allocated")):
+                row[within] = float(row[own]) if isinstance(row[within], float) else row[own]
     families = range_families(per_name)
-    per_name = per_name.sort_values(["allocated", "max_live", "instances"], ascending=False, kind="stable")
-    per_name = per_name.head(MAX_RANGES)
-    return [RangeStat(name=str(name), instances=int(r.instances), total_time_ns=int(r.total_time),
-                      allocations=int(r.allocations), allocated_bytes=int(r.allocated), freed_bytes=int(r.freed),
-                      still_live_bytes=int(r.open), max_live_bytes=int(max(r.max_live, 0)), operator=bool(r.operator),
-                      first_start_ns=int(r.first_start),
+    ranked = sorted(per_name.items(), key=lambda item: (item[1]["allocated"], item[1]["max_live"],
+                                                        item[1]["instances"]), reverse=True)  # stable
+    return [RangeStat(name=str(name), instances=int(r["instances"]), total_time_ns=int(r["total_time"]),
+                      allocations=int(r["allocations"]), allocated_bytes=int(r["allocated"]),
+                      freed_bytes=int(r["freed"]), still_live_bytes=int(r["open"]),
+                      max_live_bytes=int(max(r["max_live"], 0)), operator=r["operator"],
+                      first_start_ns=int(r["first_start"]),
                       alloc_calls=None if alloc_calls is None else int(alloc_calls.get(str(name), 0)),
-                      nested_allocations=int(r.nested_allocations), nested_allocated_bytes=int(r.nested_allocated))
-            for name, r in zip(per_name.index, per_name.itertuples())], families  # one per range name
+                      nested_allocations=int(r["nested_allocations"]),
+                      nested_allocated_bytes=int(r["nested_allocated"]))
+            for name, r in ranked[:MAX_RANGES]], families  # one per range name
 
 
-def range_families(per_name: pd.DataFrame) -> list[RangeFamily]:
+def range_families(per_name: dict[str, dict]) -> list[RangeFamily]:
     """User ranges whose names differ only in their numbers ("step 0" ... "step 9": "step N"), one
-    family per pattern of two names or more, summed over all its names (ranked_ranges' columns),
-    in the order they first opened; the MAX_RANGES that allocated most when there are more (as the rows)."""
-    user = per_name[~per_name["operator"].to_numpy(bool)]
-    if user.empty:
-        return []
-    family = pd.Series([range_family(str(name)) for name in user.index], index=user.index)
-    user = user.assign(family=family.to_numpy(), name=user.index.astype(str))
-    sizes = user.groupby("family", sort=False)["name"].transform("size").to_numpy()
-    user = user[(sizes > 1) & (user["family"] != user["name"]).to_numpy()].sort_values("first_start", kind="stable")
-    if user.empty:
-        return []
-    summed = user.groupby("family", sort=False).agg(
-        first=("name", "first"), last=("name", "last"), names=("name", "size"), instances=("instances", "sum"),
-        total_time=("total_time", "sum"), allocations=("allocations", "sum"), allocated=("allocated", "sum"),
-        freed=("freed", "sum"), open=("open", "sum"), max_live=("max_live", "max"),
-        nested_allocations=("nested_allocations", "sum"), nested_allocated=("nested_allocated", "sum"),
-        first_start=("first_start", "min"))
-    summed = summed.sort_values(["nested_allocated", "max_live", "instances"], ascending=False, kind="stable") \
-        .head(MAX_RANGES).sort_values("first_start", kind="stable")
-    return [RangeFamily(name=str(name), first=str(r.first), last=str(r.last), names=int(r.names),
-                        instances=int(r.instances), total_time_ns=int(r.total_time), allocations=int(r.allocations),
-                        allocated_bytes=int(r.allocated), freed_bytes=int(r.freed), still_live_bytes=int(r.open),
-                        max_live_bytes=int(max(r.max_live, 0)), nested_allocations=int(r.nested_allocations),
-                        nested_allocated_bytes=int(r.nested_allocated), first_start_ns=int(r.first_start))
-            for name, r in zip(summed.index, summed.itertuples())]  # one per family
+    family per pattern of two names or more, summed over all its names (ranked_ranges' rows, by
+    name), in the order they first opened; the MAX_RANGES that allocated most when there are more
+    (as the rows)."""
+    user = [(str(name), range_family(str(name)), row) for name, row in per_name.items() if not row["operator"]]
+    sizes: dict[str, int] = {}
+    for _, family, _ in user:
+        sizes[family] = sizes.get(family, 0) + 1
+    members = sorted(((name, family, row) for name, family, row in user if sizes[family] > 1 and family != name),
+                     key=lambda member: member[2]["first_start"])  # stable
+    summed: dict[str, dict] = {}
+    for name, family, row in members:
+        total = summed.get(family)
+        if total is None:
+            summed[family] = {**row, "first": name, "last": name, "names": 1}
+            continue
+        total["last"] = name
+        total["names"] += 1
+        for column in ("instances", "total_time", "allocations", "allocated", "freed", "open",
+                       "nested_allocations", "nested_allocated"):
+            total[column] += row[column]
+        total["max_live"] = max(total["max_live"], row["max_live"])
+        total["first_start"] = min(total["first_start"], row["first_start"])
+    ranked = sorted(summed.items(), key=lambda item: (item[1]["nested_allocated"], item[1]["max_live"],
+                                                      item[1]["instances"]), reverse=True)[:MAX_RANGES]
+    return [RangeFamily(name=str(name), first=r["first"], last=r["last"], names=r["names"],
+                        instances=int(r["instances"]), total_time_ns=int(r["total_time"]),
+                        allocations=int(r["allocations"]), allocated_bytes=int(r["allocated"]),
+                        freed_bytes=int(r["freed"]), still_live_bytes=int(r["open"]),
+                        max_live_bytes=int(max(r["max_live"], 0)), nested_allocations=int(r["nested_allocations"]),
+                        nested_allocated_bytes=int(r["nested_allocated"]), first_start_ns=int(r["first_start"]))
+            for name, r in sorted(ranked, key=lambda item: item[1]["first_start"])]  # one per family
 
 
 def nested_sums(by_path: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
