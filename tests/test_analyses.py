@@ -120,6 +120,8 @@ def test_without_memory_usage_sizes_are_unknown_and_said_so(known_plain_v25):
         if "truth" in r:
             expected[r["truth"]] = expected.get(r["truth"], 0) + 1
     assert {api: calls[api] for api in expected} == expected  # cudaMalloc 21, cudaMallocAsync 4, ...
+    # the allocation calls the diagnostic counts are the API call table's (every one of the truth's)
+    assert f"only API calls can be counted ({sum(expected.values())} allocation calls)" in message
 
 
 def test_degraded_2022_capture_is_flagged(known_mem_v22):

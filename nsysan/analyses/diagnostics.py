@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..engine import Reducer
-from ..model import Diagnostic, FailedCall, GroupSummary, Peak, PoolUse
+from ..model import ApiCallStat, Diagnostic, FailedCall, GroupSummary, Peak, PoolUse
 from ..events.read import TRACE_GOES_ON
 from ..sources.schema import Schema
 from ..base.units import fmt_bytes, fmt_percent
@@ -106,28 +106,30 @@ def kept_options(schema: Schema) -> list[str]:
 _NSYS_FOR_CUDA = {12: (2022, 5), 13: (2025, 3)}
 
 
-def capture_diagnostics(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame,
-                        last_cuda_call_ns: dict[int, int], groups: list[GroupSummary], peaks: list[Peak],
-                        failed: list[FailedCall], report_version: Optional[str],
-                        quick: bool = False, vmm_events: int = 0, calls_without_events: Optional[int] = None,
+def capture_diagnostics(schema: Schema, ranges: pd.DataFrame, last_cuda_call_ns: dict[int, int],
+                        groups: list[GroupSummary], peaks: list[Peak], failed: list[FailedCall],
+                        report_version: Optional[str], api_calls: Sequence[ApiCallStat] = (), quick: bool = False,
+                        vmm_events: int = 0, calls_without_events: int = 0,
                         pools: Sequence[PoolUse] = ()) -> list[Diagnostic]:
-    """`vmm_events`: VmmEvents' count; `calls_without_events`: the successful allocation calls
-    without a memory event, counted by a flow of batches (streamed_full.py; else from the calls
-    frame); `pools`: the stream-ordered memory pools (pools.PoolUses)."""
+    """The same on both paths, from what the analyses answered: `api_calls` (CallStatSums'),
+    `vmm_events` (VmmEvents'), `calls_without_events` (the successful allocation calls that
+    caused no memory event: calls.calls_without_events of the calls frame, or as the streamed
+    flow's CallWindow joins them), `pools` (pools.PoolUses')."""
     found: list[Diagnostic] = []
-    found += _collection(schema, events, calls, quick)
+    found += _collection(schema, groups, api_calls, quick)
     found += _incomplete_trace(schema, last_cuda_call_ns, ranges, report_version)
     found += _orphan_frees(groups)
-    found += _allocations_without_events(schema, events, calls, calls_without_events)
+    found += _allocations_without_events(schema, calls_without_events)
     found += _static_memory(groups)
-    found += _caching_allocator(schema, events, groups, ranges, pools)
+    found += _caching_allocator(schema, groups, ranges, pools)
     found += _vmm(vmm_events)
     found += _capacity(peaks)
     found += _failures(failed)
     return found
 
 
-def _collection(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, quick: bool) -> list[Diagnostic]:
+def _collection(schema: Schema, groups: list[GroupSummary], api_calls: Sequence[ApiCallStat],
+                quick: bool) -> list[Diagnostic]:
     found = []
     if quick:
         found.append(Diagnostic("info", "quick",
@@ -150,12 +152,12 @@ def _collection(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame, quick
                                     "--cuda-memory-usage was on, but no memory events were recorded (no allocation "
                                     "was traced, or the process ended before nsys flushed them)"))
         else:
-            n_alloc = int((calls["family"] == "alloc").sum()) if not calls.empty else 0
+            n_alloc = sum(stat.calls for stat in api_calls if stat.family == "alloc")
             found.append(Diagnostic("warning", "sizes_not_collected",
                                     "sizes were not collected: the capture did not use --cuda-memory-usage=true, so "
                                     f"only API calls can be counted ({n_alloc} allocation calls); "
                                     f"{capture_advice(schema)}"))
-    elif not schema.has_backtraces and not events.empty and not quick:
+    elif not schema.has_backtraces and groups and not quick:
         found.append(Diagnostic("info", "no_backtraces",
                                 "no call stacks were collected, so sites are named by API, NVTX range and thread; "
                                 + _backtrace_advice(schema)))
@@ -228,14 +230,8 @@ def _orphan_frees(groups: list[GroupSummary]) -> list[Diagnostic]:
                        "that memory is not in the live bytes, so real usage was higher than shown")]
 
 
-def _allocations_without_events(schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,
-                                missing: Optional[int] = None) -> list[Diagnostic]:
-    if missing is None:
-        if not schema.memory_usage_collected or calls.empty:
-            return []
-        ok = ((calls["family"] == "alloc") & (calls["return_value"] == 0)).to_numpy()
-        missing = int((ok & ~calls["has_event"].to_numpy()).sum())
-    if not missing:
+def _allocations_without_events(schema: Schema, missing: int) -> list[Diagnostic]:
+    if not schema.memory_usage_collected or not missing:
         return []
     return [Diagnostic("info", "allocations_without_events",
                        f"{missing} successful allocation calls have no memory event (zero-size requests, or "
@@ -262,9 +258,9 @@ def xla_pids(ranges: pd.DataFrame) -> set[int]:
     return set(pd.unique(ranges["pid"].to_numpy()[names.str.startswith("Xla").to_numpy()]).tolist())
 
 
-def _caching_allocator(schema: Schema, events: pd.DataFrame, groups: list[GroupSummary],
-                       ranges: Optional[pd.DataFrame] = None, pools: Sequence[PoolUse] = ()) -> list[Diagnostic]:
-    pids = pd.unique(events["pid"].to_numpy()).tolist() if not events.empty else []
+def _caching_allocator(schema: Schema, groups: list[GroupSummary], ranges: Optional[pd.DataFrame] = None,
+                       pools: Sequence[PoolUse] = ()) -> list[Diagnostic]:
+    pids = sorted({g.pid for g in groups})  # the processes with memory events
     names = " ".join(schema.process_names.get(int(p), "") for p in pids)
     python = re.search(r"python|torchrun|pt_main_thread", names, re.I) is not None
     open_device = sum(g.never_freed_count for g in groups if g.kind == "device")

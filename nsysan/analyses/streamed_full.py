@@ -66,10 +66,10 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     now, left empty)."""
     ahead = order_ahead(conn, stream.CHUNK_ROWIDS, stream.MOST_RUNS)  # meanwhile, on a second thread
     calls = MemoryCalls(conn, schema)
-    api_calls, outcomes = CallStatSums(calls.api_names, calls.families), CallOutcomes(calls.api_names, calls.families)
+    stat_sums, outcomes = CallStatSums(calls.api_names, calls.families), CallOutcomes(calls.api_names, calls.families)
 
     def summed(chunk: dict, family: np.ndarray) -> None:  # each chunk of calls the scan reads
-        api_calls.add(chunk, family)
+        stat_sums.add(chunk, family)
         outcomes.add(chunk, family)
 
     calls.scan(summed)
@@ -116,8 +116,6 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     sites, failed = looks["second"], looks["failed_calls"]
     capture = _capture(quick, calls.threads, ranges, schema, report_version)
     labels = {p.pid: p.label for p in capture.processes}
-    pids = sorted({p.pid for p in capture.processes if p.devices})
-    digest = pd.DataFrame({"pid": np.array(pids, "int32")})  # the events' processes: what the diagnostics read
     last_calls = last_cuda_calls(conn, schema, calls.last_end_by_pid, ranges)
     verdicts = verdict_looks.verdicts(
         quick, described, lambda pid: labels.get(pid) or f"process {pid}", flow.live,
@@ -126,16 +124,15 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     steps, phases, growth, step_notes = looks["steps"].answers(  # the engine's StepWindows
         quick.timeline.end_ns, gpu_of, step_range, last_calls, more["labels"](), capture.processes, verdicts.caps,
         not ranges.empty, False)
+    api_calls = stat_sums.stats()
     diagnostics = list(schema.diagnostics) + list(flow.diagnostics) + notes + capture_diagnostics(
-        schema, digest, pd.DataFrame({"family": pd.Series(dtype=object)}), ranges, last_calls, quick.groups,
-        quick.peaks, failed, report_version,
-        vmm_events=looks["vmm_events"], calls_without_events=flow.call_window.calls_without_events,
-        pools=quick.reserved.pools)
+        schema, ranges, last_calls, quick.groups, quick.peaks, failed, report_version, api_calls, False,
+        looks["vmm_events"], flow.call_window.calls_without_events, quick.reserved.pools)
     diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics \
         + step_notes + ([not_streamed_note()] if NOT_STREAMED else [])
     range_table, range_families = looks["ranges"]
     analysis = dataclasses.replace(
-        quick, scope="full", capture=capture, sites=looks["sites"], api_calls=api_calls.stats(), failed_calls=failed,
+        quick, scope="full", capture=capture, sites=looks["sites"], api_calls=api_calls, failed_calls=failed,
         diagnostics=diagnostics, oom=verdicts.oom, caps=verdicts.caps, reserved=verdicts.reserved,
         ranges=range_table, range_families=range_families,
         timeline=looks["explorable"].timeline(quick.timeline, early_trace_ends(ranges, last_calls)), steps=steps, growth=growth, phases=phases,

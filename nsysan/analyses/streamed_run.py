@@ -10,7 +10,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..events.columns import empty_calls, empty_ranges
+from ..events.columns import empty_ranges
 from ..events.load import QUICK_API
 from ..events.read_pools import read_pool_events
 from ..engine import Engine, Facts, Labels
@@ -123,12 +123,8 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
         Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=answered["timeline"]), [])
     largest = described.allocations(first.largest, second.free_ts)
     timeline = dataclasses.replace(timeline, allocations=largest, allocations_total=first.allocations)
-    pids = sorted({g.pid for g in groups})
-    # capture_diagnostics reads the events' processes and API names alone: one row per process
-    digest = pd.DataFrame({"pid": np.array(pids, "int32"), "api": pd.Categorical([QUICK_API] * len(pids))})
     diagnostics = list(schema.diagnostics) + notes + capture_diagnostics(
-        schema, digest, empty_calls(), empty_ranges(), {}, groups, peaks, [], report_version, quick=True,
-        pools=pools or [])
+        schema, empty_ranges(), {}, groups, peaks, [], report_version, quick=True, pools=pools or [])
     replaces = {"caching_allocator"} if preallocations else set()
     step_notes = step_diagnostics(answered["steps"].series, [], False, True, step_range)
     diagnostics = [d for d in diagnostics if d.code not in replaces] + verdict_notes + step_notes
