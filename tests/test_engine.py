@@ -4,6 +4,7 @@ and the streamed flow of a real export read in small chunks."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from functools import partial
 
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nsysan
+from nsysan.analyses.allocations import to_allocations
 from nsysan.analyses.allocator import AllocatorSums
 from nsysan.analyses.capture import EventSpan
 from nsysan.analyses.byte_classes import ByteClassSums, byte_classes, step_phases
@@ -687,6 +689,7 @@ def test_labelled_tables_do_not_depend_on_where_the_batches_are_cut(names, answe
 # its expandable segments (torch_expandable_v25), XLA's preallocated block (jax_prealloc_v25)
 ALLOCATORS = ["torch_leak_v25", "torch_expandable_v25", "jax_prealloc_v25"]
 _process_names: dict = {}
+_schemas: dict = {}
 
 
 def allocator_uses(name: str, bounds=(), raised: bool = False) -> list:
@@ -903,7 +906,9 @@ def unmapped(name: str, bounds=()) -> list:
     analysis = frame(name)
     calls, labels = analysis.calls, {p.pid: p.label for p in analysis.capture.processes}
     mapped = answer(analysis, AccessMaps(), bounds, {"api_names": list(analysis.events["api"].cat.categories)})
-    return verdicts._vmm_without_access(calls, mapped, lambda pid: labels.get(pid) or f"process {pid}")
+    created = calls["pid"][((calls["api"] == "cuMemCreate") & (calls["return_value"] == 0)).to_numpy()]
+    return verdicts.vmm_without_access(created.value_counts().sort_index().to_dict(), mapped,
+                                       lambda pid: labels.get(pid) or f"process {pid}")
 
 
 def test_access_maps_are_the_same_on_one_batch_k_batches_and_3_row_batches():
@@ -916,6 +921,100 @@ def test_access_maps_are_the_same_on_one_batch_k_batches_and_3_row_batches():
     assert unmapped("ddp_leak_v25", range(0, n, max(1, n // 7))) == whole
     n = len(frame("torch_expandable_v25").events)
     assert unmapped("torch_expandable_v25", range(0, n, 3)) == unmapped("torch_expandable_v25") == []
+
+
+def oom_verdicts(name: str, bounds=()) -> tuple:
+    """find_verdicts' out-of-memory verdicts (but those made after, from the finished analysis) and
+    reserved memory over the fixture's events cut before `bounds` (the command line's: one batch),
+    each listed allocation as (pid, address, bytes, alloc time, free time)."""
+    analysis = frame(name)
+    if name not in _schemas:
+        conn = open_readonly(FIXTURES / f"{name}.sqlite")
+        try:
+            _schemas[name] = probe(conn, name)
+        finally:
+            conn.close()
+    events, schema = analysis.events, _schemas[name]
+    gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
+    totals = {g.id: g.total_memory_bytes for g in analysis.capture.gpus}
+    labels = {p.pid: p.label for p in analysis.capture.processes}
+
+    def listed(rows) -> list[tuple]:
+        return [(a.pid, a.address, a.bytes, a.alloc_time_ns, a.free_time_ns) for a in to_allocations(rows, events, {})]
+
+    found = verdicts.find_verdicts(
+        events, analysis.calls, call_outcomes(analysis.calls), analysis.nvtx_ranges, analysis.peaks, analysis.groups,
+        lambda pid, device: gpus.get((pid, device)), totals.get, listed, schema.process_names,
+        lambda pid: labels.get(pid) or f"process {pid}", analysis.timeline.end_ns, schema.duration_ns,
+        pools=analysis.reserved.pools, batches=pieces(frame_batch(events), sorted(set(bounds))),
+        load_notes=[lambda: ""] * len(analysis.peaks), big_blocks=answer(analysis, BigBlocks()),
+        live=frame_live(events))
+    return found.oom, found.reserved
+
+
+def documented_oom(name: str) -> tuple:
+    """The document's out-of-memory verdicts and reserved memory, as oom_verdicts gives them."""
+    oom = frame(name).oom
+
+    def listed(allocations: list) -> list[tuple]:
+        return [(a.pid, a.address, a.bytes, a.alloc_time_ns, a.free_time_ns) for a in allocations]
+
+    oom = dataclasses.replace(
+        oom, ended_inside=[], logged=[], fatal=[],
+        failures=[dataclasses.replace(f, live_at_failure=listed(f.live_at_failure)) for f in oom.failures],
+        allocator_ooms=[dataclasses.replace(o, live_at_release=listed(o.live_at_release)) for o in oom.allocator_ooms])
+    return oom, frame(name).reserved
+
+
+# a failed cudaMalloc (real_oom_v25), an allocator that gave up (torch_oom_v25), a probe
+# (torch_expandable_v25), XLA's preallocated block (jax_prealloc_v25)
+OOMS = ["real_oom_v25", "torch_oom_v25", "torch_expandable_v25", "jax_prealloc_v25"]
+
+
+@pytest.mark.parametrize("name", OOMS)
+def test_oom_verdicts_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
+    n = len(frame(name).events)
+    whole = oom_verdicts(name)
+    assert whole == documented_oom(name)  # what the command line's document holds
+    for cut in cuts(n):
+        assert oom_verdicts(name, cut) == whole
+
+
+def test_oom_verdicts_in_3_row_batches_hold_the_truth():
+    """real_oom_v25 (its truth file): the ninth cudaMalloc of 16 GiB failed with error 2 while the
+    eight before it were live, on a GPU of 150,109,880,320 B, and a 1 GiB cudaMalloc right after
+    succeeded; torch_oom_v25's allocator gave up in `step 5 > hoard` holding the hoard's blocks."""
+    rows = truth("real_oom_v25")
+    made = [r for r in rows if r.get("truth") == "cudaMalloc" and r["error"] == 0 and "retry" not in r]
+    oom, _ = oom_verdicts("real_oom_v25", range(0, len(frame("real_oom_v25").events), 3))
+    (failure,) = oom.failures
+    assert (failure.api, failure.call_number, failure.return_value, failure.nvtx_path) == ("cudaMalloc", 9, 2, "fill")
+    assert failure.live_count == len(made) == 8
+    assert sorted(a[1] for a in failure.live_at_failure) == sorted(r["ptr"] for r in made)
+    assert failure.gpu_live_bytes == failure.process_live_bytes == sum(r["bytes"] for r in made)
+    assert failure.headroom_bytes == rows[0]["total"] - 8 * 17_179_869_184
+    assert failure.retried_after_ns is not None and oom.failed_count == 1 and oom.probes == []
+    oom, _ = oom_verdicts("torch_oom_v25", range(0, len(frame("torch_oom_v25").events), 3))
+    (gave_up,) = oom.allocator_ooms
+    assert (gave_up.release.nvtx_path, gave_up.open_ranges) == ("step 5 > hoard", ["step 5", "hoard"])
+    step4 = next(r for r in truth("torch_oom_v25") if r.get("step") == 4)
+    assert gave_up.release.live_before_bytes == step4["reserved"] + 134_481_920  # and cuBLAS's workspaces
+    # its largest live blocks were the hoard's, one a step: each step's growth of what PyTorch
+    # allocated, never freed; each other listed block was freed by the release itself
+    steps = [r for r in truth("torch_oom_v25") if "step" in r]
+    grown = [later["allocated"] - earlier["allocated"] for earlier, later in zip(steps, steps[1:])][::-1]
+    assert [(a[2], a[4]) for a in gave_up.live_at_release[:4]] == [(size, None) for size in grown]
+    assert grown == [1_342_177_280, 1_073_741_824, 805_306_368, 536_870_912]
+    assert all(a[4] is None or gave_up.release.start_ns <= a[4] <= gave_up.release.end_ns
+               for a in gave_up.live_at_release)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_oom_verdicts_do_not_depend_on_where_the_batches_are_cut(data):
+    name = data.draw(st.sampled_from(OOMS))
+    bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
+    assert oom_verdicts(name, bounds) == documented_oom(name)
 
 
 # runs cut short: torch_oom's and torch_fraction_oom's end inside ranges left open, torch_leak's does not

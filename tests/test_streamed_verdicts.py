@@ -1,4 +1,4 @@
-"""The streamed full analysis's verdicts (analyses/streamed_oom.py, allocator.AllocatorSums) and
+"""The streamed full analysis's verdicts (verdicts.VerdictLooks, one set of reducers on both paths) and
 spikes (one reducer on both paths, spikes.py): the out-of-memory verdicts, the allocators, the caps, their
 diagnostics and the spikes are the whole frame's, read in ten batches and more, and against what
 the fixtures' truths say (on copies with both event tables shuffled: test_bounded_memory's

@@ -104,7 +104,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                                       "site_table": lambda: site_table})
         site_work = partial(_one_run, SiteRanks(), site_facts, whole, live) if not loaded.quick else partial(list)
         api_calls_later, sites_later = (pool.submit(work) for work in (api_call_work, site_work))
-        call_facts = {"failed_call_rows": call_outcomes(calls).failed, "nvtx_ranges": ranges,
+        outcomes = call_outcomes(calls)
+        call_facts = {"failed_call_rows": outcomes.failed, "nvtx_ranges": ranges,
                       "api_names": list(events["api"].cat.categories)}
         answered = Engine([GroupSums(), NeverFreed(), LargestAllocations(), BigBlocks(), FailedCalls(), VmmEvents()],
                           dataclasses.replace(facts, more=call_facts)).run([batch], dict(live))
@@ -123,11 +124,11 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         capture = _with_ranks(capture_facts(schema, groups, threads, report_version,
                                             not ranges.empty or schema.has_nvtx_table), groups, schema)
         labels = {p.pid: p.label for p in capture.processes}
-        verdicts = find_verdicts(events, calls, ranges, peaks, groups, gpu_of,
+        verdicts = find_verdicts(events, calls, outcomes, ranges, peaks, groups, gpu_of,
                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
-                                 schema.duration_ns, quick=loaded.quick, pools=pools, batch=_sharing(whole),
-                                 load_notes=load_notes, big_blocks=answered.pop("big_blocks"))
+                                 schema.duration_ns, quick=loaded.quick, pools=pools, batches=[_sharing(whole)],
+                                 load_notes=load_notes, big_blocks=answered.pop("big_blocks"), live=live)
         del whole  # its made columns (seq, partner_seq: 160 MB at 1e7 events), read by nothing after
         # Whichever core is free takes what is left of the second core's queue, the last queued first.
         del grouped  # the order of 1e7 events into groups, 80 MB

@@ -16,17 +16,17 @@ cuMemCreate with a handle type the system refuses, 800, then again without it), 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..base.cuda_errors import OUT_OF_MEMORY, error_name
 from ..engine import Reducer
-from ..events.arrays import distinct_pairs, pair_key
+from ..events.arrays import HIGH, pair_key
 from ..events.nvtx import attribute_ranges
-from ..model import GPU_RESIDENT_KINDS, Allocation, AllocatorOom, CacheRelease, CutShort, OomFailure, OutOfMemory, \
-    Probe
+from ..model import GPU_RESIDENT_KINDS, CacheRelease, CutShort, OomFailure, Probe
+from .peak import live_at
 
 # "retried at once": the same API succeeds on the thread within 10 ms after the failed call
 # returned (torch_expandable_v25's failing cuMemCreate itself takes 18.6 ms; the retry comes 21 µs
@@ -41,37 +41,7 @@ OPEN_END_NS = np.iinfo("int64").max // 4  # an NVTX range still open at the end 
 CLIMBING_TAIL = 0.25  # "still climbing": live bytes rose over the last quarter of the process's events...
 NEAR_END_NS = 100_000_000  # ...the last of which is within 100 ms of the end of the capture
 
-ToAllocations = Callable[[pd.DataFrame], list[Allocation]]
 GpuOf = Callable[[int, int], Optional[int]]
-
-
-def find_out_of_memory(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame, gpu_of: GpuOf,
-                       total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: ToAllocations,
-                       releases: list[CacheRelease], devices: list[Optional[int]], end_ns: int,
-                       duration_ns: Optional[int], cut: CutShortSums) -> OutOfMemory:
-    """Every out-of-memory verdict of one capture. `releases`: the bursts of frees of the
-    (pid, device) pairs a caching allocator manages (ReleaseBursts.releases); `devices`: the device of
-    each call of oom_calls (FailureDevices). `end_ns` is the end of the capture's data, `duration_ns`
-    the session's recorded length (where nsys ends the ranges it found open); `cut`: what
-    tells a process cut short (CutShortSums)."""
-    failures, probes, failed_count = _failed_calls(events, calls, ranges, gpu_of, total_memory, to_allocations,
-                                                   devices)
-    open_by_pid = _open_ranges(ranges, duration_ns or OPEN_END_NS)
-    allocator_ooms, flushes = [], []
-    for release in releases:
-        if release.followed_by_allocation:
-            flushes.append(release)
-            continue
-        opened = open_by_pid.get(release.pid, [])
-        if gave_up_inside(release, opened):
-            seq = int(np.searchsorted(events["ts_ns"].to_numpy(), release.start_ns, side="left")) - 1
-            count, live = _live_set(events, seq, _pair_rows(events, release.pid, release.device), to_allocations)
-            allocator_ooms.append(AllocatorOom(release=release, open_ranges=opened, live_count=count,
-                                               live_at_release=live))
-        else:  # every range closed: an empty_cache() before a normal exit
-            flushes.append(release)
-    return OutOfMemory(failures=failures, failed_count=failed_count, probes=probes, allocator_ooms=allocator_ooms, cache_flushes=flushes,
-                       cut_short=cut.judged(open_by_pid, end_ns))
 
 
 def gave_up_inside(release: CacheRelease, opened: list[str]) -> bool:
@@ -86,72 +56,56 @@ def gave_up_inside(release: CacheRelease, opened: list[str]) -> bool:
 
 # --- failed calls ----------------------------------------------------------------------------
 
-def _failed_calls(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame, gpu_of: GpuOf,
-                  total_memory: Callable[[Optional[int]], Optional[int]],
-                  to_allocations: ToAllocations,
-                  devices: list[Optional[int]]) -> tuple[list[OomFailure], list[Probe], int]:
-    if calls.empty:
-        return [], [], 0
-    failed_mask = ((calls["return_value"] != 0) & (calls["family"] != "info")).to_numpy()
-    if not failed_mask.any():
-        return [], [], 0
-    failed_count = int((calls["return_value"].to_numpy()[failed_mask] == OUT_OF_MEMORY).sum())
-    failed = calls[failed_mask].head(1000)
-    _, paths = attribute_ranges(failed, ranges)
-    # the successful calls of the failed ones' threads and APIs, as sorted start times per group
-    same = ((calls["return_value"] == 0) & calls["api"].isin(failed["api"].unique())
-            & calls["tid"].isin(failed["tid"].unique())).to_numpy()
-    ok = calls[same]
-    names = ok["api"].cat.categories
-    ok_starts = {(pid, tid, str(names[code])): np.sort(group.to_numpy()) for (pid, tid, code), group in
-                 ok.groupby([ok["pid"].to_numpy(), ok["tid"].to_numpy(), ok["api"].cat.codes.to_numpy()])["ts_ns"]}
+def failures_and_probes(failed: pd.DataFrame, ranges: pd.DataFrame, retry: np.ndarray, number: np.ndarray,
+                        failure: Callable[..., OomFailure]) -> tuple[list[OomFailure], list[Probe]]:
+    """The out-of-memory failures (the first MAX_FAILURES) and the probes among the failed calls
+    (calls.failed_call_rows), with each one's retry and number (retries_and_numbers);
+    `failure(i, pid, tid, api, ts, code, nvtx_path, retried, number)` makes the i-th failure."""
+    if failed.empty:
+        return [], []
+    paths = np.asarray(attribute_ranges(failed, ranges)[1], dtype=object)
     failures, probes = [], []
-    for (_, call), path in zip(failed.iterrows(), np.asarray(paths)):  # failed calls: few, capped
-        pid, tid, api, ts, code = int(call.pid), int(call.tid), str(call.api), int(call.ts_ns), int(call.return_value)
-        retry = _retry_after(ok_starts.get((pid, tid, api)), int(call.end_ns))
+    for i, (pid, tid, api, ts, code) in enumerate(zip(*(failed[c].tolist() for c in
+                                                        ("pid", "tid", "api", "ts_ns", "return_value")))):
+        retried = int(retry[i]) if retry[i] >= 0 else None  # failed calls: few, capped
         if code != OUT_OF_MEMORY:
-            if retry is not None:
-                probes.append(Probe(pid=pid, tid=tid, api=api, time_ns=ts, return_value=code,
-                                    error=error_name(api, code), nvtx_path=str(path), retried_after_ns=retry))
+            if retried is not None:
+                probes.append(Probe(pid=int(pid), tid=int(tid), api=str(api), time_ns=int(ts), return_value=int(code),
+                                    error=error_name(str(api), int(code)), nvtx_path=str(paths[i]),
+                                    retried_after_ns=retried))
+        elif len(failures) < MAX_FAILURES:
+            failures.append(failure(len(failures), int(pid), int(tid), str(api), int(ts), int(code), str(paths[i]),
+                                    retried, int(number[i])))
+    return failures, probes
+
+
+def retries_and_numbers(chunks: Iterable[dict], api_names: Sequence[str],
+                        failed: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """For each failed call: ns until the same API next succeeded on its thread within
+    PROBE_RETRY_NS of its return (-1: not), and its number among its process's calls of that API,
+    from one read of the calls (`chunks`: their pid, tid, api codes into `api_names`, ts and
+    return_value; the whole frame's calls as one)."""
+    api = np.array([list(api_names).index(a) for a in failed["api"]], "int64")
+    pid, tid = failed["pid"].to_numpy().astype("int64"), failed["tid"].to_numpy().astype("int64")
+    ts, end = failed["ts_ns"].to_numpy().astype("int64"), failed["end_ns"].to_numpy().astype("int64")
+    next_start = np.full(len(failed), HIGH, "int64")
+    before = np.zeros(len(failed), "int64")
+    by_api = pd.DataFrame({"pid": pid, "api": api}).groupby(["pid", "api"]).indices
+    by_thread = pd.DataFrame({"pid": pid, "tid": tid, "api": api}).groupby(["pid", "tid", "api"]).indices
+    for real in chunks:
+        if not len(real["ts"]):
             continue
-        if len(failures) >= MAX_FAILURES:
-            continue
-        failures.append(_failure(events, calls, pid, tid, api, ts, code, str(path), retry, gpu_of, total_memory,
-                                 to_allocations, devices[len(failures)]))
-    return failures, probes, failed_count
-
-
-def _retry_after(starts: Optional[np.ndarray], ts: int) -> Optional[int]:
-    """ns from `ts` (the failed call's return) until the same API next succeeded on that thread
-    (`starts`: its successful calls' start times, sorted), if within PROBE_RETRY_NS."""
-    if starts is None:
-        return None
-    at = int(np.searchsorted(starts, ts, side="left"))
-    if at < len(starts) and starts[at] <= ts + PROBE_RETRY_NS:
-        return int(starts[at] - ts)
-    return None
-
-
-def _failure(events: pd.DataFrame, calls: pd.DataFrame, pid: int, tid: int, api: str, ts: int, code: int,
-             path: str, retry: Optional[int], gpu_of: GpuOf, total_memory: Callable[[Optional[int]], Optional[int]],
-             to_allocations: ToAllocations, device: Optional[int]) -> OomFailure:
-    same_api = calls["ts_ns"].to_numpy()[((calls["pid"] == pid) & (calls["api"] == api)).to_numpy()]
-    call_number = int((same_api < ts).sum()) + 1
-    gpu = gpu_of(pid, device) if device is not None else None
-    total = total_memory(gpu)
-    process_live = gpu_live = None
-    count, live = 0, []
-    if not events.empty and device is not None:
-        seq = int(np.searchsorted(events["ts_ns"].to_numpy(), ts, side="right")) - 1
-        on_gpu = _gpu_rows(events, gpu, pid, device, gpu_of)
-        count, live = _live_set(events, seq, on_gpu, to_allocations)
-        sizes = _live_bytes_by_pid(events, seq, on_gpu)
-        gpu_live, process_live = sum(sizes.values()), sizes.get(pid, 0)
-    return OomFailure(pid=pid, tid=tid, api=api, time_ns=ts, return_value=code, error=error_name(api, code),
-                      call_number=call_number, nvtx_path=path, device=device, gpu=gpu,
-                      process_live_bytes=process_live, gpu_live_bytes=gpu_live, total_memory_bytes=total,
-                      headroom_bytes=total - gpu_live if total and gpu_live is not None else None,
-                      live_count=count, live_at_failure=live, retried_after_ns=retry)
+        for (p, a), rows in by_api.items():  # the failed calls' processes and APIs: a few
+            starts = np.sort(real["ts"][(real["pid"] == p) & (real["api"] == a)])
+            before[rows] += np.searchsorted(starts, ts[rows], side="left")
+        ok = real["return_value"] == 0
+        for (p, t, a), rows in by_thread.items():
+            starts = np.sort(real["ts"][ok & (real["pid"] == p) & (real["tid"] == t) & (real["api"] == a)])
+            at = np.searchsorted(starts, end[rows], side="left")
+            found = at < len(starts)
+            next_start[rows[found]] = np.minimum(next_start[rows[found]], starts[at[found]])
+    retry = np.where((next_start < HIGH) & (next_start <= end + PROBE_RETRY_NS), next_start - end, -1)
+    return retry, before + 1
 
 
 def oom_calls(failed: pd.DataFrame) -> list[tuple[int, int, int]]:
@@ -191,44 +145,84 @@ class FailureDevices(Reducer):
                 for device, (pid, _, _) in zip(self.thread_device, self.calls)]
 
 
-def _gpu_rows(events: pd.DataFrame, gpu: Optional[int], pid: int, device: int, gpu_of: GpuOf) -> np.ndarray:
-    """Rows of GPU-resident memory on that GPU, every process (only pid's device if the GPU is unknown)."""
-    resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
-    pids, devices = events["pid"].to_numpy(), events["device"].to_numpy()
-    if gpu is None:
-        return np.flatnonzero(resident & (pids == pid) & (devices == device))
-    packed = distinct_pairs(pids[resident], devices[resident], 16, 0xFFFF)
-    members = [(p >> 16, p & 0xFFFF) for p in packed.tolist() if gpu_of(p >> 16, p & 0xFFFF) == gpu]
-    on_gpu = np.zeros(len(events), bool)
-    for p, d in members:
-        on_gpu |= (pids == p) & (devices == d)
-    return np.flatnonzero(resident & on_gpu)
+@dataclass
+class Moment:
+    """A moment whose live set OomLiveSets finds: right after the last event at or before `ts`
+    (before it when `strict`), over the GPU-resident allocations of the pairs `members` (pair
+    keys); then its allocations' `count`, live bytes per process and LIVE_LISTED largest rows."""
+
+    ts: int
+    strict: bool
+    members: np.ndarray
+    resolved: bool = False
+    count: int = 0
+    by_pid: dict = field(default_factory=dict)  # pid -> its live bytes
+    largest: pd.DataFrame = field(default_factory=pd.DataFrame)  # batch_rows' columns
 
 
-def _pair_rows(events: pd.DataFrame, pid: int, device: int) -> np.ndarray:
-    resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
-    return np.flatnonzero(resident & (events["pid"] == pid).to_numpy() & (events["device"] == device).to_numpy())
+class OomLiveSets(Reducer):
+    """The live sets at the moments of out of memory: each failed call's, on its GPU, and each
+    allocator's last release, on its (process, device). They are known after the first look
+    (which finds the devices, the allocators and their releases): `Facts.more["oom_moments"]`,
+    given the pairs with GPU-resident events (collected only when `oom_calls` is not empty),
+    makes the Moments between the looks; the second keeps the live set at each as the peaks keep
+    theirs (peak.live_at), and the free times of the largest. `finish` gives itself."""
 
+    field = "oom_live"
+    needs = ("oom_calls", "oom_moments")
+    second_look = True
 
-def _live_rows(events: pd.DataFrame, seq: int, rows: np.ndarray) -> np.ndarray:
-    """Allocations among `rows` live right after event row `seq`."""
-    is_alloc = events["op"].cat.codes.to_numpy()[rows] == 0
-    partner = events["partner"].to_numpy()[rows]
-    return rows[is_alloc & (rows <= seq) & ((partner < 0) | (partner > seq))]
+    def start(self, facts) -> None:
+        super().start(facts)
+        self.resident = [i for i, kind in enumerate(facts.kinds) if kind in GPU_RESIDENT_KINDS]
+        self.wants_pairs = bool(facts.more.get("oom_calls"))
+        self.pairs: set = set()
+        self.moments: list[Moment] = []
 
+    def add(self, b) -> None:
+        if self.wants_pairs:
+            resident = np.isin(b.kind, self.resident)
+            self.pairs.update(pd.unique(pair_key(b.pid[resident], b.device[resident])).tolist())
 
-def _live_set(events: pd.DataFrame, seq: int, rows: np.ndarray,
-              to_allocations: ToAllocations) -> tuple[int, list[Allocation]]:
-    live = _live_rows(events, seq, rows)
-    sizes = events["bytes"].to_numpy()[live]
-    largest = live[np.argsort(-sizes, kind="stable")[:LIVE_LISTED]]
-    return int(len(live)), to_allocations(events.iloc[largest])
+    def between(self) -> None:
+        self.moments = self.facts.more["oom_moments"](sorted(self.pairs))
+        self.closed: list[pd.DataFrame] = []  # allocations never to be freed, of the batches so far
+        self.free_ts: dict[int, int] = {}  # seq of a largest allocation -> its free's time
+        self.last = None
 
+    def again(self, b) -> None:
+        if b is self.last or not len(b) or not self.moments:  # once a batch: the streamed sites ask first
+            return
+        self.last = b
+        for moment in self.moments:
+            cut = int(np.searchsorted(b.ts, moment.ts, side="left" if moment.strict else "right"))
+            if not moment.resolved and cut < len(b):  # the moment is in this batch, or just before it
+                self._resolve(moment, live_at(b, int(b.seq[cut - 1]) if cut else int(b.seq[0]) - 1, moment.members,
+                                              self.resident, self.closed))
+        wanted = np.concatenate([m.largest["seq"].to_numpy() for m in self.moments if m.resolved] or [[]])
+        frees = np.flatnonzero(np.isin(b.partner_seq, wanted.astype("int64")) & (b.partner_seq >= 0))
+        self.free_ts.update(zip(b.partner_seq[frees].tolist(), b.ts[frees].tolist()))
+        if len(b.closed.get("seq", [])):
+            self.closed.append(pd.DataFrame(b.closed))
 
-def _live_bytes_by_pid(events: pd.DataFrame, seq: int, rows: np.ndarray) -> dict[int, int]:
-    live = _live_rows(events, seq, rows)
-    frame = pd.DataFrame({"pid": events["pid"].to_numpy()[live], "bytes": events["bytes"].to_numpy()[live]})
-    return {int(k): int(v) for k, v in frame.groupby("pid")["bytes"].sum().items()}
+    def finish(self, live: dict) -> "OomLiveSets":
+        """Itself, the moments after the last event resolved with the allocations live at the end."""
+        for moment in self.moments:
+            if not moment.resolved:
+                frame = pd.concat([pd.DataFrame(live)] + self.closed, ignore_index=True)
+                keep = np.isin(frame["kind"].to_numpy(), self.resident) \
+                    & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), moment.members)
+                self._resolve(moment, frame[keep].drop(columns="pool", errors="ignore")
+                              .sort_values("seq", ignore_index=True))
+        self.last = None
+        return self
+
+    @staticmethod
+    def _resolve(moment: Moment, live: pd.DataFrame) -> None:
+        moment.resolved, moment.count = True, int(len(live))
+        moment.by_pid = {int(k): int(v) for k, v in live.groupby("pid")["bytes"].sum().items()}
+        moment.largest = live.iloc[np.argsort(-live["bytes"].to_numpy(), kind="stable")[:LIVE_LISTED]] \
+            .reset_index(drop=True)
 
 
 # --- cache releases --------------------------------------------------------------------------

@@ -147,7 +147,7 @@ class Peaks(Reducer):
                 peak.reached_ts = _reached(at, attached, int(added[at] + b.delta[rows[at]]), peak.best_ts) \
                     if b.pool[rows[at]] else peak.best_ts
                 peak.best_kind, peak.best_reserve = int(b.kind[rows[at]]), int(reserve[at])
-                peak.live_set = self._live_at(b, peak.best_seq, peak.members)
+                peak.live_set = live_at(b, peak.best_seq, peak.members, self.resident, self.closed)
                 owns = np.flatnonzero(own[:at + 1])
                 if len(owns):
                     peak.note_own_ts, peak.note_own_seq = int(b.ts[rows[owns[-1]]]), int(b.seq[rows[owns[-1]]])
@@ -163,30 +163,31 @@ class Peaks(Reducer):
                 peak.statics_since += int(b.delta[rows].sum())
             peak.live, peak.reserve = int(live[-1] - reserve[-1]), int(reserve[-1])
 
-    def _live_at(self, b: EventBatch, seq: int, members: np.ndarray) -> pd.DataFrame:
-        """GPU-resident allocations of `members` live right after event `seq` of batch `b`: those
-        live before the batch, closed or made in it up to `seq`, and not freed by then."""
-        upto = int(np.searchsorted(b.seq, seq, side="right"))
-        freed = b.partner_seq[:upto]
-        freed = freed[freed >= 0]
-        # the batch's allocations freed by then left out by their place before any row is copied
-        # (the whole frame: a live set, not every allocation made before the peak)
-        at = np.searchsorted(b.seq[:upto], freed)
-        at = at[at < upto][b.seq[at[at < upto]] == freed[at < upto]]
-        gone = np.zeros(upto, bool)
-        gone[at] = True
-        allocs = np.flatnonzero(b.is_alloc[:upto] & ~gone)
-        allocs = allocs[np.isin(b.kind[allocs], self.resident)
-                        & np.isin(pair_key(b.pid[allocs], b.device[allocs]), members)]
-        frame = pd.concat([pd.DataFrame(b.live_before)] + self.closed +
-                          ([pd.DataFrame(b.closed)] if len(b.closed.get("seq", [])) else []) + [batch_rows(b, allocs)],
-                          ignore_index=True)
-        # this batch's closed allocations (never to be freed: another allocation took their
-        # address) include those made after `seq`, which were not live at it
-        keep = (frame["seq"].to_numpy() <= seq) & ~np.isin(frame["seq"].to_numpy(), freed) \
-            & np.isin(frame["kind"].to_numpy(), self.resident) \
-            & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members)
-        return frame[keep].drop_duplicates("seq").sort_values("seq", ignore_index=True)
+
+def live_at(b: EventBatch, seq: int, members: np.ndarray, resident: list[int], closed: list) -> pd.DataFrame:
+    """The allocations of kinds `resident` and pairs `members` live right after event `seq` of
+    batch `b` (batch_rows' columns, by seq): those live before the batch, closed in earlier
+    batches (`closed`: their frames) or in this one, or made in it up to `seq`, and not freed by then."""
+    upto = int(np.searchsorted(b.seq, seq, side="right"))
+    freed = b.partner_seq[:upto]
+    freed = freed[freed >= 0]
+    # the batch's allocations freed by then left out by their place before any row is copied
+    # (the whole frame: a live set, not every allocation made before the peak)
+    at = np.searchsorted(b.seq[:upto], freed)
+    at = at[at < upto][b.seq[at[at < upto]] == freed[at < upto]]
+    gone = np.zeros(upto, bool)
+    gone[at] = True
+    allocs = np.flatnonzero(b.is_alloc[:upto] & ~gone)
+    allocs = allocs[np.isin(b.kind[allocs], resident) & np.isin(pair_key(b.pid[allocs], b.device[allocs]), members)]
+    frame = pd.concat([pd.DataFrame(b.live_before)] + closed +
+                      ([pd.DataFrame(b.closed)] if len(b.closed.get("seq", [])) else []) + [batch_rows(b, allocs)],
+                      ignore_index=True)
+    # this batch's closed allocations (never to be freed: another allocation took their
+    # address) include those made after `seq`, which were not live at it
+    keep = (frame["seq"].to_numpy() <= seq) & ~np.isin(frame["seq"].to_numpy(), freed) \
+        & np.isin(frame["kind"].to_numpy(), resident) \
+        & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members)
+    return frame[keep].drop_duplicates("seq").sort_values("seq", ignore_index=True)
 
 
 def _key(pids: list, devices: list) -> np.ndarray:

@@ -59,7 +59,6 @@ class Keyed:
 class FirstLook:
     """What one pass over the events sums up (see the module's docstring)."""
 
-    pairs: dict = field(default_factory=dict)  # peak.Peaks' pairs, once this look is done
     span: Optional[Span] = None  # capture.EventSpan's answer
     # the largest allocations and how many there were (explore.LargestAllocations' answer), set
     # once this look is done, for the second look and the consumers after it

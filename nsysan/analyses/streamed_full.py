@@ -44,10 +44,10 @@ from .stacks import referenced_stacks
 from .iterations import iteration_pids
 from .steps import find_step_ranges
 from .explore import early_trace_ends
-from .streamed_oom import VerdictLooks
 from .streamed_run import _mini, gpus, run_streamed
 from .sites import SiteRanks
 from .streamed_sites import SiteSums
+from .verdicts import VerdictLooks
 from .byte_classes import byte_classes, step_phases
 from .step_windows import found_steps
 
@@ -90,7 +90,11 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                   "labels": lambda: _labels(looks["second"], ranges), "site_table": lambda: described.site_table}
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)
-    verdict_looks = VerdictLooks(calls, ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns, more)
+    # AllocatorSums' peaks: each process's so far, raised on the second look (its sums wait for them)
+    more["allocator_peaks"] = lambda: [(s.pid, s.device, s.best_ts) for s in looks["look"].peaks
+                                       if s.pid is not None and s.best_seq >= 0] if "look" in looks else []
+    verdict_looks = VerdictLooks(outcomes.failed, calls.api_names, ranges, gpu_of, total_memory, schema.process_names,
+                                 schema.duration_ns, lambda: looks["big_blocks"], more)
 
     span = _span(calls, ranges)
 
@@ -104,9 +108,9 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
                                    listed=_listed(look.first), look=look,
                                    times=(span.first_ts, span.last_ts) if span.first_ts is not None else None)
-        verdict_looks.second_pass(look, looks["second"])  # fed by SiteSums, as its watchers
-        # SiteSums feeds the verdicts' consumers, its watchers, and labels the batches for the
-        # engine's second look (the spikes', the ranges table's)
+        looks["look"] = look
+        looks["second"].watchers.append(LiveSetInfo(verdict_looks.live_sets, looks["second"]))
+        # SiteSums labels the batches for the engine's second look (the spikes', the ranges table's)
         return looks["second"]
 
     described = Described(looks, flow, ranges)
@@ -118,8 +122,10 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     labels = {p.pid: p.label for p in capture.processes}
     last_calls = last_cuda_calls(conn, schema, calls.last_end_by_pid, ranges)
     verdicts = verdict_looks.verdicts(
-        quick, described, lambda pid: labels.get(pid) or f"process {pid}", flow.live,
-        lambda open_by_pid: looks["cut_short"].judged(open_by_pid, quick.timeline.end_ns))
+        quick.peaks, quick.groups, quick.reserved.pools, quick.reserved.preallocations,
+        looks["cut_short"].judged(verdict_looks.open_by_pid, quick.timeline.end_ns), described.allocations,
+        lambda pid: labels.get(pid) or f"process {pid}", outcomes,
+        lambda: ((real for _, real, _ in calls.read()), calls.api_names))
     calls.close()  # the calls' chunks kept since the scan: read for the last time by the verdicts
     steps, phases, growth, step_notes = looks["steps"].answers(  # the engine's StepWindows
         quick.timeline.end_ns, gpu_of, step_range, last_calls, more["labels"](), capture.processes, verdicts.caps,
@@ -202,6 +208,25 @@ class Described:
     def own_api(self, peak) -> str:
         """The API of the last allocation of `peak`'s own (not a module static) before it."""
         return self.looks["second"].at_peak[id(peak)][3]
+
+
+class LiveSetInfo:
+    """SiteSums' watcher of the live sets at the moments of out of memory (oom.OomLiveSets): has
+    the reducer look at each batch as soon as it is labelled (its own turn in the engine then does
+    nothing), and keeps what the calls say of each live set's largest allocations, found in that
+    batch, before a later free in it lets go of them (SiteSums.allocation_info reads it as a
+    peak's; those of a moment after the last event are still live, or closed, at the end)."""
+
+    def __init__(self, live_sets, sites: SiteSums) -> None:
+        self.live_sets, self.sites = live_sets, sites
+
+    def add(self, b, known: dict) -> None:
+        self.live_sets.again(b)
+        for moment in self.live_sets.moments:
+            if moment.resolved and id(moment) not in self.sites.at_peak:
+                info = {c: np.concatenate([known[c]] + [s[c] for s in self.sites.closed]) for c in known}
+                rows = np.flatnonzero(np.isin(info["seq"], moment.largest["seq"].to_numpy()))
+                self.sites.at_peak[id(moment)] = ({c: v[rows] for c, v in info.items()}, "", "", "")
 
 
 class CallChains:

@@ -25,7 +25,7 @@ from .caps import memory_caps
 from .diagnostics import capture_diagnostics
 from .explore import Explorable, LargestAllocations, allocation_groups
 from .oom import CutShortSums
-from .peak import Peaks, PeakSeries, headline, module_load_note, peak_of, pair_of as _pair  # (streamed_oom's)
+from .peak import Peaks, PeakSeries, headline, module_load_note, peak_of
 from .ranks import assign_ranks
 from .preallocations import BigBlocks, find_preallocations, preallocated
 from .byte_classes import ByteClassSums
@@ -77,9 +77,10 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
                                           peak_look, CutShortSums(), BigBlocks(), EventSpan(), *reducers], Facts(flow.kinds, gpu_of, more))),
                      keep=True)
     first, engine = fed.main, fed.engine
-    first.pairs = peak_look.pairs  # (streamed_oom's)
     first.largest, first.allocations = engine.so_far("largest")  # for the second look (its free times)
-    first.big_blocks = engine.so_far("big_blocks")  # (the preallocations: AllocatorSums' second look)
+    first.big_blocks = engine.so_far("big_blocks")  # (the full analysis's AllocatorSums needs them on its second look)
+    if answers is not None:
+        answers["big_blocks"] = first.big_blocks
     notes = list(flow.diagnostics)
     described = described or _Undescribed(flow.kinds)
     first.span = events = engine.so_far("event_span")

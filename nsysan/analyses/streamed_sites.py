@@ -80,7 +80,7 @@ class SiteSums:
         self.look, self.at_peak, self._seen, self._last_own = look, {}, {}, {}
         self.strings: dict[str, int] = {"": 0}
         # fed each batch with `known` (ALLOCATION_INFO of the live allocations before it and its
-        # own) once this has labelled it (streamed_oom.SecondOom)
+        # own) once this has labelled it (streamed_full.LiveSetInfo)
         self.watchers: list = []
 
     def add(self, b) -> None:
@@ -120,9 +120,9 @@ class SiteSums:
 
     def allocation_info(self, seqs: np.ndarray, site_table: dict, peak=None) -> pd.DataFrame:
         """What to_allocations lists of each allocation never freed or `listed`, or live at `peak`
-        (a PeakSeries) (`seqs`: of those), by seq: tid, api, nvtx_range, site (a CallSite), stack,
+        (a PeakSeries, or oom.Moment, once the batch it was found in is labelled) (`seqs`: of those), by seq: tid, api, nvtx_range, site (a CallSite), stack,
         operator."""
-        if peak is not None:
+        if peak is not None and id(peak) in self.at_peak:
             rows = self.at_peak[id(peak)][0]
         else:
             rows = {c: np.concatenate([self.live[c]] + [part[c] for part in self.closed + self.kept])

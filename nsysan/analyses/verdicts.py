@@ -1,27 +1,34 @@
-"""The verdicts on out of memory, reserved memory and caps, gathered for `run_analyses`, with the
-diagnostics that put them in every output."""
+"""The verdicts on out of memory, reserved memory and caps, with the diagnostics that put them in
+every output: one set of reducers (VerdictLooks) on both paths, the whole frame's one batch
+(find_verdicts, for `run_analyses`) and the streamed full analysis's flow (streamed_full.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from functools import partial
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from ..engine import Engine, Facts, Reducer, frame_batch
+from ..base.cuda_errors import error_name
+from ..events.arrays import pair_key
 from ..events.stream import EventBatch
-from ..model import AllocatorUse, CacheRelease, Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, \
+from ..model import AllocatorOom, Diagnostic, OomFailure, GroupSummary, MemoryCap, OutOfMemory, Peak, \
     PoolUse, Preallocation, ReservedMemory
 from ..base.units import fmt_bytes, fmt_duration, fmt_time
 from .allocator import AllocatorSums
 from .preallocations import block_keys, find_preallocations, preallocated
 from .caps import memory_caps
 from .diagnostics import xla_pids
-from .calls import failed_call_rows
-from .oom import CutShortSums, FailureDevices, ReleaseBursts, find_out_of_memory, oom_calls
+from .calls import CallOutcomes, frame_chunks
+from .oom import OPEN_END_NS, CutShortSums, FailureDevices, Moment, OomLiveSets, ReleaseBursts, _open_ranges, \
+    failures_and_probes, gave_up_inside, oom_calls, retries_and_numbers
+from .peak import pair_of
 
+GpuOf = Callable[[int, int], Optional[int]]
 MIN_VMM_GRANULARITY = 2 << 20  # cuMemCreate sizes are multiples of the granularity, 2 MiB on every GPU seen
 
 
@@ -35,59 +42,151 @@ class Verdicts:
     replaces: set[str]  # codes of generic diagnostics these verdicts replace
 
 
-def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, ranges: pd.DataFrame, peaks: list[Peak],
+def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutcomes, ranges: pd.DataFrame, peaks: list[Peak],
                   groups: list[GroupSummary], gpu_of: Callable[[int, int], Optional[int]],
                   total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: Callable,
                   process_names: dict[int, str], label: Callable[[int], str], end_ns: int,
                   duration_ns: Optional[int], quick: bool = False,
-                  pools: Optional[list[PoolUse]] = None, batch: Optional[EventBatch] = None, *,
-                  load_notes: Sequence[Callable[[], str]], big_blocks: pd.DataFrame) -> Verdicts:
-    """`quick`: the events have no API names or threads (analyze --quick), which telling an
-    allocator's segments from library workspaces needs: no allocator verdicts then; `batch`: the
-    events as one batch (engine.frame_batch), when made already; `load_notes`: each peak's
-    peak.module_load_note, for a peak reached by a module load; `big_blocks`: BigBlocks' answer."""
-    blocks = preallocated(big_blocks, gpu_of, total_memory)
-    preallocations = find_preallocations(events.iloc[blocks["seq"].to_numpy()], ranges, gpu_of, total_memory, label)
-    looked = _looked(events, calls, peaks, gpu_of, block_keys(blocks), quick,
-                     batch if batch is not None else frame_batch(events))
-    allocators, releases = _allocators(looked, ranges, peaks, gpu_of, process_names, preallocations, label) \
-        if not quick else ([], [])
-    oom = find_out_of_memory(events, calls, ranges, gpu_of, total_memory, to_allocations, releases,
-                             looked["failure_devices"], end_ns, duration_ns, looked["cut_short"])
-    found_caps = verdict_caps(preallocations, oom)
-    diagnostics = (_oom_diagnostics(oom, label) + _reserved_diagnostics(allocators, preallocations)
-                   + _vmm_without_access(calls, looked["access_maps"], label))
-    return Verdicts(oom=oom, reserved=ReservedMemory(allocators=allocators, preallocations=preallocations,
-                                                     pools=pools or []),
-                    caps=memory_caps(groups, total_memory, found_caps),
-                    peaks=[with_note(p, preallocations, note) for p, note in zip(peaks, load_notes)], diagnostics=diagnostics,
-                    # the live set at the failure beats a count; a recognized allocator beats a guess
-                    replaces=({"allocation_failed"} if oom.failures else set())
-                    | ({"caching_allocator"} if allocators or preallocations else set()))
+                  pools: Optional[list[PoolUse]] = None, batches: Sequence[EventBatch] = (), *,
+                  load_notes: Sequence[Callable[[], str]], big_blocks: pd.DataFrame, live: dict) -> Verdicts:
+    """The verdicts of the whole frame: its reducers (VerdictLooks') over it as one batch, its peaks
+    known before. `quick`: the events have no API names or threads (analyze --quick), which telling
+    an allocator's segments from library workspaces needs: no allocator verdicts then; `batches`: the
+    events as one batch (engine.frame_batch), when made already (or as pieces of it); `load_notes`: each peak's
+    peak.module_load_note, for a peak reached by a module load; `big_blocks`: BigBlocks' answer;
+    `live`: the allocations never freed (engine.frame_live); `outcomes`: call_outcomes of the calls."""
+    looks = VerdictLooks(outcomes.failed, None if quick else list(events["api"].cat.categories), ranges,
+                         gpu_of, total_memory, process_names, duration_ns, lambda: big_blocks,
+                         {"allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]})
+    preallocations = find_preallocations(events.iloc[looks.blocks()["seq"].to_numpy()], ranges, gpu_of, total_memory,
+                                         label)
+    cut = CutShortSums()
+    Engine(looks.reducers + [cut], Facts(list(events["kind"].cat.categories), gpu_of, looks.more)).run(
+        list(batches) or [frame_batch(events)], dict(live))
+    return looks.verdicts(
+        [with_note(p, preallocations, note) for p, note in zip(peaks, load_notes)], groups, pools or [],
+        preallocations, cut.judged(looks.open_by_pid, end_ns),
+        lambda rows, free_ts, moment: to_allocations(events.iloc[rows["seq"].to_numpy()]), label, outcomes,
+        lambda: ((chunk for chunk, _ in frame_chunks(calls, len(calls))), list(calls["api"].cat.categories)))
 
 
-def _looked(events: pd.DataFrame, calls: pd.DataFrame, peaks: list[Peak],
-            gpu_of: Callable[[int, int], Optional[int]], blocks: dict, quick: bool, batch: EventBatch) -> dict:
-    """The verdicts' reducers over the whole frame as one batch, its peaks known before: the devices
-    of the failed calls, the maps given access, what tells a process cut short, and (unless `quick`:
-    no API names nor threads) the allocators and their bursts of frees."""
-    more = {"api_names": list(events["api"].cat.categories), "oom_calls": oom_calls(failed_call_rows(calls)),
-            "allocator_blocks": blocks,
-            "allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]}
-    reducers = [FailureDevices(), AccessMaps(), CutShortSums()] + ([] if quick else [AllocatorSums(), ReleaseBursts()])
-    return Engine(reducers, Facts(list(events["kind"].cat.categories), gpu_of, more)).run([batch], {})
+class VerdictLooks:
+    """The verdicts' reducers and how their answers make the Verdicts, on both paths (the whole
+    frame as one batch: find_verdicts; the streamed full analysis's flow: streamed_full.py): the
+    devices of the out-of-memory calls, the maps given access, the live sets at the moments of out
+    of memory and, with API names, the allocators and their bursts of frees."""
+
+    def __init__(self, failed: pd.DataFrame, api_names: Optional[list[str]], ranges: pd.DataFrame, gpu_of: GpuOf,
+                 total_memory: Callable[[Optional[int]], Optional[int]], process_names: dict[int, str],
+                 duration_ns: Optional[int], big_blocks: Callable[[], pd.DataFrame], more: dict) -> None:
+        """`failed`: calls.failed_call_rows of the calls; `api_names`: the names of the batches' API
+        codes (None: --quick, no allocator verdicts); `big_blocks()`: BigBlocks' answer, once the
+        first look is done; `more`: the engine's facts (Facts.more), filled here but for
+        `allocator_peaks` (AllocatorSums')."""
+        self.failed, self.ranges, self.gpu_of, self.total_memory = failed, ranges, gpu_of, total_memory
+        self.process_names, self.big_blocks, self.more = process_names, big_blocks, more
+        self.devices, self.maps, self.live_sets = FailureDevices(), AccessMaps(), OomLiveSets()
+        self.sums, self.bursts = (AllocatorSums(), ReleaseBursts()) if api_names is not None else (None, None)
+        self.reducers = [self.devices, self.maps, self.live_sets] + ([self.sums, self.bursts] if self.sums else [])
+        self.xla = frozenset(xla_pids(ranges))  # XLA's allocator is never PyTorch's
+        self.open_by_pid = _open_ranges(ranges, duration_ns or OPEN_END_NS)
+        self._blocks: Optional[pd.DataFrame] = None
+        more.update(api_names=api_names, oom_calls=oom_calls(failed), oom_moments=self._moments, allocator_blocks={})
+
+    def blocks(self) -> pd.DataFrame:
+        """The preallocated blocks' rows (preallocated), made once the big blocks are known, with
+        AllocatorSums' facts of them (`allocator_blocks`)."""
+        if self._blocks is None:
+            self._blocks = preallocated(self.big_blocks(), self.gpu_of, self.total_memory)
+            self.more["allocator_blocks"] = block_keys(self._blocks)
+        return self._blocks
+
+    def kind_of(self, pid: int, device: int) -> Optional[str]:
+        """The caching allocator of a (process, device) (AllocatorSums.recognized); None under a
+        preallocated block or in a process that ran XLA."""
+        key = int(pair_key(np.array([pid]), np.array([device]))[0])
+        if self.sums is None or key in self.more["allocator_blocks"] or pid in self.xla:
+            return None
+        return self.sums.recognized(pid, device, "python" in self.process_names.get(pid, "").lower())
+
+    def _moments(self, pairs: list[int]) -> list[Moment]:
+        """Between the looks (OomLiveSets asks): the releases of the caching allocators' bursts of
+        frees, and the moments whose live sets are wanted: each out-of-memory call's, over its GPU
+        (`pairs`: the keys of the pairs with GPU-resident events; its own pair alone when its GPU is
+        unknown), and each release after which the allocator gave up."""
+        self.blocks()
+        caching = {}
+        for key in sorted({key for key, _ in self.bursts.bursts}) if self.bursts is not None else []:
+            kind = self.kind_of(*pair_of(key))
+            if kind is not None and kind.startswith("pytorch"):
+                caching[pair_of(key)] = kind
+        self.releases = self.bursts.finish({}).releases(caching, self.gpu_of, self.ranges) if self.bursts else []
+        self.failure_devices = self.devices.finish({})
+        self.failure_moments: list[Optional[Moment]] = []
+        for (pid, _, ts), device in zip(self.more["oom_calls"], self.failure_devices):
+            gpu = self.gpu_of(pid, device) if device is not None else None
+            members = [k for k in pairs if self.gpu_of(*pair_of(k)) == gpu] if gpu is not None else [_key(pid, device)]
+            self.failure_moments.append(Moment(ts, False, np.array(members, "int64")) if device is not None else None)
+        self.release_moments = {i: Moment(r.start_ns, True, np.array([_key(r.pid, r.device)], "int64"))
+                                for i, r in enumerate(self.releases)
+                                if not r.followed_by_allocation and gave_up_inside(r, self.open_by_pid.get(r.pid, []))}
+        return [m for m in self.failure_moments if m is not None] + list(self.release_moments.values())
+
+    def verdicts(self, peaks: list[Peak], groups: list[GroupSummary], pools: list[PoolUse],
+                 preallocations: list[Preallocation], cut_short: list, allocations: Callable, label: Callable[[int], str],
+                 outcomes: CallOutcomes, read_calls: Callable[[], tuple[Iterable[dict], Sequence[str]]]) -> Verdicts:
+        """The Verdicts once the looks are done: `peaks` with their notes; `cut_short`:
+        CutShortSums.judged (with `open_by_pid`); `allocations(rows, free_ts, moment)`: the
+        Allocations of a live set's rows (batch_rows' columns; `free_ts`: seq -> free time of
+        those freed); `outcomes`: how the calls ended (the calls that ran out of memory, every one,
+        and the successful cuMemCreate calls per process); `read_calls()`: the calls' chunks and API
+        names (retries_and_numbers'), read only when a call failed."""
+        allocators = self.sums.uses(peaks, self.kind_of, preallocations, self.gpu_of, label) if self.sums else []
+        retry, number = retries_and_numbers(*read_calls(), self.failed) if not self.failed.empty else ((), ())
+        failures, probes = failures_and_probes(self.failed, self.ranges, retry, number,
+                                               partial(self._failure, allocations))
+        allocator_ooms, flushes = [], []
+        for i, release in enumerate(self.releases):
+            moment = self.release_moments.get(i)
+            if moment is None:  # followed by an allocation, or every range closed: an empty_cache()
+                flushes.append(release)
+                continue
+            allocator_ooms.append(AllocatorOom(release=release, open_ranges=self.open_by_pid.get(release.pid, []),
+                                               live_count=moment.count, live_at_release=allocations(
+                                                   moment.largest, self.live_sets.free_ts, moment)))
+        oom = OutOfMemory(failures=failures, failed_count=outcomes.out_of_memory, probes=probes, allocator_ooms=allocator_ooms,
+                          cache_flushes=flushes, cut_short=cut_short)
+        diagnostics = (_oom_diagnostics(oom, label) + _reserved_diagnostics(allocators, preallocations)
+                       + vmm_without_access(dict(sorted(outcomes.created_by_pid.items())), self.maps.finish({}), label))
+        return Verdicts(oom=oom, reserved=ReservedMemory(allocators=allocators, preallocations=preallocations,
+                                                        pools=pools),
+                        caps=memory_caps(groups, self.total_memory, verdict_caps(preallocations, oom)), peaks=peaks,
+                        diagnostics=diagnostics,
+                        # the live set at the failure beats a count; a recognized allocator beats a guess
+                        replaces=({"allocation_failed"} if oom.failures else set())
+                        | ({"caching_allocator"} if allocators or preallocations else set()))
+
+    def _failure(self, allocations: Callable, i: int, pid: int, tid: int, api: str, ts: int, code: int, path: str,
+                 retried: Optional[int], number: int) -> OomFailure:
+        """The i-th out-of-memory failure, with the live set on its GPU then."""
+        device = self.failure_devices[i]
+        gpu = self.gpu_of(pid, device) if device is not None else None
+        total = self.total_memory(gpu)
+        moment = self.failure_moments[i]
+        process_live = gpu_live = None
+        count, live = 0, []
+        if moment is not None:
+            count, live = moment.count, allocations(moment.largest, self.live_sets.free_ts, moment)
+            gpu_live, process_live = sum(moment.by_pid.values()), moment.by_pid.get(pid, 0)
+        return OomFailure(pid=pid, tid=tid, api=api, time_ns=ts, return_value=code, error=error_name(api, code),
+                          call_number=number, nvtx_path=path, device=device, gpu=gpu,
+                          process_live_bytes=process_live, gpu_live_bytes=gpu_live, total_memory_bytes=total,
+                          headroom_bytes=total - gpu_live if total and gpu_live is not None else None,
+                          live_count=count, live_at_failure=live, retried_after_ns=retried)
 
 
-def _allocators(looked: dict, ranges: pd.DataFrame, peaks: list[Peak], gpu_of: Callable[[int, int], Optional[int]],
-                process_names: dict[int, str], preallocations: list[Preallocation],
-                label: Callable[[int], str]) -> tuple[list[AllocatorUse], list[CacheRelease]]:
-    """The allocators (AllocatorSums) and the bursts of frees of those that cache (ReleaseBursts);
-    the processes that ran XLA (diagnostics.xla_pids) never have PyTorch's allocator."""
-    sums, xla = looked["allocators"], frozenset(xla_pids(ranges))
-    uses = sums.uses(peaks, lambda pid, device: None if pid in xla else sums.recognized(
-        pid, device, "python" in process_names.get(pid, "").lower()), preallocations, gpu_of, label)
-    caching = {(u.pid, u.device): u.allocator for u in uses if u.allocator.startswith("pytorch")}
-    return uses, looked["cache_bursts"].releases(caching, gpu_of, ranges)
+def _key(pid: int, device: int) -> int:
+    return int(pair_key(np.array([pid]), np.array([device]))[0])
 
 
 def verdict_caps(preallocations: list[Preallocation], oom: OutOfMemory) -> list[MemoryCap]:
@@ -189,18 +288,6 @@ def _reserved_diagnostics(allocators: list, preallocations: list[Preallocation])
     found += [Diagnostic("warning" if p.framework == "XLA" else "info", "preallocation", p.message)
               for p in preallocations]
     return found
-
-
-def _vmm_without_access(calls: pd.DataFrame, mapped: dict, label: Callable[[int], str]) -> list[Diagnostic]:
-    """Physical memory made with cuMemCreate that no memory event counts: nsys emits the event at
-    cuMemSetAccess, one per mapped handle, so successful cuMemCreate calls beyond the
-    cuMemSetAccess events of a process (`mapped`: AccessMaps) were never made accessible."""
-    if calls.empty:
-        return []
-    created = calls[((calls["api"] == "cuMemCreate") & (calls["return_value"] == 0)).to_numpy()]
-    if created.empty:
-        return []
-    return vmm_without_access(created["pid"].value_counts().sort_index().to_dict(), mapped, label)
 
 
 class AccessMaps(Reducer):
