@@ -79,7 +79,7 @@ class VerdictLooks:
     def __init__(self, failed: pd.DataFrame, api_names: Optional[list[str]], ranges: pd.DataFrame, gpu_of: GpuOf,
                  total_memory: Callable[[Optional[int]], Optional[int]], process_names: dict[int, str],
                  duration_ns: Optional[int], big_blocks: Callable[[], pd.DataFrame], more: dict) -> None:
-        """`failed`: calls.failed_call_rows of the calls; `api_names`: the names of the batches' API
+        """`failed`: CallOutcomes.failed of the calls; `api_names`: the names of the batches' API
         codes (None: --quick, no allocator verdicts); `big_blocks()`: BigBlocks' answer, once the
         first look is done; `more`: the engine's facts (Facts.more), filled here but for
         `allocator_peaks` (AllocatorSums')."""

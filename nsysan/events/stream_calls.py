@@ -26,8 +26,6 @@ import numpy as np
 import pandas as pd
 
 from ..base import apis
-from ..base.cuda_errors import OUT_OF_MEMORY
-from ..model.memory import MAX_FAILED_CALLS
 from ..sources.schema import Schema
 from .arrays import distinct_pairs
 from .normalize import join_on_call
@@ -44,8 +42,8 @@ _WHOLE = (0, -1)  # the rowids of a table read as one chunk
 
 @dataclass
 class MemoryCalls:
-    """The export's memory API calls, read in chunks: what one scan sums (the failed calls,
-    threads, spans) and each chunk's earliest start, for CallWindow."""
+    """The export's memory API calls, read in chunks: what one scan sums (the threads, spans)
+    and each chunk's earliest start, for CallWindow."""
 
     conn: sqlite3.Connection
     schema: Schema
@@ -54,14 +52,11 @@ class MemoryCalls:
     chunks: list[tuple[int, int]] = field(default_factory=list)  # rowids of each chunk
     first_starts: list[int] = field(default_factory=list)  # per chunk; _FAR without rows
     threads: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))  # pid << 24 | tid, first seen first
-    failed: pd.DataFrame = field(default_factory=pd.DataFrame)  # calls.failed_call_rows of every call
     first_ts: Optional[int] = None  # earliest start and latest finite end of a call
     last_end: Optional[int] = None
     last_end_by_pid: dict = field(default_factory=dict)
     successful_allocations: int = 0
     count: int = 0
-    out_of_memory: int = 0  # failed calls (not informational ones) that returned out-of-memory, all of them
-    created_by_pid: dict = field(default_factory=dict)  # successful cuMemCreate calls per process
 
     def __post_init__(self) -> None:
         name_ids = memory_call_names(self.conn, self.schema)
@@ -72,7 +67,6 @@ class MemoryCalls:
         self.families = list(dict.fromkeys(family_of))
         self.family_code = np.array([self.families.index(f) for f in family_of], "int64")
         self._stacks = self.schema.has_backtraces
-        self._create_code = self.api_names.index("cuMemCreate") if "cuMemCreate" in self.api_names else -1
         self._kept: Optional[Kept] = None  # the chunks the scan read, for every read after it
 
     def __bool__(self) -> bool:
@@ -82,9 +76,6 @@ class MemoryCalls:
         """One pass over the calls: the sums, and the chunks CallWindow reads. `each_chunk(calls,
         family codes)` sees every chunk of real calls, for an analysis that sums them as they are
         read (the API call stats: analyses/calls.py's CallStatSums)."""
-        failed: list[pd.DataFrame] = []
-        found = 0
-        info = self.families.index("info") if "info" in self.families else -1
         alloc = self.families.index("alloc") if "alloc" in self.families else -1
         self.close()  # a scan reads the table anew
         self.chunks, self.first_starts = [], []
@@ -107,26 +98,12 @@ class MemoryCalls:
             # steps.memory_threads of the chunk, after those of the chunks before
             threads = distinct_pairs(real["pid"], real["tid"], 24, 0xFFFFFF)
             self.threads = pd.unique(np.concatenate([self.threads, threads]))
-            refused = (real["return_value"] != 0) & (family != info)
-            self.out_of_memory += int((refused & (real["return_value"] == OUT_OF_MEMORY)).sum())
-            if found < MAX_FAILED_CALLS:
-                rows = np.flatnonzero(refused)[:MAX_FAILED_CALLS - found]
-                found += len(rows)
-                failed.append(pd.DataFrame({
-                    "ts_ns": real["ts"][rows], "pid": real["pid"][rows], "tid": real["tid"][rows],
-                    "api": np.array(self.api_names, dtype=object)[real["api"][rows]],
-                    "return_value": real["return_value"][rows], "end_ns": real["end"][rows]}))
-            if self._create_code >= 0:  # verdicts._vmm_without_access: physical memory made, per process
-                made = real["pid"][(real["api"] == self._create_code) & (real["return_value"] == 0)]
-                for pid, count in zip(*np.unique(made, return_counts=True)):
-                    self.created_by_pid[int(pid)] = self.created_by_pid.get(int(pid), 0) + int(count)
             self.first_ts = int(real["ts"].min()) if self.first_ts is None else min(self.first_ts, int(real["ts"].min()))
             finite = real["end"][real["end"] < _FAR]
             if len(finite):
                 self.last_end = max(self.last_end if self.last_end is not None else int(finite.max()), int(finite.max()))
             latest_ends(real["pid"], real["end"], self.last_end_by_pid)
             self.successful_allocations += int(((family == alloc) & (real["return_value"] == 0)).sum())
-        self.failed = pd.concat(failed, ignore_index=True) if failed else pd.DataFrame()
         if kept.complete:
             self._kept = kept
         else:
