@@ -93,7 +93,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     # AllocatorSums' peaks: each process's so far, raised on the second look (its sums wait for them)
     more["allocator_peaks"] = lambda: [(s.pid, s.device, s.best_ts) for s in looks["look"].peaks
                                        if s.pid is not None and s.best_seq >= 0] if "look" in looks else []
-    verdict_looks = VerdictLooks(outcomes.failed, calls.api_names, ranges, gpu_of, total_memory, schema.process_names,
+    verdict_looks = VerdictLooks(outcomes, lambda: ((real for _, real, _ in calls.read()), calls.api_names),
+                                 calls.api_names, ranges, gpu_of, total_memory, schema.process_names,
                                  schema.duration_ns, lambda: looks["big_blocks"], more)
 
     span = _span(calls, ranges)
@@ -116,16 +117,12 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
                          also=(first, second), span=span, described=described, answers=looks, more=more,
-                         reducers=(*verdict_looks.reducers, SiteRanks(), FailedCalls(), VmmEvents()))
+                         verdict_looks=verdict_looks, reducers=(SiteRanks(), FailedCalls(), VmmEvents()))
     sites, failed = looks["second"], looks["failed_calls"]
     capture = _capture(quick, calls.threads, ranges, schema, report_version)
     labels = {p.pid: p.label for p in capture.processes}
     last_calls = last_cuda_calls(conn, schema, calls.last_end_by_pid, ranges)
-    verdicts = verdict_looks.verdicts(
-        quick.peaks, quick.groups, quick.reserved.pools, quick.reserved.preallocations,
-        looks["cut_short"].judged(verdict_looks.open_by_pid, quick.timeline.end_ns), described.allocations,
-        lambda pid: labels.get(pid) or f"process {pid}", outcomes,
-        lambda: ((real for _, real, _ in calls.read()), calls.api_names))
+    verdicts = looks["verdicts"]  # run_streamed's, of verdict_looks
     calls.close()  # the calls' chunks kept since the scan: read for the last time by the verdicts
     steps, phases, growth, step_notes = looks["steps"].answers(  # the engine's StepWindows
         quick.timeline.end_ns, gpu_of, step_range, last_calls, more["labels"](), capture.processes, verdicts.caps,

@@ -15,19 +15,18 @@ from ..events.load import QUICK_API
 from ..events.read_pools import read_pool_events
 from ..engine import Engine, Facts, Labels
 from ..events.stream import EventFlow
-from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, OutOfMemory, Peak, ReservedMemory, \
-    Source, Timeline
+from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, Peak, Source, Timeline
 from ..sources.schema import Schema
 from .answers import gather_answers
 from .bounds import cut_long_strings
 from .capture import EventSpan, capture_facts
-from .caps import memory_caps
+from .calls import CallOutcomes
 from .diagnostics import capture_diagnostics
 from .explore import Explorable, LargestAllocations, allocation_groups
 from .oom import CutShortSums
 from .peak import Peaks, PeakSeries, headline, module_load_note, peak_of
 from .ranks import assign_ranks
-from .preallocations import BigBlocks, find_preallocations, preallocated
+from .preallocations import BigBlocks, find_preallocations
 from .byte_classes import ByteClassSums
 from .step_windows import StepWindows
 from .groups import GroupSums
@@ -42,13 +41,14 @@ from .steps import step_diagnostics
 from .streamed import FirstLook
 from ..events.stream import no_rows
 from .streamed_second import SecondLook
-from .verdicts import _oom_diagnostics, _reserved_diagnostics, with_note
+from .verdicts import VerdictLooks, with_note
 
 
 def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
                  step_range: Optional[str], spike_window_ns: int, flow: Optional[EventFlow] = None,
                  also: tuple = (None, None), span: tuple = (), described=None,
-                 answers: Optional[dict] = None, more: Optional[dict] = None, reducers: tuple = ()) -> Analysis:
+                 answers: Optional[dict] = None, more: Optional[dict] = None, reducers: tuple = (),
+                 verdict_looks: Optional[VerdictLooks] = None) -> Analysis:
     """The quick analysis of the export behind `conn`, its events read twice in batches.
 
     For the streamed full analysis (streamed_full.py): `flow` joins the batches to their calls,
@@ -63,7 +63,8 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     the `site_table` and the NVTX `ranges`; `more`: the reducers' facts beyond the kinds and GPUs
     (Facts.more), which `also` may fill before the first batch (the batches' `labels`: none read,
     unless given; the full analysis's `found_steps` and `phases`); `reducers`: the full analysis's
-    reducers beyond these (the allocators')."""
+    reducers beyond these; `verdict_looks`: the full analysis's verdicts (VerdictLooks, those of
+    the memory table alone when not given), whose Verdicts `answers` gets as "verdicts"."""
     flow = flow or EventFlow(conn, schema)
     gpu_of, total_memory = gpus(schema)
     more = more if more is not None else {}
@@ -71,10 +72,13 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
                 pool_events=read_pool_events(conn, schema))
     more.setdefault("labels", Labels)
     peak_look, more["pool_uses"] = Peaks(), PoolUses()
+    looks = verdict_looks or VerdictLooks(CallOutcomes([], []), lambda: ((), ()), None, empty_ranges(), gpu_of,
+                                          total_memory, schema.process_names, schema.duration_ns,
+                                          lambda: first.big_blocks, more)
     fed = flow.feed(lambda: _Both(FirstLook(), also[0],
                                   Engine([GroupSums(), TimelineSeries(), Explorable(), NeverFreed(), LargestAllocations(),
                                           StepWindows(), ByteClassSums(), Spikes(), more["pool_uses"], RangeSums(),
-                                          peak_look, CutShortSums(), BigBlocks(), EventSpan(), *reducers], Facts(flow.kinds, gpu_of, more))),
+                                          peak_look, CutShortSums(), BigBlocks(), EventSpan(), *looks.reducers, *reducers], Facts(flow.kinds, gpu_of, more))),
                      keep=True)
     first, engine = fed.main, fed.engine
     first.largest, first.allocations = engine.so_far("largest")  # for the second look (its free times)
@@ -109,14 +113,14 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     def label(pid: int) -> str:
         return labels.get(pid) or f"process {pid}"
 
-    blocks = described.frame(preallocated(first.big_blocks, gpu_of, total_memory))
-    preallocations = find_preallocations(blocks, described.ranges, gpu_of, total_memory, label)
-    oom = OutOfMemory(failures=[], failed_count=0, probes=[], allocator_ooms=[], cache_flushes=[],
-                      cut_short=answered["cut_short"].judged({}, end_ns))
-    caps = memory_caps(groups, total_memory, [])
-    verdict_notes = _oom_diagnostics(oom, label) + _reserved_diagnostics([], preallocations)
+    preallocations = find_preallocations(described.frame(looks.blocks()), described.ranges, gpu_of, total_memory,
+                                         label)
     peaks = [with_note(p, preallocations, lambda s=s: module_load_note(s, described.own_api(s)))
              for p, s in zip(peaks, [s for s in second.peaks if s.best_seq >= 0])]
+    verdicts = looks.verdicts(peaks, groups, pools or [], preallocations,
+                              answered["cut_short"].judged(looks.open_by_pid, end_ns), described.allocations, label)
+    if answers is not None:
+        answers["verdicts"] = verdicts
     leaks = answered["never_freed"]
     never_freed = described.allocations(leaks.head(500), {})
     leaked = described.frame(leaks)
@@ -126,14 +130,13 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     timeline = dataclasses.replace(timeline, allocations=largest, allocations_total=first.allocations)
     diagnostics = list(schema.diagnostics) + notes + capture_diagnostics(
         schema, empty_ranges(), {}, groups, peaks, [], report_version, quick=True, pools=pools or [])
-    replaces = {"caching_allocator"} if preallocations else set()
     step_notes = step_diagnostics(answered["steps"].series, [], False, True, step_range)
-    diagnostics = [d for d in diagnostics if d.code not in replaces] + verdict_notes + step_notes
+    diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics + step_notes
     analysis = Analysis(
         schema=SCHEMA_ID, scope="quick", source=source, capture=capture, groups=groups, peak=headline(peaks),
         peaks=peaks, never_freed=never_freed, never_freed_total=int(len(leaks)), sites=[], api_calls=[],
-        failed_calls=[], ranges=[], timeline=timeline, diagnostics=diagnostics, caps=caps, oom=oom,
-        reserved=ReservedMemory(allocators=[], preallocations=preallocations, pools=pools or []), steps=[],
+        failed_calls=[], ranges=[], timeline=timeline, diagnostics=diagnostics, caps=verdicts.caps,
+        oom=verdicts.oom, reserved=verdicts.reserved, steps=[],
         growth=[], never_freed_groups=allocation_groups(leaked, np.arange(len(leaks)), described.site_table),
         never_freed_stacks=stack_bytes(leaked, np.arange(len(leaks))),
         phases=[], spikes=answered["spikes"], events=None, calls=None, nvtx_ranges=None)

@@ -55,7 +55,8 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutco
     events as one batch (engine.frame_batch), when made already (or as pieces of it); `load_notes`: each peak's
     peak.module_load_note, for a peak reached by a module load; `big_blocks`: BigBlocks' answer;
     `live`: the allocations never freed (engine.frame_live); `outcomes`: call_outcomes of the calls."""
-    looks = VerdictLooks(outcomes.failed, None if quick else list(events["api"].cat.categories), ranges,
+    looks = VerdictLooks(outcomes, lambda: ((chunk for chunk, _ in frame_chunks(calls, len(calls))),
+                                            list(calls["api"].cat.categories)), None if quick else list(events["api"].cat.categories), ranges,
                          gpu_of, total_memory, process_names, duration_ns, lambda: big_blocks,
                          {"allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]})
     preallocations = find_preallocations(events.iloc[looks.blocks()["seq"].to_numpy()], ranges, gpu_of, total_memory,
@@ -66,8 +67,7 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutco
     return looks.verdicts(
         [with_note(p, preallocations, note) for p, note in zip(peaks, load_notes)], groups, pools or [],
         preallocations, cut.judged(looks.open_by_pid, end_ns),
-        lambda rows, free_ts, moment: to_allocations(events.iloc[rows["seq"].to_numpy()]), label, outcomes,
-        lambda: ((chunk for chunk, _ in frame_chunks(calls, len(calls))), list(calls["api"].cat.categories)))
+        lambda rows, free_ts, moment: to_allocations(events.iloc[rows["seq"].to_numpy()]), label)
 
 
 class VerdictLooks:
@@ -76,14 +76,18 @@ class VerdictLooks:
     devices of the out-of-memory calls, the maps given access, the live sets at the moments of out
     of memory and, with API names, the allocators and their bursts of frees."""
 
-    def __init__(self, failed: pd.DataFrame, api_names: Optional[list[str]], ranges: pd.DataFrame, gpu_of: GpuOf,
+    def __init__(self, outcomes: CallOutcomes, read_calls: Callable[[], tuple[Iterable[dict], Sequence[str]]],
+                 api_names: Optional[list[str]], ranges: pd.DataFrame, gpu_of: GpuOf,
                  total_memory: Callable[[Optional[int]], Optional[int]], process_names: dict[int, str],
                  duration_ns: Optional[int], big_blocks: Callable[[], pd.DataFrame], more: dict) -> None:
-        """`failed`: CallOutcomes.failed of the calls; `api_names`: the names of the batches' API
-        codes (None: --quick, no allocator verdicts); `big_blocks()`: BigBlocks' answer, once the
-        first look is done; `more`: the engine's facts (Facts.more), filled here but for
-        `allocator_peaks` (AllocatorSums')."""
-        self.failed, self.ranges, self.gpu_of, self.total_memory = failed, ranges, gpu_of, total_memory
+        """`outcomes`: how the calls ended (the failed ones, how many ran out of memory, the
+        successful cuMemCreate calls per process); `read_calls()`: the calls' chunks and API names
+        (retries_and_numbers'), read only when a call failed; `api_names`: the names of the
+        batches' API codes (None: --quick, no allocator verdicts); `big_blocks()`: BigBlocks'
+        answer, once the first look is done; `more`: the engine's facts (Facts.more), filled here
+        but for `allocator_peaks` (AllocatorSums')."""
+        self.outcomes, self.read_calls, self.failed = outcomes, read_calls, outcomes.failed
+        self.ranges, self.gpu_of, self.total_memory = ranges, gpu_of, total_memory
         self.process_names, self.big_blocks, self.more = process_names, big_blocks, more
         self.devices, self.maps, self.live_sets = FailureDevices(), AccessMaps(), OomLiveSets()
         self.sums, self.bursts = (AllocatorSums(), ReleaseBursts()) if api_names is not None else (None, None)
@@ -91,7 +95,7 @@ class VerdictLooks:
         self.xla = frozenset(xla_pids(ranges))  # XLA's allocator is never PyTorch's
         self.open_by_pid = _open_ranges(ranges, duration_ns or OPEN_END_NS)
         self._blocks: Optional[pd.DataFrame] = None
-        more.update(api_names=api_names, oom_calls=oom_calls(failed), oom_moments=self._moments, allocator_blocks={})
+        more.update(api_names=api_names, oom_calls=oom_calls(self.failed), oom_moments=self._moments, allocator_blocks={})
 
     def blocks(self) -> pd.DataFrame:
         """The preallocated blocks' rows (preallocated), made once the big blocks are known, with
@@ -133,16 +137,14 @@ class VerdictLooks:
         return [m for m in self.failure_moments if m is not None] + list(self.release_moments.values())
 
     def verdicts(self, peaks: list[Peak], groups: list[GroupSummary], pools: list[PoolUse],
-                 preallocations: list[Preallocation], cut_short: list, allocations: Callable, label: Callable[[int], str],
-                 outcomes: CallOutcomes, read_calls: Callable[[], tuple[Iterable[dict], Sequence[str]]]) -> Verdicts:
+                 preallocations: list[Preallocation], cut_short: list, allocations: Callable,
+                 label: Callable[[int], str]) -> Verdicts:
         """The Verdicts once the looks are done: `peaks` with their notes; `cut_short`:
         CutShortSums.judged (with `open_by_pid`); `allocations(rows, free_ts, moment)`: the
         Allocations of a live set's rows (batch_rows' columns; `free_ts`: seq -> free time of
-        those freed); `outcomes`: how the calls ended (the calls that ran out of memory, every one,
-        and the successful cuMemCreate calls per process); `read_calls()`: the calls' chunks and API
-        names (retries_and_numbers'), read only when a call failed."""
+        those freed)."""
         allocators = self.sums.uses(peaks, self.kind_of, preallocations, self.gpu_of, label) if self.sums else []
-        retry, number = retries_and_numbers(*read_calls(), self.failed) if not self.failed.empty else ((), ())
+        retry, number = retries_and_numbers(*self.read_calls(), self.failed) if not self.failed.empty else ((), ())
         failures, probes = failures_and_probes(self.failed, self.ranges, retry, number,
                                                partial(self._failure, allocations))
         allocator_ooms, flushes = [], []
@@ -154,10 +156,10 @@ class VerdictLooks:
             allocator_ooms.append(AllocatorOom(release=release, open_ranges=self.open_by_pid.get(release.pid, []),
                                                live_count=moment.count, live_at_release=allocations(
                                                    moment.largest, self.live_sets.free_ts, moment)))
-        oom = OutOfMemory(failures=failures, failed_count=outcomes.out_of_memory, probes=probes, allocator_ooms=allocator_ooms,
+        oom = OutOfMemory(failures=failures, failed_count=self.outcomes.out_of_memory, probes=probes, allocator_ooms=allocator_ooms,
                           cache_flushes=flushes, cut_short=cut_short)
         diagnostics = (_oom_diagnostics(oom, label) + _reserved_diagnostics(allocators, preallocations)
-                       + vmm_without_access(dict(sorted(outcomes.created_by_pid.items())), self.maps.finish({}), label))
+                       + vmm_without_access(dict(sorted(self.outcomes.created_by_pid.items())), self.maps.finish({}), label))
         return Verdicts(oom=oom, reserved=ReservedMemory(allocators=allocators, preallocations=preallocations,
                                                         pools=pools),
                         caps=memory_caps(groups, self.total_memory, verdict_caps(preallocations, oom)), peaks=peaks,
