@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -19,9 +18,7 @@ from ..model.comparison import Comparison
 from ..errors import printable
 from ..model import GPU_RESIDENT_KINDS, Analysis
 from ..base.units import fmt_bytes
-from .png import figure_png
-
-__all__ = ["plot_comparison", "figure_png"]
+from .png import byte_unit, figure_png, matplotlib_defaults
 
 _STEP = re.compile(r"^\s*(?:train(?:ing)?[ _-]?)?step\b", re.IGNORECASE)
 _BASE_COLOR, _NEW_COLOR = "#7f7f7f", "#d62728"
@@ -31,8 +28,7 @@ def plot_comparison(c: Comparison, base: Analysis, new: Analysis, limit: int = 8
     """One panel per matched (process, GPU), base in grey, new in red; x in seconds from each
     run's origin, y in the largest binary unit the panel reaches."""
     rows = c.with_memory[:limit]
-    with matplotlib.rc_context():
-        matplotlib.rcdefaults()
+    with matplotlib_defaults():
         if not rows:
             fig = Figure(figsize=(12, 1.2), dpi=100)
             fig.text(0.5, 0.5, "No memory timeline in either run", ha="center", va="center", fontsize=12)
@@ -48,7 +44,7 @@ def plot_comparison(c: Comparison, base: Analysis, new: Analysis, limit: int = 8
             aligned_on_steps = all(curve is not None and curve[2] for _, _, curve in curves)
             top = max((float(curve[1].max()) for _, _, curve in curves if curve is not None and len(curve[1])),
                       default=1.0)
-            unit, scale = _unit(top)
+            unit, scale = byte_unit(top)
             for label, color, curve in curves:
                 if curve is None:
                     continue
@@ -90,13 +86,6 @@ def _curve(run: Analysis, pid: Optional[int], gpu: Optional[int]):
     if not steps:
         steps = [b.start_ns for b in run.timeline.bands if b.pid == pid and _STEP.match(b.name)]
     return ts, live, min(steps) if steps else 0
-
-
-def _unit(top: float) -> tuple[str, float]:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if top >= scale:
-            return unit, float(scale)
-    return "B", 1.0
 
 
 def _plain(text: str) -> str:

@@ -62,7 +62,7 @@ def plot_timeline(analysis: Analysis) -> Figure:
     Artists carry gids tests and readers can find: "series:<pid>:<device>:<kind>" (the lines),
     "peak:<pid>:<device>" (annotations), "capacity", "band", "failed".
     """
-    with _matplotlib_defaults():
+    with matplotlib_defaults():
         panels = series_by_gpu(analysis)
         if not panels:
             fig = Figure(figsize=(WIDTH_IN, 1.2), dpi=DPI)
@@ -97,7 +97,7 @@ def plot_sites(analysis: Analysis, top: int = 15) -> Figure:
 
     Bars carry gids "allocated" and "never_freed"; the labels are the site labels and kinds.
     """
-    with _matplotlib_defaults():
+    with matplotlib_defaults():
         sites = analysis.sites[:top]
         if not sites:
             fig = Figure(figsize=(WIDTH_IN, 1.2), dpi=DPI)
@@ -106,7 +106,7 @@ def plot_sites(analysis: Analysis, top: int = 15) -> Figure:
             return fig
         fig = Figure(figsize=(WIDTH_IN, 1.5 + 0.42 * len(sites)), dpi=DPI, layout="constrained")
         ax = fig.add_subplot()
-        unit, scale = _byte_unit(max(s.allocated_bytes for s in sites))
+        unit, scale = byte_unit(max(s.allocated_bytes for s in sites))
         y = np.arange(len(sites))[::-1]  # the biggest on top
         allocated = np.array([s.allocated_bytes for s in sites], dtype=float) / scale
         # Static module memory (kernel images' globals) is never freed by design: never drawn as a leak.
@@ -136,7 +136,7 @@ def figure_png(fig: Figure, dpi: int = DPI) -> bytes:
     """The figure drawn by Agg as PNG bytes."""
     FigureCanvasAgg(fig)  # attaches itself as fig.canvas: drawing needs no pyplot
     buffer = io.BytesIO()
-    with _matplotlib_defaults(), warnings.catch_warnings():
+    with matplotlib_defaults(), warnings.catch_warnings():
         # A CJK or emoji NVTX name lacks glyphs in DejaVu Sans: drawn as boxes, no warning storm.
         warnings.filterwarnings("ignore", message="Glyph .* missing from")
         fig.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
@@ -234,7 +234,7 @@ def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home
     gpu = next((g for g in analysis.capture.gpus if g.id == gpu_key), None)
     total = gpu.total_memory_bytes if gpu else None
     draw_capacity = bool(total) and top >= CAPACITY_LINE_SHARE * total
-    unit, scale = _byte_unit(max(top, total or 0) if draw_capacity else top)
+    unit, scale = byte_unit(max(top, total or 0) if draw_capacity else top)
     names = {p.pid: p.name for p in analysis.capture.processes}
     pids = sorted({s.pid for s in series})
     several = len(pids) > 1
@@ -357,14 +357,14 @@ def _panel_title(analysis: Analysis, gpu_key: int, gpu: Optional[Gpu], draw_capa
 
 
 @contextlib.contextmanager
-def _matplotlib_defaults() -> Iterator[None]:
+def matplotlib_defaults() -> Iterator[None]:
     """Matplotlib's default style for the duration, whatever the user's matplotlibrc says."""
     with matplotlib.rc_context():
         matplotlib.rcdefaults()
         yield
 
 
-def _byte_unit(max_bytes: float) -> tuple[str, int]:
+def byte_unit(max_bytes: float) -> tuple[str, int]:
     """The largest binary unit the value reaches: ("GiB", 2**30) for 5.3 GiB, ("MiB", 2**20) for 908 MiB."""
     for unit, size in _BYTE_UNITS:
         if max_bytes >= size:
