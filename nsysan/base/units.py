@@ -25,6 +25,11 @@ def fmt_bytes(n: Optional[int], decimals: int = 1) -> str:
     raise AssertionError("unreachable")
 
 
+def fmt_signed_bytes(n: int) -> str:
+    """A change of bytes: "+128.0 MiB", "-2.0 KiB", "0 B"."""
+    return ("+" if n > 0 else "") + fmt_bytes(n)
+
+
 def fmt_bytes_apart(a: int, b: int) -> tuple[str, str]:
     """Two sizes with the digits it takes to tell them apart: (5905580032, 5905580033) is not
     "5.5 GiB" and "5.5 GiB" but ("5,905,580,032 B", "5,905,580,033 B"); equal sizes as fmt_bytes."""

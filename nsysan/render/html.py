@@ -24,8 +24,8 @@ from markupsafe import Markup
 from ..errors import printable
 from ..model import SEVERITIES, TRUST_BREAKING, Allocation, AllocationGroup, Analysis, RangeFamily, RangeStat
 from ..model.memory import grouped_ranges
-from ..base.units import (fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_percent, fmt_share, fmt_time, fmt_time_in,
-                     time_unit)
+from ..base.units import (fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_percent, fmt_share, fmt_signed_bytes,
+                          fmt_time, fmt_time_in, time_unit)
 from .json import render_json
 from .page_data import page_data, site_stack
 
@@ -173,7 +173,7 @@ def _environment() -> jinja2.Environment:
                        frame=lambda f: fmt_frame(f.function, f.file, f.line, f.module), time_in=fmt_time_in,
                        change_percent=lambda percent: fmt_percent(percent / 100, signed=True),
                        held_by=lambda allocations, group: [a for a in allocations if group.holds(a)],
-                       signed_bytes=lambda n: ("+" if n > 0 else "") + fmt_bytes(n), split_at=site_stack,
+                       signed_bytes=fmt_signed_bytes, split_at=site_stack,
                        ends=lambda items, n: items if len(items) <= n else items[:n // 2] + items[-(n // 2):])
     env.globals.update(time_unit=lambda *columns: time_unit(v for column in columns for v in column))
     return env

@@ -15,7 +15,8 @@ from ..model import LIVE_AT_START, Allocation, Analysis, CallSite, Peak, RangeFa
 from ..model.memory import grouped_ranges
 from .layout import NAME, WORD, Column, Lines, Parts, Sheet
 from .oom import DRAWN_CODES, oom_and_reserved
-from ..base.units import fmt_bytes, fmt_duration, fmt_durations, fmt_frame, fmt_share, fmt_time, fmt_times
+from ..base.units import fmt_bytes, fmt_duration, fmt_durations, fmt_frame, fmt_share, fmt_signed_bytes, fmt_time, \
+    fmt_times
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -372,9 +373,9 @@ def _steps_table(series: StepSeries, top: int) -> Sheet:
         if len(shown) < found and i == head:
             table.add_row(f"… {found - len(shown)} more", *[""] * 7)
         note = "" if step.closed else " (open)"
-        table.add_row(_t(step.name + note), start, length, fmt_bytes(step.end_live_bytes), _signed(step.delta_bytes),
-                      fmt_bytes(step.peak_live_bytes), fmt_bytes(step.allocated_bytes),
-                      fmt_bytes(step.kept_bytes) if step.kept_bytes else "-")
+        table.add_row(_t(step.name + note), start, length, fmt_bytes(step.end_live_bytes),
+                      fmt_signed_bytes(step.delta_bytes), fmt_bytes(step.peak_live_bytes),
+                      fmt_bytes(step.allocated_bytes), fmt_bytes(step.kept_bytes) if step.kept_bytes else "-")
     return table
 
 
@@ -384,10 +385,11 @@ def _phases_table(analysis: Analysis, top: int) -> Sheet:
                   Column("process", drop=2), Column("range", NAME), Column("instances", drop=3), Column("at start"),
                   Column("rise"), Column("max rise", drop=4), Column("change"), Column("change from … to", drop=1))
     for p in analysis.phases[:top]:
-        spread = (f"{_signed(p.net_min_bytes)} … {_signed(p.net_max_bytes)}" if p.net_min_bytes != p.net_max_bytes
-                  else _signed(p.net_min_bytes))
+        low, high = fmt_signed_bytes(p.net_min_bytes), fmt_signed_bytes(p.net_max_bytes)
+        spread = f"{low} … {high}" if p.net_min_bytes != p.net_max_bytes else low
         table.add_row(str(p.pid), _t(p.path), str(p.instances), fmt_bytes(p.start_live_median_bytes),
-                      fmt_bytes(p.rise_median_bytes), fmt_bytes(p.rise_max_bytes), _signed(p.net_median_bytes), spread)
+                      fmt_bytes(p.rise_median_bytes), fmt_bytes(p.rise_max_bytes), fmt_signed_bytes(p.net_median_bytes),
+                      spread)
     table.caption = "rise: of the peak inside above the start; change: at the end"
     return table
 
@@ -399,13 +401,9 @@ def _spikes_table(analysis: Analysis, top: int) -> Sheet:
     shown = sorted(analysis.spikes, key=lambda s: -s.rise_bytes)[:top]
     for spike, at in zip(shown, fmt_times([s.peak_ns for s in shown])):
         made = spike.sites[0].site if spike.sites else ", ".join(spike.apis)
-        table.add_row(str(spike.pid), at, _signed(spike.rise_bytes), _t(spike.nvtx_path or "-"), _t(made or "-"),
-                      fmt_bytes(spike.freed_after_bytes) if spike.freed_after_bytes else "-")
+        table.add_row(str(spike.pid), at, fmt_signed_bytes(spike.rise_bytes), _t(spike.nvtx_path or "-"),
+                      _t(made or "-"), fmt_bytes(spike.freed_after_bytes) if spike.freed_after_bytes else "-")
     return table
-
-
-def _signed(n: int) -> str:
-    return ("+" if n > 0 else "") + fmt_bytes(n)
 
 
 def _diagnostics(analysis: Analysis) -> Group:
