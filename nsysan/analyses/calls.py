@@ -131,11 +131,6 @@ class CallOutcomes:
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def failed_call_rows(calls: pd.DataFrame) -> pd.DataFrame:
-    """CallOutcomes.failed of the calls frame."""
-    return call_outcomes(calls).failed
-
-
 def call_outcomes(calls: pd.DataFrame) -> CallOutcomes:
     """CallOutcomes of the calls frame, as one chunk."""
     outcomes = CallOutcomes(list(calls["api"].cat.categories), list(calls["family"].cat.categories))

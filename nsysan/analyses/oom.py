@@ -59,7 +59,7 @@ def gave_up_inside(release: CacheRelease, opened: list[str]) -> bool:
 def failures_and_probes(failed: pd.DataFrame, ranges: pd.DataFrame, retry: np.ndarray, number: np.ndarray,
                         failure: Callable[..., OomFailure]) -> tuple[list[OomFailure], list[Probe]]:
     """The out-of-memory failures (the first MAX_FAILURES) and the probes among the failed calls
-    (calls.failed_call_rows), with each one's retry and number (retries_and_numbers);
+    (calls.CallOutcomes.failed), with each one's retry and number (retries_and_numbers);
     `failure(i, pid, tid, api, ts, code, nvtx_path, retried, number)` makes the i-th failure."""
     if failed.empty:
         return [], []
@@ -109,7 +109,7 @@ def retries_and_numbers(chunks: Iterable[dict], api_names: Sequence[str],
 
 
 def oom_calls(failed: pd.DataFrame) -> list[tuple[int, int, int]]:
-    """(pid, tid, time) of the failed calls (calls.failed_call_rows) that ran out of memory, the
+    """(pid, tid, time) of the failed calls (calls.CallOutcomes.failed) that ran out of memory, the
     first MAX_FAILURES: the failures listed, whose devices FailureDevices finds."""
     if failed.empty:
         return []

@@ -78,7 +78,8 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     fed = flow.feed(lambda: _Both(FirstLook(), also[0],
                                   Engine([GroupSums(), TimelineSeries(), Explorable(), NeverFreed(), LargestAllocations(),
                                           StepWindows(), ByteClassSums(), Spikes(), more["pool_uses"], RangeSums(),
-                                          peak_look, CutShortSums(), BigBlocks(), EventSpan(), *looks.reducers, *reducers], Facts(flow.kinds, gpu_of, more))),
+                                          peak_look, CutShortSums(), BigBlocks(), EventSpan(), *looks.reducers,
+                                          *reducers], Facts(flow.kinds, gpu_of, more))),
                      keep=True)
     first, engine = fed.main, fed.engine
     first.largest, first.allocations = engine.so_far("largest")  # for the second look (its free times)

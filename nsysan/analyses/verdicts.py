@@ -42,8 +42,8 @@ class Verdicts:
     replaces: set[str]  # codes of generic diagnostics these verdicts replace
 
 
-def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutcomes, ranges: pd.DataFrame, peaks: list[Peak],
-                  groups: list[GroupSummary], gpu_of: Callable[[int, int], Optional[int]],
+def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutcomes, ranges: pd.DataFrame,
+                  peaks: list[Peak], groups: list[GroupSummary], gpu_of: Callable[[int, int], Optional[int]],
                   total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: Callable,
                   process_names: dict[int, str], label: Callable[[int], str], end_ns: int,
                   duration_ns: Optional[int], quick: bool = False,
@@ -51,12 +51,15 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutco
                   load_notes: Sequence[Callable[[], str]], big_blocks: pd.DataFrame, live: dict) -> Verdicts:
     """The verdicts of the whole frame: its reducers (VerdictLooks') over it as one batch, its peaks
     known before. `quick`: the events have no API names or threads (analyze --quick), which telling
-    an allocator's segments from library workspaces needs: no allocator verdicts then; `batches`: the
-    events as one batch (engine.frame_batch), when made already (or as pieces of it); `load_notes`: each peak's
-    peak.module_load_note, for a peak reached by a module load; `big_blocks`: BigBlocks' answer;
+    an allocator's segments from library workspaces needs: no allocator verdicts then; `batches`:
+    the events as one batch (engine.frame_batch), when made already (or as pieces of it);
+    `load_notes`: each peak's peak.module_load_note, for a peak reached by a module load;
+    `big_blocks`: BigBlocks' answer;
     `live`: the allocations never freed (engine.frame_live); `outcomes`: call_outcomes of the calls."""
-    looks = VerdictLooks(outcomes, lambda: ((chunk for chunk, _ in frame_chunks(calls, len(calls))),
-                                            list(calls["api"].cat.categories)), None if quick else list(events["api"].cat.categories), ranges,
+    def read_calls() -> tuple[Iterable[dict], list[str]]:  # the calls frame as one chunk
+        return (chunk for chunk, _ in frame_chunks(calls, len(calls))), list(calls["api"].cat.categories)
+
+    looks = VerdictLooks(outcomes, read_calls, None if quick else list(events["api"].cat.categories), ranges,
                          gpu_of, total_memory, process_names, duration_ns, lambda: big_blocks,
                          {"allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]})
     preallocations = find_preallocations(events.iloc[looks.blocks()["seq"].to_numpy()], ranges, gpu_of, total_memory,
@@ -95,7 +98,8 @@ class VerdictLooks:
         self.xla = frozenset(xla_pids(ranges))  # XLA's allocator is never PyTorch's
         self.open_by_pid = _open_ranges(ranges, duration_ns or OPEN_END_NS)
         self._blocks: Optional[pd.DataFrame] = None
-        more.update(api_names=api_names, oom_calls=oom_calls(self.failed), oom_moments=self._moments, allocator_blocks={})
+        more.update(api_names=api_names, oom_calls=oom_calls(self.failed), oom_moments=self._moments,
+                    allocator_blocks={})
 
     def blocks(self) -> pd.DataFrame:
         """The preallocated blocks' rows (preallocated), made once the big blocks are known, with
@@ -156,10 +160,11 @@ class VerdictLooks:
             allocator_ooms.append(AllocatorOom(release=release, open_ranges=self.open_by_pid.get(release.pid, []),
                                                live_count=moment.count, live_at_release=allocations(
                                                    moment.largest, self.live_sets.free_ts, moment)))
-        oom = OutOfMemory(failures=failures, failed_count=self.outcomes.out_of_memory, probes=probes, allocator_ooms=allocator_ooms,
-                          cache_flushes=flushes, cut_short=cut_short)
+        oom = OutOfMemory(failures=failures, failed_count=self.outcomes.out_of_memory, probes=probes,
+                          allocator_ooms=allocator_ooms, cache_flushes=flushes, cut_short=cut_short)
         diagnostics = (_oom_diagnostics(oom, label) + _reserved_diagnostics(allocators, preallocations)
-                       + vmm_without_access(dict(sorted(self.outcomes.created_by_pid.items())), self.maps.finish({}), label))
+                       + vmm_without_access(dict(sorted(self.outcomes.created_by_pid.items())), self.maps.finish({}),
+                                            label))
         return Verdicts(oom=oom, reserved=ReservedMemory(allocators=allocators, preallocations=preallocations,
                                                         pools=pools),
                         caps=memory_caps(groups, self.total_memory, verdict_caps(preallocations, oom)), peaks=peaks,
