@@ -20,7 +20,6 @@ from .memory import (Allocation, AllocationGroup, ApiCallStat, Band, CallSite, F
                      NvtxSpan, Peak, RangeFamily, RangeStat, Series, Site, Stack, StackBytes, Timeline, TraceEnd)
 from .oom import AllocatorOom, AllocatorUse, CacheRelease, CutShort, EndedInside, FatalOom, LoggedOom, OomFailure, \
     OutOfMemory, Preallocation, PoolUse, Probe, ReservedMemory, SizeCount
-from .plain import _from_plain, _Malformed, _to_plain, from_document
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, Step, StepSeries
 from .tables import RAW, Tables
 
@@ -43,15 +42,3 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_CHECK_NAMES, *_COMPARE_NAMES})
-
-
-__all__ = ["Allocation", "AllocationGroup", "AllocatorOom", "AllocatorUse", "Analysis", "Answer", "ApiCallStat",
-           "Band", "CHECK_SCHEMA_ID", "COMPARE_SCHEMA_ID", "CacheRelease", "CallSite", "Capture", "CaptureNote",
-           "Change", "Comparison", "CutShort", "DIAGNOSTIC_CODES", "Diagnostic", "EXIT_CODES", "EndedInside",
-           "FailedCall", "FatalOom", "Frame", "GPU_RESIDENT_KINDS", "Gpu", "GroupSummary", "Growth", "Holder",
-           "KINDS", "LIVE_AT_START", "LoggedOom", "MemoryCap", "NvtxSpan", "OomFailure", "OutOfMemory", "Outcome",
-           "Peak", "Phase", "PoolUse", "Preallocation", "Probe", "Process", "ProcessDelta", "ProcessRow", "RAW",
-           "RangeDelta", "RangeFamily", "RangeStat", "ReservedMemory", "RunRef", "SCHEMA_ID", "SEVERITIES", "Series",
-           "Site", "SiteDelta", "SizeCount", "SmiOverlay", "Source", "Spike", "Stack", "StackBytes", "Step",
-           "StepSeries", "TRUST_BREAKING", "Tables", "Timeline", "TraceEnd", "Verdict", "from_document", "_Malformed",
-           "_from_plain", "_to_plain"]
