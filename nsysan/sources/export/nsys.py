@@ -113,17 +113,20 @@ def nsys_version(nsys: Path) -> str:
     return _VERSIONS[nsys]
 
 
+def _output_of(nsys: Path, *arguments: str) -> str:
+    """What `nsys ARGUMENTS` prints, stdout then stderr; OSError or TimeoutExpired when it can't run."""
+    done = subprocess.run([str(nsys), *arguments], stdin=subprocess.DEVNULL, capture_output=True,
+                          timeout=_VERSION_TIMEOUT_S, check=False)
+    return done.stdout.decode("utf-8", "replace") + done.stderr.decode("utf-8", "replace")
+
+
 def _ask_version(nsys: Path) -> str:
     try:
-        done = subprocess.run(
-            [str(nsys), "--version"], stdin=subprocess.DEVNULL, capture_output=True,
-            timeout=_VERSION_TIMEOUT_S, check=False,
-        )
+        text = _output_of(nsys, "--version")
     except (OSError, subprocess.TimeoutExpired) as err:
         raise NsysanError(
             f"could not run `{nsys} --version` ({err}); check --nsys / NSYSAN_NSYS"
         ) from err
-    text = done.stdout.decode("utf-8", "replace") + done.stderr.decode("utf-8", "replace")
     # "NVIDIA Nsight Systems version 2022.4.2.1-df9881f"
     match = re.search(r"version\s+(\d{4}\.\d+\.\d+(?:\.\d+)?)", text)
     if match is None:
@@ -146,13 +149,9 @@ def export_options(nsys: Path) -> frozenset[str]:
 
 def _ask_export_options(nsys: Path) -> frozenset[str]:
     try:
-        done = subprocess.run(
-            [str(nsys), "export", "--help"], stdin=subprocess.DEVNULL, capture_output=True,
-            timeout=_VERSION_TIMEOUT_S, check=False,
-        )
+        text = _output_of(nsys, "export", "--help")
     except (OSError, subprocess.TimeoutExpired):
         return frozenset()
-    text = done.stdout.decode("utf-8", "replace") + done.stderr.decode("utf-8", "replace")
     return frozenset(re.findall(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)", text))
 
 
