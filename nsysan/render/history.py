@@ -54,11 +54,11 @@ def _cell(run: HistoryRun, metric: str, changed: bool) -> str:
 
 
 def render_history_html(h: History) -> str:
-    from .html import _environment, _sha256
+    from .html import _environment, content_security_policy
 
     env = _environment()
     style = env.get_template("history.css.j2").render()
-    csp = "; ".join(["default-src 'none'", f"style-src '{_sha256(style)}'", "base-uri 'none'", "form-action 'none'"])
+    csp = content_security_policy(style, images=False)
     charts = [_chart(h, metric, name) for metric, name in METRICS if any(getattr(r, metric) is not None for r in h.runs)]
     return env.get_template("history.html.j2").render(h=h, csp=csp, style=Markup(style), charts=charts, metrics=METRICS,
                                                       fmt_bytes=fmt_bytes)

@@ -104,11 +104,13 @@ def range_rows(analysis: Analysis) -> list[RangeStat | RangeFamily]:
                   key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0))
 
 
-def content_security_policy(style: str, script: str) -> str:
+def content_security_policy(style: str, script: Optional[str] = None, images: bool = True) -> str:
     """The pages' policy: nothing loads from anywhere; the one inline style and the one inline
-    script run only by their SHA-256."""
-    return "; ".join(["default-src 'none'", "img-src data:", f"style-src '{_sha256(style)}'",
-                      f"script-src '{_sha256(script)}'", "base-uri 'none'", "form-action 'none'"])
+    script (if any) run only by their SHA-256; `images`: data: URIs may be shown."""
+    allowed = ["default-src 'none'", *(["img-src data:"] if images else []), f"style-src '{_sha256(style)}'",
+               *([f"script-src '{_sha256(script)}'"] if script is not None else []), "base-uri 'none'",
+               "form-action 'none'"]
+    return "; ".join(allowed)
 
 
 def _one_per_group(allocations: list[Allocation]) -> list[AllocationGroup]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the command line imports this module before its export starts, the model beside it
@@ -84,8 +85,6 @@ def render_baseline(analysis: Analysis) -> str:
     and the other lists a report page draws; scope "baseline". About a tenth of the whole document
     (21 kB of the whole document for torch_clean_v25), keys sorted, indented:
     a refreshed baseline reads as a diff of the numbers that moved."""
-    from dataclasses import replace
-
     from ..model.hidden import CudaGraphs, HiddenMemory
 
     timeline = analysis.timeline
@@ -107,6 +106,4 @@ def render_baseline(analysis: Analysis) -> str:
 
 
 def _bare_peak(peak: Any) -> Any:
-    from dataclasses import replace
-
     return replace(peak, live_at_peak=[], made_of=[], live_groups=[], live_stacks=[])
