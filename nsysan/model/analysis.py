@@ -16,11 +16,11 @@ from .memory import Allocation, AllocationGroup, ApiCallStat, FailedCall, GroupS
 from .oom import OutOfMemory, ReservedMemory
 from .plain import _to_plain, from_document
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, StepSeries, WhatIf
-from .tables import RAW
+from .tables import RAW, Tables
 
 
 @dataclass(frozen=True)
-class Analysis:
+class Analysis(Tables):
     """Everything nsysan found in one report: what `nsysan.analyze()` returns.
 
     Each list is a table; `frame(name)` gives it as a pandas DataFrame whose columns are the
@@ -147,7 +147,7 @@ class Analysis:
         {'alloc': 1365221376, 'free': 1212153856}
         """
         from ..errors import NsysanError
-        from .dataframes import RAW_FRAMES, table_frame
+        from .dataframes import RAW_FRAMES
 
         if name in RAW_FRAMES:
             raw = getattr(self, name)
@@ -155,18 +155,7 @@ class Analysis:
                 raise NsysanError(f"the {name} frame is read from the export and is not in an analysis "
                                   "JSON; analyze the report itself to have it")
             return raw
-        return table_frame(self, name)
-
-    @classmethod
-    def frame_names(cls) -> list[str]:
-        """The names `frame()` takes for the result tables (the raw frames come on top).
-
-        >>> {"sites", "never_freed", "live_at_peak", "timeline"} <= set(Analysis.frame_names())
-        True
-        """
-        from .dataframes import table_names
-
-        return table_names(cls)
+        return super().frame(name)
 
     def _repr_html_(self) -> Optional[str]:
         """The report page in a sandboxed frame, for a notebook cell: the view the package gives

@@ -1,4 +1,4 @@
-"""The tables of a result model: `frame(name)` for models other than `Analysis`, and the
+"""The tables of a result model: `frame(name)` and `frame_names()`, and the
 metadata marking the frames read from the export (kept on the object, never serialized)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ RAW = {"raw": True}
 
 
 class Tables:
-    """`frame(name)` and `frame_names()` for a result model other than `Analysis` (a
-    `Comparison`, a check `Verdict`): each list in it as a pandas DataFrame (see nsysan.model.dataframes).
+    """`frame(name)` and `frame_names()` of a result model (an `Analysis`, a `Comparison`, a check
+    `Verdict`): each list in it as a pandas DataFrame (see nsysan.model.dataframes).
 
     >>> import nsysan
     >>> comparison = nsysan.compare("fixtures/torch_clean_v25.sqlite", "fixtures/torch_leak_v25.sqlite")
