@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nsysan
-from nsysan.analyses.allocations import to_allocations
+from nsysan.analyses.allocations import FreeTimes, to_allocations
 from nsysan.analyses.allocator import AllocatorSums
 from nsysan.analyses.capture import EventSpan
 from nsysan.analyses.byte_classes import ByteClassSums, byte_classes, step_phases
@@ -29,7 +29,7 @@ from nsysan.analyses.verdicts import AccessMaps
 from nsysan.analyses.diagnostics import VmmEvents, xla_pids
 from nsysan.analyses.iterations import iteration_pids
 from nsysan.analyses import pools
-from nsysan.analyses.peak import Peaks
+from nsysan.analyses.peak import LIVE_AT_PEAK, Peaks
 from nsysan.analyses.pools import PoolUses
 from nsysan.analyses.preallocations import BigBlocks, find_preallocations, preallocated
 from nsysan.analyses.spikes import DEFAULT_WINDOW_NS, Spikes
@@ -465,6 +465,41 @@ def test_peaks_do_not_depend_on_where_the_batches_are_cut(data):
     name = data.draw(st.sampled_from(PEAKS))
     bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
     assert the_document_s(peaks_answer(name, bounds), name)
+
+
+def free_times(name: str, bounds=()) -> tuple[dict, list]:
+    """FreeTimes' answer over the fixture's events cut before `bounds`, with the largest
+    allocations and the peaks it looks after (and the pools the peaks take their changes from):
+    the free times, and the seqs of the largest and of each peak's LIVE_AT_PEAK largest live."""
+    usage, lifecycle = pool_rows(name)
+    events = frame(name).events
+    gpus = {(g.pid, g.device): g.gpu for g in frame(name).groups}
+    pool_uses, largest, peaks = PoolUses(), LargestAllocations(), Peaks()
+    facts = Facts(list(events["kind"].cat.categories), lambda pid, device: gpus.get((pid, device)),
+                  {"pool_events": lifecycle, "pool_uses": pool_uses})
+    answered = Engine([FreeTimes(largest, peaks), peaks, largest, pool_uses], facts).run(
+        pieces(frame_batch(events, pools=usage), sorted(set(bounds))), frame_live(events))
+    listed = [answered["largest"][0]["seq"].tolist()] + [
+        s.live_set.sort_values("bytes", ascending=False, kind="stable")["seq"].head(LIVE_AT_PEAK).tolist()
+        for s in answered["peaks"] if s.best_seq >= 0]
+    return answered["free_times"], listed
+
+
+@pytest.mark.parametrize("name, rows", [(name, 41 if name in ("ddp_leak_v25", "torch_async_v25") else 3)
+                                        for name in PEAKS])
+def test_free_times_are_the_same_on_one_batch_k_batches_and_3_row_batches(name, rows):
+    """The free times of the listed allocations are the frame's pairing (each freed at its
+    partner's time), as the document lists them (the largest, and those live at each peak)."""
+    analysis = frame(name)
+    whole, listed = free_times(name)
+    partner, ts = analysis.events["partner"].to_numpy(), analysis.events["ts_ns"].to_numpy()
+    freed = [seq for seqs in listed for seq in seqs if partner[seq] >= 0]
+    assert whole == {seq: ts[partner[seq]] for seq in freed}
+    documented = [analysis.timeline.allocations] + [p.live_at_peak for p in analysis.peaks]
+    assert [[whole.get(seq) for seq in seqs] for seqs in listed] == \
+        [[a.free_time_ns for a in allocations] for allocations in documented]
+    for bounds in cuts(len(ts), rows):
+        assert free_times(name, bounds) == (whole, listed)
 
 
 def same_changes(one: dict, other: dict) -> bool:

@@ -234,10 +234,11 @@ class AllocatorSums(Reducer):
     block) and `allocator_peaks`: (pid, device, time) of each process's peak, a list when they
     are known before the events (the whole frame's: then the sums are made on the first look, the
     only one), a callable giving them so far when they are raised as the events flow (the
-    streamed second look's: then the sums wait for the second look)."""
+    streamed second look's: then the sums wait for the second look, and look at a batch after
+    the peaks' look at it: `peaks`)."""
 
     field = "allocators"
-    needs = ("api_names", "allocator_blocks", "allocator_peaks")
+    needs = ("api_names", "allocator_blocks", "allocator_peaks", "peaks")
     second_look = True
 
     def start(self, facts) -> None:

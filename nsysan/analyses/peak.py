@@ -100,19 +100,14 @@ class Peaks(Reducer):
         if self.pools is not None:  # the reserve changes the peaks take
             self.pools.watch({int(m) for s in self.series for m in s.members.tolist()})
         self.closed: list = []  # allocations closed in earlier batches (never freed: their address was taken)
-        self.last = None
 
     def again(self, b: EventBatch) -> None:
-        if b is self.last:  # once a batch: the streamed sites ask for it before the engine's turn
-            return
-        self.last = b
         if len(b):
             self._peaks(b)
         if len(b.closed.get("seq", [])):
             self.closed.append(pd.DataFrame(b.closed))
 
     def finish(self, live: dict) -> list[PeakSeries]:
-        self.last = None
         return self.series
 
     def _peaks(self, b: EventBatch) -> None:

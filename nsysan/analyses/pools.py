@@ -77,7 +77,7 @@ class PoolUses(Reducer):
             self._sum(self._points(None))
             self.looked = True
         size = len(self.index)
-        self.taken, self.changes, self.kept, self.last = 0, {}, [], None  # kept: the points kept, batch by batch
+        self.taken, self.changes, self.kept = 0, {}, []  # kept: the points kept, batch by batch
         self.seen, self.used, self.unused = (np.zeros(size, "int64") for _ in range(3))
         # whose unused reserve counts in the peaks: a pool that never handed anything out does not
         # (whether the driver backed its size is not visible), nor one whose size was not recorded
@@ -85,12 +85,9 @@ class PoolUses(Reducer):
         self.counted = (self.sums["peak_used"] > 0) & (self.sums["peak_reserved"] > 0)
 
     def again(self, b: EventBatch) -> None:
-        if b is not self.last:  # once a batch: the streamed peaks ask for it before the engine's turn
-            self.last = b
-            self._series(self._points(b))
+        self._series(self._points(b))
 
     def finish(self, live: dict) -> list[PoolUse]:
-        self.last = None
         self._series(self._points(None))
         return self._uses()
 

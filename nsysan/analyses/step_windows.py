@@ -67,11 +67,12 @@ def found_steps(ranges: pd.DataFrame, threads: np.ndarray, step_range: Optional[
 class StepWindows(Reducer):
     """The windows of the steps and phases on each (process, device) series, and the allocations
     never freed of the processes with steps (see the module's docstring). Needs the facts'
-    `found_steps` (FoundSteps; none: no steps and no phases, the series alone are found). Its
+    `found_steps` (FoundSteps; none: no steps and no phases, the series alone are found) and the
+    batches' `labels` (their sites and NVTX ranges, read on the second look). Its
     answer: itself, whose `answers()` are the steps, phases and growth verdicts."""
 
     field = "steps"
-    needs = ("found_steps",)
+    needs = ("found_steps", "labels")
     second_look = True
 
     def start(self, facts) -> None:

@@ -1,25 +1,14 @@
-"""The `--quick` analyses over a flow of time-ordered event batches, in bounded memory.
-
-What `run_analyses` finds over the whole events frame, found from running sums instead: the flow
-of events (events/stream.py) is read twice. The first look sums per (process, device, kind)
-group and per process (this module, with the running sums and keyed columns both looks use);
-the second (streamed_second.py), knowing every group's span, fills in what lies after a moment
-(the engine's reducers: the timeline, the peaks with what was live there, ...). Only the live
-allocations, the aggregates and the kept points stay in memory.
-analyses.md says what is exact (all of it).
-"""
+"""What the streamed analyses share: the flow's codes of the GPU-resident and static kinds, and
+keyed columns that grow as keys come."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 import pandas as pd
 
-from ..events.stream import EventBatch, no_rows
 from ..model import GPU_RESIDENT_KINDS, KINDS
-from .capture import Span
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]
 STATIC = KINDS.index("static")
@@ -53,19 +42,3 @@ class Keyed:
 
     def keys(self) -> list[int]:
         return list(self.index)
-
-
-@dataclass
-class FirstLook:
-    """What one pass over the events sums up (see the module's docstring)."""
-
-    span: Optional[Span] = None  # capture.EventSpan's answer
-    # the largest allocations and how many there were (explore.LargestAllocations' answer), set
-    # once this look is done, for the second look and the consumers after it
-    allocations: int = 0
-    largest: pd.DataFrame = field(default_factory=lambda: no_rows())
-    big_blocks: pd.DataFrame = field(default_factory=lambda: no_rows())  # preallocations.BigBlocks' answer
-
-    def add(self, b: EventBatch) -> None:
-        pass
-

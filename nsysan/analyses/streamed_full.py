@@ -91,7 +91,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)
     # AllocatorSums' peaks: each process's so far, raised on the second look (its sums wait for them)
-    more["allocator_peaks"] = lambda: [(s.pid, s.device, s.best_ts) for s in looks["look"].peaks
+    more["allocator_peaks"] = lambda: [(s.pid, s.device, s.best_ts) for s in looks["look"].series
                                        if s.pid is not None and s.best_seq >= 0] if "look" in looks else []
     verdict_looks = VerdictLooks(outcomes, lambda: ((real for _, real, _ in calls.read()), calls.api_names),
                                  calls.api_names, ranges, gpu_of, total_memory, schema.process_names,
@@ -99,19 +99,22 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
 
     span = _span(calls, ranges)
 
-    def first(look) -> CallChains:
+    def first() -> CallChains:
         looks["first"] = CallChains()
         return looks["first"]
 
-    def second(look) -> SiteSums:
-        found, span = looks["first"], look.first.span
-        looks["second"] = SiteSums(conn, schema, found.wanted_chains(), calls.spans,
+    def second(engine) -> SiteSums:
+        """The second look's labelling of each batch (SiteSums), once the `engine` has looked at
+        every batch once: for the engine's second look (the sites', spikes', ranges table's), and
+        the verdicts' consumers (its watchers)."""
+        span, blocks = engine.so_far("event_span"), engine.so_far("big_blocks")
+        peaks = engine.reducer("peaks")
+        looks["second"] = SiteSums(conn, schema, looks["first"].wanted_chains(), calls.spans,
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
-                                   listed=_listed(look.first), look=look,
+                                   listed=_listed(engine.so_far("largest")[0], blocks), look=peaks,
                                    times=(span.first_ts, span.last_ts) if span.first_ts is not None else None)
-        looks["look"] = look
+        looks["look"] = peaks
         looks["second"].watchers.append(LiveSetInfo(verdict_looks.live_sets, looks["second"]))
-        # SiteSums labels the batches for the engine's second look (the spikes', the ranges table's)
         return looks["second"]
 
     described = Described(looks, flow, ranges)
@@ -255,10 +258,9 @@ def _nvtx_path(pid: int, tid: int, ts: int, ranges: pd.DataFrame) -> str:
     return str(np.asarray(attribute_ranges(pd.DataFrame({"pid": [pid], "tid": [tid], "ts_ns": [ts]}), ranges)[1])[0])
 
 
-def _listed(first) -> np.ndarray:
+def _listed(largest: pd.DataFrame, big_blocks: pd.DataFrame) -> np.ndarray:
     """The allocations run_streamed lists whether freed or not: the largest, the big blocks."""
-    parts = [first.largest, first.big_blocks]
-    return np.concatenate([p["seq"].to_numpy() for p in parts if not p.empty] or [np.zeros(0, "int64")])
+    return np.concatenate([largest["seq"].to_numpy(), big_blocks["seq"].to_numpy()])
 
 
 def _span(calls: MemoryCalls, ranges: pd.DataFrame) -> tuple:

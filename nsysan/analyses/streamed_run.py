@@ -1,5 +1,5 @@
-"""`run_streamed`: the `--quick` Analysis from two looks at the flow of event batches (streamed.py,
-streamed_second.py), the same document `run_analyses` makes from the whole events frame."""
+"""`run_streamed`: the `--quick` Analysis from the engine's two looks at the flow of event batches,
+the same document `run_analyses` makes from the whole events frame."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pandas as pd
 from ..events.columns import empty_ranges
 from ..events.load import QUICK_API
 from ..events.read_pools import read_pool_events
-from ..engine import Engine, Facts, Labels
+from ..engine import Engine, Facts, Labels, Reducer
 from ..events.stream import EventFlow
 from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, Peak, Source, Timeline
 from ..sources.schema import Schema
@@ -24,6 +24,7 @@ from .calls import CallOutcomes
 from .diagnostics import capture_diagnostics
 from .explore import Explorable, LargestAllocations, allocation_groups
 from .oom import CutShortSums
+from .allocations import FreeTimes
 from .peak import Peaks, PeakSeries, headline, module_load_note, peak_of
 from .ranks import assign_ranks
 from .preallocations import BigBlocks, find_preallocations
@@ -38,9 +39,7 @@ from .sites import call_site
 from .spikes import Spikes
 from .stacks import stack_bytes
 from .steps import step_diagnostics
-from .streamed import FirstLook
-from ..events.stream import no_rows
-from .streamed_second import SecondLook
+from ..events.stream import EventBatch, no_rows
 from .verdicts import VerdictLooks, with_note
 
 
@@ -52,9 +51,10 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     """The quick analysis of the export behind `conn`, its events read twice in batches.
 
     For the streamed full analysis (streamed_full.py): `flow` joins the batches to their calls,
-    `answers`, when given, is filled with the engine's
-    answers by field (nsysan/engine); `also` makes (given this module's consumer) a consumer fed each batch of the first and of the
-    second pass after this module's own, `span` widens the timeline to the calls' and ranges'
+    `answers`, when given, is filled with the engine's answers by field (nsysan/engine); `also`:
+    what makes a consumer fed each batch of the first look before the engine (`also[0]()`) and
+    one that labels each batch of the second look (`also[1](engine)`, made between the looks;
+    the engine orders it after the peaks and before the reducers that need `labels`), `span` widens the timeline to the calls' and ranges'
     times, and `described` tells what the calls say of listed allocations: `allocations(rows,
     free_ts, peak)` (rows: seq, ts, pid, device, kind, address, bytes; `peak`: a PeakSeries whose
     live allocations they are), `frame(rows, peak)` (_mini with their threads, API names, sites
@@ -71,41 +71,40 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     more.update(spike_window_ns=spike_window_ns, end_ns=max([0, schema.duration_ns or 0, *span[1:]]),
                 pool_events=read_pool_events(conn, schema))
     more.setdefault("labels", Labels)
-    peak_look, more["pool_uses"] = Peaks(), PoolUses()
+    peak_look, largest, more["pool_uses"] = Peaks(), LargestAllocations(), PoolUses()
     looks = verdict_looks or VerdictLooks(CallOutcomes([], []), lambda: ((), ()), None, empty_ranges(), gpu_of,
                                           total_memory, schema.process_names, schema.duration_ns,
-                                          lambda: first.big_blocks, more)
-    fed = flow.feed(lambda: _Both(FirstLook(), also[0],
-                                  Engine([GroupSums(), TimelineSeries(), Explorable(), NeverFreed(), LargestAllocations(),
-                                          StepWindows(), ByteClassSums(), Spikes(), more["pool_uses"], RangeSums(),
-                                          peak_look, CutShortSums(), BigBlocks(), EventSpan(), *looks.reducers,
-                                          *reducers], Facts(flow.kinds, gpu_of, more))),
-                     keep=True)
-    first, engine = fed.main, fed.engine
-    first.largest, first.allocations = engine.so_far("largest")  # for the second look (its free times)
-    first.big_blocks = engine.so_far("big_blocks")  # (the full analysis's AllocatorSums needs them on its second look)
-    if answers is not None:
-        answers["big_blocks"] = first.big_blocks
+                                          lambda: engine.so_far("big_blocks"), more)
+    later = [_Labelling(lambda: also[1](engine))] if also[1] is not None else []  # made once the engine has looked
+    fed = flow.feed(lambda: _First(also[0], Engine(
+        [GroupSums(), TimelineSeries(), Explorable(), NeverFreed(), largest, StepWindows(), ByteClassSums(), Spikes(),
+         more["pool_uses"], RangeSums(), peak_look, CutShortSums(), BigBlocks(), EventSpan(),
+         FreeTimes(largest, peak_look), *later, *looks.reducers, *reducers], Facts(flow.kinds, gpu_of, more))),
+        keep=True)
+    engine = fed.engine
+    if answers is not None:  # (the full analysis's AllocatorSums needs them on its second look)
+        answers["big_blocks"] = engine.so_far("big_blocks")
     notes = list(flow.diagnostics)
     described = described or _Undescribed(flow.kinds)
-    first.span = events = engine.so_far("event_span")
+    events = engine.so_far("event_span")
     start_ns = min([0, *span[:1]] + ([events.first_ts] if events.first_ts is not None else []))
     end_ns = max([0, schema.duration_ns or 0, *span[1:]]
                  + ([events.last_finite_ts] if events.last_finite_ts is not None else []))
 
-    def second_look() -> _Both:
+    def second_look() -> _Again:
         engine.between()  # (again, should the pass start over)
-        return _Both(SecondLook(first=first, peak_look=peak_look, pools=more["pool_uses"]),
-                     also[1], engine, again=True)
+        return _Again(engine)
 
-    second = flow.replay(second_look).main
+    flow.replay(second_look)
     answered = engine.finish(flow.live)
     if answers is not None:
         answers.update(answered)
     pools = answered["pools"]
     kinds = flow.kinds
     groups = answered["groups"]
-    peaks = [_peak(p, second, kinds, total_memory, described) for p in second.peaks if p.best_seq >= 0]
+    series = [s for s in answered["peaks"] if s.best_seq >= 0]
+    free_ts = answered["free_times"]
+    peaks = [_peak(s, free_ts, kinds, total_memory, described) for s in series]
     capture = capture_facts(schema, groups, np.zeros(0, "int64"), report_version, schema.has_nvtx_table)
     capture = dataclasses.replace(capture, processes=assign_ranks(capture.processes, groups, schema.rank_environment,
                                                                   schema.launched_pids))
@@ -117,7 +116,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     preallocations = find_preallocations(described.frame(looks.blocks()), described.ranges, gpu_of, total_memory,
                                          label)
     peaks = [with_note(p, preallocations, lambda s=s: module_load_note(s, described.own_api(s)))
-             for p, s in zip(peaks, [s for s in second.peaks if s.best_seq >= 0])]
+             for p, s in zip(peaks, series)]
     verdicts = looks.verdicts(peaks, groups, pools or [], preallocations,
                               answered["cut_short"].judged(looks.open_by_pid, end_ns), described.allocations, label)
     if answers is not None:
@@ -127,8 +126,9 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     leaked = described.frame(leaks)
     timeline = answered["explorable"].timeline(
         Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=answered["timeline"]), [])
-    largest = described.allocations(first.largest, second.free_ts)
-    timeline = dataclasses.replace(timeline, allocations=largest, allocations_total=first.allocations)
+    largest, allocations_total = answered["largest"]
+    timeline = dataclasses.replace(timeline, allocations=described.allocations(largest, free_ts),
+                                   allocations_total=allocations_total)
     diagnostics = list(schema.diagnostics) + notes + capture_diagnostics(
         schema, empty_ranges(), {}, groups, peaks, [], report_version, quick=True, pools=pools or [])
     step_notes = step_diagnostics(answered["steps"].series, [], False, True, step_range)
@@ -182,20 +182,52 @@ class _Undescribed:
         return None
 
 
-class _Both:
-    """Hands each batch to `main`, then to `also(main)`'s consumer (when there is one), then to
-    the `engine`'s reducers (when there are some; `again`: their second look)."""
+class _First:
+    """The first look at a batch: `also()`'s consumer (when there is one), then the `engine`'s."""
 
-    def __init__(self, main, also, engine: Optional[Engine] = None, again: bool = False) -> None:
-        self.main, self.also = main, also(main) if also is not None else None
-        self.engine, self.again = engine, again  # again: the engine's second look
+    def __init__(self, also, engine: Engine) -> None:
+        self.also, self.engine = also() if also is not None else None, engine
 
     def add(self, batch) -> None:
-        self.main.add(batch)
         if self.also is not None:
             self.also.add(batch)
-        if self.engine is not None:
-            (self.engine.again if self.again else self.engine.add)(batch)
+        self.engine.add(batch)
+
+
+class _Again:
+    """The second look at a batch: the `engine`'s."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def add(self, batch) -> None:
+        self.engine.again(batch)
+
+
+class _Labelling(Reducer):
+    """The second look's consumer that `make()` makes between the looks (the streamed full
+    analysis's streamed_sites.SiteSums): it labels each batch for the reducers that need `labels`
+    (engine.Labels), once the peaks have looked at it (it reads the live sets of the peaks raised
+    in it). Its answer: the consumer."""
+
+    field = "labels"
+    needs = ("peaks",)
+    second_look = True
+
+    def __init__(self, make) -> None:
+        self.make = make
+
+    def add(self, b: EventBatch) -> None:
+        pass
+
+    def between(self) -> None:
+        self.consumer = self.make()
+
+    def again(self, b: EventBatch) -> None:
+        self.consumer.add(b)
+
+    def finish(self, live: dict):
+        return self.consumer
 
 
 def _mini(rows: pd.DataFrame, kinds: list[str]) -> pd.DataFrame:
@@ -230,8 +262,8 @@ def _allocations(rows: pd.DataFrame, kinds: list[str], free_ts: dict) -> list[Al
 
 
 
-def _peak(series: PeakSeries, second: SecondLook, kinds: list[str], total_memory, described) -> Peak:
+def _peak(series: PeakSeries, free_ts: dict, kinds: list[str], total_memory, described) -> Peak:
     live = series.live_set
     event = described.peak_event(series) or ("(module load)" if kinds[series.best_kind] == "static" else QUICK_API, "")
     return peak_of(series, described.frame(live, series), np.arange(len(live)), event, total_memory(series.gpu),
-                   lambda at: described.allocations(live.iloc[at], second.free_ts, series), described.site_table)
+                   lambda at: described.allocations(live.iloc[at], free_ts, series), described.site_table)

@@ -75,7 +75,7 @@ class SiteSums:
         self.closed: list[dict] = []
         self.listed = np.unique(np.asarray(listed, "int64"))  # allocations listed whether freed or not
         self.kept: list[dict] = []
-        # at each peak of `look` (the second pass's SecondLook): its live allocations' ALLOCATION_INFO,
+        # at each peak of `look` (the flow's peak.Peaks): its live allocations' ALLOCATION_INFO,
         # and the API name and NVTX range of the event that reached it
         self.look, self.at_peak, self._seen, self._last_own = look, {}, {}, {}
         self.strings: dict[str, int] = {"": 0}
@@ -144,7 +144,7 @@ class SiteSums:
         API of the series' last own allocation then (peak.module_load_note)."""
         api = self._api_codes(b)
         resident, pairs = np.isin(b.kind, RESIDENT), pair_key(b.pid, b.device)
-        for peak in self.look.peaks:  # a few series, as peak.Peaks finds them
+        for peak in self.look.series:  # a few series, as peak.Peaks finds them
             rows = np.flatnonzero(resident & np.isin(pairs, peak.members))
             own = rows[(b.kind[rows] != STATIC) & (b.delta[rows] > 0)]
             if peak.best_seq >= 0 and peak.live_set is not self._seen.get(id(peak)):

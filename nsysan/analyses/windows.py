@@ -18,7 +18,7 @@ API (`Windows`):
   closed) takes an end past every event, e.g. np.iinfo("int64").max: an end at the capture's end
   is the same window, since no event lies beyond the capture's end.
 - `add(series, ts, live, values=None)`: one batch; per row its series key, time, the series'
-  live bytes right after the row (a running sum carried across batches, as FirstLook keeps them)
+  live bytes right after the row (a running sum carried across batches: groups.batch_series)
   and optionally a value to sum over the window (e.g. max(delta, 0): the bytes allocated). Rows
   of series without windows are skipped. Equal times may straddle batches. `add_series(key, ...)`:
   the rows of one series.
