@@ -148,8 +148,13 @@ class HowToAnalyze:
             # nsys exports while the analyses (pandas, pyarrow: 0.5-0.7 s of a start) are imported
             # beside it: analyze_report's checks before its export are the command's, done already,
             # but for --log's files (read first there, so a bad one fails before any export).
-            _import_in_background("nsysan.pipeline.stages", "nsysan.analyses.what_if", *renderers)
-            exported = analysis_export(report, nsys=self.nsys, cache_dir=self.cache_dir, progress=say)
+            # The imports start with nsys (the export's first progress): started before, they held
+            # the GIL that the report's hash, the cache's lock and nsys's start each waited for, up
+            # to 5 ms at a time (issue 31). An export found in the cache starts none: the analysis
+            # imports them at once.
+            exported = analysis_export(report, nsys=self.nsys, cache_dir=self.cache_dir,
+                                       progress=_importing_on_progress(say, "nsysan.pipeline.stages",
+                                                                       "nsysan.analyses.what_if", *renderers))
         from ..analyses.what_if import with_what_if
         from ..pipeline.stages import analyze_report
 
@@ -159,6 +164,19 @@ class HowToAnalyze:
                                   keep_events=False,  # the outputs never read the raw frames
                                   max_memory=self.max_memory, oom_logs=self.logs, exported=exported)
         return with_what_if(analysis, self.what_if_gpu) if self.what_if_gpu is not None else analysis
+
+
+def _importing_on_progress(say: "Progress", *modules: str) -> "Progress":
+    """`say`, which at its first call imports `modules` on a daemon thread (_import_in_background)."""
+    started = []
+
+    def progress(stage: str, fraction: float) -> None:
+        if not started:
+            started.append(True)
+            _import_in_background(*modules)
+        say(stage, fraction)
+
+    return progress
 
 
 def _import_in_background(*modules: str) -> None:

@@ -64,6 +64,12 @@ class _NsysOutput:
         self.last_fraction: float | None = None
         self.lines: deque[str] = deque(maxlen=_KEPT_OUTPUT_LINES)
 
+    def started(self) -> None:
+        """nsys runs: progress 0 (the command line imports the analyses from then on, issue 31)."""
+        if self._progress is not None:
+            self._progress(0.0)
+        self.last_fraction = 0.0
+
     def feed(self, chunk: bytes) -> None:
         *complete, self._pending = re.split(rb"[\r\n]", self._pending + chunk)
         for raw in complete:
@@ -110,6 +116,7 @@ def _run_nsys(command: list[str], output: _NsysOutput, timeout_s: float | None) 
         start_new_session=True, creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0),
     )
     try:
+        output.started()
         assert process.stdout is not None
         chunks = _pump(process.stdout.fileno())
         while True:
