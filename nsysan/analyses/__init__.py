@@ -17,7 +17,7 @@ import pandas as pd
 from ..events import LoadedEvents
 from ..events.stream import EventBatch
 from ..engine import Engine, Facts, frame_batch, frame_labels, frame_live
-from ..model import SCHEMA_ID, Analysis, Capture, Source, Timeline
+from ..model import SCHEMA_ID, Analysis, Source, Timeline
 from ..sources.schema import Schema
 from .allocations import to_allocations
 from .bounds import cut_long_strings
@@ -30,7 +30,6 @@ from .groups import GroupSums, frame_groups
 from .peak import Peaks, headline, module_load_note, peak_of
 from .pools import PoolUses
 from .preallocations import BigBlocks
-from .ranks import assign_ranks
 from .ranges import RangeSums, alloc_calls
 from .sites import SiteRanks
 from .stacks import referenced_stacks, stack_bytes
@@ -121,8 +120,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         timeline, explored = timeline_later.result()
         grouped = grouped.without_live()  # the running sums are read by nothing after the steps and timeline
         peaks, load_notes = peaks_later.result()
-        capture = _with_ranks(capture_facts(schema, groups, threads, report_version,
-                                            not ranges.empty or schema.has_nvtx_table), groups, schema)
+        capture = capture_facts(schema, groups, threads, report_version, not ranges.empty or schema.has_nvtx_table)
         labels = {p.pid: p.label for p in capture.processes}
         verdicts = find_verdicts(events, calls, outcomes, ranges, peaks, groups, gpu_of,
                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
@@ -235,11 +233,6 @@ def _steps(loaded: "LoadedEvents", whole: EventBatch, live: dict, grouped: Group
                       dataclasses.replace(facts, more=more)).run(
         [_sharing(whole, frame_groups(grouped, facts.kinds))], dict(live))
     return answered["steps"], answered["spikes"], answered["byte_classes"], answered["ranges"]
-
-
-def _with_ranks(capture: Capture, groups: list, schema: Schema) -> Capture:
-    processes = assign_ranks(capture.processes, groups, schema.rank_environment, schema.launched_pids)
-    return dataclasses.replace(capture, processes=processes)
 
 
 def _timeline(batch: EventBatch, facts: Facts, start_ns: int, end_ns: int) -> tuple[Timeline, Explored]:

@@ -15,13 +15,15 @@ from ..events.stream import EventBatch
 from ..model import Capture, GroupSummary, Process
 from ..sources.schema import Schema
 from .diagnostics import crash_rerun_command, flags_used
+from .ranks import assign_ranks
 
 
 def capture_facts(schema: Schema, groups: list[GroupSummary], thread_pairs: np.ndarray,
                   report_version: Optional[str], nvtx: bool) -> Capture:
     """The capture's facts, listing only the processes that made CUDA memory events (their
     devices: those of their groups, GroupSums') or memory calls (`thread_pairs`: pid << 24 | tid
-    of each thread with memory calls, steps.memory_threads); `nvtx`: NVTX ranges were traced."""
+    of each thread with memory calls, steps.memory_threads), with their ranks; `nvtx`: NVTX
+    ranges were traced."""
     devices: dict[int, set] = {}
     for group in groups:
         devices.setdefault(group.pid, set()).add(group.device)
@@ -31,6 +33,7 @@ def capture_facts(schema: Schema, groups: list[GroupSummary], thread_pairs: np.n
     processes = [Process(pid=int(pid), name=schema.process_names.get(int(pid), ""),
                          devices=sorted(devices.get(pid, ())), threads=threads.get(pid, 0))
                  for pid in sorted(set(devices) | set(threads))]
+    processes = assign_ranks(processes, groups, schema.rank_environment, schema.launched_pids)
     return Capture(
         nsys_version=schema.nsys_version, schema_version=schema.schema_version, report_version=report_version,
         duration_ns=schema.duration_ns, memory_usage_collected=schema.memory_usage_collected,

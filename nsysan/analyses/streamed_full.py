@@ -39,7 +39,6 @@ from .bounds import cut_long_strings
 from .calls import CallOutcomes, CallStatSums, FailedCalls
 from .capture import capture_facts
 from .diagnostics import VmmEvents, capture_diagnostics
-from .ranks import assign_ranks
 from .stacks import referenced_stacks
 from .iterations import iteration_pids
 from .steps import find_step_ranges
@@ -122,7 +121,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                          also=(first, second), span=span, described=described, answers=looks, more=more,
                          verdict_looks=verdict_looks, reducers=(SiteRanks(), FailedCalls(), VmmEvents()))
     sites, failed = looks["second"], looks["failed_calls"]
-    capture = _capture(quick, calls.threads, ranges, schema, report_version)
+    capture = capture_facts(schema, quick.groups, calls.threads, report_version,
+                            not ranges.empty or schema.has_nvtx_table)
     labels = {p.pid: p.label for p in capture.processes}
     last_calls = last_cuda_calls(conn, schema, calls.last_end_by_pid, ranges)
     verdicts = looks["verdicts"]  # run_streamed's, of verdict_looks
@@ -273,11 +273,3 @@ def _span(calls: MemoryCalls, ranges: pd.DataFrame) -> tuple:
         if not finite.empty:
             ends.append(int(finite.max()))
     return (min(starts) if starts else 0, max(ends) if ends else 0)
-
-
-def _capture(quick: Analysis, threads: np.ndarray, ranges: pd.DataFrame, schema: Schema, version: Optional[str]):
-    """analyses' capture: the processes with memory events or calls, their thread counts, ranks."""
-    capture = capture_facts(schema, quick.groups, threads, version, not ranges.empty or schema.has_nvtx_table)
-    return dataclasses.replace(capture, processes=assign_ranks(capture.processes, quick.groups,
-                                                               schema.rank_environment, schema.launched_pids))
-

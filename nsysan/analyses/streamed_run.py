@@ -26,7 +26,6 @@ from .explore import Explorable, LargestAllocations, allocation_groups
 from .oom import CutShortSums
 from .allocations import FreeTimes
 from .peak import Peaks, PeakSeries, headline, module_load_note, peak_of
-from .ranks import assign_ranks
 from .preallocations import BigBlocks, find_preallocations
 from .byte_classes import ByteClassSums
 from .step_windows import StepWindows
@@ -106,8 +105,6 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     free_ts = answered["free_times"]
     peaks = [_peak(s, free_ts, kinds, total_memory, described) for s in series]
     capture = capture_facts(schema, groups, np.zeros(0, "int64"), report_version, schema.has_nvtx_table)
-    capture = dataclasses.replace(capture, processes=assign_ranks(capture.processes, groups, schema.rank_environment,
-                                                                  schema.launched_pids))
     labels = {p.pid: p.label for p in capture.processes}
 
     def label(pid: int) -> str:

@@ -56,7 +56,6 @@ class MemoryCalls:
     last_end: Optional[int] = None
     last_end_by_pid: dict = field(default_factory=dict)
     successful_allocations: int = 0
-    count: int = 0
 
     def __post_init__(self) -> None:
         name_ids = memory_call_names(self.conn, self.schema)
@@ -88,10 +87,8 @@ class MemoryCalls:
             self.chunks.append(rowids)
             self.first_starts.append(min(starts))
             kept.add((real, chains))
-            n = len(real["ts"])
-            if not n:
+            if not len(real["ts"]):
                 continue
-            self.count += n
             family = self.family_code[real["api"]]
             if each_chunk is not None:
                 each_chunk(real, family)
