@@ -290,7 +290,7 @@ def largest_first(values: np.ndarray, count: int) -> np.ndarray:
     """Positions of the `count` largest values, the earliest of equal values first, in position
     order. A partition finds the count-th largest value, but which of several equal values it
     keeps is arbitrary: the ones at that value are taken by position, so that reading the events
-    in chunks (analyses/streamed.py) keeps the same ones."""
+    in batches (LargestAllocations) keeps the same ones."""
     if len(values) <= count:
         return np.arange(len(values))
     threshold = values[np.argpartition(-values, count - 1)[count - 1]]

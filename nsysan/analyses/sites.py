@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -10,7 +11,6 @@ import pandas as pd
 from ..engine import Reducer
 from ..events.arrays import LOW, group_order
 from ..model import CallSite, Site
-from .streamed import Keyed
 
 MAX_SITES = 100
 # per (site, process, kind): its allocations, their bytes, the frees paired with them and their
@@ -30,6 +30,36 @@ def call_site(label: str, site_table: dict[str, dict]) -> CallSite:
 
 def _int_or_none(value) -> Optional[int]:
     return None if value is None or pd.isna(value) else int(value)
+
+
+@dataclass
+class Keyed:
+    """Integer keys numbered in order of first appearance, with per-key int64 columns that grow."""
+
+    columns: tuple[str, ...]
+    fill: dict = field(default_factory=dict)
+    index: dict = field(default_factory=dict)
+    data: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.data = {c: np.zeros(0, "int64") for c in self.columns}
+
+    def codes(self, keys: np.ndarray) -> np.ndarray:
+        slot, distinct = pd.factorize(keys)  # a hash pass, not a sort of the batch
+        for k in distinct.tolist():
+            if k not in self.index:
+                self.index[k] = len(self.index)
+        if len(self.index) > len(self.data[self.columns[0]]):
+            grow = len(self.index) - len(self.data[self.columns[0]])
+            for c in self.columns:
+                self.data[c] = np.concatenate([self.data[c], np.full(grow, self.fill.get(c, 0), "int64")])
+        return np.array([self.index[k] for k in distinct.tolist()], "int64")[slot]
+
+    def __getitem__(self, column: str) -> np.ndarray:
+        return self.data[column]
+
+    def keys(self) -> list[int]:
+        return list(self.index)
 
 
 class SiteRanks(Reducer):

@@ -25,9 +25,11 @@ from ..events.arrays import distinct_rows, pair_key
 from ..events.nvtx import RangeLookup, range_paths
 from ..events.stacks import Stacks, _fallback_label, _site, native_stack_table, python_stack_table
 from ..events.normalize import join_on_call
-from ..model import LIVE_AT_START
+from ..model import GPU_RESIDENT_KINDS, KINDS, LIVE_AT_START
 from .sites import call_site
-from .streamed import RESIDENT, STATIC
+
+RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]  # the flow's codes of these kinds (KINDS first)
+STATIC = KINDS.index("static")
 
 ALLOCATION_INFO = ("seq", "site", "tid", "api", "nvtx_range", "stack", "operator")
 

@@ -89,7 +89,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
 
     # An analysis that keeps no frames (the command line's; a notebook's by default from
     # KEEP_EVENTS_BELOW events on) of a large export streams the events in bounded memory
-    # (analyses/streamed.py, and streamed_full.py without --quick; see STREAM_QUICK_FROM_ROWS
+    # (analyses/streamed_run.py, and streamed_full.py without --quick; see STREAM_QUICK_FROM_ROWS
     # and memory_budget.py); one that keeps them, or lays nvidia-smi logs over them, can't.
     may_stream_from = (None if keep_events is True or smi_logs
                        else 0 if keep_events is False else KEEP_EVENTS_BELOW)
