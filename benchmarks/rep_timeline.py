@@ -39,8 +39,12 @@ def child(launched: float) -> None:
         mark("imports_started")
         def run():
             import importlib
-            for m in modules:
-                importlib.import_module(m)
+            quietly = getattr(A, "_import_quietly", None)  # the collector paused, as nsysan's own thread does
+            if quietly is not None:
+                quietly(*modules)
+            else:
+                for m in modules:
+                    importlib.import_module(m)
             import nsysan.pipeline.stages as S
             timed(S, "analyze_report", "analyze_report")
             mark("imports_done")
