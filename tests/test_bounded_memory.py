@@ -19,7 +19,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, truth
 from test_sites import python_lines_by_hand
 
 from nsysan import analyze, cli
@@ -418,6 +418,23 @@ def test_streamed_full_holds_every_call_when_events_fall_outside_their_calls(tmp
     whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
     assert windows[-1].keep_all and windows[-1].exact
     assert_streamed_full_is_whole(whole, streamed)
+
+
+def test_a_successful_allocation_call_without_its_event_is_counted_on_both_paths(tmp_path, monkeypatch):
+    # known_mem_v25's cuMemAlloc of 5 MiB (truth: other_kinds, never freed) without its memory
+    # row: the call table's successful allocations, less those the events joined, on both paths
+    path = tmp_path / "known_mem_v25.sqlite"
+    shutil.copyfile(FIXTURES / "known_mem_v25.sqlite", path)
+    (leaked,) = [r for r in truth("known_mem_v25") if r.get("truth") == "cuMemAlloc"]
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("DELETE FROM CUDA_GPU_MEMORY_USAGE_EVENTS WHERE memoryOperationType = 0 AND bytes = ?",
+                            (leaked["bytes"],)).rowcount == 1
+        conn.commit()
+    whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
+    assert_streamed_full_is_whole(whole, streamed)
+    (note,) = [d["message"] for d in streamed["diagnostics"] if d["code"] == "allocations_without_events"]
+    assert note.startswith("1 successful allocation calls have no memory event")
+    assert "allocations_without_events" not in {d.code for d in analyze(FIXTURES / "known_mem_v25.sqlite").diagnostics}
 
 
 def test_check_judges_the_streamed_full_analysis_as_the_whole_frame(monkeypatch, capsys):

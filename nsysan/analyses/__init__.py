@@ -22,7 +22,7 @@ from ..sources.schema import Schema
 from .allocations import to_allocations
 from .bounds import cut_long_strings
 from .capture import FINITE, EventSpan, Span, capture_facts
-from .calls import FailedCalls, api_call_stats, call_outcomes, calls_without_events
+from .calls import FailedCalls, api_call_stats, call_outcomes, allocations_with_events
 from .explore import Explorable, Explored, allocation_groups, early_trace_ends, LargestAllocations
 from .diagnostics import VmmEvents, capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
@@ -138,7 +138,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         api_calls = _here_unless_started(api_calls_later, api_call_work)
         diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
             schema, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version, api_calls,
-            loaded.quick, answered["vmm_events"], calls_without_events(calls), pools)
+            loaded.quick, answered["vmm_events"], allocations_with_events(calls), pools)
     peaks = verdicts.peaks
     steps, phases, growth, step_notes = windows.answers(
         end_ns, gpu_of, step_range, loaded.last_cuda_call_ns, frame_labels(events), capture.processes, verdicts.caps,

@@ -43,13 +43,13 @@ def frame_chunks(calls: pd.DataFrame, rows: int) -> Iterator[tuple[dict, np.ndar
         yield {name: column[part] for name, column in columns.items()}, family[part]
 
 
-def calls_without_events(calls: pd.DataFrame) -> int:
-    """The successful allocation calls that caused no memory event (their `has_event`, found as
-    the events were joined to their calls; the streamed flow's CallWindow counts them as it joins)."""
+def allocations_with_events(calls: pd.DataFrame) -> int:
+    """The successful allocation calls that caused a memory event (their `has_event`, found as the
+    events were joined to their calls; the streamed flow's CallWindow counts them as it joins)."""
     if calls.empty:
         return 0
     succeeded = ((calls["family"] == "alloc") & (calls["return_value"] == 0)).to_numpy()
-    return int((succeeded & ~calls["has_event"].to_numpy()).sum())
+    return int((succeeded & calls["has_event"].to_numpy()).sum())
 
 
 class CallStatSums:

@@ -109,17 +109,17 @@ _NSYS_FOR_CUDA = {12: (2022, 5), 13: (2025, 3)}
 def capture_diagnostics(schema: Schema, ranges: pd.DataFrame, last_cuda_call_ns: dict[int, int],
                         groups: list[GroupSummary], peaks: list[Peak], failed: list[FailedCall],
                         report_version: Optional[str], api_calls: Sequence[ApiCallStat] = (), quick: bool = False,
-                        vmm_events: int = 0, calls_without_events: int = 0,
+                        vmm_events: int = 0, allocations_with_events: int = 0,
                         pools: Sequence[PoolUse] = ()) -> list[Diagnostic]:
     """The same on both paths, from what the analyses answered: `api_calls` (CallStatSums'),
-    `vmm_events` (VmmEvents'), `calls_without_events` (the successful allocation calls that
-    caused no memory event: calls.calls_without_events of the calls frame, or as the streamed
+    `vmm_events` (VmmEvents'), `allocations_with_events` (the successful allocation calls that
+    caused a memory event: calls.allocations_with_events of the calls frame, or as the streamed
     flow's CallWindow joins them), `pools` (pools.PoolUses')."""
     found: list[Diagnostic] = []
     found += _collection(schema, groups, api_calls, quick)
     found += _incomplete_trace(schema, last_cuda_call_ns, ranges, report_version)
     found += _orphan_frees(groups)
-    found += _allocations_without_events(schema, calls_without_events)
+    found += _allocations_without_events(schema, api_calls, allocations_with_events)
     found += _static_memory(groups)
     found += _caching_allocator(schema, groups, ranges, pools)
     found += _vmm(vmm_events)
@@ -230,7 +230,9 @@ def _orphan_frees(groups: list[GroupSummary]) -> list[Diagnostic]:
                        "that memory is not in the live bytes, so real usage was higher than shown")]
 
 
-def _allocations_without_events(schema: Schema, missing: int) -> list[Diagnostic]:
+def _allocations_without_events(schema: Schema, api_calls: Sequence[ApiCallStat], with_events: int) \
+        -> list[Diagnostic]:
+    missing = sum(stat.calls - stat.failed for stat in api_calls if stat.family == "alloc") - with_events
     if not schema.memory_usage_collected or not missing:
         return []
     return [Diagnostic("info", "allocations_without_events",

@@ -133,7 +133,7 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
     api_calls = stat_sums.stats()
     diagnostics = list(schema.diagnostics) + list(flow.diagnostics) + notes + capture_diagnostics(
         schema, ranges, last_calls, quick.groups, quick.peaks, failed, report_version, api_calls, False,
-        looks["vmm_events"], flow.call_window.calls_without_events, quick.reserved.pools)
+        looks["vmm_events"], flow.call_window.joined_allocations, quick.reserved.pools)
     diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics \
         + step_notes + ([not_streamed_note()] if NOT_STREAMED else [])
     range_table, range_families = looks["ranges"]

@@ -55,7 +55,6 @@ class MemoryCalls:
     first_ts: Optional[int] = None  # earliest start and latest finite end of a call
     last_end: Optional[int] = None
     last_end_by_pid: dict = field(default_factory=dict)
-    successful_allocations: int = 0
 
     def __post_init__(self) -> None:
         name_ids = memory_call_names(self.conn, self.schema)
@@ -75,7 +74,6 @@ class MemoryCalls:
         """One pass over the calls: the sums, and the chunks CallWindow reads. `each_chunk(calls,
         family codes)` sees every chunk of real calls, for an analysis that sums them as they are
         read (the API call stats: analyses/calls.py's CallStatSums)."""
-        alloc = self.families.index("alloc") if "alloc" in self.families else -1
         self.close()  # a scan reads the table anew
         self.chunks, self.first_starts = [], []
         # up to a chunk's worth of calls in memory, past that in a file: the table is read once
@@ -100,7 +98,6 @@ class MemoryCalls:
             if len(finite):
                 self.last_end = max(self.last_end if self.last_end is not None else int(finite.max()), int(finite.max()))
             latest_ends(real["pid"], real["end"], self.last_end_by_pid)
-            self.successful_allocations += int(((family == alloc) & (real["return_value"] == 0)).sum())
         if kept.complete:
             self._kept = kept
         else:
@@ -204,7 +201,7 @@ class CallWindow:
         self.unread = sorted((i for i, start in enumerate(starts) if start < _FAR), key=lambda i: (starts[i], i))
         self._close_reader()
         self._reader = self.calls.read_ahead(self.unread) if self.unread else None
-        self.joined_allocations = 0  # successful allocation calls that caused an event
+        self.joined_allocations = 0  # successful allocation calls that caused an event (has_event), at the end
         self.lonely: list[tuple[np.ndarray, np.ndarray]] = []  # (pid, correlation) of events left without a call
         self.exact = True
         self.most_held = 0
@@ -233,12 +230,6 @@ class CallWindow:
         rows = np.maximum(row, 0)
         return {"tid": np.where(found, real["tid"][rows], -1).astype("int32"),
                 "api": np.where(found, real["api"][rows], -1), "chain": chain}
-
-    @property
-    def calls_without_events(self) -> int:
-        """Successful allocation calls that caused no memory event (CALL_COLUMNS' has_event false),
-        once the flow has ended."""
-        return self.calls.successful_allocations - self.joined_allocations
 
     def _close_reader(self) -> None:
         reader, self._reader = getattr(self, "_reader", None), None
