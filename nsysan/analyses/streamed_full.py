@@ -31,7 +31,7 @@ from ..events import stream
 from ..events.read_order import order_ahead
 from ..events.stream import EventFlow
 from ..events.stream_calls import MemoryCalls, CallWindow
-from ..engine import Labels
+from ..engine import Labels, Reducer
 from ..model import Allocation, Analysis, Diagnostic, Source
 from ..sources.schema import Schema
 from .answers import gather_answers
@@ -98,17 +98,13 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
 
     span = _span(calls, ranges)
 
-    def first() -> CallChains:
-        looks["first"] = CallChains()
-        return looks["first"]
-
     def second(engine) -> SiteSums:
         """The second look's labelling of each batch (SiteSums), once the `engine` has looked at
         every batch once: for the engine's second look (the sites', spikes', ranges table's), and
         the verdicts' consumers (its watchers)."""
         span, blocks = engine.so_far("event_span"), engine.so_far("big_blocks")
         peaks = engine.reducer("peaks")
-        looks["second"] = SiteSums(conn, schema, looks["first"].wanted_chains(), calls.spans,
+        looks["second"] = SiteSums(conn, schema, engine.so_far("call_chains"), calls.spans,
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
                                    listed=_listed(engine.so_far("largest")[0], blocks), look=peaks,
                                    times=(span.first_ts, span.last_ts) if span.first_ts is not None else None)
@@ -118,8 +114,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
-                         also=(first, second), span=span, described=described, answers=looks, more=more,
-                         verdict_looks=verdict_looks, reducers=(SiteRanks(), FailedCalls(), VmmEvents()))
+                         labelling=second, span=span, described=described, answers=looks, more=more,
+                         verdict_looks=verdict_looks, reducers=(CallChains(), SiteRanks(), FailedCalls(), VmmEvents()))
     sites, failed = looks["second"], looks["failed_calls"]
     capture = capture_facts(schema, quick.groups, calls.threads, report_version,
                             not ranges.empty or schema.has_nvtx_table)
@@ -229,10 +225,13 @@ class LiveSetInfo:
                 self.sites.at_peak[id(moment)] = ({c: v[rows] for c, v in info.items()}, "", "", "")
 
 
-class CallChains:
-    """The first pass's consumer of the call stacks of the allocations (what the site sums read)."""
+class CallChains(Reducer):
+    """The call stacks of the allocations (what the site sums read, SiteSums): their ids, distinct."""
 
-    def __init__(self) -> None:
+    field = "call_chains"
+
+    def start(self, facts) -> None:
+        super().start(facts)
         self.chains: list[np.ndarray] = []
 
     def add(self, b) -> None:
@@ -240,7 +239,7 @@ class CallChains:
         if (chain >= 0).any():
             self.chains.append(np.unique(chain[chain >= 0]))
 
-    def wanted_chains(self) -> np.ndarray:
+    def finish(self, live: dict) -> np.ndarray:
         return np.unique(np.concatenate(self.chains)) if self.chains else np.zeros(0, "int64")
 
 

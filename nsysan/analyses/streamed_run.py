@@ -44,15 +44,14 @@ from .verdicts import VerdictLooks, with_note
 
 def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
                  step_range: Optional[str], spike_window_ns: int, flow: Optional[EventFlow] = None,
-                 also: tuple = (None, None), span: tuple = (), described=None,
+                 labelling=None, span: tuple = (), described=None,
                  answers: Optional[dict] = None, more: Optional[dict] = None, reducers: tuple = (),
                  verdict_looks: Optional[VerdictLooks] = None) -> Analysis:
     """The quick analysis of the export behind `conn`, its events read twice in batches.
 
     For the streamed full analysis (streamed_full.py): `flow` joins the batches to their calls,
-    `answers`, when given, is filled with the engine's answers by field (nsysan/engine); `also`:
-    what makes a consumer fed each batch of the first look before the engine (`also[0]()`) and
-    one that labels each batch of the second look (`also[1](engine)`, made between the looks;
+    `answers`, when given, is filled with the engine's answers by field (nsysan/engine); 
+    `labelling(engine)` makes what labels each batch of the second look (made between the looks;
     the engine orders it after the peaks and before the reducers that need `labels`), `span` widens the timeline to the calls' and ranges'
     times, and `described` tells what the calls say of listed allocations: `allocations(rows,
     free_ts, peak)` (rows: seq, ts, pid, device, kind, address, bytes; `peak`: a PeakSeries whose
@@ -60,7 +59,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     and NVTX ranges), `peak_event(peak)` (the API name and NVTX range of the event that reached
     it), `own_api(peak)` (the API of the series' last own allocation before it),
     the `site_table` and the NVTX `ranges`; `more`: the reducers' facts beyond the kinds and GPUs
-    (Facts.more), which `also` may fill before the first batch (the batches' `labels`: none read,
+    (Facts.more) (the batches' `labels`: none read,
     unless given; the full analysis's `found_steps` and `phases`); `reducers`: the full analysis's
     reducers beyond these; `verdict_looks`: the full analysis's verdicts (VerdictLooks, those of
     the memory table alone when not given), whose Verdicts `answers` gets as "verdicts"."""
@@ -74,13 +73,12 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     looks = verdict_looks or VerdictLooks(CallOutcomes([], []), lambda: ((), ()), None, empty_ranges(), gpu_of,
                                           total_memory, schema.process_names, schema.duration_ns,
                                           lambda: engine.so_far("big_blocks"), more)
-    later = [_Labelling(lambda: also[1](engine))] if also[1] is not None else []  # made once the engine has looked
-    fed = flow.feed(lambda: _First(also[0], Engine(
+    later = [_Labelling(lambda: labelling(engine))] if labelling is not None else []  # once the engine has looked
+    engine = flow.feed(lambda: Engine(
         [GroupSums(), TimelineSeries(), Explorable(), NeverFreed(), largest, StepWindows(), ByteClassSums(), Spikes(),
          more["pool_uses"], RangeSums(), peak_look, CutShortSums(), BigBlocks(), EventSpan(),
-         FreeTimes(largest, peak_look), *later, *looks.reducers, *reducers], Facts(flow.kinds, gpu_of, more))),
+         FreeTimes(largest, peak_look), *later, *looks.reducers, *reducers], Facts(flow.kinds, gpu_of, more)),
         keep=True)
-    engine = fed.engine
     if answers is not None:  # (the full analysis's AllocatorSums needs them on its second look)
         answers["big_blocks"] = engine.so_far("big_blocks")
     notes = list(flow.diagnostics)
@@ -177,18 +175,6 @@ class _Undescribed:
 
     def own_api(self, peak) -> None:
         return None
-
-
-class _First:
-    """The first look at a batch: `also()`'s consumer (when there is one), then the `engine`'s."""
-
-    def __init__(self, also, engine: Engine) -> None:
-        self.also, self.engine = also() if also is not None else None, engine
-
-    def add(self, batch) -> None:
-        if self.also is not None:
-            self.also.add(batch)
-        self.engine.add(batch)
 
 
 class _Again:
