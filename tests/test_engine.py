@@ -23,7 +23,7 @@ from nsysan.analyses.explore import FOCUS_PAD, FOCUS_SKIP, Explorable, LargestAl
 from nsysan.analyses.groups import GroupSums
 from nsysan.analyses.never_freed import NeverFreed
 from nsysan.analyses import verdicts
-from nsysan.analyses.calls import FailedCalls, call_outcomes
+from nsysan.analyses.calls import CallOutcomes, CallStatSums, FailedCalls, call_outcomes, frame_chunks
 from nsysan.analyses.oom import CutShortSums, FailureDevices, ReleaseBursts, oom_calls
 from nsysan.analyses.verdicts import AccessMaps
 from nsysan.analyses.diagnostics import VmmEvents, xla_pids
@@ -892,6 +892,45 @@ def test_failure_devices_are_the_same_on_one_batch_k_batches_and_3_row_batches()
     assert whole == [f.device for f in frame("real_oom_v25").oom.failures] == [0] * len(failed) == [0]
     for cut in cuts(n):
         assert failure_devices("real_oom_v25", cut) == whole
+
+
+def call_sums(name: str, rows: int) -> tuple[list, CallOutcomes]:
+    """The API call table and the calls' outcomes of the fixture's calls frame fed in chunks of
+    `rows` calls (as the streamed scan feeds its chunks)."""
+    calls = frame(name).calls
+    names = list(calls["api"].cat.categories), list(calls["family"].cat.categories)
+    stats, outcomes = CallStatSums(*names), CallOutcomes(*names)
+    for chunk, family in frame_chunks(calls, rows):
+        stats.add(chunk, family)
+        outcomes.add(chunk, family)
+    return stats.stats(), outcomes
+
+
+@pytest.mark.parametrize("name", ["real_oom_v25", "torch_expandable_v25", "ddp_leak_v25"])
+def test_call_sums_are_the_same_in_one_chunk_k_chunks_and_3_call_chunks(name):
+    n = len(frame(name).calls)
+    table, whole = call_sums(name, n)
+    assert table == frame(name).api_calls
+    for rows in (max(1, n // 7), 3):
+        chunked_table, chunked = call_sums(name, rows)
+        assert chunked_table == table and chunked.failed.equals(whole.failed)
+        assert (chunked.out_of_memory, chunked.created_by_pid) == (whole.out_of_memory, whole.created_by_pid)
+
+
+def test_call_sums_in_3_call_chunks_hold_the_truth():
+    """real_oom_v25 made 10 cudaMalloc, the 9th refused out of memory; torch_expandable_v25 made
+    273 cuMemCreate besides its refused probe, each one mapped (the 273 virtual-memory events);
+    ddp_leak_v25's ranks made 147 each (test_oom.py)."""
+    records = [r for r in truth("real_oom_v25") if r.get("truth") == "cudaMalloc"]
+    table, outcomes = call_sums("real_oom_v25", 3)
+    (malloc,) = [s for s in table if s.api == "cudaMalloc"]
+    assert (malloc.calls, malloc.failed) == (len(records), sum(r["error"] != 0 for r in records)) == (10, 1)
+    assert outcomes.out_of_memory == 1 and outcomes.failed["return_value"].tolist() == [2]
+    table, outcomes = call_sums("torch_expandable_v25", 3)
+    (create,) = [s for s in table if s.api == "cuMemCreate"]
+    assert (create.calls, create.failed) == (274, 1) and outcomes.out_of_memory == 0
+    assert list(outcomes.created_by_pid.values()) == [273]
+    assert list(call_sums("ddp_leak_v25", 3)[1].created_by_pid.values()) == [147, 147]
 
 
 def failed_calls(name: str, bounds=()) -> list:
