@@ -21,7 +21,7 @@ from ..model import SCHEMA_ID, Analysis, Source, Timeline
 from ..sources.schema import Schema
 from .allocations import to_allocations
 from .bounds import cut_long_strings
-from .capture import FINITE, EventSpan, Span, capture_facts
+from .capture import EventSpan, capture_facts, capture_span, frame_span
 from .calls import FailedCalls, api_call_stats, call_outcomes, allocations_with_events
 from .explore import Explorable, Explored, allocation_groups, early_trace_ends, LargestAllocations
 from .diagnostics import VmmEvents, capture_diagnostics
@@ -89,7 +89,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     # them: 0.3-0.7 s at 1e7 events), made once for every engine run below: each run gets the
     # same columns with per-batch work of its own (`shared`), and the same live set.
     whole, live = frame_batch(events), frame_live(events)
-    start_ns, end_ns = _capture_span(schema, _one_run(EventSpan(), Facts(kinds), whole, live), calls, ranges)
+    start_ns, end_ns = capture_span(schema.duration_ns, _one_run(EventSpan(), Facts(kinds), whole, live).capture,
+                                    frame_span(calls, "ts_ns", "end_ns"), frame_span(ranges, "start_ns", "end_ns"))
     with ThreadPoolExecutor(max_workers=1) as pool:
         peaks_later = pool.submit(_peaks, whole, live, events, Facts(kinds, gpu_of, {"pool_uses": pool_uses}),
                                   lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations, site_table)
@@ -240,17 +241,3 @@ def _timeline(batch: EventBatch, facts: Facts, start_ns: int, end_ns: int) -> tu
     `start_ns` to `end_ns`, and what its explorable parts read of the events (Explorable)."""
     answered = Engine([TimelineSeries(), Explorable()], facts).run([batch], {})
     return Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=answered["timeline"]), answered["explorable"]
-
-
-def _capture_span(schema: Schema, events: Span, calls: pd.DataFrame, ranges: pd.DataFrame) -> tuple[int, int]:
-    """From the earliest start to the latest finite end of the events (EventSpan's), calls and
-    ranges, and to the capture's end at least."""
-    starts = [0] + ([events.first_ts] if events.first_ts is not None else [])
-    ends = [schema.duration_ns or 0] + ([events.last_finite_ts] if events.last_finite_ts is not None else [])
-    for frame, end_column in ((calls, "end_ns"), (ranges, "end_ns")):
-        if not frame.empty:
-            starts.append(int(frame["ts_ns" if "ts_ns" in frame else "start_ns"].min()))
-            finite = frame[end_column][frame[end_column] < FINITE]
-            if not finite.empty:
-                ends.append(int(finite.max()))
-    return min(starts), max(ends)

@@ -49,11 +49,28 @@ FINITE = np.iinfo("int64").max // 4  # later times are no time (a range left ope
 @dataclass
 class Span:
     """The earliest and latest time of the events, and the latest that is finite (below FINITE);
-    None without events."""
+    None without events. `capture`: (first, last finite), for capture_span."""
 
     first_ts: Optional[int] = None
     last_ts: Optional[int] = None
     last_finite_ts: Optional[int] = None
+
+    @property
+    def capture(self) -> tuple[Optional[int], Optional[int]]:
+        return self.first_ts, self.last_finite_ts
+
+
+def capture_span(duration_ns: Optional[int], *spans: tuple[Optional[int], Optional[int]]) -> tuple[int, int]:
+    """The capture's span: from 0 or the earliest start to its end (`duration_ns`) or the latest
+    end of `spans` ((start, end) of the events, calls and ranges; None: none)."""
+    return (min([0] + [start for start, _ in spans if start is not None]),
+            max([duration_ns or 0] + [end for _, end in spans if end is not None]))
+
+
+def frame_span(frame, start: str, end: str) -> tuple[Optional[int], Optional[int]]:
+    """The earliest `start` and latest finite `end` of a frame's rows (the calls', the ranges')."""
+    finite = frame[end][frame[end] < FINITE] if not frame.empty else frame[end]
+    return (int(frame[start].min()) if not frame.empty else None, int(finite.max()) if not finite.empty else None)
 
 
 class EventSpan(Reducer):

@@ -37,7 +37,7 @@ from ..sources.schema import Schema
 from .answers import gather_answers
 from .bounds import cut_long_strings
 from .calls import CallOutcomes, CallStatSums, FailedCalls
-from .capture import capture_facts
+from .capture import capture_facts, frame_span
 from .diagnostics import VmmEvents, capture_diagnostics
 from .stacks import referenced_stacks
 from .iterations import iteration_pids
@@ -96,8 +96,6 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                                  calls.api_names, ranges, gpu_of, total_memory, schema.process_names,
                                  schema.duration_ns, lambda: looks["big_blocks"], more)
 
-    span = _span(calls, ranges)
-
     def second(engine) -> SiteSums:
         """The second look's labelling of each batch (SiteSums), once the `engine` has looked at
         every batch once: for the engine's second look (the sites', spikes', ranges table's), and
@@ -114,7 +112,8 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
 
     described = Described(looks, flow, ranges)
     quick = run_streamed(conn, schema, source, report_version, step_range, spike_window_ns, flow=flow,
-                         labelling=second, span=span, described=described, answers=looks, more=more,
+                         labelling=second, described=described, answers=looks, more=more,
+                         spans=((calls.first_ts, calls.last_end), frame_span(ranges, "start_ns", "end_ns")),
                          verdict_looks=verdict_looks, reducers=(CallChains(), SiteRanks(), FailedCalls(), VmmEvents()))
     sites, failed = looks["second"], looks["failed_calls"]
     capture = capture_facts(schema, quick.groups, calls.threads, report_version,
@@ -260,15 +259,3 @@ def _nvtx_path(pid: int, tid: int, ts: int, ranges: pd.DataFrame) -> str:
 def _listed(largest: pd.DataFrame, big_blocks: pd.DataFrame) -> np.ndarray:
     """The allocations run_streamed lists whether freed or not: the largest, the big blocks."""
     return np.concatenate([largest["seq"].to_numpy(), big_blocks["seq"].to_numpy()])
-
-
-def _span(calls: MemoryCalls, ranges: pd.DataFrame) -> tuple:
-    """The earliest start and latest finite end of the calls and ranges (analyses._capture_span)."""
-    starts = [calls.first_ts] if calls.first_ts is not None else []
-    ends = [calls.last_end] if calls.last_end is not None else []
-    if not ranges.empty:
-        starts.append(int(ranges["start_ns"].min()))
-        finite = ranges["end_ns"][ranges["end_ns"] < np.iinfo("int64").max // 4]
-        if not finite.empty:
-            ends.append(int(finite.max()))
-    return (min(starts) if starts else 0, max(ends) if ends else 0)

@@ -19,7 +19,7 @@ from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, Peak, Source, Timeli
 from ..sources.schema import Schema
 from .answers import gather_answers
 from .bounds import cut_long_strings
-from .capture import EventSpan, capture_facts
+from .capture import EventSpan, capture_facts, capture_span
 from .calls import CallOutcomes
 from .diagnostics import capture_diagnostics
 from .explore import Explorable, LargestAllocations, allocation_groups
@@ -44,16 +44,16 @@ from .verdicts import VerdictLooks, with_note
 
 def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
                  step_range: Optional[str], spike_window_ns: int, flow: Optional[EventFlow] = None,
-                 labelling=None, span: tuple = (), described=None,
+                 labelling=None, spans: tuple = (), described=None,
                  answers: Optional[dict] = None, more: Optional[dict] = None, reducers: tuple = (),
                  verdict_looks: Optional[VerdictLooks] = None) -> Analysis:
     """The quick analysis of the export behind `conn`, its events read twice in batches.
 
     For the streamed full analysis (streamed_full.py): `flow` joins the batches to their calls,
-    `answers`, when given, is filled with the engine's answers by field (nsysan/engine); 
+    `answers`, when given, is filled with the engine's answers by field (nsysan/engine);
     `labelling(engine)` makes what labels each batch of the second look (made between the looks;
-    the engine orders it after the peaks and before the reducers that need `labels`), `span` widens the timeline to the calls' and ranges'
-    times, and `described` tells what the calls say of listed allocations: `allocations(rows,
+    the engine orders it after the peaks and before the reducers that need `labels`), `spans`
+    widen the timeline to the calls' and ranges' ((start, end) each: capture_span), and `described` tells what the calls say of listed allocations: `allocations(rows,
     free_ts, peak)` (rows: seq, ts, pid, device, kind, address, bytes; `peak`: a PeakSeries whose
     live allocations they are), `frame(rows, peak)` (_mini with their threads, API names, sites
     and NVTX ranges), `peak_event(peak)` (the API name and NVTX range of the event that reached
@@ -66,7 +66,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     flow = flow or EventFlow(conn, schema)
     gpu_of, total_memory = gpus(schema)
     more = more if more is not None else {}
-    more.update(spike_window_ns=spike_window_ns, end_ns=max([0, schema.duration_ns or 0, *span[1:]]),
+    more.update(spike_window_ns=spike_window_ns, end_ns=capture_span(schema.duration_ns, *spans)[1],
                 pool_events=read_pool_events(conn, schema))
     more.setdefault("labels", Labels)
     peak_look, largest, more["pool_uses"] = Peaks(), LargestAllocations(), PoolUses()
@@ -83,10 +83,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
         answers["big_blocks"] = engine.so_far("big_blocks")
     notes = list(flow.diagnostics)
     described = described or _Undescribed(flow.kinds)
-    events = engine.so_far("event_span")
-    start_ns = min([0, *span[:1]] + ([events.first_ts] if events.first_ts is not None else []))
-    end_ns = max([0, schema.duration_ns or 0, *span[1:]]
-                 + ([events.last_finite_ts] if events.last_finite_ts is not None else []))
+    start_ns, end_ns = capture_span(schema.duration_ns, engine.so_far("event_span").capture, *spans)
 
     def second_look() -> _Again:
         engine.between()  # (again, should the pass start over)
