@@ -54,7 +54,7 @@ def _cut(value: Any, counter: list[int]) -> Any:
     if isinstance(value, list):
         if not value or isinstance(value[0], (int, float)):  # a series of numbers: nothing to cut
             return value
-        items = [_cut(item, counter) for item in value]
+        items = [item if type(item) in _NOT_TEXT else _cut(item, counter) for item in value]
         return value if all(a is b for a, b in zip(items, value)) else items
     if isinstance(value, dict):
         items = {_cut(k, counter): _cut(v, counter) for k, v in value.items()}
@@ -64,6 +64,8 @@ def _cut(value: Any, counter: list[int]) -> Any:
         changes = {}
         for name in _text_fields(type(value)):
             old = getattr(value, name)
+            if type(old) in _NOT_TEXT or (type(old) is str and len(old) <= MAX_STRING_CHARS):
+                continue  # most fields of most records: no call for them (24,000 calls in 8 ms, issue 31)
             new = _cut(old, counter)
             if new is not old:
                 changes[name] = new
