@@ -89,9 +89,6 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                   "labels": lambda: _labels(looks["second"], ranges), "site_table": lambda: described.site_table}
     notes: list[Diagnostic] = []
     gpu_of, total_memory = gpus(schema)
-    # AllocatorSums' peaks: each process's so far, raised on the second look (its sums wait for them)
-    more["allocator_peaks"] = lambda: [(s.pid, s.device, s.best_ts) for s in looks["look"].series
-                                       if s.pid is not None and s.best_seq >= 0] if "look" in looks else []
     verdict_looks = VerdictLooks(outcomes, lambda: ((real for _, real, _ in calls.read()), calls.api_names),
                                  calls.api_names, ranges, gpu_of, total_memory, schema.process_names,
                                  schema.duration_ns, lambda: looks["big_blocks"], more)
@@ -106,7 +103,6 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
                                    listed=_listed(engine.so_far("largest")[0], blocks), look=peaks,
                                    times=(span.first_ts, span.last_ts) if span.first_ts is not None else None)
-        looks["look"] = peaks
         looks["second"].watchers.append(LiveSetInfo(verdict_looks.live_sets, looks["second"]))
         return looks["second"]
 

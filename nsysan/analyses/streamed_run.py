@@ -70,6 +70,9 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
                 pool_events=read_pool_events(conn, schema))
     more.setdefault("labels", Labels)
     peak_look, largest, more["pool_uses"] = Peaks(), LargestAllocations(), PoolUses()
+    # AllocatorSums' peaks (the full analysis's): each process's so far, raised on the second look
+    more["allocator_peaks"] = lambda: [(s.pid, s.device, s.best_ts) for s in peak_look.series
+                                       if s.pid is not None and s.best_seq >= 0]
     looks = verdict_looks or VerdictLooks(CallOutcomes([], []), lambda: ((), ()), None, empty_ranges(), gpu_of,
                                           total_memory, schema.process_names, schema.duration_ns,
                                           lambda: engine.so_far("big_blocks"), more)
