@@ -13,7 +13,6 @@ import errno
 import hashlib
 import io
 import os
-import secrets
 import stat
 import sys
 from pathlib import Path
@@ -224,7 +223,7 @@ def _new_temp_file(target: Path) -> tuple[int, Path]:
     # written into \r\n, in PNGs too (tempfile adds it for the same reason).
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     for _ in range(100):
-        tmp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+        tmp = target.parent / f".{target.name}.{os.urandom(4).hex()}.tmp"
         try:
             return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:
