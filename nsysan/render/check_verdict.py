@@ -74,11 +74,11 @@ def render_verdict_json(verdict: Verdict) -> str:
     return dumps(verdict.to_dict()) + "\n"
 
 
-def render_junit(verdict: Verdict, time: datetime.datetime | None = None) -> str:
+def render_junit(verdict: Verdict) -> str:
     """The verdict as JUnit XML: one test case per limit and place, a `<failure>` in it when the
     limit broke and an `<error>` when it could not be measured; a check that could not run is one
     test case with an `<error>` that says why."""
-    stamp = (time or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%S")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
     cases = [(f"{o.limit} · {o.where}", f"nsysan.check.{o.limit}",
               {"broken": "failure", "not_measured": "error"}.get(o.status), o.status if o.status != "broken"
               else o.limit, o.message) for o in verdict.outcomes]

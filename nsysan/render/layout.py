@@ -316,9 +316,9 @@ class Lines:
         self.rows.append((label, text))
 
     @classmethod
-    def prose(cls, text: str, indent: int = 0, style: str = "", hanging: int = 0) -> "Lines":
+    def prose(cls, text: str, indent: int = 0, style: str = "") -> "Lines":
         """One paragraph, no label (a title, a note)."""
-        return cls([("", text)], indent=indent, gap=0, style=style, label_width=0, hanging=hanging)
+        return cls([("", text)], indent=indent, gap=0, style=style, label_width=0)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width

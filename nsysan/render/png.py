@@ -132,14 +132,14 @@ def plot_sites(analysis: Analysis, top: int = 15) -> Figure:
         return fig
 
 
-def figure_png(fig: Figure, dpi: int = DPI) -> bytes:
+def figure_png(fig: Figure) -> bytes:
     """The figure drawn by Agg as PNG bytes."""
     FigureCanvasAgg(fig)  # attaches itself as fig.canvas: drawing needs no pyplot
     buffer = io.BytesIO()
     with matplotlib_defaults(), warnings.catch_warnings():
         # A CJK or emoji NVTX name lacks glyphs in DejaVu Sans: drawn as boxes, no warning storm.
         warnings.filterwarnings("ignore", message="Glyph .* missing from")
-        fig.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None})
+        fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
     return buffer.getvalue()
 
 

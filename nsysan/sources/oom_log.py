@@ -211,9 +211,9 @@ def _bytes(value: str, unit: str) -> int:
     return int(round(float(value) * _UNITS[unit.lower()]))
 
 
-def _size(pattern: re.Pattern, text: str, group: int = 1) -> Optional[int]:
+def _size(pattern: re.Pattern, text: str) -> Optional[int]:
     match = pattern.search(text)
-    return _bytes(match.group(group), match.group(group + 1)) if match else None
+    return _bytes(match.group(1), match.group(2)) if match else None
 
 
 def _where(message: OomMessage, line: str) -> OomMessage:

@@ -122,8 +122,7 @@ SPLIT_MIN_ROWIDS = 1 << 16
 
 
 def read_converted(conn: sqlite3.Connection, table: str, select: str, columns: list[str],
-                   convert: Callable[[pd.DataFrame], dict[str, np.ndarray]], where: str = "",
-                   workers: Optional[int] = None) -> dict[str, np.ndarray]:
+                   convert: Callable[[pd.DataFrame], dict[str, np.ndarray]], where: str = "") -> dict[str, np.ndarray]:
     """`convert` applied to `SELECT {select} FROM {table} [WHERE {where}]`, chunk by chunk: the
     arrays it returns for each chunk of rows (in rowid order), joined.
 
@@ -137,7 +136,7 @@ def read_converted(conn: sqlite3.Connection, table: str, select: str, columns: l
     ranges = _rowid_ranges(conn, table, 1) if path else None
     if ranges:
         low, high = ranges[0]
-        cores = workers or usable_cpus()
+        cores = usable_cpus()
         step = min(CHUNK_ROWIDS, max(SPLIT_MIN_ROWIDS, -(-(high - low + 1) // cores)))
         sqls = _range_queries(table, select, chunk_grid(conn, table, low, high, step), where)
         try:
@@ -147,7 +146,7 @@ def read_converted(conn: sqlite3.Connection, table: str, select: str, columns: l
             parts = None
         if parts is not None:
             return _join_parts(parts)
-    return convert(read_table(conn, table, select, columns, where=where, workers=workers))
+    return convert(read_table(conn, table, select, columns, where=where))
 
 
 def read_chunks(conn: sqlite3.Connection, table: str, select: str, columns: list[str],

@@ -173,9 +173,9 @@ def _error_line(lines: deque[str]) -> str:
     return "(nsys printed no error line)"
 
 
-def _one_line(text: str, limit: int = 300) -> str:
+def _one_line(text: str) -> str:
     text = "".join(ch if ch.isprintable() else " " for ch in text).strip()
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _too_new(report: Path, nsys: Path, nsys_ver: str) -> NsysanError:
