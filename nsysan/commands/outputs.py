@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Union
 
 from ..errors import NsysanError
+from ..sources.export.input_files import NO_WAITING, describe_file_type
 
 if TYPE_CHECKING:
     from ..model import Analysis, Comparison
@@ -199,21 +200,24 @@ def _stage(path: Path, payload: bytes) -> Optional[tuple[Path, Path]]:
 def _write_into(path: Path, payload: bytes) -> None:
     """Write into what is no regular file (/dev/stdout, a pipe, a terminal), opened without
     waiting: a FIFO that nobody reads is one error line, never a wait for a reader that never comes."""
-    flags = os.O_WRONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0) \
-        | getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, os.O_WRONLY | NO_WAITING)
     except OSError as err:
         if err.errno == errno.ENXIO:  # a FIFO without a reader
             raise OSError(errno.ENXIO, "a FIFO (named pipe) nobody reads", str(path)) from None
         raise
     try:
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        while payload:
-            payload = payload[os.write(fd, payload):]
+        _write_all(fd, payload)
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """All of `data` into `fd`, opened without waiting and now made blocking: a pipe takes it in parts."""
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def _new_temp_file(target: Path) -> tuple[int, Path]:
@@ -255,24 +259,16 @@ def append_text(path: Path, text: str, what: str) -> None:
     never a FIFO or a device (opened without waiting, its type checked on the open file)."""
     path = Path(path)
     _refuse_if_input(path)
-    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
-             | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
     try:
-        fd = os.open(path, flags, 0o666)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NO_WAITING, 0o666)
     except OSError as err:
         reason = "a FIFO (named pipe) nobody reads" if err.errno == errno.ENXIO else (err.strerror or str(err))
         raise NsysanError(f"could not write {what} ({path}): {reason}") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            from ..sources.export import describe_file_type
-
             raise NsysanError(f"could not write {what} ({path}): it is {describe_file_type(mode)}, not a file")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        data = text.encode("utf-8")
-        while data:
-            data = data[os.write(fd, data):]
+        _write_all(fd, text.encode("utf-8"))
     except OSError as err:
         raise NsysanError(f"could not write {what} ({path}): {err.strerror or err}") from None
     finally:
@@ -291,7 +287,6 @@ def write_report(analysis: "Analysis", out_dir: Path, full_paths: bool = False) 
     full disk leaves the last run's report whole); return the page's path."""
     from ..render.html import report_files  # matplotlib and jinja: 0.4 s, paid only for -o
 
-    check_output_dir(out_dir)
     write_folder(out_dir, report_files(analysis, full_paths))
     return Path(out_dir) / "report.html"
 
@@ -300,6 +295,5 @@ def write_comparison(c: "Comparison", base: "Analysis", new: "Analysis", out_dir
     """Write compare.png, compare.json and compare.html into `out_dir` (all or none); the page's path."""
     from ..render.compare_html import comparison_files
 
-    check_output_dir(out_dir)
     write_folder(out_dir, comparison_files(c, base, new))
     return Path(out_dir) / "compare.html"

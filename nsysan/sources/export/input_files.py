@@ -38,7 +38,7 @@ def describe_file_type(mode: int) -> str:
 
 # Flags of an open that never waits (O_NONBLOCK), never becomes the controlling terminal, and
 # reads bytes as they are (O_BINARY: Windows). The ones a platform lacks are left out.
-_NO_WAITING = (getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+NO_WAITING = (getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
                | getattr(os, "O_BINARY", 0))
 
 
@@ -48,7 +48,7 @@ def open_regular(path: Path) -> BinaryIO:
     O_NONBLOCK: opening a FIFO for reading would wait forever for a writer, and reading a
     terminal or a socket for a reader that never comes; the type is checked on the open file.
     """
-    fd = os.open(path, os.O_RDONLY | _NO_WAITING)
+    fd = os.open(path, os.O_RDONLY | NO_WAITING)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
