@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from ..base.units import fmt_bytes
-from ..engine import Reducer
-from ..events.arrays import pair_key, previous_in_group
+from ..engine import GpuOf, Reducer
+from ..events.arrays import one_pair_key, pair_key, previous_in_group
 from ..model import KINDS, AllocatorUse, Peak, Preallocation
 
 MiB = 1 << 20
@@ -34,7 +34,6 @@ LIBRARY_BURST_NS = 1_000_000
 VMM_MAP_API = "cuMemSetAccess"
 _DIRECT_APIS = ("cudaMalloc", "cuMemAlloc", VMM_MAP_API)
 
-GpuOf = Callable[[int, int], Optional[int]]
 DEVICE = KINDS.index("device")
 # allocation classes: bit 0 outside the allocator, bit 1 a VMM map, bit 2 the pair's preallocated block
 OUTSIDE, MAPPED, BLOCK = 1, 2, 4
@@ -343,7 +342,7 @@ class AllocatorSums(Reducer):
         change = np.concatenate([b.bytes[rows], -bytes_here, -live["bytes"][at]])
         peaks = self.facts.more["allocator_peaks"]
         for pid, device, ts in peaks() if callable(peaks) else peaks:  # a new or raised peak: read after its time
-            key = int(pair_key(np.array([pid]), np.array([device]))[0])
+            key = one_pair_key(pid, device)
             if self.moments.get(key) != ts:
                 self.moments[key] = ts
                 self.waiting.add(key)
@@ -385,7 +384,7 @@ class AllocatorSums(Reducer):
         None: its maps all of 2 or 20 MiB, some of 20 MiB, three or more: expandable segments;
         else three or more segments, all 2 MiB multiples, some of 2 MiB and some of 20 MiB (or a
         Python process): the caching allocator."""
-        key = int(pair_key(np.array([pid]), np.array([device]))[0])
+        key = one_pair_key(pid, device)
         c = dict(zip(COUNTS, self.counts.get(key, np.zeros(len(COUNTS), "int64")).tolist()))
         if c["mapped"] >= 3 and not c["mapped_other"] and c["mapped_large"]:
             return "pytorch_expandable"
@@ -403,7 +402,7 @@ class AllocatorSums(Reducer):
         prealloc = {(p.pid, p.device): p for p in preallocations}
         found = []
         for pid, device in sorted({(p.pid, p.device) for p in peaks if p.pid is not None}):
-            key = int(pair_key(np.array([pid]), np.array([device]))[0])
+            key = one_pair_key(pid, device)
             if (pid, device) in prealloc:
                 kind = "xla_preallocation" if prealloc[(pid, device)].framework == "XLA" else "preallocation"
                 inside = np.array([(c & BLOCK) != 0 for c in range(8)])

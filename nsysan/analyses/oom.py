@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from ..base.cuda_errors import OUT_OF_MEMORY, error_name
-from ..engine import Reducer
-from ..events.arrays import HIGH, pair_key
+from ..engine import GpuOf, Reducer
+from ..events.arrays import HIGH, one_pair_key, pair_key
 from ..events.nvtx import attribute_ranges
 from ..model import GPU_RESIDENT_KINDS, CacheRelease, CutShort, OomFailure, Probe
 from .peak import live_at
@@ -41,7 +41,6 @@ OPEN_END_NS = np.iinfo("int64").max // 4  # an NVTX range still open at the end 
 CLIMBING_TAIL = 0.25  # "still climbing": live bytes rose over the last quarter of the process's events...
 NEAR_END_NS = 100_000_000  # ...the last of which is within 100 ms of the end of the capture
 
-GpuOf = Callable[[int, int], Optional[int]]
 
 
 def gave_up_inside(release: CacheRelease, opened: list[str]) -> bool:
@@ -343,8 +342,7 @@ class ReleaseBursts(Reducer):
         by the NVTX path of its first free (`ranges`: the NVTX ranges)."""
         found: list[CacheRelease] = []
         for (pid, device), kind in sorted(caching.items()):
-            bursts = self.bursts.get((int(pair_key(np.array([pid]), np.array([device]))[0]),
-                                      _RELEASE_API.get(kind, "cudaFree")))
+            bursts = self.bursts.get((one_pair_key(pid, device), _RELEASE_API.get(kind, "cudaFree")))
             if bursts is None or not bursts.found:
                 continue
             chosen = bursts.found[:MAX_RELEASES - len(found)]

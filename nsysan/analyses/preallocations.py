@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..base.units import fmt_bytes, fmt_percent, fmt_time
-from ..engine import Reducer
+from ..engine import GpuOf, Reducer, TotalMemory
 from ..events.arrays import pair_key
 from ..events.stream import batch_rows, no_rows
 from ..model import Preallocation
@@ -19,8 +19,6 @@ from ..model import Preallocation
 PREALLOCATION_SHARE = 0.25  # one block this large a share of the GPU is a preallocated pool
 BIG_BLOCK = 1 << 30  # no GPU has 4 GiB or less: a pool is at least a GiB
 
-GpuOf = Callable[[int, int], Optional[int]]
-TotalMemory = Callable[[Optional[int]], Optional[int]]
 
 
 class BigBlocks(Reducer):

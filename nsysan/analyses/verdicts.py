@@ -12,9 +12,9 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from ..engine import Engine, Facts, Reducer, frame_batch
+from ..engine import Engine, Facts, GpuOf, Reducer, TotalMemory, frame_batch
 from ..base.cuda_errors import error_name
-from ..events.arrays import pair_key
+from ..events.arrays import one_pair_key
 from ..events.stream import EventBatch
 from ..model import AllocatorOom, Diagnostic, OomFailure, GroupSummary, MemoryCap, OutOfMemory, Peak, \
     PoolUse, Preallocation, ReservedMemory
@@ -28,7 +28,6 @@ from .oom import OPEN_END_NS, CutShortSums, FailureDevices, Moment, OomLiveSets,
     failures_and_probes, gave_up_inside, oom_calls, retries_and_numbers
 from .peak import pair_of
 
-GpuOf = Callable[[int, int], Optional[int]]
 MIN_VMM_GRANULARITY = 2 << 20  # cuMemCreate sizes are multiples of the granularity, 2 MiB on every GPU seen
 
 
@@ -43,8 +42,8 @@ class Verdicts:
 
 
 def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutcomes, ranges: pd.DataFrame,
-                  peaks: list[Peak], groups: list[GroupSummary], gpu_of: Callable[[int, int], Optional[int]],
-                  total_memory: Callable[[Optional[int]], Optional[int]], to_allocations: Callable,
+                  peaks: list[Peak], groups: list[GroupSummary], gpu_of: GpuOf,
+                  total_memory: TotalMemory, to_allocations: Callable,
                   process_names: dict[int, str], label: Callable[[int], str], end_ns: int,
                   duration_ns: Optional[int], quick: bool = False,
                   pools: Optional[list[PoolUse]] = None, batches: Sequence[EventBatch] = (), *,
@@ -81,7 +80,7 @@ class VerdictLooks:
 
     def __init__(self, outcomes: CallOutcomes, read_calls: Callable[[], tuple[Iterable[dict], Sequence[str]]],
                  api_names: Optional[list[str]], ranges: pd.DataFrame, gpu_of: GpuOf,
-                 total_memory: Callable[[Optional[int]], Optional[int]], process_names: dict[int, str],
+                 total_memory: TotalMemory, process_names: dict[int, str],
                  duration_ns: Optional[int], big_blocks: Callable[[], pd.DataFrame], more: dict) -> None:
         """`outcomes`: how the calls ended (the failed ones, how many ran out of memory, the
         successful cuMemCreate calls per process); `read_calls()`: the calls' chunks and API names
@@ -112,8 +111,7 @@ class VerdictLooks:
     def kind_of(self, pid: int, device: int) -> Optional[str]:
         """The caching allocator of a (process, device) (AllocatorSums.recognized); None under a
         preallocated block or in a process that ran XLA."""
-        key = int(pair_key(np.array([pid]), np.array([device]))[0])
-        if self.sums is None or key in self.more["allocator_blocks"] or pid in self.xla:
+        if self.sums is None or one_pair_key(pid, device) in self.more["allocator_blocks"] or pid in self.xla:
             return None
         return self.sums.recognized(pid, device, "python" in self.process_names.get(pid, "").lower())
 
@@ -133,9 +131,10 @@ class VerdictLooks:
         self.failure_moments: list[Optional[Moment]] = []
         for (pid, _, ts), device in zip(self.more["oom_calls"], self.failure_devices):
             gpu = self.gpu_of(pid, device) if device is not None else None
-            members = [k for k in pairs if self.gpu_of(*pair_of(k)) == gpu] if gpu is not None else [_key(pid, device)]
+            members = [k for k in pairs if self.gpu_of(*pair_of(k)) == gpu] if gpu is not None \
+                else [one_pair_key(pid, device)]
             self.failure_moments.append(Moment(ts, False, np.array(members, "int64")) if device is not None else None)
-        self.release_moments = {i: Moment(r.start_ns, True, np.array([_key(r.pid, r.device)], "int64"))
+        self.release_moments = {i: Moment(r.start_ns, True, np.array([one_pair_key(r.pid, r.device)], "int64"))
                                 for i, r in enumerate(self.releases)
                                 if not r.followed_by_allocation and gave_up_inside(r, self.open_by_pid.get(r.pid, []))}
         return [m for m in self.failure_moments if m is not None] + list(self.release_moments.values())
@@ -190,10 +189,6 @@ class VerdictLooks:
                           process_live_bytes=process_live, gpu_live_bytes=gpu_live, total_memory_bytes=total,
                           headroom_bytes=total - gpu_live if total and gpu_live is not None else None,
                           live_count=count, live_at_failure=live, retried_after_ns=retried)
-
-
-def _key(pid: int, device: int) -> int:
-    return int(pair_key(np.array([pid]), np.array([device]))[0])
 
 
 def verdict_caps(preallocations: list[Preallocation], oom: OutOfMemory) -> list[MemoryCap]:

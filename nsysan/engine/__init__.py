@@ -35,7 +35,10 @@ from ..events.stream import LIVE_COLUMNS, EventBatch, live_after
 # the labelled columns of a batch's calls (Labels), as the events frame's categories hold them
 LABELLED = ("api", "site", "nvtx_range", "nvtx_path", "operator")
 
-__all__ = ["Facts", "Labels", "Reducer", "Engine", "frame_batch", "frame_labels", "frame_live"]
+GpuOf = Callable[[int, int], Optional[int]]  # the GPU of a process's device (None: unknown)
+TotalMemory = Callable[[Optional[int]], Optional[int]]  # a GPU's memory (None: unknown)
+
+__all__ = ["GpuOf", "TotalMemory", "Facts", "Labels", "Reducer", "Engine", "frame_batch", "frame_labels", "frame_live"]
 
 
 @dataclass
@@ -44,7 +47,7 @@ class Facts:
     batches (`kinds[batch.kind]`), and the GPU of a process's device (None when unknown)."""
 
     kinds: Sequence[str]
-    gpu_of: Callable[[int, int], Optional[int]] = lambda pid, device: None
+    gpu_of: GpuOf = lambda pid, device: None
     more: dict = field(default_factory=dict)
 
 

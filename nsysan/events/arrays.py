@@ -137,3 +137,8 @@ def running_sums(codes: np.ndarray, values: np.ndarray, carry: np.ndarray) -> np
 def pair_key(pid: np.ndarray, device: np.ndarray) -> np.ndarray:
     """(process, device) packed into one int64: the pid above 16 bits of the device."""
     return (pid.astype("int64") << 16) | (device.astype("int64") & 0xFFFF)
+
+
+def one_pair_key(pid: int, device: int) -> int:
+    """pair_key of one (process, device)."""
+    return int(pair_key(np.array([pid]), np.array([device]))[0])
