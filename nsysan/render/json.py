@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -33,14 +34,23 @@ _NUMBERS = (int, float)  # exactly these types: bool is an int subclass and is n
 _SCALARS = (int, float, str, bool, type(None))
 # What json.dumps writes for each scalar type, without its encoder made anew at every call (most
 # of the time of 19,000 calls in a 770 kB document: issue 31); anything else goes to json.dumps.
-_SCALAR_TEXT = {str: json.encoder.encode_basestring_ascii, int: int.__repr__, bool: lambda v: "true" if v else "false",
-                type(None): lambda v: "null"}
+def _float_text(value: float) -> str:
+    """A float as json writes it (allow_nan: NaN, Infinity, -Infinity)."""
+    if value != value:
+        return "NaN"
+    if value in (math.inf, -math.inf):
+        return "Infinity" if value > 0 else "-Infinity"
+    return float.__repr__(value)
+
+
+_SCALAR_TEXT = {str: json.encoder.encode_basestring_ascii, int: int.__repr__, float: _float_text,
+                bool: lambda v: "true" if v else "false", type(None): lambda v: "null"}
 _RECORD_ENCODERS: dict[str, json.JSONEncoder] = {}  # the encoder of the records at each indent
 
 
 def _scalar(value: Any) -> str:
     write = _SCALAR_TEXT.get(type(value))
-    return write(value) if write is not None else json.dumps(value)  # floats: NaN, Infinity as json writes them
+    return write(value) if write is not None else json.dumps(value)
 
 
 def _write(value: Any, pad: str, parts: list[str]) -> None:
@@ -58,8 +68,13 @@ def _write(value: Any, pad: str, parts: list[str]) -> None:
         items = sorted(value.items())
         parts.append("{\n")
         for i, (key, item) in enumerate(items):
-            parts.append(("" if i == 0 else ",\n") + inner + json.encoder.encode_basestring_ascii(str(key)) + ": ")
-            _write(item, inner, parts)
+            head = ("" if i == 0 else ",\n") + inner + json.encoder.encode_basestring_ascii(str(key)) + ": "
+            write = _SCALAR_TEXT.get(type(item))  # a scalar written here: no call of _write for it
+            if write is None:
+                parts.append(head)
+                _write(item, inner, parts)
+            else:
+                parts.append(head + write(item))
         parts.append("\n" + pad + "}")
     elif isinstance(value, (list, tuple)) and value:
         if all(type(v) in _NUMBERS for v in value):
@@ -68,8 +83,13 @@ def _write(value: Any, pad: str, parts: list[str]) -> None:
         inner = pad + "  "
         parts.append("[\n")
         for i, item in enumerate(value):
-            parts.append(("" if i == 0 else ",\n") + inner)
-            _write(item, inner, parts)
+            head = "" if i == 0 else ",\n"
+            write = _SCALAR_TEXT.get(type(item))
+            if write is None:
+                parts.append(head + inner)
+                _write(item, inner, parts)
+            else:
+                parts.append(head + inner + write(item))
         parts.append("\n" + pad + "]")
     else:  # scalars, {} and []
         parts.append(_scalar(value))
