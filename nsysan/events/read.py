@@ -142,7 +142,8 @@ def memory_call_chunks(conn: sqlite3.Connection, schema: Schema, name_ids: list[
     low = rowids[0] if rowids else conn.execute(f"SELECT min(rowid) FROM {table}").fetchone()[0]
     high = rowids[1] if rowids else low + span - 1
     grid = chunk_grid(conn, table, low, high, chunk_rowids)  # read_chunks reads the same ranges
-    yield from zip(grid, read_chunks(conn, table, select, columns, chunk_rowids, (low, high), where))
+    # two chunks read at a time: the scan of the API calls (stream_calls.MemoryCalls) waits on SQLite
+    yield from zip(grid, read_chunks(conn, table, select, columns, chunk_rowids, (low, high), where, ahead=2))
 
 
 def memory_call_ranges(conn: sqlite3.Connection, schema: Schema, name_ids: list[int],

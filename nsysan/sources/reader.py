@@ -9,6 +9,7 @@ type from its first rows and fails on a damaged export that mixes types in one c
 
 from __future__ import annotations
 
+import collections
 import os
 import sqlite3
 import urllib.parse
@@ -151,11 +152,12 @@ def read_converted(conn: sqlite3.Connection, table: str, select: str, columns: l
 
 def read_chunks(conn: sqlite3.Connection, table: str, select: str, columns: list[str],
                 chunk_rowids: Optional[int] = None, rowids: Optional[tuple[int, int]] = None,
-                where: str = "") -> Iterator[pd.DataFrame]:
+                where: str = "", ahead: int = 1) -> Iterator[pd.DataFrame]:
     """`SELECT {select} FROM {table} [WHERE {where}]` (`rowids`: those between two rowids alone)
-    as frames of `chunk_rowids` rowids (CHUNK_ROWIDS), in rowid order; the next chunk is read on a
-    second thread while the caller works on this one (the driver releases the GIL while SQLite
-    scans). A table without a usable rowid, or one the fast driver can't read, comes as one frame."""
+    as frames of `chunk_rowids` rowids (CHUNK_ROWIDS), in rowid order; the next chunk (the next
+    `ahead` ones, each on a thread of its own) is read while the caller works on this one (the
+    driver releases the GIL while SQLite scans). A table without a usable rowid, or one the fast
+    driver can't read, comes as one frame."""
     path = database_path(conn) if _adbc is not None else None
     ranges = _rowid_ranges(conn, table, 1) if path else None
     if not ranges:
@@ -210,9 +212,9 @@ def _range_queries(table: str, select: str, ranges: list[tuple[int, int]], where
 
 
 def _read_ahead(conn: sqlite3.Connection, path: Optional[str], sqls: list[str],
-                columns: list[str]) -> Iterator[pd.DataFrame]:
-    """The frame of each query, the next one read by the fast driver on a second thread (without
-    it, or when it fails, through the standard library on this one)."""
+                columns: list[str], ahead: int = 1) -> Iterator[pd.DataFrame]:
+    """The frame of each query, the next `ahead` ones read by the fast driver on threads of their
+    own (without it, or when it fails, through the standard library on this one)."""
     if not sqls:
         return
 
@@ -224,12 +226,12 @@ def _read_ahead(conn: sqlite3.Connection, path: Optional[str], sqls: list[str],
         except Exception:  # noqa: BLE001 - read again through the standard library below
             return None
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        ahead = pool.submit(fast, sqls[0])
+    with ThreadPoolExecutor(max_workers=ahead) as pool:
+        reads = collections.deque(pool.submit(fast, sql) for sql in sqls[:ahead])
         for i, sql in enumerate(sqls):
-            frame = ahead.result()
-            if i + 1 < len(sqls):
-                ahead = pool.submit(fast, sqls[i + 1])
+            frame = reads.popleft().result()
+            if i + ahead < len(sqls):
+                reads.append(pool.submit(fast, sqls[i + ahead]))
             yield frame if frame is not None else read_frame(conn, sql, columns)
 
 
