@@ -74,7 +74,7 @@ class ColumnSpill:
     while it copies), while the caller makes the next entry: at 1e7 events some 1.6 GB go to the
     page cache. Up to WRITES_AHEAD entries wait for their write (their arrays held meanwhile)."""
 
-    WRITES_AHEAD = 2
+    WRITES_AHEAD = 1
 
     def __init__(self) -> None:
         self.path: Optional[str] = None

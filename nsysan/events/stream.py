@@ -95,10 +95,11 @@ class EventBatch:
 
 
 def _give_back(batch_number: int) -> None:
-    """Every 16th batch, the heap's free memory back to the system: the command line's heap keeps
-    up to 1 GB of freed memory for reuse (allocator.keep_large_arrays_on_the_heap), which a flow of
-    batches would fill with their temporaries (a trim takes some 10 ms)."""
-    if batch_number % 16 == 15:
+    """Every 4th batch (a million events or so), the heap's free memory back to the system: the
+    command line's heap keeps up to 1 GB of freed memory for reuse
+    (malloc_tuning.keep_large_arrays_on_the_heap), which a flow of batches would fill with their
+    temporaries (a trim takes some 10 ms)."""
+    if batch_number % 4 == 3:
         release_memory()
 
 
@@ -142,29 +143,27 @@ def _kept_batches() -> Kept[EventBatch]:
 def _made_ahead(batches: Iterator[T]) -> Iterator[T]:
     """The items of `batches`, each made on a thread of its own while the caller takes the one
     before: the first pass's reading, decoding, ordering, pairing and joining to the calls go on
-    beside the analyses (numpy, the SQLite driver and Arrow let go of the GIL for most of it), one
-    batch ahead at most. What `batches` raises is raised here; when the caller stops early, the
-    thread stops after the batch it is making."""
-    handed: queue.Queue = queue.Queue(maxsize=1)
+    beside the analyses (numpy, the SQLite driver and Arrow let go of the GIL for most of it). The
+    next batch is begun only once the caller has taken the last one made: two batches at most
+    (the caller's and the next). What `batches` raises is raised here; when the caller stops
+    early, the thread stops after the batch it is making."""
+    handed: queue.Queue = queue.Queue()
+    taken = threading.Semaphore(0)  # released as the caller takes a batch: the next may be begun
     stop = threading.Event()
-
-    def offer(item: tuple) -> bool:
-        while not stop.is_set():
-            try:
-                handed.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
 
     def make() -> None:
         try:
             for batch in batches:
-                if not offer((batch, None)):
+                handed.put((batch, None))
+                del batch
+                while not taken.acquire(timeout=0.05):
+                    if stop.is_set():
+                        return
+                if stop.is_set():
                     return
-            offer((_END, None))
+            handed.put((_END, None))
         except BaseException as err:  # noqa: BLE001 - raised again on the caller's thread
-            offer((_END, err))
+            handed.put((_END, err))
         finally:
             batches.close()
 
@@ -177,7 +176,9 @@ def _made_ahead(batches: Iterator[T]) -> Iterator[T]:
                 raise err
             if item is _END:
                 return
+            taken.release()
             yield item
+            del item
     finally:
         stop.set()
         thread.join()
@@ -206,6 +207,7 @@ class EventFlow:
     # joins each batch to its API calls (stream_calls.CallWindow); None: --quick reads no calls
     call_window: Optional[object] = None
     order_ahead: Optional[object] = None  # a Future of read_order.table_order, started before the flow
+    made_ahead: bool = True  # the batches made on a thread of their own (_made_ahead)
 
     def __post_init__(self) -> None:
         names = self.schema.mem_kinds
@@ -229,7 +231,8 @@ class EventFlow:
             consumer = make()
             kept = _kept_batches() if keep else None
             try:
-                for number, batch in enumerate(_made_ahead(self._batches())):
+                batches = _made_ahead(self._batches()) if self.made_ahead else self._batches()
+                for number, batch in enumerate(batches):
                     consumer.add(batch)
                     if kept is not None:
                         kept.add(dataclasses.replace(batch, live_before={}))
@@ -240,6 +243,13 @@ class EventFlow:
                 if self.runs is not None:  # pragma: no cover - a merge never emits out of order
                     raise
                 self._find_runs()
+                continue
+            except sqlite3.ProgrammingError:
+                if kept is not None:
+                    kept.close()
+                if not self.made_ahead:
+                    raise
+                self.made_ahead = False  # a connection bound to its thread (a caller's own): made on this one
                 continue
             if self.call_window is not None and not self.call_window.exact:
                 # an event's call lay outside the window: again, every call held (stream_calls.py)
