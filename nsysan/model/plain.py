@@ -22,10 +22,10 @@ def _to_plain(value: Any) -> Any:
     names = _FIELD_NAMES.get(kind)
     if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
         names = _FIELD_NAMES[kind] = tuple(f.name for f in dataclasses.fields(value))
-    if names is not None:
-        return {name: _to_plain(getattr(value, name)) for name in names}
+    if names is not None:  # scalars taken as they are, without a call for each (issue 31)
+        return {name: v if type(v := getattr(value, name)) in _SCALARS else _to_plain(v) for name in names}
     if isinstance(value, (list, tuple)):
-        return [_to_plain(v) for v in value]
+        return [v if type(v) in _SCALARS else _to_plain(v) for v in value]
     return value
 
 
