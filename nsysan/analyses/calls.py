@@ -150,8 +150,7 @@ class FailedCalls(Reducer):
     def start(self, facts) -> None:
         super().start(facts)
         self.failed = facts.more["failed_call_rows"]
-        self.pid = self.failed["pid"].to_numpy().astype("int64") if len(self.failed) else np.zeros(0, "int64")
-        self.ts = self.failed["ts_ns"].to_numpy().astype("int64") if len(self.failed) else np.zeros(0, "int64")
+        self.pid, self.ts = (np.asarray(self.failed.get(column, ()), "int64") for column in ("pid", "ts_ns"))
         self.live = np.zeros(len(self.pid), "int64")
         self.carried: dict[int, int] = {}  # pid -> its GPU-resident live bytes so far
         self.resident = [i for i, kind in enumerate(facts.kinds) if kind in GPU_RESIDENT_KINDS]
