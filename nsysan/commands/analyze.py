@@ -198,7 +198,11 @@ def _import_quietly(*modules: str) -> None:
     """Import `modules` with the cyclic garbage collector paused, then keep what is there out of
     its later passes (gc.freeze): imports make no garbage worth collecting, and the collector's
     passes over the growing heap took 12% of the analyses' imports' CPU (issue 31). For the
-    command line only: a library leaves its host's collector alone."""
+    command line only: a library leaves its host's collector alone. Once per process: a later
+    report's analysis finds them imported (or being imported, by the thread: its import waits),
+    and what an earlier analysis left is not frozen."""
+    if all(module in sys.modules for module in modules):
+        return
     gc.disable()
     try:
         for module in modules:
