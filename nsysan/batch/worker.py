@@ -9,27 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
-
-HASH_CHUNK = 1 << 20
-
-
-def content_hash(path: Path) -> str:
-    """SHA-256 of the file's bytes, hex: the report's key in nsysan.db (the same report under
-    another name or in another folder is the same report)."""
-    from ..sources.export.input_files import open_regular
-
-    digest = hashlib.sha256()
-    with open_regular(path) as handle:  # a FIFO or a device is refused, never read forever
-        for chunk in iter(lambda: handle.read(HASH_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 # How analyze_one treats the allocator of the process it runs in (see tune_this_process).
 TUNE_PROCESS = "process"  # a worker nsysan started itself (the local pool, --dask local): tuned for good
@@ -141,6 +125,7 @@ def _analyze(path: str, nsys: Optional[str], cache_dir: Optional[str], max_memor
     from ..errors import NsysanError, one_line
     from ..pipeline.report_or_document import load_or_analyze
     from ..pipeline.cache import document_of
+    from ..sources.export.input_files import file_digest
     from .database import database_rows, report_key
     from .departure import rank_steps
     from .summary import summary_rows
@@ -149,8 +134,8 @@ def _analyze(path: str, nsys: Optional[str], cache_dir: Optional[str], max_memor
     result: dict[str, Any] = {"path": path, "ok": False, "hash": None, "document": None, "error": None}
     try:
         report = Path(path)
-        try:
-            result["hash"] = content_hash(report)
+        try:  # the report's key in nsysan.db: the same bytes under another name are the same report
+            result["hash"] = file_digest(report)
         except ValueError as err:  # a NUL in a name from an @list
             raise NsysanError(f"{report.name} could not be read: a file name can't hold a NUL character") from err
         except OSError as err:
