@@ -132,15 +132,15 @@ def write_all_or_none(files: dict[Path, Union[str, bytes]]) -> None:
     take their names, and renaming needs no space. A full disk or a failure half-way leaves every
     old file in place and no new one, never a page of this run beside the plots of the last.
     """
-    claim_outputs((Path(path), hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data)
-                   .hexdigest()) for path, data in files.items())
+    payloads = [(Path(path), data.encode("utf-8") if isinstance(data, str) else data) for path, data in files.items()]
+    digests = [hashlib.sha256(payload).hexdigest() for _, payload in payloads]
+    claim_outputs((path, digest) for (path, _), digest in zip(payloads, digests))
     staged: list[tuple[Path, Path, Path, str]] = []  # (temporary file, target, path as given, sha256)
     try:
-        for path, data in files.items():
-            payload = data.encode("utf-8") if isinstance(data, str) else data
-            tmp_and_target = _stage(Path(path), payload)
+        for (path, payload), digest in zip(payloads, digests):
+            tmp_and_target = _stage(path, payload, digest)
             if tmp_and_target is not None:
-                staged.append((*tmp_and_target, Path(path), hashlib.sha256(payload).hexdigest()))
+                staged.append((*tmp_and_target, path, digest))
         for tmp, target, path, digest in staged:
             try:
                 os.replace(tmp, target)
@@ -155,9 +155,9 @@ def write_all_or_none(files: dict[Path, Union[str, bytes]]) -> None:
                 os.unlink(tmp)  # renamed already: nothing there any more
 
 
-def _stage(path: Path, payload: bytes) -> Optional[tuple[Path, Path]]:
-    """The payload in a new temporary file beside the target, on disk; (temporary, target).
-    None when the target is no regular file and was written in place."""
+def _stage(path: Path, payload: bytes, digest: str) -> Optional[tuple[Path, Path]]:
+    """The payload (whose sha256 is `digest`) in a new temporary file beside the target, on disk;
+    (temporary, target). None when the target is no regular file and was written in place."""
     _refuse_if_input(path)
     try:
         try:
@@ -167,7 +167,7 @@ def _stage(path: Path, payload: bytes) -> Optional[tuple[Path, Path]]:
         mode = found.st_mode if found is not None else None
         if found is not None and stat.S_ISREG(found.st_mode):
             earlier = _written.get((found.st_dev, found.st_ino)) if _written is not None else None
-            if earlier is not None and earlier[1] != hashlib.sha256(payload).hexdigest():
+            if earlier is not None and earlier[1] != digest:
                 raise NsysanError(f"refusing to write {path}: this run already wrote another document "
                                   f"there ({earlier[0]}); give each output its own name")
         if mode is not None and stat.S_ISDIR(mode):
