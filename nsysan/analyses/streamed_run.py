@@ -26,7 +26,7 @@ from .explore import Explorable, LargestAllocations, allocation_groups
 from .oom import CutShortSums
 from .allocations import FreeTimes
 from .peak import Peaks, PeakSeries, headline, module_load_note, peak_of
-from .preallocations import BigBlocks, find_preallocations
+from .preallocations import BigBlocks
 from .byte_classes import ByteClassSums
 from .step_windows import StepWindows
 from .groups import GroupSums
@@ -39,7 +39,7 @@ from .spikes import Spikes
 from .stacks import stack_bytes
 from .steps import step_diagnostics
 from ..events.stream import EventBatch, no_rows
-from .verdicts import VerdictLooks, with_note
+from .verdicts import VerdictLooks
 
 
 def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
@@ -108,12 +108,10 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     def label(pid: int) -> str:
         return labels.get(pid) or f"process {pid}"
 
-    preallocations = find_preallocations(described.frame(looks.blocks()), described.ranges, gpu_of, total_memory,
-                                         label)
-    peaks = [with_note(p, preallocations, lambda s=s: module_load_note(s, described.own_api(s)))
-             for p, s in zip(peaks, series)]
-    verdicts = looks.verdicts(peaks, groups, pools or [], preallocations,
-                              answered["cut_short"].judged(looks.open_by_pid, end_ns), described.allocations, label)
+    verdicts = looks.verdicts(peaks, [lambda s=s: module_load_note(s, described.own_api(s)) for s in series], groups,
+                              pools or [], answered["cut_short"].judged(looks.open_by_pid, end_ns), described.frame,
+                              described.allocations, label)
+    peaks = verdicts.peaks
     if answers is not None:
         answers["verdicts"] = verdicts
     leaks = answered["never_freed"]

@@ -61,15 +61,13 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutco
     looks = VerdictLooks(outcomes, read_calls, None if quick else list(events["api"].cat.categories), ranges,
                          gpu_of, total_memory, process_names, duration_ns, lambda: big_blocks,
                          {"allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]})
-    preallocations = find_preallocations(events.iloc[looks.blocks()["seq"].to_numpy()], ranges, gpu_of, total_memory,
-                                         label)
+    looks.blocks()  # known before the events: AllocatorSums sums on its one look, its peaks known
     cut = CutShortSums()
     Engine(looks.reducers + [cut], Facts(list(events["kind"].cat.categories), gpu_of, looks.more)).run(
         list(batches) or [frame_batch(events)], dict(live))
-    return looks.verdicts(
-        [with_note(p, preallocations, note) for p, note in zip(peaks, load_notes)], groups, pools or [],
-        preallocations, cut.judged(looks.open_by_pid, end_ns),
-        lambda rows, free_ts, moment: to_allocations(events.iloc[rows["seq"].to_numpy()]), label)
+    return looks.verdicts(peaks, load_notes, groups, pools or [], cut.judged(looks.open_by_pid, end_ns),
+                          lambda rows: events.iloc[rows["seq"].to_numpy()],
+                          lambda rows, free_ts, moment: to_allocations(events.iloc[rows["seq"].to_numpy()]), label)
 
 
 class VerdictLooks:
@@ -139,13 +137,17 @@ class VerdictLooks:
                                 if not r.followed_by_allocation and gave_up_inside(r, self.open_by_pid.get(r.pid, []))}
         return [m for m in self.failure_moments if m is not None] + list(self.release_moments.values())
 
-    def verdicts(self, peaks: list[Peak], groups: list[GroupSummary], pools: list[PoolUse],
-                 preallocations: list[Preallocation], cut_short: list, allocations: Callable,
-                 label: Callable[[int], str]) -> Verdicts:
-        """The Verdicts once the looks are done: `peaks` with their notes; `cut_short`:
-        CutShortSums.judged (with `open_by_pid`); `allocations(rows, free_ts, moment)`: the
+    def verdicts(self, peaks: list[Peak], load_notes: Sequence[Callable[[], str]], groups: list[GroupSummary],
+                 pools: list[PoolUse], cut_short: list, frame: Callable[[pd.DataFrame], pd.DataFrame],
+                 allocations: Callable, label: Callable[[int], str]) -> Verdicts:
+        """The Verdicts once the looks are done: `load_notes`: each peak's peak.module_load_note,
+        for a peak reached by a module load; `cut_short`: CutShortSums.judged (with
+        `open_by_pid`); `frame(rows)`: rows (batch_rows' columns) as an events frame, with their API
+        names (the preallocated blocks'); `allocations(rows, free_ts, moment)`: the
         Allocations of a live set's rows (batch_rows' columns; `free_ts`: seq -> free time of
         those freed)."""
+        preallocations = find_preallocations(frame(self.blocks()), self.ranges, self.gpu_of, self.total_memory, label)
+        peaks = [with_note(p, preallocations, note) for p, note in zip(peaks, load_notes)]
         allocators = self.sums.uses(peaks, self.kind_of, preallocations, self.gpu_of, label) if self.sums else []
         retry, number = retries_and_numbers(*self.read_calls(), self.failed) if not self.failed.empty else ((), ())
         failures, probes = failures_and_probes(self.failed, self.ranges, retry, number,
