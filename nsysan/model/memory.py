@@ -176,6 +176,11 @@ class Peak:
     # Every allocation live at the peak by call stack, largest first (capped): what the flame graph draws
     live_stacks: list[StackBytes] = field(default_factory=list)
 
+    @property
+    def gpu_or_device(self) -> int:
+        """The GPU it was reached on: its id, or the CUDA ordinal when the capture does not say."""
+        return self.device if self.gpu is None else self.gpu
+
 
 @dataclass(frozen=True)
 class Site:

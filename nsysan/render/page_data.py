@@ -39,7 +39,7 @@ def home_panels(analysis: Analysis, panels: dict[int, list[Series]]) -> dict[int
     home: dict[int, int] = {}
     best: dict[int, int] = {}
     for peak in analysis.peaks:
-        key = peak.device if peak.gpu is None else peak.gpu
+        key = peak.gpu_or_device
         if peak.pid is not None and key in panels and peak.peak_bytes > best.get(peak.pid, -1):
             best[peak.pid], home[peak.pid] = peak.peak_bytes, key
     for key, series in panels.items():  # a process without a GPU-resident peak: its first panel
@@ -56,7 +56,7 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
     short, names = process_names(analysis)
     gpus = {g.id: g for g in analysis.capture.gpus}
     several = len({s.pid for series in panels.values() for s in series}) > 1
-    shared = {(p.device if p.gpu is None else p.gpu): p for p in analysis.peaks if p.pid is None}
+    shared = {p.gpu_or_device: p for p in analysis.peaks if p.pid is None}
 
     def panel(key: int, series: list[Series]) -> dict[str, Any]:
         gpu = gpus.get(key)
@@ -73,7 +73,7 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
             "smi": smi_lines(analysis, key, short),
         }
 
-    peaks = [{"pid": p.pid, "panel": p.device if p.gpu is None else p.gpu, "device": p.device,
+    peaks = [{"pid": p.pid, "panel": p.gpu_or_device, "device": p.device,
               "bytes": p.peak_bytes, "t": p.peak_time_ns,
               "label": (f"{short[p.pid]}: " if several else "") + f"peak {fmt_bytes(p.peak_bytes)}"
                        + (f" · {printable(p.nvtx_range)}" if p.nvtx_range else "")}

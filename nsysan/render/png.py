@@ -200,10 +200,6 @@ def _bounded(panels: dict[int, list[Series]]) -> tuple[dict[int, list[Series]], 
     return kept, (f"Not drawn: {' and '.join(parts)} with lower memory (see analysis.json)" if parts else "")
 
 
-def _panel_key(peak: Peak) -> int:
-    return peak.device if peak.gpu is None else peak.gpu
-
-
 def _window(analysis: Analysis, panels: dict[int, list[Series]], home: dict[int, int]) -> tuple[int, int]:
     """The time span worth drawing: where memory moves (`timeline.focus_*`, the span the page opens
     on), else from the first to the last memory event, band or failed call.
@@ -226,7 +222,7 @@ def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home
                 window: tuple[int, int], t_scale: float) -> None:
     timeline = analysis.timeline
     drawn = {s.pid for s in series}
-    peaks = [p for p in analysis.peaks if p.pid in drawn and _panel_key(p) == gpu_key and p.peak_bytes > 0]
+    peaks = [p for p in analysis.peaks if p.pid in drawn and p.gpu_or_device == gpu_key and p.peak_bytes > 0]
     failed = [f for f in analysis.failed_calls if f.pid in home_pids]
     top = max([max(s.live_bytes) for s in series] + [p.peak_bytes for p in peaks]
               + [smi_top(analysis.smi, gpu_key, window)]
@@ -347,7 +343,7 @@ def _panel_title(analysis: Analysis, gpu_key: int, gpu: Optional[Gpu], draw_capa
             title += f" · {fmt_bytes(gpu.total_memory_bytes)}"
             if peaks:  # the line itself would squash the curves flat: the capacity is stated instead
                 title += f" (highest peak: {max(p.peak_bytes for p in peaks) / gpu.total_memory_bytes:.1%} of it)"
-    shared = next((p for p in analysis.peaks if p.pid is None and _panel_key(p) == gpu_key), None)
+    shared = next((p for p in analysis.peaks if p.pid is None and p.gpu_or_device == gpu_key), None)
     if shared is not None:
         title += f" · all processes: peak {fmt_bytes(shared.peak_bytes)} at {fmt_time(shared.peak_time_ns)}"
     return title

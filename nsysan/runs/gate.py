@@ -176,7 +176,7 @@ def _gpu_peaks(analysis: Analysis) -> dict[int, int]:
     together = {p.device: p.peak_bytes for p in analysis.peaks if p.pid is None}  # device is the GPU id there
     alone: dict[int, int] = {}
     for p in analysis.peaks:
-        gpu = p.gpu if p.gpu is not None else p.device
+        gpu = p.gpu_or_device
         if p.pid is not None and gpu not in together:
             alone[gpu] = max(alone.get(gpu, 0), p.peak_bytes)
     return {**alone, **together}
