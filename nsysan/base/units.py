@@ -1,5 +1,5 @@
 """The one place sizes and times are formatted for people, and read from them (--max-peak 8GiB,
---spike-window 10ms)."""
+--spike-window 10ms); and the one check of --step-range's regular expression."""
 
 from __future__ import annotations
 
@@ -198,6 +198,16 @@ def check_duration_ns(ns: object, option: str, shown: str = "") -> int:
     if ns > MAX_DURATION_NS:
         raise ValueError(f"{what} is longer than a day, the most it can be; give one like 10ms, 0.5s or 200us")
     return ns
+
+
+def check_step_range(pattern: Optional[str]) -> None:
+    """Fail before any work when --step-range (a regular expression) does not compile."""
+    if pattern is None:
+        return
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        raise NsysanError(f"--step-range {pattern!r} is not a regular expression ({err})") from None
 
 
 def shown_value(value: object, limit: int = 40) -> str:

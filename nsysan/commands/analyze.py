@@ -17,7 +17,7 @@ from ..runtime.memory_budget import budget_bytes
 from ..sources.export import REPORT_SUFFIXES, analysis_export, files_read_for
 from .outputs import check_output_dir, claim_outputs, one_run, write_atomic, write_report
 from ..render.json import render_baseline, render_json, render_json_many
-from ..base.units import parse_duration
+from ..base.units import check_step_range, parse_duration
 from .common import out_console, progress_bar, say_error, shown, to_stdout
 
 if TYPE_CHECKING:
@@ -132,10 +132,7 @@ class HowToAnalyze:
 
     def check(self) -> int:
         """The spike window in ns; NsysanError for a --step-range or --spike-window that can't be used."""
-        if self.step_range is not None:
-            from ..pipeline.stages import check_pattern
-
-            check_pattern(self.step_range, "--step-range")
+        check_step_range(self.step_range)
         try:
             return parse_duration(self.spike_window, "--spike-window")
         except ValueError as err:

@@ -8,6 +8,7 @@ from typing import Any, List, Optional
 
 import typer
 
+from ..base.units import check_step_range
 from ..errors import NsysanError, printable
 from .common import err_console, out_console, to_stdout
 
@@ -64,10 +65,7 @@ def batch(
         raise NsysanError(f"--jobs {str(jobs)[:20]}{'...' if len(str(jobs)) > 20 else ''} is more than the "
                           f"{MAX_JOBS} analyses at once this machine can run; give at most its number of cores")
     parse_tags(tag or ())  # a bad tag stops the batch before any analysis
-    if step_range is not None:
-        from ..pipeline.stages import check_pattern
-
-        check_pattern(step_range, "--step-range")
+    check_step_range(step_range)
     if dask:
         try:
             import distributed  # noqa: F401

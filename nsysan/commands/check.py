@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
+from ..base.units import check_step_range
 from ..errors import NsysanError
 from ..sources.export import files_read_for
 from .outputs import append_text, claim_outputs, one_run, write_all_or_none, write_atomic
@@ -129,10 +130,7 @@ def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsy
     limits = Limits.parse(**given, defaults=defaults)
     if limits.max_peak_increase is not None and baseline is None:
         raise NsysanError("--max-peak-increase needs a baseline: add --baseline BASE (a report or its analysis.json)")
-    if step_range is not None:
-        from ..pipeline.stages import check_pattern
-
-        check_pattern(step_range, "--step-range")
+    check_step_range(step_range)
     analysis = load_or_analyze(report, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range,
                                oom_logs=logs)
     base = None if baseline is None else load_or_analyze(baseline, nsys=nsys, cache_dir=cache_dir,

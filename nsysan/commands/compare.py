@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from ..base.units import check_step_range
 from ..errors import NsysanError
 from ..sources.export import files_read_for
 from .outputs import check_output_dir, claim_outputs, one_run, write_comparison
@@ -37,10 +38,7 @@ def compare(
     """
     if format not in ("text", "json"):
         raise NsysanError(f"unknown --format {format!r}; use text or json")
-    if step_range is not None:
-        from ..pipeline.stages import check_pattern
-
-        check_pattern(step_range, "--step-range")
+    check_step_range(step_range)
     with one_run([*files_read_for(base), *files_read_for(new)]):
         if output:
             check_output_dir(output)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence, TypeVar, Union
@@ -30,7 +29,7 @@ from ..model import Analysis, Diagnostic, Source
 from ..model.capture import path_text
 from ..sources.schema import Schema, open_readonly, probe, refuse_missing_tables
 from ..sources.sqlite_file import EXPORTED_TABLES, FIRST_EXPORT_TABLES, LAUNCH_TABLES
-from ..base.units import check_duration_ns
+from ..base.units import check_duration_ns, check_step_range
 from ..sources.snapshot import committed_state
 
 if TYPE_CHECKING:
@@ -70,8 +69,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
 
         messages = read_oom_logs(oom_logs)
     say = progress or (lambda stage, fraction: None)
-    if step_range is not None:
-        check_pattern(step_range, "--step-range")
+    check_step_range(step_range)
     if spike_window_ns is not None:  # the API's value, checked as the command line's --spike-window
         try:
             check_duration_ns(spike_window_ns, "spike_window_ns")
@@ -197,14 +195,6 @@ def without_notebook_columns(loaded: LoadedEvents) -> None:
     for frame in (loaded.events, loaded.calls):
         if "correlation_id" in frame:
             del frame["correlation_id"]
-
-
-def check_pattern(pattern: str, option: str) -> None:
-    """Fail before any work when a regular expression the user gave does not compile."""
-    try:
-        re.compile(pattern)
-    except re.error as err:
-        raise NsysanError(f"{option} {pattern!r} is not a regular expression ({err})") from None
 
 
 def _read(report: Path, sqlite_path: Path, scratch: Path, say: Progress, quick: bool,
