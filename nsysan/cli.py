@@ -124,9 +124,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         else:
             say_error(f"nsysan: {one_line(str(err))}")
         raise SystemExit(2) from None
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         say_error("nsysan: interrupted")
-        raise SystemExit(130) from None
+        raise SystemExit(INTERRUPTED) from None
     except NsysanError as err:
         if _state["debug"]:
             traceback.print_exc()
@@ -136,9 +136,6 @@ def main(argv: Optional[list[str]] = None) -> None:
         # The reader has what it wanted; what a shell reports for a process ended by SIGPIPE.
         _silence_stdout()
         raise SystemExit(OUTPUT_CLOSED) from None
-    except KeyboardInterrupt:
-        say_error("nsysan: interrupted")
-        raise SystemExit(INTERRUPTED) from None
     except _Stopped as stopped:
         say_error(f"nsysan: stopped by {signal.Signals(stopped.signum).name}")
         raise SystemExit(128 + stopped.signum) from None
