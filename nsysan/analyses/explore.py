@@ -25,6 +25,7 @@ from ..events.nvtx import thread_key
 from ..events.read import TRACE_GOES_ON
 from ..model import AllocationGroup, Band, NvtxSpan, TraceEnd
 from ..model.memory import range_family, site_in_family
+from .capture import FINITE
 from .sites import call_site
 from .timeline import longest_per_process, top_level_bands
 
@@ -39,7 +40,6 @@ FOCUS_SKIP = 0.05
 FOCUS_PAD = 0.03  # of the focus span, on each side
 WARM_UP_AFTER = 3  # later steps a process needs for its first one to be left out of the focus (after_warm_up)
 
-_FINITE = np.iinfo("int64").max // 4  # a range left open has a huge end
 _NO_RANGES = empty_ranges()
 STEP_REPEATS = 3
 _NUMBER = re.compile(r"\d+")
@@ -107,7 +107,7 @@ def after_warm_up(steps: list[Band]) -> Optional[int]:
     for own in by_pid.values():
         own.sort(key=lambda band: (band.start_ns, band.end_ns))
         first, later = own[0], own[1:]
-        if len(later) < WARM_UP_AFTER or any(band.end_ns >= _FINITE for band in own) \
+        if len(later) < WARM_UP_AFTER or any(band.end_ns >= FINITE for band in own) \
                 or first.end_ns - first.start_ns <= sum(band.end_ns - band.start_ns for band in later):
             return None
         ends.append(first.end_ns)
@@ -142,7 +142,7 @@ def _spans(mine: pd.DataFrame, threads: pd.DataFrame, limit: int) -> list[NvtxSp
     if not threads.empty:
         mine = mine[mine["pid"].isin(pd.unique(threads["pid"].to_numpy())).to_numpy()]  # a hash pass, not a sort
     ends = mine["end_ns"].to_numpy()
-    mine = mine.assign(end_ns=np.where(ends < _FINITE, ends, mine["start_ns"].to_numpy()))
+    mine = mine.assign(end_ns=np.where(ends < FINITE, ends, mine["start_ns"].to_numpy()))
     mine = longest_per_process(mine, limit).sort_values(["start_ns", "depth"], kind="stable")
     return [NvtxSpan(int(p), int(t), str(n), int(s), int(e), int(d))
             for p, t, n, s, e, d in mine[["pid", "tid", "name", "start_ns", "end_ns", "depth"]]
@@ -303,7 +303,7 @@ def early_trace_ends(ranges: pd.DataFrame, last_cuda_call_ns: dict[int, int]) ->
     diagnostic's rule), with the time of the last CUDA call."""
     if ranges.empty:
         return []
-    finite = ranges[(ranges["end_ns"] < _FINITE).to_numpy()]
+    finite = ranges[(ranges["end_ns"] < FINITE).to_numpy()]
     return [TraceEnd(int(pid), int(last)) for pid, last in sorted(last_cuda_call_ns.items())
             if int(((finite["pid"] == pid) & (finite["start_ns"] > last)).sum()) >= TRACE_GOES_ON]
 

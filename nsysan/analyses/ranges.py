@@ -18,12 +18,12 @@ from ..engine import Reducer
 from ..events.nvtx import MAX_NVTX_DEPTH, attribute_ranges, range_paths
 from ..model import GPU_RESIDENT_KINDS, RangeFamily, RangeStat
 from ..model.memory import range_family
+from .capture import FINITE
 from .grouping import Segments
 from .groups import batch_series
 from .windows import Windows
 
 MAX_RANGES = 200
-FINITE = np.iinfo("int64").max // 4  # as analyses._capture_span: times from here on are absurd
 MOVED = ("allocations", "allocated", "freed", "open")  # per user range name and per operator name
 # the labelled columns of an event's ranges (batch.calls), and what names their codes (engine.Labels)
 NVTX_COLUMNS = {"nvtx_range": "ranges", "nvtx_path": "paths", "operator": "operators"}
