@@ -167,7 +167,7 @@ def read_chunks(conn: sqlite3.Connection, table: str, select: str, columns: list
         return
     low, high = rowids or ranges[0]
     grid = chunk_grid(conn, table, low, high, chunk_rowids or CHUNK_ROWIDS)
-    yield from _read_ahead(conn, path, _range_queries(table, select, grid, where), columns)
+    yield from _read_ahead(conn, path, _range_queries(table, select, grid, where), columns, ahead)
 
 
 def chunk_grid(conn: sqlite3.Connection, table: str, low: int, high: int, step: int) -> list[tuple[int, int]]:
