@@ -209,11 +209,15 @@ def dealt_copy(source: Path, out: Path, piles: int) -> Path:
 @pytest.mark.parametrize("name, piles", [("torch_leak_v25", 3), ("ddp_leak_v25", 2), ("real_oom_v25", 5)])
 def test_streamed_quick_merges_runs_in_time_order(name, piles, tmp_path, monkeypatch):
     path = dealt_copy(FIXTURES / f"{name}.sqlite", tmp_path / f"{name}.sqlite", piles)
-    runs = []
+    runs, emitted = [], []
     monkeypatch.setattr(stream, "memory_sorted_runs", lambda *args: runs.extend(read.memory_sorted_runs(*args)) or runs)
+    emit = stream.EventFlow._emit
+    monkeypatch.setattr(stream.EventFlow, "_emit", lambda self, rows: emitted.append(len(rows["key"])) or emit(self, rows))
     whole, streamed = quick_documents(path, chunk_rowids(path), monkeypatch)
     assert len(runs) == piles  # merged as that many runs, a few chunks of each at a time
     assert streamed == whole
+    # a batch holds a chunk's worth of rows or more (the last one the rest), however the runs are reached
+    assert len(emitted) > 2 and min(emitted[:-1]) >= chunk_rowids(path)
 
 
 def test_streamed_quick_reads_the_table_again_when_the_batches_cannot_be_kept(monkeypatch):
