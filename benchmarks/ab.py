@@ -74,7 +74,8 @@ def main() -> None:
                "cpu_before_s": round(cpu_before, 2), "cpu_after_s": round(cpu_after, 2),
                "cpu_ratio": round(cpu_after / cpu_before, 3),
                "peak_rss_before_mib": round(rss_before), "peak_rss_after_mib": round(rss_after),
-               "peak_rss_ratio": round(rss_after / rss_before, 3), "load_average": round(os.getloadavg()[0], 1)}
+               "peak_rss_ratio": round(rss_after / rss_before, 3), "load_average": round(os.getloadavg()[0], 1),
+               "options": args.options}
         print(f"{export.name:32s} before {before:7.2f} s   after {after:7.2f} s   ratio {after / before:.3f}   "
               f"after / first export {after / first_after:.3f}   runs {row['runs']}\n"
               f"{'':32s} CPU before {cpu_before:6.2f} s   after {cpu_after:6.2f} s   ratio {cpu_after / cpu_before:.3f}   "
