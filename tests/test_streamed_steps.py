@@ -1,7 +1,7 @@
 """The streamed full analysis finds the whole frame's steps, growth verdicts, phases and step
-diagnostics (the engine's StepWindows fed the streamed flow, its sites labelled by SiteSums), in
-batches of three rows and with --step-range (on shuffled rows: test_bounded_memory's
-whole-document check)."""
+diagnostics (the engine's StepWindows fed the streamed flow, its sites labelled by
+events.flow_labels.FlowLabels), in batches of three rows and with --step-range (on shuffled rows:
+test_bounded_memory's whole-document check)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ The memory events flow as in `--quick` (streamed_run.py), each batch joined to i
 (events/stream_calls.py); one scan of the calls sums the API call stats, finds the failed calls,
 the threads and the calls' span; the first pass gathers the allocations' call stacks (and the
 engine's reducers the live bytes at each failed call, calls.FailedCalls, and the driver's
-virtual-memory events, diagnostics.VmmEvents); the second labels every event's site (streamed_sites.py) and
+virtual-memory events, diagnostics.VmmEvents); the second labels every event's site (events/flow_labels.py) and
 attributes it to its NVTX ranges, for the engine's sites table (sites.SiteRanks) and ranges
 table (ranges.RangeSums); the timeline's bands, spans and focus from the engine's explore.Explorable
 as on the whole frame; the steps, growth and phases from
@@ -30,6 +30,7 @@ from ..events.read_launches import read_launches
 from ..events import stream
 from ..events.read_order import order_ahead
 from ..events.stream import EventFlow
+from ..events.flow_labels import FlowLabels
 from ..events.stream_calls import MemoryCalls, CallWindow
 from ..engine import Labels, Reducer
 from ..model import Allocation, Analysis, Diagnostic, Source
@@ -44,8 +45,7 @@ from .iterations import iteration_pids
 from .steps import find_step_ranges
 from .explore import early_trace_ends
 from .streamed_run import _mini, gpus, run_streamed
-from .sites import SiteRanks
-from .streamed_sites import SiteSums
+from .sites import SiteRanks, call_site
 from .verdicts import VerdictLooks
 from .byte_classes import byte_classes, step_phases
 from .step_windows import found_steps
@@ -93,13 +93,13 @@ def run_streamed_full(conn: sqlite3.Connection, schema: Schema, source: Source, 
                                  calls.api_names, ranges, gpu_of, total_memory, schema.process_names,
                                  schema.duration_ns, lambda: looks["big_blocks"], more)
 
-    def second(engine) -> SiteSums:
-        """The second look's labelling of each batch (SiteSums), once the `engine` has looked at
+    def second(engine) -> FlowLabels:
+        """The second look's labelling of each batch (FlowLabels), once the `engine` has looked at
         every batch once: for the engine's second look (the sites', spikes', ranges table's), and
         the verdicts' consumers (its watchers)."""
         span, blocks = engine.so_far("event_span"), engine.so_far("big_blocks")
         peaks = engine.reducer("peaks")
-        looks["second"] = SiteSums(conn, schema, engine.so_far("call_chains"), calls.spans,
+        looks["second"] = FlowLabels(conn, schema, engine.so_far("call_chains"), calls.spans,
                                    calls.api_names, flow.kinds, ranges, operator_ranges, thread_names, notes,
                                    listed=_listed(engine.so_far("largest")[0], blocks), look=peaks,
                                    times=(span.first_ts, span.last_ts) if span.first_ts is not None else None)
@@ -164,13 +164,13 @@ class Described:
 
     def allocations(self, rows: pd.DataFrame, free_ts: dict, peak=None) -> list[Allocation]:
         """analyses.to_allocations of the rows of listed allocations (live at `peak`)."""
-        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), self.site_table, peak) if len(rows) \
+        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), peak) if len(rows) \
             else pd.DataFrame()
         kinds = self.flow.kinds
         return [Allocation(pid=int(pid), tid=int(tid), device=int(device), kind=kinds[int(kind)], api=str(api),
                            address=int(address), bytes=int(size), alloc_time_ns=int(ts),
-                           free_time_ns=free_ts.get(int(seq)), nvtx_range=str(nvtx), site=site,
-                           stack_id=int(stack) if stack >= 0 else None, operator=str(operator))
+                           free_time_ns=free_ts.get(int(seq)), nvtx_range=str(nvtx),
+                           site=call_site(site, self.site_table), stack_id=int(stack) if stack >= 0 else None, operator=str(operator))
                 for (seq, ts, pid, device, kind, address, size), (tid, api, nvtx, site, stack, operator)
                 in zip(rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False),
                        info.itertuples(index=False))]  # capped lists
@@ -181,8 +181,8 @@ class Described:
         mini = _mini(rows, self.flow.kinds)
         if mini.empty:
             return mini
-        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), self.site_table, peak)
-        labels = [site.label for site in info["site"]]
+        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), peak)
+        labels = info["site"].tolist()
         order = self.looks["second"].whole_frame_labels()
         mini["tid"] = info["tid"].to_numpy().astype("int32")
         mini["api"] = pd.Categorical(info["api"].to_numpy())
@@ -202,13 +202,13 @@ class Described:
 
 
 class LiveSetInfo:
-    """SiteSums' watcher of the live sets at the moments of out of memory (oom.OomLiveSets): has
+    """FlowLabels' watcher of the live sets at the moments of out of memory (oom.OomLiveSets): has
     the reducer look at each batch as soon as it is labelled (its own turn in the engine then does
     nothing), and keeps what the calls say of each live set's largest allocations, found in that
-    batch, before a later free in it lets go of them (SiteSums.allocation_info reads it as a
+    batch, before a later free in it lets go of them (FlowLabels.allocation_info reads it as a
     peak's; those of a moment after the last event are still live, or closed, at the end)."""
 
-    def __init__(self, live_sets, sites: SiteSums) -> None:
+    def __init__(self, live_sets, sites: FlowLabels) -> None:
         self.live_sets, self.sites = live_sets, sites
 
     def add(self, b, known: dict) -> None:
@@ -221,7 +221,7 @@ class LiveSetInfo:
 
 
 class CallChains(Reducer):
-    """The call stacks of the allocations (what the site sums read, SiteSums): their ids, distinct."""
+    """The call stacks of the allocations (what the second look's labels read, FlowLabels): their ids, distinct."""
 
     field = "call_chains"
 
@@ -238,11 +238,12 @@ class CallChains(Reducer):
         return np.unique(np.concatenate(self.chains)) if self.chains else np.zeros(0, "int64")
 
 
-def _labels(sites: SiteSums, ranges: pd.DataFrame) -> Labels:
-    """What the batches' labelled columns name, once the second pass is done (SiteSums labels each
+def _labels(sites: FlowLabels, ranges: pd.DataFrame) -> Labels:
+    """What the batches' labelled columns name, once the second pass is done (FlowLabels labels each
     batch before the engine's second look at it)."""
     order = {label: i for i, label in enumerate(sites.whole_frame_labels())}
-    return Labels(sites.api_names, list(sites.labels), list(sites.strings), [order[label] for label in sites.labels],
+    labels = list(sites.labeller.labels)
+    return Labels(sites.api_names, labels, list(sites.strings), [order[label] for label in labels],
                   lambda seq, pid, tid, ts: _nvtx_path(pid, tid, ts, ranges), list(sites.path_names),
                   list(sites.operator_names))
 

@@ -187,7 +187,7 @@ class _Again:
 
 class _Labelling(Reducer):
     """The second look's consumer that `make()` makes between the looks (the streamed full
-    analysis's streamed_sites.SiteSums): it labels each batch for the reducers that need `labels`
+    analysis's events.flow_labels.FlowLabels): it labels each batch for the reducers that need `labels`
     (engine.Labels), once the peaks have looked at it (it reads the live sets of the peaks raised
     in it). Its answer: the consumer."""
 

@@ -59,7 +59,7 @@ class Labels:
     "operator" (its innermost operator range) `paths` and `operators`;
     equal sites rank by `site_order` (code -> rank; by code when empty); `path(seq, pid, tid, ts)`
     is an event's NVTX path. The whole frame's are its categories (frame_labels); the streamed full
-    analysis labels each batch on its second look (streamed_sites.SiteSums); --quick streamed
+    analysis labels each batch on its second look (events.flow_labels.FlowLabels); --quick streamed
     reads no call: these defaults."""
 
     apis: Sequence[str] = (QUICK_API,)

@@ -27,7 +27,7 @@ from .read import last_calls_tail, last_cuda_calls, latest_ends, read_alone, rea
 from .read_code import code_call_ids, read_code_calls
 from .read_launches import empty_launches
 from .read_pools import empty_pool_events, empty_pool_usage, pool_usage, read_pool_events
-from .stacks import call_sites
+from .site_labels import call_sites
 
 
 Progress = Callable[[str, float], None]

@@ -21,11 +21,9 @@ import pandas as pd
 
 from ..model import Diagnostic, Frame, Stack
 from ..sources.schema import Schema
-from .columns import SITE_COLUMNS, empty_sites
 from ..base.units import fmt_frame
 from .frames import (module_name, native_machinery, operator_label, python_context_frame, python_function,
                      python_site_frame, short_function, without_templates)
-from .normalize import join_on_call
 from .pystacks import backtrace_layouts, calls_of_marks, decode_frames
 from .read import (PYTHON_BACKTRACE_DOMAIN, read_call_stack_frames, read_payload_schemas,
                    read_python_backtrace_marks, read_strings)
@@ -46,104 +44,14 @@ class Stacks:
         return self._ids[key]
 
 
-@dataclass
-class SiteSources:
-    """What call_sites found: a label and stack per event, the table of sites, the stacks."""
-
-    sites: pd.DataFrame  # SITE_COLUMNS, one row per label
-    labels: pd.Categorical  # per event
-    stack: np.ndarray  # per event: id of its own stack in `stacks`, -1 without one
-    stacks: list[Stack]
-
-
-def call_sites(conn: sqlite3.Connection, schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,
-               chains: pd.DataFrame, thread_names: dict[tuple[int, int], str], diagnostics: list[Diagnostic]) -> SiteSources:
-    """A site label and stack per event, the table of sites and the stacks they refer to."""
-    n = len(events)
-    if n == 0:
-        return SiteSources(empty_sites(), pd.Categorical([], categories=[""]), np.zeros(0, "int32"), [])
-    # Work on integer keys: one label per distinct key, never one string per event.
-    key = np.full(n, -1, "int64")
-    stack = np.full(n, -1, "int32")
-    label_keys: dict[str, int] = {"": 0}  # label -> key; key 0 is "no site"
-    rows: list[dict] = []
-    registry = Stacks()
-    is_alloc = (events["op"] == "alloc").to_numpy()
-
-    def assign(event_rows: np.ndarray, site_index: np.ndarray, sites: list[dict]) -> None:
-        """Give the events without a site yet the site sites[site_index]."""
-        free = key[event_rows] < 0
-        site_keys = np.array([label_keys.setdefault(s["label"], len(label_keys)) for s in sites], dtype="int64")
-        key[event_rows[free]] = site_keys[site_index[free]]
-        rows.extend(sites)
-
-    python = _python_stacks(conn, schema, events, is_alloc, calls, chains, registry, diagnostics)
-    if python is not None:
-        event_rows, stack_ids, sites, site_of_stack = python
-        stack[event_rows] = stack_ids
-        assign(event_rows, site_of_stack[stack_ids], sites)
-
-    native = _native_stacks(conn, schema, events, is_alloc, registry)
-    if native is not None:
-        event_rows, stack_ids, caller_sites, caller_of_stack, machinery_sites, machinery_of_stack = native
-        no_stack_yet = stack[event_rows] < 0  # a Python stack says more than the native one
-        stack[event_rows[no_stack_yet]] = stack_ids[no_stack_yet]
-        has_caller = caller_of_stack[stack_ids] >= 0
-        assign(event_rows[has_caller], caller_of_stack[stack_ids[has_caller]], caller_sites)
-
-    # An operator range, or else the API name, with the innermost user range and the thread.
-    need = np.flatnonzero(is_alloc & (key < 0))
-    operators = events["operator"] if "operator" in events else None
-    if operators is not None and len(operators.cat.categories) > 1:
-        with_operator = need[operators.cat.codes.to_numpy()[need] > 0]
-        _labelled_by(events, with_operator, operators, "operator", thread_names, assign)
-
-    if native is not None:
-        has_label = machinery_of_stack[stack_ids] >= 0
-        assign(event_rows[has_label], machinery_of_stack[stack_ids[has_label]], machinery_sites)
-
-    need = np.flatnonzero(is_alloc & (key < 0))
-    _labelled_by(events, need, events["api"], "api", thread_names, assign)
-
-    # A free belongs to the site of the allocation it frees.
-    partner = events["partner"].to_numpy()
-    frees = np.flatnonzero(~is_alloc & (partner >= 0))
-    key[frees] = key[partner[frees]]
-    sites = pd.DataFrame(rows, columns=SITE_COLUMNS).drop_duplicates("label", ignore_index=True)
-    labels = pd.Categorical.from_codes(np.maximum(key, 0), categories=pd.Index(list(label_keys), dtype=object))
-    return SiteSources(sites, labels, stack, registry.stacks)
-
-
-def _site(label: str, source: str, function: str = "", symbol: str = "", module: str = "", file: str = "",
-          line: Optional[int] = None, context: str = "", stack_id: Optional[int] = None) -> dict:
+def site_row(label: str, source: str, function: str = "", symbol: str = "", module: str = "", file: str = "",
+                line: Optional[int] = None, context: str = "", stack_id: Optional[int] = None) -> dict:
     return {"label": label, "function": function, "symbol": symbol, "module": module,
             "from_stack": source in ("python", "native"), "source": source, "file": file, "line": line,
             "context": context, "stack_id": stack_id}
 
 
-def _labelled_by(events: pd.DataFrame, rows: np.ndarray, names: pd.Series, source: str,
-                 thread_names: dict[tuple[int, int], str], assign) -> None:
-    """Sites named `<name> in <innermost NVTX range> [<thread>]`, one per distinct triple."""
-    if len(rows) == 0:
-        return
-    parts = pd.DataFrame({"name": names.cat.codes.to_numpy()[rows],
-                          "nvtx": events["nvtx_range"].cat.codes.to_numpy()[rows],
-                          "pid": events["pid"].to_numpy()[rows], "tid": events["tid"].to_numpy()[rows]})
-    group = parts.groupby(["name", "nvtx", "pid", "tid"], sort=False).ngroup().to_numpy()
-    firsts = parts.groupby(group, sort=False).head(1)  # one row per distinct key
-    all_names, nvtx_names = names.cat.categories, events["nvtx_range"].cat.categories
-    sites = []
-    for name, nvtx, pid, tid in firsts.itertuples(index=False):  # per distinct key
-        thread = thread_names.get((int(pid), int(tid)), "") if tid >= 0 else ""
-        label = _fallback_label(str(all_names[name]) if name >= 0 else "?",
-                                str(nvtx_names[nvtx]) if nvtx >= 0 else "", thread)
-        sites.append(_site(label, source, function=label.split(" ")[0] if source == "operator" else ""))
-    site_of_group = np.empty(len(firsts), "int64")
-    site_of_group[group[firsts.index.to_numpy()]] = np.arange(len(firsts))
-    assign(rows, site_of_group[group], sites)
-
-
-def _fallback_label(api: str, nvtx: str, thread: str) -> str:
+def fallback_label(api: str, nvtx: str, thread: str) -> str:
     label = api
     if nvtx:
         label += f" in {nvtx}"
@@ -153,22 +61,6 @@ def _fallback_label(api: str, nvtx: str, thread: str) -> str:
 
 
 # --- Python stacks -------------------------------------------------------------------------
-
-def _python_stacks(conn: sqlite3.Connection, schema: Schema, events: pd.DataFrame, is_alloc: np.ndarray,
-                   calls: pd.DataFrame, chains: pd.DataFrame, registry: Stacks, diagnostics: list[Diagnostic]):
-    """For the allocations whose call carries a Python stack: their rows, stack ids, and the
-    sites (with the site index of each stack id)."""
-    table = python_stack_table(conn, schema, lambda: (calls, chains), registry, diagnostics)
-    if table is None:
-        return None
-    mark_pid, mark_correlation, mark_stack, sites, site_lookup = table
-    # Each call's stack, then each allocation's, through the (pid, correlation id) of its call.
-    allocs = np.flatnonzero(is_alloc)
-    match = join_on_call(events["pid"].to_numpy()[allocs], events["correlation_id"].to_numpy()[allocs],
-                         mark_pid, mark_correlation)
-    found = match >= 0
-    return allocs[found], mark_stack[match[found]].astype("int32"), sites, site_lookup
-
 
 def python_stack_table(conn: sqlite3.Connection, schema: Schema, calls_and_chains, registry: Stacks,
                        diagnostics: list[Diagnostic]):
@@ -241,30 +133,11 @@ def _python_site(frames: tuple[Frame, ...], stack_id: int) -> dict:
     frame = frames[at]
     called = python_context_frame([f.function for f in frames], at)
     context = fmt_frame(frames[called].function, frames[called].file, frames[called].line) if called >= 0 else ""
-    return _site(fmt_frame(frame.function, frame.file, frame.line), "python", function=frame.function,
+    return site_row(fmt_frame(frame.function, frame.file, frame.line), "python", function=frame.function,
                  file=frame.file, line=frame.line, context=context, stack_id=stack_id)
 
 
 # --- native stacks -------------------------------------------------------------------------
-
-def _native_stacks(conn: sqlite3.Connection, schema: Schema, events: pd.DataFrame, is_alloc: np.ndarray,
-                   registry: Stacks):
-    """For the allocations with a native stack: their rows and stack ids, the caller sites and
-    the machinery-only sites (each with the site index per stack id, -1 for none)."""
-    if not (schema.has_backtraces and "callchain_id" in events):
-        return None
-    chain_ids = events["callchain_id"].to_numpy()
-    table = native_stack_table(conn, schema, np.unique(chain_ids[is_alloc & (chain_ids >= 0)]), registry)
-    if table is None:
-        return None
-    chain_list, stack_of_chain, caller_sites, caller_of_stack, machinery_sites, machinery_of_stack = table
-    event_rows = np.flatnonzero(is_alloc & (chain_ids >= 0))
-    at = np.clip(np.searchsorted(chain_list, chain_ids[event_rows]), 0, len(chain_list) - 1)
-    has = chain_list[at] == chain_ids[event_rows]
-    event_rows, at = event_rows[has], at[has]
-    return (event_rows, stack_of_chain[at].astype("int32"), caller_sites, caller_of_stack, machinery_sites,
-            machinery_of_stack)
-
 
 def native_stack_table(conn: sqlite3.Connection, schema: Schema, wanted: np.ndarray, registry: Stacks):
     """The native stacks of the call-stack ids `wanted` (sorted, distinct; None when none is
@@ -311,7 +184,7 @@ def native_stack_table(conn: sqlite3.Connection, schema: Schema, wanted: np.ndar
             label = f"{function} ({module})" if module else function
             if label not in caller_index:
                 caller_index[label] = len(caller_sites)
-                caller_sites.append(_site(label, "native", function=function, symbol=str(symbols[symbol_code[at]]),
+                caller_sites.append(site_row(label, "native", function=function, symbol=str(symbols[symbol_code[at]]),
                                           module=module, stack_id=stack_id))
             caller = caller_index[label]
         else:
@@ -319,7 +192,7 @@ def native_stack_table(conn: sqlite3.Connection, schema: Schema, wanted: np.ndar
             if label:
                 if label not in machinery_index:
                     machinery_index[label] = len(machinery_sites)
-                    machinery_sites.append(_site(label, "native", function=label.split(" ")[0], stack_id=stack_id))
+                    machinery_sites.append(site_row(label, "native", function=label.split(" ")[0], stack_id=stack_id))
                 machinery_site = machinery_index[label]
         chain_of_stack[stack_id] = (caller, machinery_site)
     caller_of_stack = np.full(len(registry.stacks), -1, "int64")

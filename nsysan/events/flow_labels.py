@@ -1,17 +1,12 @@
-"""Call sites over a flow of event batches joined to their calls: events/stacks.call_sites' label
-for each allocation (and each free, its allocation's), in bounded memory; the engine's
-sites.SiteRanks sums and ranks them, on its second look at each batch labelled here.
-
-The label of an allocation depends only on its own call (Python stack, native stack), the NVTX
-and operator ranges open on its thread, its API name and its thread's name, so it is found batch
-by batch; a free takes its allocation's site from the live allocations carried across batches.
-What depends on the whole capture is made the way call_sites makes it: the stacks are numbered
-from every allocation's stack id (gathered by the first pass), and the sites are ordered (which
-breaks SiteRanks' ties) by kind of source, then by first appearance.
+"""The labels of a flow of event batches joined to their calls (the streamed full analysis, on
+the engine's second look): each allocation's site by site_labels.SiteLabeller (as the whole
+frame's), and each free its allocation's, from the live allocations carried across batches.
 
 Every event of a batch (frees too) is attributed to its innermost NVTX range and operator once,
 here, for the consumers after this one as well: `batch_ranges`, and in the batch's `calls` as
 labelled columns for the engine's second look (engine.Labels: the spikes, the ranges table).
+What the lists of allocations say of them (allocation_info: never freed, largest, live at a
+peak) is kept as each batch is labelled.
 """
 
 from __future__ import annotations
@@ -21,12 +16,10 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..events.arrays import distinct_rows, pair_key
-from ..events.nvtx import RangeLookup, range_paths
-from ..events.stacks import Stacks, _fallback_label, _site, native_stack_table, python_stack_table
-from ..events.normalize import join_on_call
 from ..model import GPU_RESIDENT_KINDS, KINDS, LIVE_AT_START
-from .sites import call_site
+from .arrays import pair_key
+from .nvtx import RangeLookup, range_paths
+from .site_labels import SiteLabeller
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]  # the flow's codes of these kinds (KINDS first)
 STATIC = KINDS.index("static")
@@ -34,7 +27,7 @@ STATIC = KINDS.index("static")
 ALLOCATION_INFO = ("seq", "site", "tid", "api", "nvtx_range", "stack", "operator")
 
 
-class SiteSums:
+class FlowLabels:
     """The second pass's consumer: each event's site, API, NVTX range and operator (the batch's
     labelled calls), and what the lists of allocations say of them (allocation_info)."""
 
@@ -44,33 +37,30 @@ class SiteSums:
                  times: Optional[tuple[int, int]] = None) -> None:
         """`times`: the earliest and latest event time (the lookups' axis then spans what the
         whole frame's spans: see RangeLookup)."""
-        self.registry = Stacks()
-        self.python = python_stack_table(conn, schema, calls_and_chains, self.registry, diagnostics)
-        self.native = native_stack_table(conn, schema, wanted_chains, self.registry) \
-            if schema.has_backtraces else None
         # API name per code: the calls' names, then what an event without a call is named
         self.api_names = list(api_names) + ["(module load)", "(no API call)", LIVE_AT_START]
         self.kinds, self.static = kinds, kinds.index("static")
-        self.ranges, self.operator_ranges, self.thread_names = ranges, operator_ranges, thread_names
+        self.ranges, self.operator_ranges = ranges, operator_ranges
         self.range_names = ranges["name"].to_numpy(dtype=object) if not ranges.empty else np.zeros(0, object)
         # each range's name as a code (ranges repeat a few names over many instances): a fallback
         # label depends on the name, not on which instance
-        self.range_name_codes, self.range_name_list = pd.factorize(self.range_names, use_na_sentinel=False)
-        self.fallback_codes: dict[tuple, int] = {}  # (source, name, range name code, pid, tid) -> site code
+        codes, range_name_list = pd.factorize(self.range_names, use_na_sentinel=False)
+        self.range_name_codes = codes.astype("int64")
         # The ranges sorted once for every batch's lookups, not once per batch
         self.range_lookup, self.operator_lookup = RangeLookup(ranges, times), RangeLookup(operator_ranges, times)
         # operator name codes as attribute_operators numbers them: 0 for none, then by first appearance
         codes, names = pd.factorize(operator_ranges["name"].to_numpy(dtype=object)) if not operator_ranges.empty \
             else (np.zeros(0, "int64"), np.zeros(0, object))
         self.operator_code, self.operator_names = codes.astype("int64") + 1, np.append("", names).astype(object)
+        self.labeller = SiteLabeller(conn, schema, wanted_chains, calls_and_chains, self.api_names, range_name_list,
+                                  self.operator_names, thread_names, diagnostics)
+        self.registry = self.labeller.registry
         # of each event of the last batch: its innermost NVTX range (row in `ranges`, -1 for none)
         # and operator (code into operator_names)
         self.batch_ranges = (np.zeros(0, "int64"), np.zeros(0, "int64"))
         # of each range row (and of row -1: "", last), the code of its path in path_names
         self.path_code, self.path_names = pd.factorize(np.append(range_paths(ranges) if not ranges.empty
                                                                  else np.zeros(0, object), ""))
-        self.labels: dict[str, int] = {}  # label -> code, in order of first appearance
-        self.seen = {"operator": {}, "api": {}}  # labels of each fallback, in order of first appearance
         # the live allocations (what their frees need) and those never to be freed, with what
         # to_allocations lists of them: ALLOCATION_INFO, strings as codes into `strings`
         self.live = {c: np.zeros(0, "int64") for c in ALLOCATION_INFO}
@@ -120,10 +110,10 @@ class SiteSums:
         for watcher in self.watchers:  # what the calls say of this batch's and the live allocations
             watcher.add(b, known)
 
-    def allocation_info(self, seqs: np.ndarray, site_table: dict, peak=None) -> pd.DataFrame:
+    def allocation_info(self, seqs: np.ndarray, peak=None) -> pd.DataFrame:
         """What to_allocations lists of each allocation never freed or `listed`, or live at `peak`
-        (a PeakSeries, or oom.Moment, once the batch it was found in is labelled) (`seqs`: of those), by seq: tid, api, nvtx_range, site (a CallSite), stack,
-        operator."""
+        (a PeakSeries, or oom.Moment, once the batch it was found in is labelled) (`seqs`: of
+        those), by seq: tid, api, nvtx_range, site (its label), stack, operator."""
         if peak is not None and id(peak) in self.at_peak:
             rows = self.at_peak[id(peak)][0]
         else:
@@ -133,11 +123,11 @@ class SiteSums:
         rows = {c: values[first] for c, values in rows.items()}
         at = pd.Index(rows["seq"]).get_indexer(seqs)
         strings = np.array(list(self.strings), dtype=object)
-        labels = list(self.labels)
+        labels = np.array(list(self.labeller.labels), dtype=object)
         return pd.DataFrame({
             "tid": rows["tid"][at], "api": np.array(self.api_names, dtype=object)[rows["api"][at]],
             "nvtx_range": strings[rows["nvtx_range"][at]],
-            "site": [call_site(labels[code], site_table) for code in rows["site"][at].tolist()],
+            "site": labels[rows["site"][at]],
             "stack": rows["stack"][at], "operator": strings[rows["operator"][at]]}, index=seqs)
 
     def _peaks(self, b, known: dict) -> None:
@@ -181,13 +171,13 @@ class SiteSums:
 
     def site_table(self) -> dict[str, dict]:
         """label -> its SITE_COLUMNS (call_sites' rows, the first of each label)."""
-        rows = self._whole_frame_order()[1]
+        rows = self.labeller.order()[1]
         table = pd.DataFrame(rows).drop_duplicates("label", ignore_index=True) if rows else pd.DataFrame()
         return table.set_index("label").to_dict("index") if not table.empty else {}
 
     def whole_frame_labels(self) -> list[str]:
         """The site labels in call_sites' order (its categories' order)."""
-        return list(self._whole_frame_order()[0])
+        return list(self.labeller.order()[0])
 
     def _api_codes(self, b) -> np.ndarray:
         api = b.calls["api"]
@@ -195,88 +185,15 @@ class SiteSums:
                         np.where(b.kind == self.static, len(self.api_names) - 3, len(self.api_names) - 2))
         return np.where(api >= 0, api, none)
 
-    def _code(self, label: str) -> int:
-        return self.labels.setdefault(label, len(self.labels))
-
     def _label(self, b, allocs: np.ndarray) -> dict:
-        """Of each allocation: its site code (call_sites' order of sources) and ALLOCATION_INFO."""
-        n = len(allocs)
-        site, stack = np.full(n, -1, "int64"), np.full(n, -1, "int64")
+        """Of each allocation: its site code (into `labeller.labels`) and ALLOCATION_INFO."""
         pid, tid = b.pid[allocs], b.calls["tid"][allocs].astype("int64")
-        info = {"seq": b.seq[allocs], "site": site, "tid": tid, "api": self._api_codes(b)[allocs], "stack": stack,
-                "nvtx_range": np.zeros(n, "int64"), "operator": np.zeros(n, "int64")}
-        if n == 0:
-            return info
-        if self.python is not None:
-            mark_pid, mark_correlation, mark_stack, sites, site_of_stack = self.python
-            match = join_on_call(pid, b.correlation[allocs], mark_pid, mark_correlation)
-            found = np.flatnonzero(match >= 0)
-            codes = np.array([self._code(s["label"]) for s in sites], "int64")
-            stack[found] = mark_stack[match[found]]
-            site[found] = codes[site_of_stack[stack[found]]]
-        machinery = np.full(n, -1, "int64")
-        if self.native is not None:
-            chain_list, stack_of_chain, callers, caller_of_stack, machines, machinery_of_stack = self.native
-            chain = b.calls["chain"][allocs]
-            rows = np.flatnonzero(chain >= 0)
-            at = np.clip(np.searchsorted(chain_list, chain[rows]), 0, len(chain_list) - 1)
-            has = chain_list[at] == chain[rows]
-            rows, native = rows[has], stack_of_chain[at[has]]
-            stack[rows] = np.where(stack[rows] < 0, native, stack[rows])  # a Python stack says more
-            caller = caller_of_stack[native]
-            codes = np.array([self._code(s["label"]) for s in callers], "int64")
-            take = (caller >= 0) & (site[rows] < 0)
-            site[rows[take]] = codes[caller[take]]
-            machine = machinery_of_stack[native]
-            machinery[rows[machine >= 0]] = np.array([self._code(s["label"]) for s in machines] or [0],
-                                                     "int64")[machine[machine >= 0]]
+        api = self._api_codes(b)[allocs]
         nvtx, operator = (attributed[allocs] for attributed in self.batch_ranges)
-        info["nvtx_range"] = self._string(np.append(self.range_names, "")[nvtx])
-        if not self.operator_ranges.empty:
-            info["operator"] = self._string(self.operator_names[operator])
-            need = np.flatnonzero((site < 0) & (operator > 0))
-            site[need] = self._fallbacks("operator", operator[need], self.operator_names, nvtx[need], pid[need],
-                                         tid[need])
-        site[:] = np.where((site < 0) & (machinery >= 0), machinery, site)
-        need = np.flatnonzero(site < 0)
-        if len(need):
-            site[need] = self._fallbacks("api", info["api"][need], self.api_names, nvtx[need], pid[need], tid[need])
-        return info
-
-    def _fallbacks(self, source: str, name_codes: np.ndarray, names, nvtx: np.ndarray, pid: np.ndarray,
-                   tid: np.ndarray) -> np.ndarray:
-        """`<name> in <innermost NVTX range> [<thread>]` (stacks._labelled_by), one label per distinct
-        (name, range name, thread), in order of first appearance (the order call_sites numbers them)."""
-        range_code = np.full(len(nvtx), -1, "int64")
-        inside = nvtx >= 0
-        range_code[inside] = self.range_name_codes[nvtx[inside]]
-        slot, firsts = distinct_rows(name_codes, range_code, pid, tid)
-        codes = []
-        for name, row, p, t in zip(name_codes[firsts].tolist(), range_code[firsts].tolist(), pid[firsts].tolist(),
-                                   tid[firsts].tolist()):  # per distinct key: a few per thread
-            key = (source, names[name], row, p, t)
-            code = self.fallback_codes.get(key)
-            if code is None:
-                thread = self.thread_names.get((p, t), "") if t >= 0 else ""
-                label = _fallback_label(str(names[name]), str(self.range_name_list[row]) if row >= 0 else "", thread)
-                self.seen[source].setdefault(label, None)
-                code = self.fallback_codes[key] = self._code(label)
-            codes.append(code)
-        return np.array(codes, "int64")[slot]
-
-    def _whole_frame_order(self) -> tuple[dict[str, int], list[dict]]:
-        """call_sites' key of each label (sources in its order, each in order of first appearance;
-        "" first) and its rows of sites, in the same order."""
-        rows: list[dict] = []
-        if self.python is not None:
-            rows += self.python[3]
-        callers, machines = (self.native[2], self.native[4]) if self.native is not None else ([], [])
-        rows += callers
-        rows += [_site(label, "operator", function=label.split(" ")[0]) for label in self.seen["operator"]]
-        rows += machines
-        rows += [_site(label, "api") for label in self.seen["api"]]
-        order: dict[str, int] = {"": 0}
-        for row in rows:
-            order.setdefault(row["label"], len(order))
-        return order, rows
-
+        name = np.append(self.range_name_codes, -1)[nvtx]  # -1 (no range) picks the -1 after the last
+        site, stack = self.labeller.label(pid, tid, b.correlation[allocs], b.calls["chain"][allocs], api, name,
+                                          operator)
+        return {"seq": b.seq[allocs], "site": site, "tid": tid, "api": api, "stack": stack,
+                "nvtx_range": self._string(np.append(self.range_names, "")[nvtx]),
+                "operator": self._string(self.operator_names[operator]) if not self.operator_ranges.empty
+                else np.zeros(len(allocs), "int64")}
