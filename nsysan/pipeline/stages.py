@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str, float], None]
 T = TypeVar("T")
-EXPORT_SHARE = export.EXPORT_SHARE
 
 
 def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cache_dir: Optional[Path] = None,
@@ -78,7 +77,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     if max_memory is not None:
         max_memory = memory_budget.budget_bytes(max_memory)
     is_report = report.suffix.lower() in (".nsys-rep", ".qdrep")
-    share = EXPORT_SHARE if is_report else 0.0
+    share = export.EXPORT_SHARE if is_report else 0.0
 
     def export_it(use_sibling: bool = True, tables: Sequence[str] = FIRST_EXPORT_TABLES,
                   stage: str = "exporting with nsys") -> export.ExportResult:
