@@ -413,7 +413,7 @@ def _read_processes(conn: sqlite3.Connection, schema: Schema) -> None:
     if schema.has("PROCESSES", "pid", "name"):
         for pid, name in conn.execute("SELECT pid, name FROM PROCESSES"):
             if isinstance(pid, int):
-                schema.process_names[pid] = _short(cell_text(name))
+                schema.process_names[pid] = cell_text(name)[:200]
 
 
 _NSYS_TROUBLE = re.compile(r"lost|drop|overflow|truncat|fail|not supported|incomplete|corrupt", re.I)
@@ -431,17 +431,9 @@ def _read_nsys_diagnostics(conn: sqlite3.Connection, schema: Schema) -> None:
     for severity, text in rows:
         text = cell_text(text)
         if severity == 3 or _NSYS_TROUBLE.search(text):
-            schema.diagnostics.append(Diagnostic(
-                "warning", "nsys_diagnostic", f"nsys reported during the capture: {_one_line(text)}"))
-
-
-def _short(text: str) -> str:
-    return text[:200]
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:300]
-
+            one_line = " ".join(text.split())[:300]
+            schema.diagnostics.append(Diagnostic("warning", "nsys_diagnostic",
+                                                 f"nsys reported during the capture: {one_line}"))
 
 
 def _int(value: object) -> Optional[int]:
