@@ -23,7 +23,6 @@ from .capture import EventSpan, capture_facts, capture_span
 from .calls import CallOutcomes
 from .diagnostics import capture_diagnostics
 from .explore import Explorable, LargestAllocations, allocation_groups
-from .oom import CutShortSums
 from .allocations import FreeTimes
 from .peak import Peaks, PeakSeries, headline, module_load_note, peak_of
 from .preallocations import BigBlocks
@@ -79,7 +78,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
     later = [_Labelling(lambda: labelling(engine))] if labelling is not None else []  # once the engine has looked
     engine = flow.feed(lambda: Engine(
         [GroupSums(), TimelineSeries(), Explorable(), NeverFreed(), largest, StepWindows(), ByteClassSums(), Spikes(),
-         more["pool_uses"], RangeSums(), peak_look, CutShortSums(), BigBlocks(), EventSpan(),
+         more["pool_uses"], RangeSums(), peak_look, BigBlocks(), EventSpan(),
          FreeTimes(largest, peak_look), *later, *looks.reducers, *reducers], Facts(flow.kinds, gpu_of, more)),
         keep=True)
     if answers is not None:  # (the full analysis's AllocatorSums needs them on its second look)
@@ -109,7 +108,7 @@ def run_streamed(conn: sqlite3.Connection, schema: Schema, source: Source, repor
         return labels.get(pid) or f"process {pid}"
 
     verdicts = looks.verdicts(peaks, [lambda s=s: module_load_note(s, described.own_api(s)) for s in series], groups,
-                              pools or [], answered["cut_short"].judged(looks.open_by_pid, end_ns), described.frame,
+                              pools or [], end_ns, described.frame,
                               described.allocations, label)
     peaks = verdicts.peaks
     if answers is not None:

@@ -62,10 +62,9 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutco
                          gpu_of, total_memory, process_names, duration_ns, lambda: big_blocks,
                          {"allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]})
     looks.blocks()  # known before the events: AllocatorSums sums on its one look, its peaks known
-    cut = CutShortSums()
-    Engine(looks.reducers + [cut], Facts(list(events["kind"].cat.categories), gpu_of, looks.more)).run(
+    Engine(looks.reducers, Facts(list(events["kind"].cat.categories), gpu_of, looks.more)).run(
         list(batches) or [frame_batch(events)], dict(live))
-    return looks.verdicts(peaks, load_notes, groups, pools or [], cut.judged(looks.open_by_pid, end_ns),
+    return looks.verdicts(peaks, load_notes, groups, pools or [], end_ns,
                           lambda rows: events.iloc[rows["seq"].to_numpy()],
                           lambda rows, free_ts, moment: to_allocations(events.iloc[rows["seq"].to_numpy()]), label)
 
@@ -73,8 +72,9 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutco
 class VerdictLooks:
     """The verdicts' reducers and how their answers make the Verdicts, on both paths (the whole
     frame as one batch: find_verdicts; the streamed full analysis's flow: streamed_full.py): the
-    devices of the out-of-memory calls, the maps given access, the live sets at the moments of out
-    of memory and, with API names, the allocators and their bursts of frees."""
+    devices of the out-of-memory calls, the maps given access, what tells a run cut short, the live
+    sets at the moments of out of memory and, with API names, the allocators and their bursts of
+    frees."""
 
     def __init__(self, outcomes: CallOutcomes, read_calls: Callable[[], tuple[Iterable[dict], Sequence[str]]],
                  api_names: Optional[list[str]], ranges: pd.DataFrame, gpu_of: GpuOf,
@@ -89,9 +89,11 @@ class VerdictLooks:
         self.outcomes, self.read_calls, self.failed = outcomes, read_calls, outcomes.failed
         self.ranges, self.gpu_of, self.total_memory = ranges, gpu_of, total_memory
         self.process_names, self.big_blocks, self.more = process_names, big_blocks, more
-        self.devices, self.maps, self.live_sets = FailureDevices(), AccessMaps(), OomLiveSets()
+        self.devices, self.maps, self.cut = FailureDevices(), AccessMaps(), CutShortSums()
+        self.live_sets = OomLiveSets()
         self.sums, self.bursts = (AllocatorSums(), ReleaseBursts()) if api_names is not None else (None, None)
-        self.reducers = [self.devices, self.maps, self.live_sets] + ([self.sums, self.bursts] if self.sums else [])
+        self.reducers = [self.devices, self.maps, self.cut, self.live_sets] + \
+            ([self.sums, self.bursts] if self.sums else [])
         self.xla = frozenset(xla_pids(ranges))  # XLA's allocator is never PyTorch's
         self.open_by_pid = _open_ranges(ranges, duration_ns or OPEN_END_NS)
         self._blocks: Optional[pd.DataFrame] = None
@@ -138,14 +140,14 @@ class VerdictLooks:
         return [m for m in self.failure_moments if m is not None] + list(self.release_moments.values())
 
     def verdicts(self, peaks: list[Peak], load_notes: Sequence[Callable[[], str]], groups: list[GroupSummary],
-                 pools: list[PoolUse], cut_short: list, frame: Callable[[pd.DataFrame], pd.DataFrame],
+                 pools: list[PoolUse], end_ns: int, frame: Callable[[pd.DataFrame], pd.DataFrame],
                  allocations: Callable, label: Callable[[int], str]) -> Verdicts:
         """The Verdicts once the looks are done: `load_notes`: each peak's peak.module_load_note,
-        for a peak reached by a module load; `cut_short`: CutShortSums.judged (with
-        `open_by_pid`); `frame(rows)`: rows (batch_rows' columns) as an events frame, with their API
-        names (the preallocated blocks'); `allocations(rows, free_ts, moment)`: the
-        Allocations of a live set's rows (batch_rows' columns; `free_ts`: seq -> free time of
-        those freed)."""
+        for a peak reached by a module load; `end_ns`: the end of the capture's data (a run still
+        climbing near it was cut short); `frame(rows)`: rows (batch_rows' columns) as an events
+        frame, with their API names (the preallocated blocks'); `allocations(rows, free_ts,
+        moment)`: the Allocations of a live set's rows (batch_rows' columns; `free_ts`: seq ->
+        free time of those freed)."""
         preallocations = find_preallocations(frame(self.blocks()), self.ranges, self.gpu_of, self.total_memory, label)
         peaks = [with_note(p, preallocations, note) for p, note in zip(peaks, load_notes)]
         allocators = self.sums.uses(peaks, self.kind_of, preallocations, self.gpu_of, label) if self.sums else []
@@ -162,7 +164,8 @@ class VerdictLooks:
                                                live_count=moment.count, live_at_release=allocations(
                                                    moment.largest, self.live_sets.free_ts, moment)))
         oom = OutOfMemory(failures=failures, failed_count=self.outcomes.out_of_memory, probes=probes,
-                          allocator_ooms=allocator_ooms, cache_flushes=flushes, cut_short=cut_short)
+                          allocator_ooms=allocator_ooms, cache_flushes=flushes,
+                          cut_short=self.cut.judged(self.open_by_pid, end_ns))
         diagnostics = (_oom_diagnostics(oom, label) + _reserved_diagnostics(allocators, preallocations)
                        + vmm_without_access(dict(sorted(self.outcomes.created_by_pid.items())), self.maps.finish({}),
                                             label))
