@@ -187,12 +187,10 @@ class OomLiveSets(Reducer):
         self.moments = self.facts.more["oom_moments"](sorted(self.pairs))
         self.closed: list[pd.DataFrame] = []  # allocations never to be freed, of the batches so far
         self.free_ts: dict[int, int] = {}  # seq of a largest allocation -> its free's time
-        self.last = None
 
     def again(self, b) -> None:
-        if b is self.last or not len(b) or not self.moments:  # once a batch: the streamed sites ask first
+        if not len(b) or not self.moments:
             return
-        self.last = b
         for moment in self.moments:
             cut = int(np.searchsorted(b.ts, moment.ts, side="left" if moment.strict else "right"))
             if not moment.resolved and cut < len(b):  # the moment is in this batch, or just before it
@@ -213,7 +211,6 @@ class OomLiveSets(Reducer):
                     & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), moment.members)
                 self._resolve(moment, frame[keep].drop(columns="pool", errors="ignore")
                               .sort_values("seq", ignore_index=True))
-        self.last = None
         return self
 
     @staticmethod

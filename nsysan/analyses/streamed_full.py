@@ -202,17 +202,15 @@ class Described:
 
 
 class LiveSetInfo:
-    """FlowLabels' watcher of the live sets at the moments of out of memory (oom.OomLiveSets): has
-    the reducer look at each batch as soon as it is labelled (its own turn in the engine then does
-    nothing), and keeps what the calls say of each live set's largest allocations, found in that
-    batch, before a later free in it lets go of them (FlowLabels.allocation_info reads it as a
+    """FlowLabels' watcher of the live sets at the moments of out of memory (oom.OomLiveSets, which
+    the engine has look at each batch before FlowLabels): keeps what the calls say of each live
+    set's largest allocations, found in that batch, before a later free in it lets go of them (FlowLabels.allocation_info reads it as a
     peak's; those of a moment after the last event are still live, or closed, at the end)."""
 
     def __init__(self, live_sets, sites: FlowLabels) -> None:
         self.live_sets, self.sites = live_sets, sites
 
     def add(self, b, known: dict) -> None:
-        self.live_sets.again(b)
         for moment in self.live_sets.moments:
             if moment.resolved and id(moment) not in self.sites.at_peak:
                 info = {c: np.concatenate([known[c]] + [s[c] for s in self.sites.closed]) for c in known}

@@ -186,12 +186,12 @@ class _Again:
 
 class _Labelling(Reducer):
     """The second look's consumer that `make()` makes between the looks (the streamed full
-    analysis's events.flow_labels.FlowLabels): it labels each batch for the reducers that need `labels`
-    (engine.Labels), once the peaks have looked at it (it reads the live sets of the peaks raised
-    in it). Its answer: the consumer."""
+    analysis's events.flow_labels.FlowLabels): it labels each batch for the reducers that need
+    `labels` (engine.Labels), once the peaks and the out-of-memory moments (oom.OomLiveSets) have
+    looked at it (it reads the live sets raised in it). Its answer: the consumer."""
 
     field = "labels"
-    needs = ("peaks",)
+    needs = ("peaks", "oom_live")
     second_look = True
 
     def __init__(self, make) -> None:
