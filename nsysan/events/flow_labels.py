@@ -16,9 +16,10 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..model import GPU_RESIDENT_KINDS, KINDS, LIVE_AT_START
+from ..model import GPU_RESIDENT_KINDS, KINDS
 from .arrays import pair_key
-from .nvtx import RangeLookup, range_paths
+from .normalize import event_api_codes, event_api_names
+from .nvtx import RangeLookup, operator_codes, range_paths
 from .site_labels import SiteLabeller
 
 RESIDENT = [KINDS.index(k) for k in GPU_RESIDENT_KINDS]  # the flow's codes of these kinds (KINDS first)
@@ -37,8 +38,7 @@ class FlowLabels:
                  times: Optional[tuple[int, int]] = None) -> None:
         """`times`: the earliest and latest event time (the lookups' axis then spans what the
         whole frame's spans: see RangeLookup)."""
-        # API name per code: the calls' names, then what an event without a call is named
-        self.api_names = list(api_names) + ["(module load)", "(no API call)", LIVE_AT_START]
+        self.api_names = event_api_names(api_names)  # as normalize names the events' APIs
         self.kinds, self.static = kinds, kinds.index("static")
         self.ranges, self.operator_ranges = ranges, operator_ranges
         self.range_names = ranges["name"].to_numpy(dtype=object) if not ranges.empty else np.zeros(0, object)
@@ -48,10 +48,7 @@ class FlowLabels:
         self.range_name_codes = codes.astype("int64")
         # The ranges sorted once for every batch's lookups, not once per batch
         self.range_lookup, self.operator_lookup = RangeLookup(ranges, times), RangeLookup(operator_ranges, times)
-        # operator name codes as attribute_operators numbers them: 0 for none, then by first appearance
-        codes, names = pd.factorize(operator_ranges["name"].to_numpy(dtype=object)) if not operator_ranges.empty \
-            else (np.zeros(0, "int64"), np.zeros(0, object))
-        self.operator_code, self.operator_names = codes.astype("int64") + 1, np.append("", names).astype(object)
+        self.operator_code, self.operator_names = operator_codes(operator_ranges)  # as attribute_operators'
         self.labeller = SiteLabeller(conn, schema, wanted_chains, calls_and_chains, self.api_names, range_name_list,
                                   self.operator_names, thread_names, diagnostics)
         self.registry = self.labeller.registry
@@ -170,20 +167,15 @@ class FlowLabels:
                         "int64")[slot] if len(values) else np.zeros(0, "int64")
 
     def site_table(self) -> dict[str, dict]:
-        """label -> its SITE_COLUMNS (call_sites' rows, the first of each label)."""
-        rows = self.labeller.order()[1]
-        table = pd.DataFrame(rows).drop_duplicates("label", ignore_index=True) if rows else pd.DataFrame()
-        return table.set_index("label").to_dict("index") if not table.empty else {}
+        """label -> its SITE_COLUMNS (the whole frame's sites table, as a dictionary)."""
+        return self.labeller.table().set_index("label").to_dict("index")
 
     def whole_frame_labels(self) -> list[str]:
-        """The site labels in call_sites' order (its categories' order)."""
+        """The site labels in the whole frame's order (its categories' order)."""
         return list(self.labeller.order()[0])
 
     def _api_codes(self, b) -> np.ndarray:
-        api = b.calls["api"]
-        none = np.where(b.ts <= 0, len(self.api_names) - 1,  # LIVE_AT_START, as normalize names it
-                        np.where(b.kind == self.static, len(self.api_names) - 3, len(self.api_names) - 2))
-        return np.where(api >= 0, api, none)
+        return event_api_codes(b.calls["api"], b.kind == self.static, b.ts <= 0, len(self.api_names))
 
     def _label(self, b, allocs: np.ndarray) -> dict:
         """Of each allocation: its site code (into `labeller.labels`) and ALLOCATION_INFO."""

@@ -89,7 +89,7 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
     frame["kind"] = kind
     frame["op"] = pd.Categorical.from_codes(is_alloc.view("int8") ^ 1, categories=["alloc", "free"])
     statics = kind.codes == (list(kind.categories).index("static") if "static" in kind.categories else -2)
-    api_names = list(calls["api"].cat.categories) + ["(module load)", no_call, LIVE_AT_START]
+    api_names = event_api_names(calls["api"].cat.categories, no_call)
     if len(calls):
         # Thread, API name and call stack come from the API call that caused the event.
         call_row = join_on_call(pid, correlation, calls["pid"].to_numpy(), calls["correlation_id"].to_numpy())
@@ -97,15 +97,13 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
         calls["has_event"] = np.bincount(call_row[found], minlength=len(calls)).astype(bool)
         frame["tid"] = _take(calls["tid"].to_numpy(), call_row, -1).astype("int32")
         api_codes = _take(calls["api"].cat.codes.to_numpy().astype("int64"), call_row, -1)
-        api_codes = np.where(found, api_codes, np.where(statics, len(api_names) - 3, len(api_names) - 2))
-        del call_row
+        del call_row, found
     else:  # no API calls (or not read): one pass instead of a join that finds nothing
         frame["tid"] = np.full(len(pid), -1, "int32")
-        api_codes = np.where(statics, len(api_names) - 3, len(api_names) - 2)
-        found = np.zeros(len(pid), bool)
-    if live_at_start:
-        api_codes[~found & (frame["ts_ns"].to_numpy() <= 0)] = len(api_names) - 1
-    del statics, found
+        api_codes = np.full(len(pid), -1, "int64")
+    at_start = frame["ts_ns"].to_numpy() <= 0 if live_at_start else np.zeros(len(pid), bool)
+    api_codes = event_api_codes(api_codes, statics, at_start, len(api_names))
+    del statics, at_start
     frame["api"] = _categorical_of_used(api_codes, api_names)
     del api_codes
     frame["address"] = take("address").view("uint64")  # the same bits as astype, without a copy
@@ -359,6 +357,20 @@ def check_sums_fit(total: float) -> None:
     if total >= MAX_TOTAL_BYTES:
         raise NsysanError(f"its memory events allocate {total / 2**60:,.1f} EiB in all, more than 64-bit byte "
                           "counts hold and far beyond any machine: the export is damaged, so export the report again")
+
+
+def event_api_names(call_names, no_call: str = "(no API call)") -> list[str]:
+    """The API names of the events: their calls' names, then what an event without a call is
+    named (event_api_codes)."""
+    return list(call_names) + ["(module load)", no_call, LIVE_AT_START]
+
+
+def event_api_codes(call_api: np.ndarray, statics: np.ndarray, at_start: np.ndarray, names: int) -> np.ndarray:
+    """Each event's code into event_api_names (`names` of them): its call's API (-1: no call), else
+    LIVE_AT_START `at_start` (live when the capture began), "(module load)" for a module's
+    statics, `no_call` for the others."""
+    none = np.where(at_start, names - 1, np.where(statics, names - 3, names - 2))
+    return np.where(call_api >= 0, call_api, none)
 
 
 def _empty_events() -> pd.DataFrame:

@@ -223,6 +223,13 @@ def attribute_operators(points: pd.DataFrame, operator_ranges: pd.DataFrame) -> 
         return pd.Categorical.from_codes(np.zeros(n, "int8"), categories=[""])
     index = _innermost(points["pid"].to_numpy(), points["tid"].to_numpy(), points["ts_ns"].to_numpy(),
                        operator_ranges)
+    codes, names = operator_codes(operator_ranges)
+    return pd.Categorical.from_codes(np.where(index >= 0, codes[np.maximum(index, 0)], 0),
+                                     categories=pd.Index(names, dtype=object))
+
+
+def operator_codes(operator_ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each operator range's code, and the names the codes index: "" (code 0, no operator) first,
+    then the operators by first appearance."""
     codes, names = pd.factorize(operator_ranges["name"].to_numpy(dtype=object))
-    return pd.Categorical.from_codes(np.where(index >= 0, codes[np.maximum(index, 0)] + 1, 0),
-                                     categories=pd.Index([""] + list(names), dtype=object))
+    return codes.astype("int64") + 1, np.append("", names).astype(object)

@@ -105,6 +105,10 @@ class SiteLabeller:
             order.setdefault(row["label"], len(order))
         return order, rows
 
+    def table(self) -> pd.DataFrame:
+        """The sites (SITE_COLUMNS), one row per label, in `order`."""
+        return pd.DataFrame(self.order()[1], columns=SITE_COLUMNS).drop_duplicates("label", ignore_index=True)
+
     def _codes(self, sites: list[dict]) -> np.ndarray:
         return np.array([self.labels.setdefault(s["label"], len(self.labels)) for s in sites] or [0], "int64")
 
@@ -152,7 +156,7 @@ def call_sites(conn: sqlite3.Connection, schema: Schema, events: pd.DataFrame, c
                             *(events[name].cat.categories for name in named), thread_names, diagnostics)
     site, own = labeller.label(*(events[name].to_numpy()[allocs] for name in ("pid", "tid", "correlation_id")), chain,
                                *(events[name].cat.codes.to_numpy()[allocs] for name in named))
-    order, rows = labeller.order()
+    order = labeller.order()[0]
     key = np.zeros(n, "int64")
     key[allocs] = np.array([order[label] for label in labeller.labels], "int64")[site]
     partner = events["partner"].to_numpy()
@@ -160,6 +164,5 @@ def call_sites(conn: sqlite3.Connection, schema: Schema, events: pd.DataFrame, c
     key[frees] = key[partner[frees]]
     stack = np.full(n, -1, "int32")
     stack[allocs] = own
-    sites = pd.DataFrame(rows, columns=SITE_COLUMNS).drop_duplicates("label", ignore_index=True)
     labels = pd.Categorical.from_codes(key, categories=pd.Index(list(order), dtype=object))
-    return SiteSources(sites, labels, stack, labeller.registry.stacks)
+    return SiteSources(labeller.table(), labels, stack, labeller.registry.stacks)
