@@ -13,12 +13,16 @@ import struct
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 from builders import make_export
 from conftest import FIXTURES, analysis_of, truth
 
 import nsysan
 from nsysan.events import load_events
+from nsysan.events.normalize import join_on_call
+from nsysan.events.read import read_calls
+from nsysan.events.site_labels import SiteLabeller
 from nsysan.sources.schema import open_readonly, probe
 
 MiB = 1 << 20
@@ -216,6 +220,43 @@ def test_operator_ranges_leave_the_steps_alone(torch_ops_v25):
     live_at_step_end = [int(device[device["ts_ns"] <= b.end_ns]["delta_bytes"].sum()) for b in steps]
     reserved = [r["reserved"] for r in truth("torch_ops_v25") if "step" in r]
     assert live_at_step_end == [r + 134_481_920 for r in reserved]
+
+
+@pytest.mark.parametrize("path, source", [(FIXTURES / "known_bt_v25.sqlite", "native"), (PYBT, "python"),
+                                          (OPS, "operator")])
+def test_sites_labelled_3_allocations_at_a_time_are_those_of_one_batch(path, source):
+    """The one labeller of both paths (the whole frame at once, a streamed flow a batch at a
+    time) gives each allocation the same site, and the sites the same order, however the
+    allocations are cut; and at once, the whole frame's sites."""
+    with contextlib.closing(open_readonly(path)) as conn:
+        schema = probe(conn)
+        found = load_events(conn, schema)
+        calls, chains = read_calls(conn, schema)
+        events = found.events
+        allocs = np.flatnonzero((events["op"] == "alloc").to_numpy())
+        pid, correlation = (events[c].to_numpy()[allocs] for c in ("pid", "correlation_id"))
+        row = join_on_call(pid, correlation, chains["pid"].to_numpy(), chains["correlation_id"].to_numpy())
+        chain = np.append(chains["callchain_id"].to_numpy(), -1)[row]  # row -1 (no stack): the -1 last
+        columns = [pid, events["tid"].to_numpy()[allocs], correlation, chain] + \
+            [events[c].cat.codes.to_numpy()[allocs] for c in ("api", "nvtx_range", "operator")]
+
+        def labelled(size: int) -> tuple[list[str], list[int], dict]:
+            labeller = SiteLabeller(conn, schema, np.unique(chain[chain >= 0]), lambda: (calls, chains),
+                                    *(events[c].cat.categories for c in ("api", "nvtx_range", "operator")),
+                                    found.thread_names, [])
+            sites, stacks = zip(*(labeller.label(*(c[at:at + size] for c in columns))
+                                  for at in range(0, len(allocs), size)))
+            names = list(labeller.labels)
+            return [names[code] for code in np.concatenate(sites)], np.concatenate(stacks).tolist(), \
+                labeller.order()[0]
+
+        whole, pieces = labelled(len(allocs)), labelled(3)
+    assert pieces == whole
+    assert whole[0] == events["site"].to_numpy()[allocs].tolist()
+    assert list(whole[2]) == list(events["site"].cat.categories)
+    assert whole[1] == events["stack"].to_numpy()[allocs].tolist()
+    sites = found.sites
+    assert source in set(sites.loc[sites["label"].isin(whole[0]), "source"])  # not the API fallback alone
 
 
 # --- native frame rules, on hand-built exports -----------------------------------------------
