@@ -178,17 +178,22 @@ def _importing_on_progress(say: "Progress", *modules: str) -> "Progress":
     return progress
 
 
+_BACKGROUND: list[threading.Thread] = []  # the imports' thread, once started
+
+
 def _import_in_background(*modules: str) -> None:
-    """Import `modules` on a daemon thread. The main thread's own import of one of them waits for
-    it (Python's per-module import lock) and, should it fail, fails again there, where errors are
-    handled: nothing is printed from this thread."""
+    """Import `modules` on a daemon thread. The main thread waits for it before importing them
+    itself (_import_quietly) and, should an import have failed, fails again there, where errors
+    are handled: nothing is printed from this thread."""
     def run() -> None:
         try:
             _import_quietly(*modules)
         except BaseException:  # noqa: BLE001 (see above)
             pass
 
-    threading.Thread(target=run, name="nsysan-imports", daemon=True).start()
+    thread = threading.Thread(target=run, name="nsysan-imports", daemon=True)
+    _BACKGROUND.append(thread)
+    thread.start()
 
 
 def _import_quietly(*modules: str) -> None:
@@ -197,7 +202,16 @@ def _import_quietly(*modules: str) -> None:
     passes over the growing heap took 12% of the analyses' imports' CPU (issue 31). For the
     command line only: a library leaves its host's collector alone. Once per process: a later
     report's analysis finds them imported (or being imported, by the thread: its import waits),
-    and what an earlier analysis left is not frozen."""
+    and what an earlier analysis left is not frozen.
+
+    The main thread first waits for the imports' thread: a module that thread is still importing
+    is in sys.modules half-made, and two threads importing the same modules in different orders
+    can each wait for a module lock the other holds, which Python breaks by handing one of them
+    the half-made module ("cannot import name ... from partially initialized module", seen once
+    on a corpus report)."""
+    if threading.current_thread() is threading.main_thread():
+        for thread in _BACKGROUND:
+            thread.join()
     if all(module in sys.modules for module in modules):
         return
     gc.disable()
