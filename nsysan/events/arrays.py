@@ -111,7 +111,9 @@ def distinct_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for column in columns:
         codes, uniques = pd.factorize(np.asarray(column, "int64"))
         slot, _ = pd.factorize(slot * len(uniques) + codes)
-    return slot, np.unique(slot, return_index=True)[1]
+    # numbered in order of first appearance, a row is its number's first where the numbers so far
+    # reach a new maximum: one pass, not a sort
+    return slot, np.flatnonzero(np.diff(np.maximum.accumulate(slot), prepend=-1) > 0)
 
 
 LOW, HIGH = np.iinfo("int64").min, np.iinfo("int64").max

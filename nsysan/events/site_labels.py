@@ -142,7 +142,8 @@ class SiteSources:
 
 
 def call_sites(conn: sqlite3.Connection, schema: Schema, events: pd.DataFrame, calls: pd.DataFrame,
-               chains: pd.DataFrame, thread_names: dict[tuple[int, int], str], diagnostics: list[Diagnostic]) -> SiteSources:
+               chains: pd.DataFrame, thread_names: dict[tuple[int, int], str],
+               diagnostics: list[Diagnostic]) -> SiteSources:
     """A site label and stack per event of the whole frame (its allocations labelled as one batch;
     a free belongs to the site of the allocation it frees), the table of sites and the stacks
     they refer to."""
