@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..events.nvtx import MAX_NVTX_DEPTH, thread_key
+from ..events.nvtx import range_paths, thread_key
 from ..model import Phase, StepSeries
 from .steps import OPEN_END
 
@@ -21,18 +21,10 @@ MAX_PHASES = 40  # per analysis, the largest rises first
 MAX_INSTANCES = 200  # per phase, listed in time order (the statistics use them all)
 
 
-def range_paths(ranges: pd.DataFrame) -> np.ndarray:
-    """Each range's path of names, outermost first, numbers as N: "step N > backward"."""
-    names = ranges["name"].astype(str).str.replace(r"\d+", "N", regex=True).to_numpy(dtype=object)
-    paths = names.copy()
-    parent = ranges["parent"].to_numpy()
-    depth = ranges["depth"].to_numpy()
-    # One pass per nesting level, no deeper than the events' own paths: 100k pushes never popped
-    # would otherwise build paths of quadratic length.
-    for level in range(2, min(int(depth.max(initial=1)), MAX_NVTX_DEPTH) + 1):
-        here = np.flatnonzero((depth == level) & (parent >= 0))
-        paths[here] = paths[parent[here]] + " > " + names[here]
-    return paths
+def numbered_paths(ranges: pd.DataFrame) -> np.ndarray:
+    """Each range's path of names (events.nvtx.range_paths), numbers as N: "step N > backward"."""
+    numbered = ranges["name"].astype(str).str.replace(r"\d+", "N", regex=True)
+    return range_paths(ranges, numbered.to_numpy(dtype=object))
 
 
 def phase_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ from ..events.columns import empty_ranges
 from ..model import Phase, StepSeries
 from .iteration_phases import with_iteration_phases
 from .iterations import find_iterations, with_iterations
-from .phases import phase_ranges, phases_of, range_paths, ranked
+from .phases import numbered_paths, phase_ranges, phases_of, ranked
 from .groups import batch_series
 from .growth import growth_diagnostics, judge_all
 from .steps import OPEN_END, STEP_KINDS, find_step_ranges, holders_by_step, listed, step_diagnostics, step_series, \
@@ -170,7 +170,7 @@ class StepWindows(Reducer):
                                       kept_bytes), holders, trace_end_ns, found.iterations.get(pid)))
         phases: list[Phase] = []
         if len(found.phase_rows):
-            paths = range_paths(found.ranges)
+            paths = numbered_paths(found.ranges)
             for (pid, device), (_, _, rows, ids) in order:
                 # a range still open at the capture's end is no phase
                 closed = found.ranges["end_ns"].to_numpy()[rows] < min(OPEN_END, max(end_ns, 0))

@@ -197,14 +197,16 @@ def parents(ranges: pd.DataFrame, order: np.ndarray, keys: np.ndarray, depth: np
     return parent
 
 
-def range_paths(ranges: pd.DataFrame) -> np.ndarray:
-    """Each range's path: the names of the ranges enclosing it and its own, outermost first, joined by " > "."""
+def range_paths(ranges: pd.DataFrame, names: Optional[np.ndarray] = None) -> np.ndarray:
+    """Each range's path: the names (`names`, one per range; else the ranges' own) of the ranges
+    enclosing it and its own, outermost first, joined by " > "."""
     parent = ranges["parent"].to_numpy()
-    names = ranges["name"].to_numpy(dtype=object)
+    names = ranges["name"].to_numpy(dtype=object) if names is None else names
     paths = names.copy()
     depth = ranges["depth"].to_numpy()
-    # Build paths outermost first, one nesting level at a time.
-    for level in range(2, min(int(depth.max()), MAX_NVTX_DEPTH) + 1):
+    # Build paths outermost first, one nesting level at a time, no deeper than MAX_NVTX_DEPTH:
+    # 100k pushes never popped would otherwise build paths of quadratic length.
+    for level in range(2, min(int(depth.max(initial=1)), MAX_NVTX_DEPTH) + 1):
         here = np.flatnonzero((depth == level) & (parent >= 0))
         paths[here] = paths[parent[here]] + " > " + names[here]
     return paths
