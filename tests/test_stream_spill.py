@@ -11,7 +11,8 @@ import pytest
 from conftest import FIXTURES
 
 from nsysan.events import spill, stream, stream_calls
-from nsysan.events.stream import EventBatch, EventFlow
+from nsysan.events.stream import EventFlow
+from nsysan.events.batch import EventBatch
 from nsysan.events.stream_calls import CallWindow, MemoryCalls
 from nsysan.sources.schema import open_readonly, probe
 

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..events import LoadedEvents
-from ..events.stream import EventBatch
+from ..events.batch import EventBatch
 from ..engine import Engine, Facts, frame_batch, frame_labels, frame_live
 from ..model import SCHEMA_ID, Analysis, Source, Timeline
 from ..sources.schema import Schema

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from ..engine import Reducer
-from ..events.stream import EventBatch
+from ..events.batch import EventBatch
 from ..model import Allocation
 from .explore import LargestAllocations
 from .peak import LIVE_AT_PEAK, Peaks

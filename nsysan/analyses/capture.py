@@ -11,7 +11,7 @@ import numpy as np
 
 from ..engine import Reducer
 from ..events.arrays import HIGH, LOW
-from ..events.stream import EventBatch
+from ..events.batch import EventBatch
 from ..model import Capture, GroupSummary, Process
 from ..sources.schema import Schema
 from .diagnostics import crash_rerun_command, flags_used

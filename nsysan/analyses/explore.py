@@ -19,7 +19,7 @@ import pandas as pd
 
 from ..engine import Facts, Reducer
 from ..events.arrays import category_codes, distinct_rows
-from ..events.stream import EventBatch
+from ..events.batch import EventBatch
 from ..events.columns import empty_ranges
 from ..events.nvtx import thread_key
 from ..events.read import TRACE_GOES_ON

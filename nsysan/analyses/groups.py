@@ -15,7 +15,7 @@ from ..model import GroupSummary
 from .grouping import Segments
 
 if TYPE_CHECKING:
-    from ..events.stream import EventBatch
+    from ..events.batch import EventBatch
 
 # The sums carried from batch to batch, one int64 per group each.
 SUMS = ("live", "peak", "peak_ts", "events", "allocations", "allocated", "orphans", "orphan_bytes",

@@ -10,7 +10,7 @@ import pandas as pd
 from ..engine import Facts, Reducer
 
 if TYPE_CHECKING:
-    from ..events.stream import EventBatch
+    from ..events.batch import EventBatch
 
 # Module globals (`__device__` variables) are loaded once and never freed: static memory, not
 # leaks. They are counted in their own group instead.

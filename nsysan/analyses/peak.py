@@ -13,7 +13,7 @@ from ..base.units import fmt_bytes, fmt_time
 from ..engine import Facts, Reducer
 from ..events.load import QUICK_API
 from ..events.arrays import LOW, category_codes, pair_key
-from ..events.stream import EventBatch, batch_rows
+from ..events.batch import EventBatch, batch_rows
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
 from .pools import reached_before
 from .explore import allocation_groups

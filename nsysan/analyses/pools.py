@@ -28,7 +28,7 @@ import pandas as pd
 from ..engine import Facts, Reducer
 from ..events.arrays import HIGH, LOW, distinct_rows, pair_key, running_sums
 from ..events.read_pools import empty_pool_events
-from ..events.stream import EventBatch
+from ..events.batch import EventBatch
 from ..model import PoolUse
 
 MAX_POINTS = 2000

@@ -13,7 +13,7 @@ import pandas as pd
 from ..base.units import fmt_bytes, fmt_percent, fmt_time
 from ..engine import GpuOf, Reducer, TotalMemory
 from ..events.arrays import pair_key
-from ..events.stream import batch_rows, no_rows
+from ..events.batch import batch_rows, no_rows
 from ..model import Preallocation
 
 PREALLOCATION_SHARE = 0.25  # one block this large a share of the GPU is a preallocated pool

@@ -37,7 +37,7 @@ from .sites import call_site
 from .spikes import Spikes
 from .stacks import stack_bytes
 from .steps import step_diagnostics
-from ..events.stream import EventBatch, no_rows
+from ..events.batch import EventBatch, no_rows
 from .verdicts import VerdictLooks
 
 

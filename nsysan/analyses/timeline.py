@@ -18,7 +18,7 @@ from .grouping import Segments
 from ..model import Band, Series
 
 if TYPE_CHECKING:
-    from ..events.stream import EventBatch
+    from ..events.batch import EventBatch
 
 GROUP = ["pid", "device", "kind"]
 MAX_POINTS = 2000  # per series: enough to draw, small enough to ship in JSON

@@ -15,7 +15,7 @@ import pandas as pd
 from ..engine import Engine, Facts, GpuOf, Reducer, TotalMemory, frame_batch
 from ..base.cuda_errors import error_name
 from ..events.arrays import one_pair_key
-from ..events.stream import EventBatch
+from ..events.batch import EventBatch
 from ..model import AllocatorOom, Diagnostic, OomFailure, GroupSummary, MemoryCap, OutOfMemory, Peak, \
     PoolUse, Preallocation, ReservedMemory
 from ..base.units import fmt_bytes, fmt_duration, fmt_time

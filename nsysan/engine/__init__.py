@@ -2,7 +2,7 @@
 
 An analysis answers one question (a field of `Analysis`) as a streaming aggregator, the way
 memray's aggregators each answer one question over a stream of records: it is started with the
-capture's facts, added every batch of events in time order (`EventBatch`, events/stream.py),
+capture's facts, added every batch of events in time order (`EventBatch`, events/batch.py),
 and finished with the allocations still live at the end. Nothing else tells it how the events
 were read: the whole events frame is simply one batch (`frame_batch`, numpy views of the
 frame's columns), and an export too large to hold is a flow of many (`EventFlow`). So the same
@@ -30,7 +30,7 @@ import pandas as pd
 from ..events.arrays import category_codes
 from ..events.load import QUICK_API
 from ..events.read_pools import POOL_USAGE_COLUMNS
-from ..events.stream import LIVE_COLUMNS, EventBatch, live_after
+from ..events.batch import LIVE_COLUMNS, EventBatch, live_after
 
 # the labelled columns of a batch's calls (Labels), as the events frame's categories hold them
 LABELLED = ("api", "site", "nvtx_range", "nvtx_path", "operator")

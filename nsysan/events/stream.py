@@ -1,5 +1,5 @@
-"""The memory events as a flow of time-ordered batches, in bounded memory: the streaming twin of
-`normalize` for the memory-usage table alone (`--quick`).
+"""The memory events as a flow of time-ordered batches (batch.EventBatch), in bounded memory, for
+an export too large to hold whole.
 
 Rows are read a rowid range at a time (read.memory_event_chunks) and decoded by normalize's
 decoder (`decode_rows`, which decodes the whole table for the events frame). Exports are written nearly in time order, but not exactly (nsys 2025.6 writes rows
@@ -39,6 +39,7 @@ from .normalize import BAD_ROW_REASONS, _sizes_and_deltas, allocated_bytes, bad_
 from .read import memory_chunk_first_starts, memory_event_chunks, memory_sorted_runs
 from .read_order import memory_chunks_look_unordered
 from .read_pools import usable_times
+from .batch import LIVE_COLUMNS, EventBatch, live_after
 from .spill import Kept
 
 _INT64_MAX = np.iinfo("int64").max
@@ -57,41 +58,6 @@ _ROW = {"key": "int64", "position": "int64", "ts": "int64", "global_pid": "int64
         "pool_size": "int64"}
 # flags (int8, the only narrow column: a pool row outside the events costs a byte less per row held)
 IS_EVENT, IS_POOL_ALLOC = 1, 2
-# A live allocation, carried from batch to batch until its free.
-_LIVE = LIVE_COLUMNS = ("seq", "ts", "pid", "device", "kind", "address", "bytes", "pool")
-
-
-@dataclass
-class EventBatch:
-    """Consecutive events in canonical order, as the events frame would hold them: `seq` is the
-    row in that frame; `partner_seq` the row of a free's allocation (-1 for an allocation or an
-    unmatched free); `kind` a code into `EventFlow.kinds`."""
-
-    seq: np.ndarray
-    ts: np.ndarray
-    pid: np.ndarray
-    device: np.ndarray
-    kind: np.ndarray
-    is_alloc: np.ndarray
-    address: np.ndarray
-    bytes: np.ndarray
-    delta: np.ndarray
-    pool: np.ndarray
-    partner_seq: np.ndarray
-    correlation: np.ndarray  # the API call's correlation id (0 for none: module statics)
-    # allocations that can never be freed any more (another allocation took their address while
-    # they were live), and the live allocations before this batch: _LIVE columns
-    closed: dict = field(default_factory=dict)
-    live_before: dict = field(default_factory=dict)
-    # the API call joined to each event (stream_calls.CallWindow.join), in the full analysis
-    calls: dict = field(default_factory=dict)
-    # the pool rows of the batch's timestamps: read_pools.POOL_USAGE_COLUMNS, in their order
-    pools: dict = field(default_factory=dict)
-    # what the analyses (nsysan/engine reducers) make of this batch once for all of them, by name
-    shared: dict = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.seq)
 
 
 def _give_back(batch_number: int) -> None:
@@ -101,31 +67,6 @@ def _give_back(batch_number: int) -> None:
     temporaries (a trim takes some 10 ms)."""
     if batch_number % 4 == 3:
         release_memory()
-
-
-def batch_rows(batch: EventBatch, rows: np.ndarray) -> pd.DataFrame:
-    """Rows of `batch` as the live sets list them (LIVE_COLUMNS but the pool flag)."""
-    return pd.DataFrame({"seq": batch.seq[rows], "ts": batch.ts[rows], "pid": batch.pid[rows],
-                         "device": batch.device[rows], "kind": batch.kind[rows], "address": batch.address[rows],
-                         "bytes": batch.bytes[rows]})
-
-
-def no_rows() -> pd.DataFrame:
-    """batch_rows of no row: the columns, empty."""
-    return pd.DataFrame({c: np.zeros(0, "uint64" if c == "address" else "int64")
-                         for c in ("seq", "ts", "pid", "device", "kind", "address", "bytes")})
-
-
-def live_after(live: dict, batch: EventBatch) -> dict:
-    """The live allocations after `batch`, from those before it: its allocations joined, those it
-    freed or closed gone (what `_paired` carries)."""
-    allocs = np.flatnonzero(batch.is_alloc)
-    columns = {"seq": batch.seq, "ts": batch.ts, "pid": batch.pid, "device": batch.device, "kind": batch.kind,
-               "address": batch.address, "bytes": batch.bytes, "pool": batch.pool}
-    joined = {name: np.concatenate([live[name], columns[name][allocs]]) for name in _LIVE}
-    gone = np.concatenate([batch.partner_seq[batch.partner_seq >= 0], batch.closed.get("seq", np.zeros(0, "int64"))])
-    still = ~np.isin(joined["seq"], gone)
-    return {name: values[still] for name, values in joined.items()}
 
 
 def _kept_batches() -> Kept[EventBatch]:
@@ -276,7 +217,7 @@ class EventFlow:
                 kept.close()
             return self.feed(make)
         consumer = make()
-        live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in _LIVE}
+        live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in LIVE_COLUMNS}
         try:
             for number, batch in enumerate(kept):
                 batch.live_before = live
@@ -288,7 +229,7 @@ class EventFlow:
         return consumer
 
     def _batches(self) -> Iterator[EventBatch]:
-        self.live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in _LIVE}
+        self.live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in LIVE_COLUMNS}
         self.events, self._copies, self._overlapping, self._allocated = 0, 0, 0, 0.0
         self._bad_reasons = np.zeros(len(BAD_ROW_REASONS), "int64")
         self._emitted_key: Optional[int] = None
@@ -471,7 +412,7 @@ class EventFlow:
         carried = len(live["seq"])
         columns = {"seq": seq, "ts": ts, "pid": pid, "device": device, "kind": kind, "address": address,
                    "bytes": size, "pool": pool}
-        columns = {name: np.concatenate([live[name], columns[name]]) for name in _LIVE}
+        columns = {name: np.concatenate([live[name], columns[name]]) for name in LIVE_COLUMNS}
         all_alloc = np.concatenate([np.ones(carried, bool), is_alloc])
         partner, superseded = pair_allocs_and_frees(columns["pid"], columns["address"], all_alloc)
         self._overlapping += len(superseded)  # allocations whose address was taken again
