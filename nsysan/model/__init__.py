@@ -11,8 +11,6 @@ means `@2`.
 
 from __future__ import annotations
 
-from .smi import SmiOverlay
-
 # The model is split by subject; every name stays importable from nsysan.model.
 from .analysis import Analysis
 from .capture import DIAGNOSTIC_CODES, GPU_RESIDENT_KINDS, KINDS, LIVE_AT_START, SCHEMA_ID, SEVERITIES, TRUST_BREAKING, Capture, Diagnostic, Gpu, Process, Source
@@ -23,8 +21,9 @@ from .oom import AllocatorOom, AllocatorUse, CacheRelease, CutShort, EndedInside
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, Step, StepSeries
 from .tables import RAW, Tables
 
-# `check`'s and `compare`'s documents are made on first use of one of their names (PEP 562): every
-# command imports the model before its work can start, and `nsysan analyze` needs neither (issue 31).
+# `check`'s and `compare`'s documents, and the nvidia-smi section, are made on first use of one of
+# their names (PEP 562): every command imports the model before its work can start, and
+# `nsysan analyze` needs none of them without `--smi` (issue 31).
 _CHECK_NAMES = ("CHECK_SCHEMA_ID", "EXIT_CODES", "Outcome", "Verdict")
 _COMPARE_NAMES = ("COMPARE_SCHEMA_ID", "CaptureNote", "Change", "Comparison", "ProcessDelta", "ProcessRow",
                   "RangeDelta", "RunRef", "SiteDelta")
@@ -35,10 +34,12 @@ def __getattr__(name: str) -> object:
         from . import check as later
     elif name in _COMPARE_NAMES:
         from . import comparison as later
+    elif name == "SmiOverlay":
+        from . import smi as later
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(later, name)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_CHECK_NAMES, *_COMPARE_NAMES})
+    return sorted({*globals(), *_CHECK_NAMES, *_COMPARE_NAMES, "SmiOverlay"})

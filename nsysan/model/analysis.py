@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..base import notebook_view
-from .smi import SmiOverlay
 from .bytes import ByteClasses
 from .hidden import CudaGraphs, HiddenMemory
 from .capture import SCHEMA_ID, SEVERITIES, Capture, Diagnostic, Source
@@ -17,6 +16,9 @@ from .oom import OutOfMemory, ReservedMemory
 from .plain import _to_plain, from_document
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, StepSeries, WhatIf
 from .tables import RAW, Tables
+
+if TYPE_CHECKING:  # made when used (model/__init__.py): plain.type_hints finds it for documents read back
+    from .smi import SmiOverlay
 
 
 @dataclass(frozen=True)

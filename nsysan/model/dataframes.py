@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import NsysanError
+from .plain import type_hints
 
 # Tables named after their section rather than the list's own field.
 RENAMED = {("timeline", "series"): "timeline",
@@ -240,7 +241,7 @@ def _point_fields(row_type: type) -> list[str]:
 
 @functools.lru_cache(maxsize=None)  # once per class, not once per row
 def _hints(tp: type) -> dict[str, Any]:
-    return typing.get_type_hints(tp)
+    return type_hints(tp)
 
 
 def _is_optional(hint: Any) -> bool:

@@ -96,9 +96,17 @@ def _fields_of(tp: type) -> tuple[dict[str, Any], tuple[dataclasses.Field, ...]]
     two thirds of reading a 1e6-event analysis back (4.4 of 6.8 s profiled, 5,568 records)."""
     found = _FIELDS_READ.get(tp)
     if found is None:
-        found = _FIELDS_READ[tp] = (typing.get_type_hints(tp),
+        found = _FIELDS_READ[tp] = (type_hints(tp),
                                     tuple(f for f in dataclasses.fields(tp) if not f.metadata.get("raw")))
     return found
+
+
+def type_hints(tp: type) -> dict[str, Any]:
+    """`tp`'s fields' types, the model's lazily made classes (model/__init__.py) included: an
+    annotation names them, but their module is imported only here, when a type is read."""
+    from .smi import SmiOverlay
+
+    return typing.get_type_hints(tp, localns={"SmiOverlay": SmiOverlay})
 
 
 def _expect(value: Any, tp: type, path: str) -> None:
