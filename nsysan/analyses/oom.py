@@ -16,7 +16,7 @@ cuMemCreate with a handle type the system refuses, 800, then again without it), 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -25,8 +25,11 @@ from ..base.cuda_errors import OUT_OF_MEMORY, error_name
 from ..engine import GpuOf, Reducer
 from ..events.arrays import HIGH, one_pair_key, pair_key
 from ..events.nvtx import attribute_ranges
-from ..model import GPU_RESIDENT_KINDS, CacheRelease, CutShort, OomFailure, Probe
+from ..model import GPU_RESIDENT_KINDS
 from .peak import live_at
+
+if TYPE_CHECKING:
+    from ..model.oom_found import CacheRelease, CutShort, OomFailure, Probe
 
 # "retried at once": the same API succeeds on the thread within 10 ms after the failed call
 # returned (torch_expandable_v25's failing cuMemCreate itself takes 18.6 ms; the retry comes 21 µs
@@ -69,6 +72,7 @@ def failures_and_probes(failed: pd.DataFrame, ranges: pd.DataFrame, retry: np.nd
         retried = int(retry[i]) if retry[i] >= 0 else None  # failed calls: few, capped
         if code != OUT_OF_MEMORY:
             if retried is not None:
+                from ..model.oom_found import Probe  # made when found (model/oom_found.py)
                 probes.append(Probe(pid=int(pid), tid=int(tid), api=str(api), time_ns=int(ts), return_value=int(code),
                                     error=error_name(str(api), int(code)), nvtx_path=str(paths[i]),
                                     retried_after_ns=retried))
@@ -348,6 +352,7 @@ class ReleaseBursts(Reducer):
                                    "ts_ns": np.array([b[1] for b in chosen], "int64")})
             named = np.asarray(attribute_ranges(points, ranges)[1], dtype=object)
             for (_, start_ns, _, before, blocks, released, end, end_ns, after), path in zip(chosen, named):
+                from ..model.oom_found import CacheRelease  # made when found (model/oom_found.py)
                 found.append(CacheRelease(
                     pid=pid, device=device, gpu=gpu_of(pid, device), start_ns=start_ns, end_ns=end_ns, blocks=blocks,
                     released_bytes=released, nvtx_path=str(path), live_before_bytes=before, live_after_bytes=after,
@@ -430,6 +435,7 @@ class CutShortSums(Reducer):
                 climbing = bool(events >= 8 and end_live > 0 and end_live >= highest and tail is not None
                                 and end_live > tail and near_end)
             if opened or climbing:
+                from ..model.oom_found import CutShort  # made when found (model/oom_found.py)
                 found.append(CutShort(pid=int(pid), last_event_ns=last, open_ranges=opened, climbing=climbing,
                                       end_live_bytes=end_live))
         return found

@@ -20,13 +20,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from ..model import GPU_RESIDENT_KINDS, Analysis, Diagnostic, EndedInside, FatalOom, LoggedOom, MemoryCap, \
-    OutOfMemory, SizeCount
+from ..model import GPU_RESIDENT_KINDS, Analysis, Diagnostic, MemoryCap, OutOfMemory
 from ..base.units import fmt_bytes, fmt_time
 from .answers import gather_answers
 from .oom import NEAR_END_NS
 
 if TYPE_CHECKING:  # the log reader's patterns are compiled only for --log (issue 31: every start pays its imports)
+    from ..model.oom_found import EndedInside, LoggedOom, SizeCount
     from ..sources.oom_log import OomMessage
 
 BLOCK_SIZES = 8  # distinct block sizes named
@@ -92,6 +92,7 @@ def ended_inside(analysis: Analysis, logged_pids: set = frozenset()) -> list[End
         growth = next((g for g in analysis.growth if g.pid == cut.pid and g.device == device), None)
         sized = analysis.capture.memory_usage_collected  # without sizes, no memory event tells when it ended
         ended = sized and analysis.timeline.end_ns - cut.last_event_ns > NEAR_END_NS
+        from ..model.oom_found import EndedInside  # made when found (model/oom_found.py)
         item = EndedInside(
             pid=cut.pid, device=device, gpu=gpu, open_ranges=list(cut.open_ranges), last_event_ns=cut.last_event_ns,
             process_ended=ended, live_bytes=cut.end_live_bytes,
@@ -128,6 +129,7 @@ def _block_sizes(analysis: Analysis, pid: int, device: Optional[int]) -> list[Si
     for a in listed:
         if a.pid == pid and a.device == device and a.kind == "device" and a.bytes > complete_above:
             counts[a.bytes] = counts.get(a.bytes, 0) + 1
+    from ..model.oom_found import SizeCount  # made when found (model/oom_found.py)
     return [SizeCount(bytes=b, count=counts[b]) for b in sorted(counts, reverse=True)[:BLOCK_SIZES]]
 
 
@@ -222,6 +224,7 @@ def _logged(analysis: Analysis, m: OomMessage, pid: Optional[int], how: str) -> 
         others = sum(m.other_processes.values())
     verdict = _verdict(m, cap, others)
     trace_reserved = _trace_reserved(analysis, pid, device)
+    from ..model.oom_found import LoggedOom  # made when found (model/oom_found.py)
     item = LoggedOom(log=m.log, line=m.line, framework=m.framework, wording=m.wording, pid=m.pid, matched_pid=pid,
                      matched_by=how, device=device, request_bytes=m.request_bytes, cap_bytes=cap,
                      total_bytes=m.total_bytes, free_bytes=m.free_bytes, process_bytes=m.process_bytes,
@@ -339,6 +342,7 @@ def fatal(oom: OutOfMemory) -> list[FatalOom]:
     trace), or a logged error is theirs (the log); a logged error of no known process too."""
     by_trace = {o.release.pid for o in oom.allocator_ooms}
     by_log = {m.matched_pid for m in oom.logged if m.matched_pid is not None}
+    from ..model.oom_found import FatalOom  # made when found (model/oom_found.py)
     found = [FatalOom(pid=pid, found_by="trace and log" if pid in by_trace and pid in by_log
                       else "trace" if pid in by_trace else "log") for pid in sorted(by_trace | by_log)]
     if any(m.matched_pid is None for m in oom.logged):

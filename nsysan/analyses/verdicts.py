@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -16,7 +16,7 @@ from ..engine import Engine, Facts, GpuOf, Reducer, TotalMemory, frame_batch
 from ..base.cuda_errors import error_name
 from ..events.arrays import one_pair_key
 from ..events.batch import EventBatch
-from ..model import AllocatorOom, Diagnostic, OomFailure, GroupSummary, MemoryCap, OutOfMemory, Peak, \
+from ..model import Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, \
     PoolUse, Preallocation, ReservedMemory
 from ..base.units import fmt_bytes, fmt_duration, fmt_time
 from .allocator import AllocatorSums
@@ -27,6 +27,9 @@ from .calls import CallOutcomes, frame_chunks
 from .oom import OPEN_END_NS, CutShortSums, FailureDevices, Moment, OomLiveSets, ReleaseBursts, _open_ranges, \
     failures_and_probes, gave_up_inside, oom_calls, retries_and_numbers
 from .peak import pair_of
+
+if TYPE_CHECKING:
+    from ..model.oom_found import OomFailure
 
 MIN_VMM_GRANULARITY = 2 << 20  # cuMemCreate sizes are multiples of the granularity, 2 MiB on every GPU seen
 
@@ -160,6 +163,7 @@ class VerdictLooks:
             if moment is None:  # followed by an allocation, or every range closed: an empty_cache()
                 flushes.append(release)
                 continue
+            from ..model.oom_found import AllocatorOom  # made when found (model/oom_found.py)
             allocator_ooms.append(AllocatorOom(release=release, open_ranges=self.open_by_pid.get(release.pid, []),
                                                live_count=moment.count, live_at_release=allocations(
                                                    moment.largest, self.live_sets.free_ts, moment)))
@@ -189,6 +193,7 @@ class VerdictLooks:
         if moment is not None:
             count, live = moment.count, allocations(moment.largest, self.live_sets.free_ts, moment)
             gpu_live, process_live = sum(moment.by_pid.values()), moment.by_pid.get(pid, 0)
+        from ..model.oom_found import OomFailure  # made when found (model/oom_found.py)
         return OomFailure(pid=pid, tid=tid, api=api, time_ns=ts, return_value=code, error=error_name(api, code),
                           call_number=number, nvtx_path=path, device=device, gpu=gpu,
                           process_live_bytes=process_live, gpu_live_bytes=gpu_live, total_memory_bytes=total,

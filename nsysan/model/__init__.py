@@ -16,30 +16,37 @@ from .analysis import Analysis
 from .capture import DIAGNOSTIC_CODES, GPU_RESIDENT_KINDS, KINDS, LIVE_AT_START, SCHEMA_ID, SEVERITIES, TRUST_BREAKING, Capture, Diagnostic, Gpu, Process, Source
 from .memory import (Allocation, AllocationGroup, ApiCallStat, Band, CallSite, FailedCall, Frame, GroupSummary, Holder,
                      NvtxSpan, Peak, RangeFamily, RangeStat, Series, Site, Stack, StackBytes, Timeline, TraceEnd)
-from .oom import AllocatorOom, AllocatorUse, CacheRelease, CutShort, EndedInside, FatalOom, LoggedOom, OomFailure, \
-    OutOfMemory, Preallocation, PoolUse, Probe, ReservedMemory, SizeCount
+from .oom import AllocatorUse, OutOfMemory, Preallocation, PoolUse, ReservedMemory
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, Step, StepSeries
 from .tables import RAW, Tables
 
-# `check`'s and `compare`'s documents, and the nvidia-smi section, are made on first use of one of
-# their names (PEP 562): every command imports the model before its work can start, and
-# `nsysan analyze` needs none of them without `--smi` (issue 31).
+# `check`'s and `compare`'s documents, the nvidia-smi section and what an out-of-memory search
+# found are made on first use of one of their names (PEP 562): every command imports the model
+# before its work can start, and `nsysan analyze` builds none of them on a run without --smi that
+# did not run out of memory (issue 31). plain.type_hints finds them for documents read back.
 _CHECK_NAMES = ("CHECK_SCHEMA_ID", "EXIT_CODES", "Outcome", "Verdict")
 _COMPARE_NAMES = ("COMPARE_SCHEMA_ID", "CaptureNote", "Change", "Comparison", "ProcessDelta", "ProcessRow",
                   "RangeDelta", "RunRef", "SiteDelta")
+_LATER = {**dict.fromkeys(_CHECK_NAMES, "check"), **dict.fromkeys(_COMPARE_NAMES, "comparison"),
+          "SmiOverlay": "smi",
+          **dict.fromkeys(("AllocatorOom", "CacheRelease", "CutShort", "EndedInside", "FatalOom", "LoggedOom",
+                           "OomFailure", "Probe", "SizeCount"), "oom_found")}
 
 
 def __getattr__(name: str) -> object:
-    if name in _CHECK_NAMES:
+    module = _LATER.get(name)
+    if module == "check":
         from . import check as later
-    elif name in _COMPARE_NAMES:
+    elif module == "comparison":
         from . import comparison as later
-    elif name == "SmiOverlay":
+    elif module == "smi":
         from . import smi as later
+    elif module == "oom_found":
+        from . import oom_found as later
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(later, name)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_CHECK_NAMES, *_COMPARE_NAMES, "SmiOverlay"})
+    return sorted({*globals(), *_LATER})

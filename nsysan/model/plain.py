@@ -103,10 +103,12 @@ def _fields_of(tp: type) -> tuple[dict[str, Any], tuple[dataclasses.Field, ...]]
 
 def type_hints(tp: type) -> dict[str, Any]:
     """`tp`'s fields' types, the model's lazily made classes (model/__init__.py) included: an
-    annotation names them, but their module is imported only here, when a type is read."""
-    from .smi import SmiOverlay
+    annotation names them, but their modules are imported only here, when a type is read."""
+    from . import oom_found, smi
 
-    return typing.get_type_hints(tp, localns={"SmiOverlay": SmiOverlay})
+    later = {name: kind for module in (oom_found, smi) for name, kind in vars(module).items()
+             if isinstance(kind, type) and dataclasses.is_dataclass(kind)}
+    return typing.get_type_hints(tp, localns=later)
 
 
 def _expect(value: Any, tp: type, path: str) -> None:
