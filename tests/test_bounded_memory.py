@@ -275,7 +275,7 @@ def test_streamed_quick_keeps_bad_pool_rows_as_the_whole_frame(tmp_path, monkeyp
 
 
 
-# --- the full analysis streamed (analyses/streamed_full.py) ------------------------------------
+# --- the full analysis streamed (analyses/flow.py) ---------------------------------------------
 
 # torch_oom_v25 is the capture whose allocator gave up without a failing call, and whose growth
 # runs into that cap; jax_prealloc_v25 grows inside XLA's preallocated block

@@ -1,4 +1,4 @@
-"""The streamed full analysis's trace ends (streamed_full.py: from the calls' scan), against what
+"""The streamed full analysis's trace ends (analyses/flow.py: from the calls' scan), against what
 the fixtures say (that they are the whole frame's, in batches and on shuffled rows, is
 test_bounded_memory's whole-document check; the bands and focus are one reducer on both paths,
 explore.Explorable, and the ranges table another: test_engine.py)."""

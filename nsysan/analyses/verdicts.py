@@ -1,6 +1,6 @@
 """The verdicts on out of memory, reserved memory and caps, with the diagnostics that put them in
 every output: one set of reducers (VerdictLooks) on both paths, the whole frame's one batch
-(find_verdicts, for `run_analyses`) and the streamed full analysis's flow (streamed_full.py)."""
+(find_verdicts, for `run_analyses`) and the streamed full analysis's flow (flow.py)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutco
 
 class VerdictLooks:
     """The verdicts' reducers and how their answers make the Verdicts, on both paths (the whole
-    frame as one batch: find_verdicts; the streamed full analysis's flow: streamed_full.py): the
+    frame as one batch: find_verdicts; the streamed full analysis's flow: flow.py): the
     devices of the out-of-memory calls, the maps given access, what tells a run cut short, the live
     sets at the moments of out of memory and, with API names, the allocators and their bursts of
     frees."""

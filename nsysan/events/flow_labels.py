@@ -69,7 +69,7 @@ class FlowLabels:
         self.look, self.at_peak, self._seen, self._last_own = look, {}, {}, {}
         self.strings: dict[str, int] = {"": 0}
         # fed each batch with `known` (ALLOCATION_INFO of the live allocations before it and its
-        # own) once this has labelled it (streamed_full.LiveSetInfo)
+        # own) once this has labelled it (analyses/flow.py LiveSetInfo)
         self.watchers: list = []
 
     def add(self, b) -> None:

@@ -86,7 +86,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
 
     # An analysis that keeps no frames (the command line's; a notebook's by default from
     # KEEP_EVENTS_BELOW events on) of a large export streams the events in bounded memory
-    # (analyses/streamed_run.py, and streamed_full.py without --quick; see STREAM_QUICK_FROM_ROWS
+    # (analyses/flow.py; see STREAM_QUICK_FROM_ROWS
     # and memory_budget.py); one that keeps them, or lays nvidia-smi logs over them, can't.
     may_stream_from = (None if keep_events is True or smi_logs
                        else 0 if keep_events is False else KEEP_EVENTS_BELOW)
@@ -281,13 +281,11 @@ def _streamed(report: Path, sqlite_path: Path, scratch: Path, schema: Schema, so
               quick: bool = True) -> tuple[Analysis, Optional[CodeTrace]]:
     """The analysis (`quick` or full) of the export at `sqlite_path`, its events streamed in bounded
     memory, and (full) the code-load and graph calls (events/read_code.py)."""
-    from ..analyses.streamed_full import run_streamed_full
-    from ..analyses.streamed_run import run_streamed
+    from ..analyses.flow import run_flow
 
     with _export_connection(report, sqlite_path, scratch) as conn:
         try:
-            analysis = (run_streamed if quick else run_streamed_full)(conn, schema, source, version, step_range,
-                                                                      spike_window_ns)
+            analysis = run_flow(conn, schema, source, version, step_range, spike_window_ns, quick)
             return analysis, None if quick else read_code_trace(conn, schema)
         except NsysanError as err:
             raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err

@@ -3,7 +3,7 @@
 The whole-frame analysis holds every memory event in memory: about 240 bytes per event for the
 full analysis and 180 for `--quick`, the interpreter and libraries included (measured with
 benchmarks/scale.py: 2.17-2.29 GiB and 1.37-1.65 GiB at 1e7 events, docs/performance.md). The
-streamed one (analyses/streamed_run.py, streamed_full.py) keeps only the live allocations and
+streamed one (analyses/flow.py) keeps only the live allocations and
 the sums: 0.4-0.55 GiB at 1e7, about 1 GiB at 1e8, but takes 2.3-2.8 times as long. So
 the command line streams when the whole frame would not fit the budget: given (`--max-memory`),
 else half of what this process may use (a container's or a Dask worker's limit, the address

@@ -1,0 +1,432 @@
+"""`run_flow`: the analysis of an export from the engine's two looks at the flow of its event
+batches (events/stream.py EventFlow), in bounded memory (issue 14): the document `run_analyses`
+makes from the whole events frame, for an export too large for it (or `--max-memory 0`).
+
+`--quick` reads the memory table alone: no calls, no NVTX ranges, no labels. The full analysis
+joins each batch to its API calls (events/stream_calls.py); one scan of the calls sums the API
+call stats, finds the failed calls, the threads and the calls' span; the first look gathers the
+allocations' call stacks (and the engine's reducers the live bytes at each failed call,
+calls.FailedCalls, and the driver's virtual-memory events, diagnostics.VmmEvents); the second
+labels every event's site (events/flow_labels.py) and attributes it to its NVTX ranges, for the
+engine's sites table (sites.SiteRanks) and ranges table (ranges.RangeSums); the timeline's bands,
+spans and focus from the engine's explore.Explorable as on the whole frame; the steps, growth and
+phases from the engine's reducer (step_windows.py) as on the whole frame. Every section is the
+whole frame's; a section not streamed (none now) would be left empty and named by the diagnostic
+`not_streamed` (NOT_STREAMED), with how to get it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from ..engine import Engine, Facts, Labels, Reducer
+from ..events import stream
+from ..events.batch import EventBatch, no_rows
+from ..events.columns import empty_ranges
+from ..events.flow_labels import FlowLabels
+from ..events.load import QUICK_API
+from ..events.nvtx import attribute_ranges
+from ..events.read import last_cuda_calls, read_thread_names
+from ..events.read_launches import read_launches
+from ..events.read_nvtx import read_nvtx_ranges
+from ..events.read_order import order_ahead
+from ..events.read_pools import read_pool_events
+from ..events.stream import EventFlow
+from ..events.stream_calls import CallWindow, MemoryCalls
+from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, Diagnostic, Peak, Source, Timeline
+from ..sources.schema import Schema
+from .allocations import FreeTimes
+from .answers import gather_answers
+from .bounds import cut_long_strings
+from .byte_classes import ByteClassSums, byte_classes, step_phases
+from .calls import CallOutcomes, CallStatSums, FailedCalls
+from .capture import EventSpan, capture_facts, capture_span, frame_span
+from .diagnostics import VmmEvents, capture_diagnostics
+from .explore import Explorable, LargestAllocations, allocation_groups, early_trace_ends
+from .groups import GroupSums
+from .iterations import iteration_pids
+from .never_freed import NeverFreed
+from .peak import Peaks, PeakSeries, headline, module_load_note, peak_of
+from .pools import PoolUses
+from .preallocations import BigBlocks
+from .ranges import RangeSums
+from .sites import SiteRanks, call_site
+from .spikes import Spikes
+from .stacks import referenced_stacks, stack_bytes
+from .step_windows import StepWindows, found_steps
+from .steps import find_step_ranges, step_diagnostics
+from .timeline import TimelineSeries
+from .verdicts import VerdictLooks
+
+# The sections (and parts of sections) the full analysis of the flow leaves out, as the diagnostic names them:
+# none now (the mechanism stays for an analysis added to the whole frame before its stream).
+NOT_STREAMED: tuple[str, ...] = ()
+
+
+def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
+             step_range: Optional[str], spike_window_ns: int, quick: bool) -> Analysis:
+    """The analysis (`quick` or full) of the export behind `conn`, its events read twice in batches."""
+    gpu_of, total_memory = gpus(schema)
+    looks: dict = {}  # the first look's big blocks; the full analysis's labelling ("second") and site table
+    more: dict = {"spike_window_ns": spike_window_ns}  # the reducers' facts beyond the kinds and GPUs
+    if quick:
+        flow = EventFlow(conn, schema)
+        calls, ranges, spans, reducers = None, empty_ranges(), (), ()
+        outcomes = CallOutcomes([], [])
+        verdict_looks = VerdictLooks(outcomes, lambda: ((), ()), None, ranges, gpu_of, total_memory,
+                                     schema.process_names, schema.duration_ns, lambda: looks["big_blocks"], more)
+        described = _Undescribed(flow.kinds)
+        labelling = []
+    else:
+        ahead = order_ahead(conn, stream.CHUNK_ROWIDS, stream.MOST_RUNS)  # meanwhile, on a second thread
+        calls = MemoryCalls(conn, schema)
+        stat_sums, outcomes = CallStatSums(calls.api_names, calls.families), CallOutcomes(calls.api_names,
+                                                                                          calls.families)
+
+        def summed(chunk: dict, family: np.ndarray) -> None:  # each chunk of calls the scan reads
+            stat_sums.add(chunk, family)
+            outcomes.add(chunk, family)
+
+        calls.scan(summed)
+        ranges, operator_ranges = read_nvtx_ranges(conn, schema)
+        thread_names = read_thread_names(conn, schema)
+        nvtx_steps = find_step_ranges(ranges, calls.threads, step_range)
+        launches = None if step_range is not None else read_launches(
+            conn, schema, iteration_pids(calls.threads, nvtx_steps, schema.capture_start_pids))
+        stepped = found_steps(ranges, calls.threads, step_range, launches, nvtx_steps)
+        flow = EventFlow(conn, schema, call_window=CallWindow(calls), order_ahead=ahead)
+        # the steps and their phases; the NVTX ranges (and the operator ranges: the ranges table's)
+        # and memory threads (the spikes' range instances), and what the second look's labels name
+        more.update(found_steps=stepped, phases=step_phases(stepped.steps, stepped.ranges), nvtx_ranges=ranges,
+                    operator_ranges=operator_ranges, memory_threads=calls.threads, failed_call_rows=outcomes.failed,
+                    labels=lambda: _labels(looks["second"], ranges), site_table=lambda: described.site_table)
+        spans = ((calls.first_ts, calls.last_end), frame_span(ranges, "start_ns", "end_ns"))
+        reducers = (CallChains(), SiteRanks(), FailedCalls(), VmmEvents())
+        verdict_looks = VerdictLooks(outcomes, lambda: ((real for _, real, _ in calls.read()), calls.api_names),
+                                     calls.api_names, ranges, gpu_of, total_memory, schema.process_names,
+                                     schema.duration_ns, lambda: looks["big_blocks"], more)
+        described = Described(looks, flow, ranges)
+        label_notes: list[Diagnostic] = []
+
+        def second(engine: Engine) -> FlowLabels:
+            """The second look's labelling of each batch (FlowLabels), once the `engine` has looked at
+            every batch once: for the engine's second look (the sites', spikes', ranges table's), and
+            the verdicts' consumers (its watchers)."""
+            span, blocks = engine.so_far("event_span"), engine.so_far("big_blocks")
+            looks["second"] = FlowLabels(conn, schema, engine.so_far("call_chains"), calls.spans,
+                                         calls.api_names, flow.kinds, ranges, operator_ranges, thread_names,
+                                         label_notes, listed=_listed(engine.so_far("largest")[0], blocks),
+                                         look=engine.reducer("peaks"),
+                                         times=(span.first_ts, span.last_ts) if span.first_ts is not None else None)
+            looks["second"].watchers.append(LiveSetInfo(verdict_looks.live_sets, looks["second"]))
+            return looks["second"]
+
+        labelling = [_Labelling(lambda: second(engine))]  # once the engine has looked
+    more.update(end_ns=capture_span(schema.duration_ns, *spans)[1], pool_events=read_pool_events(conn, schema))
+    more.setdefault("labels", Labels)
+    peak_look, largest, more["pool_uses"] = Peaks(), LargestAllocations(), PoolUses()
+    # AllocatorSums' peaks (the full analysis's): each process's so far, raised on the second look
+    more["allocator_peaks"] = lambda: [(s.pid, s.device, s.best_ts) for s in peak_look.series
+                                       if s.pid is not None and s.best_seq >= 0]
+    engine = flow.feed(lambda: Engine(
+        [GroupSums(), TimelineSeries(), Explorable(), NeverFreed(), largest, StepWindows(), ByteClassSums(), Spikes(),
+         more["pool_uses"], RangeSums(), peak_look, BigBlocks(), EventSpan(),
+         FreeTimes(largest, peak_look), *labelling, *verdict_looks.reducers, *reducers],
+        Facts(flow.kinds, gpu_of, more)), keep=True)
+    looks["big_blocks"] = engine.so_far("big_blocks")  # (AllocatorSums needs them on its second look)
+    notes = list(flow.diagnostics)
+    start_ns, end_ns = capture_span(schema.duration_ns, engine.so_far("event_span").capture, *spans)
+
+    def second_look() -> _Again:
+        engine.between()  # (again, should the pass start over)
+        return _Again(engine)
+
+    flow.replay(second_look)
+    answered = engine.finish(flow.live)
+    pools = answered["pools"]
+    kinds = flow.kinds
+    groups = answered["groups"]
+    series = [s for s in answered["peaks"] if s.best_seq >= 0]
+    free_ts = answered["free_times"]
+    peaks = [_peak(s, free_ts, kinds, total_memory, described) for s in series]
+    capture = capture_facts(schema, groups, np.zeros(0, "int64") if quick else calls.threads, report_version,
+                            not ranges.empty or schema.has_nvtx_table)
+    labels = {p.pid: p.label for p in capture.processes}
+
+    def label(pid: int) -> str:
+        return labels.get(pid) or f"process {pid}"
+
+    verdicts = verdict_looks.verdicts(
+        peaks, [lambda s=s: module_load_note(s, described.own_api(s)) for s in series], groups, pools or [], end_ns,
+        described.frame, described.allocations, label)
+    peaks = verdicts.peaks
+    leaks = answered["never_freed"]
+    never_freed = described.allocations(leaks.head(500), {})
+    leaked = described.frame(leaks)
+    largest, allocations_total = answered["largest"]
+    if quick:
+        trace_ends, steps, growth, phases, failed, api_calls = [], [], [], [], [], []
+        step_notes = step_diagnostics(answered["steps"].series, [], False, True, step_range)
+        diagnostics = list(schema.diagnostics) + notes + capture_diagnostics(
+            schema, ranges, {}, groups, peaks, [], report_version, quick=True, pools=pools or [])
+    else:
+        last_calls = last_cuda_calls(conn, schema, calls.last_end_by_pid, ranges)
+        calls.close()  # the calls' chunks kept since the scan: read for the last time by the verdicts
+        trace_ends, failed = early_trace_ends(ranges, last_calls), answered["failed_calls"]
+        api_calls = stat_sums.stats()
+        steps, phases, growth, step_notes = answered["steps"].answers(  # the engine's StepWindows
+            int(end_ns), gpu_of, step_range, last_calls, more["labels"](), capture.processes, verdicts.caps,
+            not ranges.empty, False)
+        diagnostics = list(schema.diagnostics) + list(flow.diagnostics) + label_notes + capture_diagnostics(
+            schema, ranges, last_calls, groups, peaks, failed, report_version, api_calls, False,
+            answered["vmm_events"], flow.call_window.joined_allocations, verdicts.reserved.pools)
+    diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics + step_notes \
+        + ([not_streamed_note()] if NOT_STREAMED and not quick else [])
+    timeline = answered["explorable"].timeline(
+        Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=answered["timeline"]), trace_ends)
+    timeline = dataclasses.replace(timeline, allocations=described.allocations(largest, free_ts),
+                                   allocations_total=allocations_total)
+    range_table, range_families = ([], []) if quick else answered["ranges"]
+    analysis = Analysis(
+        schema=SCHEMA_ID, scope="quick" if quick else "full", source=source, capture=capture, groups=groups,
+        peak=headline(peaks), peaks=peaks, never_freed=never_freed, never_freed_total=int(len(leaks)),
+        sites=[] if quick else answered["sites"], api_calls=api_calls, failed_calls=failed, ranges=range_table,
+        range_families=range_families, timeline=timeline, diagnostics=diagnostics, caps=verdicts.caps,
+        oom=verdicts.oom, reserved=verdicts.reserved, steps=steps, growth=growth,
+        never_freed_groups=allocation_groups(leaked, np.arange(len(leaks)), described.site_table),
+        never_freed_stacks=stack_bytes(leaked, np.arange(len(leaks))), phases=phases, spikes=answered["spikes"],
+        byte_classes=[] if quick else byte_classes(answered["byte_classes"], verdicts.reserved, growth, gpu_of),
+        events=None, calls=None, nvtx_ranges=None)
+    answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, quick,
+                             {pid: name for pid, name in labels.items() if name}, analysis.byte_classes)
+    stacks = [] if quick else referenced_stacks(looks["second"].registry.stacks, analysis)
+    return cut_long_strings(dataclasses.replace(analysis, answers=answers, stacks=stacks))
+
+
+def gpus(schema: Schema) -> tuple:
+    """(gpu_of(pid, device), total_memory(gpu)) as run_analyses makes them."""
+    gpu_totals = {g.id: g.total_memory_bytes for g in schema.gpus}
+
+    def gpu_of(pid: int, device: int) -> Optional[int]:
+        if schema.cuda_device_to_gpu:
+            return schema.cuda_device_to_gpu.get((pid, device))
+        return device if device in gpu_totals or not gpu_totals else None
+
+    def total_memory(gpu: Optional[int]) -> Optional[int]:
+        return gpu_totals.get(gpu) if gpu is not None else None
+
+    return gpu_of, total_memory
+
+
+class _Undescribed:
+    """What a quick analysis says of listed allocations: no thread, API name, site or NVTX range."""
+
+    site_table: dict = {}
+
+    def __init__(self, kinds: list[str]) -> None:
+        self.kinds, self.ranges = kinds, empty_ranges()
+
+    def allocations(self, rows: pd.DataFrame, free_ts: dict, peak=None) -> list[Allocation]:
+        return _allocations(rows, self.kinds, free_ts)
+
+    def frame(self, rows: pd.DataFrame, peak=None) -> pd.DataFrame:
+        return _mini(rows, self.kinds)
+
+    def peak_event(self, peak) -> None:
+        return None
+
+    def own_api(self, peak) -> None:
+        return None
+
+
+class _Again:
+    """The second look at a batch: the `engine`'s."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def add(self, batch) -> None:
+        self.engine.again(batch)
+
+
+class _Labelling(Reducer):
+    """The second look's consumer that `make()` makes between the looks (the streamed full
+    analysis's events.flow_labels.FlowLabels): it labels each batch for the reducers that need
+    `labels` (engine.Labels), once the peaks and the out-of-memory moments (oom.OomLiveSets) have
+    looked at it (it reads the live sets raised in it). Its answer: the consumer."""
+
+    field = "labels"
+    needs = ("peaks", "oom_live")
+    second_look = True
+
+    def __init__(self, make) -> None:
+        self.make = make
+
+    def add(self, b: EventBatch) -> None:
+        pass
+
+    def between(self) -> None:
+        self.consumer = self.make()
+
+    def again(self, b: EventBatch) -> None:
+        self.consumer.add(b)
+
+    def finish(self, live: dict):
+        return self.consumer
+
+
+def _mini(rows: pd.DataFrame, kinds: list[str]) -> pd.DataFrame:
+    """Allocation rows as a small events frame (EVENT_COLUMNS of a quick load), for the analyses
+    that look at a few rows only (allocation groups, what made a peak, big blocks)."""
+    if rows.empty:
+        rows = no_rows()
+    n = len(rows)
+    blank = pd.Categorical.from_codes(np.zeros(n, "int8"), categories=[""])
+    kind = rows["kind"].to_numpy().astype("int64")
+    return pd.DataFrame({
+        "ts_ns": rows["ts"].to_numpy().astype("int64"), "pid": rows["pid"].to_numpy().astype("int32"), "tid": -1,
+        "device": rows["device"].to_numpy().astype("int16"),
+        "kind": pd.Categorical.from_codes(kind, categories=kinds),
+        "op": pd.Categorical.from_codes(np.zeros(n, "int8"), categories=["alloc", "free"]),
+        "api": pd.Categorical.from_codes((kind == KINDS.index("static")).astype("int8"),
+                                         categories=[QUICK_API, "(module load)"]),
+        "address": rows["address"].to_numpy().astype("uint64"), "bytes": rows["bytes"].to_numpy().astype("int64"),
+        "delta_bytes": rows["bytes"].to_numpy().astype("int64"), "nvtx_range": blank, "nvtx_path": blank,
+        "site": blank, "operator": blank, "stack": -1, "seq": rows["seq"].to_numpy().astype("int64")})
+
+
+def _allocations(rows: pd.DataFrame, kinds: list[str], free_ts: dict) -> list[Allocation]:
+    site = call_site("", {})
+    return [Allocation(pid=int(pid), tid=-1, device=int(device), kind=kinds[int(kind)],
+                       api="(module load)" if kinds[int(kind)] == "static" else QUICK_API, address=int(address),
+                       bytes=int(size), alloc_time_ns=int(ts), free_time_ns=free_ts.get(int(seq)), nvtx_range="",
+                       site=site, stack_id=None, operator="")
+            for seq, ts, pid, device, kind, address, size
+            in rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False)]
+
+
+def _peak(series: PeakSeries, free_ts: dict, kinds: list[str], total_memory, described) -> Peak:
+    live = series.live_set
+    event = described.peak_event(series) or ("(module load)" if kinds[series.best_kind] == "static" else QUICK_API, "")
+    return peak_of(series, described.frame(live, series), np.arange(len(live)), event, total_memory(series.gpu),
+                   lambda at: described.allocations(live.iloc[at], free_ts, series), described.site_table)
+
+def not_streamed_note() -> Diagnostic:
+    return Diagnostic(
+        "warning", "not_streamed",
+        "this export is too large to hold its events whole, so it was analyzed in bounded memory, and these "
+        f"sections are not computed that way yet and are left empty: {', '.join(NOT_STREAMED)}; analyze it "
+        "with nsysan.analyze(path, keep_events=True) on a machine with about 250 bytes of memory per event "
+        "for all of them, or with --quick for the memory-table answers alone")
+
+
+class Described:
+    """What the calls say of the allocations run_flow lists (never freed, largest): their
+    thread, API name, NVTX range, site and stack, from the site sums once the second pass is done."""
+
+    def __init__(self, looks: dict, flow: EventFlow, ranges: pd.DataFrame) -> None:
+        self.looks, self.flow, self.ranges = looks, flow, ranges
+
+    @property
+    def site_table(self) -> dict:
+        if "site_table" not in self.looks:  # once the second pass is done
+            self.looks["site_table"] = self.looks["second"].site_table()
+        return self.looks["site_table"]
+
+    def allocations(self, rows: pd.DataFrame, free_ts: dict, peak=None) -> list[Allocation]:
+        """analyses.to_allocations of the rows of listed allocations (live at `peak`)."""
+        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), peak) if len(rows) \
+            else pd.DataFrame()
+        kinds = self.flow.kinds
+        return [Allocation(pid=int(pid), tid=int(tid), device=int(device), kind=kinds[int(kind)], api=str(api),
+                           address=int(address), bytes=int(size), alloc_time_ns=int(ts),
+                           free_time_ns=free_ts.get(int(seq)), nvtx_range=str(nvtx),
+                           site=call_site(site, self.site_table), stack_id=int(stack) if stack >= 0 else None, operator=str(operator))
+                for (seq, ts, pid, device, kind, address, size), (tid, api, nvtx, site, stack, operator)
+                in zip(rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False),
+                       info.itertuples(index=False))]  # capped lists
+
+    def frame(self, rows: pd.DataFrame, peak=None) -> pd.DataFrame:
+        """The rows as a small events frame (_mini) with their threads, API names,
+        sites and NVTX ranges; the sites' categories in call_sites' order."""
+        mini = _mini(rows, self.flow.kinds)
+        if mini.empty:
+            return mini
+        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), peak)
+        labels = info["site"].tolist()
+        order = self.looks["second"].whole_frame_labels()
+        mini["tid"] = info["tid"].to_numpy().astype("int32")
+        mini["api"] = pd.Categorical(info["api"].to_numpy())
+        present = set(labels)
+        mini["site"] = pd.Categorical(labels, categories=[label for label in order if label in present])
+        mini["nvtx_range"] = pd.Categorical(info["nvtx_range"].to_numpy())
+        mini["stack"] = info["stack"].to_numpy().astype("int32")
+        return mini
+
+    def peak_event(self, peak) -> tuple[str, str]:
+        """The API name and NVTX range of the event at which `peak` was reached."""
+        return self.looks["second"].at_peak[id(peak)][1:3]
+
+    def own_api(self, peak) -> str:
+        """The API of the last allocation of `peak`'s own (not a module static) before it."""
+        return self.looks["second"].at_peak[id(peak)][3]
+
+
+class LiveSetInfo:
+    """FlowLabels' watcher of the live sets at the moments of out of memory (oom.OomLiveSets, which
+    the engine has look at each batch before FlowLabels): keeps what the calls say of each live
+    set's largest allocations, found in that batch, before a later free in it lets go of them (FlowLabels.allocation_info reads it as a
+    peak's; those of a moment after the last event are still live, or closed, at the end)."""
+
+    def __init__(self, live_sets, sites: FlowLabels) -> None:
+        self.live_sets, self.sites = live_sets, sites
+
+    def add(self, b, known: dict) -> None:
+        for moment in self.live_sets.moments:
+            if moment.resolved and id(moment) not in self.sites.at_peak:
+                info = {c: np.concatenate([known[c]] + [s[c] for s in self.sites.closed]) for c in known}
+                rows = np.flatnonzero(np.isin(info["seq"], moment.largest["seq"].to_numpy()))
+                self.sites.at_peak[id(moment)] = ({c: v[rows] for c, v in info.items()}, "", "", "")
+
+
+class CallChains(Reducer):
+    """The call stacks of the allocations (what the second look's labels read, FlowLabels): their ids, distinct."""
+
+    field = "call_chains"
+
+    def start(self, facts) -> None:
+        super().start(facts)
+        self.chains: list[np.ndarray] = []
+
+    def add(self, b) -> None:
+        chain = b.calls["chain"][b.is_alloc] if len(b) else np.zeros(0, "int64")
+        if (chain >= 0).any():
+            self.chains.append(np.unique(chain[chain >= 0]))
+
+    def finish(self, live: dict) -> np.ndarray:
+        return np.unique(np.concatenate(self.chains)) if self.chains else np.zeros(0, "int64")
+
+
+def _labels(sites: FlowLabels, ranges: pd.DataFrame) -> Labels:
+    """What the batches' labelled columns name, once the second pass is done (FlowLabels labels each
+    batch before the engine's second look at it)."""
+    order = {label: i for i, label in enumerate(sites.whole_frame_labels())}
+    labels = list(sites.labeller.labels)
+    return Labels(sites.api_names, labels, list(sites.strings), [order[label] for label in labels],
+                  lambda seq, pid, tid, ts: _nvtx_path(pid, tid, ts, ranges), list(sites.path_names),
+                  list(sites.operator_names))
+
+
+def _nvtx_path(pid: int, tid: int, ts: int, ranges: pd.DataFrame) -> str:
+    """The NVTX path of an event (the events frame's nvtx_path)."""
+    return str(np.asarray(attribute_ranges(pd.DataFrame({"pid": [pid], "tid": [tid], "ts_ns": [ts]}), ranges)[1])[0])
+
+
+def _listed(largest: pd.DataFrame, big_blocks: pd.DataFrame) -> np.ndarray:
+    """The allocations run_flow lists whether freed or not: the largest, the big blocks."""
+    return np.concatenate([largest["seq"].to_numpy(), big_blocks["seq"].to_numpy()])
