@@ -133,10 +133,13 @@ class VerdictLooks:
         self.failure_devices = self.devices.finish({})
         self.failure_moments: list[Optional[Moment]] = []
         for (pid, _, ts), device in zip(self.more["oom_calls"], self.failure_devices):
-            gpu = self.gpu_of(pid, device) if device is not None else None
+            if device is None:  # no event tells its device (no memory table, say): no live set
+                self.failure_moments.append(None)
+                continue
+            gpu = self.gpu_of(pid, device)
             members = [k for k in pairs if self.gpu_of(*pair_of(k)) == gpu] if gpu is not None \
                 else [one_pair_key(pid, device)]
-            self.failure_moments.append(Moment(ts, False, np.array(members, "int64")) if device is not None else None)
+            self.failure_moments.append(Moment(ts, False, np.array(members, "int64")))
         self.release_moments = {i: Moment(r.start_ns, True, np.array([one_pair_key(r.pid, r.device)], "int64"))
                                 for i, r in enumerate(self.releases)
                                 if not r.followed_by_allocation and gave_up_inside(r, self.open_by_pid.get(r.pid, []))}
