@@ -324,13 +324,16 @@ class ReleaseBursts(Reducer):
         if not len(device):
             return
         pairs = pair_key(b.pid[device], b.device[device])
-        api = b.calls["api"][device]
+        # each API's own rows (allocations and its frees) as masks over the device rows, made
+        # once for every pair (gathered again per pair and API, this took 1.4 s CPU at 1e7 events)
+        grows = b.delta[device] > 0
+        owns = [grows | (b.calls["api"][device] == code) for code in self.release_codes]
         for key in pd.unique(pairs).tolist():  # a few (process, device) pairs
-            mine = device[pairs == key]
-            for name, code in zip(RELEASE_APIS, self.release_codes):
-                own = mine[(b.delta[mine] > 0) | (api[pairs == key] == code)]
-                self.bursts.setdefault((key, name), Bursts()).add(b.delta[own], b.ts[own],
-                                                                  b.calls["tid"][own].astype("int64"))
+            mine = pairs == key
+            for name, own in zip(RELEASE_APIS, owns):
+                rows = device[mine & own]
+                self.bursts.setdefault((key, name), Bursts()).add(b.delta[rows], b.ts[rows],
+                                                                  b.calls["tid"][rows].astype("int64"))
 
     def finish(self, live: dict) -> "ReleaseBursts":
         """Itself, its open bursts closed (so far, when asked before the last batch)."""
