@@ -21,7 +21,7 @@ from ..model import SCHEMA_ID, Analysis, Source, Timeline
 from ..sources.schema import Schema
 from .allocations import to_allocations
 from .bounds import cut_long_strings
-from .capture import EventSpan, capture_facts, capture_span, frame_span
+from .capture import EventSpan, capture_facts, capture_span, frame_span, gpus
 from .calls import FailedCalls, api_call_stats, call_outcomes, allocations_with_events
 from .explore import Explorable, Explored, allocation_groups, early_trace_ends, LargestAllocations
 from .diagnostics import VmmEvents, capture_diagnostics
@@ -64,14 +64,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     def groups_of(rows: np.ndarray):
         return allocation_groups(events, rows, site_table)
 
-    gpu_totals = {g.id: g.total_memory_bytes for g in schema.gpus}
-
-    def gpu_of(pid: int, device: int) -> Optional[int]:
-        # Without TARGET_INFO_CUDA_DEVICE (before 3.16.4) the ordinal is the GPU id, which holds
-        # unless CUDA_VISIBLE_DEVICES differs between processes.
-        if schema.cuda_device_to_gpu:
-            return schema.cuda_device_to_gpu.get((pid, device))
-        return device if device in gpu_totals or not gpu_totals else None
+    gpu_of, total_memory = gpus(schema)
 
     kinds = list(events["kind"].cat.categories)
     # The pools first (the peaks take their reserve changes); they read the pool rows alone, so
@@ -93,7 +86,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                     frame_span(calls, "ts_ns", "end_ns"), frame_span(ranges, "start_ns", "end_ns"))
     with ThreadPoolExecutor(max_workers=1) as pool:
         peaks_later = pool.submit(_peaks, whole, live, events, Facts(kinds, gpu_of, {"pool_uses": pool_uses}),
-                                  lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations, site_table)
+                                  total_memory, allocations, site_table)
         grouped = group_events(events)
         # the whole frame as one batch of the engine's (numpy views), grouped once for its reducers
         batch, facts = _sharing(whole, frame_groups(grouped, kinds)), Facts(kinds, gpu_of)
@@ -124,7 +117,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         capture = capture_facts(schema, groups, threads, report_version, not ranges.empty or schema.has_nvtx_table)
         labels = {p.pid: p.label for p in capture.processes}
         verdicts = find_verdicts(events, calls, outcomes, ranges, peaks, groups, gpu_of,
-                                 lambda gpu: gpu_totals.get(gpu) if gpu is not None else None, allocations,
+                                 total_memory, allocations,
                                  schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
                                  schema.duration_ns, quick=loaded.quick, pools=pools, batches=[_sharing(whole)],
                                  load_notes=load_notes, big_blocks=answered.pop("big_blocks"), live=live)

@@ -96,3 +96,21 @@ class EventSpan(Reducer):
         if self.last == LOW:
             return Span()
         return Span(self.first, self.last, self.last_finite if self.last_finite != LOW else None)
+
+
+def gpus(schema: Schema) -> tuple:
+    """(gpu_of(pid, device), total_memory(gpu)) of a capture: the GPU of a process's CUDA device
+    (None when unknown) and a GPU's memory (None when unknown), for both orchestrators."""
+    gpu_totals = {g.id: g.total_memory_bytes for g in schema.gpus}
+
+    def gpu_of(pid: int, device: int) -> Optional[int]:
+        # Without TARGET_INFO_CUDA_DEVICE (before 3.16.4) the ordinal is the GPU id, which holds
+        # unless CUDA_VISIBLE_DEVICES differs between processes.
+        if schema.cuda_device_to_gpu:
+            return schema.cuda_device_to_gpu.get((pid, device))
+        return device if device in gpu_totals or not gpu_totals else None
+
+    def total_memory(gpu: Optional[int]) -> Optional[int]:
+        return gpu_totals.get(gpu) if gpu is not None else None
+
+    return gpu_of, total_memory

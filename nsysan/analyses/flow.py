@@ -45,7 +45,7 @@ from .answers import gather_answers
 from .bounds import cut_long_strings
 from .byte_classes import ByteClassSums, byte_classes, step_phases
 from .calls import CallOutcomes, CallStatSums, FailedCalls
-from .capture import EventSpan, capture_facts, capture_span, frame_span
+from .capture import EventSpan, capture_facts, capture_span, frame_span, gpus
 from .diagnostics import VmmEvents, capture_diagnostics
 from .explore import Explorable, LargestAllocations, allocation_groups, early_trace_ends
 from .groups import GroupSums
@@ -208,21 +208,6 @@ def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_ve
     return cut_long_strings(dataclasses.replace(analysis, answers=answers, stacks=stacks))
 
 
-def gpus(schema: Schema) -> tuple:
-    """(gpu_of(pid, device), total_memory(gpu)) as run_analyses makes them."""
-    gpu_totals = {g.id: g.total_memory_bytes for g in schema.gpus}
-
-    def gpu_of(pid: int, device: int) -> Optional[int]:
-        if schema.cuda_device_to_gpu:
-            return schema.cuda_device_to_gpu.get((pid, device))
-        return device if device in gpu_totals or not gpu_totals else None
-
-    def total_memory(gpu: Optional[int]) -> Optional[int]:
-        return gpu_totals.get(gpu) if gpu is not None else None
-
-    return gpu_of, total_memory
-
-
 class _Undescribed:
     """What a quick analysis says of listed allocations: no thread, API name, site or NVTX range."""
 
@@ -316,6 +301,7 @@ def _peak(series: PeakSeries, free_ts: dict, kinds: list[str], total_memory, des
     return peak_of(series, described.frame(live, series), np.arange(len(live)), event, total_memory(series.gpu),
                    lambda at: described.allocations(live.iloc[at], free_ts, series), described.site_table)
 
+
 def not_streamed_note() -> Diagnostic:
     return Diagnostic(
         "warning", "not_streamed",
@@ -346,7 +332,8 @@ class Described:
         return [Allocation(pid=int(pid), tid=int(tid), device=int(device), kind=kinds[int(kind)], api=str(api),
                            address=int(address), bytes=int(size), alloc_time_ns=int(ts),
                            free_time_ns=free_ts.get(int(seq)), nvtx_range=str(nvtx),
-                           site=call_site(site, self.site_table), stack_id=int(stack) if stack >= 0 else None, operator=str(operator))
+                           site=call_site(site, self.site_table), stack_id=int(stack) if stack >= 0 else None,
+                           operator=str(operator))
                 for (seq, ts, pid, device, kind, address, size), (tid, api, nvtx, site, stack, operator)
                 in zip(rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False),
                        info.itertuples(index=False))]  # capped lists
@@ -380,8 +367,9 @@ class Described:
 class LiveSetInfo:
     """FlowLabels' watcher of the live sets at the moments of out of memory (oom.OomLiveSets, which
     the engine has look at each batch before FlowLabels): keeps what the calls say of each live
-    set's largest allocations, found in that batch, before a later free in it lets go of them (FlowLabels.allocation_info reads it as a
-    peak's; those of a moment after the last event are still live, or closed, at the end)."""
+    set's largest allocations, found in that batch, before a later free in it lets go of them
+    (FlowLabels.allocation_info reads it as a peak's; those of a moment after the last event are
+    still live, or closed, at the end)."""
 
     def __init__(self, live_sets, sites: FlowLabels) -> None:
         self.live_sets, self.sites = live_sets, sites
