@@ -260,14 +260,22 @@ class Outputs:
         if self.baseline_out:
             planned.append((self.baseline_out, "--baseline-out"))
         if self.output:
-            _check_report_dirs(self.output, reports)
+            # Fail before the analysis, not after it, when the reports can't be written where asked.
+            if len(reports) > 1:
+                _check_unique_names(reports, "-o writes DIR/<report name>/")
+            check_output_dir(self.output)
             from ..render.html import REPORT_FILES  # matplotlib and jinja: 0.4 s, paid only for -o
 
             # The JSON in -o's folder and --json hold the same document: both may name one file.
-            planned += [(folder / name, f"analysis {report}" if name == "analysis.json" else f"{name} {report}")
-                        for folder, report in zip(_report_dirs(self.output, reports), reports)
-                        for name in REPORT_FILES]
+            planned += [(self.folder(report, len(reports) > 1) / name,
+                         f"analysis {report}" if name == "analysis.json" else f"{name} {report}")
+                        for report in reports for name in REPORT_FILES]
         return planned
+
+    def folder(self, report: Path, several: bool) -> Path:
+        """The folder of a report's files: -o DIR itself for one report, DIR/<report name>/ for several."""
+        assert self.output is not None
+        return self.output / report.name if several else self.output
 
     def renderers(self) -> tuple[str, ...]:
         """The modules that write the summary, when it is the format: rich's tables (35 ms of a
@@ -282,8 +290,7 @@ class Outputs:
             write_atomic(self.baseline_out, render_baseline(analysis))
         if self.json_dir:
             write_atomic(self.json_dir / f"{report.name}.analysis.json", render_json(analysis))
-        page = write_report(analysis, _report_dirs(self.output, [report], several=several)[0],
-                            full_paths=self.full_paths) if self.output else None
+        page = write_report(analysis, self.folder(report, several), full_paths=self.full_paths) if self.output else None
         if self.format == "text":
             from ..render.terminal import render_terminal  # rich's tables: not needed for JSON
 
@@ -321,12 +328,6 @@ def _analyze(reports: List[Path], how: HowToAnalyze, outputs: Outputs) -> None:
         raise typer.Exit(2)
 
 
-def _report_dirs(output: Path, reports: List[Path], several: Optional[bool] = None) -> list[Path]:
-    """The folder of each report's files: -o DIR itself for one report, DIR/<report name>/ for several."""
-    several = len(reports) > 1 if several is None else several
-    return [output / report.name if several else output for report in reports]
-
-
 def _check_unique_names(reports: List[Path], what: str) -> None:
     """Two reports of one name would write the same output file: the second would replace the first."""
     names = [r.name for r in reports]
@@ -335,9 +336,3 @@ def _check_unique_names(reports: List[Path], what: str) -> None:
         raise NsysanError(f"several reports are named {twice[0]}; {what} for each, "
                           "so give them different names or run them one at a time")
 
-
-def _check_report_dirs(output: Path, reports: List[Path]) -> None:
-    """Fail before the analysis, not after it, when the reports can't be written where asked."""
-    if len(reports) > 1:
-        _check_unique_names(reports, "-o writes DIR/<report name>/")
-    check_output_dir(output)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import typer
 
@@ -132,55 +133,45 @@ def _stem(name: str) -> str:
 
 
 def _print_summary(result: Any) -> None:
-    console = out_console()
-    head = (f"analyzed {result.analyzed} of {result.reports} reports"
-            + (f", {result.failed} failed" if result.failed else "")
-            + (", interrupted: the summary holds what was done" if result.interrupted else "")
-            + f" in {result.seconds:.1f} s on {result.engine}")
-    console.print(head, markup=False, soft_wrap=True)
+    def say(line: str) -> None:
+        out_console().print(printable(line), markup=False, soft_wrap=True)
+
+    say(f"analyzed {result.analyzed} of {result.reports} reports"
+        + (f", {result.failed} failed" if result.failed else "")
+        + (", interrupted: the summary holds what was done" if result.interrupted else "")
+        + f" in {result.seconds:.1f} s on {result.engine}")
     for row in result.rows:
         if row.status == "failed":
-            console.print(printable(f"  failed  {row.report}: {row.error}"), markup=False, soft_wrap=True)
+            say(f"  failed  {row.report}: {row.error}")
     peaks = [r for r in result.rows if r.peak_bytes is not None]
     if peaks:
         from ..base.units import fmt_bytes
 
         top = max(peaks, key=lambda r: r.peak_bytes)
-        console.print(printable(f"  highest peak: {fmt_bytes(top.peak_bytes)}, {top.process} on GPU {top.gpu} "
-                                f"of {top.report}"), markup=False, soft_wrap=True)
+        say(f"  highest peak: {fmt_bytes(top.peak_bytes)}, {top.process} on GPU {top.gpu} of {top.report}")
     for fleet in result.fleets:
-        console.print(printable(f"  fleet   {fleet.line}"), markup=False, soft_wrap=True)
+        say(f"  fleet   {fleet.line}")
         if fleet.departure is not None:
-            console.print(printable(f"  first   {fleet.departure.line}"), markup=False, soft_wrap=True)
+            say(f"  first   {fleet.departure.line}")
         for outlier in fleet.outliers:
-            console.print(printable(f"  outlier {outlier.line}"), markup=False, soft_wrap=True)
-    console.print(printable(f"Results: {result.out_dir}/summary.html, summary.csv, fleets.json, analyses/, "
-                            f"database {result.db_path}"),
-                  markup=False, soft_wrap=True)
+            say(f"  outlier {outlier.line}")
+    say(f"Results: {result.out_dir}/summary.html, summary.csv, fleets.json, analyses/, database {result.db_path}")
 
 
-class _counter:
+@contextlib.contextmanager
+def _counter(total: int, enabled: bool) -> Iterator[Callable[[dict], None]]:
     """A progress bar counting reports on stderr when it is a terminal; silent otherwise."""
+    if not (enabled and sys.stderr.isatty()):
+        yield lambda result: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.enabled, self.bar = total, enabled and sys.stderr.isatty(), None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("analyzing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("{task.description}"), console=err_console(), transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task("", total=self.total)
+    with Progress(TextColumn("analyzing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=err_console(), transient=True) as bar:
+        task = bar.add_task("", total=total)
 
         def count(result: dict) -> None:
-            if self.bar is not None:
-                name = Path(result["path"]).name
-                self.bar.update(self.task, advance=1, description=printable(("failed: " if not result["ok"] else "")
-                                                                             + name)[:60])
-        return count
+            name = printable(("failed: " if not result["ok"] else "") + Path(result["path"]).name)
+            bar.update(task, advance=1, description=name[:60])
 
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        yield count

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
@@ -15,7 +17,7 @@ from .outputs import append_text, claim_outputs, one_run, write_all_or_none, wri
 from .common import out_console, say_error, to_stdout
 
 if TYPE_CHECKING:
-    from ..model import Analysis, Verdict
+    from ..model import Verdict
 
 
 def check(
@@ -70,41 +72,50 @@ def check(
 
     Example: nsysan check run.nsys-rep --baseline base.analysis.json --max-peak-increase 10%
     """
-    summary = os.environ.get("GITHUB_STEP_SUMMARY") if github_summary else None
+    summary_file = os.environ.get("GITHUB_STEP_SUMMARY") if github_summary else None
+    summary = Path(summary_file) if summary_file else None
     # No output (the verdicts, the new baseline) may replace the run, its baseline or the config
     # (through any link), and no two outputs may name one file: said before anything is analyzed.
     with one_run([*files_read_for(report), *(files_read_for(baseline) if baseline else []),
                   *([config] if config is not None else []), *(log or [])]):
         claim_outputs([(path, what) for path, what in ((json_path, "--json"), (junit, "--junit"),
                                                         (markdown, "--markdown"), (baseline_out, "--baseline-out"),
-                                                        (summary and Path(summary), "$GITHUB_STEP_SUMMARY"))
+                                                        (summary, "$GITHUB_STEP_SUMMARY"))
                        if path])
-        _check(report, baseline, config, nsys, cache_dir, step_range, (json_path, junit, markdown, github_summary),
-               baseline_out, dict(per=per, max_peak=max_peak, max_peak_increase=max_peak_increase,
+        try:
+            # The gate's modules are imported here, not with the CLI: every command builds the app, and
+            # `nsysan analyze` waits for its imports before its export can start (issue 31).
+            from ..pipeline.report_or_document import load_or_analyze
+            from ..runs.gate import evaluate_limits
+            from ..runs.limits import Limits, load_config, read_named_config
+
+            defaults = read_named_config(config, "--config") if config is not None else load_config(Path.cwd())[1]
+            limits = Limits.parse(per=per, max_peak=max_peak, max_peak_increase=max_peak_increase,
                                   max_never_freed=max_never_freed, max_growth_per_step=max_growth_per_step,
                                   no_failed_allocations=no_failed_allocations, no_warnings=no_warnings,
-                                  allow_unmeasured=allow_unmeasured), log or [])
+                                  allow_unmeasured=allow_unmeasured, defaults=defaults)
+            if limits.max_peak_increase is not None and baseline is None:
+                raise NsysanError("--max-peak-increase needs a baseline: add --baseline BASE (a report or its "
+                                  "analysis.json)")
+            check_step_range(step_range)
+            load = functools.partial(load_or_analyze, nsys=nsys, cache_dir=cache_dir, keep_events=False,
+                                     step_range=step_range)
+            analysis = load(report, oom_logs=log or [])
+            verdict = evaluate_limits(analysis, load(baseline) if baseline else None, limits,
+                                      (report.name, baseline.name if baseline else None))
+        except NsysanError as err:
+            from ..model import Verdict
 
+            # The CI page shows the files, not the log: they say why the check could not run.
+            with contextlib.suppress(NsysanError):  # the error that stopped the check is the one to tell
+                _write(Verdict.of_error(report.name, baseline.name if baseline else None, err.message), json_path,
+                       junit, markdown, summary)
+            raise
+        _write(verdict, json_path, junit, markdown, summary)
+        if baseline_out:
+            from ..render.json import render_baseline
 
-def _check(report: Path, baseline: Optional[Path], config: Optional[Path], nsys: Optional[Path],
-           cache_dir: Optional[Path], step_range: Optional[str], outputs: tuple, baseline_out: Optional[Path],
-           given: dict, logs: List[Path]) -> None:
-    try:
-        verdict, analysis = _verdict(report, baseline, config, nsys, cache_dir, step_range, given, logs)
-    except NsysanError as err:
-        from ..model import Verdict
-
-        # The CI page shows the files, not the log: they say why the check could not run.
-        try:
-            _write(Verdict.of_error(report.name, baseline.name if baseline else None, err.message), *outputs)
-        except NsysanError:
-            pass  # the error that stopped the check is the one to tell
-        raise
-    _write(verdict, *outputs)
-    if baseline_out:
-        from ..render.json import render_baseline
-
-        write_atomic(baseline_out, render_baseline(analysis))
+            write_atomic(baseline_out, render_baseline(analysis))
     from ..render.check_verdict import render_verdict_terminal
 
     with to_stdout():
@@ -117,40 +128,14 @@ def _check(report: Path, baseline: Optional[Path], config: Optional[Path], nsys:
         raise typer.Exit(verdict.exit_code)
 
 
-def _verdict(report: Path, baseline: Optional[Path], config: Optional[Path], nsys: Optional[Path],
-             cache_dir: Optional[Path], step_range: Optional[str], given: dict,
-             logs: List[Path]) -> tuple[Verdict, Analysis]:
-    # The gate's modules are imported here, not with the CLI: every command builds the app, and
-    # `nsysan analyze` waits for its imports before its export can start (issue 31).
-    from ..pipeline.report_or_document import load_or_analyze
-    from ..runs.gate import evaluate_limits
-    from ..runs.limits import Limits, load_config, read_named_config
-
-    defaults = read_named_config(config, "--config") if config is not None else load_config(Path.cwd())[1]
-    limits = Limits.parse(**given, defaults=defaults)
-    if limits.max_peak_increase is not None and baseline is None:
-        raise NsysanError("--max-peak-increase needs a baseline: add --baseline BASE (a report or its analysis.json)")
-    check_step_range(step_range)
-    analysis = load_or_analyze(report, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range,
-                               oom_logs=logs)
-    base = None if baseline is None else load_or_analyze(baseline, nsys=nsys, cache_dir=cache_dir,
-                                                         keep_events=False, step_range=step_range)
-    return evaluate_limits(analysis, base, limits, (report.name, baseline.name if baseline else None)), analysis
-
-
 def _write(verdict: Verdict, json_path: Optional[Path], junit: Optional[Path], markdown: Optional[Path],
-           github_summary: bool) -> None:
+           summary: Optional[Path]) -> None:
+    """The verdict's files, all or none, and the Markdown appended to the GitHub step summary."""
     from ..render.check_verdict import render_junit, render_markdown, render_verdict_json
 
-    files: dict[Path, str] = {}
-    if json_path:
-        files[json_path] = render_verdict_json(verdict)
-    if junit:
-        files[junit] = render_junit(verdict)
-    if markdown:
-        files[markdown] = render_markdown(verdict)
+    files = {path: render(verdict) for path, render in ((json_path, render_verdict_json), (junit, render_junit),
+                                                         (markdown, render_markdown)) if path}
     if files:
         write_all_or_none(files)
-    summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
-    if github_summary and summary_file:  # a regular file only, never an input: commands/outputs.py
-        append_text(Path(summary_file), render_markdown(verdict), "$GITHUB_STEP_SUMMARY")
+    if summary:  # a regular file only, never an input: commands/outputs.py
+        append_text(summary, render_markdown(verdict), "$GITHUB_STEP_SUMMARY")

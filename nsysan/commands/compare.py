@@ -45,23 +45,18 @@ def compare(
             from ..render.compare_html import COMPARE_FILES
 
             claim_outputs((output / name, name) for name in COMPARE_FILES)  # no input behind a link there
-        _compare(base, new, format, output, top, nsys, cache_dir, step_range)
+        # here, not with the CLI: see commands/check.py
+        from ..pipeline.report_or_document import load_or_analyze
+        from ..runs.compare_runs import compare_analyses
 
-
-def _compare(base: Path, new: Path, format: str, output: Optional[Path], top: int, nsys: Optional[Path],
-             cache_dir: Optional[Path], step_range: Optional[str]) -> None:
-    # here, not with the CLI: see commands/check.py's _verdict
-    from ..pipeline.report_or_document import load_or_analyze
-    from ..runs.compare_runs import compare_analyses
-
-    before = load_or_analyze(base, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
-    after = load_or_analyze(new, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
-    comparison = compare_analyses(before, after)
-    # Each run named by the file given: a committed baseline by its own name, not by the report it
-    # was made of ("memory-baseline.json → new-baseline.json", not "run.sqlite → run.sqlite").
-    comparison = dataclasses.replace(comparison, base=dataclasses.replace(comparison.base, name=base.name),
-                                     new=dataclasses.replace(comparison.new, name=new.name))
-    page = write_comparison(comparison, before, after, output) if output else None
+        before, after = (load_or_analyze(run, nsys=nsys, cache_dir=cache_dir, keep_events=False, step_range=step_range)
+                         for run in (base, new))
+        comparison = compare_analyses(before, after)
+        # Each run named by the file given: a committed baseline by its own name, not by the report it
+        # was made of ("memory-baseline.json → new-baseline.json", not "run.sqlite → run.sqlite").
+        comparison = dataclasses.replace(comparison, base=dataclasses.replace(comparison.base, name=base.name),
+                                         new=dataclasses.replace(comparison.new, name=new.name))
+        page = write_comparison(comparison, before, after, output) if output else None
     with to_stdout():
         if format == "json":
             typer.echo(dumps(comparison.to_dict()))
@@ -71,4 +66,5 @@ def _compare(base: Path, new: Path, format: str, output: Optional[Path], top: in
 
         render_comparison_terminal(comparison, out_console(), top=top)
         if page:
-            out_console().print(f"Report: {shown(page)} (with compare.png and compare.json)", markup=False, soft_wrap=True)
+            out_console().print(f"Report: {shown(page)} (with compare.png and compare.json)", markup=False,
+                                soft_wrap=True)

@@ -41,21 +41,13 @@ def history(
     with one_run([database, *(Path(f"{database}{tail}") for tail in SQLITE_SIDE_FILES)]):
         if output is not None:
             claim_outputs([(output, "the history page")])  # the one guard: never the database, by any link
-        _history(database, order_by, where, format, output)
+        from ..runs.history import load_history
 
+        found = load_history(database, order_by=order_by, where=where or ())
+        if output is not None:
+            from ..render.history import render_history_html
 
-def _history(database: Path, order_by: Optional[str], where: Optional[List[str]], format: str,
-             output: Optional[Path]) -> None:
-    from ..runs.history import load_history
-
-    found = load_history(database, order_by=order_by, where=where or ())
-    if output is not None:
-        from ..render.history import render_history_html
-
-        try:
             write_atomic(output, render_history_html(found))
-        except OSError as err:
-            raise NsysanError(f"could not write {shown(output)}: {err.strerror or err}") from None
     with to_stdout():
         if format == "json":
             from ..render.json import dumps

@@ -41,7 +41,10 @@ def one_run(inputs: Iterable[Path]) -> Iterator[None]:
     saved = dict(_inputs), _written
     _written = {}
     try:
-        protect_inputs(inputs)
+        for path in inputs:  # those that exist
+            key = _inode(path)
+            if key is not None:
+                _inputs.setdefault(key, str(path))
         _refuse_stdout_onto_an_input()
         yield
     finally:
@@ -64,14 +67,14 @@ def _refuse_stdout_onto_an_input() -> None:
                           "which nsysan never writes into; send stdout to another file")
 
 
-def protect_inputs(paths: Iterable[Path]) -> None:
-    """Remember `paths` (those that exist) as inputs: writing over one is refused with one line."""
-    for path in paths:
-        try:
-            found = os.stat(path)
-        except (OSError, ValueError):  # not there (yet), or a name the OS can't take
-            continue
-        _inputs.setdefault((found.st_dev, found.st_ino), str(path))
+def _inode(path: Path) -> Optional[tuple[int, int]]:
+    """(device, inode) of the file `path` names, through links; None when it is not there (yet), or
+    is a name the OS can't take."""
+    try:
+        found = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return found.st_dev, found.st_ino
 
 
 def claim_outputs(outputs: Iterable[tuple[Path, str]]) -> None:
@@ -94,19 +97,11 @@ def claim_outputs(outputs: Iterable[tuple[Path, str]]) -> None:
 def _identity(path: Path) -> object:
     """What two names of one file share: its (device, inode) when it exists (hard links, symlinks),
     else the absolute path with every link resolved (a file yet to be made)."""
-    try:
-        found = os.stat(path)
-        return (found.st_dev, found.st_ino)
-    except (OSError, ValueError):
-        return os.path.realpath(path)
+    return _inode(path) or os.path.realpath(path)
 
 
 def _refuse_if_input(path: Path) -> None:
-    try:
-        found = os.stat(path)  # follows symlinks: the file that would be replaced
-    except (OSError, ValueError):
-        return
-    source = _inputs.get((found.st_dev, found.st_ino))
+    source = _inputs.get(_inode(path))  # through symlinks: the file that would be replaced
     if source is not None:
         same = "" if os.path.abspath(path) == os.path.abspath(source) else " (the same file under another name)"
         raise NsysanError(f"refusing to write {path}: it is the input {source}{same}, which nsysan never "
