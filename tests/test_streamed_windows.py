@@ -37,10 +37,13 @@ def edge_windows(ts: np.ndarray, ranges: pd.DataFrame, pid: int) -> tuple[np.nda
 
 
 def fed(keys: np.ndarray, ts: np.ndarray, live: np.ndarray, values: np.ndarray, windows: Windows, size: int) -> None:
-    """Every event in time order, `size` at a time, each with its series' key and live bytes."""
+    """Every event in time order, `size` at a time, each series' rows of a batch with their live bytes
+    (the rows of series without windows are skipped)."""
     for low in range(0, len(ts), size):
-        part = slice(low, low + size)
-        windows.add(keys[part], ts[part], live[part], values[part])
+        part = np.arange(low, min(low + size, len(ts)))
+        for key in pd.unique(keys[part]).tolist():
+            rows = part[keys[part] == key]
+            windows.add_series(key, ts[rows], live[rows], values[rows])
     windows.finish()
 
 
@@ -74,9 +77,10 @@ def test_windows_open_until_the_end_and_windows_never_reached():
     windows = Windows()
     ids = windows.open(5, np.array([10, 10, 25, 100, 0]), np.array([FAR, 20, 30, 200, 5]))
     # series 5: live 1, 3, 2 at times 10, 20, 20 (the two at 20 in separate batches), then 7 at 40
-    windows.add(np.array([5, 9]), np.array([10, 15]), np.array([1, 99]), np.array([1, 0]))
-    windows.add(np.array([5]), np.array([20]), np.array([3]), np.array([2]))
-    windows.add(np.array([5, 5]), np.array([20, 40]), np.array([2, 7]), np.array([0, 5]))
+    windows.add_series(5, np.array([10]), np.array([1]), np.array([1]))
+    windows.add_series(9, np.array([15]), np.array([99]), np.array([0]))  # no windows: skipped
+    windows.add_series(5, np.array([20]), np.array([3]), np.array([2]))
+    windows.add_series(5, np.array([20, 40]), np.array([2, 7]), np.array([0, 5]))
     windows.finish()
     assert windows.before[ids].tolist() == [0, 0, 2, 7, 0]
     assert windows.at_start[ids].tolist() == [1, 1, 2, 7, 0]

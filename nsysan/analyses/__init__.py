@@ -26,7 +26,7 @@ from .calls import FailedCalls, api_call_stats, call_outcomes, allocations_with_
 from .explore import Explorable, Explored, allocation_groups, early_trace_ends, LargestAllocations
 from .diagnostics import VmmEvents, capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
-from .groups import GroupSums, frame_groups
+from .groups import BatchGroups, GroupSums, batch_groups
 from .peak import Peaks, headline, module_load_note, peak_of
 from .pools import PoolUses
 from .preallocations import BigBlocks
@@ -38,7 +38,7 @@ from .step_windows import StepWindows, found_steps
 from .steps import memory_threads
 from .spikes import DEFAULT_WINDOW_NS, Spikes
 from .answers import gather_answers
-from .timeline import Groups, TimelineSeries, group_events
+from .timeline import TimelineSeries
 from .verdicts import find_verdicts
 
 
@@ -87,9 +87,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     with ThreadPoolExecutor(max_workers=1) as pool:
         peaks_later = pool.submit(_peaks, whole, live, events, Facts(kinds, gpu_of, {"pool_uses": pool_uses}),
                                   total_memory, allocations, site_table)
-        grouped = group_events(events)
+        grouped = batch_groups(_sharing(whole))
         # the whole frame as one batch of the engine's (numpy views), grouped once for its reducers
-        batch, facts = _sharing(whole, frame_groups(grouped, kinds)), Facts(kinds, gpu_of)
+        batch, facts = _sharing(whole, {"groups": grouped}), Facts(kinds, gpu_of)
         timeline_later = pool.submit(_timeline, batch, dataclasses.replace(facts, more={
             "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges}), start_ns, end_ns)
         api_call_work = partial(api_call_stats, calls)
@@ -112,7 +112,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         windows, spikes, lifetimes, (range_table, range_families) = _steps(
             loaded, whole, live, grouped, threads, facts, end_ns, spike_window_ns, step_range, counted)
         timeline, explored = timeline_later.result()
-        grouped = grouped.without_live()  # the running sums are read by nothing after the steps and timeline
+        del grouped  # the order of 1e7 events into groups and their running sums, read by nothing after
         peaks, load_notes = peaks_later.result()
         capture = capture_facts(schema, groups, threads, report_version, not ranges.empty or schema.has_nvtx_table)
         labels = {p.pid: p.label for p in capture.processes}
@@ -123,7 +123,6 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                                  load_notes=load_notes, big_blocks=answered.pop("big_blocks"), live=live)
         del whole  # its made columns (seq, partner_seq: 160 MB at 1e7 events), read by nothing after
         # Whichever core is free takes what is left of the second core's queue, the last queued first.
-        del grouped  # the order of 1e7 events into groups, 80 MB
         largest, allocations_total = answered.pop("largest")
         timeline = dataclasses.replace(explored.timeline(timeline, early_trace_ends(ranges, loaded.last_cuda_call_ns)),
                                        allocations=allocations(events.iloc[largest["seq"].to_numpy()]),
@@ -210,8 +209,9 @@ def _peaks(whole: EventBatch, live: dict, events: pd.DataFrame, facts: Facts, to
     return peaks, notes
 
 
-def _steps(loaded: "LoadedEvents", whole: EventBatch, live: dict, grouped: Groups, threads: np.ndarray, facts: Facts, end_ns: int,
-           spike_window_ns: int, step_range: Optional[str], alloc_calls: Optional[dict]) -> tuple:
+def _steps(loaded: "LoadedEvents", whole: EventBatch, live: dict, grouped: BatchGroups, threads: np.ndarray,
+           facts: Facts, end_ns: int, spike_window_ns: int, step_range: Optional[str],
+           alloc_calls: Optional[dict]) -> tuple:
     """The reducers that need the steps found before the events or the NVTX ranges, over the whole
     frame's batch `whole` again (frame_live's `live`), grouped as before: the steps' and phases' windows (StepWindows), the
     spikes, the allocations' lifetimes across the phases (byte_classes) and the NVTX ranges table
@@ -225,7 +225,7 @@ def _steps(loaded: "LoadedEvents", whole: EventBatch, live: dict, grouped: Group
             "end_ns": end_ns, "labels": partial(frame_labels, loaded.events), "range_alloc_calls": alloc_calls}
     answered = Engine([StepWindows(), ByteClassSums(), Spikes(), RangeSums()],
                       dataclasses.replace(facts, more=more)).run(
-        [_sharing(whole, frame_groups(grouped, facts.kinds))], dict(live))
+        [_sharing(whole, {"groups": grouped})], dict(live))
     return answered["steps"], answered["spikes"], answered["byte_classes"], answered["ranges"]
 
 

@@ -69,15 +69,6 @@ class Segments:
     def running_sums(self, values: np.ndarray) -> np.ndarray:
         """Per event, the sum of its group's values up to and including it, in segment order (the
         way back to event order, a scatter and 80 MB at 1e7 events, is left to whoever needs it)."""
-        return self._running_sums_in_group_order(values)
-
-    def running_sum_max(self, values: np.ndarray) -> np.ndarray:
-        """Per group, the highest running sum of its values: max(running_sum(values)) without
-        the way back to event order and out again (two gathers and 160 MB at 1e7 events)."""
-        return self._reduce(np.maximum, self._running_sums_in_group_order(values), empty=np.iinfo("int64").min,
-                            ordered=True)
-
-    def _running_sums_in_group_order(self, values: np.ndarray) -> np.ndarray:
         ordered = values[self.order].astype("int64", copy=False)
         np.cumsum(ordered, out=ordered)  # in place: one array of n, not three
         before = np.zeros(self.groups, "int64")

@@ -6,8 +6,7 @@ API (`Windows`):
 
     windows = Windows()
     ids = windows.open(series, start_ns, end_ns)   # before any batch holding rows of `series`
-    windows.add(series, ts, live, values)           # each batch, rows in time order
-    windows.add_series(key, ts, live, values)       # or one series' rows of the batch
+    windows.add_series(key, ts, live, values)       # each batch's rows of one series, in time order
     windows.finish()                                # after the last batch
     windows.before[ids], windows.at_start[ids], windows.high[ids], windows.high_after[ids],
     windows.end[ids], windows.summed[ids]           # int64 arrays, by window id
@@ -17,11 +16,10 @@ API (`Windows`):
   numbered from 0 in the order opened. A window whose end is not known yet (a range never
   closed) takes an end past every event, e.g. np.iinfo("int64").max: an end at the capture's end
   is the same window, since no event lies beyond the capture's end.
-- `add(series, ts, live, values=None)`: one batch; per row its series key, time, the series'
-  live bytes right after the row (a running sum carried across batches: groups.batch_series)
-  and optionally a value to sum over the window (e.g. max(delta, 0): the bytes allocated). Rows
-  of series without windows are skipped. Equal times may straddle batches. `add_series(key, ...)`:
-  the rows of one series.
+- `add_series(key, ts, live, values=None)`: one batch's rows of the series `key`; per row its
+  time, the series' live bytes right after the row (a running sum carried across batches:
+  groups.batch_series) and optionally a value to sum over the window (e.g. max(delta, 0): the
+  bytes allocated). A series without windows is skipped. Equal times may straddle batches.
 - After `finish()`, per window (values before a series' first event are 0):
   `before`     live after every event with ts < start (steps' and phases' start_live: padded[first])
   `at_start`   live after every event with ts <= start (ranges' value carried into the window)
@@ -45,7 +43,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-import pandas as pd
 
 LOW = np.iinfo("int64").min
 
@@ -104,17 +101,6 @@ class Windows:
         s.order = np.concatenate([s.order[:s.started], waiting])
         s.starts = self.start_ns[s.order]
         return ids
-
-    def add(self, series: np.ndarray, ts: np.ndarray, live: np.ndarray, values: Optional[np.ndarray] = None) -> None:
-        """One batch of rows (see the module's docstring)."""
-        if len(ts) == 0 or not self._series:
-            return
-        for key in pd.unique(series).tolist():  # a few series per batch (a hash pass, not a sort)
-            s = self._series.get(int(key))
-            if s is None:
-                continue
-            rows = np.flatnonzero(series == key)
-            self._add(s, ts[rows], live[rows], values[rows] if values is not None else None)
 
     def add_series(self, key: int, ts: np.ndarray, live: np.ndarray, values: Optional[np.ndarray] = None) -> None:
         """One batch's rows of the series `key` (see the module's docstring)."""
