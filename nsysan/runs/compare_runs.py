@@ -155,11 +155,13 @@ def _processes(analysis: Analysis) -> list[_Process]:
     # Only a rank read from the process's environment is a role of its own; a rank numbered by
     # GPU order is the GPU order, which the matching falls back to anyway.
     ranks = {p.pid: p.rank if p.rank_source == "environment" else None for p in analysis.capture.processes}
-    first = {s.pid: s.ts_ns[0] for s in reversed(analysis.timeline.series) if s.ts_ns}
+    first: dict[int, int] = {}
     for s in analysis.timeline.series:
         if s.ts_ns:
             first[s.pid] = min(first.get(s.pid, s.ts_ns[0]), s.ts_ns[0])
-    growth = steps_growth(analysis)
+    # Bytes of growth per step where the growth verdict judged a rate: not from one or two steps
+    # (too_few_steps), not inside a preallocation, where it cannot be seen.
+    growth = {(g.pid, g.device): g.bytes_per_step for g in analysis.growth if g.verdict in MEASURED_GROWTH}
     verdicts = {(g.pid, g.device): g.verdict for g in analysis.growth}
     rows: dict[tuple[int, int], dict[str, Any]] = {}
     for g in analysis.groups:
@@ -187,12 +189,6 @@ def process_rows(analysis: Analysis) -> list[ProcessRow]:
     return [row for proc in _processes(analysis) for row in proc.rows]
 
 
-def steps_growth(analysis: Analysis) -> dict[tuple[int, int], int]:
-    """Bytes of growth per step by (pid, device), where the growth verdict judged a rate: not from
-    one or two steps (too_few_steps), not inside a preallocation, where it cannot be seen."""
-    return {(g.pid, g.device): g.bytes_per_step for g in analysis.growth if g.verdict in MEASURED_GROWTH}
-
-
 def match_processes(base: list[_Process], new: list[_Process]
                     ) -> tuple[str, list[tuple[str, Optional[_Process], Optional[_Process]]]]:
     """Pairs (role, base process, new process), either side None when unmatched; and the rule used."""
@@ -200,14 +196,18 @@ def match_processes(base: list[_Process], new: list[_Process]
     if everyone and all(p.rank is not None for p in everyone):
         return "rank", _pair_by_key(base, new, lambda p: p.rank, lambda p: f"rank {p.rank}")
     if all(len({p.main_gpu for p in run}) == len(run) for run in (base, new)):
-        def gpu_order(run: list[_Process]) -> dict[int, int]:
-            return {p.pid: i for i, p in enumerate(sorted(run, key=lambda p: (p.main_gpu is None, p.main_gpu)))}
-
-        order = {id(base): gpu_order(base), id(new): gpu_order(new)}
-        keyed = _pair_by_key(base, new, lambda p: order[id(base) if p in base else id(new)][p.pid],
-                             lambda p: f"GPU {p.main_gpu}")
-        return "gpu", keyed
-    return "name", _pair_by_name(base, new)
+        order = {id(p): i for run in (base, new)
+                 for i, p in enumerate(sorted(run, key=lambda p: (p.main_gpu is None, p.main_gpu)))}
+        return "gpu", _pair_by_key(base, new, lambda p: order[id(p)], lambda p: f"GPU {p.main_gpu}")
+    # By name and the order in which the processes of that name started.
+    numbered: dict[int, tuple[str, int]] = {}
+    for run in (base, new):
+        seen: dict[str, int] = {}
+        for p in sorted(run, key=lambda p: (p.first_ns, p.name)):
+            seen[p.name] = seen.get(p.name, 0) + 1
+            numbered[id(p)] = (p.name, seen[p.name])
+    return "name", _pair_by_key(base, new, lambda p: numbered[id(p)],
+                                lambda p: f"{numbered[id(p)][0] or 'process'} #{numbered[id(p)][1]}")
 
 
 def _pair_by_key(base, new, key, label):
@@ -217,23 +217,6 @@ def _pair_by_key(base, new, key, label):
     for k in sorted(set(by_base) | set(by_new), key=lambda k: (k is None, k)):
         b, n = by_base.get(k), by_new.get(k)
         pairs.append((label(n if n is not None else b), b, n))
-    return pairs
-
-
-def _pair_by_name(base: list[_Process], new: list[_Process]):
-    def numbered(run: list[_Process]) -> dict[tuple[str, int], _Process]:
-        seen: dict[str, int] = {}
-        out = {}
-        for p in sorted(run, key=lambda p: (p.first_ns, p.name)):
-            seen[p.name] = seen.get(p.name, 0) + 1
-            out[(p.name, seen[p.name])] = p
-        return out
-
-    by_base, by_new = numbered(base), numbered(new)
-    pairs = []
-    for key in sorted(set(by_base) | set(by_new)):
-        b, n = by_base.get(key), by_new.get(key)
-        pairs.append((f"{key[0] or 'process'} #{key[1]}", b, n))
     return pairs
 
 
@@ -257,16 +240,16 @@ def _process_deltas(role: str, base: Optional[_Process], new: Optional[_Process]
         def value(row: Optional[ProcessRow], attr: str) -> Any:
             return getattr(row, attr) if row is not None else None
 
+        def change(attr: str) -> Change:
+            return Change.of(value(b, attr), value(n, attr))
+
         growth = None
         if (b and b.growth_per_step is not None) or (n and n.growth_per_step is not None):
-            growth = Change.of(value(b, "growth_per_step"), value(n, "growth_per_step"))
+            growth = change("growth_per_step")
         out.append(ProcessDelta(
-            role=name, base_pid=b.pid if b else None, new_pid=n.pid if n else None,
-            base_gpu=b.gpu if b else None, new_gpu=n.gpu if n else None,
-            peak=Change.of(value(b, "peak_bytes"), value(n, "peak_bytes")),
-            end=Change.of(value(b, "end_bytes"), value(n, "end_bytes")),
-            never_freed=Change.of(value(b, "never_freed_bytes"), value(n, "never_freed_bytes")),
-            growth_per_step=growth, growth_before=value(b, "growth_verdict"),
+            role=name, base_pid=value(b, "pid"), new_pid=value(n, "pid"), base_gpu=value(b, "gpu"),
+            new_gpu=value(n, "gpu"), peak=change("peak_bytes"), end=change("end_bytes"),
+            never_freed=change("never_freed_bytes"), growth_per_step=growth, growth_before=value(b, "growth_verdict"),
             growth_after=value(n, "growth_verdict")))
     return out
 

@@ -130,34 +130,30 @@ def _units(analysis: Analysis, baseline: Optional[Analysis], rows: list[ProcessD
                       kept_gap=hidden.get((d.new_pid, d.new_gpu), "")) for d in mine]
     # Per GPU: all processes on it together; the GPUs of the two runs matched by identity.
     # Growth is the sum of its processes', and not measured when one of them is not.
-    kept: dict[int, int] = {}
-    growth: dict[int, int] = {}
-    gaps: dict[int, list[str]] = {}
-    kept_gaps: dict[int, list[str]] = {}
+    on_gpu: dict[int, list[ProcessDelta]] = {}
     for d in mine:
         if d.new_gpu is not None:
-            kept[d.new_gpu] = kept.get(d.new_gpu, 0) + (d.never_freed.after or 0)
-            growth[d.new_gpu] = growth.get(d.new_gpu, 0) + (growth_of(d) or 0)
-            if gap_of(d):
-                gaps.setdefault(d.new_gpu, []).append(gap_of(d))
-            if (d.new_pid, d.new_gpu) in hidden:
-                kept_gaps.setdefault(d.new_gpu, []).append(hidden[(d.new_pid, d.new_gpu)])
+            on_gpu.setdefault(d.new_gpu, []).append(d)
     peaks = _gpu_peaks(analysis)
     base_peaks = _gpu_peaks(baseline) if baseline is not None else {}
-    gpus = sorted(set(peaks) | set(kept))
+    gpus = sorted(set(peaks) | set(on_gpu))
     same = match_gpus(analysis, baseline, gpus, sorted(base_peaks)) if baseline is not None else {}
     units = []
     for gpu in gpus:
-        base_gpu = same.get(gpu)
-        units.append(_Unit(where=f"GPU {gpu}", peak=peaks.get(gpu), never_freed=kept.get(gpu, 0),
-                           growth=None if gaps.get(gpu) else growth.get(gpu), growth_gap="; ".join(gaps.get(gpu, [])),
-                           kept_gap="; ".join(kept_gaps.get(gpu, [])),
+        base_gpu, found = same.get(gpu), on_gpu.get(gpu, [])
+        gaps = [gap for gap in map(gap_of, found) if gap]
+        units.append(_Unit(where=f"GPU {gpu}", peak=peaks.get(gpu),
+                           never_freed=sum(d.never_freed.after or 0 for d in found),
+                           growth=None if gaps or not found else sum(growth_of(d) or 0 for d in found),
+                           growth_gap="; ".join(gaps),
+                           kept_gap="; ".join(hidden[(d.new_pid, gpu)] for d in found if (d.new_pid, gpu) in hidden),
                            base_peak=base_peaks.get(base_gpu) if base_gpu is not None else None))
     if per == "gpu" or not units:
         return units
     # The whole run: its highest GPU peak, all never-freed bytes, the growth of all GPUs together.
     every_gap = [u.growth_gap for u in units if u.growth_gap]
-    return [_Unit(where="all", peak=max(peaks.values(), default=None), never_freed=sum(kept.values()),
+    return [_Unit(where="all", peak=max(peaks.values(), default=None),
+                  never_freed=sum(u.never_freed or 0 for u in units),
                   growth=None if every_gap else sum(u.growth or 0 for u in units), growth_gap="; ".join(every_gap),
                   kept_gap="; ".join(u.kept_gap for u in units if u.kept_gap),
                   base_peak=max(base_peaks.values(), default=None))]
