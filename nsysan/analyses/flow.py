@@ -146,7 +146,8 @@ def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_ve
         engine.between()  # (again, should the pass start over)
         return _Again(engine)
 
-    flow.replay(second_look)
+    # the second look's batches labelled on the thread that reads them back (FlowLabels.label)
+    flow.replay(second_look, ahead=None if quick else lambda b: looks["second"].label(b))
     answered = engine.finish(flow.live)
     pools = answered["pools"]
     kinds = flow.kinds
@@ -259,7 +260,7 @@ class _Labelling(Reducer):
         self.consumer = self.make()
 
     def again(self, b: EventBatch) -> None:
-        self.consumer.add(b)
+        self.consumer.look(b)
 
     def finish(self, live: dict):
         return self.consumer
@@ -374,10 +375,10 @@ class LiveSetInfo:
     def __init__(self, live_sets, sites: FlowLabels) -> None:
         self.live_sets, self.sites = live_sets, sites
 
-    def add(self, b, known: dict) -> None:
+    def add(self, b, known: dict, closed: list[dict]) -> None:
         for moment in self.live_sets.moments:
             if moment.resolved and id(moment) not in self.sites.at_peak:
-                info = {c: np.concatenate([known[c]] + [s[c] for s in self.sites.closed]) for c in known}
+                info = {c: np.concatenate([known[c]] + [s[c] for s in closed]) for c in known}
                 rows = np.flatnonzero(np.isin(info["seq"], moment.largest["seq"].to_numpy()))
                 self.sites.at_peak[id(moment)] = ({c: v[rows] for c, v in info.items()}, "", "", "")
 

@@ -3,8 +3,8 @@ the engine's second look): each allocation's site by site_labels.SiteLabeller (a
 frame's), and each free its allocation's, from the live allocations carried across batches.
 
 Every event of a batch (frees too) is attributed to its innermost NVTX range and operator once,
-here, for the consumers after this one as well: `batch_ranges`, and in the batch's `calls` as
-labelled columns for the engine's second look (engine.Labels: the spikes, the ranges table).
+here, in the batch's `calls` as labelled columns for the engine's second look (engine.Labels: the
+spikes, the ranges table).
 What the lists of allocations say of them (allocation_info: never freed, largest, live at a
 peak) is kept as each batch is labelled.
 """
@@ -52,9 +52,6 @@ class FlowLabels:
         self.labeller = SiteLabeller(conn, schema, wanted_chains, calls_and_chains, self.api_names, range_name_list,
                                   self.operator_names, thread_names, diagnostics)
         self.registry = self.labeller.registry
-        # of each event of the last batch: its innermost NVTX range (row in `ranges`, -1 for none)
-        # and operator (code into operator_names)
-        self.batch_ranges = (np.zeros(0, "int64"), np.zeros(0, "int64"))
         # of each range row (and of row -1: "", last), the code of its path in path_names
         self.path_code, self.path_names = pd.factorize(np.append(range_paths(ranges) if not ranges.empty
                                                                  else np.zeros(0, object), ""))
@@ -66,19 +63,24 @@ class FlowLabels:
         self.kept: list[dict] = []
         # at each peak of `look` (the flow's peak.Peaks): its live allocations' ALLOCATION_INFO,
         # and the API name and NVTX range of the event that reached it
-        self.look, self.at_peak, self._seen, self._last_own = look, {}, {}, {}
+        self.look_at, self.at_peak, self._seen, self._last_own = look, {}, {}, {}
         self.strings: dict[str, int] = {"": 0}
         # fed each batch with `known` (ALLOCATION_INFO of the live allocations before it and its
-        # own) once this has labelled it (analyses/flow.py LiveSetInfo)
+        # own) and the allocations closed before it once this has labelled it (analyses/flow.py LiveSetInfo)
         self.watchers: list = []
 
-    def add(self, b) -> None:
+    def label(self, b) -> None:
+        """Label the batch's events (its `calls`' labelled columns) and carry the live allocations'
+        labels past it. Reads nothing of the other reducers, so the flow does it on the thread that
+        reads the second look's batches, ahead of the engine (stream.EventFlow.replay); what `look`
+        needs of this batch waits in `b.shared["labelled"]`."""
         n = len(b)
         if n == 0:
             return
-        self.batch_ranges = nvtx, operator = self._attribute(b)
+        nvtx, operator = self._attribute(b)
         allocs = np.flatnonzero(b.is_alloc)
-        info = self._label(b, allocs)
+        api = self._api_codes(b)
+        info = self._label(b, allocs, api, nvtx, operator)
         site = np.full(n, -1, "int64")
         site[allocs] = info["site"]
         # the batch labelled for the engine's second look after this (engine.Labels): its events' API
@@ -87,12 +89,9 @@ class FlowLabels:
         named[allocs] = info["nvtx_range"]
         slot, rows = pd.factorize(nvtx[others])  # the few ranges of the frees, a name each
         named[others] = self._string(np.append(self.range_names, "")[rows])[slot] if len(others) else 0
-        b.calls.update(api=self._api_codes(b), site=site, nvtx_range=named, nvtx_path=self.path_code[nvtx],
-                       operator=operator)
+        b.calls.update(api=api, site=site, nvtx_range=named, nvtx_path=self.path_code[nvtx], operator=operator)
         # a free belongs to the site of the allocation it frees: this batch's or a live one's
         known = {c: np.concatenate([self.live[c], info[c]]) for c in ALLOCATION_INFO}
-        if self.look is not None:
-            self._peaks(b, known)
         if len(self.listed):
             kept = np.isin(info["seq"], self.listed)
             self.kept.append({c: info[c][kept] for c in ALLOCATION_INFO})
@@ -101,11 +100,25 @@ class FlowLabels:
         site[frees] = sites[np.searchsorted(seqs, b.partner_seq[frees])]
         closed = b.closed.get("seq", np.zeros(0, "int64"))
         gone = np.isin(seqs, np.concatenate([b.partner_seq[frees], closed]))
-        if len(closed):  # never to be freed: listed as never freed
+        # the allocations never to be freed before this batch's look (closed ones are listed as never freed)
+        closed_before = list(self.closed)
+        if len(closed):
             self.closed.append({c: known[c][np.searchsorted(seqs, closed)] for c in ALLOCATION_INFO})
         self.live = {c: values[~gone] for c, values in known.items()}
+        b.shared["labelled"] = (known, nvtx, closed_before)
+
+    def look(self, b) -> None:
+        """What the peaks and the watchers need of a labelled batch (`label`), once the peaks and
+        the out-of-memory moments have looked at it: the engine's second look, in its order."""
+        if len(b) == 0:
+            return
+        if "labelled" not in b.shared:  # a batch not read ahead (the table read again: see replay)
+            self.label(b)
+        known, nvtx, closed = b.shared.pop("labelled")
+        if self.look_at is not None:
+            self._peaks(b, known, nvtx)
         for watcher in self.watchers:  # what the calls say of this batch's and the live allocations
-            watcher.add(b, known)
+            watcher.add(b, known, closed)
 
     def allocation_info(self, seqs: np.ndarray, peak=None) -> pd.DataFrame:
         """What to_allocations lists of each allocation never freed or `listed`, or live at `peak`
@@ -127,20 +140,20 @@ class FlowLabels:
             "site": labels[rows["site"][at]],
             "stack": rows["stack"][at], "operator": strings[rows["operator"][at]]}, index=seqs)
 
-    def _peaks(self, b, known: dict) -> None:
+    def _peaks(self, b, known: dict, nvtx_rows: np.ndarray) -> None:
         """What the peaks that this batch raised hold: their live allocations' information (from
         the live ones and this batch's), the API and NVTX range of the event at the peak, and the
         API of the series' last own allocation then (peak.module_load_note)."""
-        api = self._api_codes(b)
+        api = b.calls["api"]  # the events' API codes (label)
         resident, pairs = np.isin(b.kind, RESIDENT), pair_key(b.pid, b.device)
-        for peak in self.look.series:  # a few series, as peak.Peaks finds them
+        for peak in self.look_at.series:  # a few series, as peak.Peaks finds them
             rows = np.flatnonzero(resident & np.isin(pairs, peak.members))
             own = rows[(b.kind[rows] != STATIC) & (b.delta[rows] > 0)]
             if peak.best_seq >= 0 and peak.live_set is not self._seen.get(id(peak)):
                 self._seen[id(peak)] = peak.live_set  # a new live set: the peak was raised in this batch
                 at = np.searchsorted(known["seq"], peak.live_set["seq"].to_numpy())
                 i = int(np.searchsorted(b.seq, peak.best_seq))
-                nvtx = int(self.batch_ranges[0][i])
+                nvtx = int(nvtx_rows[i])
                 before = own[own <= i]
                 self.at_peak[id(peak)] = ({c: known[c][at] for c in ALLOCATION_INFO}, self.api_names[int(api[i])],
                                           str(self.range_names[nvtx]) if nvtx >= 0 else "",
@@ -177,11 +190,11 @@ class FlowLabels:
     def _api_codes(self, b) -> np.ndarray:
         return event_api_codes(b.calls["api"], b.kind == self.static, b.ts <= 0, len(self.api_names))
 
-    def _label(self, b, allocs: np.ndarray) -> dict:
-        """Of each allocation: its site code (into `labeller.labels`) and ALLOCATION_INFO."""
+    def _label(self, b, allocs: np.ndarray, api: np.ndarray, nvtx: np.ndarray, operator: np.ndarray) -> dict:
+        """Of each allocation (`allocs`, given the batch's events' API codes, innermost NVTX range and
+        operator): its site code (into `labeller.labels`) and ALLOCATION_INFO."""
         pid, tid = b.pid[allocs], b.calls["tid"][allocs].astype("int64")
-        api = self._api_codes(b)[allocs]
-        nvtx, operator = (attributed[allocs] for attributed in self.batch_ranges)
+        api, nvtx, operator = api[allocs], nvtx[allocs], operator[allocs]
         name = np.append(self.range_name_codes, -1)[nvtx]  # -1 (no range) picks the -1 after the last
         site, stack = self.labeller.label(pid, tid, b.correlation[allocs], b.calls["chain"][allocs], api, name,
                                           operator)

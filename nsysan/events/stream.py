@@ -207,22 +207,31 @@ class EventFlow:
         if not self.runs:  # rows in no order: each chunk's earliest time tells how long to wait
             self.first_starts = memory_chunk_first_starts(self.conn, CHUNK_ROWIDS)
 
-    def replay(self, make: Callable[[], T]) -> T:
+    def replay(self, make: Callable[[], T], ahead: Optional[Callable[[EventBatch], None]] = None) -> T:
         """A second pass: the batches the first one kept (`feed(keep=True)`), read back from the
         temporary file, without reading, ordering and pairing the table again; the table's rows
-        again when they could not all be kept (a full disk)."""
+        again when they could not all be kept (a full disk). `ahead(batch)`: work on each batch
+        that reads nothing of `make()`'s, done on the thread that reads the batches back while the
+        consumer takes the one before (as the first pass's batches are made, _made_ahead)."""
         kept, self._kept = getattr(self, "_kept", None), None
         if kept is None or not kept.complete:
             if kept is not None:
                 kept.close()
             return self.feed(make)
         consumer = make()
-        live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in LIVE_COLUMNS}
-        try:
-            for number, batch in enumerate(kept):
+
+        def read_back() -> Iterator[EventBatch]:
+            live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in LIVE_COLUMNS}
+            for batch in kept:
                 batch.live_before = live
-                consumer.add(batch)
                 live = live_after(live, batch)
+                if ahead is not None:
+                    ahead(batch)
+                yield batch
+
+        try:
+            for number, batch in enumerate(_made_ahead(read_back())):
+                consumer.add(batch)
                 _give_back(number)
         finally:
             kept.close()
