@@ -726,10 +726,9 @@ _process_names: dict = {}
 _schemas: dict = {}
 
 
-def allocator_uses(name: str, bounds=(), raised: bool = False) -> list:
+def allocator_uses(name: str, bounds=()) -> list:
     """reserved.allocators from AllocatorSums over the fixture's events cut before `bounds`, its
-    peaks and preallocated blocks the document's (as verdicts.find_verdicts gives them: known
-    before, one look; `raised`: given as the streamed second look gives them, two looks)."""
+    peaks and preallocated blocks the document's (as verdicts.find_verdicts gives them)."""
     analysis = frame(name)
     if name not in _process_names:
         conn = open_readonly(FIXTURES / f"{name}.sqlite")
@@ -741,9 +740,8 @@ def allocator_uses(name: str, bounds=(), raised: bool = False) -> list:
     more = {"api_names": list(events["api"].cat.categories),
             "allocator_blocks": {(p.pid << 16) | (p.device & 0xFFFF): (p.time_ns, p.bytes)
                                  for p in reserved.preallocations},
-            "allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in analysis.peaks if p.pid is not None]}
-    if raised:
-        more["allocator_peaks"] = lambda known=more["allocator_peaks"]: known
+            "allocator_peaks": lambda: [(p.pid, p.device, p.peak_time_ns) for p in analysis.peaks
+                                        if p.pid is not None]}
     sums = answer(analysis, AllocatorSums(), bounds, more)
     gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
     labels = {p.pid: p.label for p in analysis.capture.processes}
@@ -761,7 +759,7 @@ def test_allocators_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
     assert whole == analysis.reserved.allocators and whole  # what the command line's document holds
     for cut in cuts(n):
         assert allocator_uses(name, cut) == whole
-    assert allocator_uses(name, range(0, n, 3), raised=True) == whole  # summed on the second look
+    assert allocator_uses(name, range(0, n, 3)) == whole
 
 
 def test_allocators_hold_the_truth():
@@ -784,7 +782,7 @@ def test_allocators_hold_the_truth():
 def test_allocators_do_not_depend_on_where_the_batches_are_cut(data):
     name = data.draw(st.sampled_from(ALLOCATORS))
     bounds = data.draw(st.lists(st.integers(0, len(frame(name).events)), max_size=12))
-    assert allocator_uses(name, bounds, data.draw(st.booleans())) == frame(name).reserved.allocators
+    assert allocator_uses(name, bounds) == frame(name).reserved.allocators
 
 
 def test_allocators_of_one_batch_read_in_slices_are_the_same(monkeypatch):

@@ -215,11 +215,11 @@ class AllocatorSums(Reducer):
 
     Facts: `api_names` (the names of the batches' API codes; without them, as --quick reads no
     calls, nothing is judged), `allocator_blocks` (pair key -> (time, bytes) of its preallocated
-    block) and `allocator_peaks`: (pid, device, time) of each process's peak, a list when they
-    are known before the events (the whole frame's: then the sums are made on the first look, the
-    only one), a callable giving them so far when they are raised as the events flow (the
-    streamed second look's: then the sums wait for the second look, and look at a batch after
-    the peaks' look at it: `peaks`)."""
+    block, known between the looks) and `allocator_peaks()`: (pid, device, time) of each
+    process's peak so far, read on the second look after the peaks' look at the batch (`peaks`:
+    the flow raises them as it goes; the whole frame's are known before the events). A batch
+    that is the whole of the events (the whole frame's) is judged once: its first look's
+    judgment is kept for its second."""
 
     field = "allocators"
     needs = ("api_names", "allocator_blocks", "allocator_peaks", "peaks")
@@ -228,23 +228,27 @@ class AllocatorSums(Reducer):
     def start(self, facts) -> None:
         super().start(facts)
         self.names = facts.more.get("api_names")
-        self.second_look = callable(facts.more.get("allocator_peaks"))
         self.counts: dict[int, np.ndarray] = {}  # pair key -> COUNTS
         self.keys: list[int] = []  # the pair keys seen, numbered in order (pair codes)
         self.code_of: dict[int, int] = {}  # pair key -> its code
+        self.judged: Optional[_Summed] = None  # the last batch's judgment on the first look
         self._restart()
 
     def add(self, b) -> None:
         if self.names is not None:
-            summed = None if self.second_look else _Summed(b)
-            for at, part in _slices(b):
-                rows, pair, bits = self.rows.of(part)
-                code = self._codes(pair)
+            self.judged = self._judge(b, count=True)
+
+    def _judge(self, b, count: bool = False) -> "_Summed":
+        """The class bits and pair code of each of the batch's judged rows (AllocatorRows), counted
+        (COUNTS) on the first look."""
+        judged = _Summed(b)
+        for at, part in _slices(b):
+            rows, pair, bits = self.rows.of(part)
+            code = self._codes(pair)
+            if count:
                 self._count(part, rows, code, bits)
-                if summed is not None:
-                    self._sum(part, at, summed, b.bytes, rows, code, bits)
-            if summed is not None:
-                self._keep_unfreed(b, summed)
+            judged.cls[at + rows], judged.code[at + rows] = bits, code
+        return judged
 
     def _codes(self, pair: np.ndarray) -> np.ndarray:
         """The pair code of each pair key (new keys numbered as they come)."""
@@ -284,11 +288,14 @@ class AllocatorSums(Reducer):
 
     def again(self, b) -> None:
         if self.names is not None:
-            summed = _Summed(b)
+            judged, self.judged = self.judged, None
+            if judged is None or not judged.holds(b):
+                judged = self._judge(b)  # not the one batch of the first look: judged again
             for at, part in _slices(b):
-                rows, pair, bits = self.rows.of(part)
-                self._sum(part, at, summed, b.bytes, rows, self._codes(pair), bits)
-            self._keep_unfreed(b, summed)
+                rows = np.flatnonzero(judged.cls[at:at + SLICE_ROWS] >= 0)
+                self._sum(part, at, judged, b.bytes, rows, judged.code[at + rows].astype("int64"),
+                          judged.cls[at + rows].astype("int64"))
+            self._keep_unfreed(b, judged)
 
     def _sum(self, b, offset: int, summed: "_Summed", whole_bytes: np.ndarray, rows: np.ndarray, code: np.ndarray,
              bits: np.ndarray) -> None:
@@ -304,7 +311,7 @@ class AllocatorSums(Reducer):
             for c in np.flatnonzero(counted.any(axis=1)).tolist():  # a few (process, device) pairs
                 key, row = self.keys[c], counted[c]
                 self.classes[key] = self.classes[key] + row if key in self.classes else row
-        summed.cls[offset + rows], summed.code[offset + rows] = bits, code
+        summed.cls[offset + rows] = bits  # with BLOCK
         # each change: an allocation counted (+), or the free of one (-), at its row in the slice
         frees = np.flatnonzero(b.partner_seq >= 0)
         partner = b.partner_seq[frees]
@@ -325,8 +332,7 @@ class AllocatorSums(Reducer):
         change_code = np.concatenate([code, code_here, live["code"][at]])
         change_cls = np.concatenate([bits, cls_here, live["cls"][at]])
         change = np.concatenate([b.bytes[rows], -bytes_here, -live["bytes"][at]])
-        peaks = self.facts.more["allocator_peaks"]
-        for pid, device, ts in peaks() if callable(peaks) else peaks:  # a new or raised peak: read after its time
+        for pid, device, ts in self.facts.more["allocator_peaks"]():  # a new or raised peak: read after its time
             key = one_pair_key(pid, device)
             if self.moments.get(key) != ts:
                 self.moments[key] = ts
@@ -421,9 +427,9 @@ def _slices(b) -> Iterator[tuple[int, SimpleNamespace]]:
 
 
 class _Summed:
-    """Per row of a batch, the class bits of the allocation counted there (-1: none, or freed since)
-    and its pair code: 5 bytes a row, where a sorted list of the allocations searched by each free
-    took a search per free."""
+    """Per row of a batch, the class bits of the allocation judged there (-1: none, or freed since
+    on the second look) and its pair code: 5 bytes a row, where a sorted list of the allocations
+    searched by each free took a search per free."""
 
     def __init__(self, b) -> None:
         self.cls = np.full(len(b), -1, "int8")
@@ -436,6 +442,10 @@ class _Summed:
     def rows_of(self, seq: np.ndarray) -> np.ndarray:
         """The rows of the batch's `seq` (each at least its first)."""
         return seq - self.first if self.numbered else np.searchsorted(self.seq, seq)
+
+    def holds(self, b) -> bool:
+        """Whether `b` is the batch judged (the same first event, the same length)."""
+        return (self.first, len(self.seq)) == (int(b.seq[0]) if len(b) else 0, len(b))
 
 
 _NAMES = {"pytorch_caching": "PyTorch's caching allocator",

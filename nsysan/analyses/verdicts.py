@@ -63,8 +63,8 @@ def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutco
 
     looks = VerdictLooks(outcomes, read_calls, None if quick else list(events["api"].cat.categories), ranges,
                          gpu_of, total_memory, process_names, duration_ns, lambda: big_blocks,
-                         {"allocator_peaks": [(p.pid, p.device, p.peak_time_ns) for p in peaks if p.pid is not None]})
-    looks.blocks()  # known before the events: AllocatorSums sums on its one look, its peaks known
+                         {"allocator_peaks": lambda: [(p.pid, p.device, p.peak_time_ns) for p in peaks
+                                                      if p.pid is not None]})
     Engine(looks.reducers, Facts(list(events["kind"].cat.categories), gpu_of, looks.more)).run(
         list(batches) or [frame_batch(events)], dict(live))
     return looks.verdicts(peaks, load_notes, groups, pools or [], end_ns,
