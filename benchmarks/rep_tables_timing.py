@@ -159,6 +159,10 @@ def main() -> None:
                 summary[f"{way}_median_wall_s"] = statistics.median(t["wall_s"] for t in timings)
                 summary[f"{way}_median_cpu_s"] = statistics.median(t["cpu_s"] for t in timings)
         if rows["nsys_stats"]:
+            # round by round (the two ways of one round ran back to back): how robust a 2x is
+            ratios = [round(e["wall_s"] / c["wall_s"], 2) for e, c in zip(rows["every_table"], rows["nsysan_choice"])]
+            summary["every_table_over_choice_by_round"] = ratios
+            summary["rounds_at_2x_or_more"] = sum(ratio >= 2 for ratio in ratios)
             choice = summary["nsysan_choice_median_wall_s"]
             summary["every_table_over_choice"] = round(summary["every_table_median_wall_s"] / choice, 2)
             summary["choice_over_nsys_stats"] = round(choice / summary["nsys_stats_median_wall_s"], 2)
