@@ -22,7 +22,7 @@ from .commands import history as history_command
 from .commands.common import OutputClosed, say_error
 from .commands.metavars import name_values
 from .errors import NsysanError, one_line
-from .runtime.malloc_tuning import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
+from .runtime.malloc_tuning import tune_allocator
 
 # Help is click's plain layout (rich_markup_mode=None): at 80 columns rich's boxed panels left
 # 20 characters for each option's text. -h is --help.
@@ -215,8 +215,7 @@ def run() -> None:
     """
     closed = _open_closed_standard_descriptors()
     _write_whole()
-    keep_large_arrays_on_the_heap()
-    avoid_transparent_huge_pages()
+    tune_allocator()
     _replace_what_the_output_cannot_encode()
     if 1 in closed:
         say_error("nsysan: stdout is closed (the command was started with >&-), so nothing could be printed; "

@@ -56,9 +56,7 @@ SECOND = 1_000_000_000
 
 def fmt_time(ns: Optional[int]) -> str:
     """A time in ns from the capture start, e.g. "517.08 ms" or "8.729 s"."""
-    if ns is None:
-        return "n/a"
-    return fmt_time_in(ns, time_unit([ns]))
+    return fmt_times([ns])[0]
 
 
 def time_unit(values_ns: Iterable[Optional[int]]) -> str:

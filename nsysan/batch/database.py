@@ -17,6 +17,7 @@ analysis document later becomes a new column, and older databases keep working. 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -258,9 +259,7 @@ def database_rows(key: str, analysis: Analysis, name: str) -> dict[str, Any]:
     """What `add` writes for one analysis: the report's facts ("reports") and each child table's
     rows. Made on the worker, so the process writing the database only writes. `name`: the input
     file's, for the error of a number SQLite can't hold."""
-    tables: dict[str, Any] = {"reports": _report_facts(analysis)}
-    for table, rows, _ in _child_rows(key, analysis):
-        tables[table] = rows
+    tables: dict[str, Any] = {"reports": _report_facts(analysis), **_child_rows(key, analysis)}
     _check_integers(name, [tables["reports"], *(r for t in CHILD_TABLES for r in tables[t])])
     return tables
 
@@ -285,7 +284,7 @@ def _report_facts(a: Analysis) -> dict[str, Any]:
             "memory_usage_collected": a.capture.memory_usage_collected, "backtraces": a.capture.backtraces,
             "peak_bytes": a.peak.peak_bytes if a.peak else None, "peak_pid": a.peak.pid if a.peak else None,
             "peak_gpu": a.peak.gpu if a.peak else None,
-            "never_freed_bytes": sum(g.never_freed_bytes for g in a.groups if g.kind not in ("static", "managed_static")),
+            "never_freed_bytes": a.never_freed_bytes,
             "never_freed_count": a.never_freed_total, "processes": len(a.capture.processes),
             "gpus": len(a.capture.gpus), "failed_calls": len(a.failed_calls), **_growth_facts(a),
             "warnings": ",".join(sorted({d.code for d in a.diagnostics if d.severity in ("warning", "error")}))}
@@ -301,18 +300,17 @@ def _growth_facts(a: Analysis) -> dict[str, Any]:
     return {"growth_bytes_per_step": worst.bytes_per_step, "growth_verdict": worst.verdict}
 
 
-def _child_rows(key: str, a: Analysis) -> list[tuple[str, list[dict[str, Any]], Any]]:
+def _child_rows(key: str, a: Analysis) -> dict[str, list[dict[str, Any]]]:
     procs = {p.pid: p for p in a.capture.processes}
 
     def who(pid: Optional[int]) -> dict[str, Any]:
         proc = procs.get(pid) if pid is not None else None
         return {"process": a.process_label(pid), "rank": proc.rank if proc else None}
 
-    groups = [{"report_hash": key, **who(g.pid), "pid": g.pid, "device": g.device, "kind": g.kind, "gpu": g.gpu,
-               "peak_bytes": g.peak_bytes, "peak_time_ns": g.peak_time_ns, "end_bytes": g.end_bytes,
-               "allocations": g.allocations, "frees": g.frees, "allocated_bytes": g.allocated_bytes,
-               "never_freed_bytes": g.never_freed_bytes, "never_freed_count": g.never_freed_count}
-              for g in a.groups]
+    # a group's fields but the frees of memory allocated before the capture
+    groups = [{"report_hash": key, **who(g.pid), **dataclasses.asdict(g)} for g in a.groups]
+    for row in groups:
+        del row["frees_without_alloc"], row["frees_without_alloc_bytes"]
     never_freed = [{"report_hash": key, "n": i, **who(x.pid), "pid": x.pid, "device": x.device, "kind": x.kind,
                     "api": x.api, "bytes": x.bytes, "address": x.address, "alloc_time_ns": x.alloc_time_ns,
                     "nvtx_range": x.nvtx_range, "site": x.site.label, "function": x.site.function}
@@ -323,11 +321,8 @@ def _child_rows(key: str, a: Analysis) -> list[tuple[str, list[dict[str, Any]], 
               "never_freed_count": s.never_freed_count, "max_live_bytes": s.max_live_bytes} for s in a.sites]
     diagnostics = [{"report_hash": key, "n": i, "severity": d.severity, "code": d.code, "message": d.message}
                    for i, d in enumerate(a.diagnostics)]
-    return [("groups", groups, ("report_hash", "pid", "device", "kind")),
-            ("steps", _step_rows(key, a), ("report_hash", "pid", "device", "step")),
-            ("never_freed", never_freed, ("report_hash", "n")),
-            ("sites", sites, ("report_hash", "label", "pid", "kind")),
-            ("diagnostics", diagnostics, ("report_hash", "n"))]
+    return {"groups": groups, "steps": _step_rows(key, a), "never_freed": never_freed, "sites": sites,
+            "diagnostics": diagnostics}
 
 
 def _step_rows(key: str, a: Analysis) -> list[dict[str, Any]]:
@@ -335,7 +330,7 @@ def _step_rows(key: str, a: Analysis) -> list[dict[str, Any]]:
     (its `kept` holders are in the JSON document, not here)."""
     rows = []
     ranks = {p.pid: p.rank for p in a.capture.processes}
-    for series in getattr(a, "steps", None) or []:
+    for series in a.steps:
         for step in series.steps:
             row = {"report_hash": key, "pid": series.pid, "device": series.device, "gpu": series.gpu,
                    "process": a.process_label(series.pid), "rank": ranks.get(series.pid), "step": step.number}

@@ -37,15 +37,12 @@ def rank_steps(analysis: Analysis) -> list[dict[str, Any]]:
         out.append({
             "pid": series.pid, "device": series.device, "gpu": series.gpu, "rank": ranks.get(series.pid),
             "verdict": growth.verdict if growth else "", "bytes_per_step": growth.bytes_per_step if growth else 0,
-            "sites": [_site(h.site, h.nvtx_range) for h in (growth.holders if growth else [])[:MAX_SITES]],
+            "sites": [f"{h.site} in '{h.nvtx_range}'" if h.nvtx_range else h.site
+                      for h in (growth.holders if growth else [])[:MAX_SITES]],
             "deltas": {n: list(d) for n, d in step_deltas(series.steps).items()},
             "starts_utc_ns": ({s.number: start + s.start_ns for s in series.steps} if start is not None else {}),
         })
     return out
-
-
-def _site(site: str, nvtx_range: str) -> str:
-    return f"{site} in '{nvtx_range}'" if nvtx_range else site
 
 
 def find_departure(members: list[tuple[str, int, str, list[dict[str, Any]]]],

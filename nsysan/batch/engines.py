@@ -87,23 +87,23 @@ def run_all(paths: list[Path], on_done: OnDone, *, jobs: int, dask: Optional[str
         _on_local_pool(paths, on_done, jobs, args)
 
 
+def _size(path: Path) -> int:
+    """The file's size, -1 when it can't be read (it fails at once on the worker)."""
+    try:
+        return path.stat().st_size
+    except (OSError, ValueError):  # ValueError: a NUL in a listed name
+        return -1
+
+
 def largest_first(paths: list[Path]) -> list[Path]:
     """The paths by size, largest first (the input order among equals; an unreadable one last)."""
-    def size(path: Path) -> int:
-        try:
-            return path.stat().st_size
-        except (OSError, ValueError):  # ValueError: a NUL in a listed name
-            return -1
-    return sorted(paths, key=lambda path: -size(path))
+    return sorted(paths, key=lambda path: -_size(path))
 
 
 def dask_tasks(paths: list[Path], threads: int) -> list[list[Path]]:
     """The reports of each Dask task, in order: a large report alone, small ones a few together."""
     def is_small(path: Path) -> bool:
-        try:
-            return path.stat().st_size < SMALL_REPORT_BYTES
-        except OSError:  # it fails at once on the worker
-            return True
+        return _size(path) < SMALL_REPORT_BYTES
     small = sum(1 for path in paths if is_small(path))
     per_task = max(1, min(SMALL_PER_TASK, small // max(1, threads * TASKS_PER_THREAD)))
     tasks: list[list[Path]] = []

@@ -16,7 +16,6 @@ from .lifetime import prepare_fork_server
 
 prepare_fork_server()
 
-from ..runtime.malloc_tuning import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap  # noqa: E402
+from ..runtime.malloc_tuning import tune_allocator  # noqa: E402
 
-keep_large_arrays_on_the_heap()
-avoid_transparent_huge_pages()
+tune_allocator()

@@ -29,15 +29,13 @@ def tune_this_process() -> None:
     and a Dask worker (whose nanny sets MALLOC_TRIM_THRESHOLD_=65536) took twice as long."""
     global _tuned
     if not _tuned:
-        from ..runtime.malloc_tuning import avoid_transparent_huge_pages, keep_large_arrays_on_the_heap
+        from ..runtime.malloc_tuning import tune_allocator
 
-        keep_large_arrays_on_the_heap()
-        avoid_transparent_huge_pages()
+        tune_allocator()
         _tuned = True
 
 
 _GLIBC_MMAP_THRESHOLD = 128 * 1024  # glibc's default, fixed once any threshold is set
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
 _running_lock = threading.Lock()
 _running = 0  # analyses now running in this process under tuned_while_running
 
@@ -55,7 +53,7 @@ def tuned_while_running() -> Iterator[None]:
     heap is returned to the system, so Dask's memory monitor doesn't see the analysis's memory
     as the worker's own (`unmanaged`) for long."""
     global _running
-    from ..runtime.malloc_tuning import glibc
+    from ..runtime.malloc_tuning import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, glibc
     from ..sources.reader import release_memory
 
     libc = glibc()
@@ -64,8 +62,8 @@ def tuned_while_running() -> Iterator[None]:
         return
     with _running_lock:
         if _running == 0:
-            libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30)
-            libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+            libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)
+            libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
         _running += 1
     try:
         yield
@@ -73,8 +71,8 @@ def tuned_while_running() -> Iterator[None]:
         with _running_lock:
             _running -= 1
             if _running == 0:
-                libc.mallopt(_M_TRIM_THRESHOLD, _env_bytes("MALLOC_TRIM_THRESHOLD_", _GLIBC_MMAP_THRESHOLD))
-                libc.mallopt(_M_MMAP_THRESHOLD, _env_bytes("MALLOC_MMAP_THRESHOLD_", _GLIBC_MMAP_THRESHOLD))
+                libc.mallopt(M_TRIM_THRESHOLD, _env_bytes("MALLOC_TRIM_THRESHOLD_", _GLIBC_MMAP_THRESHOLD))
+                libc.mallopt(M_MMAP_THRESHOLD, _env_bytes("MALLOC_MMAP_THRESHOLD_", _GLIBC_MMAP_THRESHOLD))
                 release_memory()
 
 

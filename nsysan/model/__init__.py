@@ -11,6 +11,8 @@ means `@2`.
 
 from __future__ import annotations
 
+import importlib
+
 # The model is split by subject; every name stays importable from nsysan.model.
 from .analysis import Analysis
 from .capture import DIAGNOSTIC_CODES, GPU_RESIDENT_KINDS, KINDS, LIVE_AT_START, SCHEMA_ID, SEVERITIES, TRUST_BREAKING, Capture, Diagnostic, Gpu, Process, Source
@@ -34,18 +36,9 @@ _LATER = {**dict.fromkeys(_CHECK_NAMES, "check"), **dict.fromkeys(_COMPARE_NAMES
 
 
 def __getattr__(name: str) -> object:
-    module = _LATER.get(name)
-    if module == "check":
-        from . import check as later
-    elif module == "comparison":
-        from . import comparison as later
-    elif module == "smi":
-        from . import smi as later
-    elif module == "oom_found":
-        from . import oom_found as later
-    else:
+    if name not in _LATER:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(later, name)
+    return getattr(importlib.import_module(f".{_LATER[name]}", __name__), name)
 
 
 def __dir__() -> list[str]:

@@ -83,13 +83,14 @@ def table_frame(analysis: Any, name: str) -> pd.DataFrame:
     for i, (column, hint) in enumerate(columns.items()):
         data[column] = _series([row[i] for row in rows], hint)
     frame = pd.DataFrame(data, columns=list(columns))
-    point_columns = _point_fields(table.row_type)
-    if len(point_columns) >= 2:
+    # Fields that are lists of numbers: two or more of them are parallel point arrays.
+    points = {name: item for name, _, _, item in _fields(table.row_type) if item in (int, float)}
+    if len(points) >= 2:
         # A series without points has no row (explode would give it one of missing values).
-        frame = frame[frame[point_columns[0]].map(len) > 0]
-        frame = frame.explode(point_columns, ignore_index=True)
-        for f in point_columns:
-            frame[f] = frame[f].astype("int64" if _inner(_hints(table.row_type)[f]) is int else "float64")
+        frame = frame[frame[next(iter(points))].map(len) > 0]
+        frame = frame.explode(list(points), ignore_index=True)
+        for name, item in points.items():
+            frame[name] = frame[name].astype("int64" if item is int else "float64")
     return frame
 
 
@@ -102,21 +103,16 @@ def _tables(analysis_type: type) -> list[_Table]:
     ("steps.kept"); a list holding items under its own name (`steps[].steps`) gives the items
     that name, and its own rows are named after their type ("step_series")."""
     found: dict[str, _Table] = {}
-    hints = _hints(analysis_type)
     singles = []
-    for f in dataclasses.fields(analysis_type):
-        hint = _unoptional(hints[f.name])
-        item = _list_item(hint)
-        if item is not None and dataclasses.is_dataclass(item):
-            _add(found, _Table(f.name, item, (f.name,)))
-        elif dataclasses.is_dataclass(hint):
-            singles.append((f.name, hint))
+    for name, _, inner, item in _fields(analysis_type):
+        if dataclasses.is_dataclass(item):
+            _add(found, _Table(name, item, (name,)))
+        elif dataclasses.is_dataclass(inner):
+            singles.append((name, inner))
     for section, section_type in singles:
-        section_hints = _hints(section_type)
-        for f in dataclasses.fields(section_type):
-            item = _list_item(_unoptional(section_hints[f.name]))
-            if item is not None and dataclasses.is_dataclass(item):
-                _add(found, _Table(RENAMED.get((section, f.name), f.name), item, (section, f.name)))
+        for name, _, _, item in _fields(section_type):
+            if dataclasses.is_dataclass(item):
+                _add(found, _Table(RENAMED.get((section, name), name), item, (section, name)))
     return list(found.values())
 
 
@@ -136,11 +132,9 @@ def _add(found: dict[str, _Table], table: _Table) -> None:
 
 
 def _children(parent: _Table) -> Iterator[_Table]:
-    hints = _hints(parent.row_type)
-    for f in dataclasses.fields(parent.row_type):
-        item = _list_item(_unoptional(hints[f.name]))
-        if item is not None and dataclasses.is_dataclass(item):
-            yield _Table(f.name, item, (f.name,), parent)
+    for name, _, _, item in _fields(parent.row_type):
+        if dataclasses.is_dataclass(item):
+            yield _Table(name, item, (name,), parent)
 
 
 # --- columns and rows -------------------------------------------------------------------------
@@ -170,29 +164,22 @@ def _flat_fields(row_type: type, prefix: str) -> dict[str, Any]:
     """The columns of one object: its scalar and list-of-scalar fields, nested objects spread
     out with their field name as prefix, lists of objects left to their own table."""
     columns: dict[str, Any] = {}
-    hints = _hints(row_type)
-    for f in dataclasses.fields(row_type):
-        hint = hints[f.name]
-        inner = _unoptional(hint)
-        item = _list_item(inner)
-        if item is not None and dataclasses.is_dataclass(item):
+    for name, hint, inner, item in _fields(row_type):
+        if dataclasses.is_dataclass(item):
             continue
         if dataclasses.is_dataclass(inner):
-            columns.update(_flat_fields(inner, f"{prefix}{f.name}_"))
+            columns.update(_flat_fields(inner, f"{prefix}{name}_"))
         else:
-            columns[prefix + f.name] = hint
+            columns[prefix + name] = hint
     return columns
 
 
 def _flat_values(obj: Any, row_type: type) -> list[Any]:
     values: list[Any] = []
-    hints = _hints(row_type)
-    for f in dataclasses.fields(row_type):
-        inner = _unoptional(hints[f.name])
-        item = _list_item(inner)
-        if item is not None and dataclasses.is_dataclass(item):
+    for name, _, inner, item in _fields(row_type):
+        if dataclasses.is_dataclass(item):
             continue
-        value = None if obj is None else getattr(obj, f.name)
+        value = None if obj is None else getattr(obj, name)
         if dataclasses.is_dataclass(inner):
             values.extend(_flat_values(value, inner))
         else:
@@ -229,19 +216,15 @@ def _series(values: list[Any], hint: Any) -> pd.Series:
     return pd.Series(values, dtype=object)
 
 
-def _point_fields(row_type: type) -> list[str]:
-    """Fields that are lists of numbers: two or more of them are parallel point arrays."""
-    hints = _hints(row_type)
-    return [f.name for f in dataclasses.fields(row_type)
-            if _list_item(_unoptional(hints[f.name])) in (int, float)]
-
-
 # --- type hints -------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=None)  # once per class, not once per row
-def _hints(tp: type) -> dict[str, Any]:
-    return type_hints(tp)
+def _fields(tp: type) -> list[tuple[str, Any, Any, Any]]:
+    """(name, type hint, the hint without Optional, the item type of a list or None) of each field."""
+    hints = type_hints(tp)
+    return [(f.name, hints[f.name], _unoptional(hints[f.name]), _list_item(_unoptional(hints[f.name])))
+            for f in dataclasses.fields(tp)]
 
 
 def _is_optional(hint: Any) -> bool:
@@ -257,10 +240,6 @@ def _unoptional(hint: Any) -> Any:
 
 def _list_item(hint: Any) -> Any:
     return typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
-
-
-def _inner(hint: Any) -> Any:
-    return _list_item(_unoptional(hint))
 
 
 def _snake(name: str) -> str:

@@ -10,6 +10,13 @@ from __future__ import annotations
 
 import functools
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's mallopt parameter numbers
+
+
+def tune_allocator() -> None:
+    """Both settings of the `nsysan` command: large arrays kept on the heap, no transparent huge pages."""
+    keep_large_arrays_on_the_heap()
+    avoid_transparent_huge_pages()
 
 def keep_large_arrays_on_the_heap() -> None:
     """For processes nsysan runs itself only (a library must not retune its host's allocator).
@@ -29,10 +36,9 @@ def keep_large_arrays_on_the_heap() -> None:
     libc = glibc()
     if libc is None or not hasattr(libc, "mallopt"):
         return
-    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8  # glibc's mallopt parameter numbers
-    libc.mallopt(m_mmap_threshold, 1 << 30)
-    libc.mallopt(m_trim_threshold, 1 << 30)
-    libc.mallopt(m_arena_max, 1)
+    libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)
+    libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+    libc.mallopt(M_ARENA_MAX, 1)
 
 
 def avoid_transparent_huge_pages() -> None:

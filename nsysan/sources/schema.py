@@ -175,7 +175,8 @@ def _probe(conn: sqlite3.Connection, name: str) -> Schema:
     _read_gpus(conn, schema)
     _read_processes(conn, schema)
     _read_nsys_diagnostics(conn, schema)
-    schema.has_backtraces = _has_rows(conn, schema, "CUDA_CALLCHAINS")
+    schema.has_backtraces = "CUDA_CALLCHAINS" in tables and \
+        conn.execute("SELECT 1 FROM CUDA_CALLCHAINS LIMIT 1").fetchone() is not None
     return schema
 
 
@@ -194,19 +195,6 @@ def _quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
-def _has_rows(conn: sqlite3.Connection, schema: Schema, table: str) -> bool:
-    if table not in schema.tables:
-        return False
-    return conn.execute(f"SELECT 1 FROM {_quote(table)} LIMIT 1").fetchone() is not None
-
-
-def _name_values(conn: sqlite3.Connection, schema: Schema, table: str) -> list[tuple[str, str]]:
-    if not schema.has(table, "name", "value"):
-        return []
-    rows = conn.execute(f"SELECT name, value FROM {_quote(table)}").fetchall()
-    return [(cell_text(n), cell_text(v)) for n, v in rows]
-
-
 # A time shift (--ts-normalize: the session's UTC start, ~1.8e18 ns in 2026) is undone by a
 # subtraction; beyond ±2^62 it would wrap 64-bit timestamps.
 MAX_TIME_SHIFT_NS = 2**62
@@ -216,8 +204,9 @@ def _read_export_meta(conn: sqlite3.Connection, schema: Schema) -> None:
     from ..model import Diagnostic  # here: see the imports at the top
 
     for table in EXPORT_META_TABLES:
-        for key, value in _name_values(conn, schema, table):
-            schema.export_params[key] = value
+        if schema.has(table, "name", "value"):
+            rows = conn.execute(f"SELECT name, value FROM {table}")
+            schema.export_params.update((cell_text(name), cell_text(value)) for name, value in rows)
     schema.nsys_version = schema.export_params.get("EXPORT_PRODUCT_VERSION") or None
     schema.schema_version = schema.export_params.get("EXPORT_SCHEMA_VERSION") or None
     params = schema.export_params

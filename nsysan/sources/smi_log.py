@@ -236,14 +236,15 @@ def _parse_rows(body: list[tuple[int, str]], names: list[str], header_units: lis
     index = (pd.to_numeric(table["gpu_index"], errors="coerce") if "gpu_index" in table
              else pd.Series(-1.0, index=table.index))
     ok &= index.notna()
-    bad.extend(_join(table.loc[~ok]))
+    bad.extend(", ".join(map(str, r)) for r in table.loc[~ok].itertuples(index=False))  # the few bad rows only
     _refuse_impossible(what, numbers, ok, {"memory.used" if kind == "gpu" else "used_memory": used,
                                            "memory.total": total}, index, pid)
     keep = ok.to_numpy()
     frame = pd.DataFrame({
         "utc_ns": utc_ns[keep].astype("int64").to_numpy(),
         "gpu_index": index[keep].astype("int32").to_numpy(),
-        "gpu_uuid": _uuids(table["gpu_uuid"][keep]) if "gpu_uuid" in table else "",
+        "gpu_uuid": (table["gpu_uuid"][keep].str.lower().str.removeprefix("gpu-").to_numpy()
+                     if "gpu_uuid" in table else ""),
         "gpu_bus": table["gpu_bus"][keep].to_numpy() if "gpu_bus" in table else "",
         "pid": pid[keep].astype("int64").to_numpy(),
         "process_name": table["process_name"][keep].to_numpy() if "process_name" in table else "",
@@ -252,10 +253,6 @@ def _parse_rows(body: list[tuple[int, str]], names: list[str], header_units: lis
     })
     example = bad[0][:120] if bad else ""
     return frame.astype(SAMPLE_COLUMNS), len(bad), example
-
-
-def _join(rows: pd.DataFrame) -> list[str]:
-    return [", ".join(map(str, r)) for r in rows.itertuples(index=False)]  # the few bad rows only
 
 
 # A timestamp that names its zone: ...Z, ...+02:00, ...-0530 (ISO 8601, from a converted log).
@@ -317,7 +314,3 @@ def _sizes(text: pd.Series, header_unit: str) -> pd.Series:
     unit = parts[1].fillna("").str.lower().map(lambda u: _UNIT_BYTES.get(u, -1) if u else default)
     scale = unit.where(unit > 0)  # an unknown unit makes the row unreadable
     return (number.astype(float) * scale).round()  # in floats: 9e12 MiB must not wrap around int64
-
-
-def _uuids(text: pd.Series) -> np.ndarray:
-    return text.str.lower().str.removeprefix("gpu-").to_numpy()

@@ -103,10 +103,6 @@ def table_names(conn: sqlite3.Connection) -> set[str]:
     return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 
-def holds_complete_export(conn: sqlite3.Connection) -> bool:
-    """Whether the database has at least one of COMPLETE_EXPORT_TABLES (see there)."""
-    return not table_names(conn).isdisjoint(COMPLETE_EXPORT_TABLES)
-
 def export_parameters(conn: sqlite3.Connection) -> dict[str, str]:
     """The (name, value) rows of the export's metadata table (EXPORT_META_DATA or META_DATA_EXPORT)."""
     tables = table_names(conn)
@@ -128,14 +124,9 @@ class ExportIdentity:
 
 def export_identity(conn: sqlite3.Connection) -> ExportIdentity:
     """The input name, exporter version and capture start an export records (each may be missing)."""
-    tables = table_names(conn)
-    meta: dict[str, str] = {}
-    for table in EXPORT_META_TABLES:
-        if table in tables:
-            meta.update((str(k), str(v)) for k, v in conn.execute(
-                f"SELECT name, value FROM {table} WHERE name IN (?, ?, 'EXPORT_PRODUCT_VERSION')", EXPORT_INPUT_KEYS))
+    meta = export_parameters(conn)
     starts: list[str] = []
-    if "TARGET_INFO_SESSION_START_TIME" in tables:
+    if "TARGET_INFO_SESSION_START_TIME" in table_names(conn):
         for row in conn.execute("SELECT utcTime, localTime FROM TARGET_INFO_SESSION_START_TIME LIMIT 1"):
             starts += [str(value) for value in row if value is not None]
     return ExportIdentity(next((meta[k] for k in EXPORT_INPUT_KEYS if k in meta), None),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ...errors import NsysanError
-from ..sqlite_file import connect_readonly, holds_complete_export
+from ..sqlite_file import COMPLETE_EXPORT_TABLES, connect_readonly, table_names
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
@@ -119,7 +119,7 @@ def is_complete_export(path: Path) -> bool:
         return False
     try:
         with contextlib.closing(connect_readonly(path)) as conn:
-            return holds_complete_export(conn)
+            return not table_names(conn).isdisjoint(COMPLETE_EXPORT_TABLES)
     except sqlite3.DatabaseError:
         return False
 
