@@ -54,45 +54,37 @@ def _scalar(value: Any) -> str:
 
 
 def _write(value: Any, pad: str, parts: list[str]) -> None:
+    inner = pad + "  "
     if isinstance(value, dict) and value:
-        inner = pad + "  "
         if all(type(k) is str and type(v) in _SCALARS for k, v in value.items()):
             # A record of scalars (most of a document: 1e5 values at 1e7 events): one call of the
             # C encoder writes what the loop below would, with the same key order and separators.
             encoder = _RECORD_ENCODERS.get(inner)
             if encoder is None:
                 encoder = _RECORD_ENCODERS[inner] = json.JSONEncoder(sort_keys=True, separators=(",\n" + inner, ": "))
-            text = encoder.encode(value)
-            parts.append("{\n" + inner + text[1:-1] + "\n" + pad + "}")
+            parts.append("{\n" + inner + encoder.encode(value)[1:-1] + "\n" + pad + "}")
             return
-        items = sorted(value.items())
-        parts.append("{\n")
-        for i, (key, item) in enumerate(items):
-            head = ("" if i == 0 else ",\n") + inner + json.encoder.encode_basestring_ascii(str(key)) + ": "
-            write = _SCALAR_TEXT.get(type(item))  # a scalar written here: no call of _write for it
-            if write is None:
-                parts.append(head)
-                _write(item, inner, parts)
-            else:
-                parts.append(head + write(item))
-        parts.append("\n" + pad + "}")
+        items = [(json.encoder.encode_basestring_ascii(str(key)) + ": ", item) for key, item in sorted(value.items())]
+        brackets = "{}"
     elif isinstance(value, (list, tuple)) and value:
         if all(type(v) in _NUMBERS for v in value):
             parts.append(json.dumps(value))  # the C encoder: "[1, 2, 3]"
             return
-        inner = pad + "  "
-        parts.append("[\n")
-        for i, item in enumerate(value):
-            head = "" if i == 0 else ",\n"
-            write = _SCALAR_TEXT.get(type(item))
-            if write is None:
-                parts.append(head + inner)
-                _write(item, inner, parts)
-            else:
-                parts.append(head + inner + write(item))
-        parts.append("\n" + pad + "]")
+        items = [("", item) for item in value]
+        brackets = "[]"
     else:  # scalars, {} and []
         parts.append(_scalar(value))
+        return
+    parts.append(brackets[0] + "\n")
+    for i, (key, item) in enumerate(items):
+        head = ("" if i == 0 else ",\n") + inner + key
+        write = _SCALAR_TEXT.get(type(item))  # a scalar written here: no call of _write for it
+        if write is None:
+            parts.append(head)
+            _write(item, inner, parts)
+        else:
+            parts.append(head + write(item))
+    parts.append("\n" + pad + brackets[1])
 
 
 BASELINE_SCOPE = "baseline"

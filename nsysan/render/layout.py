@@ -56,10 +56,6 @@ class Sheet:
             raise ValueError(f"{len(cells)} cells for {len(self.columns)} columns")
         self.rows.append(list(cells))
 
-    @property
-    def row_count(self) -> int:
-        return len(self.rows)
-
     def without(self, headers: Iterable[str]) -> "Sheet":
         """The sheet without these columns (a quick analysis has no values for them)."""
         gone = set(headers)
@@ -96,15 +92,6 @@ def _overhead(columns: int) -> int:
     return 2 * columns
 
 
-def _header_floor(header: str) -> int:
-    """A header may wrap at its spaces: its longest word is the narrowest it gets."""
-    return max((cell_len(word) for word in header.split()), default=0)
-
-
-def _cells(sheet: Sheet, i: int) -> list[str]:
-    return [line for row in sheet.rows for line in plain(row[i]).split("\n")]
-
-
 def plan_columns(sheet: Sheet, width: int) -> Optional[tuple[list[int], list[int]]]:
     """The columns kept and their widths, or None when even the columns always shown do not fit
     (the sheet is stacked then). Steps: every column at its widest; headers wrapped and names cut to
@@ -113,19 +100,20 @@ def plan_columns(sheet: Sheet, width: int) -> Optional[tuple[list[int], list[int
     cols = sheet.columns
     natural, floor, comfortable = [], [], []
     for i, col in enumerate(cols):
-        cells = _cells(sheet, i)
+        cells = [line for row in sheet.rows for line in plain(row[i]).split("\n")]
         widest = max((cell_len(c) for c in cells), default=0)
+        # A header may wrap at its spaces: its longest word is the narrowest it gets.
+        header = max((cell_len(word) for word in col.header.split()), default=0)
         natural.append(max(widest, cell_len(col.header)))
         if col.kind == NAME:
-            hard = max([_first_word_width(c) for c in cells] + [_header_floor(col.header), 1])
-            floor.append(min(hard, max(widest, _header_floor(col.header))))
-            comfortable.append(max(floor[-1], min(widest, COMFORTABLE_NAME), _header_floor(col.header)))
+            hard = max([_first_word_width(c) for c in cells] + [header, 1])
+            floor.append(min(hard, max(widest, header)))
+            comfortable.append(max(floor[-1], min(widest, COMFORTABLE_NAME), header))
         else:
-            floor.append(max(widest, _header_floor(col.header)))
+            floor.append(max(widest, header))
             comfortable.append(floor[-1])
-    keep = list(range(len(cols)))
-    if _fits(natural, keep, width):
-        return keep, [natural[i] for i in keep]
+    if sum(natural) + _overhead(len(cols)) <= width:
+        return list(range(len(cols))), natural
     droppable = sorted((c.drop, i) for i, c in enumerate(cols) if c.drop)
     for lowest in (comfortable, floor):
         keep = list(range(len(cols)))
@@ -136,10 +124,6 @@ def plan_columns(sheet: Sheet, width: int) -> Optional[tuple[list[int], list[int
             if widths is not None:
                 return keep, widths
     return None
-
-
-def _fits(widths: list[int], keep: list[int], width: int) -> bool:
-    return sum(widths[i] for i in keep) + _overhead(len(keep)) <= width
 
 
 def _squeeze(natural: list[int], lowest: list[int], keep: list[int], cols: list[Column],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, Union
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -11,7 +11,7 @@ from rich.cells import cell_len
 from rich.text import Text
 
 from ..errors import printable
-from ..model import LIVE_AT_START, Allocation, Analysis, CallSite, Peak, RangeFamily, StepSeries
+from ..model import LIVE_AT_START, Analysis, CallSite, Peak, RangeFamily, StepSeries
 from ..model.memory import grouped_ranges
 from .layout import NAME, WORD, Column, Lines, Parts, Sheet
 from .oom import DRAWN_CODES, oom_and_reserved
@@ -63,7 +63,7 @@ def summary_parts(analysis: Analysis, top: int = 10, stacks: bool = False) -> li
     for table in tables:
         if not isinstance(table, Sheet):
             parts.append(table)
-        elif table.row_count:  # a table without rows says nothing
+        elif table.rows:  # a table without rows says nothing
             # A quick analysis (the memory-usage table alone) has no values for some columns.
             parts.append(table.without(_UNREAD_IN_QUICK) if quick else table)
     if analysis.smi is not None:
@@ -169,12 +169,10 @@ def _live_at_peak_table(peak: Peak, top: int) -> Sheet:
              f"({fmt_bytes(peak.peak_bytes)} at {fmt_time(peak.peak_time_ns)})")
     table = Sheet(title, Column("size"), Column("kind", WORD, 2), Column("API", WORD, 1), Column("site", NAME),
                   Column("NVTX range", NAME, 3), Column("age"))
-    ages = fmt_durations([peak.peak_time_ns - alloc.alloc_time_ns for alloc in shown])
-    # a block live when the capture began is older than the capture: its age is not known
-    ages = ["unknown" if alloc.api == LIVE_AT_START else age for alloc, age in zip(shown, ages)]
-    for alloc, age in zip(shown, ages):
+    for alloc, age in zip(shown, fmt_durations([peak.peak_time_ns - alloc.alloc_time_ns for alloc in shown])):
+        # a block live when the capture began is older than the capture: its age is not known
         table.add_row(fmt_bytes(alloc.bytes), alloc.kind, _t(alloc.api), _t(alloc.site.label),
-                      _t(alloc.nvtx_range or "-"), age)
+                      _t(alloc.nvtx_range or "-"), "unknown" if alloc.api == LIVE_AT_START else age)
     if more > 0:
         table.caption = f"… and {more} smaller allocations"
     return table
@@ -196,21 +194,17 @@ def _groups_table(analysis: Analysis, top: int) -> Sheet:
     return table
 
 
-def _allocation_rows(table: Sheet, allocations: Iterable[Allocation]) -> None:
-    allocations = list(allocations)
-    for a, at in zip(allocations, fmt_times([a.alloc_time_ns for a in allocations])):
-        at = "before capture" if a.api == LIVE_AT_START else at  # not "0.00 ms": it predates the capture
-        table.add_row(fmt_bytes(a.bytes), a.kind, _t(a.api), _t(a.site.label), _t(a.nvtx_range or "-"),
-                      str(a.pid), at)
-
-
 def _never_freed_table(analysis: Analysis, top: int) -> Sheet:
     total = analysis.never_freed_bytes
     count = analysis.never_freed_total
     title = f"Never freed during the capture: {count} allocations, {fmt_bytes(total)}"
     table = Sheet(title, Column("size"), Column("kind", WORD, 3), Column("API", WORD, 1), Column("site", NAME),
                   Column("NVTX range", NAME, 4), Column("process", drop=2), Column("allocated at"))
-    _allocation_rows(table, analysis.never_freed[:top])
+    listed = analysis.never_freed[:top]
+    for a, at in zip(listed, fmt_times([a.alloc_time_ns for a in listed])):
+        at = "before capture" if a.api == LIVE_AT_START else at  # not "0.00 ms": it predates the capture
+        table.add_row(fmt_bytes(a.bytes), a.kind, _t(a.api), _t(a.site.label), _t(a.nvtx_range or "-"),
+                      str(a.pid), at)
     if count > top:
         table.caption = f"… and {count - min(top, len(analysis.never_freed))} more (see --format json)"
     return table
