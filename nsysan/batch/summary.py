@@ -14,6 +14,7 @@ ranks can't say which one is odd), the highest peak and the spread still are.
 
 from __future__ import annotations
 
+import collections
 import re
 import statistics
 from pathlib import Path
@@ -39,9 +40,7 @@ def summary_rows(result: dict[str, Any], analysis: Optional[Analysis]) -> list[S
     warnings = ",".join(sorted({d.code for d in analysis.diagnostics if d.severity in ("warning", "error")}))
     of_process = process_warnings(analysis)
     procs = {p.pid: p for p in analysis.capture.processes}
-    failed: dict[int, int] = {}
-    for call in analysis.failed_calls:
-        failed[call.pid] = failed.get(call.pid, 0) + 1
+    failed = collections.Counter(call.pid for call in analysis.failed_calls)
     rows = []
     for row in process_rows(analysis):
         proc = procs.get(row.pid)
@@ -49,7 +48,7 @@ def summary_rows(result: dict[str, Any], analysis: Optional[Analysis]) -> list[S
                                rank=proc.rank if proc else None, gpu=row.gpu, device=row.device,
                                peak_bytes=row.peak_bytes, end_bytes=row.end_bytes,
                                never_freed_bytes=row.never_freed_bytes, growth_per_step_bytes=row.growth_per_step,
-                               failed_allocations=failed.get(row.pid, 0), warnings=of_process(row.pid), **base))
+                               failed_allocations=failed[row.pid], warnings=of_process(row.pid), **base))
     if not rows:  # no GPU memory seen (sizes not collected, nothing allocated): the report still gets its row
         rows.append(SummaryRow(status="ok", warnings=warnings, failed_allocations=len(analysis.failed_calls), **base))
     return rows
@@ -84,10 +83,10 @@ def fleet_view(rows: list[SummaryRow], steps: Optional[dict[str, list[dict[str, 
     name no rank but recorded RANK in their environment (`nsys profile -o prof_%q{RANK}`)."""
     steps = steps or {}
     fleets: dict[str, list[tuple[str, int, SummaryRow]]] = {}
-    ok = [r for r in rows if r.status == "ok" and r.peak_bytes is not None]
     by_report: dict[str, list[SummaryRow]] = {}
-    for row in ok:
-        by_report.setdefault(row.report, []).append(row)
+    for row in rows:
+        if row.status == "ok" and row.peak_bytes is not None:
+            by_report.setdefault(row.report, []).append(row)
     for report, members in by_report.items():
         ranked = [r for r in members if r.rank is not None]
         if len({r.rank for r in ranked}) >= 2:
@@ -127,12 +126,10 @@ def _of_rank(series: list[dict[str, Any]], rank: int, inside: bool) -> list[dict
 
 
 def _one_per_rank(rows: list[SummaryRow]) -> list[SummaryRow]:
-    """A rank's row on the GPU of its highest peak."""
-    best: dict[int, SummaryRow] = {}
-    for row in rows:
-        assert row.rank is not None
-        if row.rank not in best or (row.peak_bytes or 0) > (best[row.rank].peak_bytes or 0):
-            best[row.rank] = row
+    """A rank's row on the GPU of its highest peak (the first of equal ones)."""
+    best: dict[Optional[int], SummaryRow] = {}
+    for row in sorted(rows, key=lambda r: r.peak_bytes or 0, reverse=True):
+        best.setdefault(row.rank, row)
     return list(best.values())
 
 

@@ -83,13 +83,10 @@ def _env_bytes(name: str, default: int) -> int:
         return default
 
 
-def analyze_some(paths: list[str], nsys: Optional[str] = None, cache_dir: Optional[str] = None,
-                 threads: Optional[int] = None, tune: Optional[str] = None,
-                 max_memory: Optional[int] = None, step_range: Optional[str] = None,
-                 logs: Optional[dict] = None) -> list[dict[str, Any]]:
-    """analyze_one of each path, one after another: one Dask task for a few small reports, whose
-    analyses take about as long as the task's own round trip through the scheduler."""
-    return [analyze_one(path, nsys, cache_dir, threads, tune, max_memory, step_range, logs) for path in paths]
+def analyze_some(paths: list[str], *args: Any) -> list[dict[str, Any]]:
+    """analyze_one of each path with the same `args`, one after another: one Dask task for a few
+    small reports, whose analyses take about as long as the task's own round trip through the scheduler."""
+    return [analyze_one(path, *args) for path in paths]
 
 
 def analyze_one(path: str, nsys: Optional[str] = None, cache_dir: Optional[str] = None,

@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from .tables import Tables
 
@@ -84,6 +83,3 @@ class Verdict(Tables):  # Tables: frame("outcomes") for notebooks
             state = f"all {len(self.outcomes)} limits held"
         against = f" against {self.baseline[:80]}" if self.baseline else ""
         return f"<nsysan.Verdict of {self.report[:80]}{against}: {state}>"
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)

@@ -6,7 +6,6 @@ read by the renderers and by `check`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -126,9 +125,6 @@ class Comparison(Tables):  # Tables: frame("processes") etc. for notebooks
         """The matched processes that held memory in either run: the panels compare.png and
         compare.html draw, in the order of `processes`."""
         return [d for d in self.processes if d.peak.before or d.peak.after]
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Comparison":

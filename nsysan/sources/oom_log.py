@@ -45,20 +45,21 @@ _UNITS = {"": 1, "b": 1, "bytes": 1, "byte": 1, "kib": 1 << 10, "mib": 1 << 20, 
 _SIZE = r"(\d+(?:\.\d+)?)\s*(bytes?|[KMGT]i?B|B)"
 
 _TORCH = re.compile(r"(?:CUDA|HIP) out of memory\. Tried to allocate " + _SIZE, re.I)
+# Each wording's GPU and capacity, then the sizes it prints, by the OomMessage field they fill
+_TORCH_2_TOTAL = re.compile(r"GPU (\d+) has a total capacity of " + _SIZE + r" of which " + _SIZE + r" is free")
 _TORCH_2 = {
-    "device_total": re.compile(r"GPU (\d+) has a total capacity of " + _SIZE + r" of which " + _SIZE + r" is free"),
-    "process": re.compile(r"this process has " + _SIZE + r" memory in use"),
-    "allowed": re.compile(_SIZE + r" allowed;"),
-    "allocated": re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch"),
-    "unallocated": re.compile(r"and " + _SIZE + r" is reserved by PyTorch but unallocated"),
+    "process_bytes": re.compile(r"this process has " + _SIZE + r" memory in use"),
+    "cap_bytes": re.compile(_SIZE + r" allowed;"),
+    "allocated_bytes": re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch"),
+    "reserved_unallocated_bytes": re.compile(r"and " + _SIZE + r" is reserved by PyTorch but unallocated"),
 }
+_TORCH_1_TOTAL = re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity")
 _TORCH_1 = {
-    "device_total": re.compile(r"\(GPU (\d+); " + _SIZE + r" total capacity"),
-    "allocated": re.compile(_SIZE + r" already allocated"),
-    "free": re.compile(_SIZE + r" free;"),
-    "allowed": re.compile(_SIZE + r" allowed;"),
-    "reserved": re.compile(_SIZE + r" reserved in total by PyTorch"),
+    "allocated_bytes": re.compile(_SIZE + r" already allocated"),
+    "free_bytes": re.compile(_SIZE + r" free;"),
+    "cap_bytes": re.compile(_SIZE + r" allowed;"),
 }
+_TORCH_1_RESERVED = re.compile(_SIZE + r" reserved in total by PyTorch")
 _OTHER_PROCESS = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use")
 _XLA = re.compile(r"RESOURCE_EXHAUSTED|ran out of memory trying to allocate", re.I)
 _XLA_REQUEST = [
@@ -234,27 +235,24 @@ def _pytorch(name: str, number: int, text: str, pid: Optional[int]) -> OomMessag
     message = OomMessage(log=name, line=number, framework="pytorch", wording="pytorch_2", pid=pid,
                          request_bytes=_bytes(request.group(1), request.group(2)) if request else None)
     text = text[:WINDOW_CHARS]
-    total = _TORCH_2["device_total"].search(text)
+    total = _TORCH_2_TOTAL.search(text)
     if total is not None:
         message.device = int(total.group(1))
         message.total_bytes = _bytes(total.group(2), total.group(3))
         message.free_bytes = _bytes(total.group(4), total.group(5))
-        message.process_bytes = _size(_TORCH_2["process"], text)
-        message.cap_bytes = _size(_TORCH_2["allowed"], text)
-        message.allocated_bytes = _size(_TORCH_2["allocated"], text)
-        message.reserved_unallocated_bytes = _size(_TORCH_2["unallocated"], text)
+        for field_name, pattern in _TORCH_2.items():
+            setattr(message, field_name, _size(pattern, text))
         message.other_processes = {int(m.group(1)): _bytes(m.group(2), m.group(3))
                                    for m in _OTHER_PROCESS.finditer(text)}
         return message
-    old = _TORCH_1["device_total"].search(text)
+    old = _TORCH_1_TOTAL.search(text)
     message.wording = "pytorch_1"
     if old is not None:
         message.device = int(old.group(1))
         message.total_bytes = _bytes(old.group(2), old.group(3))
-    message.allocated_bytes = _size(_TORCH_1["allocated"], text)
-    message.free_bytes = _size(_TORCH_1["free"], text)
-    message.cap_bytes = _size(_TORCH_1["allowed"], text)
-    reserved = _size(_TORCH_1["reserved"], text)
+    for field_name, pattern in _TORCH_1.items():
+        setattr(message, field_name, _size(pattern, text))
+    reserved = _size(_TORCH_1_RESERVED, text)
     if reserved is not None and message.allocated_bytes is not None:
         message.reserved_unallocated_bytes = max(reserved - message.allocated_bytes, 0)
     return message

@@ -108,19 +108,8 @@ def learned(nsys: Path, version: str, options: frozenset[str]) -> None:
 
 def nsys_version(nsys: Path) -> str:
     """Return the version of the nsys at `nsys`, e.g. "2022.4.2.1" (from `nsys --version`)."""
-    if nsys not in _VERSIONS:
-        _VERSIONS[nsys] = _ask_version(nsys)
-    return _VERSIONS[nsys]
-
-
-def _output_of(nsys: Path, *arguments: str) -> str:
-    """What `nsys ARGUMENTS` prints, stdout then stderr; OSError or TimeoutExpired when it can't run."""
-    done = subprocess.run([str(nsys), *arguments], stdin=subprocess.DEVNULL, capture_output=True,
-                          timeout=_VERSION_TIMEOUT_S, check=False)
-    return done.stdout.decode("utf-8", "replace") + done.stderr.decode("utf-8", "replace")
-
-
-def _ask_version(nsys: Path) -> str:
+    if nsys in _VERSIONS:
+        return _VERSIONS[nsys]
     try:
         text = _output_of(nsys, "--version")
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -133,7 +122,15 @@ def _ask_version(nsys: Path) -> str:
         raise NsysanError(
             f"`{nsys} --version` printed no Nsight Systems version; point --nsys at Nsight Systems' nsys"
         )
+    _VERSIONS[nsys] = match.group(1)
     return match.group(1)
+
+
+def _output_of(nsys: Path, *arguments: str) -> str:
+    """What `nsys ARGUMENTS` prints, stdout then stderr; OSError or TimeoutExpired when it can't run."""
+    done = subprocess.run([str(nsys), *arguments], stdin=subprocess.DEVNULL, capture_output=True,
+                          timeout=_VERSION_TIMEOUT_S, check=False)
+    return done.stdout.decode("utf-8", "replace") + done.stderr.decode("utf-8", "replace")
 
 
 def export_options(nsys: Path) -> frozenset[str]:
@@ -143,16 +140,12 @@ def export_options(nsys: Path) -> frozenset[str]:
     An nsys whose help can't be read gets none of them.
     """
     if nsys not in _OPTIONS:
-        _OPTIONS[nsys] = _ask_export_options(nsys)
+        try:
+            text = _output_of(nsys, "export", "--help")
+        except (OSError, subprocess.TimeoutExpired):
+            text = ""
+        _OPTIONS[nsys] = frozenset(re.findall(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)", text))
     return _OPTIONS[nsys]
-
-
-def _ask_export_options(nsys: Path) -> frozenset[str]:
-    try:
-        text = _output_of(nsys, "export", "--help")
-    except (OSError, subprocess.TimeoutExpired):
-        return frozenset()
-    return frozenset(re.findall(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)", text))
 
 
 def export_arguments(nsys: Path, tables: Optional[Sequence[str]] = None) -> list[str]:
