@@ -14,7 +14,7 @@ from ..events.arrays import HIGH, LOW
 from ..events.batch import EventBatch
 from ..model import Capture, GroupSummary, Process
 from ..sources.schema import Schema
-from .diagnostics import crash_rerun_command, flags_used
+from .diagnostics import flags_used, rerun_command
 from .ranks import assign_ranks
 
 
@@ -40,7 +40,7 @@ def capture_facts(schema: Schema, groups: list[GroupSummary], thread_pairs: np.n
         memory_usage_requested=schema.memory_usage_requested, backtraces=schema.has_backtraces,
         nvtx=nvtx, cuda_driver_version=schema.cuda_driver_version,
         gpus=list(schema.gpus), processes=processes, flags_used=flags_used(schema),
-        session_start_utc_ns=schema.session_start_utc_ns, crash_rerun_command=crash_rerun_command(schema))
+        session_start_utc_ns=schema.session_start_utc_ns, crash_rerun_command=rerun_command(schema, crash=True))
 
 
 FINITE = np.iinfo("int64").max // 4  # later times are no time (a range left open has a huge end)

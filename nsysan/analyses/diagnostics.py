@@ -67,19 +67,15 @@ _TRACES = {"Cuda": "cuda", "NvtxEvents": "nvtx", "OSRuntime": "osrt", "Cudnn": "
 FLUSH_FLAG = "--cuda-flush-interval=100"
 
 
-def crash_rerun_command(schema: Schema) -> str:
-    """The line to run instead after a run that may have crashed: rerun_command, with the CUDA
-    buffers written every 100 ms unless the capture already wrote them at an interval."""
-    return rerun_command(schema, crash=True)
-
-
 def rerun_command(schema: Schema, flags: tuple[str, ...] = tuple(f for f, _, _ in _ADVISED[:3]),
                   crash: bool = False) -> str:
     """The `nsys profile` line to run instead (issue 30, section 7): the capture's own traces
     (CAPTURE_EVENT_TYPE; cuda and nvtx always) and program (PROCESS_0:COMMAND and its arguments,
     never its environment), with `flags` (the memory capture: sizes and memory-call stacks) and the
     capture's own options that shape what is seen (kept_options); what got in the way (a capture
-    range, a delay) is left out. `<your program>` when not recorded."""
+    range, a delay) is left out. `<your program>` when not recorded. `crash`: the line to run after a
+    run that may have crashed, with the CUDA buffers written every 100 ms (FLUSH_FLAG) unless the
+    capture already wrote them at an interval."""
     traces = list(dict.fromkeys(["cuda", "nvtx"] + [_TRACES[t] for t in schema.captured_event_types
                                                     if t in _TRACES]))
     program = shlex.join(schema.profiled_command) if schema.profiled_command else "<your program>"
@@ -216,7 +212,8 @@ def _incomplete_trace(schema: Schema, last_cuda_call_ns: dict[int, int], ranges:
                                     f"NVTX ranges ({names}, ...) follow for another {gap_ms:.1f} ms; the CUDA trace "
                                     "looks incomplete, so the numbers cover only its beginning (a crash before nsys "
                                     "wrote its buffers, or an nsys too old for the driver); capture again with a "
-                                    f"current nsys, writing the buffers every 100 ms: {crash_rerun_command(schema)}"))
+                                    "current nsys, writing the buffers every 100 ms: "
+                                    + rerun_command(schema, crash=True)))
     return found
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -27,6 +27,7 @@ from ..model import AllocationGroup, Band, NvtxSpan, TraceEnd
 from ..model.memory import range_family, site_in_family
 from .capture import FINITE
 from .sites import call_site
+from .steps import STEP_WORDS
 from .timeline import longest_per_process, top_level_bands
 
 MAX_SPANS = 2000
@@ -43,7 +44,6 @@ WARM_UP_AFTER = 3  # later steps a process needs for its first one to be left ou
 _NO_RANGES = empty_ranges()
 STEP_REPEATS = 3
 _NUMBER = re.compile(r"\d+")
-_STEP_WORD = re.compile(r"step|iter|epoch|batch", re.IGNORECASE)
 
 
 def step_bands(bands: list[Band]) -> list[Band]:
@@ -53,42 +53,12 @@ def step_bands(bands: list[Band]) -> list[Band]:
     counts: dict[tuple[int, str], int] = {}
     for band in bands:
         pattern = _NUMBER.sub("#", band.name)
-        if "#" in pattern or _STEP_WORD.search(band.name):
+        if "#" in pattern or STEP_WORDS.search(band.name):
             counts[band.pid, pattern] = counts.get((band.pid, pattern), 0) + 1
     if not counts or max(counts.values()) < STEP_REPEATS:
         return []
     best = max(counts, key=lambda key: counts[key])[1]
     return [b for b in bands if _NUMBER.sub("#", b.name) == best]  # every process's steps
-
-
-def focus_from_movement(first: int, last: int, total_moved: float, moved_between: Callable[[int, int], float],
-                        bands: list[Band], trace_ends: list[TraceEnd]) -> tuple[int, int]:
-    """The span where memory moves, in ns: the steps when there are (step_bands; from the end of a
-    first step that outlasts the rest: after_warm_up) and at least FOCUS_SKIP of the memory
-    movement happens inside them, else from `first` (when FOCUS_SKIP of
-    the movement, `total_moved`, has happened) to `last` (the last event that moves memory);
-    widened to the NVTX bands it cuts (whole steps), and to the ranges that follow an early end of
-    the CUDA trace. `moved_between(start, end)`: the movement from `start` to `end`, both included
-    (what Explorable sums on its second look)."""
-    steps = step_bands(bands)
-    if steps:
-        start, end = step_span(steps)
-        # Steps where memory hardly moves (a framework that reserved it all before them) are not
-        # where it moves: the movement rule stands.
-        if moved_between(start, end) >= FOCUS_SKIP * total_moved:
-            steady = after_warm_up(steps)
-            first, last = start if steady is None else steady, end
-    for band in bands:  # whole bands: a step cut in two reads as a different step
-        if band.start_ns < first < band.end_ns:
-            first = band.start_ns
-        if band.start_ns < last < band.end_ns:
-            last = band.end_ns
-    cut_short = {end.pid for end in trace_ends}
-    later = [b.end_ns for b in bands if b.pid in cut_short]
-    if later:  # show what went on after the trace stopped
-        last = max(last, max(later))
-    pad = int(FOCUS_PAD * (last - first)) if last > first else 1_000_000
-    return first - pad, last + pad
 
 
 def after_warm_up(steps: list[Band]) -> Optional[int]:
@@ -112,11 +82,6 @@ def after_warm_up(steps: list[Band]) -> Optional[int]:
             return None
         ends.append(first.end_ns)
     return max(ends) if ends else None
-
-
-def step_span(steps: list[Band]) -> tuple[int, int]:
-    """From the first step's start to the last one's end."""
-    return min(b.start_ns for b in steps), max(b.end_ns for b in steps)
 
 
 def nvtx_spans(ranges: pd.DataFrame, threads: pd.DataFrame, limit: int = MAX_SPANS) -> list[NvtxSpan]:
@@ -179,7 +144,8 @@ class Explorable(Reducer):
         self.threads = pd.DataFrame({"pid": self.keys >> 24, "tid": self.keys & 0xFFFFFF})
         self.bands = top_level_bands(self.ranges, self.threads)
         steps = step_bands(self.bands)
-        self.steps = step_span(steps) if steps else None
+        # from the first step's start to the last one's end
+        self.steps = (min(b.start_ns for b in steps), max(b.end_ns for b in steps)) if steps else None
         self.running, self.first_ts = 0.0, None
         self.before_steps = self.through_steps = 0.0  # the movement before the steps' start, through their end
 
@@ -246,16 +212,31 @@ class Explored:
                                    operator_spans=operator_spans(self.operators, self.threads))
 
     def focus(self, trace_ends: list[TraceEnd]) -> tuple[Optional[int], Optional[int]]:
-        """The span where memory moves, in ns (focus_from_movement); (None, None) without events
-        that move memory."""
+        """The span where memory moves, in ns ((None, None) without events that move memory): the
+        steps when there are (step_bands; from the end of a first step that outlasts the rest:
+        after_warm_up) and at least FOCUS_SKIP of the memory movement happens inside them, else
+        from where FOCUS_SKIP of the movement had happened to the last event that moves memory;
+        widened to the NVTX bands it cuts (whole steps), and to the ranges that follow an early
+        end of the CUDA trace (`trace_ends`)."""
         if self.last_ts is None:
             return None, None
-        first = self.first_ts if self.first_ts is not None else self.last_ts
-        return focus_from_movement(first, self.last_ts, self.moved, self._moved_between, self.bands, trace_ends)
-
-    def _moved_between(self, start: int, end: int) -> float:
-        assert (start, end) == self.steps, "the movement was summed for the steps alone"
-        return self.moved_in_steps
+        first, last = self.first_ts if self.first_ts is not None else self.last_ts, self.last_ts
+        # Steps where memory hardly moves (a framework that reserved it all before them) are not
+        # where it moves: the movement rule stands.
+        if self.steps is not None and self.moved_in_steps >= FOCUS_SKIP * self.moved:
+            steady = after_warm_up(step_bands(self.bands))
+            first, last = self.steps[0] if steady is None else steady, self.steps[1]
+        for band in self.bands:  # whole bands: a step cut in two reads as a different step
+            if band.start_ns < first < band.end_ns:
+                first = band.start_ns
+            if band.start_ns < last < band.end_ns:
+                last = band.end_ns
+        cut_short = {end.pid for end in trace_ends}
+        later = [b.end_ns for b in self.bands if b.pid in cut_short]
+        if later:  # show what went on after the trace stopped
+            last = max(last, max(later))
+        pad = int(FOCUS_PAD * (last - first)) if last > first else 1_000_000
+        return first - pad, last + pad
 
 
 class LargestAllocations(Reducer):

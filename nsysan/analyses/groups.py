@@ -12,7 +12,8 @@ import pandas as pd
 
 from ..engine import Reducer
 from ..model import GroupSummary
-from .grouping import Segments
+from ..events.arrays import LOW
+from .grouping import Keyed, Segments
 
 if TYPE_CHECKING:
     from ..events.batch import EventBatch
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 # The sums carried from batch to batch, one int64 per group each.
 SUMS = ("live", "peak", "peak_ts", "events", "allocations", "allocated", "orphans", "orphan_bytes",
         "never_freed_count", "never_freed_bytes")
-_LOW = np.iinfo("int64").min
 
 
 @dataclass
@@ -103,17 +103,7 @@ class GroupSums(Reducer):
 
     def start(self, facts) -> None:
         super().start(facts)
-        self.index: dict[int, int] = {}  # group key -> its row in the sums
-        self.sums = {name: np.zeros(0, "int64") for name in SUMS}
-
-    def _rows(self, keys: np.ndarray) -> np.ndarray:
-        for key in keys.tolist():  # a few groups per batch
-            self.index.setdefault(key, len(self.index))
-        grow = len(self.index) - len(self.sums["live"])
-        if grow:
-            for name in SUMS:
-                self.sums[name] = np.append(self.sums[name], np.full(grow, _LOW if name == "peak" else 0, "int64"))
-        return np.array([self.index[key] for key in keys.tolist()], "int64")
+        self.sums = Keyed(SUMS, {"peak": LOW})  # per group key, in order of first appearance
 
     def add(self, b: "EventBatch") -> None:
         if len(b):
@@ -125,7 +115,7 @@ class GroupSums(Reducer):
     def _events(self, b: "EventBatch") -> None:
         found = batch_groups(b)
         seg, s = found.segments, self.sums
-        at = self._rows(found.keys)
+        at = s.codes(found.keys)
         is_alloc = seg.in_group_order(b.is_alloc)
         orphan = seg.in_group_order(b.partner_seq < 0)
         orphan &= ~is_alloc  # a free of no allocation seen
@@ -145,11 +135,9 @@ class GroupSums(Reducer):
         s["live"][at] += seg.last(found.live, ordered=True)
 
     def _never_freed(self, allocations: dict) -> None:
-        keys = group_key(allocations["pid"], allocations["device"], allocations["kind"])
-        distinct, slot = np.unique(keys, return_inverse=True)
-        at = self._rows(distinct)
-        np.add.at(self.sums["never_freed_count"], at[slot], 1)
-        np.add.at(self.sums["never_freed_bytes"], at[slot], allocations["bytes"].astype("int64"))
+        at = self.sums.codes(group_key(allocations["pid"], allocations["device"], allocations["kind"]))
+        np.add.at(self.sums["never_freed_count"], at, 1)
+        np.add.at(self.sums["never_freed_bytes"], at, allocations["bytes"].astype("int64"))
 
     def finish(self, live: dict) -> list[GroupSummary]:
         """One summary per group, in key order; the allocations `live` at the end never freed."""
@@ -157,7 +145,7 @@ class GroupSums(Reducer):
             self._never_freed(live)
         s, kinds, gpu_of = self.sums, self.facts.kinds, self.facts.gpu_of
         summaries = []
-        for key, row in sorted(self.index.items()):  # one per group
+        for key, row in sorted(s.index.items()):  # one per group
             pid, device, kind = key >> 24, ((key >> 8) & 0xFFFF) - 1, str(kinds[key & 0xFF])
             peak = int(max(int(s["peak"][row]), 0))
             allocations = int(s["allocations"][row])

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..model import Diagnostic, Growth, Holder, MemoryCap, Process, Step, StepSeries
 from ..base.units import fmt_bytes, fmt_duration
+from .iterations import longest_run
 
 MIB = 1 << 20
 MIN_GROWING = 3
@@ -179,7 +180,8 @@ def _judged(series: StepSeries, cap: Optional[MemoryCap], label: str, shared_byt
     if refilled:
         return Growth(**base, **judged_fields, verdict="stable", capacity_step=None,
                       growing_steps=[s.number for s, g in zip(judged, grows) if g], message=f"{who} {refilled}")
-    if _longest_run(grows) >= MIN_GROWING and rate > 0:
+    run_start, run_end = longest_run(grows)
+    if run_end - run_start >= MIN_GROWING and rate > 0:
         at_step = at_time = None
         message = f"{who} grows {fmt_bytes(rate)} per step (median of steps {span})"
         if cap is not None:
@@ -289,14 +291,6 @@ def _settled_from(deltas: np.ndarray, live_bytes: int) -> int:
     near = np.flatnonzero(np.abs(deltas[1:] - steady) <= tolerance)
     first = 1 + int(near[0]) if len(near) else 1
     return min(first, len(deltas) - MIN_JUDGED)
-
-
-def _longest_run(flags: np.ndarray) -> int:
-    best = run = 0
-    for flag in flags.tolist():  # a few thousand steps at most
-        run = run + 1 if flag else 0
-        best = max(best, run)
-    return best
 
 
 def _span(steps: list) -> str:

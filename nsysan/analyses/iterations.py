@@ -170,7 +170,7 @@ def _period(codes: np.ndarray) -> tuple[Optional[int], tuple[int, int]]:
             continue
         summed = np.concatenate([[0], np.cumsum(differs)])
         good = summed[p:] - summed[:-p] <= p // MISMATCH  # windows [i, i + p) of comparisons
-        run_start, run_end = _longest_run(good)
+        run_start, run_end = longest_run(good)
         if run_end <= run_start:
             continue
         region = (run_start, min(n, run_end - 1 + 2 * p))  # tokens the good windows cover
@@ -195,7 +195,8 @@ def _candidates(codes: np.ndarray) -> list[int]:
     return values[np.argsort(-counts, kind="stable")[:CANDIDATES]].tolist()
 
 
-def _longest_run(flags: np.ndarray) -> tuple[int, int]:
+def longest_run(flags: np.ndarray) -> tuple[int, int]:
+    """[start, end) of the first longest run of true flags ((0, 0): none)."""
     edges = np.diff(np.concatenate([[0], flags.astype("int8"), [0]]))
     begins, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     if not len(begins):

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 import pandas as pd
 
-from ..events.arrays import distinct_pairs
+from ..events.arrays import distinct_pairs, pair_of
 from ..model import GPU_RESIDENT_KINDS
 
 
@@ -66,13 +66,9 @@ def live_steps(events: pd.DataFrame, pids: Iterable[int], gpu: Optional[int],
     device = events["device"].to_numpy()[resident]
     on_gpu = np.ones(len(pid), dtype=bool)
     if gpu is not None and len(pid):
-        pairs = distinct_pairs(pid, device, 16, 0xFFFF).tolist()
-        keep = [p for p in pairs if gpu_of(p >> 16, _signed16(p & 0xFFFF)) == gpu]
+        pairs = distinct_pairs(pid, device, 16, 0xFFFF).tolist()  # pair_key's
+        keep = [p for p in pairs if gpu_of(*pair_of(p)) == gpu]
         on_gpu = np.isin((pid.astype("int64") << 16) | (device.astype("int64") & 0xFFFF), keep)
     ts = events["ts_ns"].to_numpy()[resident][on_gpu].astype("int64")
     live = np.cumsum(events["delta_bytes"].to_numpy()[resident][on_gpu].astype("int64"))
     return LiveSteps(ts, live)
-
-
-def _signed16(value: int) -> int:
-    return value - 0x10000 if value & 0x8000 else value

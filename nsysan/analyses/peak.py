@@ -12,7 +12,7 @@ import pandas as pd
 from ..base.units import fmt_bytes, fmt_time
 from ..engine import Facts, Reducer
 from ..events.load import QUICK_API
-from ..events.arrays import LOW, category_codes, pair_key
+from ..events.arrays import LOW, category_codes, pair_key, pair_of
 from ..events.batch import EventBatch, batch_rows
 from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
 from .pools import reached_before
@@ -193,11 +193,6 @@ def live_at(b: EventBatch, seq: int, members: np.ndarray, resident: list[int], c
 
 def _key(pids: list, devices: list) -> np.ndarray:
     return pair_key(np.array(pids, "int64"), np.array(devices, "int64"))
-
-
-def pair_of(key: int) -> tuple[int, int]:
-    """(process, device) of a pair_key."""
-    return key >> 16, (key & 0xFFFF) - 0x10000 if key & 0x8000 else key & 0xFFFF
 
 
 def _reached(at: int, attached: list, increment: int, ts: int) -> int:

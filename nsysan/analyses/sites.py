@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -10,6 +9,7 @@ import pandas as pd
 
 from ..engine import Reducer
 from ..events.arrays import LOW, group_order
+from .grouping import Keyed
 from ..model import CallSite, Site
 
 MAX_SITES = 100
@@ -32,36 +32,6 @@ def _int_or_none(value) -> Optional[int]:
     return None if value is None or pd.isna(value) else int(value)
 
 
-@dataclass
-class Keyed:
-    """Integer keys numbered in order of first appearance, with per-key int64 columns that grow."""
-
-    columns: tuple[str, ...]
-    fill: dict = field(default_factory=dict)
-    index: dict = field(default_factory=dict)
-    data: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.data = {c: np.zeros(0, "int64") for c in self.columns}
-
-    def codes(self, keys: np.ndarray) -> np.ndarray:
-        slot, distinct = pd.factorize(keys)  # a hash pass, not a sort of the batch
-        for k in distinct.tolist():
-            if k not in self.index:
-                self.index[k] = len(self.index)
-        if len(self.index) > len(self.data[self.columns[0]]):
-            grow = len(self.index) - len(self.data[self.columns[0]])
-            for c in self.columns:
-                self.data[c] = np.concatenate([self.data[c], np.full(grow, self.fill.get(c, 0), "int64")])
-        return np.array([self.index[k] for k in distinct.tolist()], "int64")[slot]
-
-    def __getitem__(self, column: str) -> np.ndarray:
-        return self.data[column]
-
-    def keys(self) -> list[int]:
-        return list(self.index)
-
-
 class SiteRanks(Reducer):
     """The sites table (`Analysis.sites`): sites by bytes allocated (largest first), per site,
     process and memory kind (the ranks of a distributed job are not summed), with how many of
@@ -78,9 +48,6 @@ class SiteRanks(Reducer):
     field = "sites"
     needs = ("labels", "site_table")
     second_look = True
-
-    def __init__(self, limit: int = MAX_SITES) -> None:
-        self.limit = limit
 
     def start(self, facts) -> None:
         super().start(facts)
@@ -145,7 +112,7 @@ class SiteRanks(Reducer):
         named = np.array([labels.sites[c] != "" for c in code.tolist()], bool)
         ranked = np.flatnonzero((g["allocations"] > 0) & named)
         ranked = ranked[np.lexsort((kind[ranked], pd.Index(self.pids).get_indexer(pid[ranked]), site_rank[ranked],
-                                    -g["allocations"][ranked], -g["allocated"][ranked]))][:self.limit]
+                                    -g["allocations"][ranked], -g["allocated"][ranked]))][:MAX_SITES]
         apis: dict[int, set] = {}
         for pair in self.apis.tolist():  # a few per group
             apis.setdefault(pair >> 20, set()).add(str(labels.apis[pair & 0xFFFFF]))

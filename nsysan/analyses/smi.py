@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from ..events.arrays import distinct_pairs
+from ..events.arrays import distinct_pairs, pair_of
 from ..model import GPU_RESIDENT_KINDS, Analysis, Diagnostic, Gpu
 from ..sources.smi_log import SmiLog
 from ..model.smi import (MissedBySampling, NotInTrace, OtherProcess, SmiLogInfo, SmiOverlay, SmiSeries,
@@ -47,11 +47,11 @@ def trace_facts(events: pd.DataFrame, gpus: list[Gpu], gpu_of: Callable[[int, in
     """The facts, with which processes the trace saw on which GPU (GPU-resident memory only)."""
     resident = events["kind"].isin(GPU_RESIDENT_KINDS).to_numpy()
     pairs = distinct_pairs(events["pid"].to_numpy()[resident], events["device"].to_numpy()[resident],
-                           16, 0xFFFF).tolist()
+                           16, 0xFFFF).tolist()  # pair_key's
     traced: dict[int, set[int]] = {}
     for pair in pairs:
-        pid, device = pair >> 16, pair & 0xFFFF
-        gpu = gpu_of(pid, device - 0x10000 if device & 0x8000 else device)
+        pid, device = pair_of(pair)
+        gpu = gpu_of(pid, device)
         if gpu is not None:
             traced.setdefault(gpu, set()).add(pid)
     ts = events["ts_ns"].to_numpy()

@@ -22,15 +22,12 @@ MAX_BANDS = 300
 
 class TimelineSeries(Reducer):
     """Step series per (process, device, kind), downsampled so that every peak survives: a group
-    of more than `max_points` events keeps, per bucket of its time span (max_points / 2 of them),
+    of more than MAX_POINTS events keeps, per bucket of its time span (MAX_POINTS / 2 of them),
     the first point at its highest and its last point, and its first point; a smaller one every
     point. The first look finds each group's span and events, the second keeps the points."""
 
     field = "timeline"  # its series
     second_look = True
-
-    def __init__(self, max_points: int = MAX_POINTS) -> None:
-        self.max_points = max_points
 
     def start(self, facts: Facts) -> None:
         super().start(facts)
@@ -60,14 +57,14 @@ class TimelineSeries(Reducer):
         if not len(b):
             return
         found = batch_groups(b)
-        seg, buckets = found.segments, max(1, self.max_points // 2)
+        seg, buckets = found.segments, MAX_POINTS // 2
         for key, a, n in zip(found.keys.tolist(), seg.starts.tolist(), seg.sizes.tolist()):  # one per group
             row = self.index[key]
             ts, live = b.ts[seg.order[a:a + n]], found.live[a:a + n]
             if self.live[row]:
                 live = live + self.live[row]
             self.live[row] = int(live[-1])
-            if self.events[row] <= self.max_points:
+            if self.events[row] <= MAX_POINTS:
                 self.points[row].append((ts, live, None))
                 continue
             span = max(float(self.last_ts[row] - self.first_ts[row]), 1.0)

@@ -20,6 +20,7 @@ import numpy as np
 from ..model import GPU_RESIDENT_KINDS, Analysis, Answer
 from ..model.steps import WhatIf, WhatIfGpu, WhatIfGrowth
 from ..base.units import fmt_bytes, fmt_time
+from .graphs import live_at
 from .timeline import MAX_POINTS
 
 
@@ -53,14 +54,10 @@ def what_if_gpu(analysis: Analysis, capacity_bytes: int) -> WhatIf:
 def _replay(analysis: Analysis, gpu: Optional[int], device: int, series: list, capacity: int) -> WhatIfGpu:
     """The sum of the series as a step function: each series' level holds until its next point."""
     ts = np.unique(np.concatenate([np.asarray(s.ts_ns, "int64") for s in series]))
-    total = np.zeros(len(ts), "int64")
+    total = live_at(series, ts)
     owner = np.full(len(ts), -1, "int64")  # the process whose point each moment is
     for s in series:
-        at = np.asarray(s.ts_ns, "int64")
-        level = np.asarray(s.live_bytes, "int64")
-        index = np.searchsorted(at, ts, side="right") - 1
-        total += np.where(index >= 0, level[np.clip(index, 0, None)], 0)
-        owner[np.isin(ts, at)] = s.pid
+        owner[np.isin(ts, np.asarray(s.ts_ns, "int64"))] = s.pid
     peak = int(total.max()) if len(total) else 0
     over = np.flatnonzero(total > capacity)
     if not len(over):

@@ -141,6 +141,11 @@ def pair_key(pid: np.ndarray, device: np.ndarray) -> np.ndarray:
     return (pid.astype("int64") << 16) | (device.astype("int64") & 0xFFFF)
 
 
+def pair_of(key: int) -> tuple[int, int]:
+    """(process, device) of a pair_key."""
+    return key >> 16, (key & 0xFFFF) - 0x10000 if key & 0x8000 else key & 0xFFFF
+
+
 def one_pair_key(pid: int, device: int) -> int:
     """pair_key of one (process, device)."""
     return int(pair_key(np.array([pid]), np.array([device]))[0])

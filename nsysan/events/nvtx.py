@@ -35,11 +35,9 @@ def attribute_ranges(points: pd.DataFrame, ranges: pd.DataFrame) -> tuple[pd.Cat
 def innermost_range_rows(pid: np.ndarray, tid: np.ndarray, ts: np.ndarray, ranges: pd.DataFrame) -> np.ndarray:
     """Row in `ranges` of the innermost range open at each point (-1 for none): on its own
     thread, else on its process's main thread (see attribute_ranges)."""
-    index = _innermost(pid, tid, ts, ranges)
-    missing = np.flatnonzero(index < 0)
-    if len(missing):
-        index[missing] = _innermost(pid[missing], pid[missing], ts[missing], ranges)
-    return index
+    if len(ts) == 0 or ranges.empty:
+        return np.full(len(ts), -1, "int64")
+    return RangeLookup(ranges, (int(ts.min()), int(ts.max()))).rows(pid, tid, ts)
 
 
 def _as_categorical(values: np.ndarray, index: np.ndarray) -> pd.Categorical:
