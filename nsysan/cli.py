@@ -185,12 +185,9 @@ def _open_closed_standard_descriptors() -> set[int]:
         if null != fd:
             os.dup2(null, fd)
             os.close(null)
-    if 0 in closed:
-        sys.stdin = open(0, closefd=False)
-    if 1 in closed:
-        sys.stdout = open(1, "w", closefd=False)
-    if 2 in closed:
-        sys.stderr = open(2, "w", closefd=False)
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        if fd in closed:
+            setattr(sys, name, open(fd, mode, closefd=False))
     return closed
 
 

@@ -68,7 +68,8 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
         return {
             "gpu": key, "title": title, "capacity": gpu.total_memory_bytes if gpu else None,
             "series": [{"pid": s.pid, "device": s.device, "kind": s.kind, "resident": s.kind in GPU_RESIDENT_KINDS,
-                        "label": _series_label(s, key, short), "ts": s.ts_ns, "bytes": s.live_bytes}
+                        "label": f"{short[s.pid]} · {s.kind}" + (f" (device {s.device})" if s.device != key else ""),
+                        "ts": s.ts_ns, "bytes": s.live_bytes}
                        for s in series],
             "smi": smi_lines(analysis, key, short),
         }
@@ -87,7 +88,8 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
     live_sets = moments(analysis, home, sites, stacks)
     return {
         "start": timeline.start_ns, "end": timeline.end_ns,
-        "focus": _focus(timeline.focus_start_ns, timeline.focus_end_ns),
+        "focus": None if timeline.focus_start_ns is None or timeline.focus_end_ns is None
+        else [timeline.focus_start_ns, timeline.focus_end_ns],
         "names": {str(pid): name for pid, name in names.items()},
         "short": {str(pid): name for pid, name in short.items()},
         "panels": [panel(key, series) for key, series in panels.items()],
@@ -290,12 +292,3 @@ def process_names(analysis: Analysis) -> tuple[dict[int, str], dict[int, str]]:
     for pid in seen - set(short):  # not in the process table
         short[pid] = full[pid] = f"process {pid}"
     return short, full
-
-
-def _series_label(s: Series, panel_key: int, short: dict[int, str]) -> str:
-    label = f"{short[s.pid]} · {s.kind}"
-    return label + (f" (device {s.device})" if s.device != panel_key else "")
-
-
-def _focus(start: Optional[int], end: Optional[int]) -> Optional[list[int]]:
-    return [start, end] if start is not None and end is not None else None

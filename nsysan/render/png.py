@@ -18,7 +18,10 @@ Timeline rules (docs/report.md):
   else the capacity is stated in the panel title (a line at 139.8 GiB would squash a 1 GiB curve
   flat);
 - NVTX bands and failed calls of a process are drawn on the panel of its highest peak (one panel
-  per process, so the bands of processes sharing the GPU of someone else's peak don't pile up).
+  per process, so the bands of processes sharing the GPU of someone else's peak don't pile up);
+- nvidia-smi samples (`analysis.smi.series`): each log's as a thin step line with a dot per
+  sample, over the trace's exact live bytes: the gap between them is what no allocation shows,
+  the dots show how coarse the sampling was (gids "smi:<log>:<gpu>:<pid or all>").
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ..model import GPU_RESIDENT_KINDS, Analysis, Gpu, Peak, Series
+from ..model.smi import SmiOverlay, SmiSeries
 from ..base.units import fmt_bytes, fmt_time
-from .smi_png import draw_smi, smi_top
 from .page_data import home_panels, series_by_gpu
 
 # Draw the capacity line when the panel reaches this share of the GPU's memory.
@@ -54,6 +57,8 @@ _PEAK_COLOR = "#111111"
 _FAILED_COLOR = "#d62728"
 _NEVER_FREED_COLOR = "#d62728"
 _ALLOCATED_COLOR = "#9ecae1"
+_SMI_MARKERS = ("o", "s", "^", "D")
+_SMI_COLORS = ("#7f7f7f", "#bcbd22", "#17becf", "#8c564b")
 
 
 def plot_timeline(analysis: Analysis) -> Figure:
@@ -78,7 +83,7 @@ def plot_timeline(analysis: Analysis) -> Figure:
         axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
         home = home_panels(analysis, panels)
         start, stop = _window(analysis, panels, home)
-        t_unit, t_scale = _time_unit(stop - start)
+        t_unit, t_scale = ("s", 1e9) if stop - start >= 1_000_000_000 else ("ms", 1e6)
         for ax, (gpu_key, series) in zip(axes, panels.items()):
             drawn = {s.pid for s in series}
             _draw_panel(ax, analysis, gpu_key, series,
@@ -225,7 +230,7 @@ def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home
     peaks = [p for p in analysis.peaks if p.pid in drawn and p.gpu_or_device == gpu_key and p.peak_bytes > 0]
     failed = [f for f in analysis.failed_calls if f.pid in home_pids]
     top = max([max(s.live_bytes) for s in series] + [p.peak_bytes for p in peaks]
-              + [smi_top(analysis.smi, gpu_key, window)]
+              + [_smi_top(analysis.smi, gpu_key, window)]
               + [f.live_bytes or 0 for f in failed] + [1])
     gpu = next((g for g in analysis.capture.gpus if g.id == gpu_key), None)
     total = gpu.total_memory_bytes if gpu else None
@@ -292,7 +297,7 @@ def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home
                            zorder=8, label=_plain(f"failed call ({len(failed)}): {_short(', '.join(errors), 50)}"))
         marks.set_gid("failed")
 
-    draw_smi(ax, analysis.smi, gpu_key, t_scale, scale)
+    _draw_smi(ax, analysis.smi, gpu_key, t_scale, scale)
     handles, _ = ax.get_legend_handles_labels()
     if bands:
         who = ", ".join(str(p) for p in home_pids if any(b.pid == p for b in bands))
@@ -334,6 +339,33 @@ def _label_bands(ax, bands: list, window: tuple[int, int], t_scale: float) -> No
         labelled += 1
 
 
+def _smi_series(smi: Optional[SmiOverlay], gpu: int) -> list[SmiSeries]:
+    """The nvidia-smi series of one GPU panel."""
+    return [s for s in smi.series if s.gpu == gpu and s.ts_ns] if smi is not None else []
+
+
+def _smi_top(smi: Optional[SmiOverlay], gpu: int, window: tuple[int, int]) -> int:
+    """The highest nvidia-smi value inside the drawn window, so that the panel's y axis holds it."""
+    top = 0
+    for s in _smi_series(smi, gpu):
+        ts, used = np.asarray(s.ts_ns), np.asarray(s.used_bytes)
+        inside = (ts >= window[0]) & (ts <= window[1])
+        if inside.any():
+            top = max(top, int(used[inside].max()))
+    return top
+
+
+def _draw_smi(ax, smi: Optional[SmiOverlay], gpu: int, t_scale: float, scale: float) -> None:
+    """Each log's samples of this GPU as steps with a dot per sample."""
+    for i, s in enumerate(_smi_series(smi, gpu)):
+        who = "memory.used" if s.pid is None else f"process {s.pid} used_memory"
+        (line,) = ax.plot(np.asarray(s.ts_ns) / t_scale, np.asarray(s.used_bytes) / scale, drawstyle="steps-post",
+                          linewidth=0.9, marker=_SMI_MARKERS[i % len(_SMI_MARKERS)], markersize=2.5,
+                          color=_SMI_COLORS[i % len(_SMI_COLORS)], alpha=0.85, zorder=4,
+                          label=_plain(f"nvidia-smi {who} ({s.log})"))
+        line.set_gid(f"smi:{s.log}:{s.gpu}:{'all' if s.pid is None else s.pid}")
+
+
 def _panel_title(analysis: Analysis, gpu_key: int, gpu: Optional[Gpu], draw_capacity: bool,
                  peaks: list[Peak]) -> str:
     title = f"GPU {gpu_key}"
@@ -366,10 +398,6 @@ def byte_unit(max_bytes: float) -> tuple[str, int]:
         if max_bytes >= size:
             return unit, size
     return "B", 1
-
-
-def _time_unit(span_ns: int) -> tuple[str, float]:
-    return ("s", 1e9) if span_ns >= 1_000_000_000 else ("ms", 1e6)
 
 
 def _short(text: str, limit: int) -> str:
