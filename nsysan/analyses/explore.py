@@ -102,12 +102,10 @@ def operator_spans(operators: pd.DataFrame, threads: pd.DataFrame, limit: int = 
 
 
 def _spans(mine: pd.DataFrame, threads: pd.DataFrame, limit: int) -> list[NvtxSpan]:
-    """The ranges of the processes with events (all, without events), ends of ranges left open
-    at their start, the longest `limit` shared among the processes, in time order."""
+    """The ranges of the processes with events (all, without events), the longest `limit` shared
+    among the processes (longest_per_process), in time order."""
     if not threads.empty:
         mine = mine[mine["pid"].isin(pd.unique(threads["pid"].to_numpy())).to_numpy()]  # a hash pass, not a sort
-    ends = mine["end_ns"].to_numpy()
-    mine = mine.assign(end_ns=np.where(ends < FINITE, ends, mine["start_ns"].to_numpy()))
     mine = longest_per_process(mine, limit).sort_values(["start_ns", "depth"], kind="stable")
     return [NvtxSpan(int(p), int(t), str(n), int(s), int(e), int(d))
             for p, t, n, s, e, d in mine[["pid", "tid", "name", "start_ns", "end_ns", "depth"]]

@@ -9,6 +9,7 @@ import pandas as pd
 
 from ..engine import Facts, Reducer
 from ..events.nvtx import thread_key
+from .capture import FINITE
 from .groups import batch_groups
 from ..model import Band, Series
 
@@ -97,9 +98,11 @@ def _kept(live: np.ndarray, bucket: np.ndarray) -> np.ndarray:
 
 
 def longest_per_process(ranges: pd.DataFrame, limit: int) -> pd.DataFrame:
-    """At most `limit` ranges, the longest, shared evenly among the processes (limit / processes
-    each): one rank's many long ranges never leave the other GPUs of a 1e6-event capture without
-    bands (all 300 went to one of its 4 ranks)."""
+    """The ranges, those left open ending at their start; at most `limit` of them, the longest,
+    shared evenly among the processes (limit / processes each): one rank's many long ranges never
+    leave the other GPUs of a 1e6-event capture without bands (all 300 went to one of its 4 ranks)."""
+    ends = ranges["end_ns"].to_numpy()
+    ranges = ranges.assign(end_ns=np.where(ends < FINITE, ends, ranges["start_ns"].to_numpy()))
     if len(ranges) <= limit:
         return ranges
     pids = ranges["pid"].to_numpy()
@@ -131,8 +134,6 @@ def top_level_bands(ranges: pd.DataFrame, threads: pd.DataFrame, limit: int = MA
         keys = pd.unique(thread_key(threads["pid"].to_numpy(), threads["tid"].to_numpy()))
         by_allocator = np.isin(thread_key(top["pid"].to_numpy(), top["tid"].to_numpy()), keys)
     top = top[on_main | (~top["pid"].isin(has_main).to_numpy() & by_allocator)]
-    end_cap = top["end_ns"].where(top["end_ns"] < np.iinfo("int64").max // 4, top["start_ns"])
-    top = top.assign(end_ns=end_cap)
     top = longest_per_process(top, limit).sort_values("start_ns", kind="stable")  # then in time order
     return [Band(int(p), str(n), int(s), int(e))
             for p, n, s, e in top[["pid", "name", "start_ns", "end_ns"]].itertuples(index=False)]

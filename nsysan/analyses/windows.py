@@ -62,7 +62,6 @@ def range_max(values: np.ndarray, first: np.ndarray, stop: np.ndarray) -> np.nda
 class _Series:
     """One series' windows sorted by start, how many have started, which are open, its last value."""
 
-    ids: list = field(default_factory=list)  # arrays of window ids, one per open() call
     order: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))  # ids by start
     starts: np.ndarray = field(default_factory=lambda: np.zeros(0, "int64"))  # sorted
     started: int = 0
@@ -75,8 +74,6 @@ class Windows:
 
     def __init__(self) -> None:
         self._series: dict[int, _Series] = {}
-        self._starts: list[np.ndarray] = []
-        self._ends: list[np.ndarray] = []
         self.count = 0
         self.start_ns = self.end_ns = np.zeros(0, "int64")
         self.before = self.at_start = self.end = self.summed = np.zeros(0, "int64")
