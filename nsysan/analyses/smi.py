@@ -9,13 +9,13 @@ limits are in docs/analyses.md ("nvidia-smi against the trace").
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 import pandas as pd
 
+from ..base.units import fmt_utc as _utc
 from ..events.arrays import distinct_pairs, pair_of
 from ..model import GPU_RESIDENT_KINDS, Analysis, Diagnostic, Gpu
 from ..sources.smi_log import SmiLog
@@ -396,11 +396,6 @@ def _other_processes(apps_rows: pd.DataFrame, facts: TraceFacts, gpu: int) -> li
         result.append(OtherProcess(pid=int(pid), name=names[0] if names else "", gpu=gpu,
                                    max_used_bytes=int(rows["used_bytes"].max()), samples=len(rows)))
     return sorted(result, key=lambda p: (-p.max_used_bytes, p.pid))
-
-
-def _utc(utc_ns: int) -> str:
-    moment = dt.datetime.fromtimestamp(utc_ns // SECOND, dt.timezone.utc)
-    return moment.strftime("%Y-%m-%d %H:%M:%S") + f".{(utc_ns % SECOND) // 1_000_000:03d} UTC"
 
 
 def _signed_seconds(ns: int) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 from decimal import Decimal
 from typing import Iterable, Optional
@@ -69,6 +70,12 @@ def fmt_time_in(ns: Optional[int], unit: str) -> str:
     if ns is None:
         return "n/a"
     return f"{ns / 1e9:.3f} s" if unit == "s" else f"{ns / 1e6:.2f} ms"
+
+
+def fmt_utc(ns: int) -> str:
+    """A moment in ns since the epoch as UTC to the millisecond: "2026-11-29 18:10:59.123 UTC"."""
+    moment = datetime.datetime.fromtimestamp(ns // SECOND, tz=datetime.timezone.utc)
+    return f"{moment:%Y-%m-%d %H:%M:%S}.{(ns % SECOND) // 1_000_000:03d} UTC"
 
 
 def fmt_duration(ns: Optional[int]) -> str:

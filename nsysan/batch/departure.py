@@ -14,13 +14,12 @@ spread between them.
 
 from __future__ import annotations
 
-import datetime
 from typing import Any, Optional
 
 from ..analyses.growth import GROWTH_CODES, first_departure, step_deltas
 from ..model import Analysis
 from ..model.batch import Departure
-from ..base.units import fmt_bytes, fmt_duration
+from ..base.units import fmt_bytes, fmt_duration, fmt_utc
 
 MAX_SITES = 3
 
@@ -73,7 +72,7 @@ def find_departure(members: list[tuple[str, int, str, list[dict[str, Any]]]],
     if one["sites"]:
         line += ", from " + ", ".join(one["sites"])
     if own_start is not None and spread is not None:
-        line += (f"; step {number} began at {_utc(own_start)} UTC, within {fmt_duration(spread)} on "
+        line += (f"; step {number} began at {fmt_utc(own_start)}, within {fmt_duration(spread)} on "
                  f"{ranks_compared} ranks ({'on the report' + chr(39) + 's clock' if one_report else 'the reports aligned on their session starts'})")
     else:
         line += "; steps aligned by number only (a report did not record its session start)"
@@ -86,9 +85,4 @@ def _start(one: dict[str, Any], number: int) -> Optional[int]:
     starts = one["starts_utc_ns"]
     value = starts.get(number, starts.get(str(number)))
     return int(value) if value is not None else None
-
-
-def _utc(ns: int) -> str:
-    moment = datetime.datetime.fromtimestamp(ns // 1_000_000_000, tz=datetime.timezone.utc)
-    return f"{moment:%Y-%m-%d %H:%M:%S}.{(ns % 1_000_000_000) // 1_000_000:03d}"
 

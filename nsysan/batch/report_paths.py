@@ -33,12 +33,10 @@ def expand_inputs(inputs: Iterable[str], exclude: Iterable[Path] = ()) -> list[P
             matches = sorted(glob.glob(item, recursive=True))
             if not matches:
                 raise NsysanError(f"{item} matches no file")
-            files = []
-            for match in matches:
-                path = Path(match)
-                found.extend(_in_folder(path, skip) if path.is_dir() else [])
-                files.extend([] if path.is_dir() else [path])
-            found.extend(_one_per_capture(files))
+            paths = [Path(match) for match in matches]
+            for folder in (path for path in paths if path.is_dir()):
+                found.extend(_in_folder(folder, skip))
+            found.extend(_one_per_capture([path for path in paths if not path.is_dir()]))
         else:
             path = Path(item)
             if path.is_dir():
@@ -121,10 +119,5 @@ def _listed(list_file: Path) -> list[Path]:
         lines = data.decode("utf-8").splitlines()
     except UnicodeDecodeError as err:
         raise NsysanError(f"@{list_file}: could not be read ({err})") from err
-    paths = []
-    for line in lines:
-        line = line.strip()
-        if line and not line.startswith("#"):
-            path = Path(line)
-            paths.append(path if path.is_absolute() else list_file.parent / path)
-    return paths
+    named = [Path(line) for line in map(str.strip, lines) if line and not line.startswith("#")]
+    return [path if path.is_absolute() else list_file.parent / path for path in named]

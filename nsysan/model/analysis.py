@@ -104,10 +104,10 @@ class Analysis(Tables):
         """
         data = {f.name: _to_plain(getattr(self, f.name)) for f in dataclasses.fields(self)
                 if not f.metadata.get("raw")}
-        if data.get("smi") is None:
-            data.pop("smi", None)  # only analyses given nvidia-smi logs have the section
-        if data.get("what_if") is None:
-            data.pop("what_if", None)  # only analyses asked --what-if-gpu have it
+        # only analyses given nvidia-smi logs have the smi section, only those asked --what-if-gpu what_if
+        for section in ("smi", "what_if"):
+            if data[section] is None:
+                del data[section]
         return data
 
     @classmethod

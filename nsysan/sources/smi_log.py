@@ -113,13 +113,12 @@ def read_smi_log(path: Path, columns: Optional[Sequence[str]] = None, tz: str = 
     raw = read_regular(Path(path), f"--smi {name}", MAX_LOG_BYTES)  # never a FIFO or /dev/zero
     # (line number in the file, line): an impossible value is refused naming its line
     numbered = [(i + 1, line) for i, line in enumerate(_text(raw).splitlines()) if line.strip()]
-    lines = [line for _, line in numbered]
-    if not lines:
+    if not numbered:
         raise NsysanError(f"--smi {name} is empty; log with nvidia-smi --query-gpu=timestamp,index,uuid,"
                           "memory.used --format=csv -lms 100 (see docs/cli.md)")
-    header = _header_names(lines[0])
+    header = _header_names(numbered[0][1])
     if header is not None:
-        header_line = lines[0].strip()
+        header_line = numbered[0][1].strip()
         names, body = header, [(n, line) for n, line in numbered[1:] if line.strip() != header_line]  # appended runs repeat it
     elif columns:
         names, body = [_normalize(c) for c in columns], numbered
