@@ -13,6 +13,7 @@ Anything else a process allocates directly (a library's workspace, e.g. cuBLAS's
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -82,7 +83,7 @@ class AllocatorRows:
                 self.odd_last[(key, t)] = at
         odd_rows = np.flatnonzero(odd)
         ends = np.searchsorted(ts, ts[odd_rows] + LIBRARY_BURST_NS, side="right")
-        after = _next_of_thread(thread, odd_rows, ends)
+        after = _nearest(thread.__getitem__, len(thread), odd_rows, ends, ahead=True)
         outside[after[after >= 0]] = True
         for i in odd_rows[(after < 0) & (ends == len(ts))].tolist():  # its thread's last, to carry
             self.odd_last[(int(pair[i]), int(tid[i]))] = int(ts[i])
@@ -90,27 +91,36 @@ class AllocatorRows:
         return rows, pair, outside.astype("int64") * OUTSIDE + mapped.astype("int64") * MAPPED
 
 
-def _next_of_thread(thread: np.ndarray, rows: np.ndarray, ends: np.ndarray, widest: int = 512) -> np.ndarray:
-    """The position of each of `rows`' next of the same `thread` number within (row, end), -1 for
-    none: a few positions ahead at a time, doubling; those not found within `widest` positions
-    (or too many to look at so) from every position of their span at once (previous_in_group
-    backwards), as _previous looks back."""
+def _nearest(thread_at: Callable[[np.ndarray], np.ndarray], n: int, rows: np.ndarray, bounds: np.ndarray,
+             ahead: bool, widest: int = 512) -> np.ndarray:
+    """The position of each of `rows`' nearest of the same thread number, ahead of it up to its
+    bound (exclusive) when `ahead`, else behind it down to its bound (inclusive); -1 for none.
+    `thread_at(positions)`: the thread numbers at positions of 0..n-1 (-1: none, a row never
+    matched). A few positions at a time, doubling; those not found within `widest` positions (or
+    too many to look at so) from every position of their span at once (previous_in_group, over
+    the span reversed when looking ahead)."""
+    step = 1 if ahead else -1
     found = np.full(len(rows), -1, "int64")
-    todo, start, width = np.arange(len(rows)), rows + 1, 8
+    own = thread_at(rows)
+    todo, start, width = np.arange(len(rows)), rows + step, 8
     while len(todo) and width <= widest and len(todo) * width <= LOOK_BACK_ROWS:
-        at = start[todo, None] + np.arange(width)
-        match = (at < ends[todo, None]) & (thread[np.minimum(at, len(thread) - 1)] == thread[rows[todo], None])
+        at = start[todo, None] + step * np.arange(width)
+        inside = at < bounds[todo, None] if ahead else at >= bounds[todo, None]
+        match = inside & (thread_at(np.clip(at, 0, n - 1)) == own[todo, None])
         hit = match.any(axis=1)
         found[todo[hit]] = at[hit, match[hit].argmax(axis=1)]
-        start[todo] += width
-        todo = todo[~hit & (start[todo] < ends[todo])]
+        start[todo] += step * width
+        todo = todo[~hit & ((start[todo] < bounds[todo]) if ahead else (start[todo] >= bounds[todo]))]
         width *= 2
     if len(todo):
-        a, z = int(rows[todo].min()), int(ends[todo].max())
-        code, _ = pd.factorize(thread[a:z])
-        later = previous_in_group(code[::-1], int(code.max()) + 1)[::-1]  # from the end: the next
-        nxt = np.where(later >= 0, (z - a - 1 - later) + a, -1)[rows[todo] - a]
-        found[todo] = np.where((nxt >= 0) & (nxt < ends[todo]), nxt, -1)
+        a, z = (int(rows[todo].min()), int(bounds[todo].max())) if ahead else \
+            (int(bounds[todo].min()), int(rows[todo].max()) + 1)
+        code = pd.factorize(thread_at(np.arange(a, z)))[0][::-step]  # ahead: the span reversed
+        near = previous_in_group(code, int(code.max()) + 1)[::-step]  # by position in the span
+        if ahead:  # a position in the span reversed
+            near = np.where(near >= 0, len(code) - 1 - near, -1)
+        near = np.where(near >= 0, near + a, -1)[rows[todo] - a]
+        found[todo] = np.where((near >= 0) & ((near < bounds[todo]) if ahead else (near >= bounds[todo])), near, -1)
     return found
 
 
@@ -136,7 +146,7 @@ class OutsideRows:
             outside[judged[odd]] = True
             i, judged = i[~odd], judged[~odd]
             lo = np.searchsorted(b.ts, b.ts[i] - LIBRARY_BURST_NS, side="left")
-            previous = _previous(b, i, lo)
+            previous = _nearest(partial(_thread_at, b), len(b), i, lo, ahead=False)
             has = previous >= 0
             outside[judged[has]] = b.bytes[previous[has]] % SEGMENT_ALIGN != 0
             # none in the batch, the window reaching back before its first row: the thread's
@@ -172,39 +182,15 @@ def _thread(b, row: int) -> tuple[int, int]:
     return (int(pair_key(b.pid[row:row + 1], b.device[row:row + 1])[0]), int(b.calls["tid"][row]))
 
 
-# rows looked at by _previous at a time (its temporaries are a few bytes per row), then all at once
+def _thread_at(b, rows: np.ndarray) -> np.ndarray:
+    """The thread number of each of the batch's `rows` ((process, device) and thread), -1 for a row
+    AllocatorRows does not judge."""
+    number = (pair_key(b.pid[rows], b.device[rows]) << 32) | (b.calls["tid"][rows].astype("int64") & 0xFFFFFFFF)
+    return np.where(_judged(b, rows), number, -1)
+
+
+# positions looked at by _nearest at a time (its temporaries are a few bytes each), then all at once
 LOOK_BACK_ROWS = 1 << 20
-
-
-def _previous(b, rows: np.ndarray, lo: np.ndarray, widest: int = 512) -> np.ndarray:
-    """The row of each row's thread's allocation before it (judged rows only) within [lo, row),
-    -1 for none: a few rows back at a time, doubling; those not found within `widest` rows back
-    (or too many to look at so) from all judged rows of their span at once (previous_in_group),
-    as AllocatorRows finds them."""
-    found = np.full(len(rows), -1, "int64")
-    pair, tid = pair_key(b.pid[rows], b.device[rows]), b.calls["tid"][rows]
-    todo, end, width = np.arange(len(rows)), rows.copy(), 8
-    while len(todo) and width <= widest and len(todo) * width <= LOOK_BACK_ROWS:
-        at = end[todo, None] - np.arange(1, width + 1)  # rows end - 1, end - 2, ... back
-        inside = at >= lo[todo, None]
-        at = np.maximum(at, 0)
-        match = inside & _judged(b, at) & (pair_key(b.pid[at], b.device[at]) == pair[todo, None]) \
-            & (b.calls["tid"][at] == tid[todo, None])
-        hit = match.any(axis=1)
-        found[todo[hit]] = at[hit, match[hit].argmax(axis=1)]
-        end[todo] -= width
-        todo = todo[~hit & (end[todo] > lo[todo])]
-        width *= 2
-    if len(todo):
-        span = np.arange(int(lo[todo].min()), int(rows[todo].max()) + 1)
-        span = span[_judged(b, span)]
-        code, _ = pd.factorize((pair_key(b.pid[span], b.device[span]) << 32)
-                               | (b.calls["tid"][span].astype("int64") & 0xFFFFFFFF))
-        before = previous_in_group(code, int(code.max()) + 1)[np.searchsorted(span, rows[todo])]
-        ok = before >= 0
-        before = np.where(ok, span[np.maximum(before, 0)], -1)
-        found[todo] = np.where(ok & (before >= lo[todo]), before, -1)
-    return found
 
 
 class AllocatorSums(Reducer):
