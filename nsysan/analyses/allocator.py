@@ -214,7 +214,7 @@ class AllocatorSums(Reducer):
     def start(self, facts) -> None:
         super().start(facts)
         self.names = facts.more.get("api_names")
-        self.counts: dict[int, np.ndarray] = {}  # pair key -> COUNTS
+        self.counts = np.zeros((0, len(COUNTS)), "int64")  # by pair code: COUNTS
         self.keys: list[int] = []  # the pair keys seen, numbered in order (pair codes)
         self.code_of: dict[int, int] = {}  # pair key -> its code
         self.judged: Optional[_Summed] = None  # the last batch's judgment on the first look
@@ -243,6 +243,9 @@ class AllocatorSums(Reducer):
             if key not in self.code_of:
                 self.code_of[key] = len(self.keys)
                 self.keys.append(key)
+        grow = len(self.keys) - len(self.counts)  # a row of each table for each new pair
+        self.counts, self.sums, self.classes = (np.vstack([t, np.zeros((grow, t.shape[1]), "int64")])
+                                                for t in (self.counts, self.sums, self.classes))
         return np.array([self.code_of[key] for key in distinct.tolist()], "int64")[local] if len(pair) else \
             np.zeros(0, "int64")
 
@@ -253,18 +256,15 @@ class AllocatorSums(Reducer):
             flags = [mapped, mapped & (size != SMALL_SEGMENT) & (size != LARGE_SEGMENT),
                      mapped & (size == LARGE_SEGMENT), segment, segment & (size % SEGMENT_ALIGN != 0),
                      segment & (size == SMALL_SEGMENT), segment & (size == LARGE_SEGMENT)]
-            counted = np.stack([np.bincount(code[flag], minlength=len(self.keys)) for flag in flags], axis=1)
-            for c in np.flatnonzero(np.bincount(code, minlength=len(self.keys))).tolist():  # a few pairs
-                key, row = self.keys[c], counted[c].astype("int64")
-                self.counts[key] = self.counts[key] + row if key in self.counts else row
+            self.counts += np.stack([np.bincount(code[flag], minlength=len(self.keys)) for flag in flags], axis=1)
 
     def between(self) -> None:
         self._restart()  # judged again from the start
 
     def _restart(self) -> None:
         self.rows = AllocatorRows(self.names or [])
-        self.sums: dict[int, np.ndarray] = {}  # pair key -> live bytes per class
-        self.classes: dict[int, np.ndarray] = {}  # pair key -> allocations per class
+        self.sums = np.zeros((len(self.keys), 8), "int64")  # by pair code: live bytes per class
+        self.classes = np.zeros((len(self.keys), 8), "int64")  # by pair code: allocations per class
         self.at_peak: dict[int, np.ndarray] = {}  # pair key -> live bytes per class right after its peak
         self.moments: dict[int, int] = {}  # pair key -> the time of its peak so far
         self.waiting: set = set()  # the pairs whose peak's split is not read yet
@@ -292,11 +292,7 @@ class AllocatorSums(Reducer):
         for key, (ts, size) in self.facts.more["allocator_blocks"].items():  # a pair's preallocated block
             mine = self.code_of.get(key, -1)
             bits = bits | np.where((code == mine) & (b.ts[rows] == ts) & (b.bytes[rows] == size), BLOCK, 0)
-        if len(code):
-            counted = np.bincount(code * 8 + bits, minlength=len(self.keys) * 8).reshape(-1, 8).astype("int64")
-            for c in np.flatnonzero(counted.any(axis=1)).tolist():  # a few (process, device) pairs
-                key, row = self.keys[c], counted[c]
-                self.classes[key] = self.classes[key] + row if key in self.classes else row
+        self.classes += np.bincount(code * 8 + bits, minlength=len(self.keys) * 8).reshape(-1, 8)
         summed.cls[offset + rows] = bits  # with BLOCK
         # each change: an allocation counted (+), or the free of one (-), at its row in the slice
         frees = np.flatnonzero(b.partner_seq >= 0)
@@ -327,16 +323,11 @@ class AllocatorSums(Reducer):
             cut = int(np.searchsorted(b.ts, self.moments[key], side="right"))
             if cut < len(b.ts):  # the first event after the peak's time is in this batch
                 mine = np.flatnonzero((change_code == self.code_of.get(key, -1)) & (position < cut))
-                split = self.sums.get(key, np.zeros(8, "int64")).copy()
+                split = self._of(self.sums, key)
                 np.add.at(split, change_cls[mine], change[mine])
                 self.at_peak[key] = split
                 self.waiting.discard(key)
-        if len(change_code):
-            total = np.zeros(len(self.keys) * 8, "int64")
-            np.add.at(total, change_code * 8 + change_cls, change)
-            for c in np.flatnonzero(np.bincount(change_code, minlength=len(self.keys))).tolist():  # a few pairs
-                key, row = self.keys[c], total[c * 8:c * 8 + 8]
-                self.sums[key] = self.sums[key] + row if key in self.sums else row
+        np.add.at(self.sums.reshape(-1), change_code * 8 + change_cls, change)
         if len(at):
             still = np.ones(len(live["seq"]), bool)
             still[at] = False  # freed in this slice
@@ -352,9 +343,14 @@ class AllocatorSums(Reducer):
 
     def finish(self, live: dict) -> "AllocatorSums":
         for key in self.waiting:  # no event after the peak's time: the end's
-            self.at_peak[key] = self.sums.get(key, np.zeros(8, "int64")).copy()
+            self.at_peak[key] = self._of(self.sums, key)
         self.waiting = set()
         return self
+
+    def _of(self, table: np.ndarray, key: int) -> np.ndarray:
+        """A copy of a pair's row of a table by pair code (zeros for a pair not seen)."""
+        code = self.code_of.get(key)
+        return table[code].copy() if code is not None else np.zeros(table.shape[1], "int64")
 
     def recognized(self, pid: int, device: int, is_python: bool) -> Optional[str]:
         """pytorch_caching | pytorch_expandable for one (process, device)'s device allocations, or
@@ -362,7 +358,7 @@ class AllocatorSums(Reducer):
         else three or more segments, all 2 MiB multiples, some of 2 MiB and some of 20 MiB (or a
         Python process): the caching allocator."""
         key = one_pair_key(pid, device)
-        c = dict(zip(COUNTS, self.counts.get(key, np.zeros(len(COUNTS), "int64")).tolist()))
+        c = dict(zip(COUNTS, self._of(self.counts, key).tolist()))
         if c["mapped"] >= 3 and not c["mapped_other"] and c["mapped_large"]:
             return "pytorch_expandable"
         if c["segments"] < 3 or c["unaligned"]:
@@ -391,8 +387,8 @@ class AllocatorSums(Reducer):
                 outside = OUTSIDE | MAPPED if kind == "pytorch_caching" else OUTSIDE
                 inside = np.array([(c & outside) == 0 for c in range(8)])
             zero = np.zeros(8, "int64")
-            at_peak, end = self.at_peak.get(key, zero), self.sums.get(key, zero)
-            count = int(self.classes.get(key, zero)[~inside].sum())
+            at_peak, end = self.at_peak.get(key, zero), self._of(self.sums, key)
+            count = int(self._of(self.classes, key)[~inside].sum())
             inside_peak, outside_peak = int(at_peak[inside].sum()), int(at_peak[~inside].sum())
             found.append(AllocatorUse(
                 pid=pid, device=device, gpu=gpu_of(pid, device), allocator=kind, inside_at_peak_bytes=inside_peak,
