@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nsysan.sources import reader
-from nsysan.events import factorize_in_parts, previous_in_group
+from nsysan.events.arrays import factorize_in_parts, previous_in_group
 from nsysan.sources.schema import open_readonly
 
 MEMORY_SELECT = ("start, globalPid, deviceId, address, bytes, memKind, memoryOperationType, correlationId, "

@@ -107,7 +107,7 @@ class _Collector:
 
 def _overlay_one(log: SmiLog, events: pd.DataFrame, facts: TraceFacts, out: _Collector) -> None:
     samples = log.samples.assign(ts_ns=log.samples["utc_ns"] - facts.session_start_utc_ns)
-    gpu_ids, other_gpus = _match_gpus(log, samples, facts)
+    gpu_ids, other_gpus = _match_gpus(samples, facts)
     samples = samples.assign(gpu=gpu_ids)
     out.placed[log.name] = samples
     if log.skipped_rows:
@@ -143,7 +143,7 @@ def _overlay_one(log: SmiLog, events: pd.DataFrame, facts: TraceFacts, out: _Col
         out.missed.extend(c.missed)
 
 
-def _match_gpus(log: SmiLog, samples: pd.DataFrame, facts: TraceFacts) -> tuple[np.ndarray, list[str]]:
+def _match_gpus(samples: pd.DataFrame, facts: TraceFacts) -> tuple[np.ndarray, list[str]]:
     """Each sample's capture GPU id (-1: none), by UUID, else PCI bus, else index; and the log's
     GPUs that are not in the capture."""
     by_uuid = {(g.uuid or "").lower().removeprefix("gpu-"): g.id for g in facts.gpus if g.uuid}
@@ -196,11 +196,8 @@ def _groups(log: SmiLog, samples: pd.DataFrame, facts: TraceFacts) -> list[tuple
 def _interval(samples: pd.DataFrame, kind: str) -> int:
     """Median time between two samples of one GPU (gpu log) or between two sampling instants
     (apps log: all processes of an instant share its timestamp)."""
-    key = "gpu" if kind == "gpu" else None
-    diffs = []
-    for _, rows in (samples.groupby(key) if key else [(None, samples)]):
-        ts = np.unique(rows["ts_ns"].to_numpy())
-        diffs.append(np.diff(ts))
+    groups = samples.groupby("gpu") if kind == "gpu" else [(None, samples)]
+    diffs = [np.diff(np.unique(rows["ts_ns"].to_numpy())) for _, rows in groups]
     gaps = np.concatenate(diffs) if diffs else np.zeros(0, "int64")
     return int(np.median(gaps)) if len(gaps) else 0
 

@@ -88,10 +88,7 @@ def find_step_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray,
 
 def step_numbers(names: list[str]) -> list[int]:
     """The number in each step's name when every step has a distinct one ("step 3" -> 3), else 0, 1, ..."""
-    numbers = []
-    for name in names:
-        found = re.findall(r"\d+", name)
-        numbers.append(int(found[-1]) if found else None)
+    numbers = [int(found[-1]) if (found := re.findall(r"\d+", name)) else None for name in names]
     if None in numbers or len(set(numbers)) != len(numbers) or numbers != sorted(numbers):
         return list(range(len(names)))
     return numbers  # type: ignore[return-value]

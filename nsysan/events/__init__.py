@@ -6,13 +6,6 @@ names call sites, `load` puts them together, `columns` lists the frames' columns
 after this package works on the frames `load_events` returns.
 """
 
-from .columns import CALL_COLUMNS, EVENT_COLUMNS, SITE_COLUMNS, categorical_lookup
-from .load import QUICK_API, LoadedEvents, Progress, load_events
-from .nvtx import attribute_ranges
-from .read import TRACE_GOES_ON
-from .frames import short_function
-from .arrays import factorize_in_parts, group_order, previous_in_group
+from .load import QUICK_API, LoadedEvents, load_events
 
-__all__ = ["CALL_COLUMNS", "EVENT_COLUMNS", "SITE_COLUMNS", "QUICK_API", "TRACE_GOES_ON", "LoadedEvents", "Progress",
-           "attribute_ranges", "categorical_lookup", "factorize_in_parts", "group_order", "load_events",
-           "previous_in_group", "short_function"]
+__all__ = ["QUICK_API", "LoadedEvents", "load_events"]

@@ -68,11 +68,9 @@ def backtrace_layouts(schemas: pd.DataFrame, entries: pd.DataFrame, domain_name:
 def _fields(entries: pd.DataFrame, domain: int, schema_id: int) -> dict[str, tuple[int, int]]:
     """Entry name -> (type, offset) of one schema; the first entry's offset is 0 when not recorded."""
     mine = entries[(entries["domain_id"] == domain) & (entries["schema_id"] == schema_id)].sort_values("index")
-    fields = {}
-    for _, _, index, entry_type, name, offset in mine.itertuples(index=False):
-        if isinstance(entry_type, int) and (isinstance(offset, int) or index == 0):
-            fields[str(name)] = (entry_type, int(offset) if isinstance(offset, int) else 0)
-    return fields
+    return {str(name): (entry_type, int(offset) if isinstance(offset, int) else 0)
+            for _, _, index, entry_type, name, offset in mine.itertuples(index=False)
+            if isinstance(entry_type, int) and (isinstance(offset, int) or index == 0)}
 
 
 def _layout(schema_id: int, top: dict, nested: dict, nested_size: pd.Series) -> Optional[BacktraceLayout]:

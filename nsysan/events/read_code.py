@@ -155,13 +155,9 @@ def code_call_ids(conn: sqlite3.Connection, schema: Schema) -> dict[int, str]:
     if not (schema.has(table, "start", "nameId", "globalTid") and schema.has("StringIds", "id", "value")):
         return {}
     # Only short names starting with "cu" can be API names (StringIds also holds every NVTX text).
-    ids = {}
-    for string_id, value in conn.execute("SELECT id, value FROM StringIds WHERE value LIKE 'cu%' "
-                                         "AND length(value) < 64"):
-        name = apis.base_name(str(value))
-        if name in WHAT and isinstance(string_id, int):
-            ids[string_id] = name
-    return ids
+    return {string_id: name for string_id, value in conn.execute(
+        "SELECT id, value FROM StringIds WHERE value LIKE 'cu%' AND length(value) < 64")
+        if (name := apis.base_name(str(value))) in WHAT and isinstance(string_id, int)}
 
 
 CODE_ROW_COLUMNS = ["start", "end", "global_tid", "name_id"]

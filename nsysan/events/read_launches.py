@@ -57,11 +57,9 @@ def read_launches(conn: sqlite3.Connection, schema: Schema, pids: list[int]) -> 
     if not pids or not schema.has(table, "start", "end", "nameId", "globalTid", "correlationId") \
             or not schema.has("StringIds", "id", "value"):
         return empty_launches(), {}
-    kinds = {}
-    for string_id, value in conn.execute("SELECT id, value FROM StringIds WHERE value LIKE 'cu%' AND length(value) < 64"):
-        kind = _kind(str(value)) if isinstance(string_id, int) else None
-        if kind is not None:
-            kinds[string_id] = kind
+    kinds = {string_id: kind for string_id, value in conn.execute(
+        "SELECT id, value FROM StringIds WHERE value LIKE 'cu%' AND length(value) < 64")
+        if isinstance(string_id, int) and (kind := _kind(str(value))) is not None}
     if not kinds:
         return empty_launches(), {}
     # The backtrace twin of a call (eventClass 67, nsys-schema.md §3.2) is the same call again.
