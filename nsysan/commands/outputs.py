@@ -238,11 +238,8 @@ def check_output_dir(path: Path) -> None:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise NsysanError(f"{path} exists and is not a folder; give -o/--output a folder to write the report into")
-    ancestor = path
-    while not ancestor.exists():
-        if ancestor.parent == ancestor:
-            break
-        ancestor = ancestor.parent
+    chain = [path, *path.parents]
+    ancestor = next((folder for folder in chain if folder.exists()), chain[-1])
     if ancestor.exists() and not ancestor.is_dir():
         raise NsysanError(f"could not write {path}: {ancestor} is not a folder")
     if not os.access(ancestor, os.W_OK | os.X_OK):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any, Callable, Optional
 
-from ..model.comparison import Comparison, ProcessDelta
+from ..model.comparison import Comparison
 from ..errors import printable
 from ..model import GPU_RESIDENT_KINDS, KINDS, Analysis
 from ..base.units import fmt_bytes
@@ -93,16 +93,19 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
         "new": (new, (lambda t: clock(t) - shift["base"]) if clock else (lambda t: t - shift["new"]))}
     names: dict[str, str] = {}
     short: dict[str, str] = {}
+    step_lines = []
     for side, (run, _clock) in runs.items():
         run_short, run_long = process_names(run)
         names.update({f"{side}:{pid}": f"{side}: {label}" for pid, label in run_long.items()})
         short.update({f"{side}:{pid}": f"{side} {label}" for pid, label in run_short.items()})
+        step_lines += [{**line, "label": f"{side} {line['label']}", "color": RUN_COLORS[side]}
+                       for line in step_sets(run, run_short)]
 
-    rows = c.with_memory
     panels, peaks, bands, spans, failed, ends, allocations = [], [], [], [], [], [], []
     sites: dict[str, int] = {}
     home: dict[str, int] = {}
-    for index, row in enumerate(rows):
+    kind_order = {k: i for i, k in enumerate(KINDS)}
+    for index, row in enumerate(c.with_memory):
         series = []
         for side, pid, gpu in (("base", row.base_pid, row.base_gpu), ("new", row.new_pid, row.new_gpu)):
             run, page_time = runs[side]
@@ -111,7 +114,6 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
             key = f"{side}:{pid}"
             home.setdefault(key, index)
             devices = run.devices_on_gpu(pid, gpu)
-            kind_order = {k: i for i, k in enumerate(KINDS)}
             for s in sorted((s for s in run.timeline.series if s.pid == pid and s.device in devices and s.ts_ns),
                             key=lambda s: (s.device, kind_order.get(s.kind, len(KINDS)))):
                 series.append({"pid": key, "device": s.device, "kind": s.kind, "resident": s.kind in GPU_RESIDENT_KINDS,
@@ -121,7 +123,8 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
                 if p.pid == pid and p.device in devices and p.peak_bytes > 0:
                     peaks.append({"pid": key, "panel": index, "device": p.device, "bytes": p.peak_bytes,
                                   "t": page_time(p.peak_time_ns), "label": f"{side} peak {fmt_bytes(p.peak_bytes)}"})
-        panels.append({"gpu": index, "title": _title(row), "capacity": None, "series": series})
+        title = f"{printable(row.role)}: peak {fmt_bytes(row.peak.before)} → {fmt_bytes(row.peak.after)}"
+        panels.append({"gpu": index, "title": title, "capacity": None, "series": series})
 
     for side, (run, page_time) in runs.items():
         def where(pid: int) -> Optional[int]:
@@ -148,11 +151,6 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
     start = min(page_time(run.timeline.start_ns) for run, page_time in runs.values())
     end = max(page_time(run.timeline.end_ns) for run, page_time in runs.values())
     focus = [_focus_edge(runs, min, "focus_start_ns"), _focus_edge(runs, max, "focus_end_ns")]
-    step_lines = []
-    for side, (run, _clock) in runs.items():
-        run_short, _ = process_names(run)
-        for line in step_sets(run, run_short):
-            step_lines.append({**line, "label": f"{side} {line['label']}", "color": RUN_COLORS[side]})
     return {
         "start": start, "end": end, "focus": focus if None not in focus and starts else None,
         "names": names, "short": short, "panels": panels, "peaks": peaks, "bands": bands, "spans": spans,
@@ -162,10 +160,6 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
         "steps": step_lines, "alignedOnSteps": on_steps, "alignedAt": lead,
         "alignedSteps": max(0, len(anchors) - 1),  # step starts pinned to the base run's
     }
-
-
-def _title(row: ProcessDelta) -> str:
-    return f"{printable(row.role)}: peak {fmt_bytes(row.peak.before)} → {fmt_bytes(row.peak.after)}"
 
 
 def _focus_edge(runs: dict, pick, field: str) -> Optional[int]:

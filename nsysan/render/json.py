@@ -48,11 +48,6 @@ _SCALAR_TEXT = {str: json.encoder.encode_basestring_ascii, int: int.__repr__, fl
 _RECORD_ENCODERS: dict[str, json.JSONEncoder] = {}  # the encoder of the records at each indent
 
 
-def _scalar(value: Any) -> str:
-    write = _SCALAR_TEXT.get(type(value))
-    return write(value) if write is not None else json.dumps(value)
-
-
 def _write(value: Any, pad: str, parts: list[str]) -> None:
     inner = pad + "  "
     if isinstance(value, dict) and value:
@@ -73,7 +68,8 @@ def _write(value: Any, pad: str, parts: list[str]) -> None:
         items = [("", item) for item in value]
         brackets = "[]"
     else:  # scalars, {} and []
-        parts.append(_scalar(value))
+        write = _SCALAR_TEXT.get(type(value))
+        parts.append(write(value) if write is not None else json.dumps(value))
         return
     parts.append(brackets[0] + "\n")
     for i, (key, item) in enumerate(items):

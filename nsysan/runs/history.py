@@ -40,10 +40,7 @@ def load_history(database: Path, *, order_by: Optional[str] = None, where: Seque
         rows, skipped = _report_rows(conn, database, conditions)
         ordered_by = _order(rows, order_by)
         runs = [_run(i + 1, row) for i, row in enumerate(rows)]
-        changes = []
-        for metric, _ in METRICS:
-            for change in _change_points(runs, metric):
-                changes.append(_with_movers(conn, runs, change))
+        changes = [_with_movers(conn, runs, change) for metric, _ in METRICS for change in _change_points(runs, metric)]
     finally:
         conn.close()
     changes.sort(key=lambda c: (c.run, [m for m, _ in METRICS].index(c.metric)))
@@ -86,13 +83,10 @@ def _report_rows(conn: sqlite3.Connection, database: Path,
         rows = [dict(zip(names, r)) for r in cursor]
     except sqlite3.DatabaseError as err:
         raise NsysanError(f"{database} could not be read ({err})") from None
-    kept = []
     for row in rows:
         row["_tags"] = tags_of(row)
-        if not row.get("ok"):
-            continue
-        if all((row.get("name") if key == "name" else row["_tags"].get(key)) == value for key, value in conditions):
-            kept.append(row)
+    kept = [row for row in rows if row.get("ok") and all(
+        (row.get("name") if key == "name" else row["_tags"].get(key)) == value for key, value in conditions)]
     return kept, len(rows) - len(kept)
 
 
