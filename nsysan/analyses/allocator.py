@@ -133,7 +133,7 @@ class OutsideRows:
     next batch while a later one can be within LIBRARY_BURST_NS of it."""
 
     def __init__(self) -> None:
-        self.last: dict[tuple[int, int], tuple[bool, int]] = {}  # (pair, tid) -> (odd, ts) of its last
+        self.last: dict[int, tuple[bool, int]] = {}  # thread number (_thread_at) -> (odd, ts) of its last
 
     def of(self, b, rows: np.ndarray) -> np.ndarray:
         """Whether each of the batch's `rows` (ascending) is an allocation outside; once per batch,
@@ -152,7 +152,7 @@ class OutsideRows:
             # none in the batch, the window reaching back before its first row: the thread's
             # last allocation of an earlier batch
             for k in np.flatnonzero(~has & (lo == 0)).tolist():
-                carried = self.last.get(_thread(b, i[k]))
+                carried = self.last.get(int(_thread_at(b, i[k:k + 1])[0]))
                 if carried is not None and carried[0] and b.ts[i[k]] - carried[1] <= LIBRARY_BURST_NS:
                     outside[judged[k]] = True
         self._carry(b)
@@ -167,19 +167,15 @@ class OutsideRows:
         self.last = {key: last for key, last in self.last.items() if last[1] >= since}
         tail = int(np.searchsorted(b.ts, since, side="left"))
         rows = tail + np.flatnonzero(_judged(b, slice(tail, None)))
-        threads = zip(pair_key(b.pid[rows], b.device[rows]).tolist(), b.calls["tid"][rows].tolist())
         # the allocations of the batch's last LIBRARY_BURST_NS, in order: a thread's last stays
-        for thread, odd, ts in zip(threads, (b.bytes[rows] % SEGMENT_ALIGN != 0).tolist(), b.ts[rows].tolist()):
+        for thread, odd, ts in zip(_thread_at(b, rows).tolist(), (b.bytes[rows] % SEGMENT_ALIGN != 0).tolist(),
+                                   b.ts[rows].tolist()):
             self.last[thread] = (odd, ts)
 
 
 def _judged(b, rows) -> np.ndarray:
     """Whether each row is one AllocatorRows judges: a device allocation outside pools."""
     return b.is_alloc[rows] & (b.kind[rows] == DEVICE) & ~b.pool[rows]
-
-
-def _thread(b, row: int) -> tuple[int, int]:
-    return (int(pair_key(b.pid[row:row + 1], b.device[row:row + 1])[0]), int(b.calls["tid"][row]))
 
 
 def _thread_at(b, rows: np.ndarray) -> np.ndarray:
@@ -246,8 +242,7 @@ class AllocatorSums(Reducer):
         grow = len(self.keys) - len(self.counts)  # a row of each table for each new pair
         self.counts, self.sums, self.classes = (np.vstack([t, np.zeros((grow, t.shape[1]), "int64")])
                                                 for t in (self.counts, self.sums, self.classes))
-        return np.array([self.code_of[key] for key in distinct.tolist()], "int64")[local] if len(pair) else \
-            np.zeros(0, "int64")
+        return np.array([self.code_of[key] for key in distinct.tolist()], "int64")[local]
 
     def _count(self, b, rows: np.ndarray, code: np.ndarray, bits: np.ndarray) -> None:
         if len(rows):
