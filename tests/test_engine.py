@@ -791,6 +791,22 @@ def test_allocators_of_one_batch_read_in_slices_are_the_same(monkeypatch):
         assert allocator_uses(name) == frame(name).reserved.allocators
 
 
+def test_allocators_judge_one_batch_once_and_k_batches_on_each_look(monkeypatch):
+    """The whole frame's one batch keeps its first look's judgment for its second (judged once,
+    as when it was summed on one look); each batch of several is judged again on the second."""
+    n = len(frame("torch_leak_v25").events)  # (its analysis made before the count)
+    rows_of = importlib.import_module("nsysan.analyses.allocator").AllocatorRows
+    judged, real = [], rows_of.of
+    monkeypatch.setattr(rows_of, "of", lambda self, b: judged.append(len(b.ts)) or real(self, b))
+    assert allocator_uses("torch_leak_v25") == frame("torch_leak_v25").reserved.allocators
+    assert judged == [n]
+    judged.clear()
+    bounds = cuts(n)[0]
+    assert allocator_uses("torch_leak_v25", bounds) == frame("torch_leak_v25").reserved.allocators
+    assert len(judged) == 2 * len(pieces(frame_batch(frame("torch_leak_v25").events), list(bounds)))
+    assert sum(judged) == 2 * n
+
+
 def preallocations(name: str, bounds=()) -> list:
     """reserved.preallocations from BigBlocks over the fixture's events cut before `bounds`, the
     blocks described by their rows of the events frame (as verdicts.find_verdicts does)."""
