@@ -23,15 +23,11 @@ Progress = Callable[[dict[str, Any]], None]
 
 
 def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str] = None,
-              db_path: Optional[Path] = None, tags: Sequence[str] = (), nsys: Optional[str] = None,
-              cache_dir: Optional[str] = None, progress: Optional[Progress] = None,
-              max_memory: Optional[int] = None, step_range: Optional[str] = None,
-              logs: Optional[dict] = None) -> BatchResult:
-    """Analyze `paths` and write DIR/analyses/*.json and DIR/nsysan.db (or `db_path`); the command
-    writes DIR/summary.csv, DIR/summary.html and DIR/fleets.json from the result (`max_memory`:
-    bytes per analysis, see engines.run_all;
-    `step_range`: the NVTX ranges that are steps, as in analyze; `logs`: each report's program
-    logs).
+              db_path: Optional[Path] = None, tags: Sequence[str] = (), progress: Optional[Progress] = None,
+              **options: Any) -> BatchResult:
+    """Analyze `paths` (`options`: how, as engines.run_all takes them: nsys, cache_dir, max_memory,
+    step_range, logs) and write DIR/analyses/*.json and DIR/nsysan.db (or `db_path`); the command
+    writes DIR/summary.csv, DIR/summary.html and DIR/fleets.json from the result.
     Returns what was done, also after a Ctrl-C."""
     out_dir = Path(out_dir)
     documents = out_dir / "analyses"
@@ -54,29 +50,25 @@ def run_batch(paths: list[Path], out_dir: Path, *, jobs: int, dask: Optional[str
         # A Ctrl-C waits until this result is kept whole: its document, its database rows and its
         # summary rows, all or none.
         with interrupts.held():
-            keep(result)
-
-    def keep(result: dict[str, Any]) -> None:
-        document_file = None
-        if result["ok"]:
-            document_file = document_name(Path(result["path"]).name, result["hash"])
-            _write(documents / document_file, result["document"])
-            outcome.analyzed += 1
-            rows = [SummaryRow(**row) for row in result["rows"]]
-            steps[result["path"]] = result.get("steps", [])
-        else:
-            outcome.failed += 1
-            rows = summary_rows(result, None)
-        database.add(result, f"analyses/{document_file}" if document_file else None)
-        by_report[result["path"]] = rows
-        if progress:
-            progress(result)
+            document_file = None
+            if result["ok"]:
+                document_file = document_name(Path(result["path"]).name, result["hash"])
+                _write(documents / document_file, result["document"])
+                outcome.analyzed += 1
+                rows = [SummaryRow(**row) for row in result["rows"]]
+                steps[result["path"]] = result.get("steps", [])
+            else:
+                outcome.failed += 1
+                rows = summary_rows(result, None)
+            database.add(result, f"analyses/{document_file}" if document_file else None)
+            by_report[result["path"]] = rows
+            if progress:
+                progress(result)
 
     interrupts = _HeldInterrupts()
     try:
         with interrupts:
-            run_all(paths, on_done, jobs=jobs, dask=dask, nsys=nsys, cache_dir=cache_dir,
-                    max_memory=max_memory, step_range=step_range, logs=logs)
+            run_all(paths, on_done, jobs=jobs, dask=dask, **options)
     except KeyboardInterrupt:
         outcome.interrupted = True
     finally:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import types
 import typing
 from typing import Any, Iterator, Optional
 
@@ -35,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import NsysanError
-from .plain import type_hints
+from .plain import is_optional, type_hints, unoptional
 
 # Tables named after their section rather than the list's own field.
 RENAMED = {("timeline", "series"): "timeline",
@@ -79,9 +78,7 @@ def table_frame(analysis: Any, name: str) -> pd.DataFrame:
     table = tables[name]
     columns = _columns(table)
     rows = [values for _, values in _rows(analysis, table)]
-    data: dict[str, Any] = {}
-    for i, (column, hint) in enumerate(columns.items()):
-        data[column] = _series([row[i] for row in rows], hint)
+    data = {column: _series([row[i] for row in rows], hint) for i, (column, hint) in enumerate(columns.items())}
     frame = pd.DataFrame(data, columns=list(columns))
     # Fields that are lists of numbers: two or more of them are parallel point arrays.
     points = {name: item for name, _, _, item in _fields(table.row_type) if item in (int, float)}
@@ -202,7 +199,7 @@ def _rows(analysis: Any, table: _Table) -> Iterator[tuple[Any, list[Any]]]:
 
 
 def _series(values: list[Any], hint: Any) -> pd.Series:
-    inner, optional = _unoptional(hint), _is_optional(hint)
+    inner, optional = unoptional(hint), is_optional(hint)
     has_none = any(v is None for v in values)
     if inner is bool:
         return pd.Series(values, dtype="boolean" if optional or has_none else "bool")
@@ -223,19 +220,8 @@ def _series(values: list[Any], hint: Any) -> pd.Series:
 def _fields(tp: type) -> list[tuple[str, Any, Any, Any]]:
     """(name, type hint, the hint without Optional, the item type of a list or None) of each field."""
     hints = type_hints(tp)
-    return [(f.name, hints[f.name], _unoptional(hints[f.name]), _list_item(_unoptional(hints[f.name])))
+    return [(f.name, hints[f.name], unoptional(hints[f.name]), _list_item(unoptional(hints[f.name])))
             for f in dataclasses.fields(tp)]
-
-
-def _is_optional(hint: Any) -> bool:
-    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
-
-
-def _unoptional(hint: Any) -> Any:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        return inner[0] if len(inner) == 1 else Any
-    return hint
 
 
 def _list_item(hint: Any) -> Any:

@@ -60,11 +60,8 @@ def _from_plain(tp: Any, value: Any, path: str = "") -> Any:
     """Rebuild a dataclass tree from plain JSON data, guided by the type hints; `path` names the
     field being read (e.g. "peaks[0].live_at_peak[2].bytes") for the error."""
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _from_plain(inner[0], value, path) if len(inner) == 1 else value
+    if origin in (typing.Union, types.UnionType):  # Optional[X]: X or None (a wider union: taken as it is)
+        return None if value is None else _from_plain(unoptional(tp), value, path)
     if tp is Any:
         return value
     if origin is list:
@@ -130,6 +127,18 @@ def _added_later(hint: Any, path: str) -> Any:
     to @1 after the document was written (empty / None then); anything else is missing."""
     if typing.get_origin(hint) is list:
         return []
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint):
+    if is_optional(hint):
         return None
     raise _Malformed(f"field {path!r} is missing")
+
+
+def is_optional(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def unoptional(hint: Any) -> Any:
+    """X of Optional[X], Any of a wider union, any other hint as it is."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return inner[0] if len(inner) == 1 else Any
+    return hint

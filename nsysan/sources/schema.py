@@ -380,13 +380,11 @@ def _read_gpus(conn: sqlite3.Connection, schema: Schema) -> None:
     if schema.has("TARGET_INFO_GPU", "id"):
         cols = schema.tables["TARGET_INFO_GPU"]
         want = [c for c in ("id", "name", "totalMemory", "uuid", "busLocation") if c in cols]
-        seen = set()
         for row in conn.execute(f"SELECT {', '.join(want)} FROM TARGET_INFO_GPU ORDER BY id"):
             rec = dict(zip(want, row))
             gpu_id = _int(rec.get("id"))
-            if gpu_id is None or gpu_id in seen:
+            if gpu_id is None or any(gpu.id == gpu_id for gpu in schema.gpus):  # a GPU once
                 continue
-            seen.add(gpu_id)
             schema.gpus.append(Gpu(id=gpu_id, name=cell_text(rec.get("name")) or f"GPU {gpu_id}",
                                    total_memory_bytes=_int(rec.get("totalMemory")) or None,
                                    uuid=cell_text(rec.get("uuid")) or None,

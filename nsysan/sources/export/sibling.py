@@ -11,19 +11,10 @@ import sqlite3
 import stat
 from pathlib import Path
 
-from ..sqlite_file import ExportIdentity, connect_readonly, export_identity
+from ..sqlite_file import connect_readonly, export_identity
 from ..snapshot import live_writer, pending_state
 from .input_files import describe_file_type, is_complete_export
 from .nsys import _is_version, _report_ends, _version_key, report_version
-
-
-def _export_identity(sqlite_path: Path) -> ExportIdentity | None:
-    """What the export at `sqlite_path` records about its input, or None when it can't be read."""
-    try:
-        with contextlib.closing(connect_readonly(sqlite_path)) as conn:
-            return export_identity(conn)
-    except sqlite3.DatabaseError:
-        return None
 
 
 def _second_of(text: object) -> datetime.datetime | None:
@@ -71,8 +62,10 @@ def sibling_mismatch(report: Path, sibling: Path) -> str | None:
         return "has a write-ahead log, a journal or a writer: it is not a finished export"
     if not is_complete_export(sibling):
         return "is not a complete nsys export"
-    identity = _export_identity(sibling)
-    if identity is None:
+    try:
+        with contextlib.closing(connect_readonly(sibling)) as conn:
+            identity = export_identity(conn)
+    except sqlite3.DatabaseError:
         return "can't be read"
     if identity.input_name != report.name:
         return f"records another input ({identity.input_name or 'none'})"
