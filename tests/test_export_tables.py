@@ -20,7 +20,7 @@ from nsysan.sources import export
 from nsysan.cli import main
 from nsysan.errors import NsysanError
 from nsysan.sources.export import ensure_sqlite, recorded_tables
-from nsysan.sources.sqlite_file import EXPORTED_TABLES, FIRST_EXPORT_TABLES, LAUNCH_TABLES
+from nsysan.sources.sqlite_file import ALWAYS_EXPORTED, EXPORTED_TABLES, FIRST_EXPORT_TABLES, LAUNCH_TABLES
 
 from conftest import FIXTURES, analysis_of
 from test_export import HELP_2022, HELP_2025, V22, V22_SQLITE, V25_SQLITE, copy_alone, fake_nsys
@@ -28,6 +28,9 @@ from test_export import HELP_2022, HELP_2025, V22, V22_SQLITE, V25_SQLITE, copy_
 V25 = FIXTURES / "known_mem_v25.nsys-rep"
 HELP_2025_TABLES = HELP_2025 + ("--tables=<table_name1[,table_name2,...]>", "--times=<range>")
 V25_PEAK = 952107008  # known_mem_v25's peak (README, golden document)
+# What nsysan asks nsys for when the kernel table is added to a cached export: that table alone, and
+# what tells that nsys took the list; it is appended into the entry, the tables held not exported again.
+KERNEL_PART = [*LAUNCH_TABLES, *ALWAYS_EXPORTED]
 
 
 def recording_nsys(directory: Path, log: Path, *, version: str = "2025.3.2.0",
@@ -68,9 +71,10 @@ def test_an_nsys_with_tables_exports_exactly_the_tables_nsysan_reads(tmp_path):
 
 # --- The kernel table, exported only for steps found from the kernels ---------------------------
 
-def tables_nsys(directory: Path, log: Path, written: Path) -> Path:
+def tables_nsys(directory: Path, log: Path, written: Path, then: str = "") -> Path:
     """A fake nsys 2025.3 that logs each export's arguments and writes `written` (a real 2025.3
-    export) as nsys does with --tables: only the tables named in it, the others dropped."""
+    export) as nsys does with --tables: only the tables named in it, the others dropped (`then`:
+    Python run after, with `out` and `args`)."""
     directory.mkdir(parents=True, exist_ok=True)
     keep_named = directory / "keep_named.py"
     keep_named.write_text(
@@ -84,7 +88,7 @@ def tables_nsys(directory: Path, log: Path, written: Path) -> Path:
         "        if name not in keep:\n"
         "            conn.execute(f'DROP TABLE \"{name}\"')\n"
         "    conn.commit()\n"
-        "    conn.close()\n")
+        "    conn.close()\n" + then)
     return recording_nsys(directory, log, body=f"{shlex.quote(sys.executable)} {shlex.quote(str(keep_named))} "
                                                f"{shlex.quote(str(written))} \"$out\" \"$@\" || exit 1\nexit 0")
 
@@ -128,7 +132,7 @@ def test_steps_from_kernels_export_the_kernel_table_after(tmp_path):
     whole, lazy, args = whole_and_lazy(tmp_path, "torch_nonvtx_warmup_v25")
     assert [(s["found_by"], len(s["steps"])) for s in lazy["steps"]] == [("kernels", 10)]
     assert lazy == whole
-    assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES), [*FIRST_EXPORT_TABLES, *LAUNCH_TABLES]]
+    assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES), KERNEL_PART]
     assert lazy["source"]["from_cache"] is False
     # the entry now holds the kernel table: analyzed again, nothing is exported
     again = nsysan.analyze(copy_alone(V25, tmp_path / "in"), nsys=tmp_path / "bin" / "nsys",
@@ -142,7 +146,7 @@ def test_steps_from_kernels_streamed_export_the_kernel_table_first(tmp_path):
     is added before, and the document is the whole frame's."""
     whole, lazy, args = whole_and_lazy(tmp_path, "torch_nonvtx_warmup_v25", keep_events=False, max_memory=0)
     assert lazy == whole and [(s["found_by"], len(s["steps"])) for s in lazy["steps"]] == [("kernels", 10)]
-    assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES), [*FIRST_EXPORT_TABLES, *LAUNCH_TABLES]]
+    assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES), KERNEL_PART]
 
 
 @pytest.mark.slow  # analyses each report twice (4-7 s on the loaded 2 cores)
@@ -154,7 +158,7 @@ def test_a_process_that_keeps_loading_code_exports_the_kernel_table(tmp_path, op
     every table, loads named (whole frame and streamed)."""
     whole, lazy, args = whole_and_lazy(tmp_path, "torch_libloads_v25", **options)
     assert [(s["found_by"], len(s["steps"])) for s in lazy["steps"]] == [("nvtx", 10)]
-    assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES), [*FIRST_EXPORT_TABLES, *LAUNCH_TABLES]]
+    assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES), KERNEL_PART]
     (process,) = lazy["hidden"]["processes"]
     assert process["keeps_loading"] and process["libraries_after_loads"]["cuDNN"] == 58
     assert lazy == whole
@@ -168,6 +172,55 @@ def test_quick_and_step_range_export_no_kernel_table(tmp_path):
                                            **options)
         assert [tables_argument(a) for a in args] == [list(FIRST_EXPORT_TABLES)]
         assert lazy == whole
+
+
+def table_rows(path: Path, table: str) -> list[tuple]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute(f'SELECT * FROM "{table}" ORDER BY rowid').fetchall()
+
+
+def test_the_kernel_table_is_appended_to_the_cached_export(tmp_path):
+    """The kernel table added later is exported alone and appended into the cached entry: its rows,
+    in order, are the real export's, beside the tables the entry held; nothing else is left in the
+    cache."""
+    written = FIXTURES / "torch_nonvtx_warmup_v25.sqlite"
+    log = tmp_path / "log"
+    nsys = tables_nsys(tmp_path / "bin", log, written)
+    report = copy_alone(V25, tmp_path / "in")
+    first = ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache", tables=FIRST_EXPORT_TABLES)
+    held = table_rows(first.sqlite_path, "CUPTI_ACTIVITY_KIND_RUNTIME")
+    second = ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache", tables=EXPORTED_TABLES)
+    assert [tables_argument(a) for a in exports(log)] == [list(FIRST_EXPORT_TABLES), KERNEL_PART]
+    assert second.sqlite_path == first.sqlite_path and not second.from_cache
+    assert recorded_tables(second.sqlite_path) == (*FIRST_EXPORT_TABLES, *LAUNCH_TABLES)
+    kernels = table_rows(second.sqlite_path, "CUPTI_ACTIVITY_KIND_KERNEL")
+    assert len(kernels) > 1000 and kernels == table_rows(written, "CUPTI_ACTIVITY_KIND_KERNEL")
+    assert table_rows(second.sqlite_path, "CUPTI_ACTIVITY_KIND_RUNTIME") == held
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.suffix == ".sqlite" or p.name.startswith(".")) \
+        == [second.sqlite_path.name]  # no part, no copy left behind
+
+
+def test_a_table_exported_with_other_strings_is_not_appended(tmp_path):
+    """Tables name their strings by id: where the added table's export numbers its strings otherwise
+    than the entry's, it is not appended (its names would be read wrong); every table wanted is
+    exported anew, and the entry holds the real strings."""
+    written = FIXTURES / "torch_nonvtx_warmup_v25.sqlite"
+    log = tmp_path / "log"
+    other_strings = ("if 'CUPTI_ACTIVITY_KIND_RUNTIME' not in args[args.index('--tables') + 1]:\n"
+                     "    conn = sqlite3.connect(out)\n"
+                     "    conn.execute(\"UPDATE StringIds SET value = value || ' (other)'\")\n"
+                     "    conn.commit()\n"
+                     "    conn.close()\n")
+    nsys = tables_nsys(tmp_path / "bin", log, written, then=other_strings)
+    report = copy_alone(V25, tmp_path / "in")
+    ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache", tables=FIRST_EXPORT_TABLES)
+    result = ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache", tables=EXPORTED_TABLES)
+    whole = [*FIRST_EXPORT_TABLES, *LAUNCH_TABLES]
+    assert [tables_argument(a) for a in exports(log)] == [list(FIRST_EXPORT_TABLES), KERNEL_PART, whole]
+    assert recorded_tables(result.sqlite_path) == tuple(whole)
+    assert table_rows(result.sqlite_path, "StringIds") == table_rows(written, "StringIds")
+    kernels = "CUPTI_ACTIVITY_KIND_KERNEL"
+    assert table_rows(result.sqlite_path, kernels) == table_rows(written, kernels)
 
 
 def test_an_nsys_without_tables_exports_every_table(tmp_path):
@@ -192,9 +245,11 @@ def test_a_cached_export_short_of_a_table_is_exported_again_with_more(tmp_path):
     # a later analysis needs more: exported again, what it held kept, into the same entry
     second = ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache")
     assert not second.from_cache and second.sqlite_path == first.sqlite_path
-    asked = tables_argument(exports(log)[1])
-    assert asked == [*fewer, *(t for t in EXPORTED_TABLES if t not in fewer)]
-    assert recorded_tables(second.sqlite_path) == tuple(asked)
+    # only what it lacks is exported (the glob covers both META_DATA tables), with what tells that
+    # nsys took the list; the entry records what it held and what was added
+    covered = {"StringIds", "META_DATA_EXPORT", "META_DATA_CAPTURE", "CUDA_GPU_MEMORY_USAGE_EVENTS"}
+    assert tables_argument(exports(log)[1]) == [*(t for t in EXPORTED_TABLES if t not in covered), *ALWAYS_EXPORTED]
+    assert recorded_tables(second.sqlite_path) == (*fewer, *(t for t in EXPORTED_TABLES if t not in fewer))
     assert ensure_sqlite(report, nsys=nsys, cache_dir=tmp_path / "cache").from_cache
     assert len(exports(log)) == 2
 
@@ -215,7 +270,8 @@ def test_an_export_whose_own_record_lacks_a_table_is_exported_again(tmp_path):
     analysis = nsysan.analyze(report, nsys=nsys, cache_dir=tmp_path / "cache")
     assert len(exports(log)) == 2 and not analysis.source.from_cache
     # what an analysis asks first (known_mem_v25's steps come from NVTX: no kernel table)
-    assert set(tables_argument(exports(log)[1])) == {*FIRST_EXPORT_TABLES, "CUDA_GPU_MEMORY_USAGE_EVENTS", "StringIds"}
+    # (what it lacks of that, and the tables that tell nsys took the list)
+    assert set(tables_argument(exports(log)[1])) == set(FIRST_EXPORT_TABLES) - {"CUDA_GPU_MEMORY_USAGE_EVENTS"}
     assert analysis.peak.peak_bytes == V25_PEAK
 
 

@@ -31,7 +31,7 @@ from .input_files import REPORT_SUFFIXES, SQLITE_SIDE_FILES, _input_kind, descri
 from .nsys import INSTALL_GLOBS, _major_minor, _version_key, export_arguments, export_options, exports_tables, \
     find_nsys, nsys_version, report_version
 from . import nsys_memo
-from .run_nsys import _export_into, _export_timeout
+from .run_nsys import _add_tables, _export_into, _export_timeout, part_path
 from .sibling import _matching_sibling, sibling_mismatch
 
 
@@ -106,7 +106,7 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
 
 def _remove_leftovers(cache: Path, key: str) -> None:
     """Delete temp files of an earlier export of `key` that was killed (SIGKILL, power loss)."""
-    for leftover in cache.glob(f".{key}.*"):
+    for leftover in [*cache.glob(f".{key}.*"), part_path(cache / f"{key}.sqlite")]:
         with contextlib.suppress(OSError):
             leftover.unlink()
 
@@ -181,11 +181,15 @@ def ensure_sqlite(report: Path, *, nsys: str | Path | None = None, cache_dir: Pa
             # Another run may have finished this very export while we waited for the lock.
             if _covers(entry, tables):
                 return ExportResult(entry, exported_with=version, from_cache=True)
-            # An entry short of a table is exported again with what it held and what is wanted.
+            # An entry short of a table is given what it lacks (by nsys, where it exports some
+            # tables: only those), so it then holds what it held and what is wanted.
             held = (recorded_tables(entry) or ()) if is_complete_export(entry) else ()
             wanted = tuple(dict.fromkeys([*held, *tables]))
             _remove_leftovers(cache, key)
-            exported = _export_into(entry, report, nsys_path, version, progress, timeout, wanted)
+            if held and exports_tables(nsys_path):
+                exported = _add_tables(entry, held, wanted, report, nsys_path, version, progress, timeout)
+            else:
+                exported = _export_into(entry, report, nsys_path, version, progress, timeout, wanted)
             _write_record(entry, version, exported)
     except OSError as err:
         raise NsysanError(

@@ -8,6 +8,7 @@ import math
 import os
 import queue
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -19,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ...errors import NsysanError
-from ..sqlite_file import ALWAYS_EXPORTED, connect_readonly, table_names
+from ..sqlite_file import ALWAYS_EXPORTED, connect_readonly, table_names, tables_missing
 from .input_files import is_complete_export
 from .nsys import _major_minor, _version_key, export_arguments, exports_tables, report_version
 
@@ -259,6 +260,75 @@ def _export_into(entry: Path, report: Path, nsys: Path, nsys_ver: str,
         for path in (tmp, Path(f"{tmp}-journal")):
             with contextlib.suppress(OSError):
                 path.unlink()
+
+
+def _add_tables(entry: Path, held: Sequence[str], wanted: Sequence[str], report: Path, nsys: Path, nsys_ver: str,
+                progress: Callable[[float], None] | None, timeout_s: float | None) -> tuple[str, ...] | None:
+    """Give the cached export `entry`, made with `--tables` `held`, the tables of `wanted` it lacks:
+    nsys exports only those (with ALWAYS_EXPORTED, to tell that it took the list), and they are
+    appended into a copy of the entry that then replaces it, so a reader of the entry meanwhile
+    reads the old one whole. The tables held are not exported again: on the GPT-2 capture the
+    kernel table alone took 0.81-1.17 s, and exporting nsysan's first list with it again costs the
+    API table once more, about 0.3 s (issue 31). Returns the tables the entry now holds (None:
+    every table, where nsys did not take the list and exported everything)."""
+    adding = tuple(dict.fromkeys([*(t for t in wanted if tables_missing(held, [t])), *ALWAYS_EXPORTED]))
+    part = part_path(entry)
+    try:
+        if _export_into(part, report, nsys, nsys_ver, progress, timeout_s, adding) is None:
+            os.replace(part, entry)
+            return None
+        if _append_tables(entry, part):
+            return tuple(wanted)
+    finally:
+        with contextlib.suppress(OSError):
+            part.unlink()
+    # The part could not be appended: its strings differ from the entry's (nsys 2025.3.1 writes every
+    # string of the report whatever the tables, so not there), or one of the two can't be read. Its
+    # names would be read against the wrong strings: everything wanted is exported anew.
+    return _export_into(entry, report, nsys, nsys_ver, progress, timeout_s, tuple(wanted))
+
+
+def part_path(entry: Path) -> Path:
+    """Where the tables added to `entry` are exported first (its temporary files are `.<key>.*`)."""
+    return entry.with_name(f"{entry.stem}.part.sqlite")
+
+
+def _append_tables(entry: Path, part: Path) -> bool:
+    """Replace the export `entry` by a copy of it holding also the tables of the export `part` that
+    it lacks, row for row and in their order (their indexes too). False, leaving `entry` as it
+    was, when the two exports' strings (StringIds, which the tables name by id) differ or either
+    export can't be read."""
+    handle, name = tempfile.mkstemp(dir=entry.parent, prefix=f".{entry.stem}.", suffix=".sqlite")
+    os.close(handle)
+    merged = Path(name)
+    try:
+        shutil.copyfile(entry, merged)
+        with contextlib.closing(sqlite3.connect(merged, isolation_level=None)) as conn:
+            conn.execute("PRAGMA journal_mode=OFF")  # a copy, thrown away on any failure
+            conn.execute("ATTACH DATABASE ? AS part", (str(part),))
+            same_strings = conn.execute(
+                "SELECT (SELECT count(*) FROM part.StringIds) = (SELECT count(*) FROM main.StringIds) AND NOT EXISTS "
+                "(SELECT id, value FROM part.StringIds EXCEPT SELECT id, value FROM main.StringIds)").fetchone()[0]
+            if not same_strings:
+                return False
+            held = table_names(conn)
+            objects = conn.execute("SELECT type, tbl_name, sql FROM part.sqlite_master WHERE sql IS NOT NULL "
+                                   "ORDER BY type = 'index'").fetchall()  # tables before their indexes
+            new = {table for kind, table, _ in objects if kind == "table" and table not in held}
+            conn.execute("BEGIN")
+            for _, table, sql in objects:
+                if table in new:
+                    conn.execute(sql)
+            for table in new:
+                conn.execute(f'INSERT INTO main."{table}" SELECT * FROM part."{table}"')
+            conn.execute("COMMIT")
+        os.replace(merged, entry)
+        return True
+    except sqlite3.DatabaseError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            merged.unlink()
 
 
 def _run_export(tmp: Path, report: Path, nsys: Path, progress: Callable[[float], None] | None,
