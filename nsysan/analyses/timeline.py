@@ -10,6 +10,8 @@ import pandas as pd
 from ..engine import Facts, Reducer
 from ..events.nvtx import thread_key
 from .capture import FINITE
+from ..events.arrays import HIGH
+from .grouping import Keyed
 from .groups import batch_groups
 from ..model import Band, Series
 
@@ -32,50 +34,45 @@ class TimelineSeries(Reducer):
 
     def start(self, facts: Facts) -> None:
         super().start(facts)
-        self.index: dict[int, int] = {}  # group key -> its row below
-        self.first_ts: list[int] = []
-        self.last_ts: list[int] = []
-        self.events: list[int] = []
+        # per group key, in order of first appearance: the times of its first and last events, its events
+        self.groups = Keyed(("first_ts", "last_ts", "events"), {"first_ts": HIGH})
 
     def add(self, b: "EventBatch") -> None:
         if not len(b):
             return
         found = batch_groups(b)
-        seg = found.segments
-        first, last = b.ts[seg.order[seg.starts]].tolist(), seg.last(b.ts).tolist()
-        for key, a, z, n in zip(found.keys.tolist(), first, last, seg.sizes.tolist()):  # one per group
-            row = self.index.setdefault(key, len(self.index))
-            if row == len(self.events):
-                self.first_ts.append(a), self.last_ts.append(z), self.events.append(0)
-            self.last_ts[row] = z
-            self.events[row] += n
+        seg, g = found.segments, self.groups
+        at = g.codes(found.keys)
+        g["first_ts"][at] = np.minimum(g["first_ts"][at], b.ts[seg.order[seg.starts]])
+        g["last_ts"][at] = seg.last(b.ts)
+        g["events"][at] += seg.sizes
 
     def between(self) -> None:
-        self.live = [0] * len(self.index)
-        self.points: list[list] = [[] for _ in self.index]  # per group: (ts, live, bucket) of each batch
+        self.live = [0] * len(self.groups.index)
+        self.points: list[list] = [[] for _ in self.groups.index]  # per group: (ts, live, bucket) of each batch
 
     def again(self, b: "EventBatch") -> None:
         if not len(b):
             return
         found = batch_groups(b)
-        seg, buckets = found.segments, MAX_POINTS // 2
+        seg, buckets, g = found.segments, MAX_POINTS // 2, self.groups
         for key, a, n in zip(found.keys.tolist(), seg.starts.tolist(), seg.sizes.tolist()):  # one per group
-            row = self.index[key]
+            row = g.index[key]
             ts, live = b.ts[seg.order[a:a + n]], found.live[a:a + n]
             if self.live[row]:
                 live = live + self.live[row]
             self.live[row] = int(live[-1])
-            if self.events[row] <= MAX_POINTS:
+            if g["events"][row] <= MAX_POINTS:
                 self.points[row].append((ts, live, None))
                 continue
-            span = max(float(self.last_ts[row] - self.first_ts[row]), 1.0)
-            bucket = ((ts - self.first_ts[row]) / span * (buckets - 1)).astype("int64")  # ts sorted: so is bucket
+            span = max(float(g["last_ts"][row] - g["first_ts"][row]), 1.0)
+            bucket = ((ts - g["first_ts"][row]) / span * (buckets - 1)).astype("int64")  # ts sorted: so is bucket
             keep = _kept(live, bucket)
             self.points[row].append((ts[keep], live[keep], bucket[keep]))
 
     def finish(self, live: dict) -> list[Series]:
         kinds, series = self.facts.kinds, []
-        for key, row in sorted(self.index.items()):  # one per group, in key order
+        for key, row in sorted(self.groups.index.items()):  # one per group, in key order
             parts = self.points[row]
             ts, values = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
             if parts[0][2] is not None:  # each batch's kept points: the same choice among them

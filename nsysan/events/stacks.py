@@ -52,12 +52,8 @@ def site_row(label: str, source: str, function: str = "", symbol: str = "", modu
 
 
 def fallback_label(api: str, nvtx: str, thread: str) -> str:
-    label = api
-    if nvtx:
-        label += f" in {nvtx}"
-    if thread:
-        label += f" [{thread}]"
-    return label
+    """`<api> in <innermost NVTX range> [<thread>]`, each part when known."""
+    return api + (f" in {nvtx}" if nvtx else "") + (f" [{thread}]" if thread else "")
 
 
 # --- Python stacks -------------------------------------------------------------------------
