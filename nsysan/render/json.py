@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -34,16 +33,8 @@ _NUMBERS = (int, float)  # exactly these types: bool is an int subclass and is n
 _SCALARS = (int, float, str, bool, type(None))
 # What json.dumps writes for each scalar type, without its encoder made anew at every call (most
 # of the time of 19,000 calls in a 770 kB document: issue 31); anything else goes to json.dumps.
-def _float_text(value: float) -> str:
-    """A float as json writes it (allow_nan: NaN, Infinity, -Infinity)."""
-    if value != value:
-        return "NaN"
-    if value in (math.inf, -math.inf):
-        return "Infinity" if value > 0 else "-Infinity"
-    return float.__repr__(value)
-
-
-_SCALAR_TEXT = {str: json.encoder.encode_basestring_ascii, int: int.__repr__, float: _float_text,
+# A float through one encoder made once: NaN, Infinity and -Infinity as json.dumps writes them.
+_SCALAR_TEXT = {str: json.encoder.encode_basestring_ascii, int: int.__repr__, float: json.JSONEncoder().encode,
                 bool: lambda v: "true" if v else "false", type(None): lambda v: "null"}
 _RECORD_ENCODERS: dict[str, json.JSONEncoder] = {}  # the encoder of the records at each indent
 

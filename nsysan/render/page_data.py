@@ -148,13 +148,10 @@ class PageStacks:
         # A site by its label, for the flame graphs' leaves (StackBytes names its site by label):
         # where the user's frames end in a stack
         self.sites: dict[str, CallSite] = {}
-        for a in [*analysis.timeline.allocations, *analysis.never_freed,
-                  *(a for p in analysis.peaks for a in p.live_at_peak)]:
-            self.sites.setdefault(a.site.label, a.site)
-        for group in [*analysis.never_freed_groups, *(g for p in analysis.peaks for g in p.live_groups)]:
-            self.sites.setdefault(group.site.label, group.site)
-        for site in analysis.sites:
-            self.sites.setdefault(site.site.label, site.site)
+        for held in [*analysis.timeline.allocations, *analysis.never_freed,
+                     *(a for p in analysis.peaks for a in p.live_at_peak), *analysis.never_freed_groups,
+                     *(g for p in analysis.peaks for g in p.live_groups), *analysis.sites]:
+            self.sites.setdefault(held.site.label, held.site)
         self.shown: list[dict[str, list[str]]] = []
         self._numbers: dict[tuple[int, str], int] = {}
 
