@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import nsysan
-from nsysan.analyses.allocations import FreeTimes, to_allocations
+from nsysan.analyses.allocations import FreeTimes, Listed
 from nsysan.analyses.allocator import AllocatorSums
 from nsysan.analyses.capture import EventSpan
 from nsysan.analyses.byte_classes import ByteClassSums, byte_classes, step_phases
@@ -728,7 +728,7 @@ _schemas: dict = {}
 
 def allocator_uses(name: str, bounds=()) -> list:
     """reserved.allocators from AllocatorSums over the fixture's events cut before `bounds`, its
-    peaks and preallocated blocks the document's (as verdicts.find_verdicts gives them)."""
+    peaks and preallocated blocks the document's (as verdicts.frame_looks gives them)."""
     analysis = frame(name)
     if name not in _process_names:
         conn = open_readonly(FIXTURES / f"{name}.sqlite")
@@ -809,7 +809,7 @@ def test_allocators_judge_one_batch_once_and_k_batches_on_each_look(monkeypatch)
 
 def preallocations(name: str, bounds=()) -> list:
     """reserved.preallocations from BigBlocks over the fixture's events cut before `bounds`, the
-    blocks described by their rows of the events frame (as verdicts.find_verdicts does)."""
+    blocks described by their rows of the events frame (as verdicts.frame_looks does)."""
     analysis = frame(name)
     gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
     totals = {g.id: g.total_memory_bytes for g in analysis.capture.gpus}
@@ -846,7 +846,7 @@ RELEASES = ["torch_oom_v25", "torch_emptycache_v25", "torch_fraction_oom_v25"]
 
 def cache_releases(name: str, bounds=()) -> list:
     """The caching allocators' releases from ReleaseBursts over the fixture's events cut before
-    `bounds`, of the allocators the document recognized (as verdicts.find_verdicts asks)."""
+    `bounds`, of the allocators the document recognized (as verdicts.frame_looks asks)."""
     analysis = frame(name)
     bursts = answer(analysis, ReleaseBursts(), bounds, {"api_names": list(analysis.events["api"].cat.categories)})
     caching = {(u.pid, u.device): u.allocator for u in analysis.reserved.allocators if u.allocator.startswith("pytorch")}
@@ -891,7 +891,7 @@ def test_cache_releases_in_3_row_batches_hold_the_truth():
 
 def failure_devices(name: str, bounds=()) -> list:
     """FailureDevices over the fixture's events cut before `bounds`: the device of each call that
-    ran out of memory (as verdicts.find_verdicts asks)."""
+    ran out of memory (as verdicts.frame_looks asks)."""
     analysis = frame(name)
     return answer(analysis, FailureDevices(), bounds, {"oom_calls": oom_calls(call_outcomes(analysis.calls).failed)})
 
@@ -1011,7 +1011,7 @@ def test_access_maps_are_the_same_on_one_batch_k_batches_and_3_row_batches():
 
 
 def oom_verdicts(name: str, bounds=()) -> tuple:
-    """find_verdicts' out-of-memory verdicts (but those made after, from the finished analysis) and
+    """frame_looks' out-of-memory verdicts (but those made after, from the finished analysis) and
     reserved memory over the fixture's events cut before `bounds` (the command line's: one batch),
     each listed allocation as (pid, address, bytes, alloc time, free time)."""
     analysis = frame(name)
@@ -1026,16 +1026,19 @@ def oom_verdicts(name: str, bounds=()) -> tuple:
     totals = {g.id: g.total_memory_bytes for g in analysis.capture.gpus}
     labels = {p.pid: p.label for p in analysis.capture.processes}
 
-    def listed(rows) -> list[tuple]:
-        return [(a.pid, a.address, a.bytes, a.alloc_time_ns, a.free_time_ns) for a in to_allocations(rows, events, {})]
+    class Tuples(Listed):  # each allocation as documented_oom gives it
+        def allocations(self, listed, free_ts=None, peak=None) -> list[tuple]:
+            return [(a.pid, a.address, a.bytes, a.alloc_time_ns, a.free_time_ns)
+                    for a in super().allocations(listed, free_ts, peak)]
 
-    found = verdicts.find_verdicts(
-        events, analysis.calls, call_outcomes(analysis.calls), analysis.nvtx_ranges, analysis.peaks, analysis.groups,
-        lambda pid, device: gpus.get((pid, device)), totals.get, listed, schema.process_names,
-        lambda pid: labels.get(pid) or f"process {pid}", analysis.timeline.end_ns, schema.duration_ns,
-        pools=analysis.reserved.pools, batches=pieces(frame_batch(events), sorted(set(bounds))),
-        load_notes=[lambda: ""] * len(analysis.peaks), big_blocks=answer(analysis, BigBlocks()),
-        live=frame_live(events))
+    peaks = [(p.pid, p.device, p.peak_time_ns) for p in analysis.peaks if p.pid is not None]
+    looks = verdicts.frame_looks(
+        events, analysis.calls, call_outcomes(analysis.calls), analysis.nvtx_ranges, peaks,
+        lambda pid, device: gpus.get((pid, device)), totals.get, schema.process_names, schema.duration_ns, False,
+        pieces(frame_batch(events), sorted(set(bounds))), answer(analysis, BigBlocks()), frame_live(events))
+    found = looks.verdicts(analysis.peaks, [lambda: ""] * len(analysis.peaks), analysis.groups,
+                           analysis.reserved.pools, analysis.timeline.end_ns, Tuples(events, {}),
+                           lambda pid: labels.get(pid) or f"process {pid}")
     return found.oom, found.reserved
 
 

@@ -16,18 +16,18 @@ import pandas as pd
 
 from ..events import LoadedEvents
 from ..events.batch import EventBatch
-from ..engine import Engine, Facts, frame_batch, frame_labels, frame_live
-from ..model import SCHEMA_ID, Analysis, Source, Timeline
+from ..engine import Engine, Facts, Labels, frame_batch, frame_labels, frame_live
+from ..model import SCHEMA_ID, Analysis, Diagnostic, Peak, Source, Timeline
 from ..sources.schema import Schema
-from .allocations import to_allocations
+from .allocations import Listed, described_peaks
 from .bounds import cut_long_strings
 from .capture import EventSpan, capture_facts, capture_span, frame_span, gpus
 from .calls import FailedCalls, api_call_stats, call_outcomes, allocations_with_events
-from .explore import Explorable, Explored, allocation_groups, early_trace_ends, LargestAllocations
+from .explore import Explorable, allocation_groups, early_trace_ends, LargestAllocations
 from .diagnostics import VmmEvents, capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
 from .groups import BatchGroups, GroupSums, batch_groups
-from .peak import Peaks, headline, module_load_note, peak_of
+from .peak import Peaks, headline
 from .pools import PoolUses
 from .preallocations import BigBlocks
 from .ranges import RangeSums, alloc_calls
@@ -35,11 +35,11 @@ from .sites import SiteRanks
 from .stacks import referenced_stacks, stack_bytes
 from .byte_classes import ByteClassSums, byte_classes, step_phases
 from .step_windows import StepWindows, found_steps
-from .steps import memory_threads
+from .steps import memory_threads, step_diagnostics
 from .spikes import DEFAULT_WINDOW_NS, Spikes
 from .answers import gather_answers
 from .timeline import TimelineSeries
-from .verdicts import find_verdicts
+from .verdicts import VerdictLooks, frame_looks
 
 
 __all__ = ["run_analyses"]
@@ -58,12 +58,7 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     events, calls, ranges = loaded.events, loaded.calls, loaded.ranges
     site_table = loaded.sites.set_index("label").to_dict("index") if not loaded.sites.empty else {}
 
-    def allocations(rows: pd.DataFrame):
-        return to_allocations(rows, events, site_table)
-
-    def groups_of(rows: np.ndarray):
-        return allocation_groups(events, rows, site_table)
-
+    listed = Listed(events, site_table)
     gpu_of, total_memory = gpus(schema)
 
     kinds = list(events["kind"].cat.categories)
@@ -85,13 +80,13 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     start_ns, end_ns = capture_span(schema.duration_ns, _one_run(EventSpan(), Facts(kinds), whole, live).capture,
                                     frame_span(calls, "ts_ns", "end_ns"), frame_span(ranges, "start_ns", "end_ns"))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        peaks_later = pool.submit(_peaks, whole, live, events, Facts(kinds, gpu_of, {"pool_uses": pool_uses}),
-                                  total_memory, allocations, site_table)
+        peaks_later = pool.submit(lambda whole=whole: described_peaks(_one_run(Peaks(), Facts(kinds, gpu_of, {
+            "pool_uses": pool_uses}), whole, live), kinds, total_memory, listed))
         grouped = batch_groups(_sharing(whole))
         # the whole frame as one batch of the engine's (numpy views), grouped once for its reducers
         batch, facts = _sharing(whole, {"groups": grouped}), Facts(kinds, gpu_of)
-        timeline_later = pool.submit(_timeline, batch, dataclasses.replace(facts, more={
-            "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges}), start_ns, end_ns)
+        timeline_later = pool.submit(Engine([TimelineSeries(), Explorable()], dataclasses.replace(facts, more={
+            "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges})).run, [batch], {})
         api_call_work = partial(api_call_stats, calls)
         site_facts = dataclasses.replace(facts, more={"labels": partial(frame_labels, events),
                                                       "site_table": lambda: site_table})
@@ -103,76 +98,89 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         answered = Engine([GroupSums(), NeverFreed(), LargestAllocations(), BigBlocks(), FailedCalls(), VmmEvents()],
                           dataclasses.replace(facts, more=call_facts)).run([batch], dict(live))
         del batch  # its groups' running sums go with the timeline's (below), its partners now
-        groups, failed = answered["groups"], answered["failed_calls"]
-        leaked = answered.pop("never_freed")["seq"].to_numpy()  # event rows, largest first
-        never_freed, never_freed_total = allocations(events.iloc[leaked[:MAX_LISTED]]), len(leaked)
         # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once (or by the pipeline already)
         threads = loaded.memory_threads if loaded.memory_threads is not None else memory_threads(calls)
         counted = None if schema.memory_usage_collected else alloc_calls(calls, ranges)  # no sizes: the calls
-        windows, spikes, lifetimes, (range_table, range_families) = _steps(
-            loaded, whole, live, grouped, threads, facts, end_ns, spike_window_ns, step_range, counted)
-        timeline, explored = timeline_later.result()
+        answered.update(_steps(loaded, whole, live, grouped, threads, facts, end_ns, spike_window_ns, step_range,
+                               counted), pools=pools)
+        answered.update(timeline_later.result())
         del grouped  # the order of 1e7 events into groups and their running sums, read by nothing after
-        peaks, load_notes = peaks_later.result()
-        capture = capture_facts(schema, groups, threads, report_version, not ranges.empty or schema.has_nvtx_table)
-        labels = {p.pid: p.label for p in capture.processes}
-        verdicts = find_verdicts(events, calls, outcomes, ranges, peaks, groups, gpu_of,
-                                 total_memory, allocations,
-                                 schema.process_names, lambda pid: labels.get(pid) or f"process {pid}", end_ns,
-                                 schema.duration_ns, quick=loaded.quick, pools=pools, batches=[_sharing(whole)],
-                                 load_notes=load_notes, big_blocks=answered.pop("big_blocks"), live=live)
+        peaks = peaks_later.result()
+        looks = frame_looks(events, calls, outcomes, ranges, [(p.pid, p.device, p.peak_time_ns) for p in peaks[0]
+                                                              if p.pid is not None], gpu_of, total_memory,
+                            schema.process_names, schema.duration_ns, loaded.quick, [_sharing(whole)],
+                            answered["big_blocks"], live)
         del whole  # its made columns (seq, partner_seq: 160 MB at 1e7 events), read by nothing after
-        # Whichever core is free takes what is left of the second core's queue, the last queued first.
-        largest, allocations_total = answered.pop("largest")
-        timeline = dataclasses.replace(explored.timeline(timeline, early_trace_ends(ranges, loaded.last_cuda_call_ns)),
-                                       allocations=allocations(events.iloc[largest["seq"].to_numpy()]),
-                                       allocations_total=allocations_total)
-        sites = _here_unless_started(sites_later, site_work)
-        api_calls = _here_unless_started(api_calls_later, api_call_work)
-        diagnostics = list(schema.diagnostics) + list(loaded.diagnostics) + capture_diagnostics(
-            schema, ranges, loaded.last_cuda_call_ns, groups, peaks, failed, report_version, api_calls,
-            loaded.quick, answered["vmm_events"], allocations_with_events(calls), pools)
+
+        def later() -> tuple[list, list]:
+            # Whichever core is free takes what is left of the second core's queue, the last queued first.
+            return _here_unless_started(api_calls_later, api_call_work), _here_unless_started(sites_later, site_work)
+
+        return analysis_of(
+            schema, source, report_version, loaded.quick, answered, listed, looks, peaks, later,
+            threads=threads, ranges=ranges, last_calls=loaded.last_cuda_call_ns, notes=list(loaded.diagnostics),
+            joined=allocations_with_events(calls), span=(start_ns, end_ns), step_range=step_range,
+            labels=frame_labels(events), stacks=loaded.stacks, frames=(events, calls, ranges))
+
+
+def analysis_of(schema: Schema, source: Source, report_version: Optional[str], quick: bool, answered: dict,
+                listed: Listed, looks: VerdictLooks, peaks: tuple[list[Peak], list[Callable[[], str]]],
+                later: Callable[[], tuple[list, list]], *, threads: np.ndarray, ranges: pd.DataFrame,
+                last_calls: dict[int, int], notes: list[Diagnostic], joined: int, span: tuple[int, int],
+                step_range: Optional[str], labels: Labels, stacks: list,
+                frames: tuple = (None, None, None)) -> Analysis:
+    """The `Analysis` of what the engine's reducers `answered` (by field), on both paths (the whole
+    frame's run_analyses, the flow's run_flow): the listed allocations described by `listed`, the
+    verdicts' `looks` done, the `peaks` (allocations.described_peaks); `later()`: the API call
+    statistics and the sites table (asked for last: the whole frame's are found on the second core
+    meanwhile); `threads`: the memory threads; `ranges`: the NVTX ranges; `last_calls`: pid -> its
+    last CUDA call; `notes`: the reading's diagnostics; `joined`: the allocation calls that caused a
+    memory event (calls.allocations_with_events); `span`: the capture's; `labels`: what the batches'
+    labelled columns name; `stacks`: the call stacks; `frames`: the events, calls and NVTX ranges
+    frames a notebook keeps (None: not kept)."""
+    gpu_of, (start_ns, end_ns) = looks.gpu_of, span
+    groups, pools = answered["groups"], answered["pools"] or []
+    capture = capture_facts(schema, groups, threads, report_version, not ranges.empty or schema.has_nvtx_table)
+    names = {p.pid: p.label for p in capture.processes}
+    verdicts = looks.verdicts(*peaks, groups, pools, end_ns, listed, lambda pid: names.get(pid) or f"process {pid}")
     peaks = verdicts.peaks
-    steps, phases, growth, step_notes = windows.answers(
-        end_ns, gpu_of, step_range, loaded.last_cuda_call_ns, frame_labels(events), capture.processes, verdicts.caps,
-        not ranges.empty, loaded.quick)
+    largest, allocations_total = answered["largest"]
+    trace_ends = early_trace_ends(ranges, last_calls)
+    timeline = dataclasses.replace(
+        answered["explorable"].timeline(Timeline(start_ns=int(start_ns), end_ns=int(end_ns),
+                                                 series=answered["timeline"]), trace_ends),
+        allocations=listed.allocations(largest, answered.get("free_times")), allocations_total=allocations_total)
+    api_calls, sites = later()
+    failed = answered.get("failed_calls", [])
+    diagnostics = list(schema.diagnostics) + notes + capture_diagnostics(
+        schema, ranges, last_calls, groups, peaks, failed, report_version, api_calls, quick,
+        answered.get("vmm_events", 0), joined, pools)
+    if quick:
+        steps, phases, growth = [], [], []
+        step_notes = step_diagnostics(answered["steps"].series, [], False, True, step_range)
+    else:
+        steps, phases, growth, step_notes = answered["steps"].answers(
+            int(end_ns), gpu_of, step_range, last_calls, labels, capture.processes, verdicts.caps, not ranges.empty,
+            False)
     diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics + step_notes
+    leaks = answered["never_freed"]  # largest first
+    range_table, range_families = ([], []) if quick else answered["ranges"]
     analysis = Analysis(
-        schema=SCHEMA_ID,
-        scope="quick" if loaded.quick else "full",
-        source=source,
-        capture=capture,
-        groups=groups,
-        peak=headline(peaks),
-        peaks=peaks,
-        never_freed=never_freed,
-        never_freed_total=never_freed_total,
-        sites=sites,
-        api_calls=api_calls,
-        failed_calls=failed,
-        ranges=range_table,
-        range_families=range_families,
-        timeline=timeline,
-        diagnostics=diagnostics,
-        caps=verdicts.caps,
-        oom=verdicts.oom,
-        reserved=verdicts.reserved,
-        steps=steps,
-        growth=growth,
-        never_freed_groups=groups_of(leaked) if not events.empty else [],
-        never_freed_stacks=stack_bytes(events, leaked) if not events.empty else [],
-        phases=phases,
-        spikes=spikes,
-        byte_classes=byte_classes(lifetimes, verdicts.reserved, growth, gpu_of),
-        events=events,
-        calls=calls,
-        nvtx_ranges=ranges,
-    )
-    answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, loaded.quick,
-                             {pid: label for pid, label in labels.items() if label}, analysis.byte_classes)
+        schema=SCHEMA_ID, scope="quick" if quick else "full", source=source, capture=capture, groups=groups,
+        peak=headline(peaks), peaks=peaks, never_freed=listed.allocations(leaks.head(MAX_LISTED)),
+        never_freed_total=len(leaks), sites=[] if quick else sites, api_calls=api_calls, failed_calls=failed,
+        ranges=range_table, range_families=range_families, timeline=timeline, diagnostics=diagnostics,
+        caps=verdicts.caps, oom=verdicts.oom, reserved=verdicts.reserved, steps=steps, growth=growth,
+        never_freed_groups=allocation_groups(*listed.rows(leaks), listed.site_table) if len(leaks) else [],
+        never_freed_stacks=stack_bytes(*listed.rows(leaks)) if len(leaks) else [], phases=phases,
+        spikes=answered["spikes"],
+        byte_classes=[] if quick else byte_classes(answered["byte_classes"], verdicts.reserved, growth, gpu_of),
+        events=frames[0], calls=frames[1], nvtx_ranges=frames[2])
+    answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, quick,
+                             {pid: label for pid, label in names.items() if label}, analysis.byte_classes)
     # The stacks last: every stack_id of the finished model (groups, timeline, OOM lists) is kept.
     analysis = dataclasses.replace(analysis, answers=answers)
-    return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(loaded.stacks, analysis)))
+    return cut_long_strings(dataclasses.replace(analysis, stacks=referenced_stacks(stacks, analysis)))
 
 
 def _here_unless_started(later: Future, work: Callable[[], T]) -> T:
@@ -193,44 +201,18 @@ def _one_run(reducer, facts: Facts, whole: EventBatch, live: dict):
     return Engine([reducer], facts).run([_sharing(whole)], dict(live))[reducer.field]
 
 
-def _peaks(whole: EventBatch, live: dict, events: pd.DataFrame, facts: Facts, total_memory, allocations,
-           site_table: dict) -> list:
-    """The peaks (Peaks) over the whole frame's batch `whole`, described by its rows, and what a
-    module load that reached each stood on (peak.module_load_note)."""
-    peaks, notes = [], []
-    for s in Engine([Peaks()], facts).run([_sharing(whole)], dict(live))["peaks"]:
-        if s.best_seq >= 0:  # the live set's seqs are the frame's rows
-            rows = s.live_set["seq"].to_numpy() if len(s.live_set) else np.zeros(0, "int64")
-            event = str(events["api"].iat[s.best_seq]), str(events["nvtx_range"].iat[s.best_seq])
-            peaks.append(peak_of(s, events, rows, event, total_memory(s.gpu),
-                                 lambda at, rows=rows: allocations(events.iloc[rows[at]]), site_table))
-            notes.append(partial(module_load_note, s, str(events["api"].iat[s.note_own_seq])
-                                 if s.note_own_seq >= 0 else None))
-    return peaks, notes
-
-
 def _steps(loaded: "LoadedEvents", whole: EventBatch, live: dict, grouped: BatchGroups, threads: np.ndarray,
-           facts: Facts, end_ns: int, spike_window_ns: int, step_range: Optional[str],
-           alloc_calls: Optional[dict]) -> tuple:
-    """The reducers that need the steps found before the events or the NVTX ranges, over the whole
-    frame's batch `whole` again (frame_live's `live`), grouped as before: the steps' and phases' windows (StepWindows), the
-    spikes, the allocations' lifetimes across the phases (byte_classes) and the NVTX ranges table
-    with its families; `threads`: memory_threads() of the calls, `alloc_calls`: ranges.alloc_calls
-    when sizes were not collected."""
+           facts: Facts, end_ns: int, spike_window_ns: int, step_range: Optional[str], alloc_calls: Optional[dict]) -> dict:
+    """The answers of the reducers that need the steps found before the events or the NVTX ranges,
+    over the whole frame's batch `whole` again (frame_live's `live`), grouped as before: the steps'
+    and phases' windows (StepWindows), the spikes, the allocations' lifetimes across the phases
+    (byte_classes) and the NVTX ranges table with its families; `threads`: memory_threads() of the
+    calls, `alloc_calls`: ranges.alloc_calls when sizes were not collected."""
     found = found_steps(loaded.ranges, threads, step_range,
                         (loaded.launches, loaded.launch_names) if step_range is None else None,
                         loaded.nvtx_steps if step_range is None else None)
     more = {"found_steps": found, "phases": step_phases(found.steps, found.ranges), "spike_window_ns": spike_window_ns,
             "nvtx_ranges": loaded.ranges, "operator_ranges": loaded.operator_ranges, "memory_threads": threads,
             "end_ns": end_ns, "labels": partial(frame_labels, loaded.events), "range_alloc_calls": alloc_calls}
-    answered = Engine([StepWindows(), ByteClassSums(), Spikes(), RangeSums()],
-                      dataclasses.replace(facts, more=more)).run(
+    return Engine([StepWindows(), ByteClassSums(), Spikes(), RangeSums()], dataclasses.replace(facts, more=more)).run(
         [_sharing(whole, {"groups": grouped})], dict(live))
-    return answered["steps"], answered["spikes"], answered["byte_classes"], answered["ranges"]
-
-
-def _timeline(batch: EventBatch, facts: Facts, start_ns: int, end_ns: int) -> tuple[Timeline, Explored]:
-    """The whole frame's timeline series (TimelineSeries over the frame as one `batch`) from
-    `start_ns` to `end_ns`, and what its explorable parts read of the events (Explorable)."""
-    answered = Engine([TimelineSeries(), Explorable()], facts).run([batch], {})
-    return Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=answered["timeline"]), answered["explorable"]

@@ -10,14 +10,12 @@ calls.FailedCalls, and the driver's virtual-memory events, diagnostics.VmmEvents
 labels every event's site (events/flow_labels.py) and attributes it to its NVTX ranges, for the
 engine's sites table (sites.SiteRanks) and ranges table (ranges.RangeSums); the timeline's bands,
 spans and focus from the engine's explore.Explorable as on the whole frame; the steps, growth and
-phases from the engine's reducer (step_windows.py) as on the whole frame. Every section is the
-whole frame's; a section not streamed (none now) would be left empty and named by the diagnostic
-`not_streamed` (NOT_STREAMED), with how to get it.
+phases from the engine's reducer (step_windows.py) as on the whole frame. The document is built
+from the engine's answers as the whole frame's is (analyses.analysis_of).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 from typing import Optional
 
@@ -38,34 +36,28 @@ from ..events.read_order import order_ahead
 from ..events.read_pools import read_pool_events
 from ..events.stream import EventFlow
 from ..events.stream_calls import CallWindow, MemoryCalls
-from ..model import SCHEMA_ID, KINDS, Allocation, Analysis, Diagnostic, Peak, Source, Timeline
+from ..model import KINDS, Analysis, Diagnostic, Source
 from ..sources.schema import Schema
-from .allocations import FreeTimes
-from .answers import gather_answers
-from .bounds import cut_long_strings
-from .byte_classes import ByteClassSums, byte_classes, step_phases
+from .allocations import FreeTimes, Listed, described_peaks
+from .byte_classes import ByteClassSums, step_phases
 from .calls import CallOutcomes, CallStatSums, FailedCalls
-from .capture import EventSpan, capture_facts, capture_span, frame_span, gpus
-from .diagnostics import VmmEvents, capture_diagnostics
-from .explore import Explorable, LargestAllocations, allocation_groups, early_trace_ends
+from .capture import EventSpan, capture_span, frame_span, gpus
+from .diagnostics import VmmEvents
+from .explore import Explorable, LargestAllocations
 from .groups import GroupSums
 from .iterations import iteration_pids
 from .never_freed import NeverFreed
-from .peak import Peaks, PeakSeries, headline, module_load_note, peak_of
+from .peak import Peaks
 from .pools import PoolUses
 from .preallocations import BigBlocks
 from .ranges import RangeSums
-from .sites import SiteRanks, call_site
+from .sites import SiteRanks
 from .spikes import Spikes
-from .stacks import referenced_stacks, stack_bytes
 from .step_windows import StepWindows, found_steps
-from .steps import find_step_ranges, step_diagnostics
+from .steps import find_step_ranges
 from .timeline import TimelineSeries
 from .verdicts import VerdictLooks
-
-# The sections (and parts of sections) the full analysis of the flow leaves out, as the diagnostic names them:
-# none now (the mechanism stays for an analysis added to the whole frame before its stream).
-NOT_STREAMED: tuple[str, ...] = ()
+from . import analysis_of
 
 
 def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
@@ -110,7 +102,7 @@ def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_ve
         verdict_looks = VerdictLooks(outcomes, lambda: ((real for _, real, _ in calls.read()), calls.api_names),
                                      calls.api_names, ranges, gpu_of, total_memory, schema.process_names,
                                      schema.duration_ns, lambda: looks["big_blocks"], more)
-        described = Described(looks, flow, ranges)
+        described = Described(looks, flow)
         label_notes: list[Diagnostic] = []
 
         def second(engine: Engine) -> FlowLabels:
@@ -139,7 +131,7 @@ def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_ve
          FreeTimes(largest, peak_look), *labelling, *verdict_looks.reducers, *reducers],
         Facts(flow.kinds, gpu_of, more)), keep=True)
     looks["big_blocks"] = engine.so_far("big_blocks")  # (AllocatorSums needs them on its second look)
-    notes = list(flow.diagnostics)
+    notes = list(flow.diagnostics)  # (a quick analysis's: those of its first look)
     start_ns, end_ns = capture_span(schema.duration_ns, engine.so_far("event_span").capture, *spans)
 
     def second_look() -> _Again:
@@ -149,79 +141,38 @@ def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_ve
     # the second look's batches labelled on the thread that reads them back (FlowLabels.label)
     flow.replay(second_look, ahead=None if quick else lambda b: looks["second"].label(b))
     answered = engine.finish(flow.live)
-    pools = answered["pools"]
-    kinds = flow.kinds
-    groups = answered["groups"]
-    series = [s for s in answered["peaks"] if s.best_seq >= 0]
-    free_ts = answered["free_times"]
-    peaks = [_peak(s, free_ts, kinds, total_memory, described) for s in series]
-    capture = capture_facts(schema, groups, np.zeros(0, "int64") if quick else calls.threads, report_version,
-                            not ranges.empty or schema.has_nvtx_table)
-    labels = {p.pid: p.label for p in capture.processes}
-
-    def label(pid: int) -> str:
-        return labels.get(pid) or f"process {pid}"
-
-    verdicts = verdict_looks.verdicts(
-        peaks, [lambda s=s: module_load_note(s, described.own_api(s)) for s in series], groups, pools or [], end_ns,
-        described.frame, described.allocations, label)
-    peaks = verdicts.peaks
-    leaks = answered["never_freed"]
-    never_freed = described.allocations(leaks.head(500), {})
-    leaked = described.frame(leaks)
-    largest, allocations_total = answered["largest"]
+    peaks = described_peaks(answered["peaks"], flow.kinds, total_memory, described, answered["free_times"])
     if quick:
-        trace_ends, steps, growth, phases, failed, api_calls = [], [], [], [], [], []
-        step_notes = step_diagnostics(answered["steps"].series, [], False, True, step_range)
-        diagnostics = list(schema.diagnostics) + notes + capture_diagnostics(
-            schema, ranges, {}, groups, peaks, [], report_version, quick=True, pools=pools or [])
-    else:
-        last_calls = last_cuda_calls(conn, schema, calls.last_end_by_pid, ranges)
-        calls.close()  # the calls' chunks kept since the scan: read for the last time by the verdicts
-        trace_ends, failed = early_trace_ends(ranges, last_calls), answered["failed_calls"]
-        api_calls = stat_sums.stats()
-        steps, phases, growth, step_notes = answered["steps"].answers(  # the engine's StepWindows
-            int(end_ns), gpu_of, step_range, last_calls, more["labels"](), capture.processes, verdicts.caps,
-            not ranges.empty, False)
-        diagnostics = list(schema.diagnostics) + list(flow.diagnostics) + label_notes + capture_diagnostics(
-            schema, ranges, last_calls, groups, peaks, failed, report_version, api_calls, False,
-            answered["vmm_events"], flow.call_window.joined_allocations, verdicts.reserved.pools)
-    diagnostics = [d for d in diagnostics if d.code not in verdicts.replaces] + verdicts.diagnostics + step_notes \
-        + ([not_streamed_note()] if NOT_STREAMED and not quick else [])
-    timeline = answered["explorable"].timeline(
-        Timeline(start_ns=int(start_ns), end_ns=int(end_ns), series=answered["timeline"]), trace_ends)
-    timeline = dataclasses.replace(timeline, allocations=described.allocations(largest, free_ts),
-                                   allocations_total=allocations_total)
-    range_table, range_families = ([], []) if quick else answered["ranges"]
-    analysis = Analysis(
-        schema=SCHEMA_ID, scope="quick" if quick else "full", source=source, capture=capture, groups=groups,
-        peak=headline(peaks), peaks=peaks, never_freed=never_freed, never_freed_total=int(len(leaks)),
-        sites=[] if quick else answered["sites"], api_calls=api_calls, failed_calls=failed, ranges=range_table,
-        range_families=range_families, timeline=timeline, diagnostics=diagnostics, caps=verdicts.caps,
-        oom=verdicts.oom, reserved=verdicts.reserved, steps=steps, growth=growth,
-        never_freed_groups=allocation_groups(leaked, np.arange(len(leaks)), described.site_table),
-        never_freed_stacks=stack_bytes(leaked, np.arange(len(leaks))), phases=phases, spikes=answered["spikes"],
-        byte_classes=[] if quick else byte_classes(answered["byte_classes"], verdicts.reserved, growth, gpu_of),
-        events=None, calls=None, nvtx_ranges=None)
-    answers = gather_answers(analysis.peak, analysis.process_peaks(), growth, diagnostics, quick,
-                             {pid: name for pid, name in labels.items() if name}, analysis.byte_classes)
-    stacks = [] if quick else referenced_stacks(looks["second"].registry.stacks, analysis)
-    return cut_long_strings(dataclasses.replace(analysis, answers=answers, stacks=stacks))
+        return analysis_of(schema, source, report_version, True, answered, described, verdict_looks, peaks,
+                           lambda: ([], []), threads=np.zeros(0, "int64"), ranges=ranges, last_calls={},
+                           notes=notes, joined=0, span=(start_ns, end_ns), step_range=step_range,
+                           labels=Labels(), stacks=[])
+    last_calls = last_cuda_calls(conn, schema, calls.last_end_by_pid, ranges)
+    analysis = analysis_of(
+        schema, source, report_version, False, answered, described, verdict_looks, peaks,
+        lambda: (stat_sums.stats(), answered["sites"]), threads=calls.threads, ranges=ranges, last_calls=last_calls,
+        notes=list(flow.diagnostics) + label_notes, joined=flow.call_window.joined_allocations,
+        span=(start_ns, end_ns), step_range=step_range, labels=more["labels"](),
+        stacks=looks["second"].registry.stacks)
+    calls.close()  # the calls' chunks kept since the scan: read for the last time by the verdicts
+    return analysis
 
 
-class _Undescribed:
-    """What a quick analysis says of listed allocations: no thread, API name, site or NVTX range."""
+class _Undescribed(Listed):
+    """What a quick analysis says of listed allocations: no thread, API name, site or NVTX range
+    (_mini), freed as the flow's reducers saw (`free_ts`)."""
 
     site_table: dict = {}
 
     def __init__(self, kinds: list[str]) -> None:
-        self.kinds, self.ranges = kinds, empty_ranges()
+        self.kinds = kinds
 
-    def allocations(self, rows: pd.DataFrame, free_ts: dict, peak=None) -> list[Allocation]:
-        return _allocations(rows, self.kinds, free_ts)
+    def rows(self, listed: pd.DataFrame, peak=None) -> tuple[pd.DataFrame, np.ndarray]:
+        mini = _mini(listed, self.kinds)
+        return mini, np.arange(len(mini))
 
-    def frame(self, rows: pd.DataFrame, peak=None) -> pd.DataFrame:
-        return _mini(rows, self.kinds)
+    def free_times(self, listed: pd.DataFrame, free_ts: dict[int, int]) -> np.ndarray:
+        return np.array([free_ts.get(seq, -1) for seq in listed["seq"].tolist()] if len(listed) else [], "int64")
 
     def peak_event(self, peak) -> None:
         return None
@@ -286,38 +237,14 @@ def _mini(rows: pd.DataFrame, kinds: list[str]) -> pd.DataFrame:
         "site": blank, "operator": blank, "stack": -1, "seq": rows["seq"].to_numpy().astype("int64")})
 
 
-def _allocations(rows: pd.DataFrame, kinds: list[str], free_ts: dict) -> list[Allocation]:
-    site = call_site("", {})
-    return [Allocation(pid=int(pid), tid=-1, device=int(device), kind=kinds[int(kind)],
-                       api="(module load)" if kinds[int(kind)] == "static" else QUICK_API, address=int(address),
-                       bytes=int(size), alloc_time_ns=int(ts), free_time_ns=free_ts.get(int(seq)), nvtx_range="",
-                       site=site, stack_id=None, operator="")
-            for seq, ts, pid, device, kind, address, size
-            in rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False)]
+class Described(_Undescribed):
+    """What the calls say of the allocations run_flow lists (never freed, largest, live at a peak or
+    at an out-of-memory moment): their thread, API name, NVTX range, site, stack and operator, from
+    what the second look kept (FlowLabels.allocation_info) and the site sums once it is done."""
 
-
-def _peak(series: PeakSeries, free_ts: dict, kinds: list[str], total_memory, described) -> Peak:
-    live = series.live_set
-    event = described.peak_event(series) or ("(module load)" if kinds[series.best_kind] == "static" else QUICK_API, "")
-    return peak_of(series, described.frame(live, series), np.arange(len(live)), event, total_memory(series.gpu),
-                   lambda at: described.allocations(live.iloc[at], free_ts, series), described.site_table)
-
-
-def not_streamed_note() -> Diagnostic:
-    return Diagnostic(
-        "warning", "not_streamed",
-        "this export is too large to hold its events whole, so it was analyzed in bounded memory, and these "
-        f"sections are not computed that way yet and are left empty: {', '.join(NOT_STREAMED)}; analyze it "
-        "with nsysan.analyze(path, keep_events=True) on a machine with about 250 bytes of memory per event "
-        "for all of them, or with --quick for the memory-table answers alone")
-
-
-class Described:
-    """What the calls say of the allocations run_flow lists (never freed, largest): their
-    thread, API name, NVTX range, site and stack, from the site sums once the second pass is done."""
-
-    def __init__(self, looks: dict, flow: EventFlow, ranges: pd.DataFrame) -> None:
-        self.looks, self.flow, self.ranges = looks, flow, ranges
+    def __init__(self, looks: dict, flow: EventFlow) -> None:
+        super().__init__(flow.kinds)
+        self.looks = looks
 
     @property
     def site_table(self) -> dict:
@@ -325,27 +252,13 @@ class Described:
             self.looks["site_table"] = self.looks["second"].site_table()
         return self.looks["site_table"]
 
-    def allocations(self, rows: pd.DataFrame, free_ts: dict, peak=None) -> list[Allocation]:
-        """analyses.to_allocations of the rows of listed allocations (live at `peak`)."""
-        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), peak) if len(rows) \
-            else pd.DataFrame()
-        kinds = self.flow.kinds
-        return [Allocation(pid=int(pid), tid=int(tid), device=int(device), kind=kinds[int(kind)], api=str(api),
-                           address=int(address), bytes=int(size), alloc_time_ns=int(ts),
-                           free_time_ns=free_ts.get(int(seq)), nvtx_range=str(nvtx),
-                           site=call_site(site, self.site_table), stack_id=int(stack) if stack >= 0 else None,
-                           operator=str(operator))
-                for (seq, ts, pid, device, kind, address, size), (tid, api, nvtx, site, stack, operator)
-                in zip(rows[["seq", "ts", "pid", "device", "kind", "address", "bytes"]].itertuples(index=False),
-                       info.itertuples(index=False))]  # capped lists
-
-    def frame(self, rows: pd.DataFrame, peak=None) -> pd.DataFrame:
-        """The rows as a small events frame (_mini) with their threads, API names,
-        sites and NVTX ranges; the sites' categories in call_sites' order."""
-        mini = _mini(rows, self.flow.kinds)
+    def rows(self, listed: pd.DataFrame, peak=None) -> tuple[pd.DataFrame, np.ndarray]:
+        """The rows as a small events frame (_mini) with their threads, API names, sites, NVTX
+        ranges, stacks and operators; the sites' categories in call_sites' order."""
+        mini, at = super().rows(listed)
         if mini.empty:
-            return mini
-        info = self.looks["second"].allocation_info(rows["seq"].to_numpy(), peak)
+            return mini, at
+        info = self.looks["second"].allocation_info(listed["seq"].to_numpy(), peak)
         labels = info["site"].tolist()
         order = self.looks["second"].whole_frame_labels()
         mini["tid"] = info["tid"].to_numpy().astype("int32")
@@ -354,7 +267,8 @@ class Described:
         mini["site"] = pd.Categorical(labels, categories=[label for label in order if label in present])
         mini["nvtx_range"] = pd.Categorical(info["nvtx_range"].to_numpy())
         mini["stack"] = info["stack"].to_numpy().astype("int32")
-        return mini
+        mini["operator"] = pd.Categorical(info["operator"].to_numpy())
+        return mini, at
 
     def peak_event(self, peak) -> tuple[str, str]:
         """The API name and NVTX range of the event at which `peak` was reached."""

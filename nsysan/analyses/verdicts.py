@@ -1,6 +1,6 @@
 """The verdicts on out of memory, reserved memory and caps, with the diagnostics that put them in
 every output: one set of reducers (VerdictLooks) on both paths, the whole frame's one batch
-(find_verdicts, for `run_analyses`) and the streamed full analysis's flow (flow.py)."""
+(frame_looks, for `run_analyses`) and the streamed full analysis's flow (flow.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from ..engine import Engine, Facts, GpuOf, Reducer, TotalMemory, frame_batch
+from ..engine import Engine, Facts, GpuOf, Reducer, TotalMemory
 from ..base.cuda_errors import error_name
 from ..events.arrays import one_pair_key
 from ..events.batch import EventBatch
@@ -20,6 +20,7 @@ from ..model import Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, \
     PoolUse, Preallocation, ReservedMemory
 from ..base.units import fmt_bytes, fmt_duration, fmt_time
 from .allocator import AllocatorSums
+from .allocations import Listed
 from .preallocations import block_keys, find_preallocations, preallocated
 from .caps import memory_caps
 from .diagnostics import xla_pids
@@ -44,37 +45,29 @@ class Verdicts:
     replaces: set[str]  # codes of generic diagnostics these verdicts replace
 
 
-def find_verdicts(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutcomes, ranges: pd.DataFrame,
-                  peaks: list[Peak], groups: list[GroupSummary], gpu_of: GpuOf,
-                  total_memory: TotalMemory, to_allocations: Callable,
-                  process_names: dict[int, str], label: Callable[[int], str], end_ns: int,
-                  duration_ns: Optional[int], quick: bool = False,
-                  pools: Optional[list[PoolUse]] = None, batches: Sequence[EventBatch] = (), *,
-                  load_notes: Sequence[Callable[[], str]], big_blocks: pd.DataFrame, live: dict) -> Verdicts:
-    """The verdicts of the whole frame: its reducers (VerdictLooks') over it as one batch, its peaks
-    known before. `quick`: the events have no API names or threads (analyze --quick), which telling
-    an allocator's segments from library workspaces needs: no allocator verdicts then; `batches`:
-    the events as one batch (engine.frame_batch), when made already (or as pieces of it);
-    `load_notes`: each peak's peak.module_load_note, for a peak reached by a module load;
-    `big_blocks`: BigBlocks' answer;
-    `live`: the allocations never freed (engine.frame_live); `outcomes`: call_outcomes of the calls."""
+def frame_looks(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutcomes, ranges: pd.DataFrame,
+                peaks: list[tuple[int, int, int]], gpu_of: GpuOf, total_memory: TotalMemory,
+                process_names: dict[int, str], duration_ns: Optional[int], quick: bool,
+                batches: Sequence[EventBatch], big_blocks: pd.DataFrame, live: dict) -> VerdictLooks:
+    """The verdicts' reducers (VerdictLooks') done with the whole frame, `batches` (engine.frame_batch,
+    or pieces of it), `peaks` and big blocks known before: (pid, device, time) of each process's
+    peak, and BigBlocks' answer. `quick`: the events have no API names or threads (analyze
+    --quick), which telling an allocator's segments from library workspaces needs: no allocator
+    verdicts then; `live`: the allocations never freed (engine.frame_live); `outcomes`:
+    call_outcomes of the calls."""
     def read_calls() -> tuple[Iterable[dict], list[str]]:  # the calls frame as one chunk
         return (chunk for chunk, _ in frame_chunks(calls, len(calls))), list(calls["api"].cat.categories)
 
     looks = VerdictLooks(outcomes, read_calls, None if quick else list(events["api"].cat.categories), ranges,
                          gpu_of, total_memory, process_names, duration_ns, lambda: big_blocks,
-                         {"allocator_peaks": lambda: [(p.pid, p.device, p.peak_time_ns) for p in peaks
-                                                      if p.pid is not None]})
-    Engine(looks.reducers, Facts(list(events["kind"].cat.categories), gpu_of, looks.more)).run(
-        list(batches) or [frame_batch(events)], dict(live))
-    return looks.verdicts(peaks, load_notes, groups, pools or [], end_ns,
-                          lambda rows: events.iloc[rows["seq"].to_numpy()],
-                          lambda rows, free_ts, moment: to_allocations(events.iloc[rows["seq"].to_numpy()]), label)
+                         {"allocator_peaks": lambda: peaks})
+    Engine(looks.reducers, Facts(list(events["kind"].cat.categories), gpu_of, looks.more)).run(batches, dict(live))
+    return looks
 
 
 class VerdictLooks:
     """The verdicts' reducers and how their answers make the Verdicts, on both paths (the whole
-    frame as one batch: find_verdicts; the streamed full analysis's flow: flow.py): the
+    frame as one batch: frame_looks; the streamed full analysis's flow: flow.py): the
     devices of the out-of-memory calls, the maps given access, what tells a run cut short, the live
     sets at the moments of out of memory and, with API names, the allocators and their bursts of
     frees."""
@@ -146,20 +139,18 @@ class VerdictLooks:
         return [m for m in self.failure_moments if m is not None] + list(self.release_moments.values())
 
     def verdicts(self, peaks: list[Peak], load_notes: Sequence[Callable[[], str]], groups: list[GroupSummary],
-                 pools: list[PoolUse], end_ns: int, frame: Callable[[pd.DataFrame], pd.DataFrame],
-                 allocations: Callable, label: Callable[[int], str]) -> Verdicts:
+                 pools: list[PoolUse], end_ns: int, listed: Listed, label: Callable[[int], str]) -> Verdicts:
         """The Verdicts once the looks are done: `load_notes`: each peak's peak.module_load_note,
         for a peak reached by a module load; `end_ns`: the end of the capture's data (a run still
-        climbing near it was cut short); `frame(rows)`: rows (batch_rows' columns) as an events
-        frame, with their API names (the preallocated blocks'); `allocations(rows, free_ts,
-        moment)`: the Allocations of a live set's rows (batch_rows' columns; `free_ts`: seq ->
-        free time of those freed)."""
-        preallocations = find_preallocations(frame(self.blocks()), self.ranges, self.gpu_of, self.total_memory, label)
+        climbing near it was cut short); `listed`: how the preallocated blocks (their API names)
+        and the live sets' allocations are described (allocations.Listed)."""
+        preallocations = find_preallocations(listed.frame(self.blocks()), self.ranges, self.gpu_of, self.total_memory,
+                                             label)
         peaks = [with_note(p, preallocations, note) for p, note in zip(peaks, load_notes)]
         allocators = self.sums.uses(peaks, self.kind_of, preallocations, self.gpu_of, label) if self.sums else []
         retry, number = retries_and_numbers(*self.read_calls(), self.failed) if not self.failed.empty else ((), ())
         failures, probes = failures_and_probes(self.failed, self.ranges, retry, number,
-                                               partial(self._failure, allocations))
+                                               partial(self._failure, listed))
         allocator_ooms, flushes = [], []
         for i, release in enumerate(self.releases):
             moment = self.release_moments.get(i)
@@ -168,7 +159,7 @@ class VerdictLooks:
                 continue
             from ..model.oom_found import AllocatorOom  # made when found (model/oom_found.py)
             allocator_ooms.append(AllocatorOom(release=release, open_ranges=self.open_by_pid.get(release.pid, []),
-                                               live_count=moment.count, live_at_release=allocations(
+                                               live_count=moment.count, live_at_release=listed.allocations(
                                                    moment.largest, self.live_sets.free_ts, moment)))
         oom = OutOfMemory(failures=failures, failed_count=self.outcomes.out_of_memory, probes=probes,
                           allocator_ooms=allocator_ooms, cache_flushes=flushes,
@@ -184,7 +175,7 @@ class VerdictLooks:
                         replaces=({"allocation_failed"} if oom.failures else set())
                         | ({"caching_allocator"} if allocators or preallocations else set()))
 
-    def _failure(self, allocations: Callable, i: int, pid: int, tid: int, api: str, ts: int, code: int, path: str,
+    def _failure(self, listed: Listed, i: int, pid: int, tid: int, api: str, ts: int, code: int, path: str,
                  retried: Optional[int], number: int) -> OomFailure:
         """The i-th out-of-memory failure, with the live set on its GPU then."""
         device = self.failure_devices[i]
@@ -194,7 +185,7 @@ class VerdictLooks:
         process_live = gpu_live = None
         count, live = 0, []
         if moment is not None:
-            count, live = moment.count, allocations(moment.largest, self.live_sets.free_ts, moment)
+            count, live = moment.count, listed.allocations(moment.largest, self.live_sets.free_ts, moment)
             gpu_live, process_live = sum(moment.by_pid.values()), moment.by_pid.get(pid, 0)
         from ..model.oom_found import OomFailure  # made when found (model/oom_found.py)
         return OomFailure(pid=pid, tid=tid, api=api, time_ns=ts, return_value=code, error=error_name(api, code),
