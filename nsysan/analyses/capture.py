@@ -4,6 +4,7 @@ the events' times (EventSpan), one reducer for both."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,9 +28,7 @@ def capture_facts(schema: Schema, groups: list[GroupSummary], thread_pairs: np.n
     devices: dict[int, set] = {}
     for group in groups:
         devices.setdefault(group.pid, set()).add(group.device)
-    threads: dict[int, int] = {}
-    for pair in thread_pairs.tolist():
-        threads[pair >> 24] = threads.get(pair >> 24, 0) + 1
+    threads = Counter(pair >> 24 for pair in thread_pairs.tolist())  # pid -> its threads
     processes = [Process(pid=int(pid), name=schema.process_names.get(int(pid), ""),
                          devices=sorted(devices.get(pid, ())), threads=threads.get(pid, 0))
                  for pid in sorted(set(devices) | set(threads))]

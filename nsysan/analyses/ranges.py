@@ -238,15 +238,17 @@ def ranked_ranges(spans: pd.DataFrame, max_live: np.ndarray, moved: pd.DataFrame
     families = range_families(per_name)
     ranked = sorted(per_name.items(), key=lambda item: (item[1]["allocated"], item[1]["max_live"],
                                                         item[1]["instances"]), reverse=True)  # stable
-    return [RangeStat(name=str(name), instances=int(r["instances"]), total_time_ns=int(r["total_time"]),
-                      allocations=int(r["allocations"]), allocated_bytes=int(r["allocated"]),
-                      freed_bytes=int(r["freed"]), still_live_bytes=int(r["open"]),
-                      max_live_bytes=int(max(r["max_live"], 0)), operator=r["operator"],
-                      first_start_ns=int(r["first_start"]),
-                      alloc_calls=None if alloc_calls is None else int(alloc_calls.get(str(name), 0)),
-                      nested_allocations=int(r["nested_allocations"]),
-                      nested_allocated_bytes=int(r["nested_allocated"]))
+    return [RangeStat(name=str(name), operator=r["operator"], **_summed(r),
+                      alloc_calls=None if alloc_calls is None else int(alloc_calls.get(str(name), 0)))
             for name, r in ranked[:MAX_RANGES]], families  # one per range name
+
+
+def _summed(r: dict) -> dict:
+    """What a row of the ranges table and a family say alike, of their sums (ranked_ranges')."""
+    return dict(instances=int(r["instances"]), total_time_ns=int(r["total_time"]), allocations=int(r["allocations"]),
+                allocated_bytes=int(r["allocated"]), freed_bytes=int(r["freed"]), still_live_bytes=int(r["open"]),
+                max_live_bytes=int(max(r["max_live"], 0)), first_start_ns=int(r["first_start"]),
+                nested_allocations=int(r["nested_allocations"]), nested_allocated_bytes=int(r["nested_allocated"]))
 
 
 def range_families(per_name: dict[str, dict]) -> list[RangeFamily]:
@@ -275,12 +277,7 @@ def range_families(per_name: dict[str, dict]) -> list[RangeFamily]:
         total["first_start"] = min(total["first_start"], row["first_start"])
     ranked = sorted(summed.items(), key=lambda item: (item[1]["nested_allocated"], item[1]["max_live"],
                                                       item[1]["instances"]), reverse=True)[:MAX_RANGES]
-    return [RangeFamily(name=str(name), first=r["first"], last=r["last"], names=r["names"],
-                        instances=int(r["instances"]), total_time_ns=int(r["total_time"]),
-                        allocations=int(r["allocations"]), allocated_bytes=int(r["allocated"]),
-                        freed_bytes=int(r["freed"]), still_live_bytes=int(r["open"]),
-                        max_live_bytes=int(max(r["max_live"], 0)), nested_allocations=int(r["nested_allocations"]),
-                        nested_allocated_bytes=int(r["nested_allocated"]), first_start_ns=int(r["first_start"]))
+    return [RangeFamily(name=str(name), first=r["first"], last=r["last"], names=r["names"], **_summed(r))
             for name, r in sorted(ranked, key=lambda item: item[1]["first_start"])]  # one per family
 
 
