@@ -37,19 +37,16 @@ def summary_rows(result: dict[str, Any], analysis: Optional[Analysis]) -> list[S
     base = dict(report=result["path"], report_hash=result.get("hash"))
     if analysis is None:
         return [SummaryRow(status="failed", error=result.get("error") or "", **base)]
-    warnings = ",".join(sorted({d.code for d in analysis.diagnostics if d.severity in ("warning", "error")}))
     of_process = process_warnings(analysis)
-    procs = {p.pid: p for p in analysis.capture.processes}
+    ranks = {p.pid: p.rank for p in analysis.capture.processes}
     failed = collections.Counter(call.pid for call in analysis.failed_calls)
-    rows = []
-    for row in process_rows(analysis):
-        proc = procs.get(row.pid)
-        rows.append(SummaryRow(status="ok", process=analysis.process_label(row.pid), pid=row.pid,
-                               rank=proc.rank if proc else None, gpu=row.gpu, device=row.device,
-                               peak_bytes=row.peak_bytes, end_bytes=row.end_bytes,
-                               never_freed_bytes=row.never_freed_bytes, growth_per_step_bytes=row.growth_per_step,
-                               failed_allocations=failed[row.pid], warnings=of_process(row.pid), **base))
+    rows = [SummaryRow(status="ok", process=analysis.process_label(row.pid), pid=row.pid, rank=ranks.get(row.pid),
+                       gpu=row.gpu, device=row.device, peak_bytes=row.peak_bytes, end_bytes=row.end_bytes,
+                       never_freed_bytes=row.never_freed_bytes, growth_per_step_bytes=row.growth_per_step,
+                       failed_allocations=failed[row.pid], warnings=of_process(row.pid), **base)
+            for row in process_rows(analysis)]
     if not rows:  # no GPU memory seen (sizes not collected, nothing allocated): the report still gets its row
+        warnings = ",".join(sorted({d.code for d in analysis.diagnostics if d.severity in ("warning", "error")}))
         rows.append(SummaryRow(status="ok", warnings=warnings, failed_allocations=len(analysis.failed_calls), **base))
     return rows
 

@@ -233,10 +233,9 @@ class Analysis(Tables):
         [(2147, 1), (2146, 0)]
         """
         best: dict[int, Peak] = {}
-        for peak in self.peaks:
-            if peak.pid is not None and peak.live_count and (
-                    peak.pid not in best or peak.peak_bytes > best[peak.pid].peak_bytes):
-                best[peak.pid] = peak
+        for peak in sorted(self.peaks, key=lambda p: -p.peak_bytes):  # the first of equal ones
+            if peak.pid is not None and peak.live_count:
+                best.setdefault(peak.pid, peak)
         return sorted(best.values(), key=lambda p: (-p.peak_bytes, p.pid))[:limit]
 
     def process_label(self, pid: Optional[int]) -> str:
@@ -250,10 +249,7 @@ class Analysis(Tables):
         """
         if pid is None:
             return "all processes"
-        for proc in self.capture.processes:
-            if proc.pid == pid and proc.label:
-                return proc.label
-        return f"process {pid}"
+        return next((proc.label for proc in self.capture.processes if proc.pid == pid and proc.label), f"process {pid}")
 
     def memory_cap(self, pid: int, device: int) -> Optional[MemoryCap]:
         """The tightest known cap on what `pid` could hold on CUDA device `device`, or None.

@@ -221,20 +221,13 @@ def _parse_rows(body: list[tuple[int, str]], names: list[str], header_units: lis
         else:
             bad.append(line)
     table = pd.DataFrame(rows, columns=[m or f"_{i}" for i, m in enumerate(meaning)], dtype=object)
+    absent = pd.Series(-1.0, index=table.index)  # a column the log does not have
     used_column = "gpu_used" if kind == "gpu" else "process_used"
-    ok = pd.Series(True, index=table.index)
     utc_ns = _utc_ns(table["time"], zone)
-    ok &= utc_ns.notna()
     used = _sizes(table[used_column], header_units[meaning.index(used_column)])
-    ok &= used.notna()
-    total = (_sizes(table["total"], header_units[meaning.index("total")]) if "total" in table
-             else pd.Series(-1.0, index=table.index))
-    pid = (pd.to_numeric(table["pid"], errors="coerce") if "pid" in table
-           else pd.Series(-1.0, index=table.index))
-    ok &= pid.notna()
-    index = (pd.to_numeric(table["gpu_index"], errors="coerce") if "gpu_index" in table
-             else pd.Series(-1.0, index=table.index))
-    ok &= index.notna()
+    total = _sizes(table["total"], header_units[meaning.index("total")]) if "total" in table else absent
+    pid, index = (pd.to_numeric(table[c], errors="coerce") if c in table else absent for c in ("pid", "gpu_index"))
+    ok = utc_ns.notna() & used.notna() & pid.notna() & index.notna()
     bad.extend(", ".join(map(str, r)) for r in table.loc[~ok].itertuples(index=False))  # the few bad rows only
     _refuse_impossible(what, numbers, ok, {"memory.used" if kind == "gpu" else "used_memory": used,
                                            "memory.total": total}, index, pid)
