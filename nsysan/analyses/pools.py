@@ -26,10 +26,11 @@ import numpy as np
 import pandas as pd
 
 from ..engine import Facts, Reducer
-from ..events.arrays import HIGH, LOW, distinct_rows, pair_key, running_sums
+from ..events.arrays import HIGH, LOW, distinct_rows, pair_key, previous_in_group, running_sums
 from ..events.read_pools import empty_pool_events
 from ..events.batch import EventBatch
 from ..model import PoolUse
+from .timeline import bucket_ends
 
 MAX_POINTS = 2000
 OPERATIONS = {"created": 1, "destroyed": 2, "trimmed": 3}  # 0: a pool allocation or free
@@ -208,12 +209,7 @@ def _bucket_ends(key: np.ndarray, reserved: np.ndarray) -> np.ndarray:
     """The positions, ascending, of the first highest reserve and the last point of each `key`
     (a pool's bucket; the points in time order)."""
     order = np.argsort(key, kind="stable")
-    key, reserved = key[order], reserved[order]
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    lengths = np.diff(np.r_[starts, len(key)])
-    highest = np.repeat(np.maximum.reduceat(reserved, starts), lengths)
-    first_highest = np.minimum.reduceat(np.where(reserved == highest, np.arange(len(key)), len(key)), starts)
-    return np.unique(order[np.r_[first_highest, starts + lengths - 1]])
+    return np.unique(order[bucket_ends(reserved[order], key[order])])
 
 
 def _grown(values: np.ndarray, size: int, fill: int) -> np.ndarray:
@@ -223,17 +219,11 @@ def _grown(values: np.ndarray, size: int, fill: int) -> np.ndarray:
 def _steps(codes: np.ndarray, values: np.ndarray, carry: np.ndarray) -> np.ndarray:
     """Each value minus the one before it of the same code (`carry[code]` before the first);
     `carry` is left holding each code's last value."""
-    if not len(codes):
-        return np.zeros(0, "int64")
-    order = np.argsort(codes, kind="stable")
-    in_order, sorted_codes = values[order], codes[order]
-    before = np.concatenate([[0], in_order[:-1]])
-    starts = np.flatnonzero(np.concatenate([[True], sorted_codes[1:] != sorted_codes[:-1]]))
-    before[starts] = carry[sorted_codes[starts]]
-    carry[sorted_codes[starts]] = in_order[np.append(starts[1:], len(order)) - 1]
-    steps = np.empty_like(in_order)
-    steps[order] = in_order - before
-    return steps
+    previous = previous_in_group(codes, len(carry))
+    before = np.where(previous >= 0, values[np.maximum(previous, 0)], carry[codes])
+    distinct, from_end = np.unique(codes[::-1], return_index=True)
+    carry[distinct] = values[len(codes) - 1 - from_end]  # each code's last value
+    return values - before
 
 
 def reached_before(slot: np.ndarray, when: np.ndarray, amount: np.ndarray, increment: np.ndarray,

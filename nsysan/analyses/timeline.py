@@ -67,7 +67,7 @@ class TimelineSeries(Reducer):
                 continue
             span = max(float(g["last_ts"][row] - g["first_ts"][row]), 1.0)
             bucket = ((ts - g["first_ts"][row]) / span * (buckets - 1)).astype("int64")  # ts sorted: so is bucket
-            keep = _kept(live, bucket)
+            keep = np.unique(np.append(bucket_ends(live, bucket), 0))  # and the batch's first point
             self.points[row].append((ts[keep], live[keep], bucket[keep]))
 
     def finish(self, live: dict) -> list[Series]:
@@ -76,22 +76,22 @@ class TimelineSeries(Reducer):
             parts = self.points[row]
             ts, values = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
             if parts[0][2] is not None:  # each batch's kept points: the same choice among them
-                keep = _kept(values, np.concatenate([p[2] for p in parts]))
+                keep = np.unique(np.append(bucket_ends(values, np.concatenate([p[2] for p in parts])), 0))
                 ts, values = ts[keep], values[keep]
             series.append(Series(int(key >> 24), int(((key >> 8) & 0xFFFF) - 1), str(kinds[key & 0xFF]), ts.tolist(),
                                  values.tolist()))
         return series
 
 
-def _kept(live: np.ndarray, bucket: np.ndarray) -> np.ndarray:
-    """Of points in time order with their (ascending) buckets: per bucket the first at its
-    highest and the last, and the first point of all."""
+def bucket_ends(values: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+    """Of points (at least one) with their buckets, ascending: the positions of each bucket's
+    first point at its highest value and of its last point (in no order; one twice where they
+    are the same)."""
     starts = np.concatenate([[0], np.flatnonzero(np.diff(bucket)) + 1])
     sizes = np.diff(np.append(starts, len(bucket)))
-    highest = np.maximum.reduceat(live, starts)
-    at_highest = np.where(live == np.repeat(highest, sizes), np.arange(len(bucket)), len(bucket))
-    first_highest = np.minimum.reduceat(at_highest, starts)
-    return np.unique(np.concatenate([first_highest, starts + sizes - 1, [0]]))
+    highest = np.maximum.reduceat(values, starts)
+    at_highest = np.where(values == np.repeat(highest, sizes), np.arange(len(bucket)), len(bucket))
+    return np.concatenate([np.minimum.reduceat(at_highest, starts), starts + sizes - 1])
 
 
 def longest_per_process(ranges: pd.DataFrame, limit: int) -> pd.DataFrame:
