@@ -62,7 +62,7 @@ def _repr_html_(analysis: "Analysis") -> str:
     notebook cell: self-contained, nothing is fetched from the network. The model imports no
     renderer, so the package, which knows both, gives `Analysis` its notebook view
     (base/notebook_view.py)."""
-    from .render.notebook import report_frame
+    from .render.html import report_frame
 
     return report_frame(analysis)
 

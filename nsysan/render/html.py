@@ -15,6 +15,7 @@ import base64
 import dataclasses
 import functools
 import hashlib
+from html import escape as escape_html
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -82,6 +83,25 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
         operators=[r for r in analysis.ranges if r.operator],
         process_names={p.pid: p.name for p in analysis.capture.processes},
         gpus={g.id: g for g in analysis.capture.gpus}, stacks={s.id: s for s in analysis.stacks})
+
+
+# The report page in a notebook cell: this tall, and as wide as the cell.
+FRAME_HEIGHT_PX = 720
+
+
+def report_frame(analysis: Analysis) -> str:
+    """An `<iframe>` element holding the report page of `analysis` (a string of HTML), for a
+    notebook cell (Jupyter, VS Code: `Analysis._repr_html_`).
+
+    The page of `nsysan analyze -o` is a whole document with its own styles, script and
+    Content-Security-Policy. Pasted into a notebook, its styles would restyle the notebook and its
+    policy would be ignored; inside an `<iframe srcdoc>` it keeps all three to itself. The frame is
+    sandboxed (scripts run, for the table sorting, but in an origin of their own: they can't reach
+    the notebook), with a height that can be dragged."""
+    return (f'<iframe title="nsysan report: {escape_html(analysis.source.name)}" sandbox="allow-scripts" '
+            f'style="box-sizing:border-box;width:100%;height:{FRAME_HEIGHT_PX}px;border:1px solid #ccc;'
+            'resize:vertical" '
+            f'srcdoc="{escape_html(render_html(analysis), quote=True)}"></iframe>')
 
 
 def timeline_stand_in(images: Optional[Mapping[str, bytes]]) -> Optional[str]:

@@ -17,6 +17,7 @@ from ..model.bytes import BYTE_CLASSES
 from ..model import GPU_RESIDENT_KINDS, KINDS, Allocation, AllocationGroup, Analysis, CallSite, NvtxSpan, Series, Stack, \
     StackBytes
 from ..model.memory import site_in_family
+from ..model.smi import SmiOverlay, SmiSeries
 from ..base.units import fmt_bytes, fmt_frame
 
 
@@ -220,15 +221,14 @@ def smi_lines(analysis: Analysis, panel_key: int, short: dict[int, str]) -> list
     """What nvidia-smi showed on this GPU (`analyze --smi`), drawn over the traced lines: memory.used
     of the GPU, or one process's used_memory, per log, as sampled (the gap to the traced lines is
     what the trace does not see)."""
-    if analysis.smi is None:
-        return []
-    lines = []
-    for s in analysis.smi.series:
-        if s.gpu != panel_key or not s.ts_ns:
-            continue
-        what = "memory.used" if s.pid is None else f"{short.get(s.pid, f'process {s.pid}')} used_memory"
-        lines.append({"label": f"nvidia-smi {printable(s.log)}: {what}", "ts": s.ts_ns, "bytes": s.used_bytes})
-    return lines
+    return [{"label": f"nvidia-smi {printable(s.log)}: " + ("memory.used" if s.pid is None else
+                                                           f"{short.get(s.pid, f'process {s.pid}')} used_memory"),
+             "ts": s.ts_ns, "bytes": s.used_bytes} for s in smi_series(analysis.smi, panel_key)]
+
+
+def smi_series(smi: Optional[SmiOverlay], gpu: int) -> list[SmiSeries]:
+    """The nvidia-smi series of one GPU panel."""
+    return [s for s in smi.series if s.gpu == gpu and s.ts_ns] if smi is not None else []
 
 
 def step_sets(analysis: Analysis, short: dict[int, str]) -> list[dict[str, Any]]:
@@ -260,15 +260,10 @@ def step_sets(analysis: Analysis, short: dict[int, str]) -> list[dict[str, Any]]
 def byte_class_sets(analysis: Analysis, short: dict[int, str]) -> list[dict[str, Any]]:
     """The stacked area of what the bytes are (analysis.byte_classes), one per (process, device):
     each step's classes at its highest point, in BYTE_CLASSES' order, bottom up."""
-    sets = []
-    for b in analysis.byte_classes:
-        if not b.steps:
-            continue
-        sets.append({"pid": b.pid, "device": b.device, "label": short.get(b.pid, f"process {b.pid}"),
-                     "level": printable(b.label), "classes": list(BYTE_CLASSES),
-                     "steps": [[printable(s.label), [getattr(s, f"{c}_bytes") for c in BYTE_CLASSES]] for s in b.steps],
-                     "count": b.step_count, "peak": printable(b.message)})
-    return sets
+    return [{"pid": b.pid, "device": b.device, "label": short.get(b.pid, f"process {b.pid}"),
+             "level": printable(b.label), "classes": list(BYTE_CLASSES),
+             "steps": [[printable(s.label), [getattr(s, f"{c}_bytes") for c in BYTE_CLASSES]] for s in b.steps],
+             "count": b.step_count, "peak": printable(b.message)} for b in analysis.byte_classes if b.steps]
 
 
 def process_names(analysis: Analysis) -> tuple[dict[int, str], dict[int, str]]:

@@ -38,9 +38,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ..model import GPU_RESIDENT_KINDS, Analysis, Gpu, Peak, Series
-from ..model.smi import SmiOverlay, SmiSeries
+from ..model.smi import SmiOverlay
 from ..base.units import fmt_bytes, fmt_time
-from .page_data import home_panels, series_by_gpu
+from .page_data import home_panels, series_by_gpu, smi_series
 
 # Draw the capacity line when the panel reaches this share of the GPU's memory.
 CAPACITY_LINE_SHARE = 0.25
@@ -237,11 +237,10 @@ def _draw_panel(ax, analysis: Analysis, gpu_key: int, series: list[Series], home
     draw_capacity = bool(total) and top >= CAPACITY_LINE_SHARE * total
     unit, scale = byte_unit(max(top, total or 0) if draw_capacity else top)
     names = {p.pid: p.name for p in analysis.capture.processes}
-    pids = sorted({s.pid for s in series})
-    several = len(pids) > 1
+    several = len(drawn) > 1
 
     colors: dict[tuple[int, int], str] = {}
-    for i, s in enumerate(series):
+    for s in series:
         x = np.asarray(s.ts_ns, dtype=np.int64)
         y = np.asarray(s.live_bytes, dtype=np.int64)
         # Nothing is live before the first event; the last value holds to the end of the capture.
@@ -339,15 +338,10 @@ def _label_bands(ax, bands: list, window: tuple[int, int], t_scale: float) -> No
         labelled += 1
 
 
-def _smi_series(smi: Optional[SmiOverlay], gpu: int) -> list[SmiSeries]:
-    """The nvidia-smi series of one GPU panel."""
-    return [s for s in smi.series if s.gpu == gpu and s.ts_ns] if smi is not None else []
-
-
 def _smi_top(smi: Optional[SmiOverlay], gpu: int, window: tuple[int, int]) -> int:
     """The highest nvidia-smi value inside the drawn window, so that the panel's y axis holds it."""
     top = 0
-    for s in _smi_series(smi, gpu):
+    for s in smi_series(smi, gpu):
         ts, used = np.asarray(s.ts_ns), np.asarray(s.used_bytes)
         inside = (ts >= window[0]) & (ts <= window[1])
         if inside.any():
@@ -357,7 +351,7 @@ def _smi_top(smi: Optional[SmiOverlay], gpu: int, window: tuple[int, int]) -> in
 
 def _draw_smi(ax, smi: Optional[SmiOverlay], gpu: int, t_scale: float, scale: float) -> None:
     """Each log's samples of this GPU as steps with a dot per sample."""
-    for i, s in enumerate(_smi_series(smi, gpu)):
+    for i, s in enumerate(smi_series(smi, gpu)):
         who = "memory.used" if s.pid is None else f"process {s.pid} used_memory"
         (line,) = ax.plot(np.asarray(s.ts_ns) / t_scale, np.asarray(s.used_bytes) / scale, drawstyle="steps-post",
                           linewidth=0.9, marker=_SMI_MARKERS[i % len(_SMI_MARKERS)], markersize=2.5,
