@@ -319,22 +319,10 @@ def _child_rows(key: str, a: Analysis) -> dict[str, list[dict[str, Any]]]:
               "module": s.site.module, "apis": ",".join(s.apis), "allocations": s.allocations,
               "allocated_bytes": s.allocated_bytes, "never_freed_bytes": s.never_freed_bytes,
               "never_freed_count": s.never_freed_count, "max_live_bytes": s.max_live_bytes} for s in a.sites]
-    diagnostics = [{"report_hash": key, "n": i, "severity": d.severity, "code": d.code, "message": d.message}
-                   for i, d in enumerate(a.diagnostics)]
-    return {"groups": groups, "steps": _step_rows(key, a), "never_freed": never_freed, "sites": sites,
-            "diagnostics": diagnostics}
-
-
-def _step_rows(key: str, a: Analysis) -> list[dict[str, Any]]:
-    """Per step of each process and device, when the analysis found steps: the step's numbers
-    (its `kept` holders are in the JSON document, not here)."""
-    rows = []
-    ranks = {p.pid: p.rank for p in a.capture.processes}
-    for series in a.steps:
-        for step in series.steps:
-            row = {"report_hash": key, "pid": series.pid, "device": series.device, "gpu": series.gpu,
-                   "process": a.process_label(series.pid), "rank": ranks.get(series.pid), "step": step.number}
-            row.update({k: v for k, v in vars(step).items()
-                        if k != "number" and (v is None or isinstance(v, (bool, int, float, str)))})
-            rows.append(row)
-    return rows
+    diagnostics = [{"report_hash": key, "n": i, **dataclasses.asdict(d)} for i, d in enumerate(a.diagnostics)]
+    # per step of each process and device, the step's numbers (its `kept` holders are in the JSON document)
+    steps = [{"report_hash": key, "pid": series.pid, "device": series.device, "gpu": series.gpu, **who(series.pid),
+              "step": step.number, **{k: v for k, v in vars(step).items()
+                                      if k != "number" and (v is None or isinstance(v, (bool, int, float, str)))}}
+             for series in a.steps for step in series.steps]
+    return {"groups": groups, "steps": steps, "never_freed": never_freed, "sites": sites, "diagnostics": diagnostics}

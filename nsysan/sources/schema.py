@@ -47,8 +47,7 @@ MEM_KIND_BY_NAME = {
     "MANAGED_STATIC": "managed_static",
     "UNKNOWN": "unknown",
 }
-MEM_KIND_FALLBACK = {0: "pageable", 1: "pinned", 2: "device", 3: "array", 4: "managed",
-                     5: "static", 6: "managed_static", 7: "unknown"}
+MEM_KIND_FALLBACK = dict(enumerate(MEM_KIND_BY_NAME.values()))  # ids 0 to 7, in the order above
 # ENUM_CUDA_DEV_MEM_EVENT_OPER: 0 allocation, 1 deallocation. Its `name` column does not start
 # with ALLOC for frees, so map by id.
 MEM_OP_FALLBACK = {0: "alloc", 1: "free"}
