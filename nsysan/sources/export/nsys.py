@@ -188,10 +188,7 @@ def report_version(report: Path) -> str | None:
     (`Report 36398880.`) keep it in the session record at the end of the file. Returns None
     when the file is unreadable, is not a report, or names no version.
     """
-    ends = _report_ends(report)
-    if ends is None:
-        return None
-    head, tail = ends
+    head, tail = _report_ends(report)
     header = _HEADER_VERSION.match(head)
     if header:
         return ".".join(str(int(part)) for part in header.groups())
@@ -202,16 +199,16 @@ def report_version(report: Path) -> str | None:
     return build.group(1).decode("ascii") if build else None
 
 
-def _report_ends(report: Path) -> tuple[bytes, bytes] | None:
-    """The first 4 MiB and the last 1 MiB of a report, or None when it is no readable report."""
+def _report_ends(report: Path) -> tuple[bytes, bytes]:
+    """The first 4 MiB and the last 1 MiB of a report, both empty when it is no readable report."""
     try:
         with open_regular(report) as handle:  # a FIFO or a device could block forever
             head = handle.read(_HEAD_BYTES)
             handle.seek(max(0, os.fstat(handle.fileno()).st_size - _TAIL_BYTES))
             tail = handle.read(_TAIL_BYTES)
     except OSError:
-        return None
-    return (head, tail) if head.startswith(REPORT_MAGIC) else None
+        return b"", b""
+    return (head, tail) if head.startswith(REPORT_MAGIC) else (b"", b"")
 
 
 def _is_version(text: str) -> bool:

@@ -35,10 +35,7 @@ _START_SLACK = datetime.timedelta(seconds=2)
 
 def report_session_start(report: Path) -> datetime.datetime | None:
     """When the capture in a .nsys-rep/.qdrep started (capture machine's clock), or None."""
-    ends = _report_ends(report)
-    if ends is None:
-        return None
-    head, tail = ends
+    head, tail = _report_ends(report)
     found = list(_SESSION_START.finditer(tail)) or list(_SESSION_START.finditer(head))
     return _second_of(found[-1].group(1).decode("ascii")) if found else None
 
