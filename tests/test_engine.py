@@ -1223,7 +1223,7 @@ def explored(name: str, bounds=()) -> tuple:
     found = answer(analysis, Explorable(), bounds, more)
     timeline = found.timeline(analysis.timeline, analysis.timeline.trace_ends)
     return (timeline.bands, timeline.focus_start_ns, timeline.focus_end_ns, timeline.spans, timeline.operator_spans,
-            found.moved, found.first_ts, found.last_ts, found.steps, found.moved_in_steps)
+            found.moved, found.first_ts, found.last_ts, found.steps, found.through_steps - found.before_steps)
 
 
 @pytest.mark.parametrize("name", EXPLORED)

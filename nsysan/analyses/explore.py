@@ -118,7 +118,7 @@ class Explorable(Reducer):
     window). The first look gathers the threads and sums the movement (|delta bytes|, one
     running sum in event order, so the same floats however the batches are cut); between the
     looks the bands are made, and the second look finds where FOCUS_SKIP of the movement had
-    happened and how much moved inside the steps (step_bands). Its answer: `Explored`."""
+    happened and how much moved inside the steps (step_bands). Its answer: itself (finish)."""
 
     field = "explorable"
     needs = ("nvtx_ranges", "operator_ranges")
@@ -163,43 +163,12 @@ class Explorable(Reducer):
             self.through_steps = float(moved[through - 1]) if through else self.through_steps
         self.running = float(moved[-1])
 
-    def finish(self, live: dict) -> "Explored":
-        return Explored(self.ranges, self.operators, self.threads, self.bands, self.moved, self.first_ts,
-                        self.last_ts, self.steps, self.through_steps - self.before_steps)
-
-
-def _movement(b: EventBatch, before: float) -> tuple[np.ndarray, np.ndarray]:
-    """The times of the batch's events that move memory and the movement (sum of |delta bytes|)
-    through each, `before` it included: a running sum in event order, added to as the whole
-    frame's would be (`before` added to the first), in place (one array of floats)."""
-    moving = np.count_nonzero(b.delta)
-    if moving == len(b.delta):  # every event moves memory: no list of rows, no copy of the times
-        ts, moved = b.ts, b.delta.astype("float64")
-    else:
-        rows = np.flatnonzero(b.delta)
-        ts, moved = b.ts[rows], b.delta[rows].astype("float64")
-    if len(moved):
-        np.abs(moved, out=moved)
-        moved[0] += before
-        np.cumsum(moved, out=moved)
-    return ts, moved
-
-
-@dataclasses.dataclass(eq=False)
-class Explored:
-    """Explorable's answer: the threads with memory events (pid, tid), the NVTX bands, and the
-    memory movement: in all, where FOCUS_SKIP of it had happened (`first_ts`), the last event
-    that moved memory (`last_ts`, None: none did) and what moved in the `steps`' span."""
-
-    ranges: pd.DataFrame
-    operators: pd.DataFrame
-    threads: pd.DataFrame
-    bands: list[Band]
-    moved: float
-    first_ts: Optional[int]
-    last_ts: Optional[int]
-    steps: Optional[tuple[int, int]]
-    moved_in_steps: float
+    def finish(self, live: dict) -> "Explorable":
+        """Itself, whose `timeline()` adds what it found to the timeline: the threads with memory
+        events (pid, tid), the NVTX bands, and the memory movement: in all (`moved`), where
+        FOCUS_SKIP of it had happened (`first_ts`), the last event that moved memory (`last_ts`,
+        None: none did) and what moved in the `steps`' span."""
+        return self
 
     def timeline(self, timeline, trace_ends: list[TraceEnd]):
         """`timeline` with its bands, focus window, NVTX and operator spans, and `trace_ends`
@@ -221,7 +190,7 @@ class Explored:
         first, last = self.first_ts if self.first_ts is not None else self.last_ts, self.last_ts
         # Steps where memory hardly moves (a framework that reserved it all before them) are not
         # where it moves: the movement rule stands.
-        if self.steps is not None and self.moved_in_steps >= FOCUS_SKIP * self.moved:
+        if self.steps is not None and self.through_steps - self.before_steps >= FOCUS_SKIP * self.moved:
             steady = after_warm_up(step_bands(self.bands))
             first, last = self.steps[0] if steady is None else steady, self.steps[1]
         for band in self.bands:  # whole bands: a step cut in two reads as a different step
@@ -235,6 +204,23 @@ class Explored:
             last = max(last, max(later))
         pad = int(FOCUS_PAD * (last - first)) if last > first else 1_000_000
         return first - pad, last + pad
+
+
+def _movement(b: EventBatch, before: float) -> tuple[np.ndarray, np.ndarray]:
+    """The times of the batch's events that move memory and the movement (sum of |delta bytes|)
+    through each, `before` it included: a running sum in event order, added to as the whole
+    frame's would be (`before` added to the first), in place (one array of floats)."""
+    moving = np.count_nonzero(b.delta)
+    if moving == len(b.delta):  # every event moves memory: no list of rows, no copy of the times
+        ts, moved = b.ts, b.delta.astype("float64")
+    else:
+        rows = np.flatnonzero(b.delta)
+        ts, moved = b.ts[rows], b.delta[rows].astype("float64")
+    if len(moved):
+        np.abs(moved, out=moved)
+        moved[0] += before
+        np.cumsum(moved, out=moved)
+    return ts, moved
 
 
 class LargestAllocations(Reducer):
