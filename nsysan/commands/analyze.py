@@ -16,7 +16,7 @@ from ..errors import NsysanError
 from ..runtime.memory_budget import budget_bytes
 from ..sources.export import REPORT_SUFFIXES, analysis_export, files_read_for
 from .outputs import check_output_dir, claim_outputs, one_run, write_atomic, write_report
-from ..render.json import render_baseline, render_json, render_json_many
+from ..render.json import dumps, render_baseline, render_json
 from ..base.units import check_step_range, parse_duration
 from .common import out_console, progress_bar, say_error, shown, to_stdout
 
@@ -320,7 +320,8 @@ def _analyze(reports: List[Path], how: HowToAnalyze, outputs: Outputs) -> None:
         results.append(analysis)
         outputs.write(analysis, report, several=len(reports) > 1)
     if outputs.format == "json" and results:
-        text = render_json(results[0]) if len(reports) == 1 else render_json_many(results)
+        # several analyses: one JSON array, a document per input
+        text = render_json(results[0]) if len(reports) == 1 else dumps([a.to_dict() for a in results]) + "\n"
         with to_stdout():
             typer.echo(text, nl=False)
             sys.stdout.flush()  # a closed pipe shows here, not at exit

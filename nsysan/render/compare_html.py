@@ -11,9 +11,10 @@ from __future__ import annotations
 from ..model.comparison import Comparison
 from ..model import Analysis
 from .compare_data import compare_page_data
-from .compare_plot import comparison_png
+from .compare_plot import plot_comparison
 from .html import _environment, content_security_policy, page_script, page_style
 from .json import dumps
+from .png import figure_png
 
 # Written in this order, the page last: a folder with compare.html is complete.
 COMPARE_FILES = ("compare.png", "compare.json", "compare.html")
@@ -30,6 +31,7 @@ def render_comparison_html(c: Comparison, base: Analysis, new: Analysis) -> str:
 def comparison_files(c: Comparison, base: Analysis, new: Analysis) -> dict[str, str | bytes]:
     """compare.png, compare.json and compare.html, by name, in COMPARE_FILES' order (the command
     writes them, all or none: commands/outputs.py)."""
-    files: dict[str, str | bytes] = {"compare.png": comparison_png(c, base, new), "compare.json": dumps(c.to_dict()) + "\n",
+    files: dict[str, str | bytes] = {"compare.png": figure_png(plot_comparison(c, base, new)),
+                                     "compare.json": dumps(c.to_dict()) + "\n",
                                      "compare.html": render_comparison_html(c, base, new)}
     return {name: files[name] for name in COMPARE_FILES}

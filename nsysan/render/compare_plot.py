@@ -18,7 +18,7 @@ from ..model.comparison import Comparison
 from ..errors import printable
 from ..model import GPU_RESIDENT_KINDS, Analysis
 from ..base.units import fmt_bytes
-from .png import byte_unit, figure_png, matplotlib_defaults
+from .png import byte_unit, matplotlib_defaults
 
 _STEP = re.compile(r"^\s*(?:train(?:ing)?[ _-]?)?step\b", re.IGNORECASE)
 _BASE_COLOR, _NEW_COLOR = "#7f7f7f", "#d62728"
@@ -59,10 +59,6 @@ def plot_comparison(c: Comparison, base: Analysis, new: Analysis, limit: int = 8
             ax.grid(True, alpha=0.3)
             ax.legend(loc="upper left", fontsize=8)
         return fig
-
-
-def comparison_png(c: Comparison, base: Analysis, new: Analysis) -> bytes:
-    return figure_png(plot_comparison(c, base, new))
 
 
 def _curve(run: Analysis, pid: Optional[int], gpu: Optional[int]):

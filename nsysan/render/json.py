@@ -15,11 +15,6 @@ def render_json(analysis: Analysis) -> str:
     return dumps(analysis.to_dict()) + "\n"
 
 
-def render_json_many(analyses: list[Analysis]) -> str:
-    """Several analyses as one JSON array (one document per input)."""
-    return dumps([a.to_dict() for a in analyses]) + "\n"
-
-
 def dumps(value: Any) -> str:
     """`json.dumps(value, sort_keys=True, indent=2)`, except that a list of numbers stays on one
     line. The timeline's series are such lists: with one number per line they made 15,000 of the

@@ -11,7 +11,7 @@ from rich.cells import cell_len
 from rich.text import Text
 
 from ..errors import printable
-from ..model import LIVE_AT_START, Analysis, CallSite, Peak, RangeFamily, StepSeries
+from ..model import LIVE_AT_START, Analysis, Peak, RangeFamily, StepSeries
 from ..model.memory import grouped_ranges
 from .layout import NAME, WORD, Column, Lines, Parts, Sheet
 from .oom import DRAWN_CODES, oom_and_reserved
@@ -219,14 +219,11 @@ def _sites_table(analysis: Analysis, top: int) -> Sheet:
     for s in analysis.sites[:top]:
         never = fmt_bytes(s.never_freed_bytes) + f" ({s.never_freed_count})" if s.never_freed_count else "-"
         process = [str(s.pid) if s.pid is not None else "-"] if several else []
-        table.add_row(_site_cell(s.site), *process, s.kind, str(s.allocations), fmt_bytes(s.allocated_bytes), never,
+        # The site's label, and under it (dim) the one line of context it has (the frame the user's line called).
+        site = _t(s.site.label) + ("\n  ↳ " + _t(s.site.context) if s.site.context else "")
+        table.add_row(site, *process, s.kind, str(s.allocations), fmt_bytes(s.allocated_bytes), never,
                       fmt_bytes(s.max_live_bytes))
     return table
-
-
-def _site_cell(site: CallSite) -> str:
-    """The site's label, and under it (dim) the one line of context it has (the frame the user's line called)."""
-    return _t(site.label) + ("\n  ↳ " + _t(site.context) if site.context else "")
 
 
 def _site_stacks(analysis: Analysis, top: int) -> Group:

@@ -59,8 +59,9 @@ def compare_analyses(base: Analysis, new: Analysis) -> Comparison:
     identical = (not notes and not sites and not ranges and all(
         d.base_pid is not None and d.new_pid is not None and not d.peak.changed and not d.end.changed
         and not d.never_freed.changed and not (d.growth_per_step and d.growth_per_step.changed) for d in deltas))
-    base_ref, new_ref = (RunRef(name=a.source.name, path=a.source.path, peak_bytes=a.peak.peak_bytes if a.peak else None,
-                                processes=len(procs)) for a, procs in ((base, base_procs), (new, new_procs)))
+    base_ref, new_ref = (RunRef(name=a.source.name, path=a.source.path, processes=len(procs),
+                                peak_bytes=a.peak.peak_bytes if a.peak else None)
+                         for a, procs in ((base, base_procs), (new, new_procs)))
     comparison = Comparison(schema=COMPARE_SCHEMA_ID, base=base_ref, new=new_ref,
                             matched_by=matched_by, identical=identical, headline="", processes=deltas,
                             sites=sites, ranges=ranges, unchanged_sites=unchanged, notes=notes)
