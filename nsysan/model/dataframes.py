@@ -139,13 +139,13 @@ def _children(parent: _Table) -> Iterator[_Table]:
 
 def _columns(table: _Table) -> dict[str, Any]:
     """Column name -> type hint: the columns of the rows it is inside first, then its own."""
-    own = _flat_fields(table.row_type, "")
+    own = {column: hint for column, hint, _ in _flat(table.row_type)}
     if table.parent is None:
         return own
     # A row inside another table's rows repeats that row's columns, prefixed with its type's
     # name (`peak_pid`; `peak_bytes` stays as it is), its own context columns as they were.
     prefix = _snake(table.parent.row_type.__name__) + "_"
-    parent_own = _flat_fields(table.parent.row_type, "")
+    parent_own = {column for column, _, _ in _flat(table.parent.row_type)}
     context = {}
     for column, hint in _columns(table.parent).items():
         if column in parent_own and not (column.startswith(prefix) and column not in own):
@@ -157,30 +157,27 @@ def _columns(table: _Table) -> dict[str, Any]:
     return columns
 
 
-def _flat_fields(row_type: type, prefix: str) -> dict[str, Any]:
-    """The columns of one object: its scalar and list-of-scalar fields, nested objects spread
-    out with their field name as prefix, lists of objects left to their own table."""
-    columns: dict[str, Any] = {}
+@functools.lru_cache(maxsize=None)
+def _flat(row_type: type) -> tuple[tuple[str, Any, tuple[str, ...]], ...]:
+    """The columns of one object, as (name, type hint, the fields that lead to the value): its scalar
+    and list-of-scalar fields, nested objects spread out with their field name as prefix, lists of
+    objects left to their own table."""
+    columns: list[tuple[str, Any, tuple[str, ...]]] = []
     for name, hint, inner, item in _fields(row_type):
-        if dataclasses.is_dataclass(item):
-            continue
         if dataclasses.is_dataclass(inner):
-            columns.update(_flat_fields(inner, f"{prefix}{name}_"))
-        else:
-            columns[prefix + name] = hint
-    return columns
+            columns += [(f"{name}_{column}", nested, (name, *path)) for column, nested, path in _flat(inner)]
+        elif not dataclasses.is_dataclass(item):
+            columns.append((name, hint, (name,)))
+    return tuple(columns)
 
 
 def _flat_values(obj: Any, row_type: type) -> list[Any]:
-    values: list[Any] = []
-    for name, _, inner, item in _fields(row_type):
-        if dataclasses.is_dataclass(item):
-            continue
-        value = None if obj is None else getattr(obj, name)
-        if dataclasses.is_dataclass(inner):
-            values.extend(_flat_values(value, inner))
-        else:
-            values.append(value)
+    values = []
+    for _, _, path in _flat(row_type):
+        value = obj
+        for name in path:
+            value = None if value is None else getattr(value, name)
+        values.append(value)
     return values
 
 
