@@ -100,6 +100,7 @@ class ByteClassSums(Reducer):
     field = "byte_classes"
     needs = ("phases",)
     second_look = True
+    ahead = True
 
     def start(self, facts) -> None:
         super().start(facts)

@@ -138,8 +138,14 @@ def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_ve
         engine.between()  # (again, should the pass start over)
         return _Again(engine)
 
-    # the second look's batches labelled on the thread that reads them back (FlowLabels.label)
-    flow.replay(second_look, ahead=None if quick else lambda b: looks["second"].label(b))
+    def ahead(batch: EventBatch) -> None:
+        """On the thread that reads the second look's batches back, while the engine looks at the
+        one before: the batch labelled (FlowLabels.label), and looked at by the reducers that may."""
+        if not quick:
+            looks["second"].label(batch)
+        engine.again(batch, ahead=True)
+
+    flow.replay(second_look, ahead=ahead)
     answered = engine.finish(flow.live)
     peaks = described_peaks(answered["peaks"], flow.kinds, total_memory, described, answered["free_times"])
     if quick:
@@ -182,13 +188,13 @@ class _Undescribed(Listed):
 
 
 class _Again:
-    """The second look at a batch: the `engine`'s."""
+    """The second look at a batch: the `engine`'s, but for what run_flow's `ahead` did."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     def add(self, batch) -> None:
-        self.engine.again(batch)
+        self.engine.again(batch, ahead=False)
 
 
 class _Labelling(Reducer):

@@ -80,12 +80,16 @@ class Reducer:
     `field`: the field of `Analysis` it fills. `needs`: what it needs beyond the events (names of
     Facts' entries or other reducers' fields), for the engine to order and feed it;
     `second_look`: it reads every batch twice, the second time knowing what the first summed.
+    `ahead`: its second look reads the batch (labelled, engine.Labels) and the facts alone, so a
+    flow may run it on the thread that reads the batches back, a batch ahead of the others
+    (Engine.again), as long as no other reducer needs its field.
     start -> add(batch) for each batch in time order -> [between() -> again(batch) for each
     batch] -> finish(live) = the field's value."""
 
     field: str = ""
     needs: tuple[str, ...] = ()
     second_look: bool = False
+    ahead: bool = False
 
     def start(self, facts: Facts) -> None:
         self.facts = facts
@@ -112,6 +116,9 @@ class Engine:
         self.reducers = _ordered(list(reducers))
         for reducer in self.reducers:
             reducer.start(facts)
+        needed = {name for reducer in self.reducers for name in reducer.needs}
+        # the second looks that may go a batch ahead of the others (Reducer.ahead)
+        self.ahead = [r.second_look and r.ahead and r.field not in needed for r in self.reducers]
 
     def add(self, batch: EventBatch) -> None:
         for reducer in self.reducers:
@@ -126,9 +133,11 @@ class Engine:
             if reducer.second_look:
                 reducer.between()
 
-    def again(self, batch: EventBatch) -> None:
-        for reducer in self.reducers:
-            if reducer.second_look:
+    def again(self, batch: EventBatch, ahead: Optional[bool] = None) -> None:
+        """The second look at `batch`: of every reducer that looks twice, or (`ahead` true) of
+        those that may go ahead (Reducer.ahead) or (false) of the others."""
+        for reducer, may in zip(self.reducers, self.ahead):
+            if reducer.second_look and (ahead is None or may == ahead):
                 reducer.again(batch)
 
     def finish(self, live: dict) -> dict[str, Any]:

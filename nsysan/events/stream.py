@@ -81,6 +81,16 @@ def _kept_batches() -> Kept[EventBatch]:
     return Kept(CHUNK_ROWIDS, len, groups, lambda read: EventBatch(**read.pop(""), **read))
 
 
+def _each(batches: Iterator[T], work: Callable[[T], None]) -> Iterator[T]:
+    """The items of `batches`, each once `work` is done with it."""
+    try:
+        for batch in batches:
+            work(batch)
+            yield batch
+    finally:
+        batches.close()
+
+
 def _made_ahead(batches: Iterator[T]) -> Iterator[T]:
     """The items of `batches`, each made on a thread of its own while the caller takes the one
     before: the first pass's reading, decoding, ordering, pairing and joining to the calls go on
@@ -158,10 +168,12 @@ class EventFlow:
         self.kinds = list(KINDS) + extra
         self._kind_code = {name: i for i, name in enumerate(self.kinds)}
 
-    def feed(self, make: Callable[[], T], keep: bool = False) -> T:
+    def feed(self, make: Callable[[], T], keep: bool = False,
+             ahead: Optional[Callable[[EventBatch], None]] = None) -> T:
         """One pass of every batch into `make()`'s `add`; the filled object. When rows turn out
         to be out of time order, the pass starts again on a new object, as a merge. `keep`: the
-        batches are also written to a temporary file, for `replay`."""
+        batches are also written to a temporary file, for `replay`. `ahead(batch)`: work on each
+        batch before `add`, done where the batches are made (see replay)."""
         if self.runs is None and self.first_starts is None and not getattr(self, "_probed", False):
             self._probed = True  # once: a later pass knows the runs already
             if self.order_ahead is not None:  # found meanwhile (read_order.order_ahead)
@@ -172,7 +184,8 @@ class EventFlow:
             consumer = make()
             kept = _kept_batches() if keep else None
             try:
-                batches = _made_ahead(self._batches()) if self.made_ahead else self._batches()
+                batches = self._batches() if ahead is None else _each(self._batches(), ahead)
+                batches = _made_ahead(batches) if self.made_ahead else batches
                 for number, batch in enumerate(batches):
                     consumer.add(batch)
                     if kept is not None:
@@ -217,7 +230,7 @@ class EventFlow:
         if kept is None or not kept.complete:
             if kept is not None:
                 kept.close()
-            return self.feed(make)
+            return self.feed(make, ahead=ahead)
         consumer = make()
 
         def read_back() -> Iterator[EventBatch]:
@@ -225,12 +238,11 @@ class EventFlow:
             for batch in kept:
                 batch.live_before = live
                 live = live_after(live, batch)
-                if ahead is not None:
-                    ahead(batch)
                 yield batch
 
         try:
-            for number, batch in enumerate(_made_ahead(read_back())):
+            batches = read_back() if ahead is None else _each(read_back(), ahead)
+            for number, batch in enumerate(_made_ahead(batches)):
                 consumer.add(batch)
                 _give_back(number)
         finally:
