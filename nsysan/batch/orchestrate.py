@@ -120,7 +120,7 @@ class _HeldInterrupts:
 
     def __init__(self) -> None:
         self.holding = False
-        self.pending: list[int] = []
+        self.pending: Optional[int] = None  # the first signal that came while held
         self.previous: dict[int, Any] = {}
         self.raised: Optional[int] = None  # the signal last acted on
         self.unraisable_hook: Any = None
@@ -156,7 +156,7 @@ class _HeldInterrupts:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self.holding:
-            self.pending.append(signum)
+            self.pending = self.pending or signum
         else:
             self._act(signum, frame)
 
@@ -175,8 +175,7 @@ class _HeldInterrupts:
         finally:
             self.holding = False
             if self.pending:
-                signum = self.pending[0]
-                self.pending.clear()
+                signum, self.pending = self.pending, None
                 self._act(signum, None)
 
 

@@ -150,12 +150,9 @@ def _outliers(fleet: str, values: list[tuple[str, int]], metric: str, what: str)
     mad = statistics.median(abs(v - median) for v in numbers)
     found = []
     for where, value in values:
-        if mad > 0:
-            score: Optional[float] = 0.6745 * (value - median) / mad
-            stands_out = score > MAD_SCORE  # type: ignore[operator]
-        else:
-            score = None
-            stands_out = value - median > max(MAD_FLOOR_BYTES, MAD_FLOOR_SHARE * abs(median))
+        score = 0.6745 * (value - median) / mad if mad > 0 else None
+        stands_out = (score > MAD_SCORE if score is not None
+                      else value - median > max(MAD_FLOOR_BYTES, MAD_FLOOR_SHARE * abs(median)))
         if stands_out:
             how = f"modified z-score {score:.1f}" if score is not None else "the other ranks are equal"
             found.append(Outlier(where=where, metric=metric, value=value, median=median, score=score,
