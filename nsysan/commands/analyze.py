@@ -324,7 +324,6 @@ def _analyze(reports: List[Path], how: HowToAnalyze, outputs: Outputs) -> None:
         text = render_json(results[0]) if len(reports) == 1 else dumps([a.to_dict() for a in results]) + "\n"
         with to_stdout():
             typer.echo(text, nl=False)
-            sys.stdout.flush()  # a closed pipe shows here, not at exit
     if failures:
         raise typer.Exit(2)
 

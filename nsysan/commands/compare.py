@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -60,7 +59,6 @@ def compare(
     with to_stdout():
         if format == "json":
             typer.echo(dumps(comparison.to_dict()))
-            sys.stdout.flush()
             return
         from ..render.compare_terminal import render_comparison_terminal
 

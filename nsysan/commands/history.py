@@ -3,7 +3,6 @@ and the first run at which each moved beyond the noise of the runs before it."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -53,7 +52,6 @@ def history(
             from ..render.json import dumps
 
             typer.echo(dumps(found.to_dict()))
-            sys.stdout.flush()
             return
         from ..render.history import render_history_terminal
 
