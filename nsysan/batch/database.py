@@ -293,11 +293,9 @@ def _report_facts(a: Analysis) -> dict[str, Any]:
 def _growth_facts(a: Analysis) -> dict[str, Any]:
     """The largest growth per step of any process with judged steps, and its verdict (what
     `nsysan history` tracks); None without steps."""
-    judged = [g for g in a.growth if g.first_step is not None]
-    if not judged:
-        return {"growth_bytes_per_step": None, "growth_verdict": None}
-    worst = max(judged, key=lambda g: g.bytes_per_step)
-    return {"growth_bytes_per_step": worst.bytes_per_step, "growth_verdict": worst.verdict}
+    worst = max((g for g in a.growth if g.first_step is not None), key=lambda g: g.bytes_per_step, default=None)
+    return {"growth_bytes_per_step": worst.bytes_per_step if worst else None,
+            "growth_verdict": worst.verdict if worst else None}
 
 
 def _child_rows(key: str, a: Analysis) -> dict[str, list[dict[str, Any]]]:
