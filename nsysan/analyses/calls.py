@@ -23,8 +23,6 @@ CALL_CHUNK = 1 << 20
 def api_call_stats(calls: pd.DataFrame) -> list[ApiCallStat]:
     """Per memory API: calls, failures, total and longest time; most called first (ties: the API
     called first comes first)."""
-    if calls.empty:
-        return []
     sums = CallStatSums(list(calls["api"].cat.categories), list(calls["family"].cat.categories))
     for chunk, family in frame_chunks(calls, CALL_CHUNK):
         sums.add(chunk, family)
@@ -46,8 +44,6 @@ def frame_chunks(calls: pd.DataFrame, rows: int) -> Iterator[tuple[dict, np.ndar
 def allocations_with_events(calls: pd.DataFrame) -> int:
     """The successful allocation calls that caused a memory event (their `has_event`, found as the
     events were joined to their calls; the streamed flow's CallWindow counts them as it joins)."""
-    if calls.empty:
-        return 0
     succeeded = ((calls["family"] == "alloc") & (calls["return_value"] == 0)).to_numpy()
     return int((succeeded & calls["has_event"].to_numpy()).sum())
 

@@ -199,8 +199,6 @@ def _incomplete_trace(schema: Schema, last_cuda_call_ns: dict[int, int], ranges:
                                     f"the capture was made with Nsight Systems {capture_version}, older than the "
                                     f"CUDA {schema.cuda_driver_version} driver it traced; such captures often miss "
                                     f"CUDA events: profile again with a current nsys: {rerun_command(schema)}"))
-    if ranges.empty:
-        return found
     finite = ranges[ranges["end_ns"] < np.iinfo("int64").max // 4]
     for pid, last in sorted(last_cuda_call_ns.items()):  # one per process
         later = finite[(finite["pid"] == pid) & (finite["start_ns"] > last)]
@@ -251,8 +249,6 @@ def _static_memory(groups: list[GroupSummary]) -> list[Diagnostic]:
 def xla_pids(ranges: pd.DataFrame) -> set[int]:
     """Processes that ran XLA (JAX, TensorFlow): XLA names its NVTX ranges Xla* (XlaModule:…,
     XlaCompile:…), PyTorch never does. Such a process is never described as PyTorch."""
-    if ranges.empty:
-        return set()
     names = ranges["name"].astype(str)
     return set(pd.unique(ranges["pid"].to_numpy()[names.str.startswith("Xla").to_numpy()]).tolist())
 

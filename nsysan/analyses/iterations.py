@@ -81,8 +81,6 @@ def with_iterations(found: dict[int, tuple[str, pd.DataFrame]], iterations: dict
 def find_iterations(launches: pd.DataFrame, names: dict[int, str], pids: list[int]) -> dict[int, Iterations]:
     """Per process among `pids`, its steps as found from its launch sequence, when it repeats."""
     found = {}
-    if launches.empty:
-        return found
     pid_column = launches["pid"].to_numpy()
     for pid in pids:  # a few processes
         mine = launches[pid_column == pid]

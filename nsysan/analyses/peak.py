@@ -14,16 +14,13 @@ from ..engine import Facts, Reducer
 from ..events.load import QUICK_API
 from ..events.arrays import LOW, category_codes, pair_key, pair_of
 from ..events.batch import EventBatch, batch_rows
-from ..model import GPU_RESIDENT_KINDS, Allocation, AllocationGroup, Holder, Peak
+from ..model import GPU_RESIDENT_KINDS, Allocation, Holder, Peak
 from .pools import reached_before
 from .explore import allocation_groups
 from .stacks import stack_bytes
 
 LIVE_AT_PEAK = 20  # allocations listed per peak (largest first); live_count has them all
 MADE_OF = 5  # (site, range) pairs listed per peak
-
-ToAllocations = Callable[[pd.DataFrame], list[Allocation]]
-ToGroups = Callable[[np.ndarray], list[AllocationGroup]]  # alloc rows -> grouped by site and range
 
 
 @dataclass
@@ -235,8 +232,6 @@ def module_load_note(s: PeakSeries, own_api: Optional[str]) -> str:
 def made_of(events: pd.DataFrame, rows: np.ndarray, limit: int = MADE_OF) -> list[Holder]:
     """The live allocations `rows` summed by call site, largest first; a site's NVTX range is named
     when all its allocations share one."""
-    if len(rows) == 0:
-        return []
     # Category codes, not strings: a peak of a large capture has 1e5 allocations live.
     site, name = events["site"], events["nvtx_range"]
     site_codes = category_codes(site)[rows].astype("int64")

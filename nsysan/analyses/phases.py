@@ -79,8 +79,6 @@ def _phase(pid: int, device: int, gpu, path: str, rows: pd.DataFrame) -> Phase:
 
 def innermost_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray, end_ns: int) -> list[tuple[int, int, int]]:
     """(pid, start_ns, end_ns) of every closed range on a memory thread that holds no other range."""
-    if ranges.empty:
-        return []
     keys = thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy())
     parents = ranges["parent"].to_numpy()
     leaf = ~np.isin(np.arange(len(ranges)), parents[parents >= 0])

@@ -50,8 +50,6 @@ def stack_bytes(events: pd.DataFrame, rows: np.ndarray, limit: int = MAX_STACK_B
     the oldest one's allocation time, largest first (ties in the order of their labels, so that the
     whole-frame and the streamed analyses, whose category codes differ, list them alike); at most
     `limit`."""
-    if len(rows) == 0:
-        return []
     kinds, sites = events["kind"].cat.categories, events["site"].cat.categories
     columns = [events["pid"].to_numpy()[rows], events["device"].to_numpy()[rows],
                category_codes(events["kind"])[rows], category_codes(events["site"])[rows],

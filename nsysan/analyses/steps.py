@@ -164,8 +164,6 @@ def holders_by_step(step: np.ndarray, site: np.ndarray, name: np.ndarray, size: 
 
 def memory_threads(calls: pd.DataFrame) -> np.ndarray:
     """pid << 24 | tid of every thread that made a memory call (an event's thread is its call's)."""
-    if calls.empty:
-        return np.zeros(0, "int64")
     return distinct_pairs(calls["pid"].to_numpy(), calls["tid"].to_numpy(), 24, 0xFFFFFF)
 
 

@@ -117,8 +117,6 @@ def top_level_bands(ranges: pd.DataFrame, threads: pd.DataFrame, limit: int = MA
     autograd threads, for one) carry library ranges such as cub sorts. A process whose main
     thread has no ranges falls back to the threads that allocated.
     """
-    if ranges.empty:
-        return []
     top = ranges[ranges["depth"] == 1]
     # distinct values by a hash pass: np.unique and np.isin sort all 1e7 events' keys
     pids = pd.unique(threads["pid"].to_numpy()) if not threads.empty else np.unique(top["pid"].to_numpy())

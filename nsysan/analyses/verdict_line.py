@@ -20,8 +20,6 @@ from ..model import Analysis, Answer
 from ..base.units import fmt_bytes, fmt_share, fmt_time
 from .graphs import share_text
 
-HEADLINE_CODE = "verdict"
-
 
 def with_verdict(analysis: Analysis) -> Analysis:
     """The analysis with its verdict as the first answer (topic "verdict")."""

@@ -42,7 +42,6 @@ WHAT = {**{a: "context" for a in CONTEXT_APIS}, **{a: "load" for a in LOAD_APIS}
         **{a: "capture_end" for a in CAPTURE_END_APIS}, **{a: "instantiate" for a in INSTANTIATE_APIS},
         **{a: "exec_destroy" for a in EXEC_DESTROY_APIS}, **{a: "graph_destroy" for a in GRAPH_DESTROY_APIS},
         **{a: "launch" for a in LAUNCH_APIS}, **{a: "mem_node" for a in MEM_NODE_APIS}}
-CODE_CALL_COLUMNS = ["ts_ns", "end_ns", "pid", "tid", "api", "what"]
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 # A load is named by the first kernel of its process that started within this long after it.
 KERNEL_AFTER_LOAD_NS = 1_000_000_000

@@ -37,14 +37,8 @@ def pool_usage(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
     """The pool allocations and frees among the raw memory rows (read_memory_events), with their
     pool's reserve then (`localMemoryPoolSize`, schema 3.0+): POOL_USAGE_COLUMNS, in time order.
     Call it before `normalize` consumes the raw columns."""
-    return pool_usage_of(pool_rows(raw, schema))
-
-
-def pool_rows(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
-    """The pool rows among raw memory rows, in their order, with what tells copies apart (block,
-    call); pool_usage_of makes POOL_USAGE_COLUMNS of them (of one chunk's, or of every chunk's)."""
     if raw.empty or "pool_size" not in raw:
-        return pd.DataFrame()
+        return empty_pool_usage()
     rows = np.flatnonzero(int_column(raw, "pool_address") != 0)
     # a row without a usable time is left out, as the events leave it out: it has no place in time
     start = raw["start"].iloc[rows]
@@ -52,9 +46,9 @@ def pool_rows(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
         else ints(raw.iloc[rows], "start").isna().to_numpy()
     rows = rows[usable_times(int_column(raw, "start")[rows], no_start, schema.time_offset_ns)]
     if len(rows) == 0:
-        return pd.DataFrame()
+        return empty_pool_usage()
     alloc_ids = [i for i, name in schema.mem_ops.items() if name == "alloc"]
-    return pd.DataFrame({
+    found = pd.DataFrame({
         "ts_ns": int_column(raw, "start")[rows] - schema.time_offset_ns,
         "pid": ((int_column(raw, "global_pid")[rows] >> 24) & 0xFFFFFF).astype("int32"),
         "device": np.clip(int_column(raw, "device")[rows], -1, 32767).astype("int16"),
@@ -65,23 +59,17 @@ def pool_rows(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
         "block": int_column(raw, "address")[rows], "call": int_column(raw, "correlation_id")[rows],
         **({"position": int_column(raw, "position")[rows]} if "position" in raw else {}),
     })
+    if "position" in found:  # rows read out of export order: back into it first
+        found = found.sort_values("position", kind="stable").drop(columns=["position"])
+    # rows written twice (an export written twice into one file) count once, as in normalize
+    found = found[~found.duplicated().to_numpy()].drop(columns=["block", "call"])
+    return found.sort_values("ts_ns", kind="stable", ignore_index=True)
 
 
 def usable_times(start: np.ndarray, start_null: np.ndarray, time_offset_ns: int) -> np.ndarray:
     """Which `start`s place a row in time: not NULL, within ±2^61 ns (73 years) of the export's
     time shift (normalize leaves other memory rows out: their sort keys would wrap)."""
     return ~start_null & (np.abs(np.clip(start, -2**62, 2**62) - time_offset_ns) <= 2**61)
-
-
-def pool_usage_of(rows: pd.DataFrame) -> pd.DataFrame:
-    """POOL_USAGE_COLUMNS of pool_rows, in time order."""
-    if rows.empty:
-        return empty_pool_usage()
-    if "position" in rows:  # rows read out of export order: back into it first
-        rows = rows.sort_values("position", kind="stable").drop(columns=["position"])
-    # rows written twice (an export written twice into one file) count once, as in normalize
-    frame = rows[~rows.duplicated().to_numpy()].drop(columns=["block", "call"])
-    return frame.sort_values("ts_ns", kind="stable", ignore_index=True)
 
 
 def read_pool_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:

@@ -14,9 +14,9 @@ Allocations are paired with frees by (process, address) across batches, by the f
 (normalize.pair_allocs_and_frees) over the batch and the allocations still live before it, which
 are carried from batch to batch and are all that grows with the capture.
 
-The memory-pool rows (read_pools.pool_rows: every row with a pool, those left out of the events
+The memory-pool rows (read_pools.pool_usage: every row with a pool, those left out of the events
 for a bad value too, as long as they have a time) flow in the same order, each batch carrying the
-pool rows of its timestamps (`EventBatch.pools`, in pool_usage_of's order).
+pool rows of its timestamps (`EventBatch.pools`, in pool_usage's order).
 """
 
 from __future__ import annotations
@@ -467,7 +467,7 @@ def _no_rows() -> dict:
 
 
 def _pool_rows(rows: dict, time_offset_ns: int) -> dict:
-    """The pool rows among a batch's rows (all of their timestamps) as read_pools.pool_usage_of
+    """The pool rows among a batch's rows (all of their timestamps) as read_pools.pool_usage
     makes them of the whole table: POOL_USAGE_COLUMNS (in that order), in time then export order,
     without the rows that repeat another exactly."""
     at = np.flatnonzero(rows["pool_address"] != 0)
