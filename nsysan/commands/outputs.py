@@ -158,17 +158,15 @@ def _stage(path: Path, payload: bytes, digest: str) -> Optional[tuple[Path, Path
             found: os.stat_result | None = os.stat(path)  # through symlinks, /proc/self/fd/1 included
         except FileNotFoundError:
             found = None
-        mode = found.st_mode if found is not None else None
-        if found is not None and stat.S_ISREG(found.st_mode):
-            earlier = _written.get((found.st_dev, found.st_ino)) if _written is not None else None
-            if earlier is not None and earlier[1] != digest:
-                raise NsysanError(f"refusing to write {path}: this run already wrote another document "
-                                  f"there ({earlier[0]}); give each output its own name")
-        if mode is not None and stat.S_ISDIR(mode):
+        if found is not None and stat.S_ISDIR(found.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-        if mode is not None and not stat.S_ISREG(mode):
+        if found is not None and not stat.S_ISREG(found.st_mode):
             _write_into(path, payload)
             return None
+        earlier = _written.get((found.st_dev, found.st_ino)) if found is not None and _written is not None else None
+        if earlier is not None and earlier[1] != digest:
+            raise NsysanError(f"refusing to write {path}: this run already wrote another document "
+                              f"there ({earlier[0]}); give each output its own name")
         target = Path(os.path.realpath(path))  # a regular file or none yet: replace what a link points to
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -266,19 +264,13 @@ def append_text(path: Path, text: str, what: str) -> None:
         os.close(fd)
 
 
-def write_folder(out_dir: Path, files: dict[str, Union[str, bytes]]) -> None:
-    """A report folder's files (in the dict's order), all or none, after checking the folder."""
-    out_dir = Path(out_dir)
-    check_output_dir(out_dir)
-    write_all_or_none({out_dir / name: data for name, data in files.items()})
-
-
 def write_report(analysis: "Analysis", out_dir: Path, full_paths: bool = False) -> Path:
     """Write report.html, timeline.png, sites.png and analysis.json into `out_dir` (all or none: a
     full disk leaves the last run's report whole); return the page's path."""
     from ..render.html import report_files  # matplotlib and jinja: 0.4 s, paid only for -o
 
-    write_folder(out_dir, report_files(analysis, full_paths))
+    check_output_dir(out_dir)
+    write_all_or_none({Path(out_dir) / name: data for name, data in report_files(analysis, full_paths).items()})
     return Path(out_dir) / "report.html"
 
 
@@ -286,5 +278,6 @@ def write_comparison(c: "Comparison", base: "Analysis", new: "Analysis", out_dir
     """Write compare.png, compare.json and compare.html into `out_dir` (all or none); the page's path."""
     from ..render.compare_html import comparison_files
 
-    write_folder(out_dir, comparison_files(c, base, new))
+    check_output_dir(out_dir)
+    write_all_or_none({Path(out_dir) / name: data for name, data in comparison_files(c, base, new).items()})
     return Path(out_dir) / "compare.html"
