@@ -104,13 +104,14 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         answered.update(_steps(loaded, whole, live, grouped, threads, facts, end_ns, spike_window_ns, step_range,
                                counted), pools=pools)
         answered.update(timeline_later.result())
-        del grouped  # the order of 1e7 events into groups and their running sums, read by nothing after
         peaks = peaks_later.result()
         looks = frame_looks(events, calls, outcomes, ranges, [(p.pid, p.device, p.peak_time_ns) for p in peaks[0]
                                                               if p.pid is not None], gpu_of, total_memory,
-                            schema.process_names, schema.duration_ns, loaded.quick, [_sharing(whole)],
-                            answered["big_blocks"], live)
-        del whole  # its made columns (seq, partner_seq: 160 MB at 1e7 events), read by nothing after
+                            schema.process_names, schema.duration_ns, loaded.quick,
+                            [_sharing(whole, {"groups": grouped})], answered["big_blocks"], live)
+        # the order of 1e7 events into groups and their running sums, and the batch's made columns
+        # (seq, partner_seq: 160 MB at 1e7 events), read by nothing after
+        del grouped, whole
 
         def later() -> tuple[list, list]:
             # Whichever core is free takes what is left of the second core's queue, the last queued first.
