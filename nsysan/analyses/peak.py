@@ -255,7 +255,4 @@ def made_of(events: pd.DataFrame, rows: np.ndarray, limit: int = MADE_OF) -> lis
 
 def headline(peaks: list[Peak]) -> Optional[Peak]:
     """The highest per-process peak (earliest on ties)."""
-    per_process = [p for p in peaks if p.pid is not None]
-    if not per_process:
-        return None
-    return max(per_process, key=lambda p: (p.peak_bytes, -p.peak_time_ns))
+    return max((p for p in peaks if p.pid is not None), key=lambda p: (p.peak_bytes, -p.peak_time_ns), default=None)

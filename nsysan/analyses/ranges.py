@@ -300,8 +300,6 @@ def nested_sums(by_path: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
 def path_names(ranges: pd.DataFrame) -> dict[str, frozenset]:
     """The names on each NVTX path (events.nvtx.range_paths' strings) from the ranges' parents, not
     by splitting the path (a name may hold " > ")."""
-    if ranges.empty:
-        return {}
     paths = range_paths(ranges)
     parent, names = ranges["parent"].to_numpy(), ranges["name"].to_numpy(dtype=object)
     depth = ranges["depth"].to_numpy()
@@ -322,8 +320,6 @@ def alloc_calls(calls: pd.DataFrame, ranges: pd.DataFrame) -> dict[str, int]:
     """Allocation calls per innermost range name (only read when sizes were not collected: the
     calls are then all there is to count)."""
     allocs = calls[(calls["family"] == "alloc").to_numpy()]
-    if allocs.empty:
-        return {}
     names, _ = attribute_ranges(allocs, ranges)
     counts = pd.Series(np.asarray(names)).value_counts()
     return {str(name): int(count) for name, count in counts.items()}  # one per range name

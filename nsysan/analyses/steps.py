@@ -49,8 +49,6 @@ def find_step_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray,
     made none (a capture that began after warm-up, with the caching allocator full: its memory
     events are the blocks already live) has its steps looked for on all its threads.
     """
-    if ranges.empty:
-        return {}
     keys = thread_key(ranges["pid"].to_numpy(), ranges["tid"].to_numpy())
     candidates = ranges[np.isin(keys, memory_threads) | ~np.isin(ranges["pid"].to_numpy(), memory_threads >> 24)]
     if pattern is not None:
@@ -63,8 +61,6 @@ def find_step_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray,
         # libraries' own ranges repeat every step too, but are not the loop: left to --step-range
         library = family.str.contains(LIBRARY_RANGES, regex=True).to_numpy() | (family == "").to_numpy()
         candidates, family = candidates[~library], family[~library]
-    if candidates.empty:
-        return {}
     # Counted and ranked in plain Python: a few hundred ranges, where pandas' groupby, sorts and
     # masks took 16 ms of the GPT-2 capture's analysis (issue 31).
     with_family = candidates.assign(family=family)
