@@ -221,11 +221,9 @@ def _refilled(steps: list) -> str:
     if not flushes:
         return ""
     flush, after = steps[flushes[-1]], steps[flushes[-1] + 1:]
-    flat = 0
-    for step in reversed(after):
-        if abs(step.delta_bytes) > _threshold(step.start_live_bytes):
-            break
-        flat += 1
+    # the steps at the end that changed nothing
+    flat = next((i for i, step in enumerate(reversed(after))
+                 if abs(step.delta_bytes) > _threshold(step.start_live_bytes)), len(after))
     if flat < FLAT_AFTER_FLUSH:
         return ""
     text = (f"gave {fmt_bytes(-flush.delta_bytes)} back in step {flush.number} (torch.cuda.empty_cache() or the "
@@ -241,11 +239,8 @@ def _quiet(steps: list) -> str:
     """The span of the last steps that allocated and freed nothing at all ("0-4": the caching
     allocator serves every step, or a capture began after warm-up), when at least MIN_JUDGED
     did, else ""."""
-    quiet = 0
-    for step in reversed(steps):
-        if step.allocated_bytes or step.freed_bytes:
-            break
-        quiet += 1
+    quiet = next((i for i, step in enumerate(reversed(steps)) if step.allocated_bytes or step.freed_bytes),
+                 len(steps))
     return _span(steps[len(steps) - quiet:]) if quiet >= MIN_JUDGED else ""
 
 

@@ -66,7 +66,4 @@ def assign_ranks(processes: list[Process], groups: list[GroupSummary],
 
 
 def _first(keys: dict[str, str], names: tuple[str, ...]) -> Optional[int]:
-    for name in names:
-        if name in keys:
-            return int(keys[name])
-    return None
+    return next((int(keys[name]) for name in names if name in keys), None)

@@ -139,7 +139,4 @@ def python_context_frame(functions: list[str], site: int) -> int:
     """Index of the frame shown under a Python site: the nearest frame it called whose function is
     public (`to`, `forward`), past the wrappers in between (`_wrapped_call_impl`, `_call_impl`);
     -1 when the site is the innermost frame."""
-    for i in range(site - 1, -1, -1):
-        if not functions[i].startswith("_"):
-            return i
-    return site - 1
+    return next((i for i in range(site - 1, -1, -1) if not functions[i].startswith("_")), site - 1)
