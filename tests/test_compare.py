@@ -127,7 +127,7 @@ def test_compare_json_and_folder(tmp_path):
 
 
 def test_a_profile_string_is_escaped_in_the_page(tmp_path):
-    from nsysan.render.compare_html import render_comparison_html
+    from nsysan.render.compare_data import render_comparison_html
 
     known = analysis_of("known_mem_v25").to_dict()
     hostile = json.loads(json.dumps(known).replace('"burst"', '"<script>alert(1)</script>"'))

@@ -41,7 +41,7 @@ def compare(
     with one_run([*files_read_for(base), *files_read_for(new)]):
         if output:
             check_output_dir(output)
-            from ..render.compare_html import COMPARE_FILES
+            from ..render.compare_data import COMPARE_FILES
 
             claim_outputs((output / name, name) for name in COMPARE_FILES)  # no input behind a link there
         # here, not with the CLI: see commands/check.py

@@ -276,7 +276,7 @@ def write_report(analysis: "Analysis", out_dir: Path, full_paths: bool = False) 
 
 def write_comparison(c: "Comparison", base: "Analysis", new: "Analysis", out_dir: Path) -> Path:
     """Write compare.png, compare.json and compare.html into `out_dir` (all or none); the page's path."""
-    from ..render.compare_html import comparison_files
+    from ..render.compare_data import comparison_files
 
     check_output_dir(out_dir)
     write_all_or_none({Path(out_dir) / name: data for name, data in comparison_files(c, base, new).items()})

@@ -1,5 +1,11 @@
-"""The data compare.html's timeline and step chart draw: both runs on one time axis per matched
-process and GPU, in the shape report.js.j2 reads (see page_data.py).
+"""compare.html (one self-contained page), compare.png and compare.json of a `Comparison`, and the
+data the page's timeline and step chart draw: both runs on one time axis per matched process and
+GPU, in the shape report.js.j2 reads (see page_data.py).
+
+The page is built from the report page's parts: its components (timeline, step chart), its CSS
+and its script (uPlot inlined), under the same Content-Security-Policy (one hashed style, one
+hashed script, nothing fetched). Every profile string is autoescaped; the page names the runs by
+file name.
 
 Nothing is computed but the placing: each run's times are moved by its own origin (the start of
 its first step when both runs have steps, else its first memory event), so step 0 of one run
@@ -20,7 +26,14 @@ from ..model.comparison import Comparison
 from ..errors import printable
 from ..model import GPU_RESIDENT_KINDS, KINDS, Analysis
 from ..base.units import fmt_bytes
+from .compare_plot import plot_comparison
+from .html import _environment, content_security_policy, page_script, page_style
+from .json import dumps
 from .page_data import process_names, site_columns, step_sets
+from .png import figure_png
+
+# Written in this order, the page last: a folder with compare.html is complete.
+COMPARE_FILES = ("compare.png", "compare.json", "compare.html")
 
 # Base in grey, new in red, as in compare.png.
 RUN_COLORS = {"base": "#7f7f7f", "new": "#d62728"}
@@ -166,3 +179,20 @@ def _focus_edge(runs: dict, pick, field: str) -> Optional[int]:
     edges = [page_time(getattr(run.timeline, field)) for run, page_time in runs.values()
              if getattr(run.timeline, field) is not None]
     return pick(edges) if edges else None
+
+
+def render_comparison_html(c: Comparison, base: Analysis, new: Analysis) -> str:
+    """The comparison page as one string (UTF-8 HTML)."""
+    style, script = page_style(), page_script()
+    return _environment().get_template("compare.html.j2").render(
+        c=c, csp=content_security_policy(style, script), style=style, script=script,
+        data=compare_page_data(c, base, new), has_growth=any(d.growth_per_step for d in c.processes))
+
+
+def comparison_files(c: Comparison, base: Analysis, new: Analysis) -> dict[str, str | bytes]:
+    """compare.png, compare.json and compare.html, by name, in COMPARE_FILES' order (the command
+    writes them, all or none: commands/outputs.py)."""
+    files: dict[str, str | bytes] = {"compare.png": figure_png(plot_comparison(c, base, new)),
+                                     "compare.json": dumps(c.to_dict()) + "\n",
+                                     "compare.html": render_comparison_html(c, base, new)}
+    return {name: files[name] for name in COMPARE_FILES}
