@@ -248,17 +248,18 @@ class Bursts:
     open: Optional[list] = None  # [start row, start ts, tid, before, blocks, released, end row, end ts, after]
     found: list = field(default_factory=list)
 
-    def add(self, delta: np.ndarray, ts: np.ndarray, tid: np.ndarray) -> None:
+    def add(self, delta: np.ndarray, ts: np.ndarray, tid_of: Callable[[int], int]) -> None:
+        """The own rows of one batch: their `delta` bytes and times; `tid_of(i)`: the thread of
+        the i-th (asked of a burst's first free only)."""
         n = len(delta)
         if not n:
             return
-        number = self.rows + np.arange(n)
         live = self.live + np.cumsum(delta)
         is_free = delta < 0
         # a burst: frees in a row, each within BURST_GAP_NS of the one before
-        prev_free = np.concatenate([[self.last_free], is_free[:-1]])
-        prev_ts = np.concatenate([[self.last_ts], ts[:-1]])
-        continues = is_free & prev_free & (ts - prev_ts <= BURST_GAP_NS)
+        continues = np.empty(n, bool)
+        continues[0] = is_free[0] and self.last_free and ts[0] - self.last_ts <= BURST_GAP_NS
+        continues[1:] = is_free[1:] & is_free[:-1] & (np.diff(ts) <= BURST_GAP_NS)
         starts = np.flatnonzero(is_free & ~continues)
         # the open burst ends at this batch's first row that does not continue it
         if self.open is not None:
@@ -266,28 +267,28 @@ class Bursts:
             if stop:
                 self.open[4] += stop
                 self.open[5] += int(-delta[:stop].sum())
-                self.open[6:9] = [int(number[stop - 1]), int(ts[stop - 1]), int(live[stop - 1])]
+                self.open[6:9] = [self.rows + stop - 1, int(ts[stop - 1]), int(live[stop - 1])]
             if stop < n:
                 self._close()
-        # new bursts: each start and the rows that continue it
+        # new bursts: each start and the rows that continue it, up to its last free (the last
+        # frees not continued; the first of them may end the open burst)
         if len(starts):
-            run_of = np.cumsum(is_free & ~continues) - 1
-            in_run = is_free & (run_of >= 0)
-            sizes = np.bincount(run_of[in_run], minlength=len(starts))
-            ends = starts + sizes - 1
+            last = is_free.copy()  # the frees the next row does not continue
+            last[:-1] &= ~continues[1:]
+            ends = np.flatnonzero(last)[-len(starts):]
+            sizes = ends - starts + 1
             # the bursts that end here while there is room to keep them, and the run still open
             room = max(MAX_RELEASES - len(self.found), 0)
             ending = np.flatnonzero((sizes >= BURST_MIN_BLOCKS) & (ends < n - 1))[:room].tolist()
             for k in ending + ([len(starts) - 1] if ends[-1] == n - 1 else []):
                 a, z = int(starts[k]), int(ends[k])
-                self.open = [int(number[a]), int(ts[a]), int(tid[a]), int(live[a] - delta[a]), int(sizes[k]),
-                             int(-delta[a:z + 1].sum()),
-                             int(number[z]), int(ts[z]), int(live[z])]
+                self.open = [self.rows + a, int(ts[a]), tid_of(a), int(live[a] - delta[a]), int(sizes[k]),
+                             int(-delta[a:z + 1].sum()), self.rows + z, int(ts[z]), int(live[z])]
                 if z < n - 1:
                     self._close()
-        allocs = np.flatnonzero(delta > 0)
-        if len(allocs):
-            self.last_alloc = int(number[allocs[-1]])
+        grows = delta > 0
+        if grows.any():
+            self.last_alloc = self.rows + n - 1 - int(np.argmax(grows[::-1]))
         self.live, self.rows = int(live[-1]), self.rows + n
         self.last_free, self.last_ts = bool(is_free[-1]), int(ts[-1])
 
@@ -331,7 +332,7 @@ class ReleaseBursts(Reducer):
             for name, code in zip(RELEASE_APIS, self.release_codes):
                 own = rows[grows | (api == code)]  # its allocations and this API's frees
                 self.bursts.setdefault((one_pair_key(pid, device), name), Bursts()).add(
-                    b.delta[own], b.ts[own], b.calls["tid"][own].astype("int64"))
+                    b.delta[own], b.ts[own], lambda i, own=own: int(b.calls["tid"][own[i]]))
 
     def finish(self, live: dict) -> "ReleaseBursts":
         """Itself, its open bursts closed (so far, when asked before the last batch)."""
