@@ -45,15 +45,12 @@ def gather_answers(headline: Optional[Peak], process_peaks: list[Peak], growth: 
         who = f"{labels.get(b.pid) or f'process {b.pid}'} on device {b.device}: " if several else ""
         answers.append(Answer("bytes", "info", "byte_classes", who + b.message))
     # the program's own error message first: it says what the trace cannot (the request, the cap)
-    for d in sorted((d for d in diagnostics if d.code in OOM_CODES), key=lambda d: d.code != "oom_logged"):
-        answers.append(Answer("oom", d.severity, d.code, d.message))
-    for d in diagnostics:
-        if d.code in RESERVED_CODES and d.severity in ("error", "warning"):
-            answers.append(Answer("reserved", d.severity, d.code, d.message))
-    for d in diagnostics:
-        if d.severity in ("error", "warning") and d.code not in OOM_CODES + RESERVED_CODES + tuple(GROWTH_CODES.values()):
-            answers.append(Answer("trust", d.severity, d.code, d.message))
-    return answers
+    answers += [Answer("oom", d.severity, d.code, d.message)
+                for d in sorted((d for d in diagnostics if d.code in OOM_CODES), key=lambda d: d.code != "oom_logged")]
+    serious = [d for d in diagnostics if d.severity in ("error", "warning")]
+    answers += [Answer("reserved", d.severity, d.code, d.message) for d in serious if d.code in RESERVED_CODES]
+    return answers + [Answer("trust", d.severity, d.code, d.message) for d in serious
+                      if d.code not in OOM_CODES + RESERVED_CODES + tuple(GROWTH_CODES.values())]
 
 
 def peak_sentence(peak: Peak, quick: bool = False, label: str = "") -> str:

@@ -9,6 +9,7 @@ categories; on the streamed flow the site sums label each batch before the secon
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Optional
 
 import numpy as np
@@ -257,9 +258,7 @@ def range_families(per_name: dict[str, dict]) -> list[RangeFamily]:
     name), in the order they first opened; the MAX_RANGES that allocated most when there are more
     (as the rows)."""
     user = [(str(name), range_family(str(name)), row) for name, row in per_name.items() if not row["operator"]]
-    sizes: dict[str, int] = {}
-    for _, family, _ in user:
-        sizes[family] = sizes.get(family, 0) + 1
+    sizes = Counter(family for _, family, _ in user)
     members = sorted(((name, family, row) for name, family, row in user if sizes[family] > 1 and family != name),
                      key=lambda member: member[2]["first_start"])  # stable
     summed: dict[str, dict] = {}

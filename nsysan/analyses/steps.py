@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 from typing import Optional
 
 import numpy as np
@@ -66,9 +67,8 @@ def find_step_ranges(ranges: pd.DataFrame, memory_threads: np.ndarray,
     with_family = candidates.assign(family=family)
     pid, tid = with_family["pid"].to_numpy(), with_family["tid"].to_numpy()
     depth, families = with_family["depth"].to_numpy(), with_family["family"].to_numpy(dtype=object)
-    counted: dict[tuple, int] = {}  # (pid, tid, depth, family) -> instances, in order of first appearance
-    for key in zip(pid.tolist(), tid.tolist(), depth.tolist(), families.tolist()):
-        counted[key] = counted.get(key, 0) + 1
+    # (pid, tid, depth, family) -> instances, in order of first appearance
+    counted = Counter(zip(pid.tolist(), tid.tolist(), depth.tolist(), families.tolist()))
     # Preference: a step-like name, the main thread, the outermost depth, the most instances.
     ranked = sorted(((key, n) for key, n in counted.items() if n >= least),
                     key=lambda item: (item[0][0], not STEP_WORDS.search(item[0][3]), item[0][1] != item[0][0],
