@@ -11,17 +11,13 @@ from pathlib import Path
 def keep_text(path: Path, text: str) -> None:
     """Write `text` to `path` through a temp file beside it and a rename, so that a reader sees the
     old file or the new one, never half of one; a folder or file that can't be written is let go."""
-    try:
+    with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError:
-        return
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(text.encode("utf-8"))
-        os.replace(tmp_name, path)
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_name)
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(text.encode("utf-8"))
+            os.replace(tmp_name, path)
+        finally:
+            with contextlib.suppress(OSError):  # gone once renamed
+                os.unlink(tmp_name)

@@ -16,6 +16,7 @@ Imports nothing heavy: the fork server imports this before anything else.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -79,10 +80,8 @@ def stop_processes(processes: Iterable[Any]) -> None:
 
     alive = [p for p in processes if p.is_alive()]
     for process in alive:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # ended meanwhile, or already closed
             process.terminate()
-        except (OSError, ValueError):  # ended meanwhile, or already closed
-            pass
     deadline = time.monotonic() + GRACE_S
     for process in alive:
         process.join(max(0.0, deadline - time.monotonic()))
