@@ -388,10 +388,7 @@ def matplotlib_defaults() -> Iterator[None]:
 
 def byte_unit(max_bytes: float) -> tuple[str, int]:
     """The largest binary unit the value reaches: ("GiB", 2**30) for 5.3 GiB, ("MiB", 2**20) for 908 MiB."""
-    for unit, size in _BYTE_UNITS:
-        if max_bytes >= size:
-            return unit, size
-    return "B", 1
+    return next(((unit, size) for unit, size in _BYTE_UNITS if max_bytes >= size), ("B", 1))
 
 
 def _short(text: str, limit: int) -> str:

@@ -14,6 +14,7 @@ are matched in GPU order. Sites are matched by label and kind, NVTX ranges by na
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -222,11 +223,8 @@ def _process_deltas(role: str, base: Optional[_Process], new: Optional[_Process]
     def gpu_ordered(p: Optional[_Process]) -> list[ProcessRow]:
         return sorted(p.rows, key=lambda r: (r.gpu is None, r.gpu, r.device)) if p else []
 
-    b_rows, n_rows = gpu_ordered(base), gpu_ordered(new)
     out = []
-    for i in range(max(len(b_rows), len(n_rows))):
-        b = b_rows[i] if i < len(b_rows) else None
-        n = n_rows[i] if i < len(n_rows) else None
+    for b, n in itertools.zip_longest(gpu_ordered(base), gpu_ordered(new)):
         row = n if n is not None else b
         assert row is not None
         gpu = row.gpu if row.gpu is not None else row.device

@@ -190,11 +190,7 @@ def match_gpus(analysis: Analysis, baseline: Analysis, gpus: list[int], base_gpu
     mine = {g.id: g for g in analysis.capture.gpus}
     theirs = {g.id: g for g in baseline.capture.gpus}
     by_uuid = {g.uuid: g.id for g in theirs.values() if g.uuid and g.id in base_gpus}
-    matched: dict[int, int] = {}
-    for gpu in gpus:
-        found = mine.get(gpu)
-        if found is not None and found.uuid and found.uuid in by_uuid:
-            matched[gpu] = by_uuid[found.uuid]
+    matched = {gpu: by_uuid[mine[gpu].uuid] for gpu in gpus if gpu in mine and mine[gpu].uuid in by_uuid}
     for gpu in gpus:
         if gpu in matched or gpu not in base_gpus or gpu in matched.values():
             continue
