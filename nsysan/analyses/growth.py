@@ -56,8 +56,8 @@ def judge_all(steps: list[StepSeries], processes: list[Process], caps: list[Memo
         mine = [c for c in caps if c.pid == series.pid and c.device == series.device]
         cap = min(mine, key=lambda c: c.cap_bytes) if mine else None
         # Other processes with steps on the same GPU take their share of it (the trace sees them)
-        shared = sum(_last_live(other) for other in steps if other.pid != series.pid
-                     and other.gpu is not None and other.gpu == series.gpu)
+        shared = sum(other.steps[-1].end_live_bytes for other in steps if other.pid != series.pid
+                     and other.gpu is not None and other.gpu == series.gpu and other.steps)
         growth = judge_growth(series, cap, labels.get(series.pid, ""), shared)
         if cap is not None and cap.source == "xla_preallocation":
             growth = _inside_preallocation(growth, cap)
@@ -131,10 +131,6 @@ def process_name(pid: int, gpu: Optional[int], device: int, label: str = "") -> 
     """"rank 1 (process 2147) on GPU 1", or "process 1644 on GPU 0" without a rank."""
     who = f"{label} (process {pid})" if label and label != f"process {pid}" else f"process {pid}"
     return f"{who} on GPU {gpu}" if gpu is not None else f"{who} on CUDA device {device}"
-
-
-def _last_live(series: StepSeries) -> int:
-    return series.steps[-1].end_live_bytes if series.steps else 0
 
 
 def judge_growth(series: StepSeries, cap: Optional[MemoryCap] = None, label: str = "", shared_bytes: int = 0) -> Growth:

@@ -127,8 +127,8 @@ def _iterations(codes: np.ndarray, starts: np.ndarray, ends: np.ndarray, kind: n
     confidence = ("high" if exact >= MIN_STEPS and exact >= 0.8 * count else
                   "medium" if exact >= MIN_STEPS and exact >= 0.5 * count else "low")
     kernels = int((kind[first:first + period] == KERNEL).sum())  # the same in every step of the period
-    how = (f"steps found from the kernel sequence: {_count(count)} iterations of {_count(kernels)} kernels"
-           f", the same in {_count(exact)} of {_count(count)} (confidence {confidence})")
+    how = (f"steps found from the kernel sequence: {count:,} iterations of {kernels:,} kernels"
+           f", the same in {exact:,} of {count:,} (confidence {confidence})")
     return Iterations(spans=spans, kernels=kernels, same=exact, confidence=confidence, how=how)
 
 
@@ -289,7 +289,3 @@ def _window_hash(codes: np.ndarray, length: int) -> np.ndarray:
         for t in range(length):  # at most a period: a few thousand passes for the longest steps
             hashed = hashed * np.uint64(1000003) + codes[t:count + t].astype("uint64") + np.uint64(1)
     return hashed
-
-
-def _count(n: int) -> str:
-    return f"{n:,}"

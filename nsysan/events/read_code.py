@@ -64,10 +64,6 @@ def read_code_trace(conn: sqlite3.Connection, schema: Schema, calls: Optional[pd
     return CodeTrace(read_code_calls(conn, schema) if calls is None else calls, read_contexts(conn, schema))
 
 
-def has_kernel_names(schema: Schema) -> bool:
-    return schema.has(KERNEL_TABLE, "start", "globalPid", "shortName") and schema.has("StringIds", "id", "value")
-
-
 def with_kernels_after_loads(conn: sqlite3.Connection, schema: Schema, trace: CodeTrace, pids: list[int]) -> CodeTrace:
     """`trace` with a `kernel` column: for each load call of `pids`, the short name of the first
     kernel of its process that started after the call ended (within KERNEL_AFTER_LOAD_NS); "" for
@@ -81,7 +77,8 @@ def with_kernels_after_loads(conn: sqlite3.Connection, schema: Schema, trace: Co
     calls = trace.calls
     names = np.full(len(calls), "", dtype=object)
     is_load = ((calls["what"] == "load") & calls["pid"].isin(pids)).to_numpy()
-    if is_load.any() and has_kernel_names(schema):
+    if is_load.any() and schema.has(KERNEL_TABLE, "start", "globalPid", "shortName") \
+            and schema.has("StringIds", "id", "value"):
         _name_loads(conn, schema, calls, is_load, names)
     return CodeTrace(calls.assign(kernel=names), trace.contexts)
 
