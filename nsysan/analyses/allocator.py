@@ -274,8 +274,7 @@ class AllocatorSums(Reducer):
                 judged = self._judge(b)  # not the one batch of the first look: judged again
             for at, part in _slices(b):
                 rows = np.flatnonzero(judged.cls[at:at + SLICE_ROWS] >= 0)
-                self._sum(part, at, judged, b.bytes, rows, judged.code[at + rows].astype("int64"),
-                          judged.cls[at + rows].astype("int64"))
+                self._sum(part, at, judged, b.bytes, rows, judged.code[at + rows], judged.cls[at + rows])
             self._keep_unfreed(b, judged)
 
     def _sum(self, b, offset: int, summed: "_Summed", whole_bytes: np.ndarray, rows: np.ndarray, code: np.ndarray,
@@ -284,11 +283,13 @@ class AllocatorSums(Reducer):
         `whole_bytes`); `summed`: the batch's
         allocations counted so far and not freed (a free finds its allocation of this batch by its
         row, with no search: 0.2 s of 0.3 at 1e6 events), those of earlier batches in `live`."""
-        for key, (ts, size) in self.facts.more["allocator_blocks"].items():  # a pair's preallocated block
+        blocks = self.facts.more["allocator_blocks"]
+        for key, (ts, size) in blocks.items():  # a pair's preallocated block
             mine = self.code_of.get(key, -1)
             bits = bits | np.where((code == mine) & (b.ts[rows] == ts) & (b.bytes[rows] == size), BLOCK, 0)
         self.classes += np.bincount(code * 8 + bits, minlength=len(self.keys) * 8).reshape(-1, 8)
-        summed.cls[offset + rows] = bits  # with BLOCK
+        if blocks:
+            summed.cls[offset + rows] = bits  # with BLOCK
         # each change: an allocation counted (+), or the free of one (-), at its row in the slice
         frees = np.flatnonzero(b.partner_seq >= 0)
         partner = b.partner_seq[frees]
