@@ -229,7 +229,8 @@ class AllocatorSums(Reducer):
             code = self._codes(pair)
             if count:
                 self._count(part, rows, code, bits)
-            judged.cls[at + rows], judged.code[at + rows] = bits, code
+            rows += at
+            judged.cls[rows], judged.code[rows] = bits, code
         return judged
 
     def _codes(self, pair: np.ndarray) -> np.ndarray:
