@@ -87,19 +87,13 @@ def after_warm_up(steps: list[Band]) -> Optional[int]:
 def nvtx_spans(ranges: pd.DataFrame, threads: pd.DataFrame, limit: int = MAX_SPANS) -> list[NvtxSpan]:
     """Ranges of each process's main thread (tid == pid), all depths, in time order; the longest
     `limit` when there are more (`threads`: the pid column of the threads with memory events)."""
-    return _spans(ranges[(ranges["tid"] == ranges["pid"]).to_numpy()], threads, limit)
+    return spans(ranges[(ranges["tid"] == ranges["pid"]).to_numpy()], threads, limit)
 
 
-def operator_spans(operators: pd.DataFrame, threads: pd.DataFrame, limit: int = MAX_OPERATOR_SPANS) -> list[NvtxSpan]:
-    """PyTorch's operator ranges on every thread (an autograd thread runs the backward pass's), at
-    their depth among operators, in time order; the longest `limit` when there are more: the page
-    draws a span once it is a pixel wide, so the longest are the ones a zoom shows first."""
-    return _spans(operators, threads, limit)
-
-
-def _spans(mine: pd.DataFrame, threads: pd.DataFrame, limit: int) -> list[NvtxSpan]:
+def spans(mine: pd.DataFrame, threads: pd.DataFrame, limit: int) -> list[NvtxSpan]:
     """The ranges of the processes with events (all, without events), the longest `limit` shared
-    among the processes (longest_per_process), in time order."""
+    among the processes (longest_per_process), in time order: the page draws a span once it is a
+    pixel wide, so the longest are the ones a zoom shows first."""
     if not threads.empty:
         mine = mine[mine["pid"].isin(pd.unique(threads["pid"].to_numpy())).to_numpy()]  # a hash pass, not a sort
     mine = longest_per_process(mine, limit).sort_values(["start_ns", "depth"], kind="stable")
@@ -172,7 +166,9 @@ class Explorable(Reducer):
         start, end = self.focus(trace_ends)
         return dataclasses.replace(timeline, bands=self.bands, trace_ends=trace_ends, focus_start_ns=start,
                                    focus_end_ns=end, spans=nvtx_spans(self.ranges, self.threads),
-                                   operator_spans=operator_spans(self.operators, self.threads))
+                                   # PyTorch's operator ranges on every thread (an autograd thread runs the
+                                   # backward pass's), at their depth among operators
+                                   operator_spans=spans(self.operators, self.threads, MAX_OPERATOR_SPANS))
 
     def focus(self, trace_ends: list[TraceEnd]) -> tuple[Optional[int], Optional[int]]:
         """The span where memory moves, in ns ((None, None) without events that move memory): the

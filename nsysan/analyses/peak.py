@@ -83,17 +83,17 @@ class Peaks(Reducer):
 
     def between(self) -> None:
         gpu_of = self.facts.gpu_of
-        pairs = sorted(pair_of(k) for k in self.pairs)
-        computes_on = {p for p, d in pairs if self.pairs[_key([p], [d])[0]]}
-        self.series = [PeakSeries(p, d, gpu_of(p, d), _key([p], [d])) for p, d in pairs
-                       if not (p in computes_on and not self.pairs[_key([p], [d])[0]])]
-        sharing: dict[int, list[tuple[int, int]]] = {}
-        for p, d in pairs:
-            if gpu_of(p, d) is not None:
-                sharing.setdefault(gpu_of(p, d), []).append((p, d))
+        keys = sorted(self.pairs, key=pair_of)  # in (process, device) order
+        computes_on = {pair_of(k)[0] for k in keys if self.pairs[k]}
+        self.series = [PeakSeries(*pair_of(k), gpu_of(*pair_of(k)), np.array([k], "int64")) for k in keys
+                       if self.pairs[k] or pair_of(k)[0] not in computes_on]
+        sharing: dict[int, list[int]] = {}  # GPU -> the pair keys on it
+        for k in keys:
+            if gpu_of(*pair_of(k)) is not None:
+                sharing.setdefault(gpu_of(*pair_of(k)), []).append(k)
         for gpu, members in sorted(sharing.items()):
-            if len({p for p, _ in members}) > 1:
-                self.series.append(PeakSeries(None, gpu, gpu, _key([p for p, _ in members], [d for _, d in members])))
+            if len({pair_of(k)[0] for k in members}) > 1:
+                self.series.append(PeakSeries(None, gpu, gpu, np.array(members, "int64")))
         if self.pools is not None:  # the reserve changes the peaks take
             self.pools.watch({int(m) for s in self.series for m in s.members.tolist()})
         self.closed: list = []  # allocations closed in earlier batches (never freed: their address was taken)
@@ -186,10 +186,6 @@ def live_at(b: EventBatch, seq: int, members: np.ndarray, resident: list[int], c
         & np.isin(frame["kind"].to_numpy(), resident) \
         & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members)
     return frame[keep].drop_duplicates("seq").sort_values("seq", ignore_index=True)
-
-
-def _key(pids: list, devices: list) -> np.ndarray:
-    return pair_key(np.array(pids, "int64"), np.array(devices, "int64"))
 
 
 def _reached(at: int, attached: list, increment: int, ts: int) -> int:
