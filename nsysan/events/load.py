@@ -19,14 +19,14 @@ from ..model import Diagnostic, Stack
 from ..sources.reader import release_memory
 from ..sources.schema import Schema
 from .columns import EVENT_COLUMNS, empty_calls, empty_chains, empty_ranges, empty_sites
-from .normalize import normalize
+from .normalize import normalize, read_decoded
 from .nvtx import attribute_operators, attribute_ranges
 from .read_nvtx import read_nvtx_ranges
-from .read import last_calls_tail, last_cuda_calls, latest_ends, read_alone, read_calls_and_rows, read_memory_events, \
+from .read import last_calls_tail, last_cuda_calls, latest_ends, read_alone, read_calls_and_rows, \
     read_thread_names
 from .read_code import code_call_ids, read_code_calls
 from .read_launches import empty_launches
-from .read_pools import empty_pool_events, empty_pool_usage, pool_usage, read_pool_events
+from .read_pools import empty_pool_events, empty_pool_usage, read_pool_events
 from .site_labels import call_sites
 
 
@@ -91,20 +91,19 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
     # tail (last_cuda_calls) while the events are matched, too: on the GPT-2 capture 8 and 25 ms
     # of scans, beside the 258k API rows' (issue 31).
     with ThreadPoolExecutor(max_workers=2) as pool:
-        memory_rows = pool.submit(read_alone, read_memory_events, conn, schema)
+        memory_rows = pool.submit(read_alone, read_decoded, conn, schema)
         nvtx = pool.submit(read_alone, read_nvtx_ranges, conn, schema)
         calls, chains, code_rows = read_calls_and_rows(conn, schema, code_call_ids(conn, schema))
         ranges, operator_ranges = nvtx.result()
         last_memory_calls = latest_ends(calls["pid"].to_numpy(), calls["end_ns"].to_numpy(), {})
         tail = pool.submit(read_alone, last_calls_tail, conn, schema, last_memory_calls, ranges)
-        raw = memory_rows.result()
+        rows, pools = memory_rows.result()
         # No release_memory() here: the reads convert batch by batch, so little is left to give
         # back, and what malloc_trim gives back is faulted in again by the normalizing just after
-        # (1e7 events, command line: 0.6 s, for 15 MB less peak). After it, the raw columns are gone.
+        # (1e7 events, command line: 0.6 s, for 15 MB less peak). After it, the decoded rows are gone.
         progress("matching allocations and frees", 0.5)
-        pools = pool_usage(raw, schema)
-        events = normalize(raw, calls, chains, schema, diagnostics)
-        del raw
+        events = normalize(rows, calls, chains, schema, diagnostics)
+        del rows
         release_memory()
         progress("attributing NVTX ranges and sites", 0.8)
         events["nvtx_range"], events["nvtx_path"] = attribute_ranges(events, ranges)
@@ -133,11 +132,10 @@ def _load_quick(conn: sqlite3.Connection, schema: Schema, progress: Progress) ->
     progress("reading memory events", 0.0)
     # correlationId too: no API call is joined, but it tells two real events at the same time,
     # address and size from a row written twice (see normalize.copies)
-    raw = read_memory_events(conn, schema)
+    rows, pools = read_decoded(conn, schema)
     progress("matching allocations and frees", 0.5)  # no release_memory() yet: see _load
-    pools = pool_usage(raw, schema)
-    events = normalize(raw, empty_calls(), empty_chains(), schema, diagnostics, no_call=QUICK_API, live_at_start=False)
-    del raw
+    events = normalize(rows, empty_calls(), empty_chains(), schema, diagnostics, no_call=QUICK_API, live_at_start=False)
+    del rows
     release_memory()
     blank = pd.Categorical.from_codes(np.zeros(len(events), "int8"), categories=[""])
     events["nvtx_range"] = events["nvtx_path"] = events["site"] = events["operator"] = blank

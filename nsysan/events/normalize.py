@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Optional
 
 import numpy as np
@@ -10,33 +11,49 @@ import pandas as pd
 from .arrays import factorize_in_parts, group_order, on_every_core, previous_in_group
 from ..errors import NsysanError
 from ..model import KINDS, LIVE_AT_START, Diagnostic
-from ..sources.reader import PARALLEL_MIN_ROWS
+from ..sources.reader import PARALLEL_MIN_ROWS, read_converted
 from ..sources.schema import Schema
 from .columns import EVENT_COLUMNS, categorical_lookup, int_column, ints
+from .read import MEMORY_COLUMNS, MEMORY_TABLE, _memory_select, read_memory_events
+from .read_pools import pool_usage
 
 
-def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, schema: Schema,
-               diagnostics: list[Diagnostic], no_call: str = "(no API call)", live_at_start: bool = True) -> pd.DataFrame:
+def read_decoded(conn: sqlite3.Connection, schema: Schema) -> tuple[dict[str, np.ndarray], pd.DataFrame]:
+    """The memory table's rows decoded (decode_rows, with `pool`: a pool allocation or free) a
+    chunk at a time as the reading threads read them, and its pool rows with their pool's reserve
+    (read_pools.pool_usage, of the pool rows' raw columns kept from each chunk). Read whole, the
+    raw columns (ten int64 values a row: 763 MiB at 1e7 events) were held next to the calls being
+    read, then next to the decoded ones."""
+    def convert(raw: pd.DataFrame) -> dict[str, np.ndarray]:
+        pooled = np.flatnonzero(_ints_and_nulls(raw, "pool_address")[0] != 0)
+        kept = {f"pool_{name}": raw[name].to_numpy()[pooled] for name in MEMORY_COLUMNS}
+        rows = decode_rows(raw, schema)
+        rows["pool"] = rows.pop("pool_address") != 0  # of the pool columns, only this is needed past here
+        del rows["pool_size"], rows["ts_bad"]
+        return {**rows, **kept}
+
+    if schema.memory_usage_collected:
+        rows = read_converted(conn, MEMORY_TABLE, _memory_select(schema), MEMORY_COLUMNS, convert)
+    else:
+        rows = convert(read_memory_events(conn, schema))
+    pooled = pd.DataFrame({name: rows.pop(f"pool_{name}") for name in MEMORY_COLUMNS})
+    return rows, pool_usage(pooled, schema)
+
+
+def normalize(rows: dict[str, np.ndarray], calls: pd.DataFrame, chains: pd.DataFrame, schema: Schema,
+              diagnostics: list[Diagnostic], no_call: str = "(no API call)", live_at_start: bool = True) -> pd.DataFrame:
     """The events frame: decoded, joined to API calls, in canonical order, allocs paired with frees.
 
-    The whole table decoded as one chunk (decode_rows, as the streamed flow decodes each chunk),
-    then ordered, joined to its calls and paired. Consumes `raw`: its columns are dropped as they
-    are decoded, and the decoded ones as they go into the frame, so that a 10-million-event export
-    never holds the raw and the normalized frame whole at the same time. Also marks in `calls`
-    which calls caused a memory event (`has_event`). Events without a call get the API name
-    `no_call`; with `live_at_start`, LIVE_AT_START at the session's first instant.
+    The memory rows decoded by read_decoded (as the streamed flow decodes each chunk), ordered,
+    joined to their calls and paired. Consumes `rows`: each decoded column is dropped as it goes
+    into the frame, so that a 10-million-event export never holds them and the normalized frame
+    whole at the same time. Also marks in `calls` which calls caused a memory event
+    (`has_event`). Events without a call get the API name `no_call`; with `live_at_start`,
+    LIVE_AT_START at the session's first instant.
     """
-    if raw.empty:
+    if not len(rows["ts"]):
         return _empty_events()
-    # Of the pool columns only "is a pool allocation" is needed here (pool_usage, called before,
-    # took the reserves): dropped first, not held to the end, they no longer add 16 bytes per
-    # event to the peak of the load (150 MB at 1e7 events).
-    is_pool = _ints_and_nulls(raw, "pool_address")[0] != 0
-    for column in ("pool_address", "pool_size"):
-        if column in raw:
-            del raw[column]
-    rows = decode_rows(raw, schema)
-    del rows["ts_bad"]
+    is_pool = rows.pop("pool")
     reason = rows.pop("reason")
     bad = reason >= 0
     if bad.any():
@@ -132,8 +149,8 @@ def normalize(raw: pd.DataFrame, calls: pd.DataFrame, chains: pd.DataFrame, sche
 
 def decode_rows(raw: pd.DataFrame, schema: Schema) -> dict[str, np.ndarray]:
     """The one decoder of memory rows (read.MEMORY_COLUMNS, with `position` and the pool columns
-    when `raw` has them) into event columns: of the whole table for normalize, of each chunk for
-    the streamed flow (stream.EventFlow). Consumes raw's columns, each dropped once decoded.
+    when `raw` has them) into event columns: of each chunk read for the events frame (read_decoded)
+    and for the streamed flow (stream.EventFlow). Consumes raw's columns, each dropped once decoded.
 
     Integers with NULLs and unreadable values as 0 (`ts_bad`, `kind_null`, `correlation_null`:
     which were); `op` 0 alloc, 1 free, -1 unknown or unreadable; `device` int16 (clipped: only
