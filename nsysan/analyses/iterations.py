@@ -72,12 +72,6 @@ def iteration_pids(threads: np.ndarray, found: dict, also: tuple[int, ...] = ())
     return sorted((set((threads >> 24).tolist()) | set(also)) - set(found))
 
 
-def with_iterations(found: dict[int, tuple[str, pd.DataFrame]], iterations: dict[int, Iterations]) -> \
-        dict[int, tuple[str, pd.DataFrame]]:
-    """find_step_ranges' steps with the processes whose steps the kernels gave, named "iteration N"."""
-    return {**found, **{pid: ("iteration N", it.spans) for pid, it in iterations.items()}}
-
-
 def find_iterations(launches: pd.DataFrame, names: dict[int, str], pids: list[int]) -> dict[int, Iterations]:
     """Per process among `pids`, its steps as found from its launch sequence, when it repeats."""
     found = {}

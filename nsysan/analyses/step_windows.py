@@ -25,7 +25,7 @@ from ..engine import Labels, Reducer
 from ..events.columns import empty_ranges
 from ..model import Phase, StepSeries
 from .iteration_phases import with_iteration_phases
-from .iterations import find_iterations, with_iterations
+from .iterations import find_iterations
 from .phases import numbered_paths, phase_ranges, phases_of, ranked
 from .groups import batch_series
 from .growth import growth_diagnostics, judge_all
@@ -61,7 +61,9 @@ def found_steps(ranges: pd.DataFrame, threads: np.ndarray, step_range: Optional[
         iterations = find_iterations(*launches, pids)
     phased = with_iteration_phases(ranges, [it.phases for it in iterations.values()])
     rows = np.flatnonzero(phase_ranges(phased, threads)) if not phased.empty else np.zeros(0, "int64")
-    return FoundSteps(with_iterations(found, iterations), iterations, phased, rows)
+    # find_step_ranges' steps with the processes whose steps the kernels gave, named "iteration N"
+    steps = {**found, **{pid: ("iteration N", it.spans) for pid, it in iterations.items()}}
+    return FoundSteps(steps, iterations, phased, rows)
 
 
 class StepWindows(Reducer):
