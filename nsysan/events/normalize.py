@@ -14,7 +14,7 @@ from ..model import KINDS, LIVE_AT_START, Diagnostic
 from ..sources.reader import PARALLEL_MIN_ROWS, read_converted
 from ..sources.schema import Schema
 from .columns import EVENT_COLUMNS, categorical_lookup, int_column, ints
-from .read import MEMORY_COLUMNS, MEMORY_TABLE, _memory_select, read_memory_events
+from .read import MEMORY_COLUMNS, MEMORY_TABLE, _memory_select, no_memory_rows
 from .read_pools import pool_usage
 
 
@@ -35,7 +35,7 @@ def read_decoded(conn: sqlite3.Connection, schema: Schema) -> tuple[dict[str, np
     if schema.memory_usage_collected:
         rows = read_converted(conn, MEMORY_TABLE, _memory_select(schema), MEMORY_COLUMNS, convert)
     else:
-        rows = convert(read_memory_events(conn, schema))
+        rows = convert(no_memory_rows())
     pooled = pd.DataFrame({name: rows.pop(f"pool_{name}") for name in MEMORY_COLUMNS})
     return rows, pool_usage(pooled, schema)
 

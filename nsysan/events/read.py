@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..base import apis
 from ..sources.reader import chunk_grid, database_path, read_chunks, read_converted, read_frame, read_rowid_ranges, \
-    read_table, reads_in_chunks, rowid_span
+    reads_in_chunks, rowid_span
 from ..sources.schema import Schema, _quote, connect_readonly
 from .columns import categorical_lookup, empty_calls, empty_chains, int_column, ints
 
@@ -218,11 +218,9 @@ MEMORY_COLUMNS = ["start", "global_pid", "device", "address", "bytes", "mem_kind
                   "pool_address", "pool_size"]
 
 
-def read_memory_events(conn: sqlite3.Connection, schema: Schema) -> pd.DataFrame:
-    # A full scan returns rows in rowid (export) order, which the stable sort keeps for ties.
-    if not schema.memory_usage_collected:
-        return pd.DataFrame({c: pd.Series(dtype="int64") for c in MEMORY_COLUMNS})
-    return read_table(conn, MEMORY_TABLE, _memory_select(schema), MEMORY_COLUMNS)
+def no_memory_rows() -> pd.DataFrame:
+    """The memory table's columns without a row: what an export without the table holds."""
+    return pd.DataFrame({c: pd.Series(dtype="int64") for c in MEMORY_COLUMNS})
 
 
 def memory_rowid_span(conn: sqlite3.Connection, schema: Schema) -> int:
@@ -242,10 +240,10 @@ def memory_row_count(conn: sqlite3.Connection, schema: Schema) -> int:
 
 def memory_event_chunks(conn: sqlite3.Connection, schema: Schema, chunk_rowids: int,
                         rowids: Optional[tuple[int, int]] = None) -> Iterator[pd.DataFrame]:
-    """The rows of read_memory_events (and their rowid, `position`) `chunk_rowids` rowids at a
-    time, in rowid order; `rowids`: those between two rowids alone."""
+    """The memory table's rows (MEMORY_COLUMNS, and their rowid, `position`) `chunk_rowids` rowids
+    at a time, in rowid order; `rowids`: those between two rowids alone."""
     if not schema.memory_usage_collected:
-        return iter([read_memory_events(conn, schema)])
+        return iter([no_memory_rows()])
     return read_chunks(conn, MEMORY_TABLE, "rowid, " + _memory_select(schema), ["position"] + MEMORY_COLUMNS,
                        chunk_rowids, rowids)
 

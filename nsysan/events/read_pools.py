@@ -34,7 +34,7 @@ def empty_pool_events() -> pd.DataFrame:
 
 
 def pool_usage(raw: pd.DataFrame, schema: Schema) -> pd.DataFrame:
-    """The pool allocations and frees among the raw memory rows (read_memory_events), with their
+    """The pool allocations and frees among the raw memory rows (read.MEMORY_COLUMNS), with their
     pool's reserve then (`localMemoryPoolSize`, schema 3.0+): POOL_USAGE_COLUMNS, in time order.
     Call it before `normalize` consumes the raw columns."""
     if raw.empty or "pool_size" not in raw:
