@@ -118,16 +118,12 @@ def top_level_bands(ranges: pd.DataFrame, threads: pd.DataFrame, limit: int = MA
     thread has no ranges falls back to the threads that allocated.
     """
     top = ranges[ranges["depth"] == 1]
-    # distinct values by a hash pass: np.unique and np.isin sort all 1e7 events' keys
-    pids = pd.unique(threads["pid"].to_numpy()) if not threads.empty else np.unique(top["pid"].to_numpy())
-    top = top[top["pid"].isin(pids).to_numpy()]
+    if not threads.empty:  # distinct values by a hash pass: np.unique and np.isin sort all 1e7 events' keys
+        top = top[top["pid"].isin(pd.unique(threads["pid"].to_numpy())).to_numpy()]
     on_main = (top["tid"] == top["pid"]).to_numpy()
     has_main = top.loc[on_main, "pid"].unique()
-    if threads.empty:
-        by_allocator = np.zeros(len(top), bool)
-    else:
-        keys = pd.unique(thread_key(threads["pid"].to_numpy(), threads["tid"].to_numpy()))
-        by_allocator = np.isin(thread_key(top["pid"].to_numpy(), top["tid"].to_numpy()), keys)
+    keys = pd.unique(thread_key(threads["pid"].to_numpy(), threads["tid"].to_numpy()))
+    by_allocator = np.isin(thread_key(top["pid"].to_numpy(), top["tid"].to_numpy()), keys)
     top = top[on_main | (~top["pid"].isin(has_main).to_numpy() & by_allocator)]
     top = longest_per_process(top, limit).sort_values("start_ns", kind="stable")  # then in time order
     return [Band(int(p), str(n), int(s), int(e))
