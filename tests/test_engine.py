@@ -586,17 +586,6 @@ def test_ranges_are_the_same_on_one_batch_k_batches_and_3_row_batches(name):
         assert range_table(name, cut) == whole
 
 
-@pytest.mark.parametrize("name", ["known_mem_v25", "torch_ops_v25"])
-def test_ranges_summed_as_past_2_to_the_53_are_the_same(name, monkeypatch):
-    """Below 2^53 bytes the sums per range are float bincounts (exact there); past it, exact
-    segments: both give the document's table."""
-    import nsysan.analyses.ranges as ranges_module
-
-    exact = ranges_module._code_sums
-    monkeypatch.setattr(ranges_module, "_code_sums", lambda *args: exact(*args[:-1], False))
-    assert range_table(name, range(0, len(frame(name).events), 7)) == (frame(name).ranges, frame(name).range_families)
-
-
 def test_ranges_of_known_mem_are_the_truth():
     """known_allocs.cu: the 512 MiB burst, freed, inside `burst` at the process's peak (256+128+12
     MiB and the burst); steps 2, 5 and 8 each keep a 4 MiB cache entry (the truth's leaked

@@ -100,6 +100,15 @@ class Segments:
         return np.where(self.present, self.order[np.minimum(first, max(len(ordered) - 1, 0))], -1)
 
 
+def code_sums(codes: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """The int64 sum of `values` per code 0..size-1 (`codes`: each row's), by one pass in row
+    order into a table of the codes (np.add.at: exact, and at 1e7 events faster than a float
+    bincount's weights or than gathering the rows in code order)."""
+    table = np.zeros(size, "int64")
+    np.add.at(table, codes, values)
+    return table
+
+
 @dataclass
 class Keyed:
     """Integer keys numbered in order of first appearance, with per-key int64 columns that grow."""

@@ -20,7 +20,7 @@ from ..events.nvtx import MAX_NVTX_DEPTH, attribute_ranges, range_paths
 from ..model import GPU_RESIDENT_KINDS, RangeFamily, RangeStat
 from ..model.memory import range_family
 from .capture import FINITE
-from .grouping import Segments
+from .grouping import code_sums
 from .groups import batch_series
 from .windows import Windows
 
@@ -120,17 +120,12 @@ class RangeSums(Reducer):
         frees = b.partner_seq >= 0  # a free of an allocation seen (an allocation's is -1)
         sized = b.bytes.astype("int64", copy=False)
         allocated, freed = np.where(allocs, sized, 0), np.where(frees, sized, 0)  # once for every column
-        # float sums of integers are exact while every partial sum stays below 2^53 (8 PiB; sizes
-        # of no sign, their float sums with room for its rounding): then one bincount per sum, else the exact
-        # segments (a counting sort of the codes, 0.45 s at 1e7 events)
-        exact_floats = (not len(sized) or int(sized.min()) >= 0) and \
-            float(allocated.sum(dtype="float64")) + float(freed.sum(dtype="float64")) < 2.0 ** 52
         columns = [c for c in NVTX_COLUMNS if c != "operator" or not self.operators.empty]  # else all none
         for column in columns:
             code = b.calls[column]
             groups = int(code.max()) + 1
             table = self._grow(column, groups)[:, :groups]
-            sums = _code_sums(code, groups, allocs, allocated, freed if column != "nvtx_path" else None, exact_floats)
+            sums = _code_sums(code, groups, allocs, allocated, freed if column != "nvtx_path" else None)
             for i, summed in enumerate(sums):
                 table[i] += summed
         # the allocations freed in this batch leave it unfreed no more, nor those of earlier ones
@@ -173,18 +168,16 @@ class RangeSums(Reducer):
 
 
 def _code_sums(code: np.ndarray, groups: int, allocs: np.ndarray, allocated: np.ndarray,
-               freed: Optional[np.ndarray], exact_floats: bool) -> list[np.ndarray]:
+               freed: Optional[np.ndarray]) -> list[np.ndarray]:
     """Per code 0..groups-1 (rows of other codes count nowhere): the allocations, the bytes
-    `allocated` and (unless None) `freed`; `exact_floats`: every sum is below 2^53."""
-    if not exact_floats:
-        seg = Segments(code, groups)
-        return [seg.count(allocs), seg.sum(allocated)] + ([seg.sum(freed)] if freed is not None else [])
+    `allocated` and (unless None) `freed`, in int64 (grouping.code_sums)."""
     shifted = code.astype(np.intp)
-    shifted += 1  # a code below 0 (none) into bin 0, dropped
+    shifted += 1  # a code below 0 (none) into slot 0, dropped
     if len(code) and int(code.min()) < -1:
         shifted = np.maximum(shifted, 0)
-    return [np.bincount(shifted, weights=values, minlength=groups + 1)[1:groups + 1].astype("int64")
-            for values in ((allocs, allocated) if freed is None else (allocs, allocated, freed))]
+    counted = np.bincount(shifted[allocs], minlength=groups + 1)
+    summed = [code_sums(shifted, values, groups + 1) for values in (allocated, freed) if values is not None]
+    return [sums[1:groups + 1] for sums in [counted] + summed]
 
 
 def range_spans(ranges: pd.DataFrame, operators: pd.DataFrame, end_ns: int) -> pd.DataFrame:
