@@ -126,10 +126,8 @@ def _logs_by_report(paths: List[Path], logs: List[Path]) -> dict[str, list[str]]
 
 
 def _stem(name: str) -> str:
-    for suffix in (".analysis.json", ".nsys-rep", ".qdrep", ".sqlite", ".json"):
-        if name.lower().endswith(suffix):
-            return name[:-len(suffix)]
-    return name
+    suffixes = (".analysis.json", ".nsys-rep", ".qdrep", ".sqlite", ".json")
+    return next((name[:-len(suffix)] for suffix in suffixes if name.lower().endswith(suffix)), name)
 
 
 def _print_summary(result: Any) -> None:
