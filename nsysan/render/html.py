@@ -60,7 +60,6 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
     style, script = page_style(), page_script()
     csp = content_security_policy(style, script)
     diagnostics = analysis.diagnostics_by_severity()
-    warnings = [d for d in diagnostics if d.severity in ("error", "warning")]
     # Documents written before the groups existed: each listed allocation is its own group.
     if analysis.never_freed and not analysis.never_freed_groups:
         analysis = dataclasses.replace(analysis, never_freed_groups=_one_per_group(analysis.never_freed))
@@ -75,7 +74,7 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
         never_freed_bytes=analysis.never_freed_bytes,
         diagnostics=diagnostics, severities=SEVERITIES,
         trust_breaking=[d for d in diagnostics if d.code in TRUST_BREAKING],
-        other_warnings=[d for d in warnings if d.code not in TRUST_BREAKING],
+        other_warnings=[d for d in diagnostics if d.severity in ("error", "warning") and d.code not in TRUST_BREAKING],
         first_screen_warnings=first_screen_warnings(analysis), first_screen_limit=FIRST_SCREEN_WARNINGS,
         caching=any(d.code == "caching_allocator" for d in diagnostics), allocator_names=ALLOCATOR_NAMES,
         used_pools=[p for p in analysis.reserved.pools if p.peak_used_bytes and p.end_reserved_bytes][:3],

@@ -190,9 +190,7 @@ def _bounded(panels: dict[int, list[Series]]) -> tuple[dict[int, list[Series]], 
     kept_keys = sorted(panels, key=lambda key: -highest(panels[key]))[:MAX_PANELS]
     kept: dict[int, list[Series]] = {}
     hidden_processes = 0
-    for key in panels:
-        if key not in kept_keys:
-            continue
+    for key in [key for key in panels if key in kept_keys]:
         by_pid: dict[int, list[Series]] = {}
         for s in panels[key]:
             by_pid.setdefault(s.pid, []).append(s)
