@@ -8,7 +8,7 @@ from rich.console import Console
 
 from ..model.comparison import Change, Comparison
 from ..errors import printable
-from ..base.units import fmt_bytes, fmt_percent
+from ..base.units import fmt_bytes, fmt_percent, fmt_signed_bytes
 from .layout import NAME, NUMBER, WORD, Column, Sheet, print_headline
 
 
@@ -73,8 +73,7 @@ def _arrow(change: Optional[Change]) -> str:
 def _delta(change: Change, percent: bool = True) -> str:
     if change.delta is None:
         return "-"
-    if change.delta == 0:
-        return fmt_bytes(0)
-    sign = "+" if change.delta > 0 else "-"
-    text = f"{sign}{fmt_bytes(abs(change.delta))}"
-    return text + (f" ({fmt_percent(change.percent / 100, signed=True)})" if percent and change.percent is not None else "")
+    shown = fmt_signed_bytes(change.delta)  # "0 B" without a percentage
+    if percent and change.percent is not None and change.delta:
+        shown += f" ({fmt_percent(change.percent / 100, signed=True)})"
+    return shown
