@@ -717,7 +717,7 @@ _schemas: dict = {}
 
 def allocator_uses(name: str, bounds=()) -> list:
     """reserved.allocators from AllocatorSums over the fixture's events cut before `bounds`, its
-    peaks and preallocated blocks the document's (as verdicts.frame_looks gives them)."""
+    peaks and preallocated blocks the document's (as run_analyses gives them)."""
     analysis = frame(name)
     if name not in _process_names:
         conn = open_readonly(FIXTURES / f"{name}.sqlite")
@@ -798,7 +798,7 @@ def test_allocators_judge_one_batch_once_and_k_batches_on_each_look(monkeypatch)
 
 def preallocations(name: str, bounds=()) -> list:
     """reserved.preallocations from BigBlocks over the fixture's events cut before `bounds`, the
-    blocks described by their rows of the events frame (as verdicts.frame_looks does)."""
+    blocks described by their rows of the events frame (as run_analyses does)."""
     analysis = frame(name)
     gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
     totals = {g.id: g.total_memory_bytes for g in analysis.capture.gpus}
@@ -835,7 +835,7 @@ RELEASES = ["torch_oom_v25", "torch_emptycache_v25", "torch_fraction_oom_v25"]
 
 def cache_releases(name: str, bounds=()) -> list:
     """The caching allocators' releases from ReleaseBursts over the fixture's events cut before
-    `bounds`, of the allocators the document recognized (as verdicts.frame_looks asks)."""
+    `bounds`, of the allocators the document recognized (as run_analyses asks)."""
     analysis = frame(name)
     bursts = answer(analysis, ReleaseBursts(), bounds, {"api_names": list(analysis.events["api"].cat.categories)})
     caching = {(u.pid, u.device): u.allocator for u in analysis.reserved.allocators if u.allocator.startswith("pytorch")}
@@ -880,7 +880,7 @@ def test_cache_releases_in_3_row_batches_hold_the_truth():
 
 def failure_devices(name: str, bounds=()) -> list:
     """FailureDevices over the fixture's events cut before `bounds`: the device of each call that
-    ran out of memory (as verdicts.frame_looks asks)."""
+    ran out of memory (as run_analyses asks)."""
     analysis = frame(name)
     return answer(analysis, FailureDevices(), bounds, {"oom_calls": oom_calls(call_outcomes(analysis.calls).failed)})
 
@@ -1000,7 +1000,7 @@ def test_access_maps_are_the_same_on_one_batch_k_batches_and_3_row_batches():
 
 
 def oom_verdicts(name: str, bounds=()) -> tuple:
-    """frame_looks' out-of-memory verdicts (but those made after, from the finished analysis) and
+    """The verdicts' reducers' out-of-memory verdicts (but those made after, from the finished analysis) and
     reserved memory over the fixture's events cut before `bounds` (the command line's: one batch),
     each listed allocation as (pid, address, bytes, alloc time, free time)."""
     analysis = frame(name)
@@ -1021,10 +1021,13 @@ def oom_verdicts(name: str, bounds=()) -> tuple:
                     for a in super().allocations(listed, free_ts, peak)]
 
     peaks = [(p.pid, p.device, p.peak_time_ns) for p in analysis.peaks if p.pid is not None]
-    looks = verdicts.frame_looks(
-        events, analysis.calls, call_outcomes(analysis.calls), analysis.nvtx_ranges, peaks,
-        lambda pid, device: gpus.get((pid, device)), totals.get, schema.process_names, schema.duration_ns, False,
-        pieces(frame_batch(events), sorted(set(bounds))), answer(analysis, BigBlocks()), frame_live(events))
+    more = {"allocator_peaks": lambda: peaks}
+    looks = verdicts.VerdictLooks(
+        call_outcomes(analysis.calls), verdicts.frame_calls(analysis.calls), list(events["api"].cat.categories),
+        analysis.nvtx_ranges, lambda pid, device: gpus.get((pid, device)), totals.get, schema.process_names,
+        schema.duration_ns, lambda: answer(analysis, BigBlocks()), more)
+    Engine(looks.reducers, Facts(list(events["kind"].cat.categories), looks.gpu_of, more)).run(
+        pieces(frame_batch(events), sorted(set(bounds))), frame_live(events))
     found = looks.verdicts(analysis.peaks, [lambda: ""] * len(analysis.peaks), analysis.groups,
                            analysis.reserved.pools, analysis.timeline.end_ns, Tuples(events, {}),
                            lambda pid: labels.get(pid) or f"process {pid}")

@@ -1,7 +1,6 @@
-"""Analyses: pure functions over the normalized frames, gathered into one `Analysis`.
-
-Each module fits on a screen: timeline, peak, never_freed (with the group totals), sites,
-ranges, calls (API counts and failures), diagnostics. None of them does I/O.
+"""Analyses: the engine's reducers (one per question, nsysan/engine) and what makes their answers
+one `Analysis` on both paths (`analysis_of`): the whole frame's `run_analyses`, here, and the flow's
+`run_flow` (flow.py). None of them does I/O but the flow's reading.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from .calls import FailedCalls, api_call_stats, call_outcomes, allocations_with_
 from .explore import Explorable, allocation_groups, early_trace_ends, LargestAllocations
 from .diagnostics import VmmEvents, capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
-from .groups import BatchGroups, GroupSums, batch_groups
+from .groups import GroupSums, batch_groups
 from .peak import Peaks, headline
 from .pools import PoolUses
 from .preallocations import BigBlocks
@@ -39,7 +38,7 @@ from .steps import memory_threads, step_diagnostics
 from .spikes import DEFAULT_WINDOW_NS, Spikes
 from .answers import gather_answers
 from .timeline import TimelineSeries
-from .verdicts import VerdictLooks, frame_looks
+from .verdicts import VerdictLooks, frame_calls
 
 
 __all__ = ["run_analyses"]
@@ -71,8 +70,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     # The analyses only read the frames, and numpy works without the GIL on large arrays: the
     # peaks, then the timeline, are found on a second core while the groups are numbered and
     # summed (1.3 s -> 1.0 s at 1e7 events); then the API calls' and sites' tables, which
-    # need no other result, while this core finds the steps and verdicts (at 1e7 events this
-    # thread's share of the analyses fell from 4.6 s to 2.3 s of CPU; docs/performance.md).
+    # need no other result, while this core runs every other reducer in one engine run (the
+    # verdicts' wait for the peaks between their looks) (at 1e7 events this thread's share of the
+    # analyses fell from 4.6 s to 2.3 s of CPU; docs/performance.md).
     # The whole frame as one batch of the engine's (numpy views, and the few columns made of
     # them: 0.3-0.7 s at 1e7 events), made once for every engine run below: each run gets the
     # same columns with per-batch work of its own (`shared`), and the same live set.
@@ -93,32 +93,40 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         site_work = partial(_one_run, SiteRanks(), site_facts, whole, live) if not loaded.quick else partial(list)
         api_calls_later, sites_later = (pool.submit(work) for work in (api_call_work, site_work))
         outcomes = call_outcomes(calls)
-        call_facts = {"failed_call_rows": outcomes.failed, "nvtx_ranges": ranges,
-                      "api_names": list(events["api"].cat.categories)}
-        answered = Engine([GroupSums(), NeverFreed(), LargestAllocations(), BigBlocks(), FailedCalls(), VmmEvents()],
-                          dataclasses.replace(facts, more=call_facts)).run([batch], dict(live))
-        del batch  # its groups' running sums go with the timeline's (below), its partners now
         # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once (or by the pipeline already)
         threads = loaded.memory_threads if loaded.memory_threads is not None else memory_threads(calls)
-        counted = None if schema.memory_usage_collected else alloc_calls(calls, ranges)  # no sizes: the calls
-        answered.update(_steps(loaded, whole, live, grouped, threads, facts, end_ns, spike_window_ns, step_range,
-                               counted), pools=pools)
-        answered.update(timeline_later.result())
-        peaks = peaks_later.result()
-        looks = frame_looks(events, calls, outcomes, ranges, [(p.pid, p.device, p.peak_time_ns) for p in peaks[0]
-                                                              if p.pid is not None], gpu_of, total_memory,
-                            schema.process_names, schema.duration_ns, loaded.quick,
-                            [_sharing(whole, {"groups": grouped})], answered["big_blocks"], live)
-        # the order of 1e7 events into groups and their running sums, and the batch's made columns
-        # (seq, partner_seq: 160 MB at 1e7 events), read by nothing after
-        del grouped, whole
+        found = found_steps(ranges, threads, step_range,
+                            (loaded.launches, loaded.launch_names) if step_range is None else None,
+                            loaded.nvtx_steps if step_range is None else None)
+        # what the reducers know before the events: the steps and their phases, the NVTX ranges,
+        # the failed calls, what the labelled columns name, the capture's end, and (the verdicts'
+        # looks', filled by them) the out-of-memory calls and each process's peak, from the second core
+        more = {"found_steps": found, "phases": step_phases(found.steps, found.ranges),
+                "spike_window_ns": spike_window_ns, "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges,
+                "memory_threads": threads, "end_ns": end_ns, "labels": partial(frame_labels, events),
+                "failed_call_rows": outcomes.failed,
+                # no sizes: the calls
+                "range_alloc_calls": None if schema.memory_usage_collected else alloc_calls(calls, ranges)}
+        looks = VerdictLooks(outcomes, frame_calls(calls), None if loaded.quick else list(events["api"].cat.categories),
+                             ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns,
+                             lambda: engine.so_far("big_blocks"), more)
+        more["allocator_peaks"] = lambda: [(p.pid, p.device, p.peak_time_ns) for p in peaks_later.result()[0]
+                                           if p.pid is not None]
+        engine = Engine([GroupSums(), NeverFreed(), LargestAllocations(), BigBlocks(), StepWindows(), ByteClassSums(),
+                         Spikes(), RangeSums(), *looks.reducers,
+                         *([] if loaded.quick else [FailedCalls(), VmmEvents()])],
+                        dataclasses.replace(facts, more=more))
+        answered = engine.run([batch], dict(live))
+        del batch, grouped  # the order of 1e7 events into groups and their running sums, read by nothing after
+        answered.update(timeline_later.result(), pools=pools)
+        del whole  # its made columns (seq, partner_seq: 160 MB at 1e7 events), read by nothing after
 
         def later() -> tuple[list, list]:
             # Whichever core is free takes what is left of the second core's queue, the last queued first.
             return _here_unless_started(api_calls_later, api_call_work), _here_unless_started(sites_later, site_work)
 
         return analysis_of(
-            schema, source, report_version, loaded.quick, answered, listed, looks, peaks, later,
+            schema, source, report_version, loaded.quick, answered, listed, looks, peaks_later.result(), later,
             threads=threads, ranges=ranges, last_calls=loaded.last_cuda_call_ns, notes=list(loaded.diagnostics),
             joined=allocations_with_events(calls), span=(start_ns, end_ns), step_range=step_range,
             labels=frame_labels(events), stacks=loaded.stacks, frames=(events, calls, ranges))
@@ -200,20 +208,3 @@ def _sharing(whole: EventBatch, shared: Optional[dict] = None) -> EventBatch:
 def _one_run(reducer, facts: Facts, whole: EventBatch, live: dict):
     """What `reducer` answers of the whole frame's batch `whole` (frame_live's `live`)."""
     return Engine([reducer], facts).run([_sharing(whole)], dict(live))[reducer.field]
-
-
-def _steps(loaded: "LoadedEvents", whole: EventBatch, live: dict, grouped: BatchGroups, threads: np.ndarray,
-           facts: Facts, end_ns: int, spike_window_ns: int, step_range: Optional[str], alloc_calls: Optional[dict]) -> dict:
-    """The answers of the reducers that need the steps found before the events or the NVTX ranges,
-    over the whole frame's batch `whole` again (frame_live's `live`), grouped as before: the steps'
-    and phases' windows (StepWindows), the spikes, the allocations' lifetimes across the phases
-    (byte_classes) and the NVTX ranges table with its families; `threads`: memory_threads() of the
-    calls, `alloc_calls`: ranges.alloc_calls when sizes were not collected."""
-    found = found_steps(loaded.ranges, threads, step_range,
-                        (loaded.launches, loaded.launch_names) if step_range is None else None,
-                        loaded.nvtx_steps if step_range is None else None)
-    more = {"found_steps": found, "phases": step_phases(found.steps, found.ranges), "spike_window_ns": spike_window_ns,
-            "nvtx_ranges": loaded.ranges, "operator_ranges": loaded.operator_ranges, "memory_threads": threads,
-            "end_ns": end_ns, "labels": partial(frame_labels, loaded.events), "range_alloc_calls": alloc_calls}
-    return Engine([StepWindows(), ByteClassSums(), Spikes(), RangeSums()], dataclasses.replace(facts, more=more)).run(
-        [_sharing(whole, {"groups": grouped})], dict(live))

@@ -1,6 +1,6 @@
 """The verdicts on out of memory, reserved memory and caps, with the diagnostics that put them in
 every output: one set of reducers (VerdictLooks) on both paths, the whole frame's one batch
-(frame_looks, for `run_analyses`) and the streamed full analysis's flow (flow.py)."""
+(`run_analyses`) and the streamed full analysis's flow (flow.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from ..engine import Engine, Facts, GpuOf, Reducer, TotalMemory
+from ..engine import GpuOf, Reducer, TotalMemory
 from ..base.cuda_errors import error_name
 from ..events.arrays import one_pair_key
-from ..events.batch import EventBatch
 from ..model import Diagnostic, GroupSummary, MemoryCap, OutOfMemory, Peak, \
     PoolUse, Preallocation, ReservedMemory
 from ..base.units import fmt_bytes, fmt_duration, fmt_time
@@ -45,29 +44,14 @@ class Verdicts:
     replaces: set[str]  # codes of generic diagnostics these verdicts replace
 
 
-def frame_looks(events: pd.DataFrame, calls: pd.DataFrame, outcomes: CallOutcomes, ranges: pd.DataFrame,
-                peaks: list[tuple[int, int, int]], gpu_of: GpuOf, total_memory: TotalMemory,
-                process_names: dict[int, str], duration_ns: Optional[int], quick: bool,
-                batches: Sequence[EventBatch], big_blocks: pd.DataFrame, live: dict) -> VerdictLooks:
-    """The verdicts' reducers (VerdictLooks') done with the whole frame, `batches` (engine.frame_batch,
-    or pieces of it), `peaks` and big blocks known before: (pid, device, time) of each process's
-    peak, and BigBlocks' answer. `quick`: the events have no API names or threads (analyze
-    --quick), which telling an allocator's segments from library workspaces needs: no allocator
-    verdicts then; `live`: the allocations never freed (engine.frame_live); `outcomes`:
-    call_outcomes of the calls."""
-    def read_calls() -> tuple[Iterable[dict], list[str]]:  # the calls frame as one chunk
-        return (chunk for chunk, _ in frame_chunks(calls, len(calls))), list(calls["api"].cat.categories)
-
-    looks = VerdictLooks(outcomes, read_calls, None if quick else list(events["api"].cat.categories), ranges,
-                         gpu_of, total_memory, process_names, duration_ns, lambda: big_blocks,
-                         {"allocator_peaks": lambda: peaks})
-    Engine(looks.reducers, Facts(list(events["kind"].cat.categories), gpu_of, looks.more)).run(batches, dict(live))
-    return looks
+def frame_calls(calls: pd.DataFrame) -> Callable[[], tuple[Iterable[dict], list[str]]]:
+    """The calls frame as VerdictLooks reads the calls (`read_calls`): one chunk, and its API names."""
+    return lambda: ((chunk for chunk, _ in frame_chunks(calls, len(calls))), list(calls["api"].cat.categories))
 
 
 class VerdictLooks:
     """The verdicts' reducers and how their answers make the Verdicts, on both paths (the whole
-    frame as one batch: frame_looks; the streamed full analysis's flow: flow.py): the
+    frame as one batch: run_analyses; the streamed full analysis's flow: flow.py): the
     devices of the out-of-memory calls, the maps given access, what tells a run cut short, the live
     sets at the moments of out of memory and, with API names, the allocators and their bursts of
     frees."""
