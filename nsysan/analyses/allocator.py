@@ -213,17 +213,17 @@ class AllocatorSums(Reducer):
         self.counts = np.zeros((0, len(COUNTS)), "int64")  # by pair code: COUNTS
         self.keys: list[int] = []  # the pair keys seen, numbered in order (pair codes)
         self.code_of: dict[int, int] = {}  # pair key -> its code
-        self.judged: Optional[_Summed] = None  # the last batch's judgment on the first look
+        self.judged: Optional[_Judged] = None  # the last batch's judgment on the first look
         self._restart()
 
     def add(self, b) -> None:
         if self.names is not None:
             self.judged = self._judge(b, count=True)
 
-    def _judge(self, b, count: bool = False) -> "_Summed":
+    def _judge(self, b, count: bool = False) -> "_Judged":
         """The class bits and pair code of each of the batch's judged rows (AllocatorRows), counted
         (COUNTS) on the first look."""
-        judged = _Summed(b)
+        judged = _Judged(b)
         for at, part in _slices(b):
             rows, pair, bits = self.rows.of(part)
             code = self._codes(pair)
@@ -278,12 +278,13 @@ class AllocatorSums(Reducer):
                 self._sum(part, at, judged, b.bytes, rows, judged.code[at + rows], judged.cls[at + rows])
             self._keep_unfreed(b, judged)
 
-    def _sum(self, b, offset: int, summed: "_Summed", whole_bytes: np.ndarray, rows: np.ndarray, code: np.ndarray,
+    def _sum(self, b, offset: int, summed: "_Judged", whole_bytes: np.ndarray, rows: np.ndarray, code: np.ndarray,
              bits: np.ndarray) -> None:
-        """The changes of one slice `b` of a batch (its rows from `offset`; the batch's bytes
-        `whole_bytes`); `summed`: the batch's
-        allocations counted so far and not freed (a free finds its allocation of this batch by its
-        row, with no search: 0.2 s of 0.3 at 1e6 events), those of earlier batches in `live`."""
+        """The changes of one slice `b` of a batch (its rows from `offset`, the judged ones `rows`
+        with their pair `code` and class `bits`; the batch's bytes `whole_bytes`); `summed`: the
+        batch's judgment, its allocations not freed so far (a free finds its allocation of this
+        batch by its row, with no search: 0.2 s of 0.3 at 1e6 events), those of earlier batches in
+        `live`."""
         blocks = self.facts.more["allocator_blocks"]
         for key, (ts, size) in blocks.items():  # a pair's preallocated block
             mine = self.code_of.get(key, -1)
@@ -330,7 +331,7 @@ class AllocatorSums(Reducer):
             still[at] = False  # freed in this slice
             self.live = {c: v[still] for c, v in live.items()}
 
-    def _keep_unfreed(self, b, summed: "_Summed") -> None:
+    def _keep_unfreed(self, b, summed: "_Judged") -> None:
         """The batch's allocations counted and not freed in it join `live`, for later batches' frees."""
         rows = np.flatnonzero(summed.cls >= 0)
         if len(rows):
@@ -405,7 +406,7 @@ def _slices(b) -> Iterator[tuple[int, SimpleNamespace]]:
                                  calls={name: values[a:a + SLICE_ROWS] for name, values in b.calls.items()})
 
 
-class _Summed:
+class _Judged:
     """Per row of a batch, the class bits of the allocation judged there (-1: none, or freed since
     on the second look) and its pair code: 5 bytes a row, where a sorted list of the allocations
     searched by each free took a search per free."""
