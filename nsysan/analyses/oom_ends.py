@@ -26,7 +26,7 @@ from .answers import gather_answers
 from .oom import NEAR_END_NS
 
 if TYPE_CHECKING:  # the log reader's patterns are compiled only for --log (issue 31: every start pays its imports)
-    from ..model.oom_found import EndedInside, LoggedOom, SizeCount
+    from ..model.oom_found import EndedInside, FatalOom, LoggedOom, SizeCount
     from ..sources.oom_log import OomMessage
 
 BLOCK_SIZES = 8  # distinct block sizes named
