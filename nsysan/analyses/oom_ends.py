@@ -18,6 +18,7 @@ so it needs no twin:
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..model import GPU_RESIDENT_KINDS, Analysis, Diagnostic, MemoryCap, OutOfMemory
@@ -109,9 +110,9 @@ def _main_device(analysis: Analysis, pid: int) -> tuple[Optional[int], Optional[
     mine = [g for g in analysis.groups if g.pid == pid and g.kind in GPU_RESIDENT_KINDS]
     if not mine:
         return None, None
-    ends: dict[int, int] = {}
+    ends: Counter = Counter()
     for g in mine:
-        ends[g.device] = ends.get(g.device, 0) + g.end_bytes
+        ends[g.device] += g.end_bytes
     device = max(sorted(ends), key=lambda d: ends[d])
     return device, next(g.gpu for g in mine if g.device == device)
 
@@ -125,10 +126,8 @@ def _block_sizes(analysis: Analysis, pid: int, device: Optional[int]) -> list[Si
     (the largest allocations): a size is counted only where that list holds all of its blocks."""
     listed = analysis.never_freed
     complete_above = listed[-1].bytes if len(listed) < analysis.never_freed_total and listed else -1
-    counts: dict[int, int] = {}
-    for a in listed:
-        if a.pid == pid and a.device == device and a.kind == "device" and a.bytes > complete_above:
-            counts[a.bytes] = counts.get(a.bytes, 0) + 1
+    counts = Counter(a.bytes for a in listed
+                     if a.pid == pid and a.device == device and a.kind == "device" and a.bytes > complete_above)
     from ..model.oom_found import SizeCount  # made when found (model/oom_found.py)
     return [SizeCount(bytes=b, count=counts[b]) for b in sorted(counts, reverse=True)[:BLOCK_SIZES]]
 
@@ -316,8 +315,7 @@ def _verdict_sentence(m: LoggedOom, held: Optional[int], cap_from_trace: bool) -
         return (f"Fragmentation: {exact_bytes(m.cap_bytes - (m.allocated_bytes or 0))} of its "
                 f"{exact_bytes(m.cap_bytes)} pool was free, more than asked, yet in no piece large enough")
     if m.verdict == "over_cap":
-        what = ("its preallocated pool (XLA_PYTHON_CLIENT_MEM_FRACTION)" if m.framework == "xla"
-                else "allowed (set_per_process_memory_fraction)")
+        what = "allowed (set_per_process_memory_fraction)"
         if m.framework == "xla":
             what = ("its allocator may use (the block the trace shows it preallocated)" if cap_from_trace else
                     "its allocator may use (XLA's memory limit, the XLA_PYTHON_CLIENT_MEM_FRACTION share)")
