@@ -6,6 +6,7 @@ traceback of the import under way.
 """
 
 import gc
+import os
 import sys
 
 
@@ -17,7 +18,11 @@ def entry() -> None:
         from .cli import run
     except KeyboardInterrupt:
         sys.stderr.write("nsysan: interrupted\n")
-        raise SystemExit(130) from None
+        sys.stderr.flush()
+        # Not SystemExit(130): an interrupt that lands in code Python compiles from a string (namedtuple's
+        # eval, while typer imports platform) is marked unhandled although it is caught here, and Python
+        # then ends by SIGINT itself, whatever the exit code. Nothing is left to clean up this early.
+        os._exit(130)
     finally:
         gc.enable()
     run()
