@@ -12,7 +12,6 @@ from conftest import analysis_of
 from test_html import assert_quiet_page, chromium, pdf_text  # noqa: F401  (the fixture)
 
 from nsysan.commands.outputs import write_report
-from nsysan.render.html import range_rows
 from nsysan.base.units import fmt_frame, fmt_time_in
 
 # Every shown cell against its longest word, measured in the font of the element holding it:
@@ -63,7 +62,7 @@ def test_a_long_table_prints_its_top_rows_and_says_how_many_more(tmp_path, chrom
                                                  "note": "getComputedStyle(document.querySelector('.print-only')).display"})
     assert_quiet_page(page, netlog)
     # on screen: every row (ranges of one family, "step N", are one row), no note
-    rows = range_rows(analysis)
+    rows = analysis.range_rows()
     assert page.values["shown"] == len(rows) == 226 and page.values["note"] == "none"
     text = pdf_text(page.pdf, tmp_path)
     assert text.count("\f") <= 12  # with the phases and spikes sections since

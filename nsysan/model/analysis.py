@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..base import notebook_view
+from ..errors import printable
 from .bytes import ByteClasses
 from .hidden import CudaGraphs, HiddenMemory
-from .capture import SCHEMA_ID, SEVERITIES, Capture, Diagnostic, Source
-from .memory import Allocation, AllocationGroup, ApiCallStat, FailedCall, GroupSummary, Peak, RangeFamily, RangeStat, Site, \
-    Stack, StackBytes, Timeline
+from .capture import GPU_RESIDENT_KINDS, SCHEMA_ID, SEVERITIES, Capture, Diagnostic, Source
+from .memory import Allocation, AllocationGroup, ApiCallStat, FailedCall, GroupSummary, Peak, RangeFamily, RangeStat, \
+    Site, Stack, StackBytes, Timeline, range_family
 from .oom import OutOfMemory, ReservedMemory
 from .plain import _to_plain, from_document
 from .steps import Answer, Growth, MemoryCap, Phase, Spike, StepSeries, WhatIf
@@ -213,6 +215,20 @@ class Analysis(Tables):
                 best[peak.pid] = max(best.get(peak.pid, 0), peak.peak_bytes)
         return best
 
+    def gpu_peaks(self) -> dict[int, Peak]:
+        """Each GPU's peak (by `Peak.gpu_or_device`): all its processes together (pid None) where
+        several share it, the only case `peaks` lists that one, else its one process's highest peak.
+
+        >>> import nsysan
+        >>> {gpu: p.peak_bytes for gpu, p in nsysan.analyze("fixtures/ddp_leak_v25.sqlite").gpu_peaks().items()}
+        {1: 1745094656, 0: 1125666996}
+        """
+        alone: dict[int, Peak] = {}
+        for peak in sorted(self.peaks, key=lambda p: -p.peak_bytes):
+            if peak.pid is not None:
+                alone.setdefault(peak.gpu_or_device, peak)
+        return {**alone, **{p.gpu_or_device: p for p in self.peaks if p.pid is None}}
+
     def devices_on_gpu(self, pid: int, gpu: Optional[int]) -> set[int]:
         """The CUDA devices (as `pid` numbered them) by which process `pid` used GPU `gpu` of the
         capture; a device whose GPU is not known counts as the GPU of its own number.
@@ -222,6 +238,35 @@ class Analysis(Tables):
         {1}
         """
         return {g.device for g in self.groups if g.pid == pid and (g.gpu == gpu or (g.gpu is None and g.device == gpu))}
+
+    def resident_curve(self, pid: Optional[int], gpu: Optional[int]) -> Optional[tuple[Any, Any, int]]:
+        """Process `pid`'s live GPU-resident bytes on GPU `gpu`, its kinds' timeline series summed:
+        (times ns, bytes, both numpy arrays, the start of its first step or 0), None without a series.
+        The steps are the analysis's (`steps`), else its NVTX bands named like a step.
+
+        >>> import nsysan
+        >>> ts, live, first_step = nsysan.analyze("fixtures/ddp_leak_v25.sqlite").resident_curve(2147, 1)
+        >>> len(ts), int(live.max()), first_step
+        (316, 1745094656, 13327155429)
+        """
+        import numpy as np
+
+        devices = self.devices_on_gpu(pid, gpu) if pid is not None else set()  # None: a process of the other run
+        series = [s for s in self.timeline.series
+                  if s.pid == pid and s.device in devices and s.kind in GPU_RESIDENT_KINDS and s.ts_ns]
+        if not series:
+            return None
+        ts = np.unique(np.concatenate([np.asarray(s.ts_ns, dtype=np.int64) for s in series]))
+        live = np.zeros(len(ts), dtype=np.float64)
+        for s in series:
+            at = np.searchsorted(np.asarray(s.ts_ns, dtype=np.int64), ts, side="right") - 1
+            values = np.asarray(s.live_bytes, dtype=np.float64)
+            live += np.where(at >= 0, values[np.clip(at, 0, None)], 0.0)
+        steps = [found.steps[0].start_ns for found in self.steps
+                 if found.pid == pid and found.device in devices and found.steps]
+        if not steps:
+            steps = [b.start_ns for b in self.timeline.bands if b.pid == pid and _STEP_NAME.match(b.name)]
+        return ts, live, min(steps) if steps else 0
 
     def process_peaks(self, limit: int = 4) -> list[Peak]:
         """Each process's highest peak with allocations live at it, largest first (the headline
@@ -251,6 +296,50 @@ class Analysis(Tables):
             return "all processes"
         return next((proc.label for proc in self.capture.processes if proc.pid == pid and proc.label), f"process {pid}")
 
+    def process_names(self) -> tuple[dict[int, str], dict[int, str]]:
+        """How the pages name each process, profile text made printable: short ("rank 1", or
+        "python3 (1644)" without a rank) for legends, callouts and the step chart, and long
+        ("rank 1 (process 2147, python)") for the hover readout, where the pid ties it to the tables.
+
+        >>> import nsysan
+        >>> short, full = nsysan.analyze("fixtures/ddp_leak_v25.sqlite").process_names()
+        >>> short[2147], full[2147]
+        ('rank 1', 'rank 1 (process 2147, python)')
+        """
+        short: dict[int, str] = {}
+        full: dict[int, str] = {}
+        for p in self.capture.processes:
+            name, label = printable(p.name), printable(self.process_label(p.pid))
+            if label != f"process {p.pid}":  # a rank, as the headline and verdicts name it
+                short[p.pid] = label
+                full[p.pid] = f"{short[p.pid]} (process {p.pid}" + (f", {name})" if name else ")")
+            else:
+                short[p.pid] = f"{name} ({p.pid})" if name else f"process {p.pid}"
+                full[p.pid] = f"{name} (process {p.pid})" if name else f"process {p.pid}"
+        seen = {s.pid for s in self.timeline.series} | {p.pid for p in self.peaks if p.pid is not None}
+        for pid in seen - set(short):  # not in the process table
+            short[pid] = full[pid] = f"process {pid}"
+        return short, full
+
+    def range_rows(self) -> list[RangeStat | RangeFamily]:
+        """The user's NVTX ranges (not operators) as the tables list them, in the order of `ranges`:
+        those of a family ("step 0" ... "step 9") as the family's one row (`range_families`), where its
+        first name was. Without sizes there is nothing summed to show: every range keeps its row.
+
+        >>> import nsysan
+        >>> [getattr(r, "label", r.name) for r in nsysan.analyze("fixtures/known_mem_v25.sqlite").range_rows()]
+        ['burst', 'setup', 'async pool', 'step 0 – step 8', 'other kinds', 'worker 2 – worker 1', 'train']
+        """
+        families = {f.name: f for f in self.range_families} if self.capture.memory_usage_collected else {}
+        rows: list[RangeStat | RangeFamily] = []
+        for r in self.ranges:
+            family = families.get(range_family(r.name)) if range_family(r.name) != r.name else None
+            if r.operator or family is None:
+                rows.extend([] if r.operator else [r])
+            elif family not in rows:
+                rows.append(family)
+        return rows + [f for f in families.values() if f not in rows]  # a family none of whose names made the list
+
     def memory_cap(self, pid: int, device: int) -> Optional[MemoryCap]:
         """The tightest known cap on what `pid` could hold on CUDA device `device`, or None.
 
@@ -272,6 +361,9 @@ class Analysis(Tables):
         order = {s: i for i, s in enumerate(SEVERITIES)}
         return sorted(self.diagnostics, key=lambda d: order.get(d.severity, len(order)))
 
+
+# An NVTX range named like a training step ("step 3", "train_step", "Training step 3")
+_STEP_NAME = re.compile(r"^\s*(?:train(?:ing)?[ _-]?)?step\b", re.IGNORECASE)
 
 # The sections of the first nsysan/analysis@1 document: sections added since read as empty when
 # absent (an older document), these never do.

@@ -278,19 +278,6 @@ class RangeFamily:
         return f"{self.first} – {self.last}" if len(self.first) <= 30 else self.name
 
 
-def grouped_ranges(ranges: list[RangeStat], families: list[RangeFamily]) -> list[RangeStat | RangeFamily]:
-    """The user's ranges (not operators) with those of a family ("step 0" ... "step 9") replaced by
-    the family's one row, in the order of `ranges` (each family where its first name was)."""
-    by_name = {f.name: f for f in families}
-    rows: list[RangeStat | RangeFamily] = []
-    for r in ranges:
-        family = by_name.get(range_family(r.name)) if range_family(r.name) != r.name else None
-        if r.operator or family is None:
-            rows.extend([] if r.operator else [r])
-        elif family not in rows:
-            rows.append(family)
-    return rows + [f for f in families if f not in rows]  # a family none of whose names made the list
-
 @dataclass(frozen=True)
 class Holder:
     """Memory allocated inside steps and still live at the end of the capture: one call site in

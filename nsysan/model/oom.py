@@ -48,6 +48,16 @@ class AllocatorUse:
     outside_allocations: int  # allocations counted outside (library workspaces, ...)
     message: str  # the plain-words verdict
 
+    @property
+    def name(self) -> str:
+        """How the outputs name `allocator` ("PyTorch's caching allocator"); not in the JSON."""
+        return ALLOCATOR_NAMES.get(self.allocator, self.allocator)
+
+
+ALLOCATOR_NAMES = {"pytorch_caching": "PyTorch's caching allocator",
+                   "pytorch_expandable": "PyTorch's caching allocator (expandable segments)",
+                   "xla_preallocation": "XLA's allocator"}
+
 
 @dataclass(frozen=True)
 class Preallocation:

@@ -29,7 +29,7 @@ from ..base.units import fmt_bytes
 from .compare_plot import plot_comparison
 from .html import _environment, content_security_policy, page_script, page_style
 from .json import dumps
-from .page_data import process_names, site_columns, step_sets
+from .page_data import site_columns, step_sets
 from .png import figure_png
 
 # Written in this order, the page last: a folder with compare.html is complete.
@@ -108,7 +108,7 @@ def compare_page_data(c: Comparison, base: Analysis, new: Analysis) -> dict[str,
     short: dict[str, str] = {}
     step_lines = []
     for side, (run, _clock) in runs.items():
-        run_short, run_long = process_names(run)
+        run_short, run_long = run.process_names()
         names.update({f"{side}:{pid}": f"{side}: {label}" for pid, label in run_long.items()})
         short.update({f"{side}:{pid}": f"{side} {label}" for pid, label in run_short.items()})
         step_lines += [{**line, "label": f"{side} {line['label']}", "color": RUN_COLORS[side]}

@@ -23,8 +23,7 @@ import jinja2
 from markupsafe import Markup
 
 from ..errors import printable
-from ..model import SEVERITIES, TRUST_BREAKING, Allocation, AllocationGroup, Analysis, RangeFamily, RangeStat
-from ..model.memory import grouped_ranges
+from ..model import SEVERITIES, TRUST_BREAKING, Allocation, AllocationGroup, Analysis
 from ..base.units import (fmt_bytes, fmt_duration, fmt_frame, fmt_mib, fmt_percent, fmt_share, fmt_signed_bytes,
                           fmt_time, fmt_time_in, time_unit)
 from .json import render_json
@@ -37,10 +36,6 @@ UPLOT_VERSION = "1.6.32"  # render/vendor/uPlot.iife.min.js, unchanged from the 
 # report.html is complete.
 REPORT_FILES = ("timeline.png", "sites.png", "analysis.json", "report.html")
 LIVE_AT_PEAK_PROCESSES = 4
-# How the page names `reserved.allocators[].allocator`
-ALLOCATOR_NAMES = {"pytorch_caching": "PyTorch's caching allocator",
-                   "pytorch_expandable": "PyTorch's caching allocator (expandable segments)",
-                   "xla_preallocation": "XLA's allocator"}
 
 
 def render_images(analysis: Analysis) -> dict[str, bytes]:
@@ -76,9 +71,10 @@ def render_html(analysis: Analysis, images: Optional[Mapping[str, bytes]] = None
         trust_breaking=[d for d in diagnostics if d.code in TRUST_BREAKING],
         other_warnings=[d for d in diagnostics if d.severity in ("error", "warning") and d.code not in TRUST_BREAKING],
         first_screen_warnings=first_screen_warnings(analysis), first_screen_limit=FIRST_SCREEN_WARNINGS,
-        caching=any(d.code == "caching_allocator" for d in diagnostics), allocator_names=ALLOCATOR_NAMES,
+        caching=any(d.code == "caching_allocator" for d in diagnostics),
         used_pools=[p for p in analysis.reserved.pools if p.peak_used_bytes and p.end_reserved_bytes][:3],
-        ranges_in_time_order=range_rows(analysis),
+        ranges_in_time_order=sorted(analysis.range_rows(),  # in the order they first opened
+                                    key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0)),
         operators=[r for r in analysis.ranges if r.operator],
         process_names={p.pid: p.name for p in analysis.capture.processes},
         gpus={g.id: g for g in analysis.capture.gpus}, stacks={s.id: s for s in analysis.stacks})
@@ -112,15 +108,6 @@ def timeline_stand_in(images: Optional[Mapping[str, bytes]]) -> Optional[str]:
     from .png import stand_in_png
 
     return "data:image/png;base64," + base64.b64encode(stand_in_png(images["timeline.png"])).decode("ascii")
-
-
-def range_rows(analysis: Analysis) -> list[RangeStat | RangeFamily]:
-    """The page's NVTX table: the user's ranges in the order they first opened, those of a family
-    ("step 0" ... "step 9") as the family's one row (Analysis.range_families, summed by the model).
-    Without sizes there is nothing summed to show: every range keeps its row."""
-    families = analysis.range_families if analysis.capture.memory_usage_collected else []
-    return sorted(grouped_ranges(analysis.ranges, families),
-                  key=lambda r: (r.first_start_ns is None, r.first_start_ns or 0))
 
 
 def content_security_policy(style: str, script: Optional[str] = None, images: bool = True) -> str:

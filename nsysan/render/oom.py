@@ -15,8 +15,6 @@ from .layout import NAME, WORD, Column, Sheet
 
 # One answer line: (label, severity, text); the terminal lines them up with the other answers.
 Answer = tuple[str, str, str]
-_ALLOCATOR = {"pytorch_caching": "PyTorch's caching allocator",
-              "pytorch_expandable": "PyTorch's caching allocator (expandable segments)"}
 
 
 def oom_and_reserved(analysis: Analysis, top: int = 5) -> list[Union[Answer, Sheet]]:
@@ -70,7 +68,7 @@ def oom_and_reserved(analysis: Analysis, top: int = 5) -> list[Union[Answer, She
             continue  # the preallocation line says it
         outside = f"; {fmt_bytes(use.outside_at_peak_bytes)} outside it (library workspaces)" \
             if use.outside_at_peak_bytes else ""
-        parts.append(_line("info", "reserved", f"{label(use.pid)} on GPU {use.gpu}: {_ALLOCATOR[use.allocator]} "
+        parts.append(_line("info", "reserved", f"{label(use.pid)} on GPU {use.gpu}: {use.name} "
                                                f"reserved {fmt_bytes(use.inside_at_peak_bytes)} at the peak; tensors "
                                                f"use less, and nsys cannot see how much{outside}. Never-freed blocks "
                                                "at exit are its cache: watch growth per step"))

@@ -54,18 +54,18 @@ def page_data(analysis: Analysis) -> dict[str, Any]:
     timeline = analysis.timeline
     panels = series_by_gpu(analysis)
     home = home_panels(analysis, panels)
-    short, names = process_names(analysis)
+    short, names = analysis.process_names()
     gpus = {g.id: g for g in analysis.capture.gpus}
     several = len({s.pid for series in panels.values() for s in series}) > 1
-    shared = {p.gpu_or_device: p for p in analysis.peaks if p.pid is None}
+    gpu_peaks = analysis.gpu_peaks()
 
     def panel(key: int, series: list[Series]) -> dict[str, Any]:
         gpu = gpus.get(key)
         title = f"GPU {key}" + (f" · {printable(gpu.name)}" if gpu else "")
         if gpu and gpu.total_memory_bytes:
             title += f" · {fmt_bytes(gpu.total_memory_bytes)}"
-        if key in shared:
-            title += f" · all processes: peak {fmt_bytes(shared[key].peak_bytes)}"
+        if key in gpu_peaks and gpu_peaks[key].pid is None:
+            title += f" · all processes: peak {fmt_bytes(gpu_peaks[key].peak_bytes)}"
         return {
             "gpu": key, "title": title, "capacity": gpu.total_memory_bytes if gpu else None,
             "series": [{"pid": s.pid, "device": s.device, "kind": s.kind, "resident": s.kind in GPU_RESIDENT_KINDS,
@@ -264,23 +264,3 @@ def byte_class_sets(analysis: Analysis, short: dict[int, str]) -> list[dict[str,
              "level": printable(b.label), "classes": list(BYTE_CLASSES),
              "steps": [[printable(s.label), [getattr(s, f"{c}_bytes") for c in BYTE_CLASSES]] for s in b.steps],
              "count": b.step_count, "peak": printable(b.message)} for b in analysis.byte_classes if b.steps]
-
-
-def process_names(analysis: Analysis) -> tuple[dict[int, str], dict[int, str]]:
-    """How the page names each process: short ("rank 1", or "python3 (1644)" without a rank) for
-    legends, callouts and the step chart, and long ("rank 1 (process 2147, python)") for the
-    hover readout, where the pid ties it to the tables."""
-    short: dict[int, str] = {}
-    full: dict[int, str] = {}
-    for p in analysis.capture.processes:
-        name, label = printable(p.name), printable(analysis.process_label(p.pid))
-        if label != f"process {p.pid}":  # a rank, as the headline and verdicts name it
-            short[p.pid] = label
-            full[p.pid] = f"{short[p.pid]} (process {p.pid}" + (f", {name})" if name else ")")
-        else:
-            short[p.pid] = f"{name} ({p.pid})" if name else f"process {p.pid}"
-            full[p.pid] = f"{name} (process {p.pid})" if name else f"process {p.pid}"
-    seen = {s.pid for s in analysis.timeline.series} | {p.pid for p in analysis.peaks if p.pid is not None}
-    for pid in seen - set(short):  # not in the process table
-        short[pid] = full[pid] = f"process {pid}"
-    return short, full

@@ -367,8 +367,8 @@ def _panel_title(analysis: Analysis, gpu_key: int, gpu: Optional[Gpu], draw_capa
             title += f" · {fmt_bytes(gpu.total_memory_bytes)}"
             if peaks:  # the line itself would squash the curves flat: the capacity is stated instead
                 title += f" (highest peak: {max(p.peak_bytes for p in peaks) / gpu.total_memory_bytes:.1%} of it)"
-    shared = next((p for p in analysis.peaks if p.pid is None and p.gpu_or_device == gpu_key), None)
-    if shared is not None:
+    shared = analysis.gpu_peaks().get(gpu_key)
+    if shared is not None and shared.pid is None:
         title += f" · all processes: peak {fmt_bytes(shared.peak_bytes)} at {fmt_time(shared.peak_time_ns)}"
     return title
 

@@ -12,7 +12,6 @@ from rich.text import Text
 
 from ..errors import printable
 from ..model import LIVE_AT_START, Analysis, Peak, RangeFamily, StepSeries
-from ..model.memory import grouped_ranges
 from .layout import NAME, WORD, Column, Lines, Parts, Sheet
 from .oom import DRAWN_CODES, oom_and_reserved
 from ..base.units import fmt_bytes, fmt_duration, fmt_durations, fmt_frame, fmt_share, fmt_signed_bytes, fmt_time, \
@@ -257,8 +256,7 @@ def _ranges_table(analysis: Analysis, top: int, operators: bool = False) -> Shee
                   Column("max live while open"))
     # the user's ranges of one family ("step 0" ... "step 9") are its one row, as on the page
     rows = [r for r in analysis.ranges if r.operator] if operators else \
-        sorted(grouped_ranges(analysis.ranges, analysis.range_families if analysis.capture.memory_usage_collected else []),
-               key=lambda r: (-r.allocated_bytes, -r.max_live_bytes, -r.instances))
+        sorted(analysis.range_rows(), key=lambda r: (-r.allocated_bytes, -r.max_live_bytes, -r.instances))
     for r in rows[:top]:
         name = f"{r.label} ({r.names} ranges)" if isinstance(r, RangeFamily) else r.name or "(none)"
         table.add_row(_t(name), str(r.instances), fmt_bytes(r.allocated_bytes), fmt_bytes(r.freed_bytes),

@@ -167,15 +167,8 @@ def _process_place(d: ProcessDelta, names: dict[int, str]) -> str:
 
 
 def _gpu_peaks(analysis: Analysis) -> dict[int, int]:
-    """Live GPU-resident bytes at each GPU's peak, all its processes together. The analysis
-    lists a GPU's own peak only when several processes share it; else its one process's peak is it."""
-    together = {p.device: p.peak_bytes for p in analysis.peaks if p.pid is None}  # device is the GPU id there
-    alone: dict[int, int] = {}
-    for p in analysis.peaks:
-        gpu = p.gpu_or_device
-        if p.pid is not None and gpu not in together:
-            alone[gpu] = max(alone.get(gpu, 0), p.peak_bytes)
-    return {**alone, **together}
+    """Live GPU-resident bytes at each GPU's peak, all its processes together."""
+    return {gpu: peak.peak_bytes for gpu, peak in analysis.gpu_peaks().items()}
 
 
 # What each size limit measures, as its lines name it.
