@@ -37,7 +37,7 @@ from nsysan.analyses.ranges import RangeSums
 from nsysan.analyses.sites import SiteRanks
 from nsysan.analyses.step_windows import StepWindows, found_steps
 from nsysan.analyses.steps import find_step_ranges, listed, memory_threads
-from nsysan.engine import Engine, Facts, frame_batch, frame_labels, frame_live, pieces
+from nsysan.engine import Engine, Facts, Reducer, frame_batch, frame_labels, frame_live, pieces
 from nsysan.events import load_events, spill, stream
 from nsysan.events.read import last_cuda_calls, latest_ends
 from nsysan.events.read_launches import read_launches
@@ -172,6 +172,39 @@ def test_byte_classes_are_the_same_on_one_batch_k_batches_and_3_row_batches(name
     assert whole[0].peak.live_bytes > 0 and whole[0].step_count == 5
     for cut in cuts(n):
         assert bytes_classed(analysis, cut) == whole
+
+
+@pytest.mark.parametrize("name", BYTES)
+def test_a_second_look_that_may_go_ahead_gives_the_same_a_batch_ahead(name):
+    """The streamed flow runs the reducers that may go ahead (Reducer.ahead: ByteClassSums) on the
+    thread that reads the batches back, each batch before the others have looked at the one
+    before it (analyses/flow.py): in 3-row batches so, the byte classes are the whole frame's; a
+    reducer that another one needs stays in order."""
+    analysis = frame(name)
+    events = analysis.events
+    gpus = {(g.pid, g.device): g.gpu for g in analysis.groups}
+    found = find_step_ranges(analysis.nvtx_ranges, memory_threads(analysis.calls))
+    facts = Facts(list(events["kind"].cat.categories), lambda pid, device: gpus.get((pid, device)),
+                  {"phases": step_phases(found, analysis.nvtx_ranges)})
+    engine = Engine([ByteClassSums(), EventSpan()], facts)
+    assert engine.ahead == [True, False]
+    batches = pieces(frame_batch(events), range(0, len(events), 3))
+    for batch in batches:
+        engine.add(batch)
+    engine.between()
+    engine.again(batches[0], ahead=True)
+    for batch, after in zip(batches, batches[1:] + [None]):
+        if after is not None:
+            engine.again(after, ahead=True)
+        engine.again(batch, ahead=False)
+    lifetimes = engine.finish(frame_live(events))["byte_classes"]
+    assert byte_classes(lifetimes, analysis.reserved, analysis.growth, facts.gpu_of) == analysis.byte_classes
+    assert analysis.byte_classes and analysis.byte_classes[0].peak.live_bytes > 0
+
+    class ReadsByteClasses(Reducer):
+        field, needs = "reads", ("byte_classes",)
+
+    assert Engine([ByteClassSums(), ReadsByteClasses()], facts).ahead == [False, False]
 
 
 def spikes_of(analysis, bounds=()) -> list:
