@@ -41,7 +41,8 @@ def read_decoded(conn: sqlite3.Connection, schema: Schema) -> tuple[dict[str, np
 
 
 def normalize(rows: dict[str, np.ndarray], calls: pd.DataFrame, chains: pd.DataFrame, schema: Schema,
-              diagnostics: list[Diagnostic], no_call: str = "(no API call)", live_at_start: bool = True) -> pd.DataFrame:
+              diagnostics: list[Diagnostic], no_call: str = "(no API call)",
+              live_at_start: bool = True) -> pd.DataFrame:
     """The events frame: decoded, joined to API calls, in canonical order, allocs paired with frees.
 
     The memory rows decoded by read_decoded (as the streamed flow decodes each chunk), ordered,
