@@ -102,13 +102,16 @@ def categorical_lookup(values: np.ndarray, lookup: dict, missing: str = "?") -> 
         # Enum and string ids: a count per value finds the distinct ones, and a table maps them,
         # without pandas' hash pass (0.2 s per 1e7 values)
         uniques = np.flatnonzero(np.bincount(values))
-        code_of = np.zeros(int(uniques[-1]) + 1, "int32")
-        code_of[uniques] = np.arange(len(uniques), dtype="int32")
-        codes = code_of[values]
+        codes = None
     else:
         codes, uniques = pd.factorize(values)
     names = [lookup.get(u.item() if hasattr(u, "item") else u, missing) for u in uniques]
     categories = list(dict.fromkeys(names))  # several values may share a name
     position = {name: i for i, name in enumerate(categories)}
-    remap = np.array([position[n] for n in names], dtype="int64")
+    # codes of the width pandas keeps them in, so that from_codes does not convert them again
+    remap = np.array([position[n] for n in names], dtype=pd.Categorical([], categories=categories).codes.dtype)
+    if codes is None:  # a table from each value to its name's code: one gather
+        code_of = np.zeros(int(uniques[-1]) + 1, remap.dtype)
+        code_of[uniques] = remap
+        return pd.Categorical.from_codes(code_of[values], categories=categories)
     return pd.Categorical.from_codes(remap[codes] if len(codes) else codes, categories=categories)

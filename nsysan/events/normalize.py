@@ -219,16 +219,19 @@ def _sizes_and_deltas(alloc_bytes: np.ndarray, is_alloc: np.ndarray, partner: np
     """Each event's block size and live-bytes change from row `first` on (pair_allocs_and_frees'
     `partner`), SIZE_CHUNK rows at a time (at once, the gathers and selections took 0.4 GB at 1e7
     events)."""
-    sizes, deltas = np.empty(len(alloc_bytes) - first, "int64"), np.empty(len(alloc_bytes) - first, "int64")
+    sizes, deltas = alloc_bytes[first:].copy(), np.empty(len(alloc_bytes) - first, "int64")
     for low in range(first, len(alloc_bytes), SIZE_CHUNK):
-        part = slice(low, low + SIZE_CHUNK)
-        alloc, paired, own = is_alloc[part], partner[part], alloc_bytes[part]
+        out = slice(low - first, low - first + SIZE_CHUNK)
+        size, delta = sizes[out], deltas[out]  # views: written in place
         # A free takes the size of its allocation (older exports leave bytes 0 on free rows); a
-        # free with no allocation in the capture changes nothing we counted.
-        freed_size = np.where(paired >= 0, alloc_bytes[np.maximum(paired, 0)], own)
-        out = slice(low - first, low - first + len(own))
-        sizes[out] = np.where(alloc, own, freed_size)
-        deltas[out] = np.where(alloc, own, np.where(paired >= 0, -freed_size, 0))
+        # free with no allocation in the capture changes nothing we counted. Only the frees are
+        # gathered (at 1e7 events, 0.1 s less than choosing between gathers of every row).
+        frees = np.flatnonzero(~is_alloc[low:low + SIZE_CHUNK])
+        paired = partner[low:low + SIZE_CHUNK][frees]
+        found = paired >= 0
+        size[frees[found]] = alloc_bytes[paired[found]]
+        delta[:] = size
+        delta[frees] = np.where(found, -size[frees], 0)
     return sizes, deltas
 
 
@@ -269,7 +272,11 @@ def _take(values: np.ndarray, rows: np.ndarray, fill: int) -> np.ndarray:
     """values[rows], with `fill` where rows is -1 (no match)."""
     if len(values) == 0:
         return np.full(len(rows), fill, dtype="int64")
-    return np.where(rows >= 0, values[np.maximum(rows, 0)], fill)
+    # `fill` after the last value, where row -1 finds it: one gather instead of a clip, a
+    # gather and a choice (0.1 s at 1e7 events)
+    with_fill = np.empty(len(values) + 1, values.dtype)
+    with_fill[:-1], with_fill[-1] = values, fill
+    return with_fill[rows]
 
 
 def _ints_and_nulls(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
@@ -294,10 +301,10 @@ def join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
     # Per process (a counting sort brings each process's calls together, still in export order),
     # correlation ids nearly always come in increasing order, so a binary search needs no sort.
     call_codes, call_pids = pd.factorize(call_pid)
-    call_order = group_order(call_codes.astype("int64"), len(call_pids))
+    call_order = group_order(call_codes, len(call_pids))
     call_bounds = np.searchsorted(call_codes[call_order], np.arange(len(call_pids) + 1))
     event_codes = pd.Index(call_pids).get_indexer(pid) + 1  # 0: a process with no calls at all
-    event_order = group_order(event_codes.astype("int64"), len(call_pids) + 1)
+    event_order = group_order(event_codes, len(call_pids) + 1)
     event_bounds = np.searchsorted(event_codes[event_order], np.arange(len(call_pids) + 2))
     def join_process(code: int) -> None:  # each process's events alone: their rows of `result`
         rows = call_order[call_bounds[code]:call_bounds[code + 1]]
@@ -426,7 +433,7 @@ def pair_allocs_and_frees(pid: np.ndarray, address: np.ndarray, is_alloc: np.nda
         address_code, _ = pd.factorize(address)
         block_code, blocks = pd.factorize(address_code.astype("int64") * len(pids) + pid_code)
     previous = previous_in_group(block_code, len(blocks))  # the event before, at the same block
-    after_alloc = (previous >= 0) & is_alloc[np.maximum(previous, 0)]
+    after_alloc = np.append(is_alloc, False)[previous]  # previous -1 (none) finds the False
     # a free pairs with the event before it at its block when that one is an alloc
     frees = np.flatnonzero(~is_alloc & after_alloc)
     partner[frees] = previous[frees]
