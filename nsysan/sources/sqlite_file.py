@@ -103,6 +103,14 @@ def table_names(conn: sqlite3.Connection) -> set[str]:
     return {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 
+def same_strings(conn: sqlite3.Connection, attached: str) -> bool:
+    """Whether the export attached to `conn` as `attached` holds the same strings (StringIds, which
+    the tables name by id) as the main one: only then can a table of one be read with the other's."""
+    return bool(conn.execute(
+        f"SELECT (SELECT count(*) FROM {attached}.StringIds) = (SELECT count(*) FROM main.StringIds) AND NOT EXISTS "
+        f"(SELECT id, value FROM {attached}.StringIds EXCEPT SELECT id, value FROM main.StringIds)").fetchone()[0])
+
+
 def export_parameters(conn: sqlite3.Connection) -> dict[str, str]:
     """The (name, value) rows of the export's metadata table (EXPORT_META_DATA or META_DATA_EXPORT)."""
     tables = table_names(conn)

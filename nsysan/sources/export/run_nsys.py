@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ...errors import NsysanError
-from ..sqlite_file import ALWAYS_EXPORTED, connect_readonly, table_names, tables_missing
+from ..sqlite_file import ALWAYS_EXPORTED, connect_readonly, same_strings, table_names, tables_missing
 from .input_files import is_complete_export
 from .nsys import _major_minor, _version_key, export_arguments, exports_tables, report_version
 
@@ -306,10 +306,7 @@ def _append_tables(entry: Path, part: Path) -> bool:
         with contextlib.closing(sqlite3.connect(merged, isolation_level=None)) as conn:
             conn.execute("PRAGMA journal_mode=OFF")  # a copy, thrown away on any failure
             conn.execute("ATTACH DATABASE ? AS part", (str(part),))
-            same_strings = conn.execute(
-                "SELECT (SELECT count(*) FROM part.StringIds) = (SELECT count(*) FROM main.StringIds) AND NOT EXISTS "
-                "(SELECT id, value FROM part.StringIds EXCEPT SELECT id, value FROM main.StringIds)").fetchone()[0]
-            if not same_strings:
+            if not same_strings(conn, "part"):
                 return False
             held = table_names(conn)
             objects = conn.execute("SELECT type, tbl_name, sql FROM part.sqlite_master WHERE sql IS NOT NULL "
