@@ -115,11 +115,12 @@ def normalize(rows: dict[str, np.ndarray], calls: pd.DataFrame, chains: pd.DataF
     if len(calls):
         # Thread, API name and call stack come from the API call that caused the event.
         call_row = join_on_call(pid, correlation, calls["pid"].to_numpy(), calls["correlation_id"].to_numpy())
-        found = call_row >= 0
-        calls["has_event"] = np.bincount(call_row[found], minlength=len(calls)).astype(bool)
+        has_event = np.zeros(len(calls) + 1, bool)
+        has_event[call_row] = True  # an event without a call (-1) marks the spare last entry
+        calls["has_event"] = has_event[:-1]
         columns["tid"] = _take(calls["tid"].to_numpy(), call_row, -1).astype("int32")
         api_codes = _take(calls["api"].cat.codes.to_numpy().astype("int64"), call_row, -1)
-        del call_row, found
+        del call_row, has_event
     else:  # no API calls (or not read): one pass instead of a join that finds nothing
         columns["tid"] = np.full(len(pid), -1, "int32")
         api_codes = np.full(len(pid), -1, "int64")
@@ -301,11 +302,9 @@ def join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
     # Per process (a counting sort brings each process's calls together, still in export order),
     # correlation ids nearly always come in increasing order, so a binary search needs no sort.
     call_codes, call_pids = pd.factorize(call_pid)
-    call_order = group_order(call_codes, len(call_pids))
-    call_bounds = np.searchsorted(call_codes[call_order], np.arange(len(call_pids) + 1))
+    call_order, call_bounds = _grouped(call_codes, len(call_pids))
     event_codes = pd.Index(call_pids).get_indexer(pid) + 1  # 0: a process with no calls at all
-    event_order = group_order(event_codes, len(call_pids) + 1)
-    event_bounds = np.searchsorted(event_codes[event_order], np.arange(len(call_pids) + 2))
+    event_order, event_bounds = _grouped(event_codes, len(call_pids) + 1)
     def join_process(code: int) -> None:  # each process's events alone: their rows of `result`
         rows = call_order[call_bounds[code]:call_bounds[code + 1]]
         keys = call_correlation[rows]
@@ -322,6 +321,14 @@ def join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
     on_every_core(join_process, np.argsort(-np.diff(call_bounds), kind="stable").tolist(),
                   parallel=len(pid) >= PARALLEL_MIN_ROWS)
     return result
+
+
+def _grouped(codes: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """group_order(codes, groups), and where each group's rows start in it (then their end): from
+    a count per group, not a search in the codes gathered in that order (0.3 s at 1e7 events)."""
+    bounds = np.zeros(groups + 1, "int64")
+    np.cumsum(np.bincount(codes, minlength=groups), out=bounds[1:])
+    return group_order(codes, groups), bounds
 
 
 # Every byte count (live, allocated, never freed, per group, range or site) is a sum of sizes
