@@ -151,7 +151,8 @@ def analysis_of(schema: Schema, source: Source, report_version: Optional[str], q
     groups, pools = answered["groups"], answered["pools"] or []
     capture = capture_facts(schema, groups, threads, report_version, not ranges.empty or schema.has_nvtx_table)
     names = {p.pid: p.label for p in capture.processes}
-    verdicts = looks.verdicts(*peaks, groups, pools, end_ns, listed, lambda pid: names.get(pid) or f"process {pid}")
+    verdicts = looks.verdicts(*peaks, groups, pools, end_ns, listed, lambda pid: names.get(pid) or f"process {pid}",
+                              answered.get("free_times"))
     peaks = verdicts.peaks
     largest, allocations_total = answered["largest"]
     trace_ends = early_trace_ends(ranges, last_calls)

@@ -94,17 +94,19 @@ def described_peaks(series: list[PeakSeries], kinds: list[str], total_memory: To
 
 class FreeTimes(Reducer):
     """The free times of the allocations that the lists show with their lifetimes, by seq: the
-    largest (`largest`'s answer after the first look) and the LIVE_AT_PEAK largest live at each
+    largest (`largest`'s answer after the first look), the LIVE_AT_PEAK largest live at each
     peak (`peaks`' series, raised on the second look: this looks at a batch after the peaks, as a
-    peak's live set may be freed later in the batch that raised it). The whole frame reads them
-    from its partner column instead (Listed.free_times): its pairing is this answer for every row."""
+    peak's live set may be freed later in the batch that raised it) and the largest live at each
+    moment of out of memory (`live_sets`, oom.OomLiveSets: resolved on the second look, looked at
+    after it alike). The whole frame reads them from its partner column instead
+    (Listed.free_times): its pairing is this answer for every row."""
 
     field = "free_times"
-    needs = ("largest", "peaks")
     second_look = True
 
-    def __init__(self, largest: LargestAllocations, peaks: Peaks) -> None:
-        self.largest, self.peaks = largest, peaks
+    def __init__(self, largest: LargestAllocations, peaks: Peaks, live_sets=None) -> None:
+        self.largest, self.peaks, self.live_sets = largest, peaks, live_sets
+        self.needs = ("largest", "peaks") + (("oom_live",) if live_sets is not None else ())
 
     def add(self, b: EventBatch) -> None:
         pass
@@ -113,12 +115,17 @@ class FreeTimes(Reducer):
         self.wanted = set(self.largest.finish({})[0]["seq"].tolist())
         self.free_ts: dict[int, int] = {}  # allocation seq -> its free's time
         self.seen: dict[int, object] = {}  # id of a series -> the live set whose largest are wanted
+        self.resolved: set[int] = set()  # ids of the out-of-memory moments whose largest are wanted
 
     def again(self, b: EventBatch) -> None:
         for peak in self.peaks.series:
             if peak.best_seq >= 0 and self.seen.get(id(peak)) is not peak.live_set:
                 self.seen[id(peak)] = peak.live_set
                 self.wanted |= set(_listed_live(peak))
+        for moment in self._moments():
+            if id(moment) not in self.resolved:
+                self.resolved.add(id(moment))
+                self.wanted |= set(moment.largest["seq"].tolist())
         frees = np.flatnonzero(b.partner_seq >= 0)
         if self.wanted and len(frees):
             hit = frees[np.isin(b.partner_seq[frees], np.fromiter(self.wanted, "int64"))]
@@ -130,7 +137,13 @@ class FreeTimes(Reducer):
         listed = set(self.largest.finish({})[0]["seq"].tolist())
         for peak in self.peaks.series:
             listed |= set(_listed_live(peak)) if peak.best_seq >= 0 else set()
+        for moment in self._moments():
+            listed |= set(moment.largest["seq"].tolist())
         return {seq: ts for seq, ts in self.free_ts.items() if seq in listed}
+
+    def _moments(self) -> list:
+        """The out-of-memory moments whose live sets are found so far."""
+        return [m for m in self.live_sets.moments if m.resolved] if self.live_sets is not None else []
 
 
 def _listed_live(peak) -> list[int]:

@@ -128,7 +128,7 @@ def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_ve
     engine = flow.feed(lambda: Engine(
         [GroupSums(), TimelineSeries(), Explorable(), NeverFreed(), largest, StepWindows(), ByteClassSums(), Spikes(),
          more["pool_uses"], RangeSums(), peak_look, BigBlocks(), EventSpan(),
-         FreeTimes(largest, peak_look), *labelling, *verdict_looks.reducers, *reducers],
+         FreeTimes(largest, peak_look, verdict_looks.live_sets), *labelling, *verdict_looks.reducers, *reducers],
         Facts(flow.kinds, gpu_of, more)), keep=True)
     looks["big_blocks"] = engine.so_far("big_blocks")  # (AllocatorSums needs them on its second look)
     notes = list(flow.diagnostics)  # (a quick analysis's: those of its first look)

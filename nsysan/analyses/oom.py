@@ -170,7 +170,8 @@ class OomLiveSets(Reducer):
     (which finds the devices, the allocators and their releases): `Facts.more["oom_moments"]`,
     given the pairs with GPU-resident events (collected only when `oom_calls` is not empty),
     makes the Moments between the looks; the second keeps the live set at each as the peaks keep
-    theirs (peak.live_at), and the free times of the largest. `finish` gives itself."""
+    theirs (peak.live_at); the flow's allocations.FreeTimes notes when their largest are freed.
+    `finish` gives itself."""
 
     field = "oom_live"
     needs = ("oom_calls", "oom_moments")
@@ -191,7 +192,6 @@ class OomLiveSets(Reducer):
     def between(self) -> None:
         self.moments = self.facts.more["oom_moments"](sorted(self.pairs))
         self.closed: list[pd.DataFrame] = []  # allocations never to be freed, of the batches so far
-        self.free_ts: dict[int, int] = {}  # seq of a largest allocation -> its free's time
 
     def again(self, b) -> None:
         if not len(b) or not self.moments:
@@ -201,9 +201,6 @@ class OomLiveSets(Reducer):
             if not moment.resolved and cut < len(b):  # the moment is in this batch, or just before it
                 self._resolve(moment, live_at(b, int(b.seq[cut - 1]) if cut else int(b.seq[0]) - 1, moment.members,
                                               self.resident, self.closed))
-        wanted = np.concatenate([m.largest["seq"].to_numpy() for m in self.moments if m.resolved] or [[]])
-        frees = np.flatnonzero(np.isin(b.partner_seq, wanted.astype("int64")) & (b.partner_seq >= 0))
-        self.free_ts.update(zip(b.partner_seq[frees].tolist(), b.ts[frees].tolist()))
         if len(b.closed.get("seq", [])):
             self.closed.append(pd.DataFrame(b.closed))
 

@@ -123,18 +123,25 @@ class VerdictLooks:
         return [m for m in self.failure_moments if m is not None] + list(self.release_moments.values())
 
     def verdicts(self, peaks: list[Peak], load_notes: Sequence[Callable[[], str]], groups: list[GroupSummary],
-                 pools: list[PoolUse], end_ns: int, listed: Listed, label: Callable[[int], str]) -> Verdicts:
+                 pools: list[PoolUse], end_ns: int, listed: Listed, label: Callable[[int], str],
+                 free_ts: Optional[dict[int, int]] = None) -> Verdicts:
         """The Verdicts once the looks are done: `load_notes`: each peak's peak.module_load_note,
         for a peak reached by a module load; `end_ns`: the end of the capture's data (a run still
         climbing near it was cut short); `listed`: how the preallocated blocks (their API names)
-        and the live sets' allocations are described (allocations.Listed)."""
+        and the live sets' allocations are described (allocations.Listed); `free_ts`: when the live
+        sets' largest were freed, by seq (the flow's allocations.FreeTimes; the whole frame's
+        Listed reads its partner column)."""
+
+        def described(moment: Moment) -> list:
+            return listed.allocations(moment.largest, free_ts, moment)
+
         preallocations = find_preallocations(listed.frame(self.blocks()), self.ranges, self.gpu_of, self.total_memory,
                                              label)
         peaks = [with_note(p, preallocations, note) for p, note in zip(peaks, load_notes)]
         allocators = self.sums.uses(peaks, self.kind_of, preallocations, self.gpu_of, label) if self.sums else []
         retry, number = retries_and_numbers(*self.read_calls(), self.failed) if not self.failed.empty else ((), ())
         failures, probes = failures_and_probes(self.failed, self.ranges, retry, number,
-                                               partial(self._failure, listed))
+                                               partial(self._failure, described))
         allocator_ooms, flushes = [], []
         for i, release in enumerate(self.releases):
             moment = self.release_moments.get(i)
@@ -143,8 +150,7 @@ class VerdictLooks:
                 continue
             from ..model.oom_found import AllocatorOom  # made when found (model/oom_found.py)
             allocator_ooms.append(AllocatorOom(release=release, open_ranges=self.open_by_pid.get(release.pid, []),
-                                               live_count=moment.count, live_at_release=listed.allocations(
-                                                   moment.largest, self.live_sets.free_ts, moment)))
+                                               live_count=moment.count, live_at_release=described(moment)))
         oom = OutOfMemory(failures=failures, failed_count=self.outcomes.out_of_memory, probes=probes,
                           allocator_ooms=allocator_ooms, cache_flushes=flushes,
                           cut_short=self.cut.judged(self.open_by_pid, end_ns))
@@ -159,9 +165,9 @@ class VerdictLooks:
                         replaces=({"allocation_failed"} if oom.failures else set())
                         | ({"caching_allocator"} if allocators or preallocations else set()))
 
-    def _failure(self, listed: Listed, i: int, pid: int, tid: int, api: str, ts: int, code: int, path: str,
-                 retried: Optional[int], number: int) -> OomFailure:
-        """The i-th out-of-memory failure, with the live set on its GPU then."""
+    def _failure(self, described: Callable[[Moment], list], i: int, pid: int, tid: int, api: str, ts: int, code: int,
+                 path: str, retried: Optional[int], number: int) -> OomFailure:
+        """The i-th out-of-memory failure, with the live set on its GPU then (`described`: its allocations)."""
         device = self.failure_devices[i]
         gpu = self.gpu_of(pid, device) if device is not None else None
         total = self.total_memory(gpu)
@@ -169,7 +175,7 @@ class VerdictLooks:
         process_live = gpu_live = None
         count, live = 0, []
         if moment is not None:
-            count, live = moment.count, listed.allocations(moment.largest, self.live_sets.free_ts, moment)
+            count, live = moment.count, described(moment)
             gpu_live, process_live = sum(moment.by_pid.values()), moment.by_pid.get(pid, 0)
         from ..model.oom_found import OomFailure  # made when found (model/oom_found.py)
         return OomFailure(pid=pid, tid=tid, api=api, time_ns=ts, return_value=code, error=error_name(api, code),
