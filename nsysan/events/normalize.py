@@ -25,11 +25,13 @@ def read_decoded(conn: sqlite3.Connection, schema: Schema) -> tuple[dict[str, np
     raw columns (ten int64 values a row: 763 MiB at 1e7 events) were held next to the calls being
     read, then next to the decoded ones."""
     def convert(raw: pd.DataFrame) -> dict[str, np.ndarray]:
-        pooled = np.flatnonzero(_ints_and_nulls(raw, "pool_address")[0] != 0)
-        kept = {f"pool_{name}": raw[name].to_numpy()[pooled] for name in MEMORY_COLUMNS}
+        is_pool = _ints_and_nulls(raw, "pool_address")[0] != 0
+        kept = {f"pool_{name}": raw[name].to_numpy()[is_pool] for name in MEMORY_COLUMNS}
+        # of the pool columns only is_pool is needed past here: not decoded a second time
+        del raw["pool_address"], raw["pool_size"]
         rows = decode_rows(raw, schema)
-        rows["pool"] = rows.pop("pool_address") != 0  # of the pool columns, only this is needed past here
-        del rows["pool_size"], rows["ts_bad"]
+        rows["pool"] = is_pool
+        del rows["ts_bad"]
         return {**rows, **kept}
 
     if schema.memory_usage_collected:
