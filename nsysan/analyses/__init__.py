@@ -14,8 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..events import LoadedEvents
-from ..events.batch import EventBatch
-from ..engine import Engine, Facts, Labels, frame_batch, frame_labels, frame_live
+from ..engine import Engine, Facts, FramePieces, Labels, frame_batch, frame_labels, frame_live
 from ..model import SCHEMA_ID, Analysis, Diagnostic, Peak, Source, Timeline
 from ..sources.schema import Schema
 from .allocations import Listed, described_peaks
@@ -25,7 +24,7 @@ from .calls import FailedCalls, api_call_stats, call_outcomes, allocations_with_
 from .explore import Explorable, allocation_groups, early_trace_ends, LargestAllocations
 from .diagnostics import VmmEvents, capture_diagnostics
 from .never_freed import MAX_LISTED, NeverFreed
-from .groups import GroupSums, batch_groups
+from .groups import GroupSums
 from .peak import Peaks, headline
 from .pools import PoolUses
 from .preallocations import BigBlocks
@@ -44,6 +43,13 @@ from .verdicts import VerdictLooks, frame_calls
 __all__ = ["run_analyses"]
 
 T = TypeVar("T")
+
+# The whole frame is fed to the reducers in batches of this many events (engine.FramePieces), as
+# a flow's batches are: what a reducer makes of a batch (n-long gathers, groups, running sums) is
+# bounded by it. At 1e7 events, in one batch the analyses held up to 823 MiB above the frames
+# (two cores at once: SiteRanks.again 410 MiB, ReleaseBursts.add 370 ...), in pieces of 2^20
+# 206 MiB, at the same CPU time (tracemalloc; docs/performance.md).
+PIECE_ROWS = 1 << 20
 
 
 def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
@@ -73,20 +79,18 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     # need no other result, while this core runs every other reducer in one engine run (the
     # verdicts' wait for the peaks between their looks) (at 1e7 events this thread's share of the
     # analyses fell from 4.6 s to 2.3 s of CPU; docs/performance.md).
-    # The whole frame as one batch of the engine's (numpy views, and the few columns made of
-    # them: 0.3-0.7 s at 1e7 events), made once for every engine run below: each run gets the
-    # same columns with per-batch work of its own (`shared`), and the same live set.
-    whole, live = frame_batch(events), frame_live(events)
+    # The whole frame as the engine's batches of PIECE_ROWS (numpy views, and the few columns made
+    # of them as each is read), for every engine run below: each run's batches have per-batch work
+    # of their own (`shared`), and the same live set.
+    whole, live = FramePieces(events, PIECE_ROWS), frame_live(events)
     start_ns, end_ns = capture_span(schema.duration_ns, _one_run(EventSpan(), Facts(kinds), whole, live).capture,
                                     frame_span(calls, "ts_ns", "end_ns"), frame_span(ranges, "start_ns", "end_ns"))
     with ThreadPoolExecutor(max_workers=1) as pool:
         peaks_later = pool.submit(lambda whole=whole: described_peaks(_one_run(Peaks(), Facts(kinds, gpu_of, {
             "pool_uses": pool_uses}), whole, live), kinds, total_memory, listed))
-        grouped = batch_groups(_sharing(whole))
-        # the whole frame as one batch of the engine's (numpy views), grouped once for its reducers
-        batch, facts = _sharing(whole, {"groups": grouped}), Facts(kinds, gpu_of)
+        facts = Facts(kinds, gpu_of)
         timeline_later = pool.submit(Engine([TimelineSeries(), Explorable()], dataclasses.replace(facts, more={
-            "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges})).run, [batch], {})
+            "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges})).run, whole, {})
         api_call_work = partial(api_call_stats, calls)
         site_facts = dataclasses.replace(facts, more={"labels": partial(frame_labels, events),
                                                       "site_table": lambda: site_table})
@@ -116,10 +120,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                          Spikes(), RangeSums(), *looks.reducers,
                          *([] if loaded.quick else [FailedCalls(), VmmEvents()])],
                         dataclasses.replace(facts, more=more))
-        answered = engine.run([batch], dict(live))
-        del batch, grouped  # the order of 1e7 events into groups and their running sums, read by nothing after
+        answered = engine.run(whole, dict(live))
         answered.update(timeline_later.result(), pools=pools)
-        del whole  # its made columns (seq, partner_seq: 160 MB at 1e7 events), read by nothing after
 
         def later() -> tuple[list, list]:
             # Whichever core is free takes what is left of the second core's queue, the last queued first.
@@ -199,13 +201,6 @@ def _here_unless_started(later: Future, work: Callable[[], T]) -> T:
     return work() if later.cancel() else later.result()
 
 
-def _sharing(whole: EventBatch, shared: Optional[dict] = None) -> EventBatch:
-    """The whole frame's batch `whole` (frame_batch), its columns shared, its per-batch work
-    (`shared`, made by the reducers as they need it) its own: one per engine run, as the runs on
-    the two cores would otherwise add to one dict at once."""
-    return dataclasses.replace(whole, shared=dict(shared or {}))
-
-
-def _one_run(reducer, facts: Facts, whole: EventBatch, live: dict):
-    """What `reducer` answers of the whole frame's batch `whole` (frame_live's `live`)."""
-    return Engine([reducer], facts).run([_sharing(whole)], dict(live))[reducer.field]
+def _one_run(reducer, facts: Facts, whole: FramePieces, live: dict):
+    """What `reducer` answers of the whole frame's batches `whole` (frame_live's `live`)."""
+    return Engine([reducer], facts).run(whole, dict(live))[reducer.field]

@@ -38,7 +38,8 @@ LABELLED = ("api", "site", "nvtx_range", "nvtx_path", "operator")
 GpuOf = Callable[[int, int], Optional[int]]  # the GPU of a process's device (None: unknown)
 TotalMemory = Callable[[Optional[int]], Optional[int]]  # a GPU's memory (None: unknown)
 
-__all__ = ["GpuOf", "TotalMemory", "Facts", "Labels", "Reducer", "Engine", "frame_batch", "frame_labels", "frame_live"]
+__all__ = ["GpuOf", "TotalMemory", "Facts", "Labels", "Reducer", "Engine", "FramePieces", "frame_batch", "frame_labels",
+           "frame_live", "pieces"]
 
 
 @dataclass
@@ -184,24 +185,62 @@ def frame_batch(events: pd.DataFrame, shared: Optional[dict] = None,
     `events["kind"].cat.categories`; of the API calls' columns, the thread `tid` and the labelled
     columns, named by frame_labels); `shared`: per-batch work already made (see EventBatch); `pools`:
     the pool rows (LoadedEvents.pool_usage)."""
+    columns, partner = _frame_columns(events)
+    return EventBatch(seq=np.arange(len(events), dtype="int64"),
+                      partner_seq=np.where(columns["is_alloc"], -1, partner), **columns, shared=dict(shared or {}),
+                      pools={name: pools[name].to_numpy() for name in POOL_USAGE_COLUMNS} if pools is not None else {})
+
+
+def _frame_columns(events: pd.DataFrame) -> tuple[dict, np.ndarray]:
+    """frame_batch's columns but the two it makes (seq, partner_seq), views of the frame's, as
+    EventBatch's arguments; and the frame's partners (each free's allocation row, else -1)."""
     n = len(events)
     is_alloc = events["op"].cat.codes.to_numpy() == 0 if n else np.zeros(0, bool)
     partner = events["partner"].to_numpy() if n else np.zeros(0, "int64")
     column = (lambda name, dtype: events[name].to_numpy()) if n else \
         (lambda name, dtype: np.zeros(0, dtype))
     codes = (lambda name: category_codes(events[name])) if n else (lambda name: np.zeros(0, "int8"))
-    return EventBatch(
-        seq=np.arange(n, dtype="int64"), ts=column("ts_ns", "int64"), pid=column("pid", "int64"),
-        device=column("device", "int64"),
+    return dict(
+        ts=column("ts_ns", "int64"), pid=column("pid", "int64"), device=column("device", "int64"),
         kind=events["kind"].cat.codes.to_numpy() if n else np.zeros(0, "int8"),
         is_alloc=is_alloc, address=column("address", "uint64"), bytes=column("bytes", "int64"),
         delta=column("delta_bytes", "int64"), pool=column("pool", bool) if "pool" in events or not n
-        else np.zeros(n, bool), partner_seq=np.where(is_alloc, -1, partner),
+        else np.zeros(n, bool),
         # only the flow's labels read the calls' ids: here a view of one 0 (np.zeros: 80 MB at 1e7 events)
         correlation=np.broadcast_to(np.int64(0), (n,)),
-        calls={"tid": column("tid", "int32"), **{name: codes(name) for name in LABELLED}},
-        shared=dict(shared or {}),
-        pools={name: pools[name].to_numpy() for name in POOL_USAGE_COLUMNS} if pools is not None else {})
+        calls={"tid": column("tid", "int32"), **{name: codes(name) for name in LABELLED}}), partner
+
+
+class FramePieces:
+    """The whole events frame as the engine's batches of `rows` events (the last fewer), as
+    `pieces(frame_batch(events), ...)` cuts it, each batch made as it is read and gone after: what
+    a reducer makes of a batch, n long, is a piece's length, and so are the two columns made for
+    the engine (seq, partner_seq: 80 MB each at 1e7 events whole). Read once per look of each
+    engine run, each read's batches with per-batch work of their own (`shared`: the runs on two
+    cores never add to one dict at once). The allocations live before each piece are found once."""
+
+    def __init__(self, events: pd.DataFrame, rows: int) -> None:
+        self.columns, self.partner = _frame_columns(events)
+        n = len(events)
+        self.edges = [0, *range(rows, n, rows), n]
+        self.live_before: list[dict] = []
+        live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in LIVE_COLUMNS}
+        for i in range(len(self)):
+            self.live_before.append(live)
+            live = live_after(live, self[i])
+
+    def __len__(self) -> int:
+        return len(self.edges) - 1
+
+    def __getitem__(self, i: int) -> EventBatch:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        a, z = self.edges[i], self.edges[i + 1]
+        is_alloc = self.columns["is_alloc"][a:z]
+        return EventBatch(seq=np.arange(a, z, dtype="int64"), partner_seq=np.where(is_alloc, -1, self.partner[a:z]),
+                          **{name: values[a:z] for name, values in self.columns.items() if name != "calls"},
+                          calls={name: values[a:z] for name, values in self.columns["calls"].items()},
+                          live_before=self.live_before[i] if i < len(self.live_before) else {})
 
 
 def frame_labels(events: pd.DataFrame) -> Labels:
