@@ -13,7 +13,7 @@ from ..errors import NsysanError
 from ..model import KINDS, LIVE_AT_START, Diagnostic
 from ..sources.reader import PARALLEL_MIN_ROWS, read_converted
 from ..sources.schema import Schema
-from .columns import EVENT_COLUMNS, categorical_lookup, int_column, ints
+from .columns import EVENT_COLUMNS, categorical_lookup, ints
 from .read import MEMORY_COLUMNS, MEMORY_TABLE, _memory_select, no_memory_rows
 from .read_pools import pool_usage
 
@@ -151,21 +151,32 @@ def normalize(rows: dict[str, np.ndarray], calls: pd.DataFrame, chains: pd.DataF
     return pd.DataFrame(columns, copy=False)
 
 
+# Rows beyond which decode_rows lets go of each raw column as soon as it is decoded.
+CONSUMED_ROWS = 1 << 20
+
+
 def decode_rows(raw: pd.DataFrame, schema: Schema) -> dict[str, np.ndarray]:
     """The one decoder of memory rows (read.MEMORY_COLUMNS, with `position` and the pool columns
     when `raw` has them) into event columns: of each chunk read for the events frame (read_decoded)
-    and for the streamed flow (stream.EventFlow). Consumes raw's columns, each dropped once decoded.
+    and for the streamed flow (stream.EventFlow). Consumes the columns of a `raw` of more than
+    CONSUMED_ROWS rows, each dropped once decoded.
 
     Integers with NULLs and unreadable values as 0 (`ts_bad`, `kind_null`, `correlation_null`:
     which were); `op` 0 alloc, 1 free, -1 unknown or unreadable; `device` int16 (clipped: only
     rows left out change); `kind_id` 7 (unknown) for NULL; `reason` why a row is left out (an
     index into BAD_ROW_REASONS, -1 for a good row)."""
-    def take(column: str) -> tuple[np.ndarray, np.ndarray]:
-        values = _ints_and_nulls(raw, column)
-        del raw[column]
-        return values
+    columns = dict(raw.items())
+    # A table read as one frame (without the fast driver): each column let go once decoded. Not
+    # for a chunk, whose few MB don't matter: a `del` rebuilds the frame's columns and blocks, a
+    # third of the time to decode a chunk of 65,536 rows.
+    if len(raw) > CONSUMED_ROWS:
+        for column in columns:
+            del raw[column]
 
-    rows = {column: take(column)[0] for column in ("position", "pool_address", "pool_size") if column in raw}
+    def take(column: str) -> tuple[np.ndarray, np.ndarray]:
+        return _series_ints_and_nulls(columns.pop(column))
+
+    rows = {column: take(column)[0] for column in ("position", "pool_address", "pool_size") if column in columns}
     rows["ts"], ts_bad = take("start")
     rows["global_pid"], pid_bad = take("global_pid")
     rows["bytes"], size_bad = take("bytes")
@@ -284,10 +295,15 @@ def _take(values: np.ndarray, rows: np.ndarray, fill: int) -> np.ndarray:
 
 def _ints_and_nulls(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
     """A column as int64 (NULLs as 0) and the mask of its NULLs."""
-    dtype = frame[column].dtype
+    return _series_ints_and_nulls(frame[column])
+
+
+def _series_ints_and_nulls(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A column (a named Series) as int64 (NULLs as 0) and the mask of its NULLs."""
+    dtype = column.dtype
     if isinstance(dtype, np.dtype) and dtype.kind in "iu":  # plain numpy ints: no NULLs
-        return int_column(frame, column), np.zeros(len(frame), bool)
-    values = ints(frame, column)
+        return column.to_numpy().astype("int64", copy=False), np.zeros(len(column), bool)
+    values = ints(column.to_frame(), column.name)
     return values.to_numpy(dtype="int64", na_value=0), values.isna().to_numpy()
 
 

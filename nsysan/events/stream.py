@@ -374,7 +374,8 @@ class EventFlow:
             kept, bad = {name: values[keep] for name, values in kept.items()}, bad[keep]
         alloc = kept["op"] == 0
         kept["key"] = (kept["ts"] - offset) * 2 + alloc
-        kept["flags"] = np.where(bad, 0, IS_EVENT).astype("int8") | np.where(alloc, IS_POOL_ALLOC, 0).astype("int8")
+        # IS_EVENT (1) for a good row, IS_POOL_ALLOC (2) for an allocation, from the masks' bytes
+        kept["flags"] = (~bad).view("int8") | (alloc.view("int8") << 1)
         return kept
 
     def _emit(self, rows: dict) -> Optional[EventBatch]:
@@ -479,8 +480,14 @@ def _pool_rows(rows: dict, time_offset_ns: int) -> dict:
         "is_alloc": (rows["flags"][at] & IS_POOL_ALLOC) != 0, "bytes": np.clip(rows["bytes"][at], 0, 2**50),
         "reserved": np.clip(rows["pool_size"][at], 0, 2**50),
     }
-    if tied_to_a_neighbour(found["ts_ns"]) is not None:  # copies share their time
-        copies = pd.DataFrame({**found, "block": rows["address"][at], "call": rows["correlation"][at]}).duplicated()
-        if copies.any():
-            found = {name: values[~copies.to_numpy()] for name, values in found.items()}
+    tied = tied_to_a_neighbour(found["ts_ns"])
+    if tied is not None:  # copies share their time: compared among the rows that share theirs alone
+        among = np.flatnonzero(tied)
+        copies = among[pd.DataFrame({**{name: values[among] for name, values in found.items()},
+                                     "block": rows["address"][at[among]], "call": rows["correlation"][at[among]]})
+                       .duplicated().to_numpy()]
+        if len(copies):
+            kept = np.ones(len(at), bool)
+            kept[copies] = False
+            found = {name: values[kept] for name, values in found.items()}
     return found

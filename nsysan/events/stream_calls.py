@@ -37,6 +37,7 @@ CALL_CHUNK_ROWIDS = 1 << 18
 _FAR = np.iinfo("int64").max // 4  # an end beyond this is no end (unterminated)
 _REAL = ("pid", "tid", "correlation", "api", "ts", "end", "position", "ok_alloc", "matched")
 _CHAIN = ("pid", "correlation", "chain", "end")
+_HELD = ("pid", "tid", "correlation", "api", "end", "position", "ok_alloc", "matched")  # a call in the window
 _WHOLE = (0, -1)  # the rowids of a table read as one chunk
 
 
@@ -193,7 +194,7 @@ class CallWindow:
         self.restart()
 
     def restart(self) -> None:
-        self.real = {c: np.zeros(0, "bool" if c in ("ok_alloc", "matched") else "int64") for c in _REAL}
+        self.real = {c: np.zeros(0, "bool" if c in ("ok_alloc", "matched") else "int64") for c in _HELD}
         self.chains = {c: np.zeros(0, "int64") for c in _CHAIN}
         starts = self.calls.first_starts
         # the chunks by their earliest start: the batches' times only grow, so each batch reads the
@@ -210,9 +211,7 @@ class CallWindow:
         n = len(batch.ts)
         if n == 0 or not self.calls:
             return {"tid": np.full(n, -1, "int32"), "api": np.full(n, -1, "int64"), "chain": np.full(n, -1, "int64")}
-        if not self.keep_all:
-            self._drop_ended_before(int(batch.ts[0]))
-        self._read_until(int(batch.ts[-1]))
+        self._move(int(batch.ts[0]), int(batch.ts[-1]))
         real = self.real
         row = join_on_call(batch.pid, batch.correlation, real["pid"], real["correlation"])
         found = row >= 0
@@ -250,42 +249,95 @@ class CallWindow:
                 self.exact = False
                 return
 
-    def _drop_ended_before(self, ts: int) -> None:
+    def _move(self, first: int, last: int) -> None:
+        """The window for events from `first` to `last`: without the calls that ended before
+        `first` (all kept, holding every call), with those of every chunk that starts at or before
+        `last` (every chunk, holding all)."""
         real, chains = self.real, self.chains
-        gone = real["end"] < ts
-        if gone.any():
-            self.joined_allocations += int((gone & real["ok_alloc"] & real["matched"]).sum())
-            self.real = {c: v[~gone] for c, v in real.items()}
-        ended = chains["end"] < ts
-        if ended.any():
-            self.chains = {c: v[~ended] for c, v in chains.items()}
+        gone = None
+        if not self.keep_all:
+            gone = real["end"] < first
+            if gone.any():
+                self.joined_allocations += int((gone & real["ok_alloc"] & real["matched"]).sum())
+            else:
+                gone = None
+            ended = chains["end"] < first
+            if ended.any():
+                self.chains = {c: v[~ended] for c, v in chains.items()}
+        added = self._read_until(last)
+        if not (gone is not None or added):
+            return
+        if all(_increasing(part["position"]) for part in added):
+            self.real = _rebuilt(real, None if gone is None else ~gone, added)
+            return
+        # a chunk not in rowid order (a table read as one frame): the window sorted whole
+        window = {c: np.concatenate([v if gone is None else v[~gone]] + [part[c] for part in added])
+                  for c, v in real.items()}
+        order = np.argsort(window["position"], kind="stable")  # the first call of a key (in rowid order) wins
+        self.real = {c: v[order] for c, v in window.items()}
 
-    def _read_until(self, ts: int) -> None:
-        """Every chunk with a call starting at or before `ts` (every chunk, holding all) in the window."""
+    def _read_until(self, ts: int) -> list[dict]:
+        """The calls of every chunk with a call starting at or before `ts` (every chunk, holding
+        all) not in the window yet, a dict of _HELD per chunk in rowid order; their call stacks
+        put in the window."""
         starts = self.calls.first_starts
         count = len(self.unread) if self.keep_all else int(np.searchsorted(
             np.array([starts[i] for i in self.unread], "int64"), ts, side="right"))
         if not count:
-            return
+            return []
         wanted, self.unread = self.unread[:count], self.unread[count:]
         read = {}
         for _ in wanted:
             i, real, chains = next(self._reader)
             read[i] = real, chains
         alloc = self.calls.families.index("alloc") if "alloc" in self.calls.families else -1
-        real_parts, chain_parts = [self.real], [self.chains]
-        for i in sorted(wanted):  # in rowid order, as the tables are concatenated below
+        real_parts, chain_parts = [], [self.chains]
+        for i in sorted(wanted):  # in rowid order
             real, chains = read.pop(i)
             real["ok_alloc"] = (self.calls.family_code[real["api"]] == alloc) & (real.pop("return_value") == 0)
             real["matched"] = np.zeros(len(real["pid"]), bool)
-            real_parts.append(real)
+            real_parts.append({c: real[c] for c in _HELD})
             chain_parts.append({c: chains[c] for c in _CHAIN})
-        self.real = {c: np.concatenate([p[c] for p in real_parts]) for c in _REAL}
-        position = self.real["position"]
-        if len(position) > 1 and not (position[1:] > position[:-1]).all():
-            order = np.argsort(position, kind="stable")  # the first call of a key (in rowid order) wins
-            self.real = {c: v[order] for c, v in self.real.items()}
         chains = {c: np.concatenate([p[c] for p in chain_parts]) for c in _CHAIN}
         # normalize takes the largest stack id of a call's rows: first in this order
         order = np.lexsort((-chains["chain"], chains["correlation"], chains["pid"]))
         self.chains = {c: v[order] for c, v in chains.items()}
+        return [part for part in real_parts if len(part["pid"])]
+
+
+def _increasing(position: np.ndarray) -> bool:
+    return bool((position[1:] > position[:-1]).all())
+
+
+def _rebuilt(window: dict, keep: Optional[np.ndarray], added: list[dict]) -> dict:
+    """The window's calls (those `keep` marks; all for None) and the `added` chunks' in one
+    rowid order (the first call of a key wins, as in normalize.join_on_call), each row copied
+    once. Each chunk holds a range of rowids that no other holds, in rowid order: its calls go
+    in one piece, before the window's first call after its first rowid (the chunks come by
+    their earliest start, a later one often before calls already held: a sort of the whole
+    window each time it was out of order)."""
+    position = window["position"]
+    at = [int(np.searchsorted(position, part["position"][0])) for part in added]
+    bounds = [0, *at, len(position)]
+    if keep is None:
+        sizes = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    else:
+        held = np.concatenate([[0], np.cumsum(keep)])
+        sizes = [int(held[b] - held[a]) for a, b in zip(bounds[:-1], bounds[1:])]
+    rows = sum(sizes) + sum(len(part["position"]) for part in added)
+    rebuilt = {}
+    for c, values in window.items():
+        out = np.empty(rows, values.dtype)
+        filled = 0
+        for piece, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+            if keep is None:
+                out[filled:filled + sizes[piece]] = values[a:b]
+            elif sizes[piece]:
+                np.compress(keep[a:b], values[a:b], out=out[filled:filled + sizes[piece]])
+            filled += sizes[piece]
+            if piece < len(added):
+                part = added[piece][c]
+                out[filled:filled + len(part)] = part
+                filled += len(part)
+        rebuilt[c] = out
+    return rebuilt
