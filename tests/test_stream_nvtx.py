@@ -80,3 +80,18 @@ def test_points_after_every_range_start_find_the_range_still_open():
     # at 30 ns thread 2's range is over: its process's main thread (tid 1 = pid) has "outer" open
     assert names == ["outer", "inner", "outer", ""]
     assert rows.tolist() == nvtx.innermost_range_rows(pid, tid, ts, ranges).tolist()
+
+
+@pytest.mark.parametrize("times", [None, (0, 300)])
+def test_innermost_range_at_every_start_and_end(times):
+    # one thread: "step" 0-100 ns with "forward" from its start to 40 and "backward" from 40 to
+    # 90 (back to back), then "late" from 95 to 300 (over the step's end: not nested). A range
+    # holds its start, not its end. Without `times` the points after the last start (95 ns) are
+    # past the lookup's axis.
+    ranges = _nested(pd.DataFrame({"pid": np.int32([1] * 4), "tid": np.int32([1] * 4),
+                                   "start_ns": [0, 0, 40, 95], "end_ns": [100, 40, 90, 300],
+                                   "name": np.array(["step", "forward", "backward", "late"], object)}))
+    ts = np.array([0, 39, 40, 89, 90, 94, 95, 100, 299, 300])
+    rows = RangeLookup(ranges, times).rows(np.ones(len(ts), "int64"), np.ones(len(ts), "int64"), ts)
+    names = np.append(ranges["name"].to_numpy(dtype=object), "")[rows].tolist()
+    assert names == ["forward", "forward", "backward", "backward", "step", "step", "late", "late", "late", ""]

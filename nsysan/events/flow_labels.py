@@ -97,9 +97,11 @@ class FlowLabels:
             self.kept.append({c: info[c][kept] for c in ALLOCATION_INFO})
         seqs, sites = known["seq"], known["site"]
         frees = np.flatnonzero(~b.is_alloc & (b.partner_seq >= 0))
-        site[frees] = sites[np.searchsorted(seqs, b.partner_seq[frees])]
+        freed = _places(seqs, len(self.live["seq"]), b, allocs, b.partner_seq[frees])
+        site[frees] = sites[freed]
         closed = b.closed.get("seq", np.zeros(0, "int64"))
-        gone = np.isin(seqs, np.concatenate([b.partner_seq[frees], closed]))
+        gone = np.isin(seqs, closed)  # and the allocations freed, found above
+        gone[freed[seqs[freed] == b.partner_seq[frees]]] = True
         # the allocations never to be freed before this batch's look (closed ones are listed as never freed)
         closed_before = list(self.closed)
         if len(closed):
@@ -145,10 +147,12 @@ class FlowLabels:
         the live ones and this batch's), the API and NVTX range of the event at the peak, and the
         API of the series' last own allocation then (peak.module_load_note)."""
         api = b.calls["api"]  # the events' API codes (label)
-        resident, pairs = np.isin(b.kind, RESIDENT), pair_key(b.pid, b.device)
+        # the series' own allocations (not module statics) among the batch's: found once, and
+        # each series' among them (not each series' events first: 0.7 s at 1e7 events)
+        owned = np.flatnonzero(np.isin(b.kind, RESIDENT) & (b.kind != STATIC) & (b.delta > 0))
+        pairs = pair_key(b.pid[owned], b.device[owned])
         for peak in self.look_at.series:  # a few series, as peak.Peaks finds them
-            rows = np.flatnonzero(resident & np.isin(pairs, peak.members))
-            own = rows[(b.kind[rows] != STATIC) & (b.delta[rows] > 0)]
+            own = owned[np.isin(pairs, peak.members, kind="sort")]  # (compared with each member)
             if peak.best_seq >= 0 and peak.live_set is not self._seen.get(id(peak)):
                 self._seen[id(peak)] = peak.live_set  # a new live set: the peak was raised in this batch
                 at = np.searchsorted(known["seq"], peak.live_set["seq"].to_numpy())
@@ -202,3 +206,22 @@ class FlowLabels:
                 "nvtx_range": self._string(np.append(self.range_names, "")[nvtx]),
                 "operator": self._string(self.operator_names[operator]) if not self.operator_ranges.empty
                 else np.zeros(len(allocs), "int64")}
+
+
+def _places(seqs: np.ndarray, live: int, b, allocs: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """np.searchsorted(seqs, wanted), where `seqs` are the seqs of the `live` allocations before
+    batch `b` (all before its first) and then of its allocations `allocs`: a seq of the batch's
+    own is found from its offset in the batch (a batch's seqs follow each other), the rest by a
+    search among the live ones (a search among them all for some 130,000 frees in no order took
+    15 ms per batch at 1e7 events)."""
+    n = len(b)
+    if n == 0 or int(b.seq[-1]) - int(b.seq[0]) != n - 1:  # not consecutive
+        return np.searchsorted(seqs, wanted)
+    own = wanted >= b.seq[0]
+    places = np.empty(len(wanted), "int64")
+    before = np.cumsum(b.is_alloc) - b.is_alloc  # allocations of the batch before each event
+    offset = np.minimum(wanted[own] - int(b.seq[0]), n - 1)
+    places[own] = live + np.where(offset == wanted[own] - int(b.seq[0]), before[offset], len(allocs))
+    places[~own] = np.searchsorted(seqs[:live], wanted[~own])
+    return places
+

@@ -92,6 +92,14 @@ class RangeLookup:
         self.sorted_axis = range_axis[self.order]
         self.end = ranges["end_ns"].to_numpy()
         self.parent = ranges["parent"].to_numpy()
+        # The innermost range of a thread changes only where one of its ranges starts or ends: it
+        # is a step function of time, found once at each such moment (the walk below); a point
+        # then takes the step it falls on, one search and no walk.
+        last = self.origin + self.span - 1
+        moments = np.concatenate([range_axis, self.range_rank * self.span + (self.end - self.origin)])
+        moments = np.unique(moments[np.concatenate([start, self.end]) <= last])
+        self.step_rank, self.step_axis = moments // self.span, moments
+        self.step_value = self._walk(self.step_rank, moments % self.span + self.origin)
 
     def rows(self, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> np.ndarray:
         """innermost_range_rows of these points: on their own thread, else their process's main thread."""
@@ -115,17 +123,37 @@ class RangeLookup:
         return result
 
     def _innermost_of_chunk(self, pid: np.ndarray, tid: np.ndarray, ts: np.ndarray) -> np.ndarray:
-        result = np.full(len(ts), -1, "int64")
         point_keys = thread_key(pid, tid)
         point_rank = np.clip(np.searchsorted(self.range_threads, point_keys), 0, len(self.range_threads) - 1)
         # a point before the axis has no range started before it; one after it, every range of its thread
         on_thread = (self.range_threads[point_rank] == point_keys) & (ts >= self.origin)
-        point_axis = point_rank.astype("int64") * self.span + (np.minimum(ts, self.origin + self.span - 1)
-                                                               - self.origin)
+        high = self.origin + self.span - 1
+        point_axis = point_rank.astype("int64") * self.span + (np.minimum(ts, high) - self.origin)
+        # searched thread by thread: points in time order then look for ascending keys, which a
+        # binary search finds in the pages the last one read (4 ms against 13 for 2^18 points
+        # of four threads interleaved)
+        by_thread = np.argsort(point_rank.astype(np.min_scalar_type(len(self.range_threads))), kind="stable")
+        found_at = np.searchsorted(self.step_axis, point_axis[by_thread], side="right") - 1
+        step = point_axis  # (its array reused: the whole frame looks up a million points at a time per core)
+        step[by_thread] = found_at
+        del found_at, by_thread
+        found = on_thread & (step >= 0)
+        step = np.maximum(step, 0, out=step)
+        found &= self.step_rank[step] == point_rank
+        result = np.where(found, self.step_value[step], -1)
+        later = np.flatnonzero(on_thread & (ts > high))  # past the last step: ranges may end after it
+        if len(later):
+            result[later] = self._walk(point_rank[later], ts[later])
+        return result
+
+    def _walk(self, rank: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """Row of the innermost range open at each time on the thread of each rank (one that has
+        ranges; a time on the axis or after it), -1 if none."""
+        result = np.full(len(ts), -1, "int64")
+        point_axis = rank.astype("int64") * self.span + (np.minimum(ts, self.origin + self.span - 1) - self.origin)
         pos = np.searchsorted(self.sorted_axis, point_axis, side="right") - 1
         candidate = np.where(pos >= 0, self.order[np.maximum(pos, 0)], -1)
-        candidate = np.where(on_thread & (candidate >= 0) & (self.range_rank[np.maximum(candidate, 0)] == point_rank),
-                             candidate, -1)
+        candidate = np.where((candidate >= 0) & (self.range_rank[np.maximum(candidate, 0)] == rank), candidate, -1)
         # Ranges on one thread nest, so the innermost one open at t is the latest-starting range
         # still open at t: walk from that candidate outwards, one nesting level per round.
         live = np.flatnonzero(candidate >= 0)
