@@ -67,6 +67,14 @@ class LoadedEvents:
     code_calls: Optional[pd.DataFrame] = None
 
 
+# The decoded memory rows are given back to the system (release_memory: malloc_trim and Arrow's
+# pool) after a read of at least this many: about 70 bytes a row stay resident otherwise (700 MB
+# at 1e7). Below it there is little to give back, and the call itself took 0.6-13 ms of the GPT-2
+# capture's analysis (1,353 rows, 2 cores, its API table's tail read beside it): a fixed cost of
+# each small analysis, paid after the export (issue 31).
+RELEASE_FROM_ROWS = 1_000_000
+
+
 def load_events(conn: sqlite3.Connection, schema: Schema, progress: Optional[Progress] = None, *,
                 quick: bool = False) -> LoadedEvents:
     """Read and normalize the export's memory events, API calls and NVTX ranges.
@@ -104,7 +112,8 @@ def _load(conn: sqlite3.Connection, schema: Schema, progress: Progress) -> Loade
         progress("matching allocations and frees", 0.5)
         events = normalize(rows, calls, chains, schema, diagnostics)
         del rows
-        release_memory()
+        if len(events) >= RELEASE_FROM_ROWS:  # the rows, less any written twice
+            release_memory()
         progress("attributing NVTX ranges and sites", 0.8)
         events["nvtx_range"], events["nvtx_path"] = attribute_ranges(events, ranges)
         events["operator"] = attribute_operators(events, operator_ranges)
@@ -136,7 +145,8 @@ def _load_quick(conn: sqlite3.Connection, schema: Schema, progress: Progress) ->
     progress("matching allocations and frees", 0.5)  # no release_memory() yet: see _load
     events = normalize(rows, empty_calls(), empty_chains(), schema, diagnostics, no_call=QUICK_API, live_at_start=False)
     del rows
-    release_memory()
+    if len(events) >= RELEASE_FROM_ROWS:
+        release_memory()
     blank = pd.Categorical.from_codes(np.zeros(len(events), "int8"), categories=[""])
     events["nvtx_range"] = events["nvtx_path"] = events["site"] = events["operator"] = blank
     events["stack"] = np.full(len(events), -1, "int32")
