@@ -7,12 +7,13 @@ of the rounds; then the bare `nsys export` of each table list, and whether the t
 the same byte for byte (for every report given).
 
     python benchmarks/rep_tables_timing.py NSYS OUT.json REPORT [MORE_REPORTS...] [--rounds N]
-        [--bare-rounds N] [--keep-export DIR]
+        [--bare-rounds N] [--keep-export DIR] [--no-stats]
 
 Run from the repository root with nsysan importable (PYTHONPATH). The first report is timed; the
 others are only checked for identical documents. --keep-export writes the every-table export of the
 first report, xz-compressed, into DIR (for tools that can't run there, docs/performance.md).
---bare-rounds 0 leaves the bare exports out. Each analysis starts with a cold export cache but,
+--bare-rounds 0 leaves the bare exports out; --no-stats leaves `nsys stats` out (2 s a round: more
+rounds of the two ways in a device call's minutes). Each analysis starts with a cold export cache but,
 after the warm-up round, with what nsysan remembered of that nsys (its version and export options,
 `nsys-probes/` in the cache, sources/export/nsys_memo.py), as a user's next report with their usual
 nsys does; --cold-nsys-memo starts every analysis without it (nsys asked again each time). The JSON records whether Python could cache its
@@ -77,6 +78,7 @@ def main() -> None:
     parser.add_argument("--bare-rounds", type=int, default=3)
     parser.add_argument("--keep-export", type=Path)
     parser.add_argument("--cold-nsys-memo", action="store_true")
+    parser.add_argument("--no-stats", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rep-tables-"))
     (work / "bin").mkdir()
@@ -142,7 +144,7 @@ def main() -> None:
                     again = analyze(report, nsys, cache, fresh("doc") / "analysis.json")
                     if round_ >= 0:
                         rows["nsysan_cached"].append(again)
-            if index == 0:
+            if index == 0 and not args.no_stats:
                 alone = fresh("stats") / report.name
                 shutil.copyfile(report, alone)
                 row = timed([str(args.nsys), "stats", "--report", "cuda_api_sum", "--format", "csv", str(alone)])
@@ -158,13 +160,15 @@ def main() -> None:
             if timings:
                 summary[f"{way}_median_wall_s"] = statistics.median(t["wall_s"] for t in timings)
                 summary[f"{way}_median_cpu_s"] = statistics.median(t["cpu_s"] for t in timings)
-        if rows["nsys_stats"]:
+        if index == 0:
             # round by round (the two ways of one round ran back to back): how robust a 2x is
             ratios = [round(e["wall_s"] / c["wall_s"], 2) for e, c in zip(rows["every_table"], rows["nsysan_choice"])]
             summary["every_table_over_choice_by_round"] = ratios
+            summary["every_table_over_choice_round_median"] = statistics.median(ratios)
             summary["rounds_at_2x_or_more"] = sum(ratio >= 2 for ratio in ratios)
             choice = summary["nsysan_choice_median_wall_s"]
             summary["every_table_over_choice"] = round(summary["every_table_median_wall_s"] / choice, 2)
+        if rows["nsys_stats"]:
             summary["choice_over_nsys_stats"] = round(choice / summary["nsys_stats_median_wall_s"], 2)
             summary["every_table_over_nsys_stats"] = round(summary["every_table_median_wall_s"]
                                                            / summary["nsys_stats_median_wall_s"], 2)
