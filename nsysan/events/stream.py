@@ -150,6 +150,7 @@ class EventFlow:
     conn: sqlite3.Connection
     schema: Schema
     runs: Optional[list] = None  # rowid ranges in time order; None until rows are found out of order
+    runs_guessed: bool = False  # runs where probes saw steps back (read_order.runs_at_steps), checked as read
     first_starts: Optional[list] = None  # per chunk, when the runs are too many
     kinds: list[str] = field(default_factory=list)
     live: dict = field(default_factory=dict)
@@ -177,7 +178,7 @@ class EventFlow:
         if self.runs is None and self.first_starts is None and not getattr(self, "_probed", False):
             self._probed = True  # once: a later pass knows the runs already
             if self.order_ahead is not None:  # found meanwhile (read_order.order_ahead)
-                self.runs, self.first_starts = self.order_ahead.result()
+                self.runs, self.first_starts, self.runs_guessed = self.order_ahead.result()
             elif memory_chunks_look_unordered(self.conn, CHUNK_ROWIDS):
                 self._find_runs()  # a merge from the start, rather than after some batches
         while True:
@@ -194,8 +195,9 @@ class EventFlow:
             except _OutOfOrder:
                 if kept is not None:
                     kept.close()
-                if self.runs is not None:  # pragma: no cover - a merge never emits out of order
-                    raise
+                if self.runs is not None and not self.runs_guessed:  # pragma: no cover - a merge of
+                    raise  # runs found from every row never emits out of order
+                self.runs_guessed = False  # a guessed run went back in time: the runs from every row
                 self._find_runs()
                 continue
             except sqlite3.ProgrammingError:
@@ -264,13 +266,16 @@ class EventFlow:
         if self.call_window is not None:
             self.call_window.finish()
 
-    def _chunks(self, rowids: Optional[tuple[int, int]] = None, size: Optional[int] = None) -> Iterator[dict]:
-        """Decoded rows of each chunk of `size` rowids (of the rows between two rowids)."""
+    def _chunks(self, rowids: Optional[tuple[int, int]] = None, size: Optional[int] = None,
+                run: bool = False) -> Iterator[dict]:
+        """Decoded rows of each chunk of `size` rowids (of the rows between two rowids). `run`: the
+        rows are a guessed run (runs_guessed), checked to go on in time order."""
+        last = [] if run and self.runs_guessed else None  # the run's latest start so far
         for raw in memory_event_chunks(self.conn, self.schema, size or CHUNK_ROWIDS, rowids):
             if raw.empty:  # rowids without rows: still a chunk (see _later_starts)
                 yield _no_rows()
                 continue
-            yield self._decode(raw)
+            yield self._decode(raw, last)
 
     def _merged_runs(self) -> Iterator[EventBatch]:
         """A k-way merge of the table's time-ordered runs (memory_sorted_runs), a chunk of each
@@ -279,7 +284,7 @@ class EventFlow:
         back reads on): the runs, reached in turns, would otherwise make lumpy batches of a few
         rows to a chunk's, and each batch costs every analysis a fixed toll."""
         # the runs' chunks together as long as one chunk
-        sources = [self._chunks(run, max(CHUNK_ROWIDS // len(self.runs), 1)) for run in self.runs]
+        sources = [self._chunks(run, max(CHUNK_ROWIDS // len(self.runs), 1), run=True) for run in self.runs]
         # per run, its chunks read and not emitted yet (each in time order, the first maybe cut
         # short), joined only when emitted: a copy of every row less than joining at each read
         pending: list[list[dict]] = [[] for _ in sources]
@@ -360,10 +365,18 @@ class EventFlow:
                 lowest = start if lowest is None else min(lowest, start)
         return later[::-1]
 
-    def _decode(self, raw: pd.DataFrame) -> dict:
-        """A chunk's rows decoded (decode_rows), the bad ones counted and left out, with their sort keys."""
+    def _decode(self, raw: pd.DataFrame, last: Optional[list] = None) -> dict:
+        """A chunk's rows decoded (decode_rows), the bad ones counted and left out, with their sort
+        keys. `last`: the latest start of the run before them, which their starts must not go back
+        from (memory_sorted_runs' rule: rows without a start break no order); raises _OutOfOrder."""
         offset = self.schema.time_offset_ns
         rows = decode_rows(raw, self.schema)
+        if last is not None:
+            known = rows["ts"][~rows["ts_bad"]]
+            if len(known):
+                if (last and known[0] < last[0]) or (known[1:] < known[:-1]).any():
+                    raise _OutOfOrder
+                last[:] = [int(known[-1])]
         bad = rows["reason"] >= 0
         self._bad_reasons += np.bincount(rows["reason"][bad], minlength=len(BAD_ROW_REASONS))
         self._allocated += allocated_bytes(rows["bytes"], rows["op"], bad)
