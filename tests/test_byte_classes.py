@@ -193,7 +193,7 @@ def test_outside_rows_judge_as_the_allocators_do(name, look_back, monkeypatch):
         _framed[name] = nsysan.analyze(FIXTURES / f"{name}.sqlite", keep_events=True).events
     events = _framed[name]
     whole = frame_batch(events)
-    rows, _, bits = AllocatorRows([]).of(whole)
+    rows, _, _, bits = AllocatorRows([]).of(whole)
     expected = {"torch_bytes_exact_v25": (153, 56), "ddp_leak_v25": (8, 4)}[name]
     odd = whole.bytes[rows] % SEGMENT_ALIGN != 0
     outside = (bits & OUTSIDE) != 0

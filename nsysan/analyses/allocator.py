@@ -61,14 +61,16 @@ class AllocatorRows:
         self.map_code = list(api_names).index(VMM_MAP_API) if VMM_MAP_API in api_names else -2
         self.odd_last: dict[tuple[int, int], int] = {}  # (pair, tid) -> time of its last, odd, allocation
 
-    def of(self, b) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rows, pair keys, class bits) of the batch's allocations the allocators are judged on."""
+    def of(self, b) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, the number of each one's pair among `pairs`, `pairs`: the distinct pair keys in
+        order of first appearance, class bits) of the batch's allocations the allocators are
+        judged on."""
         rows = np.flatnonzero(b.is_alloc & (b.kind == DEVICE) & ~b.pool)
         pair = pair_key(b.pid[rows], b.device[rows])
         if not len(rows):
-            return rows, pair, np.zeros(0, "int64")
+            return rows, np.zeros(0, "int64"), pair, np.zeros(0, "int64")
         size, ts, tid = b.bytes[rows], b.ts[rows], b.calls["tid"][rows].astype("int64")
-        odd = size % SEGMENT_ALIGN != 0
+        odd = (size & (SEGMENT_ALIGN - 1)) != 0  # (size % SEGMENT_ALIGN, a power of two: a mask, no division)
         pair_code, pairs = pd.factorize(pair)
         thread = (pair_code.astype("int64") << 32) | (tid & 0xFFFFFFFF)  # one number per (pair, thread)
         outside = odd.copy()
@@ -88,7 +90,7 @@ class AllocatorRows:
         for i in odd_rows[(after < 0) & (ends == len(ts))].tolist():  # its thread's last, to carry
             self.odd_last[(int(pair[i]), int(tid[i]))] = int(ts[i])
         mapped = b.calls["api"][rows] == self.map_code if "api" in b.calls else np.zeros(len(rows), bool)
-        return rows, pair, outside.astype("int64") * OUTSIDE + mapped.astype("int64") * MAPPED
+        return rows, pair_code, pairs, outside.astype("int64") * OUTSIDE + mapped.astype("int64") * MAPPED
 
 
 def _nearest(thread_at: Callable[[np.ndarray], np.ndarray], n: int, rows: np.ndarray, bounds: np.ndarray,
@@ -225,17 +227,17 @@ class AllocatorSums(Reducer):
         (COUNTS) on the first look."""
         judged = _Judged(b)
         for at, part in _slices(b):
-            rows, pair, bits = self.rows.of(part)
-            code = self._codes(pair)
+            rows, local, pairs, bits = self.rows.of(part)
+            code = self._codes(local, pairs)
             if count:
                 self._count(part, rows, code, bits)
             rows += at
             judged.cls[rows], judged.code[rows] = bits, code
         return judged
 
-    def _codes(self, pair: np.ndarray) -> np.ndarray:
-        """The pair code of each pair key (new keys numbered as they come)."""
-        local, distinct = pd.factorize(pair)
+    def _codes(self, local: np.ndarray, distinct: np.ndarray) -> np.ndarray:
+        """The pair code of each row, from its number `local` among the `distinct` pair keys (new
+        keys numbered as they come; AllocatorRows.of has numbered them)."""
         for key in distinct.tolist():  # a few (process, device) pairs
             if key not in self.code_of:
                 self.code_of[key] = len(self.keys)
@@ -248,11 +250,17 @@ class AllocatorSums(Reducer):
     def _count(self, b, rows: np.ndarray, code: np.ndarray, bits: np.ndarray) -> None:
         if len(rows):
             size = b.bytes[rows]
-            mapped, segment = (bits & MAPPED) != 0, (bits & (OUTSIDE | MAPPED)) == 0
-            flags = [mapped, mapped & (size != SMALL_SEGMENT) & (size != LARGE_SEGMENT),
-                     mapped & (size == LARGE_SEGMENT), segment, segment & (size % SEGMENT_ALIGN != 0),
-                     segment & (size == SMALL_SEGMENT), segment & (size == LARGE_SEGMENT)]
-            self.counts += np.stack([np.bincount(code[flag], minlength=len(self.keys)) for flag in flags], axis=1)
+            # each row's cell: (a map, a segment, neither) x (2 MiB, 20 MiB, unaligned, another
+            # size), counted at once per pair; COUNTS are sums of cells (seven masked counts
+            # took twice as long)
+            how = np.where((bits & MAPPED) != 0, 0, np.where((bits & OUTSIDE) == 0, 4, 8))
+            how += np.where(size == SMALL_SEGMENT, 0, np.where(size == LARGE_SEGMENT, 1,
+                                                               np.where((size & (SEGMENT_ALIGN - 1)) != 0, 2, 3)))
+            how += code * 12
+            cells = np.bincount(how, minlength=len(self.keys) * 12).reshape(-1, 12)
+            mapped, segment = cells[:, 0:4], cells[:, 4:8]
+            self.counts += np.stack([mapped.sum(axis=1), mapped[:, 2] + mapped[:, 3], mapped[:, 1],
+                                     segment.sum(axis=1), segment[:, 2], segment[:, 0], segment[:, 1]], axis=1)
 
     def between(self) -> None:
         self._restart()  # judged again from the start

@@ -149,15 +149,14 @@ class _Grid:
         dropped[1:] |= run_low[1:] < run_low[:-1]
         drops = np.flatnonzero(dropped)
         rise = live - run_low
-
-        def low_seq(i: int) -> int:  # the seq of the low point of row i's rise
-            at = int(drops[np.searchsorted(drops, i, side="right") - 1])
-            return self.low_seq if carried and at == 0 else int(seq[at])
-
-        found = [(int(rise[i]), int(seq[i]), low_seq(i), int(live[i]), int(run_low[i]))
-                 for i in _top_rises(rise, seq).tolist()]
+        top = _top_rises(rise, seq)
+        # the seq of the low point of each top row's rise, and of the last row's (one search for all)
+        at = drops[np.searchsorted(drops, np.append(top, len(seq) - 1), side="right") - 1]
+        low_seq = np.where(at == 0, self.low_seq, seq[at]) if carried else seq[at]
+        found = list(zip(rise[top].tolist(), seq[top].tolist(), low_seq[:-1].tolist(), live[top].tolist(),
+                         run_low[top].tolist()))
         self.best = sorted(self.best + found, key=lambda c: (-c[0], c[1]))[:CANDIDATES]
-        self.cell, self.low_value, self.low_seq = int(cell[-1]), int(run_low[-1]), low_seq(len(seq) - 1)
+        self.cell, self.low_value, self.low_seq = int(cell[-1]), int(run_low[-1]), int(low_seq[-1])
 
 
 def _top_rises(rise: np.ndarray, seq: np.ndarray) -> np.ndarray:
