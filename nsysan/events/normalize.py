@@ -307,6 +307,10 @@ def _series_ints_and_nulls(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return values.to_numpy(dtype="int64", na_value=0), values.isna().to_numpy()
 
 
+# events of one process joined to their calls at a time (join_on_call)
+JOIN_BLOCK = 1 << 20
+
+
 def join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
                   call_correlation: np.ndarray) -> np.ndarray:
     """Row of the call with the same (pid, correlationId) for each event, -1 if none.
@@ -319,21 +323,29 @@ def join_on_call(pid: np.ndarray, correlation: np.ndarray, call_pid: np.ndarray,
         return result
     # Per process (a counting sort brings each process's calls together, still in export order),
     # correlation ids nearly always come in increasing order, so a binary search needs no sort.
+    # (the codes let go of once grouped, and a process's events looked up a block at a time: the
+    # whole frame's join held 0.56 GB above its inputs at 1e7 events, the loading's highest)
     call_codes, call_pids = pd.factorize(call_pid)
     call_order, call_bounds = _grouped(call_codes, len(call_pids))
-    event_codes = pd.Index(call_pids).get_indexer(pid) + 1  # 0: a process with no calls at all
+    del call_codes
+    event_codes = pd.Index(call_pids).get_indexer(pid)
+    event_codes += 1  # 0: a process with no calls at all
     event_order, event_bounds = _grouped(event_codes, len(call_pids) + 1)
+    del event_codes
+
     def join_process(code: int) -> None:  # each process's events alone: their rows of `result`
         rows = call_order[call_bounds[code]:call_bounds[code + 1]]
         keys = call_correlation[rows]
         if len(keys) > 1 and not (keys[1:] >= keys[:-1]).all():
             by_key = np.argsort(keys, kind="stable")  # out of order: sort (first call of a key wins)
             rows, keys = rows[by_key], keys[by_key]
-        mine = event_order[event_bounds[code + 1]:event_bounds[code + 2]]
-        wanted = correlation[mine]
-        at = np.clip(np.searchsorted(keys, wanted, side="left"), 0, len(keys) - 1)
-        hit = (keys[at] == wanted) & (wanted > 0)  # correlation id 0: no call (module statics)
-        result[mine[hit]] = rows[at[hit]]
+        events = event_order[event_bounds[code + 1]:event_bounds[code + 2]]
+        for low in range(0, len(events), JOIN_BLOCK):
+            mine = events[low:low + JOIN_BLOCK]
+            wanted = correlation[mine]
+            at = np.clip(np.searchsorted(keys, wanted, side="left"), 0, len(keys) - 1)
+            hit = (keys[at] == wanted) & (wanted > 0)  # correlation id 0: no call (module statics)
+            result[mine[hit]] = rows[at[hit]]
 
     # the processes (the ranks of a distributed job) on every core, the largest first
     on_every_core(join_process, np.argsort(-np.diff(call_bounds), kind="stable").tolist(),
@@ -453,7 +465,13 @@ def pair_allocs_and_frees(pid: np.ndarray, address: np.ndarray, is_alloc: np.nda
     if len(pids) < 2**15 and (address >> np.uint64(48)).max() == 0:
         # User-space addresses have at most 48 bits (x86-64, ARM64): process and address fit in
         # one 64-bit key, so a single hash pass numbers the blocks.
-        block_code, blocks = factorize_in_parts(address | (pid_code.astype("uint64") << np.uint64(48)))
+        # (made in place, the process codes let go first: each n-long step is 80 MB at 1e7 events)
+        key = pid_code.astype("uint64")
+        del pid_code
+        key <<= np.uint64(48)
+        key |= address
+        block_code, blocks = factorize_in_parts(key)
+        del key
     else:  # damaged exports with wider addresses or absurd pid counts: two passes
         address_code, _ = pd.factorize(address)
         block_code, blocks = pd.factorize(address_code.astype("int64") * len(pids) + pid_code)
