@@ -313,6 +313,10 @@ TRACE_GOES_ON = 3  # NVTX ranges starting after a process's last CUDA call that 
 def latest_ends(pid: np.ndarray, end: np.ndarray, into: dict[int, int]) -> dict[int, int]:
     """`into`, each process's latest call end, with the calls of `pid` and `end` (a chunk of
     them, or the whole calls frame's) merged in."""
+    if len(pid) and pid.min() == pid.max():  # one process (most captures): one maximum, no grouping
+        latest = int(end.max())
+        into[int(pid[0])] = max(into.get(int(pid[0]), latest), latest)
+        return into
     ends = pd.Series(end).groupby(pid).max()
     for p, e in zip(ends.index.tolist(), ends.tolist()):
         into[p] = max(into.get(p, e), e)

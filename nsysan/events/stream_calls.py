@@ -62,6 +62,11 @@ class MemoryCalls:
         self._ids = np.array(sorted(name_ids), "int64")
         self.api_names = list(dict.fromkeys(name_ids[i] for i in self._ids.tolist()))
         self._code_of_id = np.array([self.api_names.index(name_ids[i]) for i in self._ids.tolist()], "int16")
+        # the same codes by id (StringIds rows, a few thousand at most): one gather per chunk, not a search
+        self._code_at = None
+        if len(self._ids) and self._ids[0] >= 0 and self._ids[-1] < 1 << 20:
+            self._code_at = np.zeros(int(self._ids[-1]) + 1, "int16")
+            self._code_at[self._ids] = self._code_of_id
         family_of = [apis.FAMILIES.get(a, "other") for a in self.api_names]
         self.families = list(dict.fromkeys(family_of))
         self.family_code = np.array([self.families.index(f) for f in family_of], "int64")
@@ -152,7 +157,11 @@ class MemoryCalls:
         position = raw["position"].to_numpy().astype("int64")
         if self._stacks:
             position = position[pd.to_numeric(raw["event_class"], errors="coerce").fillna(0).to_numpy() != 67]
-        api = self._code_of_id[np.clip(np.searchsorted(self._ids, columns["name_id"]), 0, len(self._ids) - 1)]
+        name_id = columns["name_id"]  # the memory APIs' ids alone (memory_call_chunks' WHERE)
+        if self._code_at is not None and len(name_id) and 0 <= name_id.min() and name_id.max() < len(self._code_at):
+            api = self._code_at[name_id]
+        else:
+            api = self._code_of_id[np.clip(np.searchsorted(self._ids, name_id), 0, len(self._ids) - 1)]
         real = {"pid": columns["pid"].astype("int64"), "tid": columns["tid"], "correlation": columns["correlation_id"],
                 "api": api.astype("int64"), "ts": columns["ts_ns"], "end": columns["end_ns"], "position": position,
                 "return_value": columns["return_value"]}
