@@ -116,6 +116,7 @@ class FreeTimes(Reducer):
         self.free_ts: dict[int, int] = {}  # allocation seq -> its free's time
         self.seen: dict[int, object] = {}  # id of a series -> the live set whose largest are wanted
         self.resolved: set[int] = set()  # ids of the out-of-memory moments whose largest are wanted
+        self.sorted = np.zeros(0, "int64")  # `wanted` in order, made again when it grows
 
     def again(self, b: EventBatch) -> None:
         for peak in self.peaks.series:
@@ -128,7 +129,12 @@ class FreeTimes(Reducer):
                 self.wanted |= set(moment.largest["seq"].tolist())
         frees = np.flatnonzero(b.partner_seq >= 0)
         if self.wanted and len(frees):
-            hit = frees[np.isin(b.partner_seq[frees], np.fromiter(self.wanted, "int64"))]
+            if len(self.sorted) != len(self.wanted):  # (it only grows)
+                self.sorted = np.sort(np.fromiter(self.wanted, "int64"))
+            # a search among the few wanted for each free (an isin sorted both, every batch)
+            partners = b.partner_seq[frees]
+            hit = frees[self.sorted[np.minimum(np.searchsorted(self.sorted, partners), len(self.sorted) - 1)]
+                        == partners]
             self.free_ts.update(zip(b.partner_seq[hit].tolist(), b.ts[hit].tolist()))
 
     def finish(self, live: dict) -> dict[int, int]:

@@ -121,7 +121,7 @@ class Peaks(Reducer):
         return self.series
 
     def _peaks(self, b: EventBatch) -> None:
-        resident = np.isin(b.kind, self.resident)
+        resident = np.isin(b.kind, self.resident, kind="sort")  # (compared with each: see below)
         pairs = pair_key(b.pid, b.device)
         changes = self.pools.changes if self.pools is not None else {}
         for peak in self.series:  # a few series
@@ -189,15 +189,16 @@ def live_at(b: EventBatch, seq: int, members: np.ndarray, resident: list[int], c
     gone = np.zeros(upto, bool)
     gone[at] = True
     allocs = np.flatnonzero(b.is_alloc[:upto] & ~gone)
-    allocs = allocs[np.isin(b.kind[allocs], resident) & np.isin(pair_key(b.pid[allocs], b.device[allocs]), members)]
+    allocs = allocs[np.isin(b.kind[allocs], resident, kind="sort")
+                    & np.isin(pair_key(b.pid[allocs], b.device[allocs]), members, kind="sort")]
     frame = pd.concat([pd.DataFrame(b.live_before)] + closed +
                       ([pd.DataFrame(b.closed)] if len(b.closed.get("seq", [])) else []) + [batch_rows(b, allocs)],
                       ignore_index=True)
     # this batch's closed allocations (never to be freed: another allocation took their
     # address) include those made after `seq`, which were not live at it
     keep = (frame["seq"].to_numpy() <= seq) & ~np.isin(frame["seq"].to_numpy(), freed) \
-        & np.isin(frame["kind"].to_numpy(), resident) \
-        & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members)
+        & np.isin(frame["kind"].to_numpy(), resident, kind="sort") \
+        & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members, kind="sort")
     return frame[keep].drop_duplicates("seq").sort_values("seq", ignore_index=True)
 
 

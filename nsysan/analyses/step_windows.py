@@ -119,8 +119,10 @@ class StepWindows(Reducer):
         """The device and array allocations of processes with steps, carried until their free."""
         if not self.found.steps or not len(b):
             return
-        made = np.flatnonzero(b.is_alloc & (b.bytes > 0) & np.isin(b.kind, self.kinds)
-                              & np.isin(b.pid, list(self.found.steps)))
+        # a few kinds and processes: compared with each (kind="sort"; numpy's default for small
+        # integers builds a lookup table, 4-7 ms per 2^18 rows against under 1)
+        made = np.flatnonzero(b.is_alloc & (b.bytes > 0) & np.isin(b.kind, self.kinds, kind="sort")
+                              & np.isin(b.pid, list(self.found.steps), kind="sort"))
         frees = b.partner_seq[b.partner_seq >= 0]
         here = frees - int(b.seq[0])  # a batch's seqs are consecutive
         freed = np.zeros(len(b), bool)

@@ -67,5 +67,28 @@ def live_after(live: dict, batch: EventBatch) -> dict:
                "address": batch.address, "bytes": batch.bytes, "pool": batch.pool}
     joined = {name: np.concatenate([live[name], columns[name][allocs]]) for name in LIVE_COLUMNS}
     gone = np.concatenate([batch.partner_seq[batch.partner_seq >= 0], batch.closed.get("seq", np.zeros(0, "int64"))])
-    still = ~np.isin(joined["seq"], gone)
+    # the freed and closed found by their places (an isin sorted both: 10 ms per batch of 2^18 at
+    # 1e7 events); those not at their place (none, if the live seqs are in order) by an isin
+    at = np.minimum(places(joined["seq"], len(live["seq"]), batch, allocs, gone), len(joined["seq"]) - 1)
+    found = joined["seq"][at] == gone if len(joined["seq"]) else np.zeros(len(gone), bool)
+    still = ~np.isin(joined["seq"], gone[~found]) if not found.all() else np.ones(len(joined["seq"]), bool)
+    still[at[found]] = False
     return {name: values[still] for name, values in joined.items()}
+
+
+def places(seqs: np.ndarray, live: int, b: EventBatch, allocs: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """np.searchsorted(seqs, wanted), where `seqs` are the seqs of `live` allocations before batch
+    `b` (all before its first, in order) and then of its allocations `allocs`: a seq of the batch's
+    own is found from its offset in the batch (a batch's seqs follow each other), the rest by a
+    search among the live ones (a search among them all for some 130,000 frees in no order took
+    15 ms per batch at 1e7 events)."""
+    n = len(b)
+    if n == 0 or int(b.seq[-1]) - int(b.seq[0]) != n - 1:  # not consecutive
+        return np.searchsorted(seqs, wanted)
+    own = wanted >= b.seq[0]
+    at = np.empty(len(wanted), "int64")
+    before = np.cumsum(b.is_alloc) - b.is_alloc  # allocations of the batch before each event
+    offset = np.minimum(wanted[own] - int(b.seq[0]), n - 1)
+    at[own] = live + np.where(offset == wanted[own] - int(b.seq[0]), before[offset], len(allocs))
+    at[~own] = np.searchsorted(seqs[:live], wanted[~own])
+    return at

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..model import GPU_RESIDENT_KINDS, KINDS
 from .arrays import pair_key
+from .batch import places
 from .normalize import event_api_codes, event_api_names
 from .nvtx import RangeLookup, operator_codes, range_paths
 from .site_labels import SiteLabeller
@@ -42,6 +43,7 @@ class FlowLabels:
         self.kinds, self.static = kinds, kinds.index("static")
         self.ranges, self.operator_ranges = ranges, operator_ranges
         self.range_names = ranges["name"].to_numpy(dtype=object) if not ranges.empty else np.zeros(0, object)
+        self.range_names_or_none = np.append(self.range_names, "")  # range row -1 (none): ""
         # each range's name as a code (ranges repeat a few names over many instances): a fallback
         # label depends on the name, not on which instance
         codes, range_name_list = pd.factorize(self.range_names, use_na_sentinel=False)
@@ -87,8 +89,7 @@ class FlowLabels:
         # names, NVTX ranges, paths and operators, and its events' sites (the frees' set below, in `site`)
         named, others = np.zeros(n, "int64"), np.flatnonzero(~b.is_alloc)
         named[allocs] = info["nvtx_range"]
-        slot, rows = pd.factorize(nvtx[others])  # the few ranges of the frees, a name each
-        named[others] = self._string(np.append(self.range_names, "")[rows])[slot] if len(others) else 0
+        named[others] = self._named(nvtx[others], self.range_names_or_none)
         b.calls.update(api=api, site=site, nvtx_range=named, nvtx_path=self.path_code[nvtx], operator=operator)
         # a free belongs to the site of the allocation it frees: this batch's or a live one's
         known = {c: np.concatenate([self.live[c], info[c]]) for c in ALLOCATION_INFO}
@@ -97,7 +98,7 @@ class FlowLabels:
             self.kept.append({c: info[c][kept] for c in ALLOCATION_INFO})
         seqs, sites = known["seq"], known["site"]
         frees = np.flatnonzero(~b.is_alloc & (b.partner_seq >= 0))
-        freed = _places(seqs, len(self.live["seq"]), b, allocs, b.partner_seq[frees])
+        freed = places(seqs, len(self.live["seq"]), b, allocs, b.partner_seq[frees])
         site[frees] = sites[freed]
         closed = b.closed.get("seq", np.zeros(0, "int64"))
         gone = np.isin(seqs, closed)  # and the allocations freed, found above
@@ -149,7 +150,7 @@ class FlowLabels:
         api = b.calls["api"]  # the events' API codes (label)
         # the series' own allocations (not module statics) among the batch's: found once, and
         # each series' among them (not each series' events first: 0.7 s at 1e7 events)
-        owned = np.flatnonzero(np.isin(b.kind, RESIDENT) & (b.kind != STATIC) & (b.delta > 0))
+        owned = np.flatnonzero(np.isin(b.kind, RESIDENT, kind="sort") & (b.kind != STATIC) & (b.delta > 0))
         pairs = pair_key(b.pid[owned], b.device[owned])
         for peak in self.look_at.series:  # a few series, as peak.Peaks finds them
             own = owned[np.isin(pairs, peak.members, kind="sort")]  # (compared with each member)
@@ -177,6 +178,12 @@ class FlowLabels:
             operator = np.where(index >= 0, self.operator_code[np.maximum(index, 0)], 0)
         return nvtx, operator
 
+    def _named(self, rows: np.ndarray, names: np.ndarray) -> np.ndarray:
+        """Codes into `strings` of names[rows]: each distinct row's name once (the few ranges of a
+        batch, not a string hashed per event: 0.3 s at 1e7 events), in the same order."""
+        slot, distinct = pd.factorize(rows)
+        return self._string(names[distinct])[slot] if len(rows) else np.zeros(0, "int64")
+
     def _string(self, values: np.ndarray) -> np.ndarray:
         """Codes into `strings` of some strings (a dictionary look-up per distinct one)."""
         slot, distinct = pd.factorize(values)
@@ -203,25 +210,6 @@ class FlowLabels:
         site, stack = self.labeller.label(pid, tid, b.correlation[allocs], b.calls["chain"][allocs], api, name,
                                           operator)
         return {"seq": b.seq[allocs], "site": site, "tid": tid, "api": api, "stack": stack,
-                "nvtx_range": self._string(np.append(self.range_names, "")[nvtx]),
-                "operator": self._string(self.operator_names[operator]) if not self.operator_ranges.empty
+                "nvtx_range": self._named(nvtx, self.range_names_or_none),
+                "operator": self._named(operator, self.operator_names) if not self.operator_ranges.empty
                 else np.zeros(len(allocs), "int64")}
-
-
-def _places(seqs: np.ndarray, live: int, b, allocs: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """np.searchsorted(seqs, wanted), where `seqs` are the seqs of the `live` allocations before
-    batch `b` (all before its first) and then of its allocations `allocs`: a seq of the batch's
-    own is found from its offset in the batch (a batch's seqs follow each other), the rest by a
-    search among the live ones (a search among them all for some 130,000 frees in no order took
-    15 ms per batch at 1e7 events)."""
-    n = len(b)
-    if n == 0 or int(b.seq[-1]) - int(b.seq[0]) != n - 1:  # not consecutive
-        return np.searchsorted(seqs, wanted)
-    own = wanted >= b.seq[0]
-    places = np.empty(len(wanted), "int64")
-    before = np.cumsum(b.is_alloc) - b.is_alloc  # allocations of the batch before each event
-    offset = np.minimum(wanted[own] - int(b.seq[0]), n - 1)
-    places[own] = live + np.where(offset == wanted[own] - int(b.seq[0]), before[offset], len(allocs))
-    places[~own] = np.searchsorted(seqs[:live], wanted[~own])
-    return places
-
