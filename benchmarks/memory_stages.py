@@ -81,11 +81,13 @@ def main() -> None:
         malloc_tuning.keep_large_arrays_on_the_heap()
         malloc_tuning.avoid_transparent_huge_pages()
     sampler = Sampler()
-    kept = {}
+    kept = {}  # the frames' columns (name, dtype, bytes), not the frames: the analysis lets them go
 
     def run_analyses(loaded, *rest, **options):
         sampler.enter("analyses")
-        kept.update(events=loaded.events, calls=loaded.calls, nvtx_ranges=loaded.ranges)
+        for name, frame in (("events", loaded.events), ("calls", loaded.calls), ("nvtx_ranges", loaded.ranges)):
+            sizes = frame.memory_usage(index=False, deep=False)
+            kept[name] = (len(frame), [(column, str(frame[column].dtype), size) for column, size in sizes.items()])
         return analyses_of(loaded, *rest, **options)
 
     pipeline.run_analyses = run_analyses
@@ -98,12 +100,11 @@ def main() -> None:
     for stage, seconds, peak, end in sampler.rows:
         print(f"{stage:45s} {seconds:6.2f} {peak:9.0f} {end:8.0f}")
     print(f"JSON document: {len(document) / 2**20:.1f} MiB")
-    for name, frame in kept.items():
-        sizes = frame.memory_usage(index=False, deep=False)
-        print(f"\n{name}: {len(frame):,} rows, {sizes.sum() / 2**20:.0f} MiB "
-              f"({sizes.sum() / max(1, len(frame)):.0f} B per row)")
-        for column, size in sizes.items():
-            print(f"  {column:16s} {str(frame[column].dtype):10s} {size / 2**20:8.1f} MiB")
+    for name, (rows, columns) in kept.items():
+        total = sum(size for _, _, size in columns)
+        print(f"\n{name}: {rows:,} rows, {total / 2**20:.0f} MiB ({total / max(1, rows):.0f} B per row)")
+        for column, dtype, size in columns:
+            print(f"  {column:16s} {dtype:10s} {size / 2**20:8.1f} MiB")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
 """The whole events frame fed to the reducers in pieces (engine.FramePieces, as run_analyses feeds
 it): the batches are those of `pieces(frame_batch(events), ...)`, made afresh on every read, and
-the document of an analysis whose frame is cut in pieces is the one of a single batch."""
+the document of an analysis whose frame is cut in pieces is the one of a single batch; the
+command line's analysis lets the calls frame go."""
 
 from __future__ import annotations
+
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -10,6 +14,7 @@ from conftest import FIXTURES
 
 import nsysan
 import nsysan.analyses as analyses
+import nsysan.pipeline.stages as stages
 from nsysan.engine import FramePieces, frame_batch, pieces
 from nsysan.events.batch import LIVE_COLUMNS
 from nsysan.render.json import render_json
@@ -58,3 +63,30 @@ def test_the_document_is_the_same_when_the_frame_is_fed_in_pieces(name, monkeypa
     cut = nsysan.analyze(FIXTURES / f"{name}.sqlite", keep_events=True)
     assert render_json(cut) == render_json(whole)
     assert len(FramePieces(whole.events, analyses.PIECE_ROWS)) >= 7
+
+
+@pytest.mark.parametrize("name", ["known_mem_v25", "real_oom_v25"])
+def test_the_command_lines_analysis_lets_the_calls_frame_go(name, monkeypatch):
+    """Without frames kept (the command line's), run_analyses is the calls frame's last holder and
+    lets it go once read (real_oom has a failed call: the verdicts read the calls again, and the
+    frame goes with them, at the collection of their cycle of references); the document is the
+    one of an analysis that keeps its frames."""
+    seen = {}
+    analyses_of = stages.run_analyses
+
+    def run_analyses(loaded, *rest, **options):
+        calls = weakref.ref(loaded.calls)
+        seen["calls"] = len(loaded.calls)
+        analysis = analyses_of(loaded, *rest, **options)
+        if name == "real_oom_v25":
+            gc.collect()
+        seen["held"] = calls() is not None or not loaded.calls.empty
+        return analysis
+
+    monkeypatch.setattr(stages, "run_analyses", run_analyses)
+    kept = nsysan.analyze(FIXTURES / f"{name}.sqlite", keep_events=True)
+    assert seen["held"] and kept.calls is not None and len(kept.calls) == seen["calls"] > 0
+    let_go = nsysan.analyze(FIXTURES / f"{name}.sqlite", keep_events=False)
+    assert not seen["held"] and let_go.calls is None
+    assert render_json(let_go) == render_json(kept)
+    assert (name == "real_oom_v25") == bool(let_go.failed_calls)

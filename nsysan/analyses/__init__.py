@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..events import LoadedEvents
+from ..events.columns import empty_calls
 from ..engine import Engine, Facts, FramePieces, Labels, frame_batch, frame_labels, frame_live
 from ..model import SCHEMA_ID, Analysis, Diagnostic, Peak, Source, Timeline
 from ..sources.schema import Schema
@@ -54,13 +55,19 @@ PIECE_ROWS = 1 << 20
 
 def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                  report_version: Optional[str] = None, step_range: Optional[str] = None,
-                 spike_window_ns: int = DEFAULT_WINDOW_NS) -> Analysis:
+                 spike_window_ns: int = DEFAULT_WINDOW_NS, keep_calls: bool = True) -> Analysis:
     """Every analysis over one export's frames, as one `Analysis`.
 
     `step_range`: a regular expression naming the NVTX ranges that are training steps (found by
-    their repetition when None); `spike_window_ns`: the window within which a rise is a spike.
+    their repetition when None); `spike_window_ns`: the window within which a rise is a spike;
+    `keep_calls` false (the command line's): the `Analysis` keeps no calls frame, and the frame
+    (`loaded.calls`, emptied) is let go of once what reads it is done, before most reducers run
+    (296 MiB at 1e7 calls).
     """
     events, calls, ranges = loaded.events, loaded.calls, loaded.ranges
+    frames = (events, calls if keep_calls else None, ranges)  # (--smi reads the events after)
+    if not keep_calls:
+        loaded.calls = empty_calls()  # `calls`, below, is then the last reference
     site_table = loaded.sites.set_index("label").to_dict("index") if not loaded.sites.empty else {}
 
     listed = Listed(events, site_table)
@@ -74,9 +81,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     pools = Engine([pool_uses], Facts(kinds, gpu_of, {"pool_events": loaded.pool_events})).run(
         [frame_batch(events.iloc[:0], pools=loaded.pool_usage)], {})["pools"]
     # The analyses only read the frames, and numpy works without the GIL on large arrays: the
-    # peaks, then the timeline, are found on a second core while the groups are numbered and
-    # summed (1.3 s -> 1.0 s at 1e7 events); then the API calls' and sites' tables, which
-    # need no other result, while this core runs every other reducer in one engine run (the
+    # API calls' statistics, the peaks, then the timeline, are found on a second core while the
+    # groups are numbered and summed (1.3 s -> 1.0 s at 1e7 events); then the sites' table, which
+    # needs no other result, while this core runs every other reducer in one engine run (the
     # verdicts' wait for the peaks between their looks) (at 1e7 events this thread's share of the
     # analyses fell from 4.6 s to 2.3 s of CPU; docs/performance.md).
     # The whole frame as the engine's batches of PIECE_ROWS (numpy views, and the few columns made
@@ -86,19 +93,27 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     start_ns, end_ns = capture_span(schema.duration_ns, _one_run(EventSpan(), Facts(kinds), whole, live).capture,
                                     frame_span(calls, "ts_ns", "end_ns"), frame_span(ranges, "start_ns", "end_ns"))
     with ThreadPoolExecutor(max_workers=1) as pool:
+        # the API calls' statistics first: the calls frame can go once they and this core's
+        # readers of it are done (0.3 s at 1e7 calls; the peaks are wanted after the first look)
+        api_call_work = _letting_go(api_call_stats, calls)
+        api_calls_later = pool.submit(api_call_work)
         peaks_later = pool.submit(lambda whole=whole: described_peaks(_one_run(Peaks(), Facts(kinds, gpu_of, {
             "pool_uses": pool_uses}), whole, live), kinds, total_memory, listed))
         facts = Facts(kinds, gpu_of)
         timeline_later = pool.submit(Engine([TimelineSeries(), Explorable()], dataclasses.replace(facts, more={
             "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges})).run, whole, {})
-        api_call_work = partial(api_call_stats, calls)
         site_facts = dataclasses.replace(facts, more={"labels": partial(frame_labels, events),
                                                       "site_table": lambda: site_table})
         site_work = partial(_one_run, SiteRanks(), site_facts, whole, live) if not loaded.quick else partial(list)
-        api_calls_later, sites_later = (pool.submit(work) for work in (api_call_work, site_work))
+        sites_later = pool.submit(site_work)
         outcomes = call_outcomes(calls)
         # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once (or by the pipeline already)
         threads = loaded.memory_threads if loaded.memory_threads is not None else memory_threads(calls)
+        joined = allocations_with_events(calls)
+        range_alloc_calls = None if schema.memory_usage_collected else alloc_calls(calls, ranges)  # no sizes: the calls
+        # the verdicts read the calls again only when one failed (VerdictLooks)
+        read_calls = frame_calls(calls if keep_calls or not outcomes.failed.empty else empty_calls())
+        del calls  # what else reads them has its own reference: the API calls' statistics, kept until they are done
         found = found_steps(ranges, threads, step_range,
                             (loaded.launches, loaded.launch_names) if step_range is None else None,
                             loaded.nvtx_steps if step_range is None else None)
@@ -108,10 +123,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         more = {"found_steps": found, "phases": step_phases(found.steps, found.ranges),
                 "spike_window_ns": spike_window_ns, "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges,
                 "memory_threads": threads, "end_ns": end_ns, "labels": partial(frame_labels, events),
-                "failed_call_rows": outcomes.failed,
-                # no sizes: the calls
-                "range_alloc_calls": None if schema.memory_usage_collected else alloc_calls(calls, ranges)}
-        looks = VerdictLooks(outcomes, frame_calls(calls), None if loaded.quick else list(events["api"].cat.categories),
+                "failed_call_rows": outcomes.failed, "range_alloc_calls": range_alloc_calls}
+        looks = VerdictLooks(outcomes, read_calls, None if loaded.quick else list(events["api"].cat.categories),
                              ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns,
                              lambda: engine.so_far("big_blocks"), more)
         more["allocator_peaks"] = lambda: [(p.pid, p.device, p.peak_time_ns) for p in peaks_later.result()[0]
@@ -130,8 +143,8 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         return analysis_of(
             schema, source, report_version, loaded.quick, answered, listed, looks, peaks_later.result(), later,
             threads=threads, ranges=ranges, last_calls=loaded.last_cuda_call_ns, notes=list(loaded.diagnostics),
-            joined=allocations_with_events(calls), span=(start_ns, end_ns), step_range=step_range,
-            labels=frame_labels(events), stacks=loaded.stacks, frames=(events, calls, ranges))
+            joined=joined, span=(start_ns, end_ns), step_range=step_range,
+            labels=frame_labels(events), stacks=loaded.stacks, frames=frames)
 
 
 def analysis_of(schema: Schema, source: Source, report_version: Optional[str], quick: bool, answered: dict,
@@ -199,6 +212,13 @@ def _here_unless_started(later: Future, work: Callable[[], T]) -> T:
     """The result of `work`, queued for the second core as `later`, found on this one instead when
     the second has not started it yet (a queued future can still be cancelled; a running one cannot)."""
     return work() if later.cancel() else later.result()
+
+
+def _letting_go(work: Callable[[pd.DataFrame], T], frame: pd.DataFrame) -> Callable[[], T]:
+    """work(frame), called once (on the second core, or on this one: _here_unless_started), which
+    holds `frame` only until then."""
+    held = [frame]
+    return lambda: work(held.pop())
 
 
 def _one_run(reducer, facts: Facts, whole: FramePieces, live: dict):

@@ -161,7 +161,7 @@ def analyze_report(report: Path, *, nsys: Optional[Union[str, Path]] = None, cac
     if not keep_events:
         without_notebook_columns(loaded)
     analysis = run_analyses(loaded, schema, source, report_version=version, step_range=step_range,
-                            spike_window_ns=spike_window_ns or DEFAULT_WINDOW_NS)
+                            spike_window_ns=spike_window_ns or DEFAULT_WINDOW_NS, keep_calls=keep_events)
     analysis = explain_oom(analysis, messages, [Path(p).name for p in oom_logs])
     if smi_logs:
         from ..analyses.smi import add_smi
