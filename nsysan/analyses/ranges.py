@@ -199,22 +199,27 @@ def ranked_ranges(spans: pd.DataFrame, max_live: np.ndarray, moved: pd.DataFrame
     In plain Python, a few hundred names: pandas' groupby, joins and sorts took 40 ms of the GPT-2
     capture's analysis on the GPU machine (issue 31). Where a name is missing from `moved` or
     `nested`, their columns are floats (as pandas' join made them): the same values come out."""
-    per_name: dict[str, dict] = {}
-    for name, start, end, live, operator in zip(spans["name"].tolist(), spans["start_ns"].tolist(),
-                                               spans["end_ns"].tolist(), np.asarray(max_live).tolist(),
-                                               spans["operator"].tolist()):
-        if name is None or name != name:  # no name (NaN): no row, as pandas' groupby leaves it out
-            continue
-        row = per_name.get(name)
-        if row is None:
-            per_name[name] = {"instances": 1, "total_time": end - start, "max_live": live, "operator": bool(operator),
-                              "first_start": start}
-        else:
-            row["instances"] += 1
-            row["total_time"] += end - start
-            row["max_live"] = max(row["max_live"], live)
-            row["operator"] = row["operator"] or bool(operator)
-            row["first_start"] = min(row["first_start"], start)
+    # per name, in the order the names first come: its instances, time open, highest live bytes,
+    # whether any is an operator's, first start; summed by name code (a dict per instance took 57
+    # of ranked_ranges' 110 ms at 1e7 events: 80,000 instances of 5,003 names)
+    codes, uniques = pd.factorize(spans["name"])  # no name (NA): no row, as pandas' groupby leaves it out
+    code, size = codes[codes >= 0], len(uniques)
+    start, end = spans["start_ns"].to_numpy()[codes >= 0], spans["end_ns"].to_numpy()[codes >= 0]
+    live = np.asarray(max_live)[codes >= 0]
+    first = np.full(size, len(code), "int64")  # each name's first instance
+    np.minimum.at(first, code, np.arange(len(code)))
+    total_time = np.zeros(size, (end - start).dtype)
+    np.add.at(total_time, code, end - start)
+    highest, first_start = live[first], start[first]  # (copies: gathered)
+    np.maximum.at(highest, code, live)
+    np.minimum.at(first_start, code, start)
+    operator = np.zeros(size, bool)
+    np.logical_or.at(operator, code, spans["operator"].to_numpy()[codes >= 0].astype(bool))
+    per_name: dict[str, dict] = {
+        name: {"instances": count, "total_time": time, "max_live": high, "operator": is_operator, "first_start": at}
+        for name, count, time, high, is_operator, at in zip(
+            uniques.tolist(), np.bincount(code, minlength=size).tolist(), total_time.tolist(), highest.tolist(),
+            operator.tolist(), first_start.tolist())}  # one per name
     for table in (moved, nested):
         found = dict(zip(table.index.tolist(), table.to_numpy().tolist()))
         as_float = any(name not in found for name in per_name)
