@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -338,9 +339,15 @@ def test_inputs_from_globs_and_lists(tmp_path):
     assert expand_inputs([f"@{listing}"]) == [FIXTURES / "known_mem_v25.sqlite", FIXTURES / "real_oom_v25.sqlite"]
     torch = expand_inputs([str(FIXTURES / "torch_*_v25.sqlite")])
     assert [p.name for p in torch] == sorted(p.name for p in FIXTURES.glob("torch_*_v25.sqlite"))
-    every = expand_inputs([str(FIXTURES), str(FIXTURES / "known_mem_v25.sqlite")])
+    # every report of fixtures/ has its export beside it (one capture, one entry: the export), so a
+    # folder holding a report alone stands for the reports a folder search keeps as they are
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(FIXTURES / "known_mem_v22.nsys-rep", lone)
+    every = expand_inputs([str(FIXTURES), str(lone), str(FIXTURES / "known_mem_v25.sqlite")])
     assert len(every) == len({p.resolve() for p in every})  # each report once
     assert {p.suffix for p in every} == {".sqlite", ".nsys-rep"}
+    assert lone / "known_mem_v22.nsys-rep" in every
 
 
 def test_the_queries_of_the_docs(tmp_path):
