@@ -56,6 +56,11 @@ def group_key(pid: np.ndarray, device: np.ndarray, kind: np.ndarray) -> np.ndarr
     return packed
 
 
+def group_parts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pid, device, kind code) of each key that group_key packed."""
+    return keys >> 24, ((keys >> 8) & 0xFFFF) - 1, keys & 0xFF
+
+
 def batch_groups(b: "EventBatch") -> BatchGroups:
     """The batch's groups, made once for every reducer that reads them (the whole frame's once for
     every engine run over it)."""
@@ -79,9 +84,10 @@ def batch_series(b: "EventBatch", kinds: list[int], per_device: bool = True) \
     if (tuple(kinds), per_device) not in made:
         found = batch_groups(b) if len(b) else None
         key = found.keys if found is not None else np.zeros(0, "int64")
-        pid = key >> 24
-        device = ((key >> 8) & 0xFFFF) - 1 if per_device else np.zeros(len(key), "int64")  # one for all
-        chosen = np.flatnonzero(np.isin(key & 0xFF, kinds))
+        pid, device, kind = group_parts(key)
+        if not per_device:
+            device = np.zeros(len(key), "int64")  # one for all
+        chosen = np.flatnonzero(np.isin(kind, kinds))
         series = []
         for p, d in sorted({(int(pid[g]), int(device[g])) for g in chosen.tolist()}):  # a few series
             parts = [found.members(g) for g in chosen[(pid[chosen] == p) & (device[chosen] == d)].tolist()]
@@ -146,7 +152,8 @@ class GroupSums(Reducer):
         s, kinds, gpu_of = self.sums, self.facts.kinds, self.facts.gpu_of
         summaries = []
         for key, row in sorted(s.index.items()):  # one per group
-            pid, device, kind = key >> 24, ((key >> 8) & 0xFFFF) - 1, str(kinds[key & 0xFF])
+            pid, device, code = group_parts(key)
+            kind = str(kinds[code])
             peak = int(max(int(s["peak"][row]), 0))
             allocations = int(s["allocations"][row])
             summaries.append(GroupSummary(

@@ -12,9 +12,10 @@ import pandas as pd
 from ..base.units import fmt_bytes, fmt_time
 from ..engine import Facts, Reducer
 from ..events.load import QUICK_API
-from ..events.arrays import LOW, category_codes, pair_key, pair_of
+from ..events.arrays import LOW, among, category_codes, pair_key, pair_of
 from ..events.batch import EventBatch, batch_rows
 from ..model import GPU_RESIDENT_KINDS, Allocation, Holder, Peak
+from .groups import group_parts
 from .pools import reached_before
 from .explore import allocation_groups
 from .stacks import stack_bytes
@@ -80,9 +81,9 @@ class Peaks(Reducer):
             # flow's): each holds rows of one kind (a pass over every row per batch took 0.2 s
             # at 1e7 events); the whole frame's peaks are found alone on a second core, where
             # grouping 1e7 rows again would cost more than the pass
-            kind = made.keys & 0xFF
+            pid, device, kind = group_parts(made.keys)
             chosen = np.isin(kind, self.resident)
-            keys = pair_key(made.keys[chosen] >> 24, ((made.keys[chosen] >> 8) & 0xFFFF) - 1).tolist()
+            keys = pair_key(pid[chosen], device[chosen]).tolist()
             not_static = (kind[chosen] != self.static).tolist()
         else:
             resident = np.isin(b.kind, self.resident)
@@ -121,13 +122,11 @@ class Peaks(Reducer):
         return self.series
 
     def _peaks(self, b: EventBatch) -> None:
-        resident = np.isin(b.kind, self.resident, kind="sort")  # (compared with each: see below)
+        resident = among(b.kind, self.resident)
         pairs = pair_key(b.pid, b.device)
         changes = self.pools.changes if self.pools is not None else {}
         for peak in self.series:  # a few series
-            # by comparison with each member: numpy's default for one member is a lookup table,
-            # 0.1 s per series over 1e7 rows against 0.015
-            rows = np.flatnonzero(resident & np.isin(pairs, peak.members, kind="sort"))
+            rows = np.flatnonzero(resident & among(pairs, peak.members))
             if not len(rows):
                 continue
             added = np.zeros(len(rows), "int64")
@@ -189,16 +188,15 @@ def live_at(b: EventBatch, seq: int, members: np.ndarray, resident: list[int], c
     gone = np.zeros(upto, bool)
     gone[at] = True
     allocs = np.flatnonzero(b.is_alloc[:upto] & ~gone)
-    allocs = allocs[np.isin(b.kind[allocs], resident, kind="sort")
-                    & np.isin(pair_key(b.pid[allocs], b.device[allocs]), members, kind="sort")]
+    allocs = allocs[among(b.kind[allocs], resident) & among(pair_key(b.pid[allocs], b.device[allocs]), members)]
     frame = pd.concat([pd.DataFrame(b.live_before)] + closed +
                       ([pd.DataFrame(b.closed)] if len(b.closed.get("seq", [])) else []) + [batch_rows(b, allocs)],
                       ignore_index=True)
     # this batch's closed allocations (never to be freed: another allocation took their
     # address) include those made after `seq`, which were not live at it
     keep = (frame["seq"].to_numpy() <= seq) & ~np.isin(frame["seq"].to_numpy(), freed) \
-        & np.isin(frame["kind"].to_numpy(), resident, kind="sort") \
-        & np.isin(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members, kind="sort")
+        & among(frame["kind"].to_numpy(), resident) \
+        & among(pair_key(frame["pid"].to_numpy(), frame["device"].to_numpy()), members)
     return frame[keep].drop_duplicates("seq").sort_values("seq", ignore_index=True)
 
 

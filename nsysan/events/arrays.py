@@ -96,6 +96,13 @@ def distinct_pairs(high: np.ndarray, low: np.ndarray, shift: int, mask: int) -> 
     return pd.unique(np.concatenate(parts)) if parts else np.zeros(0, "int64")
 
 
+def among(values: np.ndarray, few) -> np.ndarray:
+    """np.isin(values, few) for a few values (kinds, processes, (process, device) pairs), by
+    comparison with each: numpy's default for a few small integers builds a lookup table, 4-7 ms
+    per 2^18 rows against under 1 (0.1 s per peak series over 1e7 rows against 0.015)."""
+    return np.isin(values, few, kind="sort")
+
+
 def category_codes(column: pd.Series) -> np.ndarray:
     """The codes of a categorical column as a read-only view: `Series.cat.codes` copies all of them
     (1.6 ms at 1e7 rows), which the analyses that look at a few rows per process or spike paid

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..model import GPU_RESIDENT_KINDS, KINDS
-from .arrays import pair_key
+from .arrays import among, pair_key
 from .batch import places
 from .normalize import event_api_codes, event_api_names
 from .nvtx import RangeLookup, operator_codes, range_paths
@@ -150,10 +150,10 @@ class FlowLabels:
         api = b.calls["api"]  # the events' API codes (label)
         # the series' own allocations (not module statics) among the batch's: found once, and
         # each series' among them (not each series' events first: 0.7 s at 1e7 events)
-        owned = np.flatnonzero(np.isin(b.kind, RESIDENT, kind="sort") & (b.kind != STATIC) & (b.delta > 0))
+        owned = np.flatnonzero(among(b.kind, RESIDENT) & (b.kind != STATIC) & (b.delta > 0))
         pairs = pair_key(b.pid[owned], b.device[owned])
         for peak in self.look_at.series:  # a few series, as peak.Peaks finds them
-            own = owned[np.isin(pairs, peak.members, kind="sort")]  # (compared with each member)
+            own = owned[among(pairs, peak.members)]
             if peak.best_seq >= 0 and peak.live_set is not self._seen.get(id(peak)):
                 self._seen[id(peak)] = peak.live_set  # a new live set: the peak was raised in this batch
                 at = np.searchsorted(known["seq"], peak.live_set["seq"].to_numpy())
