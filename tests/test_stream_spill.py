@@ -122,3 +122,33 @@ def test_batches_made_ahead_come_in_order_raise_on_the_callers_thread_and_stop_w
     early.close()
     assert closed == [10, 1000] and len(made) <= 3  # one taken, one handed over, one being made
     assert not [t for t in threading.enumerate() if t.name == "nsysan-batches"]
+
+
+def test_integer_columns_come_back_from_the_spill_exactly_whatever_they_span(tmp_path, monkeypatch):
+    """A column is written as its distances from its lowest value in the fewest bytes that hold
+    them (spill._narrowed): negative values, values near the ends of their type and spans just
+    past a narrow type's come back the same, in their own dtype."""
+    monkeypatch.setattr(spill.tempfile, "tempdir", str(tmp_path))
+    low, high = np.iinfo("int64").min, np.iinfo("int64").max
+    columns = {
+        "minus_one_up": np.array([-1, 5, -1, 70_000], "int64"),  # a span past uint16's: 4 bytes
+        "near_the_top": np.array([high, high - 255, high - 3, high], "int64"),  # 1 byte
+        "near_the_bottom": np.array([low, low + 65_536, low, low + 1], "int64"),  # past uint16's
+        "everything": np.array([low, high, 0, -7], "int64"),  # no narrow type: as it is
+        "addresses": np.array([2**64 - 1, 2**64 - 2**32, 2**63, 2**64 - 1], "uint64"),  # past uint32's
+        "high_addresses": np.array([2**64 - 1, 2**64 - 2**32, 2**64 - 2, 2**64 - 1], "uint64"),  # uint32's
+        "threads": np.array([-1, 2**31 - 1, -1, 0], "int32"),
+        "devices": np.array([-1, 3, 0, 254], "int16"),  # 1 byte: 256 values
+        "flags": np.array([True, False, True, True]),
+        "codes": np.array([-128, 127, 0, 1], "int8"),
+    }
+    kept = spill.ColumnSpill()
+    kept.add({"": columns, "none": {"empty": np.zeros(0, "int64")}})
+    stored = kept.written[0].result()[""][2]
+    assert {name: low is not None for name, (_, low) in stored.items()} == {
+        "minus_one_up": True, "near_the_top": True, "near_the_bottom": True, "everything": False,
+        "addresses": False, "high_addresses": True, "threads": False, "devices": True, "flags": False, "codes": False}
+    back = kept.read(0)
+    kept.close()
+    assert list(back[""]) == list(columns) and all(same(back[""][c], v) for c, v in columns.items())
+    assert same(back["none"]["empty"], np.zeros(0, "int64"))

@@ -67,19 +67,20 @@ class Kept(Generic[T]):
 class ColumnSpill:
     """Entries appended to a temporary file (made at the first, removed by `close` or when the
     spill goes), each a dict of groups of equal-length numpy columns; `read(i)` gives the i-th back
-    with the same names and dtypes, as read-only arrays over the file's pages. `complete` until a
+    with the same names, dtypes and values (integer columns stored narrowed: _narrowed), those
+    stored as they are as read-only arrays over the file's pages. `complete` until a
     write fails (a full disk): from then on nothing more is written.
 
     The writes go on a thread of their own, through Arrow's own file (which lets go of the GIL
-    while it copies), while the caller makes the next entry: at 1e7 events some 1.6 GB go to the
-    page cache. Up to WRITES_AHEAD entries wait for their write (their arrays held meanwhile)."""
+    while it copies), while the caller makes the next entry: at 1e7 events some 0.5 GB go to the
+    page cache (1.5 GB before narrowing). Up to WRITES_AHEAD entries wait for their write (their arrays held meanwhile)."""
 
     WRITES_AHEAD = 1
 
     def __init__(self) -> None:
         self.path: Optional[str] = None
         self.file: Optional["pa.NativeFile"] = None
-        # per entry, the write of its groups: per group (offset, size, numpy dtypes) of its IPC stream
+        # per entry, the write of its groups: per group (offset, size, per column its numpy dtype and base) of its IPC stream
         self.written: list[Future] = []
         self.failed = False
         self._writer: Optional[ThreadPoolExecutor] = None
@@ -142,17 +143,40 @@ def _remove(file: "pa.NativeFile", path: str, writer: ThreadPoolExecutor) -> Non
 
 def _write_columns(file: "pa.NativeFile", columns: dict) -> tuple[int, int, dict]:
     """Columns of one length written at the end of `file` as one Arrow IPC stream: where it lies,
-    and the numpy dtypes (booleans go as bytes, which Arrow would pack into bits)."""
+    and per column its numpy dtype and the base it is stored from (None: stored as it is; booleans
+    go as bytes, which Arrow would pack into bits)."""
     start = file.tell()
-    record = pa.record_batch([pa.array(v.view("uint8") if v.dtype == bool else v) for v in columns.values()],
+    stored = {name: _narrowed(values) for name, values in columns.items()}
+    record = pa.record_batch([pa.array(v.view("uint8") if v.dtype == bool else v) for v, _ in stored.values()],
                              names=list(columns))
     with pa.ipc.new_stream(file, record.schema) as writer:
         writer.write_batch(record)
-    return start, file.tell() - start, {name: values.dtype for name, values in columns.items()}
+    return start, file.tell() - start, {name: (values.dtype, stored[name][1]) for name, values in columns.items()}
 
 
-def _read_columns(source: "pa.MemoryMappedFile", start: int, size: int, dtypes: dict) -> dict:
+def _narrowed(values: np.ndarray) -> tuple[np.ndarray, Optional[int]]:
+    """An integer column as its distance from its lowest value, in the fewest bytes that hold the
+    distances, and that lowest value (None: `values` as they are). A batch's columns span little
+    (times, sequence numbers, sizes, process and kind codes): at 1e7 events the second look's file
+    was 1.1 GB, whose writes into the page cache cost more CPU than the few passes that narrow it."""
+    if values.dtype.kind not in "iu" or values.itemsize == 1 or not len(values):
+        return values, None
+    low, high = int(values.min()), int(values.max())
+    narrow = next((t for t in (np.uint8, np.uint16, np.uint32) if high - low <= np.iinfo(t).max), None)
+    if narrow is None or np.dtype(narrow).itemsize >= values.itemsize:
+        return values, None
+    # the distances wrap around in the narrow type to what they are: each below its largest value
+    distances = values.astype(narrow)
+    distances -= narrow(low & np.iinfo(narrow).max)
+    return distances, low
+
+
+def _read_columns(source: "pa.MemoryMappedFile", start: int, size: int, stored: dict) -> dict:
     source.seek(start)
     record = pa.ipc.open_stream(source.read_buffer(size)).read_next_batch()
-    return {name: record.column(i).to_numpy(zero_copy_only=True).view(dtype) for i, (name, dtype) in
-            enumerate(dtypes.items())}
+    columns = {}
+    for i, (name, (dtype, low)) in enumerate(stored.items()):
+        values = record.column(i).to_numpy(zero_copy_only=True)
+        # a narrowed column back in its own type: its distances added to its lowest value
+        columns[name] = values.view(dtype) if low is None else np.add(values, np.array(low, dtype), dtype=dtype)
+    return columns
