@@ -32,9 +32,14 @@ def same(a, b) -> bool:
 
 
 # known_mem_v25: an async pool (pool rows in batches), 52 events; ddp_leak_v25: two ranks with API calls
-@pytest.mark.parametrize("name, chunk", [("known_mem_v25", 8), ("ddp_leak_v25", 64)])
-def test_the_second_look_reads_back_the_first_passs_batches_from_the_spill_file(name, chunk, monkeypatch, tmp_path):
+@pytest.mark.parametrize("name, chunk, alternate", [("known_mem_v25", 8, False), ("ddp_leak_v25", 64, False),
+                                                     ("ddp_leak_v25", 64, True)])
+def test_the_second_look_reads_back_the_first_passs_batches_from_the_spill_file(name, chunk, alternate, monkeypatch,
+                                                                                tmp_path):
     monkeypatch.setattr(stream, "CHUNK_ROWIDS", chunk)  # every batch past the first `chunk` events is written
+    if alternate:  # the live allocations before every other batch kept with it, the others' made again
+        turns = iter(range(10**6))
+        monkeypatch.setattr(stream, "_keeps_live", lambda batch: next(turns) % 3 == 1)
     monkeypatch.setattr(stream_calls, "CALL_CHUNK_ROWIDS", chunk)
     monkeypatch.setattr(spill.tempfile, "tempdir", str(tmp_path))
     conn = open_readonly(FIXTURES / f"{name}.sqlite")
