@@ -147,7 +147,8 @@ class ByteClassSums(Reducer):
             held += self._group(b, p, d, rows, freed, position)
         # judged: the allocations that are live after the batch (whether each is outside is
         # carried to its free) and those of the kept frees
-        live = [rows[b.is_alloc[rows] & ~freed[rows]] for _, _, kind, rows in chosen if kind == DEVICE]
+        unfreed = b.is_alloc & ~freed  # (over the batch at once: one gather per group, not two)
+        live = [rows[unfreed[rows]] for _, _, kind, rows in chosen if kind == DEVICE]
         judged = np.unique(np.concatenate(live + [h[-1][h[-1] >= 0] for h in held] + [np.zeros(0, "int64")]))
         outside = self.judged.of(b, judged)
         for p, d, a_seq, a_ts, f_seq, f_ts, size, out, row in held:

@@ -15,7 +15,7 @@ from ..events.load import QUICK_API
 from ..events.arrays import LOW, among, category_codes, pair_key, pair_of
 from ..events.batch import EventBatch, batch_rows
 from ..model import GPU_RESIDENT_KINDS, Allocation, Holder, Peak
-from .groups import group_parts
+from .groups import batch_series, group_parts
 from .pools import reached_before
 from .explore import allocation_groups
 from .stacks import stack_bytes
@@ -122,20 +122,20 @@ class Peaks(Reducer):
         return self.series
 
     def _peaks(self, b: EventBatch) -> None:
-        resident = among(b.kind, self.resident)
-        pairs = pair_key(b.pid, b.device)
+        rows_of = self._rows_of(b)
         changes = self.pools.changes if self.pools is not None else {}
         for peak in self.series:  # a few series
-            rows = np.flatnonzero(resident & among(pairs, peak.members))
+            rows = rows_of(peak.members)
             if not len(rows):
                 continue
+            pairs = _Pairs(b, rows, peak.members)
             added = np.zeros(len(rows), "int64")
             attached = []  # (index in rows, time, bytes) of each change taken
             for member in peak.members.tolist():  # the pools' reserve changes at the next event
                 if member not in changes:
                     continue
                 change_ts, change_bytes, used = changes[member]
-                mine = np.flatnonzero(pairs[rows] == member)
+                mine = pairs.of(member)
                 if not len(mine) or used >= len(change_ts):
                     continue
                 ts = b.ts[rows[mine]]
@@ -168,6 +168,39 @@ class Peaks(Reducer):
             else:
                 peak.statics_since += int(b.delta[rows].sum())
             peak.live, peak.reserve = int(live[-1] - reserve[-1]), int(reserve[-1])
+
+    def _rows_of(self, b: EventBatch) -> Callable[[np.ndarray], np.ndarray]:
+        """members -> the batch's rows of kinds `resident` and pairs `members`, in time order: from
+        the batch's (process, device) series when the other reducers have made its groups (the
+        flow's), else from masks over the batch (the whole frame's peaks are found alone, where
+        grouping the rows again would cost more than the masks)."""
+        if b.shared.get("groups") is not None:
+            found = {int(pair_key(np.array([p]), np.array([d]))[0]): rows for (p, d), rows, _ in
+                     batch_series(b, self.resident)}
+            nothing = np.zeros(0, "int64")
+
+            def rows_of(members: np.ndarray) -> np.ndarray:
+                parts = [found.get(m, nothing) for m in members.tolist()]
+                return parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts), kind="stable")
+            return rows_of
+        resident = among(b.kind, self.resident)
+        pairs = pair_key(b.pid, b.device)
+        return lambda members: np.flatnonzero(resident & among(pairs, members))
+
+
+class _Pairs:
+    """The positions among a series' `rows` of each member pair's (all of them, for a series of one)."""
+
+    def __init__(self, b: EventBatch, rows: np.ndarray, members: np.ndarray) -> None:
+        self.b, self.rows, self.one = b, rows, len(members) == 1
+        self.keys: Optional[np.ndarray] = None
+
+    def of(self, member: int) -> np.ndarray:
+        if self.one:
+            return np.arange(len(self.rows))
+        if self.keys is None:
+            self.keys = pair_key(self.b.pid[self.rows], self.b.device[self.rows])
+        return np.flatnonzero(self.keys == member)
 
 
 def live_at(b: EventBatch, seq: int, members: np.ndarray, resident: list[int], closed: list) -> pd.DataFrame:

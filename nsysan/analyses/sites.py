@@ -91,15 +91,32 @@ class SiteRanks(Reducer):
         g = self.groups
         at = g.codes((site_code << 32) | (pids[rest // kinds].astype("int64") << 8) | (rest % kinds))
         alloc = b.is_alloc[rows]
-        pairs = pd.unique((local[alloc] << 20) | b.calls["api"][rows][alloc].astype("int64"))
-        group = at[np.searchsorted(present, pairs >> 20)]
-        self.apis = pd.unique(np.concatenate([self.apis, (group << 20) | (pairs & 0xFFFFF)]))
         paired = ~alloc & (b.partner_seq[rows] >= 0)
+        api = b.calls["api"][rows]
+        names = int(api.max()) + 1 if len(api) else 0
+        if len(api) and int(api.min()) >= 0 and codes * (names + 2) <= 4 * len(local) + 4096:
+            # each row's cell (its code, and its allocation's API, or a paired free, or neither):
+            # one count gives the allocations, the frees and the APIs of each code (masked copies
+            # of the codes and a hash of the (code, API) pairs took 40% of this reducer)
+            cell = np.where(alloc, api, np.where(paired, names, names + 1)).astype(np.intp)
+            cell += slot * (names + 2)
+            cells = np.bincount(cell, minlength=codes * (names + 2)).reshape(codes, names + 2)[chosen]
+            del cell
+            g["allocations"][at] += cells[:, :names].sum(axis=1)
+            g["freed"][at] += cells[:, names]
+            hit, api_code = np.nonzero(cells[:, :names])
+            used = (at[hit] << 20) | api_code
+        else:  # many codes and API names: the (code, API) pairs hashed
+            pairs = pd.unique((local[alloc] << 20) | api[alloc].astype("int64"))
+            used = (at[np.searchsorted(present, pairs >> 20)] << 20) | (pairs & 0xFFFFF)
+            g["allocations"][at] += np.bincount(slot[alloc], minlength=codes)[chosen]
+            g["freed"][at] += np.bincount(slot[paired], minlength=codes)[chosen]
+        self.apis = pd.unique(np.concatenate([self.apis, used]))
         moves = b.delta[rows].astype("int64", copy=False)
-        g["allocations"][at] += np.bincount(slot[alloc], minlength=codes)[chosen]
-        g["allocated"][at] += code_sums(slot, np.where(alloc, b.bytes[rows], 0), codes)[chosen]
-        g["freed"][at] += np.bincount(slot[paired], minlength=codes)[chosen]
-        g["freed_bytes"][at] -= code_sums(slot, np.where(paired, moves, 0), codes)[chosen]
+        # the bytes allocated (even cells) and freed (odd) per code, in one pass
+        sums = code_sums(slot * 2 + paired, np.where(alloc, b.bytes[rows], np.where(paired, moves, 0)), 2 * codes)
+        g["allocated"][at] += sums[0::2][chosen]
+        g["freed_bytes"][at] -= sums[1::2][chosen]
         del alloc, paired
         moves = moves[group_order(slot, codes)]
         del local, slot

@@ -149,7 +149,9 @@ class _Grid:
         dropped[1:] |= run_low[1:] < run_low[:-1]
         drops = np.flatnonzero(dropped)
         rise = live - run_low
-        top = _top_rises(rise, seq)
+        # once CANDIDATES are kept, a row rising no further than the least of them ranks after it
+        # (its seq is later): only the rows rising further are ranked
+        top = _top_rises(rise, seq, self.best[-1][0] if len(self.best) == CANDIDATES else None)
         # the seq of the low point of each top row's rise, and of the last row's (one search for all)
         at = drops[np.searchsorted(drops, np.append(top, len(seq) - 1), side="right") - 1]
         low_seq = np.where(at == 0, self.low_seq, seq[at]) if carried else seq[at]
@@ -159,10 +161,16 @@ class _Grid:
         self.cell, self.low_value, self.low_seq = int(cell[-1]), int(run_low[-1]), int(low_seq[-1])
 
 
-def _top_rises(rise: np.ndarray, seq: np.ndarray) -> np.ndarray:
+def _top_rises(rise: np.ndarray, seq: np.ndarray, floor: Optional[int] = None) -> np.ndarray:
     """The CANDIDATES rows of the largest rise, then earliest: the first of a lexsort of (-rise,
     seq), sorting only the rows that rise at least as far as the CANDIDATES-th largest (a full
-    sort of every row of the batch cost 2 of the streamed full analysis's CPU s at 1e7)."""
+    sort of every row of the batch cost 2 of the streamed full analysis's CPU s at 1e7); only
+    of the rows rising further than `floor`, when given (at 1e7 events, a few rows of a batch)."""
+    if floor is not None:
+        pool = np.flatnonzero(rise > floor)
+        if len(pool) <= CANDIDATES:
+            return pool[np.lexsort((seq[pool], -rise[pool]))]
+        return pool[_top_rises(rise[pool], seq[pool])]
     if len(rise) > CANDIDATES:
         kth = np.partition(rise, len(rise) - CANDIDATES)[len(rise) - CANDIDATES]
         pool = np.flatnonzero(rise >= kth)
