@@ -223,11 +223,17 @@ class FramePieces:
         self.columns, self.partner = _frame_columns(events)
         n = len(events)
         self.edges = [0, *range(rows, n, rows), n]
+        # An allocation is live before a piece's first row when it comes before that row and its
+        # free (the frame's pairing: partner) does not; in row order, as live_after carries them
+        # (that, batch by batch, took 0.3 s of CPU at 1e7 events).
+        allocs = np.flatnonzero(self.columns["is_alloc"])
+        freed_at = self.partner[allocs]  # -1: never freed
         self.live_before: list[dict] = []
-        live = {name: np.zeros(0, "uint64" if name == "address" else "int64") for name in LIVE_COLUMNS}
-        for i in range(len(self)):
-            self.live_before.append(live)
-            live = live_after(live, self[i])
+        for a in self.edges[:-1]:
+            k = int(np.searchsorted(allocs, a))
+            rows = allocs[:k][(freed_at[:k] < 0) | (freed_at[:k] >= a)]
+            self.live_before.append({name: (rows if name == "seq" else self.columns[name][rows]).astype(
+                "uint64" if name == "address" else "int64") for name in LIVE_COLUMNS})
 
     def __len__(self) -> int:
         return len(self.edges) - 1
