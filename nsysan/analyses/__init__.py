@@ -100,12 +100,6 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
         peaks_later = pool.submit(lambda whole=whole: described_peaks(_one_run(Peaks(), Facts(kinds, gpu_of, {
             "pool_uses": pool_uses}), whole, live), kinds, total_memory, listed))
         facts = Facts(kinds, gpu_of)
-        timeline_later = pool.submit(Engine([TimelineSeries(), Explorable()], dataclasses.replace(facts, more={
-            "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges})).run, whole, {})
-        site_facts = dataclasses.replace(facts, more={"labels": partial(frame_labels, events),
-                                                      "site_table": lambda: site_table})
-        site_work = partial(_one_run, SiteRanks(), site_facts, whole, live) if not loaded.quick else partial(list)
-        sites_later = pool.submit(site_work)
         outcomes = call_outcomes(calls)
         # pid << 24 | tid of each thread with memory calls: 1e7 calls, read once (or by the pipeline already)
         threads = loaded.memory_threads if loaded.memory_threads is not None else memory_threads(calls)
@@ -124,21 +118,27 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                 "spike_window_ns": spike_window_ns, "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges,
                 "memory_threads": threads, "end_ns": end_ns, "labels": partial(frame_labels, events),
                 "failed_call_rows": outcomes.failed, "range_alloc_calls": range_alloc_calls}
+        # Then the reducers that need no other's answer, in one run (each batch's groups made once
+        # for all): the timeline, what the page explores, the byte classes, the ranges' and the
+        # sites' tables; this core's share of the analyses was twice the second's, and each run
+        # of its own made the batches and their groups again (at 1e7 events 2.2 s of CPU)
+        apart = [TimelineSeries(), Explorable(), ByteClassSums(), RangeSums(), *([] if loaded.quick else [SiteRanks()])]
+        apart_facts = dataclasses.replace(facts, more={**more, "site_table": lambda: site_table})
+        apart_later = pool.submit(lambda: Engine(apart, apart_facts).run(whole, dict(live)))
         looks = VerdictLooks(outcomes, read_calls, None if loaded.quick else list(events["api"].cat.categories),
                              ranges, gpu_of, total_memory, schema.process_names, schema.duration_ns,
                              lambda: engine.so_far("big_blocks"), more)
         more["allocator_peaks"] = lambda: [(p.pid, p.device, p.peak_time_ns) for p in peaks_later.result()[0]
                                            if p.pid is not None]
-        engine = Engine([GroupSums(), NeverFreed(), LargestAllocations(), BigBlocks(), StepWindows(), ByteClassSums(),
-                         Spikes(), RangeSums(), *looks.reducers,
+        engine = Engine([GroupSums(), NeverFreed(), LargestAllocations(), BigBlocks(), StepWindows(),
+                         Spikes(), *looks.reducers,
                          *([] if loaded.quick else [FailedCalls(), VmmEvents()])],
                         dataclasses.replace(facts, more=more))
         answered = engine.run(whole, dict(live))
-        answered.update(timeline_later.result(), pools=pools)
+        answered.update(apart_later.result(), pools=pools)
 
         def later() -> tuple[list, list]:
-            # Whichever core is free takes what is left of the second core's queue, the last queued first.
-            return _here_unless_started(api_calls_later, api_call_work), _here_unless_started(sites_later, site_work)
+            return _here_unless_started(api_calls_later, api_call_work), answered.get("sites", [])
 
         return analysis_of(
             schema, source, report_version, loaded.quick, answered, listed, looks, peaks_later.result(), later,
