@@ -409,18 +409,22 @@ def test_streamed_full_window_holds_a_few_chunks_of_calls_in_runs(tmp_path, monk
     assert window.most_held <= 3 * 3 * chunk < calls
 
 
-def test_streamed_full_holds_every_call_when_events_fall_outside_their_calls(tmp_path, monkeypatch):
-    # Calls shortened to their first nanosecond: each event now lies after its call ended, the
-    # window drops the calls too early, the check at the end finds it and the flow runs again
-    # holding every call; the document is still the whole-frame one.
+@pytest.mark.parametrize("earlier_ns", [0, 3_000_000_000])
+def test_streamed_full_holds_every_call_when_events_fall_outside_their_calls(tmp_path, monkeypatch, earlier_ns):
+    # Calls shortened to their first nanosecond: each event now lies after its call ended. The
+    # window holds a call from the batch that reaches its start to the one after its end: it
+    # still finds the calls of events in the batch of their start. Moved 3 s earlier as well
+    # (the capture's events span 5 s), the calls are dropped batches before their events: the
+    # check at the end finds it and the flow runs again holding every call. The document is
+    # the whole-frame one either way.
     path = tmp_path / "torch_leak_v25.sqlite"
     shutil.copyfile(FIXTURES / "torch_leak_v25.sqlite", path)
     with sqlite3.connect(path) as conn:
-        conn.execute(f'UPDATE {SHUFFLED_TABLES[1]} SET "end" = start')
+        conn.execute(f'UPDATE {SHUFFLED_TABLES[1]} SET "end" = start - ?, start = start - ?', (earlier_ns, earlier_ns))
         conn.commit()
     windows = windows_made(monkeypatch)
     whole, streamed = full_documents(path, chunk_rowids(path), monkeypatch)
-    assert windows[-1].keep_all and windows[-1].exact
+    assert windows[-1].keep_all == (earlier_ns > 0) and windows[-1].exact
     assert_streamed_full_is_whole(whole, streamed)
 
 

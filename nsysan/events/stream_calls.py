@@ -211,6 +211,9 @@ class CallWindow:
         self.unread = sorted((i for i, start in enumerate(starts) if start < _FAR), key=lambda i: (starts[i], i))
         self._close_reader()
         self._reader = self.calls.read_ahead(self.unread) if self.unread else None
+        # the calls of chunks read that start after the batches so far (_read_until): each chunk's
+        # rows after its last that did, with their starts ("ts"), by their earliest start
+        self.later: list[tuple[int, dict]] = []
         self.joined_allocations = 0  # successful allocation calls that caused an event (has_event), at the end
         self.lonely: list[tuple[np.ndarray, np.ndarray]] = []  # (pid, correlation) of events left without a call
         self.exact = True
@@ -286,32 +289,47 @@ class CallWindow:
         self.real = {c: v[order] for c, v in window.items()}
 
     def _read_until(self, ts: int) -> list[dict]:
-        """The calls of every chunk with a call starting at or before `ts` (every chunk, holding
-        all) not in the window yet, a dict of _HELD per chunk in rowid order; their call stacks
-        put in the window."""
+        """The calls not in the window yet of every chunk with a call starting at or before `ts`
+        (every chunk, holding all), a dict of _HELD per piece of a chunk in rowid order; their
+        call stacks put in the window. Of a chunk, the rows up to its last call that starts by
+        `ts` (a range of rowids): those after wait in `later` for the batch that reaches their
+        earliest start, out of the window each batch's join searches and copies (at 1e7 events
+        the window held a chunk of each of 4 ranks ahead of the batch: twice the batch's calls)."""
         starts = self.calls.first_starts
         count = len(self.unread) if self.keep_all else int(np.searchsorted(
             np.array([starts[i] for i in self.unread], "int64"), ts, side="right"))
-        if not count:
+        due = [part for start, part in self.later if start <= ts]
+        if not count and not due:
             return []
+        self.later = [(start, part) for start, part in self.later if start > ts]
         wanted, self.unread = self.unread[:count], self.unread[count:]
         read = {}
         for _ in wanted:
             i, real, chains = next(self._reader)
             read[i] = real, chains
         alloc = self.calls.families.index("alloc") if "alloc" in self.calls.families else -1
-        real_parts, chain_parts = [], [self.chains]
+        real_parts, chain_parts = due, [self.chains]
         for i in sorted(wanted):  # in rowid order
             real, chains = read.pop(i)
             real["ok_alloc"] = (self.calls.family_code[real["api"]] == alloc) & (real.pop("return_value") == 0)
             real["matched"] = np.zeros(len(real["pid"]), bool)
-            real_parts.append({c: real[c] for c in _HELD})
+            real_parts.append({c: real[c] for c in (*_HELD, "ts")})
             chain_parts.append({c: chains[c] for c in _CHAIN})
-        chains = {c: np.concatenate([p[c] for p in chain_parts]) for c in _CHAIN}
-        # normalize takes the largest stack id of a call's rows: first in this order
-        order = np.lexsort((-chains["chain"], chains["correlation"], chains["pid"]))
-        self.chains = {c: v[order] for c, v in chains.items()}
-        return [part for part in real_parts if len(part["pid"])]
+        if wanted:
+            chains = {c: np.concatenate([p[c] for p in chain_parts]) for c in _CHAIN}
+            # normalize takes the largest stack id of a call's rows: first in this order
+            order = np.lexsort((-chains["chain"], chains["correlation"], chains["pid"]))
+            self.chains = {c: v[order] for c, v in chains.items()}
+        added = []
+        for part in real_parts:
+            started = np.flatnonzero(part["ts"] <= ts)
+            cut = len(part["ts"]) if self.keep_all else int(started[-1]) + 1 if len(started) else 0
+            if cut < len(part["ts"]):
+                rest = {c: v[cut:] for c, v in part.items()}
+                self.later.append((int(rest["ts"].min()), rest))
+            if cut:
+                added.append({c: part[c][:cut] for c in _HELD})
+        return sorted(added, key=lambda part: int(part["position"][0]))  # in rowid order
 
 
 def _increasing(position: np.ndarray) -> bool:
