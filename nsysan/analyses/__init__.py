@@ -74,29 +74,29 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
     gpu_of, total_memory = gpus(schema)
 
     kinds = list(events["kind"].cat.categories)
-    # The pools first (the peaks take their reserve changes); they read the pool rows alone, so
-    # their batch holds no event (as a flow's batch of pool rows alone does): none of the frame's
-    # columns is made for it.
-    pool_uses = PoolUses()
-    pools = Engine([pool_uses], Facts(kinds, gpu_of, {"pool_events": loaded.pool_events})).run(
-        [frame_batch(events.iloc[:0], pools=loaded.pool_usage)], {})["pools"]
     # The analyses only read the frames, and numpy works without the GIL on large arrays: the
-    # API calls' statistics, the peaks, then the timeline, are found on a second core while the
-    # groups are numbered and summed (1.3 s -> 1.0 s at 1e7 events); then the sites' table, which
-    # needs no other result, while this core runs every other reducer in one engine run (the
-    # verdicts' wait for the peaks between their looks) (at 1e7 events this thread's share of the
-    # analyses fell from 4.6 s to 2.3 s of CPU; docs/performance.md).
-    # The whole frame as the engine's batches of PIECE_ROWS (numpy views, and the few columns made
-    # of them as each is read), for every engine run below: each run's batches have per-batch work
-    # of their own (`shared`), and the same live set.
-    whole, live = FramePieces(events, PIECE_ROWS), frame_live(events)
-    start_ns, end_ns = capture_span(schema.duration_ns, _one_run(EventSpan(), Facts(kinds), whole, live).capture,
-                                    frame_span(calls, "ts_ns", "end_ns"), frame_span(ranges, "start_ns", "end_ns"))
+    # API calls' statistics are found on a second core while this one finds the pools and the
+    # capture's span, then the peaks (the verdicts wait for them between their looks), then in
+    # one engine run the reducers that need no other's answer (the timeline, the byte classes,
+    # the ranges' and sites' tables), while this core runs every other reducer in one engine run
+    # (at 1e7 events 3.8 s of CPU on each core; docs/performance.md).
     with ThreadPoolExecutor(max_workers=1) as pool:
         # the API calls' statistics first: the calls frame can go once they and this core's
-        # readers of it are done (0.3 s at 1e7 calls; the peaks are wanted after the first look)
+        # readers of it are done (0.3 s at 1e7 calls)
         api_call_work = _letting_go(api_call_stats, calls)
         api_calls_later = pool.submit(api_call_work)
+        # The pools first (the peaks take their reserve changes); they read the pool rows alone, so
+        # their batch holds no event (as a flow's batch of pool rows alone does): none of the frame's
+        # columns is made for it.
+        pool_uses = PoolUses()
+        pools = Engine([pool_uses], Facts(kinds, gpu_of, {"pool_events": loaded.pool_events})).run(
+            [frame_batch(events.iloc[:0], pools=loaded.pool_usage)], {})["pools"]
+        # The whole frame as the engine's batches of PIECE_ROWS (numpy views, and the few columns made
+        # of them as each is read), for every engine run below: each run's batches have per-batch work
+        # of their own (`shared`), and the same live set.
+        whole, live = FramePieces(events, PIECE_ROWS), frame_live(events)
+        start_ns, end_ns = capture_span(schema.duration_ns, _one_run(EventSpan(), Facts(kinds), whole, live).capture,
+                                        frame_span(calls, "ts_ns", "end_ns"), frame_span(ranges, "start_ns", "end_ns"))
         peaks_later = pool.submit(lambda whole=whole: described_peaks(_one_run(Peaks(), Facts(kinds, gpu_of, {
             "pool_uses": pool_uses}), whole, live), kinds, total_memory, listed))
         facts = Facts(kinds, gpu_of)
@@ -118,10 +118,9 @@ def run_analyses(loaded: "LoadedEvents", schema: Schema, source: Source,
                 "spike_window_ns": spike_window_ns, "nvtx_ranges": ranges, "operator_ranges": loaded.operator_ranges,
                 "memory_threads": threads, "end_ns": end_ns, "labels": partial(frame_labels, events),
                 "failed_call_rows": outcomes.failed, "range_alloc_calls": range_alloc_calls}
-        # Then the reducers that need no other's answer, in one run (each batch's groups made once
-        # for all): the timeline, what the page explores, the byte classes, the ranges' and the
-        # sites' tables; this core's share of the analyses was twice the second's, and each run
-        # of its own made the batches and their groups again (at 1e7 events 2.2 s of CPU)
+        # the reducers that need no other's answer in one run: each piece's batch and groups made
+        # once for the five (runs of their own made them again, and left this core twice the
+        # second's share)
         apart = [TimelineSeries(), Explorable(), ByteClassSums(), RangeSums(), *([] if loaded.quick else [SiteRanks()])]
         apart_facts = dataclasses.replace(facts, more={**more, "site_table": lambda: site_table})
         apart_later = pool.submit(lambda: Engine(apart, apart_facts).run(whole, dict(live)))
