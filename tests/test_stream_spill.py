@@ -157,3 +157,42 @@ def test_integer_columns_come_back_from_the_spill_exactly_whatever_they_span(tmp
     kept.close()
     assert list(back[""]) == list(columns) and all(same(back[""][c], v) for c, v in columns.items())
     assert same(back["none"]["empty"], np.zeros(0, "int64"))
+
+
+def test_the_second_passs_stages_each_see_every_batch_in_order_before_the_consumer(monkeypatch, tmp_path):
+    """EventFlow.replay's `ahead` stages (the labels, then the reducers that may go ahead): each
+    runs on every batch in order on a thread of its own, and a batch reaches the consumer only
+    once every stage is done with it."""
+    import threading
+
+    monkeypatch.setattr(stream, "CHUNK_ROWIDS", 64)
+    monkeypatch.setattr(spill.tempfile, "tempdir", str(tmp_path))
+    seen: dict = {"label": [], "ahead": []}
+    threads: dict = {"label": set(), "ahead": set()}
+
+    def stage(name):
+        def work(batch):
+            seen[name].append(int(batch.seq[0]) if len(batch) else -1)
+            threads[name].add(threading.get_ident())
+            batch.shared[name] = True
+        return work
+
+    class Consumer:
+        def __init__(self) -> None:
+            self.batches: list = []
+
+        def add(self, batch) -> None:
+            assert batch.shared.get("label") and batch.shared.get("ahead")
+            self.batches.append(int(batch.seq[0]) if len(batch) else -1)
+
+    conn = open_readonly(FIXTURES / "ddp_leak_v25.sqlite")
+    try:
+        flow = EventFlow(conn, probe(conn))
+        first = flow.feed(Kept, keep=True).batches
+        second = flow.replay(Consumer, ahead=(stage("label"), stage("ahead")))
+    finally:
+        conn.close()
+    order = [int(b.seq[0]) if len(b) else -1 for b in first]
+    assert len(order) > 3 and seen["label"] == seen["ahead"] == second.batches == order
+    assert len(threads["label"]) == len(threads["ahead"]) == 1 and threads["label"] != threads["ahead"]
+    assert threading.get_ident() not in threads["label"] | threads["ahead"]

@@ -138,14 +138,16 @@ def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_ve
         engine.between()  # (again, should the pass start over)
         return _Again(engine)
 
+    def labelled(batch: EventBatch) -> None:
+        """On the thread that reads the second look's batches back: the batch labelled (FlowLabels.label)."""
+        looks["second"].label(batch)
+
     def ahead(batch: EventBatch) -> None:
-        """On the thread that reads the second look's batches back, while the engine looks at the
-        one before: the batch labelled (FlowLabels.label), and looked at by the reducers that may."""
-        if not quick:
-            looks["second"].label(batch)
+        """On a thread of its own, while the engine looks at the batch before and the next one is
+        labelled: the batch looked at by the reducers that may go ahead (Reducer.ahead)."""
         engine.again(batch, ahead=True)
 
-    flow.replay(second_look, ahead=ahead)
+    flow.replay(second_look, ahead=(ahead,) if quick else (labelled, ahead))
     answered = engine.finish(flow.live)
     peaks = described_peaks(answered["peaks"], flow.kinds, total_memory, described, answered["free_times"])
     if quick:

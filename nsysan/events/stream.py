@@ -235,17 +235,20 @@ class EventFlow:
         if not self.runs:  # rows in no order: each chunk's earliest time tells how long to wait
             self.first_starts = memory_chunk_first_starts(self.conn, CHUNK_ROWIDS)
 
-    def replay(self, make: Callable[[], T], ahead: Optional[Callable[[EventBatch], None]] = None) -> T:
+    def replay(self, make: Callable[[], T], ahead: tuple[Callable[[EventBatch], None], ...] = ()) -> T:
         """A second pass: the batches the first one kept (`feed(keep=True)`), read back from the
         temporary file, without reading, ordering and pairing the table again; the table's rows
-        again when they could not all be kept (a full disk). `ahead(batch)`: work on each batch
-        that reads nothing of `make()`'s, done on the thread that reads the batches back while the
-        consumer takes the one before (as the first pass's batches are made, _made_ahead)."""
+        again when they could not all be kept (a full disk). `ahead`: stages of work on each batch
+        that read nothing of `make()`'s, each on a thread of its own a batch ahead of the next
+        stage (the first, on the thread that reads the batches back), the consumer taking the batch
+        the last stage let go (as the first pass's batches are made, _made_ahead): the second look's
+        labels and the engine's reducers that may go ahead, each on a core while the consumer's
+        reducers look at the batch before."""
         kept, self._kept = getattr(self, "_kept", None), None
         if kept is None or not kept.complete:
             if kept is not None:
                 kept.close()
-            return self.feed(make, ahead=ahead)
+            return self.feed(make, ahead=(lambda batch: [work(batch) for work in ahead]) if ahead else None)
         consumer = make()
 
         with_live = self._kept_live
@@ -260,8 +263,11 @@ class EventFlow:
                     live = live_after(batch.live_before, batch)
 
         try:
-            batches = read_back() if ahead is None else _each(read_back(), ahead)
-            for number, batch in enumerate(_made_ahead(batches)):
+            batches = read_back()
+            for work in ahead[:-1]:
+                batches = _made_ahead(_each(batches, work))
+            batches = _made_ahead(_each(batches, ahead[-1]) if ahead else batches)
+            for number, batch in enumerate(batches):
                 consumer.add(batch)
                 _give_back(number)
         finally:
@@ -464,19 +470,21 @@ class EventFlow:
         carried = len(live["seq"])
         columns = {"seq": seq, "ts": ts, "pid": pid, "device": device, "kind": kind, "address": address,
                    "bytes": size, "pool": pool}
-        columns = {name: np.concatenate([live[name], columns[name]]) for name in LIVE_COLUMNS}
+        # the live allocations, then the batch: joined for the columns the pairing reads of every
+        # row, the others only gathered for the few rows that stay live or are closed
+        joined = {name: np.concatenate([live[name], columns[name]]) for name in ("seq", "pid", "address", "bytes")}
         all_alloc = np.concatenate([np.ones(carried, bool), is_alloc])
-        partner, superseded = pair_allocs_and_frees(columns["pid"], columns["address"], all_alloc)
+        partner, superseded = pair_allocs_and_frees(joined["pid"], joined["address"], all_alloc)
         self._overlapping += len(superseded)  # allocations whose address was taken again
-        sizes, delta = _sizes_and_deltas(columns["bytes"], all_alloc, partner, carried)
+        sizes, delta = _sizes_and_deltas(joined["bytes"], all_alloc, partner, carried)
         own = partner[carried:]
-        partner_seq = np.where(~is_alloc & (own >= 0), columns["seq"][np.maximum(own, 0)], -1)
+        partner_seq = np.where(~is_alloc & (own >= 0), joined["seq"][np.maximum(own, 0)], -1)
         # the live allocations now: those neither freed nor superseded
         ended = partner >= 0
         ended[superseded] = True
         still = np.flatnonzero(all_alloc & ~ended)
-        self.live = {name: values[still] for name, values in columns.items()}
-        closed = {name: values[superseded] for name, values in columns.items()}
+        self.live = {name: _rows_of(live, columns, name, still) for name in LIVE_COLUMNS}
+        closed = {name: _rows_of(live, columns, name, superseded) for name in LIVE_COLUMNS}
         return EventBatch(seq=seq, ts=ts, pid=pid, device=device, kind=kind, is_alloc=is_alloc, address=address,
                           bytes=sizes, delta=delta, pool=pool, partner_seq=partner_seq, correlation=correlation,
                           closed=closed, live_before=live)
@@ -491,6 +499,18 @@ class EventFlow:
         if self._overlapping:
             notes.append(overlapping_note(self._overlapping))
         self.diagnostics = notes
+
+
+def _rows_of(live: dict, batch: dict, name: str, rows: np.ndarray) -> np.ndarray:
+    """Column `name` at `rows` (in their order) of the `live` allocations and then the `batch`'s
+    rows, as np.concatenate would join the two (its dtype too), without joining them."""
+    before, after = live[name], batch[name]
+    carried = len(before)
+    out = np.empty(len(rows), np.concatenate([before[:0], after[:0]]).dtype)
+    earlier = rows < carried
+    out[earlier] = before[rows[earlier]]
+    out[~earlier] = after[rows[~earlier] - carried]
+    return out
 
 
 def _no_rows() -> dict:
