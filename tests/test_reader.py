@@ -58,6 +58,31 @@ def test_filtered_api_table_in_ranges_equals_one_scan(split_every_table):
     pd.testing.assert_frame_equal(in_ranges(path, "CUPTI_ACTIVITY_KIND_RUNTIME", select, columns, where), whole)
 
 
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
+def test_filtered_api_table_converted_in_chunks_equals_one_scan(monkeypatch, chunk):
+    # The chunks' converted columns are written into room for every rowid: the calls' fewer rows
+    # must come out whole, in order, with nothing of the room they did not fill.
+    monkeypatch.setattr(reader, "CHUNK_ROWIDS", chunk)
+    monkeypatch.setattr(reader, "SPLIT_MIN_ROWIDS", 1)
+    path = FIXTURES / "known_bt_v25.sqlite"
+    select, columns = "start, globalTid, nameId", ["start", "tid", "name"]
+    where = "nameId IN (SELECT id FROM StringIds WHERE value LIKE 'cudaMalloc%')"
+    whole = one_scan(path, f"SELECT {select} FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE {where}", columns)
+
+    def convert(raw: pd.DataFrame) -> dict[str, np.ndarray]:
+        return {"start": raw["start"].to_numpy("int64"), "tid": (raw["tid"].to_numpy("int64") & 0xFFFFFF).astype("int32"),
+                "late": raw["start"].to_numpy("int64") > whole["start"].median()}
+
+    with contextlib.closing(open_readonly(path)) as conn:
+        spans = conn.execute("SELECT max(rowid) - min(rowid) + 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+        read = reader.read_converted(conn, "CUPTI_ACTIVITY_KIND_RUNTIME", select, columns, convert, where=where)
+    assert 0 < len(whole) < spans / 2  # the WHERE leaves most rowids out
+    assert list(read) == ["start", "tid", "late"]
+    assert read["start"].tolist() == whole["start"].tolist()
+    assert read["tid"].dtype == "int32" and read["tid"].tolist() == (whole["tid"] & 0xFFFFFF).tolist()
+    assert read["late"].tolist() == (whole["start"] > whole["start"].median()).tolist()
+
+
 def _odd_table(path: Path, ddl: str, rows: list[tuple]) -> Path:
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.execute(ddl)
