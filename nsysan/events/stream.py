@@ -22,9 +22,7 @@ pool rows of its timestamps (`EventBatch.pools`, in pool_usage's order).
 from __future__ import annotations
 
 import dataclasses
-import queue
 import sqlite3
-import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, TypeVar
 
@@ -41,6 +39,7 @@ from .read_order import memory_chunks_look_unordered
 from .read_pools import usable_times
 from .batch import LIVE_COLUMNS, EventBatch, live_after
 from .spill import Kept
+from .threads import each_done as _each, made_ahead as _made_ahead
 
 _INT64_MAX = np.iinfo("int64").max
 # Rowids read at a time: a chunk's decoded rows and their temporaries stay some 30 MB, for each
@@ -90,63 +89,6 @@ def _keeps_live(batch: EventBatch) -> bool:
     made again they took 0.4 s of the second pass's reading thread); a capture whose live
     allocations keep growing would otherwise write them again with every batch."""
     return len(batch.live_before.get("seq", ())) * 4 <= len(batch)
-
-
-def _each(batches: Iterator[T], work: Callable[[T], None]) -> Iterator[T]:
-    """The items of `batches`, each once `work` is done with it."""
-    try:
-        for batch in batches:
-            work(batch)
-            yield batch
-    finally:
-        batches.close()
-
-
-def _made_ahead(batches: Iterator[T]) -> Iterator[T]:
-    """The items of `batches`, each made on a thread of its own while the caller takes the one
-    before: the first pass's reading, decoding, ordering, pairing and joining to the calls go on
-    beside the analyses (numpy, the SQLite driver and Arrow let go of the GIL for most of it). The
-    next batch is begun only once the caller has taken the last one made: two batches at most
-    (the caller's and the next). What `batches` raises is raised here; when the caller stops
-    early, the thread stops after the batch it is making."""
-    handed: queue.Queue = queue.Queue()
-    taken = threading.Semaphore(0)  # released as the caller takes a batch: the next may be begun
-    stop = threading.Event()
-
-    def make() -> None:
-        try:
-            for batch in batches:
-                handed.put((batch, None))
-                del batch
-                while not taken.acquire(timeout=0.05):
-                    if stop.is_set():
-                        return
-                if stop.is_set():
-                    return
-            handed.put((_END, None))
-        except BaseException as err:  # noqa: BLE001 - raised again on the caller's thread
-            handed.put((_END, err))
-        finally:
-            batches.close()
-
-    thread = threading.Thread(target=make, name="nsysan-batches", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, err = handed.get()
-            if err is not None:
-                raise err
-            if item is _END:
-                return
-            taken.release()
-            yield item
-            del item
-    finally:
-        stop.set()
-        thread.join()
-
-
-_END = object()
 
 
 class _OutOfOrder(Exception):
