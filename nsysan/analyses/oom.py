@@ -340,24 +340,32 @@ class ReleaseBursts(Reducer):
     def releases(self, caching: dict[tuple[int, int], str], gpu_of: GpuOf, ranges: pd.DataFrame) -> list[CacheRelease]:
         """The bursts of the pairs a caching allocator manages (`caching`: its kind), each named
         by the NVTX path of its first free (`ranges`: the NVTX ranges)."""
-        found: list[CacheRelease] = []
+        taken: list[tuple[int, int, Bursts, list]] = []  # (pid, device, its bursts, those kept)
+        count = 0
         for (pid, device), kind in sorted(caching.items()):
             bursts = self.bursts.get((one_pair_key(pid, device), _RELEASE_API.get(kind, "cudaFree")))
             if bursts is None or not bursts.found:
                 continue
-            chosen = bursts.found[:MAX_RELEASES - len(found)]
-            points = pd.DataFrame({"pid": np.full(len(chosen), pid, "int64"),
-                                   "tid": np.array([b[2] for b in chosen], "int64"),
-                                   "ts_ns": np.array([b[1] for b in chosen], "int64")})
-            named = np.asarray(attribute_ranges(points, ranges)[1], dtype=object)
-            for (_, start_ns, _, before, blocks, released, end, end_ns, after), path in zip(chosen, named):
-                from ..model.oom_found import CacheRelease  # made when found (model/oom_found.py)
+            taken.append((pid, device, bursts, bursts.found[:MAX_RELEASES - count]))
+            count += len(taken[-1][3])
+            if count >= MAX_RELEASES:
+                break
+        if not taken:
+            return []
+        # every first free's NVTX path at once: each lookup makes the paths of every range
+        chosen = [(pid, b) for pid, _, _, kept in taken for b in kept]
+        points = pd.DataFrame({"pid": np.array([pid for pid, _ in chosen], "int64"),
+                               "tid": np.array([b[2] for _, b in chosen], "int64"),
+                               "ts_ns": np.array([b[1] for _, b in chosen], "int64")})
+        named = iter(np.asarray(attribute_ranges(points, ranges)[1], dtype=object).tolist())
+        from ..model.oom_found import CacheRelease  # made when found (model/oom_found.py)
+        found: list[CacheRelease] = []
+        for pid, device, bursts, kept in taken:
+            for (_, start_ns, _, before, blocks, released, end, end_ns, after), path in zip(kept, named):
                 found.append(CacheRelease(
                     pid=pid, device=device, gpu=gpu_of(pid, device), start_ns=start_ns, end_ns=end_ns, blocks=blocks,
                     released_bytes=released, nvtx_path=str(path), live_before_bytes=before, live_after_bytes=after,
                     followed_by_allocation=bursts.last_alloc > end))
-            if len(found) >= MAX_RELEASES:
-                break
         return found
 
 
