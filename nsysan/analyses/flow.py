@@ -30,6 +30,7 @@ from ..events.flow_labels import FlowLabels
 from ..events.load import QUICK_API
 from ..events.nvtx import innermost_range_rows, range_paths
 from ..events.read import last_cuda_calls, read_thread_names
+from ..events.read_code import code_call_ids
 from ..events.read_launches import read_launches
 from ..events.read_nvtx import read_nvtx_ranges
 from ..events.read_order import order_ahead
@@ -61,8 +62,10 @@ from . import analysis_of
 
 
 def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_version: Optional[str],
-             step_range: Optional[str], spike_window_ns: int, quick: bool) -> Analysis:
-    """The analysis (`quick` or full) of the export behind `conn`, its events read twice in batches."""
+             step_range: Optional[str], spike_window_ns: int, quick: bool) -> tuple[Analysis, Optional[pd.DataFrame]]:
+    """The analysis (`quick` or full) of the export behind `conn`, its events read twice in batches;
+    and (full) the code-load and graph calls' rows read in the scan of the memory calls
+    (read_code.read_code_calls' `raw`; None when not read there)."""
     gpu_of, total_memory = gpus(schema)
     looks: dict = {}  # the first look's big blocks; the full analysis's labelling ("second") and site table
     more: dict = {"spike_window_ns": spike_window_ns}  # the reducers' facts beyond the kinds and GPUs
@@ -84,7 +87,7 @@ def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_ve
             stat_sums.add(chunk, family)
             outcomes.add(chunk, family)
 
-        calls.scan(summed)
+        calls.scan(summed, code_call_ids(conn, schema))  # and the code-load calls' rows (read_code)
         ranges, operator_ranges = read_nvtx_ranges(conn, schema)
         thread_names = read_thread_names(conn, schema)
         nvtx_steps = find_step_ranges(ranges, calls.threads, step_range)
@@ -154,7 +157,7 @@ def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_ve
         return analysis_of(schema, source, report_version, True, answered, described, verdict_looks, peaks,
                            lambda: ([], []), threads=np.zeros(0, "int64"), ranges=ranges, last_calls={},
                            notes=notes, joined=0, span=(start_ns, end_ns), step_range=step_range,
-                           labels=Labels(), stacks=[])
+                           labels=Labels(), stacks=[]), None
     last_calls = last_cuda_calls(conn, schema, calls.last_end_by_pid, ranges)
     analysis = analysis_of(
         schema, source, report_version, False, answered, described, verdict_looks, peaks,
@@ -163,7 +166,7 @@ def run_flow(conn: sqlite3.Connection, schema: Schema, source: Source, report_ve
         span=(start_ns, end_ns), step_range=step_range, labels=more["labels"](),
         stacks=looks["second"].registry.stacks)
     calls.close()  # the calls' chunks kept since the scan: read for the last time by the verdicts
-    return analysis
+    return analysis, calls.other_rows
 
 
 class _Undescribed(Listed):

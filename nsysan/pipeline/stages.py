@@ -22,7 +22,7 @@ from ..analyses.spikes import DEFAULT_WINDOW_NS
 from ..errors import NsysanError
 from ..events import LoadedEvents, load_events
 from ..events.read import memory_row_count, memory_rowid_span, read_cuda_activity
-from ..events.read_code import CodeTrace, read_code_trace, with_kernels_after_loads
+from ..events.read_code import CodeTrace, read_code_calls, read_code_trace, with_kernels_after_loads
 from ..events.read_launches import read_launches
 from ..events.read_start import read_capture_start
 from ..model import Analysis, Diagnostic, Source
@@ -285,8 +285,10 @@ def _streamed(report: Path, sqlite_path: Path, scratch: Path, schema: Schema, so
 
     with _export_connection(report, sqlite_path, scratch) as conn:
         try:
-            analysis = run_flow(conn, schema, source, version, step_range, spike_window_ns, quick)
-            return analysis, None if quick else read_code_trace(conn, schema)
+            analysis, code_rows = run_flow(conn, schema, source, version, step_range, spike_window_ns, quick)
+            # (the code-load calls: from their rows read in the flow's scan of the memory calls)
+            return analysis, None if quick else read_code_trace(conn, schema,
+                                                                read_code_calls(conn, schema, code_rows))
         except NsysanError as err:
             raise NsysanError(f"{report.name}: {err.message}", err.exit_code) from err
 
