@@ -88,9 +88,11 @@ def test_a_full_disk_reads_the_tables_again_and_the_document_is_the_same(monkeyp
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(spill, "_write_columns", disk_full)
-    read = []
-    real_read = stream_calls.MemoryCalls.read
-    monkeypatch.setattr(stream_calls.MemoryCalls, "read", lambda self, *a: read.append(self._kept) or real_read(self, *a))
+    read = []  # what the scan kept, as each later read of the calls finds it (the scan reads the table itself)
+    for name in ("read", "read_ahead"):
+        real_read = getattr(stream_calls.MemoryCalls, name)
+        monkeypatch.setattr(stream_calls.MemoryCalls, name,
+                            lambda self, *a, real_read=real_read: read.append(self._kept) or real_read(self, *a))
     assert render_json(pipeline.analyze_report(path, keep_events=False, max_memory=0)) == whole
     # both spills tried, and failed: the calls' (a chunk's calls) and the batches' (a batch's own arrays)
     assert {"return_value" in columns or "seq" in columns for _, columns in tried} == {True} and \
