@@ -70,6 +70,17 @@ def read_calls(conn: sqlite3.Connection, schema: Schema) -> tuple[pd.DataFrame, 
 OTHER_ROW_COLUMNS = ["start", "end", "global_tid", "name_id"]
 
 
+def split_other_rows(raw: pd.DataFrame, memory_ids: np.ndarray, other_ids: np.ndarray) \
+        -> tuple[dict[str, np.ndarray], Optional[np.ndarray]]:
+    """Of a chunk of API table rows read for the memory calls' names and `other_ids`: the raw rows
+    (OTHER_ROW_COLUMNS) of `other_ids`, and the mask of the memory calls' rows (None: every row).
+    The one split of both paths' single scan (read_calls_and_rows; stream_calls.MemoryCalls.scan)."""
+    name_id = int_column(raw, "name_id", fill=-1)  # what `nameId IN (...)` compares
+    other = np.isin(name_id, other_ids)
+    memory = np.isin(name_id, memory_ids)
+    return {c: raw[c].to_numpy()[other] for c in OTHER_ROW_COLUMNS}, None if memory.all() else memory
+
+
 def read_calls_and_rows(conn: sqlite3.Connection, schema: Schema, other_ids: Collection[int]) \
         -> tuple[pd.DataFrame, pd.DataFrame, Optional[pd.DataFrame]]:
     """read_calls, and in the same scan of the API table the raw rows (OTHER_ROW_COLUMNS, rowid
@@ -99,11 +110,8 @@ def read_calls_and_rows(conn: sqlite3.Connection, schema: Schema, other_ids: Col
     def convert(raw: pd.DataFrame) -> dict[str, np.ndarray]:
         if not len(other_list):
             return _call_columns(raw, schema, stacks)
-        name_id = int_column(raw, "name_id", fill=-1)  # what `nameId IN (...)` compares
-        other = np.isin(name_id, other_list)
-        found = {f"other_{c}": raw[c].to_numpy()[other] for c in OTHER_ROW_COLUMNS}
-        memory = np.isin(name_id, memory_list)  # a mask, not raw[memory]: no copy of the chunk's raw columns
-        return {**found, **_call_columns(raw, schema, stacks, None if memory.all() else memory)}
+        found, memory = split_other_rows(raw, memory_list, other_list)  # a mask: no copy of the chunk's raw columns
+        return {**{f"other_{c}": v for c, v in found.items()}, **_call_columns(raw, schema, stacks, memory)}
 
     read = read_converted(conn, table, select, columns, convert, where=f"nameId IN ({id_list})")
     others = pd.DataFrame({c: read.pop(f"other_{c}") for c in OTHER_ROW_COLUMNS}) if len(other_list) else None

@@ -28,9 +28,9 @@ import pandas as pd
 from ..base import apis
 from ..sources.schema import Schema
 from .arrays import distinct_pairs
-from .columns import int_column
 from .normalize import join_on_call
-from .read import OTHER_ROW_COLUMNS, _call_columns, latest_ends, memory_call_chunks, memory_call_names, memory_call_ranges
+from .read import (OTHER_ROW_COLUMNS, _call_columns, latest_ends, memory_call_chunks, memory_call_names,
+                   memory_call_ranges, split_other_rows)
 from .spill import Kept
 
 # Rowids of the API table read at a time (the memory calls among them, decoded: some 10 MB).
@@ -125,12 +125,11 @@ class MemoryCalls:
         parts = []
         ids = sorted({*self._ids.tolist(), *other_ids.tolist()})
         for rowids, raw in memory_call_chunks(self.conn, self.schema, ids, CALL_CHUNK_ROWIDS):
-            name_id = int_column(raw, "name_id", fill=-1)  # what `nameId IN (...)` compares
-            parts.append(raw.loc[np.isin(name_id, other_ids), OTHER_ROW_COLUMNS])
-            memory = np.isin(name_id, self._ids)
-            yield rowids or _WHOLE, *self._converted(raw if memory.all() else raw[memory])
-        self.other_rows = pd.concat(parts, ignore_index=True) if parts else \
-            pd.DataFrame({c: np.zeros(0, "int64") for c in OTHER_ROW_COLUMNS})
+            found, memory = split_other_rows(raw, self._ids, other_ids)
+            parts.append(found)
+            yield rowids or _WHOLE, *self._converted(raw if memory is None else raw[memory])
+        self.other_rows = pd.DataFrame({c: np.concatenate([p[c] for p in parts]) if parts else np.zeros(0, "int64")
+                                        for c in OTHER_ROW_COLUMNS})
 
     def close(self) -> None:
         """Lets go of the chunks the scan kept (their file, if any)."""
